@@ -1,0 +1,50 @@
+"""The registry: every check family, in one explicit list.
+
+A check is a pure function ``CheckInput -> iterable of Finding``. Adding a check
+is adding one function in its family's module and one line here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from slurm_hooks.checks import dcgm, ecc, fabric, gpus, nvlink, pcie, persistence, processes, remap, thermal, xid
+from slurm_hooks.models import CheckInput, Context, Finding
+
+CheckFn = Callable[[CheckInput], Iterable[Finding]]
+
+_ALL = frozenset(Context)
+_NOT_EPILOG_ONLY = frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG, Context.WATCH})
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    fn: CheckFn
+    contexts: frozenset = _ALL
+
+
+REGISTRY: tuple[Check, ...] = (
+    Check("gpu-count", gpus.check_count, frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG})),
+    Check("gpu-lost", gpus.check_lost),
+    Check("gpu-model", gpus.check_model, frozenset({Context.CHECK, Context.PROLOG})),
+    Check("probe", gpus.check_probe_errors),
+    Check("xid", xid.check_xids),
+    Check("ecc", ecc.check_uncorrectable),
+    Check("retired-pages", remap.check_retired_pages),
+    Check("row-remap", remap.check_row_remap),
+    Check("pcie", pcie.check_link, frozenset({Context.CHECK, Context.PROLOG})),
+    Check("nvlink", nvlink.check_links, frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG})),
+    Check("thermal", thermal.check_temperature, frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG})),
+    Check("throttle", thermal.check_throttle, frozenset({Context.CHECK})),
+    Check("persistence", persistence.check_persistence_mode, frozenset({Context.CHECK, Context.PROLOG})),
+    Check("fabric", fabric.check_fabric_manager, frozenset({Context.CHECK, Context.PROLOG})),
+    Check("leftover", processes.check_leftovers, frozenset({Context.EPILOG})),
+    Check("busy", processes.check_busy_idle_node, frozenset({Context.PROLOG})),
+    Check("dcgm", dcgm.check_diag, frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG})),
+)
+
+
+def for_context(context: Context) -> tuple[Check, ...]:
+    return tuple(c for c in REGISTRY if context in c.contexts)

@@ -1,0 +1,50 @@
+"""GPU inventory: count vs expected, GPUs lost from the bus, model, probe errors."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from slurm_hooks.models import Action, CheckInput, Finding, Severity
+
+
+def check_count(inp: CheckInput) -> Iterator[Finding]:
+    snap, expected = inp.snapshot, inp.expect.gpus
+    if snap.error is not None:
+        yield Finding("gpu-count", Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}", summary="GPU probe failed")
+        return
+    if expected is not None and len(snap.gpus) != expected:
+        yield Finding(
+            "gpu-count", Severity.FAIL, Action.REBOOT,
+            f"{len(snap.gpus)} GPUs visible, {expected} expected",
+            summary=f"{len(snap.gpus)} of {expected} GPUs visible",
+        )
+
+
+def check_lost(inp: CheckInput) -> Iterator[Finding]:
+    for gpu in inp.selected():
+        if gpu.lost:
+            yield Finding("gpu-lost", Severity.FAIL, Action.REPLACE, "GPU is lost (fell off the bus or stopped answering)",
+                          gpu.index, f"GPU {gpu.index} lost")
+        elif gpu.needs_reset:
+            yield Finding("gpu-lost", Severity.FAIL, Action.RESET, "GPU needs a reset (NVML_ERROR_RESET_REQUIRED)",
+                          gpu.index, f"GPU {gpu.index} needs reset")
+
+
+def check_model(inp: CheckInput) -> Iterator[Finding]:
+    want = inp.expect.model
+    if not want:
+        return
+    for gpu in inp.selected():
+        if gpu.model and want.lower() not in gpu.model.lower():
+            yield Finding("gpu-model", Severity.FAIL, Action.DRAIN, f"model {gpu.model!r}, expected {want!r}",
+                          gpu.index, f"GPU {gpu.index} model {gpu.model}")
+
+
+def check_probe_errors(inp: CheckInput) -> Iterator[Finding]:
+    """A field that could not be read (garbled answer, NVML error) is a warning, not a guess."""
+    for gpu in inp.selected():
+        if gpu.lost:
+            continue
+        for name, why in gpu.errors:
+            yield Finding("probe", Severity.WARN, Action.WARN, f"could not read {name}: {why}", gpu.index,
+                          f"GPU {gpu.index} {name} unreadable")

@@ -1,0 +1,78 @@
+"""Command line. The only place that turns errors into exit codes and messages.
+
+Subcommands are imported lazily so that ``slurm-hooks check`` (run on every
+node every few minutes) and the prolog never pay for the bridge's imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from slurm_hooks.errors import ConfigError, SlurmHooksError, TransientError
+
+EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+#: name -> "module:attribute" of a click command.
+COMMANDS = {
+    "check": "slurm_hooks.commands.check:check",
+    "prolog": "slurm_hooks.commands.hooks:prolog",
+    "epilog": "slurm_hooks.commands.hooks:epilog",
+    "sim": "slurm_hooks.commands.sim:sim",
+    "events": "slurm_hooks.commands.events:events",
+    "testbed": "slurm_hooks.commands.testbed:testbed",
+    "watch": "slurm_hooks.commands.watch:watch",
+    "validate": "slurm_hooks.commands.validate:validate",
+    "demo": "slurm_hooks.commands.demo:demo",
+    "bridge": "slurm_hooks.commands.bridge:bridge",
+    "render": "slurm_hooks.commands.render:render",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ImportError as exc:
+            raise click.ClickException(f"{name}: not available ({exc})") from None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="slurm-hooks")
+def cli() -> None:
+    """GPU health checks, drain and requeue for Slurm, and a Kubernetes bridge."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: one line on stderr and a defined exit code, never a traceback."""
+    try:
+        rc = cli.main(args=argv, prog_name="slurm-hooks", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("slurm-hooks: aborted", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except ConfigError as exc:
+        click.echo(f"slurm-hooks: config error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except TransientError as exc:
+        click.echo(f"slurm-hooks: {exc}", err=True)
+        sys.exit(EXIT_UNAVAILABLE)
+    except SlurmHooksError as exc:
+        click.echo(f"slurm-hooks: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else EXIT_OK)

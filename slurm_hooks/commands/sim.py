@@ -1,0 +1,106 @@
+"""``slurm-hooks sim``: create, break and mend simulated GPUs."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from slurm_hooks import config as config_mod
+from slurm_hooks import nodename
+from slurm_hooks.probes import sim as simstate
+
+_config_option = click.option("--config", "config_path", metavar="PATH", help="Config file (default /etc/slurm-hooks/config.toml).")
+_dir_option = click.option("--sim-dir", metavar="DIR", help="Overrides [gpu] sim_dir.")
+_node_option = click.option("--node", metavar="NAME", help="Node name (default: SLURMD_NODENAME or short hostname).")
+
+
+def _sim_dir(config_path: str | None, sim_dir: str | None) -> str:
+    return sim_dir or config_mod.load(config_path).gpu.sim_dir
+
+
+@click.group()
+def sim() -> None:
+    """Simulated GPUs for tests, demos and fault rehearsals."""
+
+
+@sim.command()
+@_node_option
+@click.option("--gpus", default=8, show_default=True, type=click.IntRange(1, 64))
+@click.option("--model", default="H100", show_default=True, type=click.Choice(sorted(simstate.MODELS)))
+@_config_option
+@_dir_option
+def init(node: str | None, gpus: int, model: str, config_path: str | None, sim_dir: str | None) -> None:
+    """Create NODE with healthy GPUs (replaces any earlier state)."""
+    node = nodename.resolve(node)
+    simstate.init(_sim_dir(config_path, sim_dir), node, gpus, model)
+    click.echo(f"{node}: {gpus} simulated {model} GPUs")
+
+
+@sim.command()
+@_node_option
+@click.option("--gpu", "gpu", required=True, type=click.IntRange(0, 63), help="GPU index.")
+@click.option("--xid", type=click.IntRange(1, 1000), help="Record an XID event.")
+@click.option("--ecc-uncorrectable", type=click.IntRange(1), metavar="K", help="Add K uncorrectable ECC errors.")
+@click.option("--row-remap-pending", is_flag=True)
+@click.option("--row-remap-failure", is_flag=True)
+@click.option("--lost", is_flag=True, help="GPU falls off the bus.")
+@click.option("--pcie-width", type=click.IntRange(1, 32), metavar="W", help="Link trains at width W.")
+@click.option("--temp", type=click.IntRange(0, 150), metavar="C", help="Temperature in Celsius.")
+@click.option("--process", type=click.IntRange(1), metavar="PID", help="Leave a process on the GPU.")
+@click.option("--nvlink-down", type=click.IntRange(0, 63), metavar="LINK", help="Take one NVLink down.")
+@_config_option
+@_dir_option
+def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None, **fault) -> None:
+    """Inject a fault on one simulated GPU."""
+    if not any(v not in (None, False) for v in fault.values()):
+        raise click.UsageError("name a fault: --xid, --ecc-uncorrectable, --row-remap-pending, --row-remap-failure, "
+                               "--lost, --pcie-width, --temp, --process or --nvlink-down")
+    node = nodename.resolve(node)
+    simstate.inject(_sim_dir(config_path, sim_dir), node, gpu, **fault)
+    what = ", ".join(f"{k.replace('_', '-')}={v}" if v is not True else k.replace("_", "-")
+                     for k, v in fault.items() if v not in (None, False))
+    click.echo(f"{node} gpu{gpu}: injected {what}")
+
+
+@sim.command()
+@_node_option
+@click.option("--gpu", "gpu", type=click.IntRange(0, 63), help="Only this GPU (default: all).")
+@_config_option
+@_dir_option
+def clear(node: str | None, gpu: int | None, config_path: str | None, sim_dir: str | None) -> None:
+    """Make simulated GPUs healthy again."""
+    node = nodename.resolve(node)
+    simstate.clear(_sim_dir(config_path, sim_dir), node, gpu)
+    click.echo(f"{node}: {'gpu' + str(gpu) if gpu is not None else 'all GPUs'} healthy")
+
+
+@sim.command()
+@_node_option
+@click.option("--json", "as_json", is_flag=True)
+@_config_option
+@_dir_option
+def show(node: str | None, as_json: bool, config_path: str | None, sim_dir: str | None) -> None:
+    """Show the simulated state of NODE."""
+    node = nodename.resolve(node)
+    state = simstate.read(_sim_dir(config_path, sim_dir), node)
+    if as_json:
+        click.echo(json.dumps(state, indent=1))
+        return
+    click.echo(f"{node}: {len(state['gpus'])} x {state.get('model', '?')}")
+    for g in state["gpus"]:
+        faults = []
+        if g.get("lost"):
+            faults.append("LOST")
+        faults += [f"XID {x['code']}" for x in g.get("xids", [])]
+        if g.get("ecc_volatile_uncorrectable"):
+            faults.append(f"ECC {g['ecc_volatile_uncorrectable']}")
+        if g.get("row_remap_pending"):
+            faults.append("row-remap-pending")
+        if g.get("row_remap_failure"):
+            faults.append("row-remap-failure")
+        if g.get("pcie_width") != g.get("pcie_width_max"):
+            faults.append(f"PCIe x{g.get('pcie_width')}")
+        if g.get("processes"):
+            faults.append(f"{len(g['processes'])} process(es)")
+        click.echo(f"  gpu{g['index']} {g['uuid']} {g.get('temperature_c')}C {', '.join(faults) or 'healthy'}")

@@ -1,0 +1,265 @@
+"""TOML configuration: load, validate against a schema, and say where an error is.
+
+Every error names the file, the line and the key, so that a typo is found by
+``slurm-hooks validate`` and never drains a node. Unknown keys are errors too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from slurm_hooks import hostlist
+from slurm_hooks.errors import ConfigError
+from slurm_hooks.models import Expectations
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on the 3.9 CI job
+    import tomli as tomllib
+
+DEFAULT_PATH = "/etc/slurm-hooks/config.toml"
+ENV_VAR = "SLURM_HOOKS_CONFIG"
+
+_Num = (int, float)
+
+#: section -> key -> (accepted types, default). The single source of defaults;
+#: conf/config.toml mirrors it and a test keeps the two equal.
+SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
+    "gpu": {
+        "backend": (str, "nvml"),
+        "sim_dir": (str, "/var/lib/slurm-hooks/sim"),
+        "probe_timeout": (_Num, 20.0),
+    },
+    "log": {
+        "audit": (str, "/var/log/slurm-hooks/audit.jsonl"),
+    },
+    "state": {
+        "dir": (str, "/var/lib/slurm-hooks/state"),
+    },
+    "check": {
+        "deadline": (_Num, 45.0),
+        "drain": (bool, True),
+        "on_check_error": (str, "drain"),
+    },
+    "slurm": {
+        "backend": (str, "auto"),
+        "bin_dir": (str, "/usr/bin"),
+        "timeout": (_Num, 10.0),
+    },
+    "remediation": {
+        "requeue": (bool, True),
+        "requeue_grace": (_Num, 120.0),
+    },
+    "dcgm": {
+        "dcgmi": (str, "/usr/bin/dcgmi"),
+        "timeout": (_Num, 30.0),
+    },
+    "metrics": {
+        "textfile_dir": (str, ""),
+    },
+    "watch": {
+        "kmsg": (str, "/dev/kmsg"),
+        "poll_interval": (_Num, 0.5),
+    },
+}
+
+_ENUMS = {
+    ("gpu", "backend"): ("nvml", "sim"),
+    ("check", "on_check_error"): ("drain", "warn"),
+    ("slurm", "backend"): ("auto", "scontrol", "pyslurm"),
+}
+
+
+def _expect_schema() -> dict[str, tuple[Any, Any]]:
+    out = {}
+    for f in dataclasses.fields(Expectations):
+        typ = f.type if isinstance(f.type, str) else str(f.type)
+        if "bool" in typ:
+            accepted: Any = bool
+        elif typ.startswith("str"):
+            accepted = str
+        else:
+            accepted = int
+        out[f.name] = (accepted, f.default)
+    return out
+
+
+SCHEMA["expect"] = _expect_schema()
+_GROUP_KEYS = {"nodes": (str, None), **SCHEMA["expect"]}
+#: Sections other modules own (the bridge); validated by them, kept raw here.
+OPEN_SECTIONS = ("bridge",)
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    nodes: str
+    expect: Expectations
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str | None
+    sections: dict[str, SimpleNamespace]
+    groups: tuple[Group, ...]
+    default_expect: Expectations
+    raw: dict[str, Any]
+
+    def __getattr__(self, name: str) -> SimpleNamespace:
+        try:
+            return self.sections[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def expectations_for(self, node: str) -> Expectations:
+        """First group (in file order) whose ``nodes`` names this host wins."""
+        for group in self.groups:
+            if hostlist.matches(group.nodes, node):
+                return group.expect
+        return self.default_expect
+
+    def group_for(self, node: str) -> str:
+        for group in self.groups:
+            if hostlist.matches(group.nodes, node):
+                return group.name
+        return "default"
+
+
+def resolve_path(explicit: str | None = None) -> tuple[str, bool]:
+    """Return (path, must_exist): an explicit or env path must exist, the default may not."""
+    if explicit:
+        return explicit, True
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return env, True
+    return DEFAULT_PATH, False
+
+
+def load(explicit: str | None = None) -> Config:
+    path, must_exist = resolve_path(explicit)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        if must_exist:
+            raise ConfigError("file not found", path) from None
+        return parse("", None)
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", path) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 (byte {exc.start})", path) from None
+    return parse(text, path)
+
+
+def parse(text: str, path: str | None = "<string>") -> Config:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg, line = _toml_error(str(exc))
+        raise ConfigError(msg, path, line) from None
+    where = _Locator(text, path)
+    sections: dict[str, SimpleNamespace] = {}
+    for name, table in raw.items():
+        if name in SCHEMA or name in OPEN_SECTIONS or name == "groups":
+            if not isinstance(table, dict):
+                where.fail(name, None, "must be a table")
+        else:
+            where.fail(name, None, f"unknown section (known: {', '.join(sorted([*SCHEMA, 'groups', *OPEN_SECTIONS]))})")
+    for name, keys in SCHEMA.items():
+        values = _check_table(raw.get(name, {}), keys, name, where)
+        for (sec, key), allowed in _ENUMS.items():
+            if sec == name and values[key] not in allowed:
+                where.fail(name, key, f"must be one of {', '.join(allowed)}, not {values[key]!r}")
+        sections[name] = SimpleNamespace(**values)
+    default_expect = Expectations(**vars(sections["expect"]))
+    groups = []
+    for gname, table in raw.get("groups", {}).items():
+        section = f"groups.{gname}"
+        if not isinstance(table, dict):
+            where.fail(section, None, "must be a table")
+        values = _check_table(table, _GROUP_KEYS, section, where)
+        if values["nodes"] is None:
+            where.fail(section, None, "needs a 'nodes' hostlist (e.g. \"gpu[001-128]\")")
+        try:
+            hostlist.validate(values["nodes"])
+        except ValueError as exc:
+            where.fail(section, "nodes", str(exc))
+        overrides = {k: v for k, v in table.items() if k != "nodes"}
+        expect = dataclasses.replace(default_expect, **overrides)
+        groups.append(Group(gname, values.pop("nodes"), expect))
+    for name in OPEN_SECTIONS:
+        sections[name] = SimpleNamespace(**raw.get(name, {}))
+    return Config(path, sections, tuple(groups), default_expect, raw)
+
+
+def _check_table(table: dict, keys: dict, section: str, where: _Locator) -> dict:
+    values = {}
+    for key, value in table.items():
+        if key not in keys:
+            where.fail(section, key, f"unknown key (known: {', '.join(sorted(keys))})")
+        accepted, _ = keys[key]
+        if isinstance(value, bool) and accepted is not bool:
+            ok = False
+        else:
+            ok = isinstance(value, accepted)
+        if not ok:
+            where.fail(section, key, f"expected {_type_name(accepted)}, got {type(value).__name__} {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            where.fail(section, key, f"must not be negative, got {value!r}")
+    for key, (_, default) in keys.items():
+        values[key] = table.get(key, default)
+    return values
+
+
+def _type_name(accepted: Any) -> str:
+    if accepted is _Num:
+        return "a number"
+    return {str: "a string", int: "an integer", bool: "true or false"}.get(accepted, str(accepted))
+
+
+def _toml_error(text: str) -> tuple[str, int | None]:
+    m = re.search(r"\(at line (\d+), column \d+\)", text)
+    if m:
+        return text[: m.start()].strip(), int(m.group(1))
+    return text, None
+
+
+class _Locator:
+    """Finds the line of a ``[section]`` header or of ``key =`` inside it."""
+
+    _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
+    _KEY = re.compile(r"^\s*\"?([A-Za-z0-9_.-]+)\"?\s*=")
+
+    def __init__(self, text: str, path: str | None):
+        self.lines = text.splitlines()
+        self.path = path
+
+    def line_of(self, section: str, key: str | None) -> int | None:
+        current, header_line = "", None
+        for no, line in enumerate(self.lines, 1):
+            m = self._HEADER.match(line)
+            if m:
+                current = m.group(1).replace('"', "").replace(" ", "")
+                if current == section and key is None:
+                    return no
+                continue
+            m = self._KEY.match(line)
+            if m and key is not None:
+                name = m.group(1)
+                if (current == section and name == key) or (current == "" and name == f"{section}.{key}"):
+                    return no
+            if m and key is None and current == "" and m.group(1).split(".")[0] == section:
+                header_line = header_line or no
+        return header_line
+
+    def fail(self, section: str, key: str | None, message: str) -> None:
+        label = f"[{section}] {key}" if key else f"[{section}]"
+        raise ConfigError(message, self.path, self.line_of(section, key), label)

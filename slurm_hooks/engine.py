@@ -1,0 +1,125 @@
+"""Probe once, run every check for the context, never raise, respect one deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Sequence
+
+from slurm_hooks import checks as registry
+from slurm_hooks.models import (
+    Action,
+    CheckInput,
+    Context,
+    DcgmResult,
+    Expectations,
+    Finding,
+    NodeSnapshot,
+    Report,
+    Severity,
+)
+from slurm_hooks.probes import Probe
+
+DcgmRunner = Callable[[int, float], DcgmResult]
+
+
+def take_snapshot(probe: Probe, node: str, timeout: float) -> NodeSnapshot:
+    """Run the probe in a worker thread; a hung driver becomes a finding, not a hang."""
+    box: list = []
+
+    def work() -> None:
+        try:
+            box.append(probe.snapshot())
+        except Exception as exc:  # the probe must not take the engine down
+            box.append(NodeSnapshot(node, getattr(probe, "name", "?"), taken_at=time.time(),
+                                    error=f"{type(exc).__name__}: {exc}"))
+
+    worker = threading.Thread(target=work, name="gpu-probe", daemon=True)
+    worker.start()
+    worker.join(max(timeout, 0.0))
+    if not box:
+        return NodeSnapshot(node, getattr(probe, "name", "?"), taken_at=time.time(),
+                            error=f"GPU probe did not answer within {timeout:g}s (driver hung?)")
+    return box[0]
+
+
+def dcgm_level(context: Context, expect: Expectations) -> int:
+    return {
+        Context.PROLOG: expect.dcgm_level_prolog,
+        Context.EPILOG: expect.dcgm_level_epilog,
+        Context.CHECK: expect.dcgm_level_check,
+    }.get(context, 0)
+
+
+def run(
+    probe: Probe,
+    node: str,
+    expect: Expectations,
+    context: Context,
+    *,
+    deadline_s: float,
+    probe_timeout_s: float | None = None,
+    gpus: Sequence[int] | None = None,
+    baseline: NodeSnapshot | None = None,
+    xid_history: dict[int, tuple[float, ...]] | None = None,
+    dcgm: DcgmRunner | None = None,
+    on_check_error: Action = Action.DRAIN,
+    checks: Sequence[registry.Check] | None = None,
+) -> Report:
+    start = time.monotonic()
+    deadline = start + deadline_s
+    snap = take_snapshot(probe, node, min(probe_timeout_s or deadline_s, deadline_s))
+    dcgm_result = None
+    level = dcgm_level(context, expect)
+    if dcgm is not None and level > 0 and snap.error is None:
+        remaining = deadline - time.monotonic()
+        try:
+            dcgm_result = dcgm(level, max(remaining - 1.0, 1.0))
+        except Exception as exc:
+            dcgm_result = DcgmResult(level, True, False, (), f"dcgmi failed: {exc}")
+    inp = CheckInput(
+        snapshot=snap,
+        expect=expect,
+        context=context,
+        gpus=tuple(gpus) if gpus is not None else None,
+        baseline=baseline,
+        xid_history=dict(xid_history or {}),
+        dcgm=dcgm_result,
+        now=time.time(),
+    )
+    findings: list[Finding] = []
+    for check in checks if checks is not None else registry.for_context(context):
+        if time.monotonic() > deadline:
+            findings.append(Finding(check.name, Severity.FAIL, on_check_error,
+                                    f"not run: deadline of {deadline_s:g}s passed", summary="health check deadline"))
+            continue
+        if snap.error is not None and check.name != "gpu-count":
+            continue  # one finding for a node we could not read, not one per check
+        try:
+            findings.extend(check.fn(inp))
+        except Exception as exc:
+            findings.append(Finding(check.name, Severity.FAIL, on_check_error,
+                                    f"check crashed: {type(exc).__name__}: {exc}", summary=f"check {check.name} crashed"))
+    if snap.error is not None and not any(f.check == "gpu-count" for f in findings):
+        findings.append(Finding("gpu-count", Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}",
+                                summary="GPU probe failed"))
+    return Report(node, context, tuple(findings), time.monotonic() - start, snap)
+
+
+def drain_reason(report: Report, prefix: str, limit: int = 120) -> str:
+    """``slurm-hooks: XID 79 on GPU 3; ECC ...`` worst first, short enough for sinfo."""
+    worst = sorted(report.drain_findings(), key=lambda f: -f.action.rank)
+    parts: list[str] = []
+    for f in worst:
+        text = f.summary or f.message
+        if text not in parts:
+            parts.append(text)
+    reason = f"{prefix} " + "; ".join(parts)
+    if len(reason) > limit:
+        reason = reason[: limit - 3].rstrip() + "..."
+    return _scrub(reason)
+
+
+def _scrub(text: str) -> str:
+    """Slurm reasons are one line; keep them printable."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)

@@ -1,0 +1,41 @@
+"""Small file helpers: atomic replace, advisory locks, tight modes."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from typing import Iterator
+
+
+def atomic_write(path: str, data: str | bytes, mode: int = 0o644) -> None:
+    """Write ``data`` so that no reader ever sees a half-written file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    payload = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``path + '.lock'`` (read-modify-write of one file)."""
+    lock = path + ".lock"
+    os.makedirs(os.path.dirname(os.path.abspath(lock)), mode=0o755, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

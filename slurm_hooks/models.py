@@ -1,0 +1,296 @@
+"""Value objects shared by probes, checks, the engine and the hooks.
+
+Everything here is a frozen dataclass or a str-Enum so that a snapshot or a
+finding can be compared, hashed, logged as JSON and rebuilt from JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Severity(str, Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+class Action(str, Enum):
+    """Suggested remediation, ordered from harmless to most disruptive."""
+
+    NONE = "none"
+    WARN = "warn"
+    DRAIN = "drain"
+    RESET = "reset"
+    REBOOT = "reboot"
+    REPLACE = "replace"
+
+    @property
+    def rank(self) -> int:
+        return _ACTION_ORDER.index(self)
+
+    @property
+    def takes_node_out(self) -> bool:
+        """Drain or worse: the node must stop taking jobs."""
+        return self.rank >= Action.DRAIN.rank
+
+
+_ACTION_ORDER = list(Action)
+
+
+class Context(str, Enum):
+    """Where the engine runs; some checks only make sense in one context."""
+
+    CHECK = "check"
+    PROLOG = "prolog"
+    EPILOG = "epilog"
+    WATCH = "watch"
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    code: int
+    gpu: int | None = None
+    pci_bus_id: str | None = None
+    ts: float | None = None
+    message: str = ""
+    source: str = ""  # "nvml", "kmsg", "sim"
+    seq: int | None = None  # kernel log sequence number, when known
+
+    @property
+    def key(self) -> str:
+        """Stable identity used to never act twice on one event."""
+        return f"{self.source}:{self.seq if self.seq is not None else self.ts}:{self.gpu}:{self.code}"
+
+
+@dataclass(frozen=True)
+class NvLink:
+    link: int
+    active: bool | None = None
+    crc_errors: int | None = None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_mib: int | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One GPU as the probe saw it. ``None`` means "not supported / unknown"."""
+
+    index: int
+    uuid: str = ""
+    serial: str = ""
+    pci_bus_id: str = ""
+    model: str = ""
+    lost: bool = False
+    needs_reset: bool = False
+    xids: tuple[XidEvent, ...] = ()
+    ecc_volatile_uncorrectable: int | None = None
+    ecc_aggregate_uncorrectable: int | None = None
+    retired_pages_pending: bool | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    nvlinks: tuple[NvLink, ...] | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    throttle_reasons: tuple[str, ...] | None = None
+    persistence_mode: bool | None = None
+    fabric_state: str | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    memory_used_mib: int | None = None
+    #: Field name -> why it could not be read (garbled answer, NVML error, ...).
+    errors: tuple[tuple[str, str], ...] = ()
+
+    def error(self, name: str) -> str | None:
+        for key, why in self.errors:
+            if key == name:
+                return why
+        return None
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    node: str
+    backend: str
+    gpus: tuple[GpuSnapshot, ...] = ()
+    taken_at: float = 0.0
+    driver_version: str = ""
+    #: Node-level probe failure (NVML cannot initialise, state file unreadable).
+    error: str | None = None
+    #: XIDs that could not be tied to one GPU index.
+    node_xids: tuple[XidEvent, ...] = ()
+
+    def gpu(self, index: int) -> GpuSnapshot | None:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        return None
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    severity: Severity
+    action: Action
+    message: str
+    gpu: int | None = None
+    #: Short form for a Slurm drain reason, e.g. "XID 79 on GPU 3".
+    summary: str = ""
+
+    def line(self) -> str:
+        where = f"gpu{self.gpu}" if self.gpu is not None else "node"
+        return f"{where} {self.check}: {self.message} -> {self.action.value}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["severity"] = self.severity.value
+        d["action"] = self.action.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
+        return cls(
+            check=d["check"],
+            severity=Severity(d["severity"]),
+            action=Action(d["action"]),
+            message=d["message"],
+            gpu=d.get("gpu"),
+            summary=d.get("summary", ""),
+        )
+
+
+@dataclass(frozen=True)
+class Expectations:
+    """What a node group should have; ``None`` disables the comparison."""
+
+    gpus: int | None = None
+    model: str | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    nvlinks: int | None = None
+    temp_warn_c: int = 85
+    temp_fail_c: int = 95
+    ecc_uncorrectable_volatile_max: int = 0
+    ecc_uncorrectable_aggregate_max: int | None = None
+    nvlink_crc_max: int = 100
+    nvlink_replay_max: int = 100
+    persistence_mode: bool | None = True
+    fabric_manager: bool = False
+    xid_repeat_count: int = 3
+    xid_repeat_window_s: int = 86400
+    dcgm_level_prolog: int = 0
+    dcgm_level_epilog: int = 0
+    dcgm_level_check: int = 0
+
+
+@dataclass(frozen=True)
+class CheckInput:
+    """Everything a check may look at. Checks are pure functions of this."""
+
+    snapshot: NodeSnapshot
+    expect: Expectations
+    context: Context = Context.CHECK
+    #: Only these GPU indexes matter (the job's GPUs); ``None`` means all.
+    gpus: tuple[int, ...] | None = None
+    #: Snapshot taken by the prolog of the same job, for "new during the job" checks.
+    baseline: NodeSnapshot | None = None
+    #: Prior occurrences per XID code on this node (for escalation): code -> timestamps.
+    xid_history: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    #: Result of a DCGM diagnostic run by the engine, when one was run.
+    dcgm: DcgmResult | None = None
+    now: float = 0.0
+
+    def selected(self) -> tuple[GpuSnapshot, ...]:
+        if self.gpus is None:
+            return self.snapshot.gpus
+        wanted = set(self.gpus)
+        return tuple(g for g in self.snapshot.gpus if g.index in wanted)
+
+
+@dataclass(frozen=True)
+class DcgmResult:
+    level: int
+    available: bool
+    passed: bool | None = None
+    failures: tuple[tuple[int | None, str], ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    node: str
+    context: Context
+    findings: tuple[Finding, ...]
+    duration_s: float
+    snapshot: NodeSnapshot | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return not any(f.severity is Severity.FAIL for f in self.findings)
+
+    @property
+    def worst_action(self) -> Action:
+        return max((f.action for f in self.findings), key=lambda a: a.rank, default=Action.NONE)
+
+    def drain_findings(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.action.takes_node_out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "context": self.context.value,
+            "healthy": self.healthy,
+            "action": self.worst_action.value,
+            "duration_s": round(self.duration_s, 4),
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def snapshot_to_dict(snap: NodeSnapshot) -> dict[str, Any]:
+    return dataclasses.asdict(snap)
+
+
+def snapshot_from_dict(d: dict[str, Any]) -> NodeSnapshot:
+    """Rebuild a snapshot from :func:`snapshot_to_dict` output (or a captured fixture)."""
+    gpus = tuple(gpu_from_dict(g) for g in d.get("gpus", ()))
+    return NodeSnapshot(
+        node=d["node"],
+        backend=d.get("backend", ""),
+        gpus=gpus,
+        taken_at=d.get("taken_at", 0.0),
+        driver_version=d.get("driver_version", ""),
+        error=d.get("error"),
+        node_xids=tuple(XidEvent(**x) for x in d.get("node_xids", ())),
+    )
+
+
+_GPU_FIELDS = {f.name for f in dataclasses.fields(GpuSnapshot)}
+
+
+def gpu_from_dict(d: dict[str, Any]) -> GpuSnapshot:
+    unknown = set(d) - _GPU_FIELDS
+    if unknown:
+        raise ValueError(f"unknown GPU field(s): {', '.join(sorted(unknown))}")
+    kw = dict(d)
+    kw["xids"] = tuple(XidEvent(**x) for x in d.get("xids", ()))
+    kw["processes"] = tuple(GpuProcess(**p) for p in d.get("processes", ()))
+    if d.get("nvlinks") is not None:
+        kw["nvlinks"] = tuple(NvLink(**n) for n in d["nvlinks"])
+    if d.get("throttle_reasons") is not None:
+        kw["throttle_reasons"] = tuple(d["throttle_reasons"])
+    kw["errors"] = tuple(tuple(e) for e in d.get("errors", ()))
+    return GpuSnapshot(**kw)

@@ -1,0 +1,30 @@
+"""GPU probes: one snapshot of every GPU on this node per run.
+
+The engine reaches a probe only through :class:`Probe`; the wiring picks one
+from the config (``[gpu] backend``). Only ``probes.nvml`` imports pynvml.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from slurm_hooks.config import Config
+    from slurm_hooks.models import NodeSnapshot
+
+
+class Probe(Protocol):
+    name: str
+
+    def snapshot(self) -> NodeSnapshot:
+        """Return one snapshot; node-level failures go in ``NodeSnapshot.error``."""
+
+
+def from_config(config: Config, node: str) -> Probe:
+    if config.gpu.backend == "sim":
+        from slurm_hooks.probes.sim import SimProbe
+
+        return SimProbe(config.gpu.sim_dir, node)
+    from slurm_hooks.probes.nvml import NvmlProbe
+
+    return NvmlProbe(node, kmsg_path=config.watch.kmsg)
