@@ -106,20 +106,11 @@ def run(
     return Report(node, context, tuple(findings), time.monotonic() - start, snap)
 
 
-def drain_reason(report: Report, prefix: str, limit: int = 120) -> str:
-    """``slurm-hooks: XID 79 on GPU 3; ECC ...`` worst first, short enough for sinfo."""
-    worst = sorted(report.drain_findings(), key=lambda f: -f.action.rank)
+def drain_summary(report: Report) -> str:
+    """``XID 79 on GPU 3; ECC ...``: the drain-worthy findings, worst first, deduplicated."""
     parts: list[str] = []
-    for f in worst:
+    for f in sorted(report.drain_findings(), key=lambda f: -f.action.rank):
         text = f.summary or f.message
         if text not in parts:
             parts.append(text)
-    reason = f"{prefix} " + "; ".join(parts)
-    if len(reason) > limit:
-        reason = reason[: limit - 3].rstrip() + "..."
-    return _scrub(reason)
-
-
-def _scrub(text: str) -> str:
-    """Slurm reasons are one line; keep them printable."""
-    return "".join(ch if ch.isprintable() else " " for ch in text)
+    return "; ".join(parts)

@@ -8,10 +8,12 @@ overwrite a reason that is not ours, and resume only nodes we drained.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurm_hooks import REASON_PREFIX
+from slurm_hooks.models import Action
 
 
 @dataclass(frozen=True)
@@ -85,3 +87,31 @@ def may_drain(node: NodeInfo) -> bool:
 def may_resume(node: NodeInfo) -> bool:
     """Resume only a node we drained ourselves."""
     return node.drained and node.ours
+
+
+_ACTION_TAG = re.compile(r"\s\[(%s)\]$" % "|".join(a.value for a in Action))
+
+
+def format_reason(summary: str, action: Action, limit: int = 120) -> str:
+    """``slurm-hooks: XID 79 on GPU 3 [replace]``: what broke, then what it needs.
+
+    The bracketed action is how the bridge, which sees only Slurm's node state,
+    knows whether a node needs a reboot or a replacement.
+    """
+    summary = "".join(ch if ch.isprintable() else " " for ch in summary).strip()
+    tag = f" [{action.value}]"
+    room = limit - len(REASON_PREFIX) - 1 - len(tag)
+    if len(summary) > room:
+        summary = summary[: room - 3].rstrip() + "..."
+    return f"{REASON_PREFIX} {summary}{tag}"
+
+
+def parse_reason(reason: str) -> tuple[str, Action | None] | None:
+    """Inverse of :func:`format_reason`; ``None`` when the reason is not ours."""
+    if not reason.startswith(REASON_PREFIX):
+        return None
+    body = reason[len(REASON_PREFIX):].strip()
+    m = _ACTION_TAG.search(body)
+    if not m:
+        return body, None
+    return body[: m.start()].strip(), Action(m.group(1))
