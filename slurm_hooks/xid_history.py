@@ -1,0 +1,141 @@
+"""What XIDs this node has had lately, kept across runs.
+
+A health check run is short-lived, so two things need memory: escalation (the
+third XID 119 in a day is hardware, not bad luck) and "never act twice on one
+event" (the kernel log still holds yesterday's XID 79 after the node came back).
+One small JSON file per node, rewritten atomically under a lock.
+
+Timestamps are when *we* recorded an event (wall clock), not the event's own
+``ts``, which for kernel log records is seconds since boot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterable
+from typing import Any, Callable
+
+from slurm_hooks import fsutil
+from slurm_hooks.errors import PermanentError
+from slurm_hooks.models import XidEvent
+
+VERSION = 1
+KEEP_S = 7 * 86400
+MAX_EVENTS = 2000
+MAX_SEEN = 5000
+
+
+class XidHistory:
+    def __init__(self, path: str):
+        self.path = path
+
+    def occurrences(self, now: float, window_s: float, gpu: int | None = None,
+                    exclude: Iterable[str] = ()) -> dict[int, tuple[float, ...]]:
+        """Code -> times recorded within ``window_s`` before ``now``, oldest first.
+
+        ``gpu`` limits it to one GPU. ``exclude`` drops events by key: pass the
+        keys of the snapshot being checked, so that the check, which adds the
+        current events itself, does not count them twice.
+        """
+        skip = set(exclude)
+        out: dict[int, list[float]] = {}
+        for e in self._read()["events"]:
+            if now - window_s <= e["t"] <= now and e["key"] not in skip and (gpu is None or e["gpu"] == gpu):
+                out.setdefault(e["code"], []).append(e["t"])
+        return {code: tuple(sorted(ts)) for code, ts in sorted(out.items())}
+
+    def record(self, events: Iterable[XidEvent], now: float | None = None) -> list[XidEvent]:
+        """Remember ``events`` (once per key); returns the ones not recorded before."""
+        now = time.time() if now is None else now
+        new: list[XidEvent] = []
+
+        def change(state: dict[str, Any]) -> None:
+            known = {e["key"] for e in state["events"]}
+            for event in events:
+                if event.key not in known:
+                    known.add(event.key)
+                    new.append(event)
+                    state["events"].append({"key": event.key, "code": event.code, "gpu": event.gpu, "t": now})
+
+        self._update(change, now)
+        return new
+
+    def seen(self, key: str) -> bool:
+        """Whether an action was already taken on the event with this key."""
+        return key in self._read()["seen"]
+
+    def mark_seen(self, keys: Iterable[str], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        keys = list(keys)
+
+        def change(state: dict[str, Any]) -> None:
+            for key in keys:
+                state["seen"].setdefault(key, now)
+
+        self._update(change, now)
+
+    def _read(self) -> dict[str, Any]:
+        state = _parse(self._load())
+        if state is None:
+            with fsutil.locked(self.path):
+                state = self._load_or_reset()
+        return state
+
+    def _update(self, change: Callable[[dict[str, Any]], None], now: float) -> None:
+        try:
+            with fsutil.locked(self.path):
+                state = self._load_or_reset()
+                change(state)
+                _prune(state, now)
+                fsutil.atomic_write(self.path, json.dumps(state, separators=(",", ":")), mode=0o600)
+        except OSError as exc:
+            raise PermanentError(f"cannot write XID history {self.path}: {exc.strerror or exc}") from None
+
+    def _load(self) -> str | None:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise PermanentError(f"cannot read XID history {self.path}: {exc.strerror or exc}") from None
+
+    def _load_or_reset(self) -> dict[str, Any]:
+        """Call with the lock held: a corrupt file goes aside as ``.corrupt``."""
+        text = self._load()
+        state = _parse(text)
+        if state is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(self.path, self.path + ".corrupt")
+            state = _empty()
+        return state
+
+
+def _empty() -> dict[str, Any]:
+    return {"version": VERSION, "events": [], "seen": {}}
+
+
+def _parse(text: str | None) -> dict[str, Any] | None:
+    """The state in ``text``; an empty state for no file; ``None`` if it is corrupt."""
+    if text is None:
+        return _empty()
+    try:
+        state = json.loads(text)
+        events = [{"key": str(e["key"]), "code": int(e["code"]),
+                   "gpu": None if e.get("gpu") is None else int(e["gpu"]), "t": float(e["t"])}
+                  for e in state["events"]]
+        seen = {str(k): float(v) for k, v in state["seen"].items()}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return {"version": VERSION, "events": events, "seen": seen}
+
+
+def _prune(state: dict[str, Any], now: float) -> None:
+    oldest = now - KEEP_S
+    events = [e for e in state["events"] if e["t"] >= oldest]
+    state["events"] = sorted(events, key=lambda e: e["t"])[-MAX_EVENTS:]
+    seen = sorted(((t, k) for k, t in state["seen"].items() if t >= oldest))[-MAX_SEEN:]
+    state["seen"] = {k: t for t, k in seen}
