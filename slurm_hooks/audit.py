@@ -13,7 +13,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 _MODE = 0o640
 

@@ -7,13 +7,14 @@ node every few minutes) and the prolog never pay for the bridge's imports.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
 
 from slurm_hooks.errors import ConfigError, SlurmHooksError, TransientError
 
-EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
 #: name -> "module:attribute" of a click command.
 COMMANDS = {
@@ -28,6 +29,7 @@ COMMANDS = {
     "demo": "slurm_hooks.commands.demo:demo",
     "bridge": "slurm_hooks.commands.bridge:bridge",
     "render": "slurm_hooks.commands.render:render",
+    "follow-jobs": "slurm_hooks.commands.hooks:follow_jobs",
 }
 
 
@@ -75,4 +77,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:  # a bug of ours: one line for the admin, the traceback on request
+        if os.environ.get("SLURM_HOOKS_DEBUG"):
+            raise
+        where = exc.__traceback__
+        while where is not None and where.tb_next is not None:
+            where = where.tb_next
+        loc = f" at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
+        click.echo(f"slurm-hooks: internal error: {type(exc).__name__}: {exc}{loc} "
+                   "(set SLURM_HOOKS_DEBUG=1 for the traceback)", err=True)
+        sys.exit(EXIT_INTERNAL)
     sys.exit(rc if isinstance(rc, int) else EXIT_OK)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Sequence
+from typing import Callable
 
 from slurm_hooks import checks as registry
 from slurm_hooks.models import (
@@ -43,6 +44,36 @@ def take_snapshot(probe: Probe, node: str, timeout: float) -> NodeSnapshot:
     return box[0]
 
 
+def select_gpus(snap: NodeSnapshot, tokens: Sequence[int | str]) -> tuple[tuple[int, ...], list[str]]:
+    """Map a job's GPUs (indexes, or ``GPU-`` UUIDs as newer Slurm sets them) to indexes."""
+    by_uuid = {g.uuid.lower(): g.index for g in snap.gpus if g.uuid}
+    present = {g.index for g in snap.gpus}
+    indexes: list[int] = []
+    missing: list[str] = []
+    for token in tokens:
+        text = str(token).strip()
+        if not text:
+            continue
+        if text.lower().startswith(("gpu-", "mig-")):
+            index = by_uuid.get(text.lower())
+        elif text.isdigit():
+            index = int(text) if int(text) in present else None
+        else:
+            index = None
+        if index is None:
+            missing.append(text)
+        elif index not in indexes:
+            indexes.append(index)
+    return tuple(indexes), missing
+
+
+def parse_gpu_list(value: str | None) -> list[str] | None:
+    """``"0,1"`` or ``"GPU-ab..,GPU-cd.."`` from SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES."""
+    if value is None or value.strip() in ("", "NoDevFiles"):
+        return None
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
 def dcgm_level(context: Context, expect: Expectations) -> int:
     return {
         Context.PROLOG: expect.dcgm_level_prolog,
@@ -59,7 +90,7 @@ def run(
     *,
     deadline_s: float,
     probe_timeout_s: float | None = None,
-    gpus: Sequence[int] | None = None,
+    gpus: Sequence[int | str] | None = None,
     baseline: NodeSnapshot | None = None,
     xid_history: dict[int, tuple[float, ...]] | None = None,
     dcgm: DcgmRunner | None = None,
@@ -77,17 +108,22 @@ def run(
             dcgm_result = dcgm(level, max(remaining - 1.0, 1.0))
         except Exception as exc:
             dcgm_result = DcgmResult(level, True, False, (), f"dcgmi failed: {exc}")
+    selected, missing = (None, []) if gpus is None else select_gpus(snap, gpus)
     inp = CheckInput(
         snapshot=snap,
         expect=expect,
         context=context,
-        gpus=tuple(gpus) if gpus is not None else None,
+        gpus=selected,
         baseline=baseline,
         xid_history=dict(xid_history or {}),
         dcgm=dcgm_result,
         now=time.time(),
     )
     findings: list[Finding] = []
+    if snap.error is None:
+        for token in missing:
+            findings.append(Finding("gpu-count", Severity.FAIL, Action.REBOOT,
+                                    f"job GPU {token} is not visible on this node", summary=f"GPU {token} missing"))
     for check in checks if checks is not None else registry.for_context(context):
         if time.monotonic() > deadline:
             findings.append(Finding(check.name, Severity.FAIL, on_check_error,

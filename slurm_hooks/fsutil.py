@@ -6,11 +6,14 @@ import contextlib
 import fcntl
 import os
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 
-def atomic_write(path: str, data: str | bytes, mode: int = 0o644) -> None:
-    """Write ``data`` so that no reader ever sees a half-written file."""
+def atomic_write(path: str, data: str | bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Write ``data`` so that no reader ever sees a half-written file.
+
+    ``durable`` fsyncs before the rename; scratch state on the hot path may skip it.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, mode=0o755, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
@@ -20,7 +23,8 @@ def atomic_write(path: str, data: str | bytes, mode: int = 0o644) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable
 
 from slurm_hooks.errors import CommandError, CommandTimeout
 

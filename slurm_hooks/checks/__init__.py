@@ -6,8 +6,9 @@ is adding one function in its family's module and one line here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 from slurm_hooks.checks import dcgm, ecc, fabric, gpus, nvlink, pcie, persistence, processes, remap, thermal, xid
 from slurm_hooks.models import CheckInput, Context, Finding

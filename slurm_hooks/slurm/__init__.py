@@ -89,7 +89,7 @@ def may_resume(node: NodeInfo) -> bool:
     return node.drained and node.ours
 
 
-_ACTION_TAG = re.compile(r"\s\[(%s)\]$" % "|".join(a.value for a in Action))
+_ACTION_TAG = re.compile(r"\s\[({})\]$".format("|".join(a.value for a in Action)))
 
 
 def format_reason(summary: str, action: Action, limit: int = 120) -> str:

@@ -1,0 +1,77 @@
+"""Read the audit log back as incidents: what was seen, what was done, how long it took."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Any
+
+#: Records further apart than this start a new incident.
+INCIDENT_GAP_S = 600.0
+
+_REL = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``30m``, ``2h``, ``1d``, an epoch number, or an ISO-8601 time -> epoch seconds."""
+    now = time.time() if now is None else now
+    text = text.strip()
+    m = _REL.match(text)
+    if m:
+        return now - float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"cannot read time {text!r}: use 30m, 2h, 1d, epoch seconds or ISO-8601") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def select(records: Iterable[dict[str, Any]], node: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
+    out = [r for r in records
+           if (node is None or r.get("node") == node) and (since is None or float(r.get("ts", 0)) >= since)]
+    out.sort(key=lambda r: float(r.get("ts", 0)))
+    return out
+
+
+def incidents(records: list[dict[str, Any]], gap: float = INCIDENT_GAP_S) -> list[list[dict[str, Any]]]:
+    groups: dict[str, list[list[dict[str, Any]]]] = {}
+    for r in records:
+        runs = groups.setdefault(str(r.get("node")), [])
+        if not runs or float(r["ts"]) - float(runs[-1][-1]["ts"]) > gap:
+            runs.append([])
+        runs[-1].append(r)
+    flat = [run for runs in groups.values() for run in runs]
+    flat.sort(key=lambda run: float(run[0]["ts"]))
+    return flat
+
+
+def describe(r: dict[str, Any]) -> str:
+    kind = r.get("kind")
+    if kind == "alert":
+        where = f"gpu{r['gpu']}" if r.get("gpu") is not None else "node"
+        return f"alert   {where} {r.get('check')}: {r.get('message')} -> {r.get('action')}"
+    if kind == "action":
+        detail = r.get("reason") or r.get("detail") or r.get("error") or ""
+        return f"{r.get('action', '?'):<7} {r.get('target', '')} {r.get('result', '')}" + (f" ({detail})" if detail else "")
+    text = r.get("message") or r.get("detail") or ""
+    return f"{kind:<7} {text}"
+
+
+def render(groups: list[list[dict[str, Any]]]) -> list[str]:
+    lines: list[str] = []
+    for run in groups:
+        t0 = float(run[0]["ts"])
+        stamp = datetime.fromtimestamp(t0, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        lines.append(f"incident on {run[0].get('node')} at {stamp}")
+        for r in run:
+            lines.append(f"  +{float(r['ts']) - t0:8.3f}s  {describe(r)}")
+    return lines

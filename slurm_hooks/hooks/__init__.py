@@ -1,0 +1,1 @@
+"""What runs on a node: the health check, prolog, epilog and watcher, and their remediation."""

@@ -1,0 +1,89 @@
+"""HealthCheckProgram: check every GPU; drain and requeue on a fault; resume when mended.
+
+slurmd ignores this program's exit code, so it acts itself. It runs on every
+node every few minutes: the healthy path is one probe, pure checks, and no
+Slurm call unless this node is drained by us.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from slurm_hooks import engine
+from slurm_hooks.hooks import remediate
+from slurm_hooks.hooks.remediate import Outcome
+from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.models import Action, Context, Report
+
+
+def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, follow: str = "detached") -> tuple[Report, Outcome]:
+    report = evaluate(w, context)
+    outcome = Outcome()
+    if not dry_run:
+        remediate.record_alerts(w, report)
+        act(w, report, outcome, follow=follow)
+    return report, outcome
+
+
+def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baseline=None) -> Report:
+    cfg = w.config
+    expect = cfg.expectations_for(w.node)
+    history = _xid_history(w)
+    now = time.time()
+    report = engine.run(
+        w.probe(), w.node, expect, context,
+        deadline_s=float(cfg.check.deadline),
+        probe_timeout_s=float(cfg.gpu.probe_timeout),
+        gpus=gpus,
+        baseline=baseline,
+        xid_history=history.occurrences(now, expect.xid_repeat_window_s) if history else None,
+        dcgm=_dcgm_runner(w, context, expect),
+        on_check_error=Action(cfg.check.on_check_error),
+    )
+    if history and report.snapshot is not None:
+        events = [x for g in report.snapshot.gpus for x in g.xids] + list(report.snapshot.node_xids)
+        if events:
+            history.record(events)
+    return report
+
+
+def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached") -> None:
+    if report.drain_findings():
+        if w.config.check.drain:
+            remediate.drain(w, report, outcome)
+            if w.config.remediation.requeue:
+                remediate.requeue_jobs(w, outcome, follow=follow)
+    elif report.healthy:
+        remediate.resume_if_ours(w, outcome, report)
+    _metrics(w, report, outcome)
+
+
+def _xid_history(w: Wiring):
+    try:
+        from slurm_hooks.xid_history import XidHistory
+    except ImportError:
+        return None
+    return XidHistory(w.state_path(f"xid-history-{w.node}.json"))
+
+
+def _dcgm_runner(w: Wiring, context: Context, expect) -> Callable | None:
+    if engine.dcgm_level(context, expect) <= 0:
+        return None
+    from slurm_hooks.probes.dcgm import make_runner
+
+    return make_runner(w.config.dcgm.dcgmi)
+
+
+def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
+    if not w.config.metrics.textfile_dir:
+        return
+    from slurm_hooks import metrics
+
+    metrics.write(w.config.metrics.textfile_dir, w.node, report, state_dir=w.config.state.dir,
+                  remediations=_counts(outcome))
+
+
+def _counts(outcome: Outcome) -> dict[str, int]:
+    counts = {"drain": int(outcome.drained), "requeue": len(outcome.requeued), "resume": int(outcome.resumed)}
+    return {k: v for k, v in counts.items() if v}

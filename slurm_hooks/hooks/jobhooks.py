@@ -1,0 +1,101 @@
+"""Prolog and epilog: judge only the job's GPUs, as fast as the launch path needs.
+
+The prolog's healthy path is a probe, pure checks and one small baseline file;
+it never calls scontrol. On a bad GPU it drains the node with a reason naming
+the fault and exits 1; Slurm then requeues the job, and a detached follower
+releases it if held and clears the requeue delay so it starts elsewhere now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+
+from slurm_hooks import fsutil
+from slurm_hooks.engine import parse_gpu_list
+from slurm_hooks.hooks import healthcheck, remediate
+from slurm_hooks.hooks.remediate import Outcome
+from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.models import Context, NodeSnapshot, Report, Severity, snapshot_from_dict, snapshot_to_dict
+
+
+def job_gpus(env: Mapping[str, str]) -> list[str] | None:
+    """SLURM_JOB_GPUS (Slurm's GRES indexes) first, then CUDA_VISIBLE_DEVICES (indexes or UUIDs)."""
+    return parse_gpu_list(env.get("SLURM_JOB_GPUS")) or parse_gpu_list(env.get("CUDA_VISIBLE_DEVICES"))
+
+
+def job_id(env: Mapping[str, str]) -> str | None:
+    value = env.get("SLURM_JOB_ID", "").strip()
+    return value if value.isdigit() else None
+
+
+def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
+    gpus, jid = job_gpus(env), job_id(env)
+    if gpus is None:
+        return 0  # a job without GPUs is not ours to judge; the health check covers the node
+    report = healthcheck.evaluate(w, Context.PROLOG, gpus=gpus)
+    if not report.drain_findings():
+        if jid:
+            _save_baseline(w, jid, report.snapshot)
+        _print(report)
+        return 0
+    remediate.record_alerts(w, report, job=jid)
+    outcome = Outcome()
+    remediate.drain(w, report, outcome, job=jid)
+    if jid:
+        remediate.follow_jobs(w, [int(jid)], "detached")
+    _print(report)
+    return 1
+
+
+def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
+    gpus, jid = job_gpus(env), job_id(env)
+    if gpus is None:
+        return 0
+    baseline = _pop_baseline(w, jid) if jid else None
+    report = healthcheck.evaluate(w, Context.EPILOG, gpus=gpus, baseline=baseline)
+    if not report.drain_findings():
+        _print(report)
+        return 0
+    remediate.record_alerts(w, report, job=jid)
+    outcome = Outcome()
+    remediate.drain(w, report, outcome, job=jid)
+    _print(report)
+    # Our drain carries the reason; if it could not be written, a non-zero exit
+    # makes Slurm drain the node itself ("Epilog error"), so nothing is lost.
+    return 0 if outcome.drained else 1
+
+
+def _print(report: Report) -> None:
+    for f in report.findings:
+        if f.severity is not Severity.OK:
+            print(f"slurm-hooks {report.context.value}: {f.line()}", file=sys.stderr)
+
+
+def _baseline_path(w: Wiring, jid: str) -> str:
+    return w.state_path("jobs", f"{w.node}-{jid}.json")
+
+
+def _save_baseline(w: Wiring, jid: str, snap: NodeSnapshot | None) -> None:
+    if snap is None or snap.error:
+        return
+    try:
+        fsutil.atomic_write(_baseline_path(w, jid), json.dumps(snapshot_to_dict(snap)), mode=0o600, durable=False)
+    except OSError as exc:
+        print(f"slurm-hooks prolog: cannot save baseline: {exc.strerror}", file=sys.stderr)
+
+
+def _pop_baseline(w: Wiring, jid: str) -> NodeSnapshot | None:
+    path = _baseline_path(w, jid)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            snap = snapshot_from_dict(json.load(fh))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return snap

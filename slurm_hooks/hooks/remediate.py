@@ -1,0 +1,216 @@
+"""Remediation shared by every hook: drain with an owned reason, requeue, resume.
+
+Every step writes one audit record with its result and duration. Nothing here
+raises for a Slurm failure: an unreachable slurmctld is recorded and reported
+so the caller can pick an exit code, and the next run tries again.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_hooks.engine import drain_summary
+from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.models import Report, Severity
+from slurm_hooks.slurm import format_reason, may_drain, may_resume
+
+
+@dataclass
+class Outcome:
+    drained: bool = False
+    failed: list[str] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)
+    resumed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
+    for f in report.findings:
+        if f.severity is Severity.OK:
+            continue
+        w.audit.write("alert", node=w.node, context=report.context.value, gpu=f.gpu, check=f.check,
+                      severity=f.severity.value, action=f.action.value, message=f.message, **extra)
+
+
+def _step(w: Wiring, action: str, target: str, result: str, started: float, **fields: Any) -> None:
+    w.audit.write("action", node=w.node, action=action, target=target, result=result,
+                  duration_s=round(time.monotonic() - started, 4), **fields)
+
+
+def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
+    """Drain this node with ``slurm-hooks: <what broke> [<action>]`` unless someone else owns it."""
+    started = time.monotonic()
+    reason = format_reason(drain_summary(report), report.worst_action)
+    try:
+        info = w.slurm.node(w.node)
+        if info.drained and info.reason == reason:
+            outcome.drained = True
+            _step(w, "drain", w.node, "already", started, reason=reason, **extra)
+            return
+        if not may_drain(info):
+            _step(w, "drain", w.node, "skipped", started, reason=reason,
+                  detail=f"already drained by someone else: {info.reason!r}", **extra)
+            return
+        w.slurm.drain(w.node, reason)
+    except SlurmHooksError as exc:
+        outcome.failed.append(f"drain: {exc}")
+        _step(w, "drain", w.node, "failed", started, reason=reason, error=str(exc), **extra)
+        return
+    outcome.drained = True
+    _touch(w.drained_marker())
+    _step(w, "drain", w.node, "ok", started, reason=reason, **extra)
+
+
+def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
+    """Requeue every job on this node, then make it eligible at once on a healthy node.
+
+    ``scontrol requeue`` sends SIGTERM and gives the job KillWait seconds to
+    checkpoint before SIGKILL; whatever it exits with, it is requeued, not
+    failed. Requeued jobs wait out a ~121 s delay unless told ``StartTime=now``
+    once PENDING; :func:`follow_requeued` does that, ``follow`` says where:
+    "detached" (a process that outlives the health check), "inline", or "none".
+    """
+    started = time.monotonic()
+    try:
+        jobs = w.slurm.jobs_on_node(w.node)
+    except SlurmHooksError as exc:
+        outcome.failed.append(f"list jobs: {exc}")
+        _step(w, "requeue", w.node, "failed", started, error=f"cannot list jobs: {exc}")
+        return
+    for job in jobs:
+        t0 = time.monotonic()
+        if not job.batch:
+            _step(w, "requeue", str(job.job_id), "skipped", t0, jobs=[job.job_id],
+                  detail="interactive job (srun/salloc) cannot be requeued; it will fail with the node")
+            continue
+        if not job.requeue:
+            _step(w, "requeue", str(job.job_id), "skipped", t0, jobs=[job.job_id],
+                  detail="job was submitted with --no-requeue (or JobRequeue=0); it will fail with the node")
+            continue
+        try:
+            w.slurm.requeue(job.job_id)
+        except SlurmHooksError as exc:
+            outcome.failed.append(f"requeue {job.job_id}: {exc}")
+            _step(w, "requeue", str(job.job_id), "failed", t0, jobs=[job.job_id], error=str(exc))
+            continue
+        outcome.requeued.append(job.job_id)
+        _step(w, "requeue", str(job.job_id), "ok", t0, jobs=[job.job_id])
+    if outcome.requeued:
+        follow_jobs(w, outcome.requeued, follow)
+
+
+def follow_jobs(w: Wiring, job_ids: Iterable[int], how: str) -> None:
+    job_ids = [int(j) for j in job_ids]
+    timeout = float(w.config.remediation.requeue_grace) + 60.0
+    if how == "inline":
+        follow_requeued(w, job_ids, timeout)
+    elif how == "detached":
+        argv = [sys.executable, "-m", "slurm_hooks", "follow-jobs", "--node", w.node,
+                "--timeout", str(timeout), *[str(j) for j in job_ids]]
+        env = dict(os.environ)
+        if w.config.path:
+            env["SLURM_HOOKS_CONFIG"] = w.config.path
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True, env=env)
+
+
+def follow_requeued(w: Wiring, job_ids: list[int], timeout: float, poll: float = 0.2) -> dict[int, str]:
+    """Wait for each job to be PENDING again, release it if held, and make it start now."""
+    pending = {int(j): time.monotonic() for j in job_ids}
+    results: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for job_id in list(pending):
+            try:
+                job = w.slurm.job(job_id)
+            except SlurmHooksError as exc:
+                if time.monotonic() + poll >= deadline:
+                    results[job_id] = f"failed: {exc}"
+                continue
+            state = job.state.upper()
+            if state.startswith("PENDING"):
+                t0 = pending.pop(job_id)
+                try:
+                    if "held" in job.reason.lower() or job.extra.get("priority") == "0":
+                        w.slurm.release(job_id)
+                        _step(w, "release", str(job_id), "ok", t0, jobs=[job_id])
+                    w.slurm.start_now(job_id)
+                    results[job_id] = "ok"
+                    _step(w, "start_now", str(job_id), "ok", t0, jobs=[job_id])
+                except SlurmHooksError as exc:
+                    results[job_id] = f"failed: {exc}"
+                    _step(w, "start_now", str(job_id), "failed", t0, jobs=[job_id], error=str(exc))
+            elif state.startswith(("RUNNING", "CONFIGURING")) and job.restarts > 0 and w.node not in job.nodes:
+                pending.pop(job_id)
+                results[job_id] = "already running"
+            elif state.startswith(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")):
+                t0 = pending.pop(job_id)
+                results[job_id] = f"ended {state}"
+                _step(w, "start_now", str(job_id), "skipped", t0, jobs=[job_id], detail=f"job ended {state}")
+        if pending:
+            time.sleep(poll)
+    for job_id, t0 in pending.items():
+        results[job_id] = "timed out"
+        _step(w, "start_now", str(job_id), "failed", t0, jobs=[job_id],
+              error=f"job not PENDING again within {timeout:g}s")
+    return results
+
+
+def resume_if_ours(w: Wiring, outcome: Outcome, report: Report | None = None) -> None:
+    """A healthy node that we drained goes back into service; anyone else's drain stays.
+
+    An idle node whose GPUs still hold processes (what an epilog drained it for)
+    is not healthy yet, even though the periodic check does not judge processes.
+    """
+    marker = w.drained_marker()
+    if not os.path.exists(marker):
+        return
+    started = time.monotonic()
+    try:
+        info = w.slurm.node(w.node)
+        if not info.drained:
+            _remove(marker)
+            return
+        if not may_resume(info):
+            _remove(marker)
+            _step(w, "resume", w.node, "skipped", started, detail=f"drained by someone else: {info.reason!r}")
+            return
+        busy = [g.index for g in (report.snapshot.gpus if report and report.snapshot else ()) if g.processes]
+        if busy and info.base_state in ("IDLE", "DRAINED", "DOWN"):
+            _step(w, "resume", w.node, "skipped", started,
+                  detail=f"processes still on GPU(s) {','.join(map(str, busy))} of an idle node")
+            return
+        w.slurm.resume(w.node)
+    except SlurmHooksError as exc:
+        outcome.failed.append(f"resume: {exc}")
+        _step(w, "resume", w.node, "failed", started, error=str(exc))
+        return
+    _remove(marker)
+    outcome.resumed = True
+    _step(w, "resume", w.node, "ok", started, reason=info.reason)
+
+
+def _touch(path: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,61 @@
+"""The wiring: which config, node, probe, Slurm adapter and audit log a hook uses.
+
+Hooks receive a :class:`Wiring` instead of building their collaborators, so
+tests give them a real testbed (or another probe) without patching globals.
+The Slurm adapter is created on first use: the prolog's healthy path never
+touches slurmctld.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from slurm_hooks import config as config_mod
+from slurm_hooks import nodename
+from slurm_hooks.audit import AuditLog
+
+if TYPE_CHECKING:
+    from slurm_hooks.config import Config
+    from slurm_hooks.probes import Probe
+    from slurm_hooks.slurm import Slurm
+
+
+@dataclass
+class Wiring:
+    config: Config
+    node: str
+    audit: AuditLog
+    probe_override: Any = None
+    slurm_override: Any = None
+    _slurm: Any = field(default=None, repr=False)
+
+    @classmethod
+    def load(cls, config_path: str | None = None, node: str | None = None, **overrides: Any) -> Wiring:
+        cfg = config_mod.load(config_path)
+        return cls(cfg, nodename.resolve(node), AuditLog(cfg.log.audit), **overrides)
+
+    def probe(self) -> Probe:
+        if self.probe_override is not None:
+            return self.probe_override
+        from slurm_hooks import probes
+
+        return probes.from_config(self.config, self.node)
+
+    @property
+    def slurm(self) -> Slurm:
+        if self.slurm_override is not None:
+            return self.slurm_override
+        if self._slurm is None:
+            from slurm_hooks.slurm.factory import from_config
+
+            self._slurm = from_config(self.config)
+        return self._slurm
+
+    def state_path(self, *parts: str) -> str:
+        return os.path.join(self.config.state.dir, *parts)
+
+    def drained_marker(self) -> str:
+        """Present while this node is drained by us: the health check then looks at Slurm."""
+        return self.state_path(f"drained-{self.node}")
