@@ -80,8 +80,11 @@ class XidHistory:
     def _read(self) -> dict[str, Any]:
         state = _parse(self._load())
         if state is None:
-            with fsutil.locked(self.path):
-                state = self._load_or_reset()
+            try:
+                with fsutil.locked(self.path):
+                    state = self._load_or_reset()
+            except OSError as exc:
+                raise PermanentError(f"cannot reset XID history {self.path}: {exc.strerror or exc}") from None
         return state
 
     def _update(self, change: Callable[[dict[str, Any]], None], now: float) -> None:

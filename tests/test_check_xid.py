@@ -1,0 +1,169 @@
+"""The XID check: catalogue actions, repeat escalation, epilog baseline."""
+
+from __future__ import annotations
+
+from slurm_hooks.checks.xid import check_xids
+from slurm_hooks.models import (
+    Action,
+    CheckInput,
+    Context,
+    Expectations,
+    GpuSnapshot,
+    NodeSnapshot,
+    Severity,
+    XidEvent,
+)
+
+NOW = 1_750_000_000.0
+HOUR = 3600.0
+
+
+def xid(code: int, gpu: int | None = 3, seq: int = 1) -> XidEvent:
+    return XidEvent(code=code, gpu=gpu, ts=NOW - 10 + seq, source="nvml", seq=seq)
+
+
+def node(*gpus: GpuSnapshot, node_xids: tuple[XidEvent, ...] = ()) -> NodeSnapshot:
+    return NodeSnapshot(node="n1", backend="sim", gpus=gpus, taken_at=NOW, node_xids=node_xids)
+
+
+def gpu(index: int, *xids: XidEvent) -> GpuSnapshot:
+    return GpuSnapshot(index=index, pci_bus_id=f"00000000:{0x18 + index * 0x10:02X}:00.0", xids=xids)
+
+
+def run(snapshot: NodeSnapshot, **kw) -> list:
+    kw.setdefault("expect", Expectations())
+    return list(check_xids(CheckInput(snapshot=snapshot, now=NOW, **kw)))
+
+
+def test_healthy_gpus_give_no_findings():
+    assert run(node(gpu(0), gpu(1))) == []
+
+
+def test_xid79_suggests_replace_and_names_the_gpu():
+    [f] = run(node(gpu(0), gpu(3, xid(79))))
+    assert f.line() == "gpu3 xid: XID 79 (GPU has fallen off the bus) -> replace"
+    assert f.summary == "XID 79 on GPU 3"
+    assert (f.check, f.severity, f.gpu) == ("xid", Severity.FAIL, 3)
+
+
+def test_xid48_double_bit_ecc_suggests_reset():
+    [f] = run(node(gpu(3, xid(48))))
+    assert (f.action, f.severity) == (Action.RESET, Severity.FAIL)
+
+
+def test_app_xid13_tells_the_user_and_does_not_drain():
+    [f] = run(node(gpu(3, xid(13))))
+    assert (f.action, f.severity) == (Action.NONE, Severity.WARN)
+    assert not f.action.takes_node_out
+    assert f.message == "XID 13 (Graphics Engine Exception)"
+
+
+def test_app_xid31_repeated_still_does_not_drain():
+    findings = run(node(gpu(3, *(xid(31, seq=i) for i in range(5)))), xid_history={31: (NOW - HOUR,) * 5})
+    assert [(f.action, f.severity) for f in findings] == [(Action.NONE, Severity.WARN)]
+
+
+def test_unknown_xid_code_warns():
+    [f] = run(node(gpu(2, xid(999, gpu=2))))
+    assert (f.action, f.severity) == (Action.WARN, Severity.WARN)
+    assert f.message == "XID 999 (unknown XID)"
+
+
+def test_unused_xid_is_named_by_its_mnemonic():
+    [f] = run(node(gpu(3, xid(3))))
+    assert f.message == "XID 3 (ROBUST_CHANNEL_FIFO_ERROR_UNK_METHOD, unused)"
+    assert f.action is Action.WARN
+
+
+def test_one_finding_per_gpu_and_code_sorted_by_code():
+    snap = node(gpu(1, xid(119, 1, 1), xid(13, 1, 2), xid(119, 1, 3)), gpu(3, xid(119, 3, 4)))
+    findings = run(snap, expect=Expectations(xid_repeat_count=10))
+    assert [(f.gpu, f.message) for f in findings] == [
+        (1, "XID 13 (Graphics Engine Exception)"),
+        (1, "XID 119 (GSP RPC Timeout), 2 times"),
+        (3, "XID 119 (GSP RPC Timeout)"),
+    ]
+
+
+def test_only_the_jobs_gpus_are_checked():
+    snap = node(gpu(0, xid(79, 0)), gpu(3, xid(48, 3)))
+    assert [f.gpu for f in run(snap, gpus=(3,))] == [3]
+
+
+def test_node_level_xid_without_gpu_index_is_reported_for_the_node():
+    [f] = run(node(gpu(0), node_xids=(xid(79, gpu=None),)), gpus=(0,))
+    assert f.gpu is None
+    assert f.summary == "XID 79 on node"
+    assert f.line() == "node xid: XID 79 (GPU has fallen off the bus) -> replace"
+
+
+def test_third_xid119_in_24h_escalates_reset_to_replace():
+    history = {119: (NOW - 20 * HOUR, NOW - 2 * HOUR)}
+    [f] = run(node(gpu(3, xid(119))), xid_history=history)
+    assert (f.action, f.severity) == (Action.REPLACE, Severity.FAIL)
+    assert f.message == "XID 119 (GSP RPC Timeout), 3rd time in 24h -> hardware"
+
+
+def test_second_occurrence_stays_a_reset():
+    [f] = run(node(gpu(3, xid(119))), xid_history={119: (NOW - HOUR,)})
+    assert f.action is Action.RESET
+
+
+def test_occurrences_outside_the_window_do_not_escalate():
+    history = {119: (NOW - 30 * HOUR, NOW - 25 * HOUR, NOW - 24 * HOUR - 1)}
+    [f] = run(node(gpu(3, xid(119))), xid_history=history)
+    assert f.action is Action.RESET
+
+
+def test_history_of_another_code_does_not_escalate():
+    [f] = run(node(gpu(3, xid(119))), xid_history={120: (NOW - HOUR, NOW - HOUR)})
+    assert f.action is Action.RESET
+
+
+def test_repeats_within_one_snapshot_count_toward_escalation():
+    [f] = run(node(gpu(3, *(xid(46, seq=i) for i in range(3)))))
+    assert f.action is Action.REPLACE
+    assert "3rd time in 24h -> hardware" in f.message
+
+
+def test_window_and_count_come_from_expectations():
+    expect = Expectations(xid_repeat_count=2, xid_repeat_window_s=7 * 86400)
+    [f] = run(node(gpu(3, xid(74))), expect=expect, xid_history={74: (NOW - 5 * 86400,)})
+    assert f.action is Action.REPLACE
+    assert f.message.endswith("2nd time in 7d -> hardware")
+
+
+def test_repeat_count_zero_disables_escalation():
+    [f] = run(node(gpu(3, *(xid(46, seq=i) for i in range(5)))), expect=Expectations(xid_repeat_count=0))
+    assert f.action is Action.RESET
+
+
+def test_warn_only_xid92_is_not_escalated():
+    [f] = run(node(gpu(3, *(xid(92, seq=i) for i in range(5)))))
+    assert (f.action, f.severity) == (Action.WARN, Severity.WARN)
+
+
+def test_epilog_counts_only_xids_new_since_the_prolog_baseline():
+    old = xid(79, seq=1)
+    baseline = node(gpu(3, old))
+    after = node(gpu(3, old, xid(48, seq=2)))
+    findings = run(after, context=Context.EPILOG, baseline=baseline)
+    assert [f.message for f in findings] == ["XID 48 (Double Bit ECC Error)"]
+
+
+def test_epilog_with_nothing_new_since_baseline_is_clean():
+    snap = node(gpu(3, xid(79)), node_xids=(xid(119, gpu=None, seq=5),))
+    assert run(snap, context=Context.EPILOG, baseline=snap) == []
+
+
+def test_same_code_again_during_the_job_is_new_in_the_epilog():
+    baseline = node(gpu(3, xid(119, seq=1)))
+    after = node(gpu(3, xid(119, seq=1), xid(119, seq=2)))
+    [f] = run(after, context=Context.EPILOG, baseline=baseline)
+    assert f.message == "XID 119 (GSP RPC Timeout)"
+
+
+def test_baseline_is_ignored_outside_the_epilog():
+    snap = node(gpu(3, xid(79)))
+    [f] = run(snap, context=Context.PROLOG, baseline=snap)
+    assert f.action is Action.REPLACE
