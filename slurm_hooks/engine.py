@@ -74,6 +74,16 @@ def parse_gpu_list(value: str | None) -> list[str] | None:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+def _history(lookup, snap: NodeSnapshot) -> dict[int, tuple[float, ...]]:
+    """Earlier XIDs on this node (for escalation); an unreadable history counts as none."""
+    if lookup is None or snap.error is not None:
+        return {}
+    try:
+        return dict(lookup(snap))
+    except Exception:
+        return {}
+
+
 def dcgm_level(context: Context, expect: Expectations) -> int:
     return {
         Context.PROLOG: expect.dcgm_level_prolog,
@@ -92,7 +102,7 @@ def run(
     probe_timeout_s: float | None = None,
     gpus: Sequence[int | str] | None = None,
     baseline: NodeSnapshot | None = None,
-    xid_history: dict[int, tuple[float, ...]] | None = None,
+    xid_history: Callable[[NodeSnapshot], dict[int, tuple[float, ...]]] | None = None,
     dcgm: DcgmRunner | None = None,
     on_check_error: Action = Action.DRAIN,
     checks: Sequence[registry.Check] | None = None,
@@ -115,7 +125,7 @@ def run(
         context=context,
         gpus=selected,
         baseline=baseline,
-        xid_history=dict(xid_history or {}),
+        xid_history=_history(xid_history, snap),
         dcgm=dcgm_result,
         now=time.time(),
     )

@@ -7,14 +7,16 @@ Slurm call unless this node is drained by us.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable
 
 from slurm_hooks import engine
+from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.models import Action, Context, Report
+from slurm_hooks.models import Action, Context, NodeSnapshot, Report, XidEvent
 
 
 def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, follow: str = "detached") -> tuple[Report, Outcome]:
@@ -37,15 +39,27 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
         probe_timeout_s=float(cfg.gpu.probe_timeout),
         gpus=gpus,
         baseline=baseline,
-        xid_history=history.occurrences(now, expect.xid_repeat_window_s) if history else None,
+        xid_history=(lambda snap: history.occurrences(now, expect.xid_repeat_window_s, exclude=_keys(snap)))
+        if history else None,
         dcgm=_dcgm_runner(w, context, expect),
         on_check_error=Action(cfg.check.on_check_error),
     )
     if history and report.snapshot is not None:
-        events = [x for g in report.snapshot.gpus for x in g.xids] + list(report.snapshot.node_xids)
+        events = _events(report.snapshot)
         if events:
-            history.record(events)
+            try:
+                history.record(events)
+            except SlurmHooksError as exc:
+                print(f"slurm-hooks: {exc}", file=sys.stderr)
     return report
+
+
+def _events(snap: NodeSnapshot) -> list[XidEvent]:
+    return [x for g in snap.gpus for x in g.xids] + list(snap.node_xids)
+
+
+def _keys(snap: NodeSnapshot) -> list[str]:
+    return [x.key for x in _events(snap)]
 
 
 def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached") -> None:
