@@ -104,6 +104,7 @@ def run(
     baseline: NodeSnapshot | None = None,
     xid_history: Callable[[NodeSnapshot], dict[int, tuple[float, ...]]] | None = None,
     dcgm: DcgmRunner | None = None,
+    acked_xids: frozenset[str] = frozenset(),
     on_check_error: Action = Action.DRAIN,
     checks: Sequence[registry.Check] | None = None,
 ) -> Report:
@@ -127,6 +128,7 @@ def run(
         baseline=baseline,
         xid_history=_history(xid_history, snap),
         dcgm=dcgm_result,
+        acked_xids=acked_xids,
         now=time.time(),
     )
     findings: list[Finding] = []

@@ -210,6 +210,9 @@ class CheckInput:
     baseline: NodeSnapshot | None = None
     #: Prior occurrences per XID code on this node (for escalation): code -> timestamps.
     xid_history: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    #: XIDs an admin has dealt with (GPU reset, node resumed): still in the kernel
+    #: log until the next reboot, but no longer a reason to drain.
+    acked_xids: frozenset[str] = frozenset()
     #: Result of a DCGM diagnostic run by the engine, when one was run.
     dcgm: DcgmResult | None = None
     now: float = 0.0

@@ -77,6 +77,20 @@ class XidHistory:
 
         self._update(change, now)
 
+    def acked(self) -> frozenset[str]:
+        """Keys of events an admin has dealt with: the XID check ignores them."""
+        return frozenset(self._read()["acked"])
+
+    def ack(self, keys: Iterable[str], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        keys = list(keys)
+
+        def change(state: dict[str, Any]) -> None:
+            for key in keys:
+                state["acked"].setdefault(key, now)
+
+        self._update(change, now)
+
     def _read(self) -> dict[str, Any]:
         state = _parse(self._load())
         if state is None:
@@ -118,7 +132,7 @@ class XidHistory:
 
 
 def _empty() -> dict[str, Any]:
-    return {"version": VERSION, "events": [], "seen": {}}
+    return {"version": VERSION, "events": [], "seen": {}, "acked": {}}
 
 
 def _parse(text: str | None) -> dict[str, Any] | None:
@@ -131,9 +145,10 @@ def _parse(text: str | None) -> dict[str, Any] | None:
                    "gpu": None if e.get("gpu") is None else int(e["gpu"]), "t": float(e["t"])}
                   for e in state["events"]]
         seen = {str(k): float(v) for k, v in state["seen"].items()}
+        acked = {str(k): float(v) for k, v in state.get("acked", {}).items()}
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    return {"version": VERSION, "events": events, "seen": seen}
+    return {"version": VERSION, "events": events, "seen": seen, "acked": acked}
 
 
 def _prune(state: dict[str, Any], now: float) -> None:
@@ -142,3 +157,6 @@ def _prune(state: dict[str, Any], now: float) -> None:
     state["events"] = sorted(events, key=lambda e: e["t"])[-MAX_EVENTS:]
     seen = sorted(((t, k) for k, t in state["seen"].items() if t >= oldest))[-MAX_SEEN:]
     state["seen"] = {k: t for t, k in seen}
+    # Acknowledged events stay in the kernel log until a reboot, however old: keep them by count only.
+    acked = sorted((t, k) for k, t in state["acked"].items())[-MAX_SEEN:]
+    state["acked"] = {k: t for t, k in acked}

@@ -18,7 +18,7 @@ from slurm_hooks.xid_catalog import lookup
 
 
 def check_xids(inp: CheckInput) -> Iterator[Finding]:
-    known = _baseline_keys(inp)
+    known = _baseline_keys(inp) | inp.acked_xids
     for gpu in inp.selected():
         yield from _judge(inp, gpu.index, gpu.xids, known)
     yield from _judge(inp, None, inp.snapshot.node_xids, known)

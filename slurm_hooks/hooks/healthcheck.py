@@ -7,6 +7,7 @@ Slurm call unless this node is drained by us.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Callable
@@ -23,18 +24,60 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     report = evaluate(w, context)
     outcome = Outcome()
     if not dry_run:
+        if report.drain_findings() and context is Context.CHECK and _admin_resumed(w, report):
+            report = evaluate(w, context, snapshot=report.snapshot)
         remediate.record_alerts(w, report)
         act(w, report, outcome, follow=follow)
     return report, outcome
 
 
-def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baseline=None) -> Report:
+def _admin_resumed(w: Wiring, report: Report) -> bool:
+    """We drained this node and an admin has resumed it: the XIDs we drained for are dealt with.
+
+    They stay in the kernel log until the next reboot; acknowledging them keeps
+    a mended node from being drained again for the same events. Faults that are
+    state (ECC counts, a lost GPU, remapping) are judged afresh as always.
+    """
+    if not os.path.exists(w.drained_marker()) or report.snapshot is None:
+        return False
+    try:
+        if w.slurm.node(w.node).drained:
+            return False
+        history = _xid_history(w)
+        keys = _keys(report.snapshot)
+        if history and keys:
+            history.ack(keys)
+            w.audit.write("action", node=w.node, action="ack-xids", target=w.node, result="ok", duration_s=0.0,
+                          detail=f"node resumed by an admin after our drain; {len(keys)} XID event(s) acknowledged")
+    except SlurmHooksError as exc:
+        print(f"slurm-hooks: {exc}", file=sys.stderr)
+        return False
+    remediate.forget_drain(w)
+    return True
+
+
+class _Fixed:
+    """A probe that returns a snapshot already taken (re-judging without probing twice)."""
+
+    def __init__(self, snap: NodeSnapshot):
+        self.name, self.snap = snap.backend, snap
+
+    def snapshot(self) -> NodeSnapshot:
+        return self.snap
+
+
+def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baseline=None,
+             snapshot: NodeSnapshot | None = None) -> Report:
     cfg = w.config
     expect = cfg.expectations_for(w.node)
     history = _xid_history(w)
     now = time.time()
+    try:
+        acked = history.acked() if history else frozenset()
+    except SlurmHooksError:
+        acked = frozenset()
     report = engine.run(
-        w.probe(), w.node, expect, context,
+        _Fixed(snapshot) if snapshot is not None else w.probe(), w.node, expect, context,
         deadline_s=float(cfg.check.deadline),
         probe_timeout_s=float(cfg.gpu.probe_timeout),
         gpus=gpus,
@@ -42,6 +85,7 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
         xid_history=(lambda snap: history.occurrences(now, expect.xid_repeat_window_s, exclude=_keys(snap)))
         if history else None,
         dcgm=_dcgm_runner(w, context, expect),
+        acked_xids=acked,
         on_check_error=Action(cfg.check.on_check_error),
     )
     if history and report.snapshot is not None:
@@ -68,7 +112,7 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached") -
             remediate.drain(w, report, outcome)
             if w.config.remediation.requeue:
                 remediate.requeue_jobs(w, outcome, follow=follow)
-    elif report.healthy:
+    elif report.healthy and report.context is Context.CHECK:
         remediate.resume_if_ours(w, outcome, report)
     _metrics(w, report, outcome)
 

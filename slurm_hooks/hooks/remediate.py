@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -78,7 +79,8 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
     checkpoint before SIGKILL; whatever it exits with, it is requeued, not
     failed. Requeued jobs wait out a ~121 s delay unless told ``StartTime=now``
     once PENDING; :func:`follow_requeued` does that, ``follow`` says where:
-    "detached" (a process that outlives the health check), "inline", or "none".
+    "detached" (a process that outlives the health check), "thread" (the
+    watcher, a daemon), "inline", or "none".
     """
     started = time.monotonic()
     try:
@@ -114,6 +116,8 @@ def follow_jobs(w: Wiring, job_ids: Iterable[int], how: str) -> None:
     timeout = float(w.config.remediation.requeue_grace) + 60.0
     if how == "inline":
         follow_requeued(w, job_ids, timeout)
+    elif how == "thread":
+        threading.Thread(target=follow_requeued, args=(w, job_ids, timeout), name="follow-jobs", daemon=True).start()
     elif how == "detached":
         argv = [sys.executable, "-m", "slurm_hooks", "follow-jobs", "--node", w.node,
                 "--timeout", str(timeout), *[str(j) for j in job_ids]]
@@ -198,6 +202,10 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report | None = None) ->
     _remove(marker)
     outcome.resumed = True
     _step(w, "resume", w.node, "ok", started, reason=info.reason)
+
+
+def forget_drain(w: Wiring) -> None:
+    _remove(w.drained_marker())
 
 
 def _touch(path: str) -> None:

@@ -1,0 +1,134 @@
+"""The watcher: react to an XID within seconds instead of at the next health check.
+
+Sources deliver :class:`XidEvent` objects: the kernel log (``NVRM: Xid`` lines
+from /dev/kmsg) on real nodes, the sim backend's injected events in tests and
+rehearsals. A critical XID runs the same remediation as the health check.
+Each event is acted on once: its key is remembered in the XID history, which
+survives restarts; events that arrived while the watcher was down are handled
+at start.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from typing import Callable, Protocol
+
+from slurm_hooks import xid_catalog
+from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.hooks import healthcheck
+from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.models import Action, Context, XidEvent
+from slurm_hooks.xid_history import XidHistory
+
+OnEvent = Callable[[XidEvent], None]
+
+
+class Source(Protocol):
+    def backlog(self) -> list[XidEvent]: ...
+
+    def follow(self, stop: threading.Event, on_event: OnEvent) -> None: ...
+
+
+class SimSource:
+    """Polls the node's sim state file; each injected XID has a sequence number."""
+
+    def __init__(self, sim_dir: str, node: str, poll: float):
+        self.sim_dir, self.node, self.poll = sim_dir, node, poll
+        self._delivered: set[str] = set()
+
+    def _events(self) -> list[XidEvent]:
+        from slurm_hooks.probes import sim
+
+        try:
+            state = sim.read(self.sim_dir, self.node)
+        except SlurmHooksError:
+            return []
+        out = []
+        for gpu in state["gpus"]:
+            for x in gpu.get("xids", ()):
+                out.append(XidEvent(**x))
+        return sorted(out, key=lambda e: e.seq or 0)
+
+    def backlog(self) -> list[XidEvent]:
+        events = self._events()
+        self._delivered.update(e.key for e in events)
+        return events
+
+    def follow(self, stop: threading.Event, on_event: OnEvent) -> None:
+        while not stop.wait(self.poll):
+            for event in self._events():
+                if event.key not in self._delivered:
+                    self._delivered.add(event.key)
+                    on_event(event)
+
+
+class KmsgSource:
+    def __init__(self, path: str, poll: float):
+        self.path, self.poll = path, poll
+
+    def backlog(self) -> list[XidEvent]:
+        from slurm_hooks.probes import kmsg
+
+        return kmsg.read_xids(self.path)
+
+    def follow(self, stop: threading.Event, on_event: OnEvent) -> None:
+        from slurm_hooks.probes import kmsg
+
+        kmsg.follow(self.path, stop, on_event, poll=self.poll)
+
+
+def default_source(w: Wiring) -> Source:
+    cfg = w.config
+    if cfg.gpu.backend == "sim":
+        return SimSource(cfg.gpu.sim_dir, w.node, float(cfg.watch.poll_interval))
+    return KmsgSource(cfg.watch.kmsg, float(cfg.watch.poll_interval))
+
+
+class Watcher:
+    def __init__(self, w: Wiring, source: Source, log: Callable[[str], None] | None = None):
+        self.w = w
+        self.source = source
+        self.history = XidHistory(w.state_path(f"xid-history-{w.node}.json"))
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self._lock = threading.Lock()
+
+    def handle(self, event: XidEvent) -> None:
+        """Act on one event unless it was acted on before (by this or an earlier run)."""
+        with self._lock:
+            try:
+                if self.history.seen(event.key):
+                    return
+            except SlurmHooksError as exc:
+                self.log(f"slurm-hooks watch: {exc}")
+            info = xid_catalog.lookup(event.code)
+            action = info.action if info else Action.WARN
+            where = f"GPU {event.gpu}" if event.gpu is not None else (event.pci_bus_id or "node")
+            self.log(f"slurm-hooks watch: XID {event.code} on {where} -> {action.value}")
+            if action.takes_node_out:
+                started = time.monotonic()
+                report, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread")
+                self.w.audit.write("watch", node=self.w.node, xid=event.code, gpu=event.gpu, event=event.key,
+                                   drained=outcome.drained, requeued=outcome.requeued, failed=outcome.failed,
+                                   duration_s=round(time.monotonic() - started, 4))
+            try:
+                self.history.mark_seen([event.key])
+            except SlurmHooksError as exc:
+                self.log(f"slurm-hooks watch: {exc}")
+
+    def run(self, stop: threading.Event) -> None:
+        self.w.audit.write("watch", node=self.w.node, message="watcher started")
+        self._handle_all(self.source.backlog())
+        while not stop.is_set():
+            try:
+                self.source.follow(stop, self.handle)
+            except SlurmHooksError as exc:
+                # NVML or kmsg hiccup: say so, wait, and keep watching.
+                self.log(f"slurm-hooks watch: {exc}; retrying")
+                stop.wait(2.0)
+
+    def _handle_all(self, events: Iterable[XidEvent]) -> None:
+        for event in events:
+            self.handle(event)
