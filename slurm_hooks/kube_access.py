@@ -1,0 +1,127 @@
+"""Can the bridge's credentials do what the bridge does? Asked with SelfSubjectAccessReview.
+
+The only module of ``slurm-hooks validate`` that touches Kubernetes, and it
+imports the client inside its functions: the import costs ~0.35 s and the
+client is installed only where the bridge runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_hooks.errors import SlurmHooksError, TransientError
+
+
+class KubeClientMissing(ImportError):
+    """The ``kubernetes`` package is not installed here (node-side environments)."""
+
+
+class CredentialsError(SlurmHooksError):
+    """No usable credentials, or the API server rejected them (401/403 on the review itself)."""
+
+
+@dataclass(frozen=True)
+class Permission:
+    verb: str
+    resource: str
+    subresource: str = ""
+    group: str = ""
+
+    def __str__(self) -> str:
+        res = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+        return f"{self.verb} {res}" + (f" ({self.group})" if self.group else "")
+
+    def rule(self) -> str:
+        res = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+        return f'{{apiGroups: ["{self.group}"], resources: ["{res}"], verbs: ["{self.verb}"]}}'
+
+
+#: What the bridge does: cordon/taint/condition nodes, drain them, record events.
+REQUIRED: tuple[Permission, ...] = (
+    Permission("get", "nodes"),
+    Permission("list", "nodes"),
+    Permission("watch", "nodes"),
+    Permission("patch", "nodes"),
+    Permission("patch", "nodes", "status"),
+    Permission("get", "pods"),
+    Permission("list", "pods"),
+    Permission("create", "pods", "eviction"),
+    Permission("create", "events"),
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    permission: Permission
+    allowed: bool
+    reason: str = ""
+
+
+def load_client(kubeconfig: str | None = None, context: str | None = None, retries: int = 1) -> tuple[Any, str]:
+    """(ApiClient, where the credentials came from): the kubeconfig named, else the
+    pod's service account, else $KUBECONFIG / ~/.kube/config."""
+    try:
+        from kubernetes import client as k8s_client
+        from kubernetes import config as k8s_config
+    except ImportError as exc:
+        raise KubeClientMissing(str(exc)) from None
+    configuration = k8s_client.Configuration()
+    configuration.retries = retries
+    try:
+        if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=configuration)
+            source = "in-cluster service account"
+        else:
+            path = kubeconfig or os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
+            if not os.path.exists(path):
+                raise CredentialsError(f"kubeconfig {path} not found and not running in a pod")
+            k8s_config.load_kube_config(config_file=path, context=context, client_configuration=configuration,
+                                        persist_config=False)
+            source = f"kubeconfig {path}" + (f" (context {context})" if context else "")
+    except k8s_config.ConfigException as exc:
+        raise CredentialsError(str(exc)) from None
+    return k8s_client.ApiClient(configuration), source
+
+
+def review(api_client: Any, permissions: Sequence[Permission] = REQUIRED, namespace: str = "",
+           timeout: float = 10.0) -> list[Verdict]:
+    """One SelfSubjectAccessReview per permission; namespace "" asks for all namespaces."""
+    from kubernetes import client as k8s_client
+    from kubernetes.client.exceptions import ApiException
+
+    api = k8s_client.AuthorizationV1Api(api_client)
+    verdicts = []
+    for perm in permissions:
+        body = k8s_client.V1SelfSubjectAccessReview(
+            spec=k8s_client.V1SelfSubjectAccessReviewSpec(
+                resource_attributes=k8s_client.V1ResourceAttributes(
+                    verb=perm.verb, resource=perm.resource, subresource=perm.subresource or None,
+                    group=perm.group, namespace=namespace or None,
+                )
+            )
+        )
+        try:
+            answer = api.create_self_subject_access_review(body, _request_timeout=timeout)
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                raise CredentialsError(f"API server refused the access review: HTTP {exc.status} {exc.reason}") from None
+            raise TransientError(f"access review failed: HTTP {exc.status} {exc.reason}") from None
+        except Exception as exc:  # urllib3 connection errors and the like
+            raise TransientError(f"cannot reach the API server: {type(exc).__name__}: {exc}") from None
+        status = answer.status
+        allowed = bool(status is not None and status.allowed)
+        reason = (status.reason or status.evaluation_error or "") if status is not None else ""
+        verdicts.append(Verdict(perm, allowed, reason))
+    return verdicts
+
+
+def close(api_client: Any) -> None:
+    closer = getattr(api_client, "close", None)
+    if callable(closer):
+        try:
+            closer()
+        except Exception:  # closing a pool must not turn a verdict into a crash
+            pass
