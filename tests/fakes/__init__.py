@@ -1,0 +1,7 @@
+"""Shared fakes, one per thing that cannot run here. Tests import them as ``from fakes import ...``."""
+
+from __future__ import annotations
+
+from .fake_nvml import FakeHandle, FakeLink, FakeNvml, healthy_gpu
+
+__all__ = ["FakeHandle", "FakeLink", "FakeNvml", "healthy_gpu"]

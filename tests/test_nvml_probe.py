@@ -1,0 +1,378 @@
+"""The NVML probe against the shared fake NVML (real pynvml error classes, fake answers)."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+
+import pynvml
+import pytest
+from fakes import FakeLink, FakeNvml
+
+from slurm_hooks.models import GpuProcess, GpuSnapshot, snapshot_from_dict, snapshot_to_dict
+from slurm_hooks.probes import nvml_errors
+from slurm_hooks.probes.nvml import NvmlProbe
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+GIB = 1024**3
+
+
+def snap(fake: FakeNvml, kmsg_path: str = "/nonexistent/kmsg"):
+    return NvmlProbe("gpu-node-1", kmsg_path=kmsg_path, nvml=fake).snapshot()
+
+
+# --- the healthy node -----------------------------------------------------------
+
+
+def test_healthy_eight_gpu_node_fills_every_field():
+    fake = FakeNvml.healthy(gpus=8, model="NVIDIA H100 80GB HBM3")
+    s = snap(fake)
+    assert s.error is None and s.backend == "nvml" and s.node == "gpu-node-1"
+    assert s.driver_version == "570.124.06"
+    assert [g.index for g in s.gpus] == list(range(8))
+    for gpu in s.gpus:
+        empty = [f.name for f in dataclasses.fields(GpuSnapshot) if getattr(gpu, f.name) is None]
+        assert empty == [], f"GPU {gpu.index} left {empty} unset"
+        assert gpu.errors == () and not gpu.lost and not gpu.needs_reset
+        assert gpu.model == "NVIDIA H100 80GB HBM3"
+        assert gpu.uuid.startswith("GPU-")
+        assert (gpu.pcie_gen, gpu.pcie_gen_max, gpu.pcie_width, gpu.pcie_width_max) == (5, 5, 16, 16)
+        assert len(gpu.nvlinks) == 18 and all(link.active and link.crc_errors == 0 for link in gpu.nvlinks)
+        assert gpu.temperature_c == 33
+        assert gpu.power_w == pytest.approx(71.234) and gpu.power_limit_w == 700.0
+        assert gpu.throttle_reasons == ("gpu_idle",)
+        assert gpu.persistence_mode is True and gpu.fabric_state == "completed"
+        assert gpu.ecc_volatile_uncorrectable == 0 and gpu.row_remap_pending is False
+        assert gpu.processes == () and gpu.memory_used_mib == 516
+    assert len({g.uuid for g in s.gpus}) == len({g.pci_bus_id for g in s.gpus}) == 8
+    assert s.gpus[1].pci_bus_id == "00000000:28:00.0"
+
+
+def test_one_nvml_session_per_snapshot_and_always_shut_down():
+    fake = FakeNvml.healthy(gpus=2)
+    snap(fake)
+    snap(fake)
+    assert (fake.inits, fake.shutdowns) == (2, 2)
+
+
+def test_snapshot_survives_a_json_round_trip():
+    fake = FakeNvml.healthy(gpus=2).set(gpu=1, processes=[(4242, GIB, "python")], memory_used=2 * GIB)
+    s = snap(fake)
+    assert snapshot_from_dict(json.loads(json.dumps(snapshot_to_dict(s)))) == s
+
+
+# --- per-field rules ---------------------------------------------------------------
+
+
+def test_not_supported_field_is_none_and_not_an_error():
+    fake = FakeNvml.healthy(gpus=8).fail("nvmlDeviceGetTemperature", gpu=2, code=pynvml.NVML_ERROR_NOT_SUPPORTED)
+    gpu = snap(fake).gpus[2]
+    assert gpu.temperature_c is None
+    assert gpu.errors == ()
+    assert snap(fake).gpus[3].temperature_c == 33
+
+
+def test_function_missing_from_driver_is_treated_as_not_supported():
+    fake = FakeNvml.healthy(gpus=1).fail("nvmlDeviceGetRemappedRows", code=pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    gpu = snap(fake).gpus[0]
+    assert gpu.row_remap_pending is None and gpu.row_remap_failure is None
+    assert gpu.errors == ()
+
+
+def test_other_nvml_error_leaves_field_none_and_says_why():
+    fake = FakeNvml.healthy(gpus=2).fail("nvmlDeviceGetTotalEccErrors", gpu=1, code=pynvml.NVML_ERROR_UNKNOWN)
+    gpu = snap(fake).gpus[1]
+    assert gpu.ecc_volatile_uncorrectable is None and gpu.ecc_aggregate_uncorrectable is None
+    why = gpu.error("ecc_volatile_uncorrectable")
+    assert why is not None and "nvmlDeviceGetTotalEccErrors" in why and "NVML_ERROR_UNKNOWN" in why
+    assert "\n" not in why
+
+
+def test_lost_gpu_is_marked_lost_and_the_others_are_read():
+    fake = FakeNvml.healthy(gpus=8).lose(gpu=5)
+    s = snap(fake)
+    lost = s.gpus[5]
+    assert lost.lost and lost.temperature_c is None
+    assert lost.errors == (("*", "GPU is lost (NVML_ERROR_GPU_IS_LOST at nvmlDeviceGetHandleByIndex)"),)
+    assert [g.index for g in s.gpus if g.lost] == [5]
+    assert s.gpus[6].temperature_c == 33
+
+
+def test_gpu_lost_mid_query_keeps_identity_and_stops_asking_it():
+    fake = FakeNvml.healthy(gpus=3).fail("nvmlDeviceGetPowerUsage", gpu=1, code=pynvml.NVML_ERROR_GPU_IS_LOST)
+    gpu = snap(fake).gpus[1]
+    assert gpu.lost
+    assert gpu.uuid and gpu.pci_bus_id == "00000000:28:00.0" and gpu.model
+    assert gpu.temperature_c is None and gpu.nvlinks is None
+    asked_after = [name for name, idx in fake.calls if idx == 1][-1]
+    assert asked_after == "nvmlDeviceGetPowerUsage"
+    assert ("nvmlDeviceGetEnforcedPowerLimit", 2) in fake.calls
+
+
+def test_reset_required_marks_the_gpu_and_keeps_the_readable_fields():
+    fake = FakeNvml.healthy(gpus=2).fail("nvmlDeviceGetRemappedRows", gpu=0, code=pynvml.NVML_ERROR_RESET_REQUIRED)
+    gpu = snap(fake).gpus[0]
+    assert gpu.needs_reset and not gpu.lost
+    assert gpu.row_remap_pending is None
+    assert gpu.temperature_c == 33
+    assert not snap(fake).gpus[1].needs_reset
+
+
+def test_reset_required_on_the_handle_gives_an_empty_gpu_that_needs_reset():
+    fake = FakeNvml.healthy(gpus=2).fail("nvmlDeviceGetHandleByIndex", gpu=1, code=pynvml.NVML_ERROR_RESET_REQUIRED)
+    gpu = snap(fake).gpus[1]
+    assert gpu.needs_reset and gpu.uuid == "" and gpu.temperature_c is None
+
+
+def test_no_permission_on_the_handle_is_recorded():
+    fake = FakeNvml.healthy(gpus=2).fail("nvmlDeviceGetHandleByIndex", gpu=0, code=pynvml.NVML_ERROR_NO_PERMISSION)
+    gpu = snap(fake).gpus[0]
+    assert not gpu.lost and "NVML_ERROR_NO_PERMISSION" in gpu.error("handle")
+
+
+def test_temperature_0xffffffff_is_garbled_not_a_fire():
+    fake = FakeNvml.healthy(gpus=8).set(gpu=3, temperature=0xFFFFFFFF)
+    gpu = snap(fake).gpus[3]
+    assert gpu.temperature_c is None
+    assert "garbled answer from nvmlDeviceGetTemperature" in gpu.error("temperature_c")
+    assert "4294967295" in gpu.error("temperature_c")
+
+
+@pytest.mark.parametrize(
+    ("state", "field"),
+    [
+        ({"ecc_volatile_uncorrectable": -3}, "ecc_volatile_uncorrectable"),
+        ({"ecc_aggregate_uncorrectable": 0xFFFFFFFFFFFFFFFF}, "ecc_aggregate_uncorrectable"),
+        ({"temperature": "hot"}, "temperature_c"),
+        ({"retired_pages_pending": 7}, "retired_pages_pending"),
+        ({"remapped_rows": (0, 0, 1)}, "row_remap"),
+        ({"pcie_width": 0}, "pcie_width"),
+        ({"pcie_gen_max": 99}, "pcie_gen_max"),
+        ({"power_mw": 2**40}, "power_w"),
+        ({"persistence_mode": 2}, "persistence_mode"),
+        ({"clocks_event_reasons": -1}, "throttle_reasons"),
+        ({"processes": "nope"}, "processes"),
+        ({"memory_used": 200 * GIB}, "memory_used_mib"),
+        ({"uuid": 12345}, "uuid"),
+    ],
+)
+def test_garbled_answer_leaves_field_unset_and_names_it(state, field):
+    gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, **state)).gpus[0]
+    assert gpu.error(field) is not None
+    assert [name for name, _ in gpu.errors] == [field]
+
+
+def test_garbled_row_remap_leaves_both_flags_unset():
+    gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, remapped_rows=(0, 0, 1))).gpus[0]
+    assert gpu.row_remap_pending is None and gpu.row_remap_failure is None
+
+
+def test_python_exception_from_the_binding_is_a_field_error_not_a_crash():
+    fake = FakeNvml.healthy(gpus=1)
+    fake.nvmlDeviceGetPowerUsage = lambda handle: (_ for _ in ()).throw(RuntimeError("ctypes exploded"))
+    gpu = snap(fake).gpus[0]
+    assert gpu.power_w is None and "ctypes exploded" in gpu.error("power_w")
+    assert gpu.temperature_c == 33
+
+
+def test_row_remap_pending_and_failure_are_read():
+    gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, remapped_rows=(3, 2, 1, 1))).gpus[0]
+    assert gpu.row_remap_pending is True and gpu.row_remap_failure is True
+
+
+def test_power_is_converted_from_milliwatts():
+    gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, power_mw=655_500, power_limit_mw=700_000)).gpus[0]
+    assert (gpu.power_w, gpu.power_limit_w) == (655.5, 700.0)
+
+
+# --- NVLink --------------------------------------------------------------------------
+
+
+def test_nvlink_enumeration_stops_at_the_first_link_nvml_rejects():
+    fake = FakeNvml.healthy(gpus=1)
+    gpu = snap(fake).gpus[0]
+    assert [link.link for link in gpu.nvlinks] == list(range(18))
+    assert fake.called("nvmlDeviceGetNvLinkState") == 19
+
+
+def test_gpu_without_nvlink_has_no_link_list():
+    gpu = snap(FakeNvml.healthy(gpus=1, model="NVIDIA L40S")).gpus[0]
+    assert gpu.nvlinks is None and gpu.fabric_state is None and gpu.errors == ()
+
+
+def test_nvlink_down_and_error_counters_are_read_per_link():
+    links = [FakeLink() for _ in range(18)]
+    links[4] = FakeLink(active=0, replay=9, crc_flit=9)
+    links[7] = FakeLink(crc_flit=250, replay=12, recovery=1)
+    gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, nvlinks=links)).gpus[0]
+    assert gpu.nvlinks[4].active is False and gpu.nvlinks[4].crc_errors is None
+    assert (gpu.nvlinks[7].crc_errors, gpu.nvlinks[7].replay_errors, gpu.nvlinks[7].recovery_errors) == (250, 12, 1)
+
+
+def test_unsupported_nvlink_counter_is_none_without_error():
+    fake = FakeNvml.healthy(gpus=1).fail("nvmlDeviceGetNvLinkErrorCounter", code=pynvml.NVML_ERROR_NOT_SUPPORTED)
+    gpu = snap(fake).gpus[0]
+    assert all(link.active and link.crc_errors is None for link in gpu.nvlinks)
+    assert gpu.errors == ()
+
+
+# --- clocks, fabric, processes ---------------------------------------------------------
+
+
+def test_clock_event_reasons_are_decoded_into_names():
+    mask = 0x4 | 0x8 | 0x20 | 0x40 | 0x80 | 0x8000
+    gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, clocks_event_reasons=mask)).gpus[0]
+    assert gpu.throttle_reasons == ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                                    "hw_power_brake_slowdown", "unknown_0x8000")
+
+
+def test_old_binding_without_clocks_event_reasons_uses_throttle_reasons():
+    fake = FakeNvml.healthy(gpus=1).remove("nvmlDeviceGetCurrentClocksEventReasons").set(gpu=0, clocks_event_reasons=0x40)
+    assert snap(fake).gpus[0].throttle_reasons == ("hw_thermal_slowdown",)
+    assert fake.called("nvmlDeviceGetCurrentClocksThrottleReasons") == 1
+
+
+def test_old_driver_without_clocks_event_reasons_uses_throttle_reasons():
+    fake = FakeNvml.healthy(gpus=1).fail("nvmlDeviceGetCurrentClocksEventReasons",
+                                         code=pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    assert snap(fake.set(gpu=0, clocks_event_reasons=0x8)).gpus[0].throttle_reasons == ("hw_slowdown",)
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "expected"),
+    [
+        (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS, "completed"),
+        (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_SUCCESS, "in_progress"),
+        (pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED, pynvml.NVML_SUCCESS, "not_started"),
+        (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES,
+         "failed:NVML_ERROR_INSUFFICIENT_RESOURCES"),
+        (pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, pynvml.NVML_SUCCESS, None),
+    ],
+)
+def test_fabric_manager_state_is_named(state, status, expected):
+    gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, fabric_state=state, fabric_status=status)).gpus[0]
+    assert gpu.fabric_state == expected
+    assert gpu.errors == ()
+
+
+def test_fabric_state_falls_back_to_the_v1_call():
+    fake = FakeNvml.healthy(gpus=1).remove("nvmlDeviceGetGpuFabricInfoV")
+    assert snap(fake).gpus[0].fabric_state == "completed"
+    assert fake.called("nvmlDeviceGetGpuFabricInfo") == 1
+
+
+def test_fabric_info_struct_is_passed_by_reference_as_the_c_api_wants():
+    seen = []
+    fake = FakeNvml.healthy(gpus=1)
+    real = fake.nvmlDeviceGetGpuFabricInfoV
+    fake.nvmlDeviceGetGpuFabricInfoV = lambda handle, ref: seen.append(type(ref)) or real(handle, ref)
+    snap(fake)
+    assert seen == [type(ctypes.byref(ctypes.c_int()))]
+
+
+def test_compute_processes_and_memory_are_reported_in_mib():
+    fake = FakeNvml.healthy(gpus=2).set(gpu=1, processes=[(4242, 2 * GIB, "python"), (4243, None, "")],
+                                        memory_used=3 * GIB)
+    gpu = snap(fake).gpus[1]
+    assert gpu.processes == (GpuProcess(4242, 2048, "python"), GpuProcess(4243, None, ""))
+    assert gpu.memory_used_mib == 3072
+
+
+# --- node level -------------------------------------------------------------------------
+
+
+def test_driver_not_loaded_is_one_line_node_error():
+    fake = FakeNvml.healthy(gpus=8).fail("nvmlInit", code=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    s = snap(fake)
+    assert s.gpus == ()
+    assert s.error == "NVML: driver not loaded (NVML_ERROR_DRIVER_NOT_LOADED: Driver Not Loaded)"
+    assert fake.shutdowns == 0
+
+
+def test_device_count_failure_is_a_node_error_and_nvml_is_shut_down():
+    fake = FakeNvml.healthy(gpus=8).fail("nvmlDeviceGetCount", code=pynvml.NVML_ERROR_UNKNOWN)
+    s = snap(fake)
+    assert s.error.startswith("NVML: nvmlDeviceGetCount failed (NVML_ERROR_UNKNOWN")
+    assert fake.shutdowns == 1
+
+
+def _nvml_library_present() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_nvml_library_present(), reason="this machine has the NVIDIA driver")
+def test_real_pynvml_without_a_driver_gives_a_one_line_node_error():
+    s = NvmlProbe("gpu-node-1", kmsg_path="/nonexistent/kmsg").snapshot()
+    assert s.gpus == ()
+    assert s.error == ("NVML: library libnvidia-ml.so.1 not found "
+                       "(NVML_ERROR_LIBRARY_NOT_FOUND: NVML Shared Library Not Found)")
+
+
+# --- XIDs from the kernel log --------------------------------------------------------------
+
+
+def test_xids_from_kmsg_are_assigned_to_the_gpu_with_that_pci_id(tmp_path):
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(
+        "6,1200,4000000,-;nvidia-nvswitch0: open (major=510)\n"
+        "6,1234,5000000,-;NVRM: Xid (PCI:0000:38:00): 79, pid=0, name=python, GPU has fallen off the bus.\n"
+        "4,1240,5100000,-;NVRM: Xid (PCI:0000:f0:00): 48, pid=77, name=python, An uncorrectable double bit error\n"
+    )
+    s = snap(FakeNvml.healthy(gpus=8), kmsg_path=str(kmsg))
+    (xid,) = s.gpus[2].xids
+    assert (xid.code, xid.gpu, xid.seq, xid.source) == (79, 2, 1234, "kmsg")
+    assert "fallen off the bus" in xid.message
+    assert [g.index for g in s.gpus if g.xids] == [2]
+    assert [(x.code, x.gpu) for x in s.node_xids] == [(48, None)]
+
+
+def test_xids_in_a_captured_dmesg_land_on_the_gpu_at_that_address():
+    fake = FakeNvml.healthy(gpus=8).set(gpu=4, pci_bus_id="00000000:9B:00.0")
+    s = snap(fake, kmsg_path=os.path.join(FIXTURES, "kmsg", "dmesg-with-xid-119.log"))
+    assert s.gpus[4].xids and {x.code for x in s.gpus[4].xids} == {119}
+    assert all(not g.xids for g in s.gpus if g.index != 4) and s.node_xids == ()
+
+
+def test_unreadable_kernel_log_means_no_xids_not_a_failed_snapshot():
+    s = snap(FakeNvml.healthy(gpus=2), kmsg_path="/nonexistent/kmsg")
+    assert s.error is None and all(g.xids == () for g in s.gpus)
+
+
+# --- the one place error codes are typed ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        (pynvml.NVML_ERROR_GPU_IS_LOST, nvml_errors.GpuLost),
+        (pynvml.NVML_ERROR_RESET_REQUIRED, nvml_errors.ResetRequired),
+        (pynvml.NVML_ERROR_NOT_SUPPORTED, nvml_errors.NotSupported),
+        (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, nvml_errors.NotSupported),
+        (pynvml.NVML_ERROR_NO_PERMISSION, nvml_errors.NoPermission),
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, nvml_errors.LibraryNotFound),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, nvml_errors.DriverNotLoaded),
+        (pynvml.NVML_ERROR_TIMEOUT, nvml_errors.NvmlTimeout),
+        (pynvml.NVML_ERROR_UNINITIALIZED, nvml_errors.NvmlFailure),
+        (pynvml.NVML_ERROR_UNKNOWN, nvml_errors.NvmlFailure),
+        (12345, nvml_errors.NvmlFailure),
+    ],
+)
+def test_nvml_codes_map_to_typed_errors(code, kind):
+    assert nvml_errors.classify(pynvml.NVMLError(code)) is kind
+    err = nvml_errors.translate(pynvml.NVMLError(code))
+    assert type(err) is kind and err.code == code and "\n" not in str(err)
+
+
+def test_typed_errors_fit_the_project_hierarchy():
+    from slurm_hooks.errors import ProbeError, TransientError
+
+    assert issubclass(nvml_errors.GpuLost, ProbeError)
+    assert issubclass(nvml_errors.NvmlTimeout, TransientError)
+    assert nvml_errors.classify(ValueError("x")) is nvml_errors.NvmlFailure
+    assert nvml_errors.classify(pynvml.NVMLLibraryMismatchError("old driver")) is nvml_errors.NotSupported
