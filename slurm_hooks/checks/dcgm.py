@@ -1,0 +1,46 @@
+"""DCGM diagnostic results, as run by the engine for the context's level.
+
+No DCGM on the node is a reason, not a failure; a host engine that did not
+answer is a warning; a failing GPU asks for a reset; a diagnostic that failed
+as a whole (timeout, unreadable output) drains, since nothing vouches for the
+GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from slurm_hooks.models import Action, CheckInput, Finding, Severity
+
+
+def check_diag(inp: CheckInput) -> Iterator[Finding]:
+    result = inp.dcgm
+    if result is None:
+        return
+    level = f"L{result.level}"
+    if not result.available:
+        yield Finding("dcgm", Severity.OK, Action.NONE, "DCGM not installed: diagnostics skipped"
+                      + (f" ({result.reason})" if result.reason else ""))
+        return
+    if result.passed is None:
+        yield Finding("dcgm", Severity.WARN, Action.WARN, f"DCGM diag {level} not run: {result.reason}",
+                      summary=f"DCGM diag {level} not run")
+        return
+    if result.passed:
+        return
+    if not result.failures:
+        yield Finding("dcgm", Severity.FAIL, Action.DRAIN, f"DCGM diag {level} failed: {result.reason}",
+                      summary=f"DCGM diag {level} failed")
+        return
+    wanted = None if inp.gpus is None else set(inp.gpus)
+    by_gpu: dict[int | None, list[str]] = {}
+    for gpu, why in result.failures:
+        if gpu is None or wanted is None or gpu in wanted:
+            by_gpu.setdefault(gpu, []).append(why)
+    for gpu, whys in sorted(by_gpu.items(), key=lambda item: -1 if item[0] is None else item[0]):
+        if gpu is None:
+            yield Finding("dcgm", Severity.FAIL, Action.DRAIN, f"DCGM diag {level} failed: {'; '.join(whys)}",
+                          summary=f"DCGM diag {level} failed")
+        else:
+            yield Finding("dcgm", Severity.FAIL, Action.RESET, f"DCGM diag {level} failed: {'; '.join(whys)}", gpu,
+                          f"DCGM diag {level} failed on GPU {gpu}")

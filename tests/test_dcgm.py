@@ -1,0 +1,269 @@
+"""DCGM diagnostics: a fake ``dcgmi`` executable prints DCGM-shaped JSON, the probe reads it, the check judges it."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+
+import pytest
+
+from slurm_hooks import engine
+from slurm_hooks.checks.dcgm import check_diag
+from slurm_hooks.models import (
+    Action,
+    CheckInput,
+    Context,
+    DcgmResult,
+    Expectations,
+    GpuSnapshot,
+    NodeSnapshot,
+    Severity,
+)
+from slurm_hooks.probes.dcgm import make_runner, parse, run_diag
+
+# DCGM 3.x shape (as `dcgmi diag -r 1 -j` prints it: a banner line, nulls between tests).
+PASS_3X = """Successfully ran diagnostic for group.
+{
+  "DCGM GPU Diagnostic": {
+    "test_categories": [
+      {"category": "Deployment", "tests": [
+        {"name": "Denylist", "results": [{"gpu_ids": "0,1,2,3,4,5,6,7", "status": "Pass"}]},
+        null,
+        {"name": "NVML Library", "results": [{"gpu_ids": "0,1,2,3,4,5,6,7", "status": "Pass"}]},
+        null,
+        {"name": "Persistence Mode", "results": [{"gpu_ids": "0,1,2,3,4,5,6,7", "status": "Pass"}]},
+        {"name": "Page Retirement/Row Remap", "results": [{"gpu_ids": "0,1,2,3,4,5,6,7", "status": "Skip"}]}
+      ]},
+      {"category": "Integration", "tests": [
+        {"name": "PCIe", "results": [{"gpu_ids": "0", "status": "Pass"}, {"gpu_ids": "1", "status": "Warn",
+          "warnings": ["PCIe replay rate on GPU 1 is elevated"]}]}
+      ]}
+    ],
+    "version": "3.3.9"
+  }
+}
+"""
+
+# DCGM 3.x, GPU 3 fails the memory test (dcgmi exits non-zero).
+FAIL_3X = {
+    "DCGM GPU Diagnostic": {
+        "test_categories": [
+            {"category": "Deployment", "tests": [
+                {"name": "Denylist", "results": [{"gpu_ids": "0,1,2,3", "status": "Pass"}]},
+            ]},
+            {"category": "Hardware", "tests": [
+                {"name": "GPU Memory", "results": [
+                    {"gpu_ids": "0", "status": "Pass"},
+                    {"gpu_ids": "3", "status": "Fail", "warnings": [
+                        {"warning": "Pending page retirements together with a DBE were detected on GPU 3.\n"
+                                    "Drain the GPU and reset it or reboot the node.",
+                         "error_id": 83, "error_category": 2, "error_severity": 2}]},
+                ]},
+                {"name": "Diagnostic", "results": [{"gpu_ids": 3, "status": "FAIL"}]},
+            ]},
+        ],
+        "version": "3.3.9",
+    }
+}
+
+# DCGM 4.x shape: "DCGM Diagnostic", results named by entity.
+FAIL_4X = {
+    "DCGM Diagnostic": {
+        "test_categories": [
+            {"category": "Deployment", "tests": [
+                {"name": "software", "results": [
+                    {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 0, "status": "Pass"},
+                    {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 1, "status": "Pass"}],
+                 "test_summary": {"status": "Pass"}},
+            ]},
+            {"category": "Hardware", "tests": [
+                {"name": "memory", "results": [
+                    {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 0, "status": "Pass"},
+                    {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 1, "status": "Fail",
+                     "warnings": [{"warning": "Uncorrectable ECC error detected on GPU 1", "error_id": 9}]}],
+                 "test_summary": {"status": "Fail"}},
+            ]},
+        ]
+    },
+    "entity_groups": [{"entity_group": "GPU", "entity_group_id": 1, "entities": [{"entity_id": 0}, {"entity_id": 1}]}],
+    "metadata": {"Driver Version Detected": "570.124.06", "version": "4.2.3"},
+}
+
+
+def fake_dcgmi(tmp_path, stdout: str = "", exit_code: int = 0, sleep: float = 0, stderr: str = "") -> str:
+    """A ``dcgmi`` that records its argv, maybe sleeps, prints ``stdout`` and exits ``exit_code``."""
+    (tmp_path / "stdout").write_text(stdout)
+    (tmp_path / "stderr").write_text(stderr)
+    path = tmp_path / "dcgmi"
+    path.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > "{tmp_path}/argv"\n'
+        + (f"sleep {sleep}\n" if sleep else "")
+        + f'cat "{tmp_path}/stdout"\ncat "{tmp_path}/stderr" >&2\nexit {exit_code}\n'
+    )
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+# --- running dcgmi --------------------------------------------------------------------
+
+
+def test_missing_dcgmi_is_not_available_with_the_path_as_reason(tmp_path):
+    missing = str(tmp_path / "no" / "dcgmi")
+    result = run_diag(1, 10.0, dcgmi=missing)
+    assert result == DcgmResult(1, available=False, reason=f"dcgmi not installed at {missing}")
+
+
+def test_passing_diag_runs_level_with_json_output(tmp_path):
+    dcgmi = fake_dcgmi(tmp_path, PASS_3X)
+    result = run_diag(1, 10.0, dcgmi=dcgmi)
+    assert (tmp_path / "argv").read_text().split() == ["diag", "-r", "1", "-j"]
+    assert result.available and result.passed is True and result.failures == ()
+
+
+def test_failing_gpu_is_named_with_dcgms_first_warning(tmp_path):
+    result = run_diag(2, 10.0, dcgmi=fake_dcgmi(tmp_path, json.dumps(FAIL_3X), exit_code=226))
+    assert result.available and result.passed is False
+    assert result.failures == (
+        (3, "GPU Memory: Pending page retirements together with a DBE were detected on GPU 3. "
+            "Drain the GPU and reset it or reboot the node."),
+        (3, "Diagnostic"),
+    )
+
+
+def test_dcgm4_entity_results_are_read(tmp_path):
+    result = run_diag(2, 10.0, dcgmi=fake_dcgmi(tmp_path, json.dumps(FAIL_4X, indent=2), exit_code=226))
+    assert result.passed is False
+    assert result.failures == ((1, "memory: Uncorrectable ECC error detected on GPU 1"),)
+
+
+def test_timeout_fails_the_run_and_kills_dcgmi(tmp_path):
+    dcgmi = fake_dcgmi(tmp_path, PASS_3X, sleep=30)
+    start = time.monotonic()
+    result = run_diag(3, 0.5, dcgmi=dcgmi)
+    assert time.monotonic() - start < 5
+    assert result.available and result.passed is False and result.failures == ()
+    assert result.reason == "dcgmi diag -r 3 timed out after 0.5s"
+
+
+def test_output_without_json_fails_the_run_with_one_line(tmp_path):
+    dcgmi = fake_dcgmi(tmp_path, "", exit_code=1, stderr="Usage: dcgmi diag\nError: Invalid parameter -j\n")
+    result = run_diag(1, 10.0, dcgmi=dcgmi)
+    assert result.passed is False and result.failures == ()
+    assert result.reason == "dcgmi diag -r 1 (exit 1) gave no JSON: Error: Invalid parameter -j"
+
+
+def test_truncated_json_fails_the_run(tmp_path):
+    result = run_diag(1, 10.0, dcgmi=fake_dcgmi(tmp_path, PASS_3X[: len(PASS_3X) // 2] + "}"))
+    assert result.passed is False and "gave no JSON" in result.reason
+
+
+def test_json_without_any_result_is_not_a_pass():
+    result = parse(1, json.dumps({"DCGM GPU Diagnostic": {"version": "4.2.3"}}))
+    assert result.passed is False and result.reason == "dcgmi diag -r 1 reported no test results"
+
+
+def test_runtime_error_fails_the_run():
+    result = parse(1, json.dumps({"DCGM GPU Diagnostic": {"runtime_error": "Couldn't start the diagnostic: \n"
+                                                                          "nvvs failed", "version": "3.3.9"}}))
+    assert result.passed is False and result.failures == ()
+    assert result.reason == "DCGM runtime error: nvvs failed"
+
+
+def test_host_engine_down_means_not_run(tmp_path):
+    dcgmi = fake_dcgmi(tmp_path, "Error: unable to establish a connection to the specified host: localhost\n"
+                                 "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.\n",
+                       exit_code=255)
+    result = run_diag(1, 10.0, dcgmi=dcgmi)
+    assert result.available and result.passed is None
+    assert result.reason.startswith("nv-hostengine not reachable: ")
+
+
+def test_make_runner_gives_the_engine_a_level_and_timeout_callable(tmp_path):
+    run = make_runner(fake_dcgmi(tmp_path, PASS_3X))
+    result = run(2, 10.0)
+    assert result.level == 2 and result.passed is True
+    assert (tmp_path / "argv").read_text().split() == ["diag", "-r", "2", "-j"]
+
+
+def test_non_executable_dcgmi_is_not_available(tmp_path):
+    path = tmp_path / "dcgmi"
+    path.write_text("not a program")
+    os.chmod(path, 0o644)
+    assert run_diag(1, 10.0, dcgmi=str(path)).available is False
+
+
+# --- the check ------------------------------------------------------------------------------
+
+
+def inp(dcgm: DcgmResult | None, gpus: tuple[int, ...] | None = None) -> CheckInput:
+    snapshot = NodeSnapshot("n1", "sim", gpus=tuple(GpuSnapshot(i) for i in range(8)))
+    return CheckInput(snapshot, Expectations(), Context.EPILOG, gpus=gpus, dcgm=dcgm)
+
+
+def test_no_diag_run_means_no_finding():
+    assert list(check_diag(inp(None))) == []
+
+
+def test_absent_dcgm_is_a_reason_not_a_failure():
+    (f,) = check_diag(inp(DcgmResult(1, available=False, reason="dcgmi not installed at /usr/bin/dcgmi")))
+    assert (f.check, f.severity, f.action) == ("dcgm", Severity.OK, Action.NONE)
+    assert f.message.startswith("DCGM not installed: diagnostics skipped")
+
+
+def test_passing_diag_gives_no_finding():
+    assert list(check_diag(inp(DcgmResult(1, True, True)))) == []
+
+
+def test_each_failing_gpu_gets_one_reset_finding():
+    result = DcgmResult(2, True, False, ((3, "GPU Memory: DBE"), (3, "Diagnostic"), (5, "PCIe: link down")))
+    findings = list(check_diag(inp(result)))
+    assert [(f.gpu, f.severity, f.action, f.summary) for f in findings] == [
+        (3, Severity.FAIL, Action.RESET, "DCGM diag L2 failed on GPU 3"),
+        (5, Severity.FAIL, Action.RESET, "DCGM diag L2 failed on GPU 5"),
+    ]
+    assert findings[0].message == "DCGM diag L2 failed: GPU Memory: DBE; Diagnostic"
+
+
+def test_failure_on_a_gpu_outside_the_job_is_not_the_jobs_finding():
+    result = DcgmResult(2, True, False, ((3, "GPU Memory: DBE"), (5, "PCIe: link down")))
+    assert [f.gpu for f in check_diag(inp(result, gpus=(4, 5)))] == [5]
+
+
+def test_failure_without_a_gpu_drains_the_node():
+    (f,) = check_diag(inp(DcgmResult(1, True, False, ((None, "Denylist: a denylisted GPU is present"),))))
+    assert (f.gpu, f.severity, f.action) == (None, Severity.FAIL, Action.DRAIN)
+
+
+def test_a_run_that_failed_as_a_whole_drains():
+    (f,) = check_diag(inp(DcgmResult(3, True, False, reason="dcgmi diag -r 3 timed out after 900s")))
+    assert (f.severity, f.action, f.gpu) == (Severity.FAIL, Action.DRAIN, None)
+    assert f.message == "DCGM diag L3 failed: dcgmi diag -r 3 timed out after 900s"
+
+
+def test_diag_that_did_not_run_warns():
+    (f,) = check_diag(inp(DcgmResult(1, True, None, reason="nv-hostengine not reachable: connection refused")))
+    assert (f.severity, f.action) == (Severity.WARN, Action.WARN)
+
+
+# --- through the engine -----------------------------------------------------------------------
+
+
+class OneGpuProbe:
+    name = "test"
+
+    def snapshot(self) -> NodeSnapshot:
+        return NodeSnapshot("n1", self.name, gpus=(GpuSnapshot(0, uuid="GPU-0", temperature_c=30),))
+
+
+@pytest.mark.parametrize(("exit_code", "healthy"), [(0, True), (226, False)])
+def test_engine_runs_the_diag_at_the_contexts_level(tmp_path, exit_code, healthy):
+    doc = PASS_3X if healthy else json.dumps(FAIL_4X)
+    runner = make_runner(fake_dcgmi(tmp_path, doc, exit_code=exit_code))
+    report = engine.run(OneGpuProbe(), "n1", Expectations(dcgm_level_epilog=2), Context.EPILOG, deadline_s=20,
+                        dcgm=runner)
+    assert (tmp_path / "argv").read_text().split() == ["diag", "-r", "2", "-j"]
+    assert report.healthy is healthy
+    assert [f.check for f in report.findings if f.severity is Severity.FAIL] == ([] if healthy else ["dcgm"])
