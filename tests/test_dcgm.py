@@ -188,6 +188,13 @@ def test_make_runner_gives_the_engine_a_level_and_timeout_callable(tmp_path):
     assert (tmp_path / "argv").read_text().split() == ["diag", "-r", "2", "-j"]
 
 
+def test_make_runner_caps_the_engines_timeout_at_the_configured_one(tmp_path):
+    run = make_runner(fake_dcgmi(tmp_path, PASS_3X, sleep=30), max_timeout=0.5)
+    start = time.monotonic()
+    result = run(1, 40.0)
+    assert time.monotonic() - start < 5 and result.reason == "dcgmi diag -r 1 timed out after 0.5s"
+
+
 def test_non_executable_dcgmi_is_not_available(tmp_path):
     path = tmp_path / "dcgmi"
     path.write_text("not a program")

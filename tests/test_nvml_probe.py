@@ -177,6 +177,11 @@ def test_python_exception_from_the_binding_is_a_field_error_not_a_crash():
     assert gpu.temperature_c == 33
 
 
+def test_bytes_from_an_older_binding_are_decoded():
+    gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, uuid=b"GPU-0123", name=b"NVIDIA H200")).gpus[0]
+    assert (gpu.uuid, gpu.model, gpu.errors) == ("GPU-0123", "NVIDIA H200", ())
+
+
 def test_row_remap_pending_and_failure_are_read():
     gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, remapped_rows=(3, 2, 1, 1))).gpus[0]
     assert gpu.row_remap_pending is True and gpu.row_remap_failure is True

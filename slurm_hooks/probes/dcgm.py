@@ -44,10 +44,16 @@ def run_diag(level: int, timeout: float, dcgmi: str = DEFAULT_DCGMI, runner: Run
     return parse(level, done.stdout, done.stderr, done.returncode)
 
 
-def make_runner(dcgmi: str = DEFAULT_DCGMI, runner: Runner = run_command) -> Callable[[int, float], DcgmResult]:
-    """A ``(level, timeout) -> DcgmResult`` for the engine (``engine.DcgmRunner``)."""
+def make_runner(dcgmi: str = DEFAULT_DCGMI, runner: Runner = run_command,
+                max_timeout: float | None = None) -> Callable[[int, float], DcgmResult]:
+    """A ``(level, timeout) -> DcgmResult`` for the engine (``engine.DcgmRunner``).
+
+    ``max_timeout`` (the config's ``[dcgm] timeout``) caps the time the engine offers.
+    """
 
     def run(level: int, timeout: float) -> DcgmResult:
+        if max_timeout is not None:
+            timeout = min(timeout, max_timeout)
         return run_diag(level, timeout, dcgmi=dcgmi, runner=runner)
 
     return run
