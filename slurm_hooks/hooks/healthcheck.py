@@ -130,7 +130,7 @@ def _dcgm_runner(w: Wiring, context: Context, expect) -> Callable | None:
         return None
     from slurm_hooks.probes.dcgm import make_runner
 
-    return make_runner(w.config.dcgm.dcgmi)
+    return make_runner(w.config.dcgm.dcgmi, max_timeout=float(w.config.dcgm.timeout))
 
 
 def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
