@@ -94,7 +94,7 @@ def find_invocation(text: str, subcommand: str) -> tuple[str, bool] | None:
 def _mode_problems(path: str, st: os.stat_result) -> list[tuple[str, str]]:
     problems = []
     if not stat.S_ISREG(st.st_mode):
-        problems.append(("is not a regular file", f"point it at a script file, e.g. {path}/*" if stat.S_ISDIR(st.st_mode) else "point it at a script file"))
+        problems.append(("is not a regular file", "point it at a script file"))
         return problems
     mode = stat.S_IMODE(st.st_mode)
     if not mode & 0o111:
@@ -144,6 +144,7 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
         files = [target]
     out: list[Result] = []
     found: list[tuple[str, tuple[str, bool]]] = []
+    inspected = []
     for path in files:
         try:
             st = os.stat(path)
@@ -157,15 +158,16 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
             out.append(Result(check, Status.FAIL, f"{e}: {path} is a directory; slurmd runs files, not directories",
                               f"{key}={e.value.rstrip('/')}/* (a glob runs every script in it)", e.where))
             continue
+        inspected.append(path)
         for what, fix in _mode_problems(path, st):
             out.append(Result(check, Status.FAIL, f"{path} {what}", fix, e.where))
         inv = find_invocation(_read_script(path), subcommand)
         if inv is not None:
             found.append((path, inv))
-    if not found and not any(r.status is Status.FAIL and "does not exist" in r.message for r in out):
-        shown = ", ".join(files) if len(files) <= 3 else f"{len(files)} files"
+    if inspected and not found:
+        shown = ", ".join(inspected) if len(inspected) <= 3 else f"{len(inspected)} files"
         fix = (f"add a script to {os.path.dirname(target)} that runs `exec /usr/local/bin/{wanted}`" if is_glob
-               else f"make {files[0]} run `exec /usr/local/bin/{wanted}` (or {fix_new})")
+               else f"make {inspected[0]} run `exec /usr/local/bin/{wanted}` (or {fix_new})")
         out.append(Result(check, Status.FAIL, f"{e}: {shown} does not run `{wanted}`", fix, e.where))
     for path, (program, sets_path) in found:
         if "/" not in program and not sets_path:
@@ -173,8 +175,8 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
                               f"{path} calls `{program}` by bare name, but slurmd runs {key} without PATH",
                               f"use the absolute path, e.g. `exec {shutil_which(program)} {subcommand}`", e.where))
     if not out:
-        names = ", ".join(p for p, _ in found)
-        out.append(Result(check, Status.PASS, f"{e} runs `{wanted}` ({names})", "", e.where))
+        names = "" if not is_glob else f" ({', '.join(p for p, _ in found)})"
+        out.append(Result(check, Status.PASS, f"{e} runs `{wanted}`{names}", "", e.where))
     return out
 
 
@@ -210,7 +212,7 @@ def check_health_check_interval(conf: SlurmConf) -> list[Result]:
     if value > 1800:
         return [Result(check, Status.WARN, f"{shown}: a repaired node waits up to {value:g} s to be re-checked and resumed",
                        "HealthCheckInterval=300", where)]
-    return [Result(check, Status.PASS, f"{shown} s", "", where)]
+    return [Result(check, Status.PASS, f"{shown}: every {value:g} s", "", where)]
 
 
 _ALL_NODE_STATES = ("ALLOC", "ANY", "CYCLE", "IDLE", "NONDRAINED_IDLE", "MIXED", "START_ONLY")

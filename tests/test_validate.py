@@ -1,0 +1,554 @@
+"""``slurm-hooks validate``: a good setup passes; each broken setting is named with its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from slurm_hooks import validate
+from slurm_hooks.cli import main
+from slurm_hooks.probes import sim
+
+GOOD_SLURM_CONF = """\
+ClusterName=hooks-test
+SlurmctldHost=localhost
+HealthCheckProgram={root}/etc/healthcheck/slurm-hooks-check
+HealthCheckInterval=300
+HealthCheckNodeState=ANY
+Prolog={root}/etc/prolog.d/*
+Epilog={root}/etc/epilog.d/50-slurm-hooks
+PrologEpilogTimeout=120
+KillWait=120
+JobRequeue=1
+SchedulerParameters=bf_interval=30,nohold_on_prolog_fail
+GresTypes=gpu
+NodeName=n[1-2] NodeHostname=localhost Gres=gpu:8
+PartitionName=gpu Nodes=n[1-2] Default=YES
+"""
+
+GOOD_CONFIG = """\
+[gpu]
+backend = "sim"
+sim_dir = "{root}/sim"
+
+[slurm]
+bin_dir = "{root}/bin"
+timeout = 5
+
+[log]
+audit = "{root}/log/audit.jsonl"
+
+[state]
+dir = "{root}/state"
+
+[remediation]
+requeue_grace = 120
+
+[expect]
+gpus = 8
+"""
+
+SCONTROL_UP = """#!/bin/sh
+echo "Slurmctld(primary) at localhost is UP (SLURM_CONF=$SLURM_CONF)"
+exit 0
+"""
+SCONTROL_DOWN = """#!/bin/sh
+echo "Slurmctld(primary) at localhost is DOWN"
+exit 1
+"""
+
+
+class Cluster:
+    """A node's worth of files under tmp_path: slurm.conf, our config, wrappers, sim GPUs, scontrol."""
+
+    def __init__(self, root):
+        self.root = root
+        self.slurm_conf = str(root / "etc" / "slurm.conf")
+        self.config = str(root / "etc" / "config.toml")
+        self.script("etc/healthcheck/slurm-hooks-check", "#!/bin/sh\nexec /usr/local/bin/slurm-hooks check\n")
+        self.script("etc/prolog.d/10-site", "#!/bin/sh\nexit 0\n")
+        self.script("etc/prolog.d/50-slurm-hooks", "#!/bin/sh\n# GPU health before the job\nexec /opt/sh/bin/python3 -m slurm_hooks prolog\n")
+        self.script("etc/epilog.d/50-slurm-hooks", "#!/bin/bash\nset -e\n/usr/local/bin/slurm-hooks epilog --json\n")
+        self.script("bin/scontrol", SCONTROL_UP)
+        self.write_slurm_conf(GOOD_SLURM_CONF)
+        self.write_config(GOOD_CONFIG)
+        sim.init(str(root / "sim"), "n1", gpus=8)
+
+    def script(self, rel, text, mode=0o755):
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        os.chmod(path, mode)
+        return str(path)
+
+    def write_slurm_conf(self, text):
+        (self.root / "etc").mkdir(parents=True, exist_ok=True)
+        (self.root / "etc" / "slurm.conf").write_text(text.format(root=self.root))
+
+    def edit_slurm_conf(self, old, new):
+        path = self.root / "etc" / "slurm.conf"
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new))
+
+    def write_config(self, text):
+        (self.root / "etc" / "config.toml").write_text(text.format(root=self.root))
+
+    def run(self, node="n1"):
+        return validate.run(self.config, self.slurm_conf, node)
+
+    def line_of(self, key):
+        for no, line in enumerate(open(self.slurm_conf), 1):
+            if line.startswith(key + "="):
+                return no
+        raise AssertionError(key)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    return Cluster(tmp_path)
+
+
+def by_check(results, check):
+    found = [r for r in results if r.check == check]
+    assert found, f"no {check} result in {[r.line() for r in results]}"
+    return found
+
+
+def only(results, check):
+    found = by_check(results, check)
+    assert len(found) == 1, [r.line() for r in found]
+    return found[0]
+
+
+def test_good_cluster_passes_every_check_and_exits_0(cluster, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
+    out = capsys.readouterr().out.splitlines()
+    assert exc.value.code == 0, "\n".join(out)
+    assert out and all(line.startswith("PASS  ") for line in out), "\n".join(out)
+    checks = {line.split()[1].rstrip(":") for line in out}
+    assert {"config", "slurm-conf", "health-check-program", "prolog", "epilog", "health-check-interval",
+            "health-check-node-state", "kill-wait", "prolog-epilog-timeout", "job-requeue", "nohold-on-prolog-fail",
+            "gres", "gpu-backend", "gpu-count", "scontrol", "audit-log", "state-dir"} <= checks
+
+
+def test_json_output_lists_check_status_message_fix_and_where(cluster, capsys):
+    cluster.edit_slurm_conf("KillWait=120", "KillWait=30")
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--json", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
+    assert exc.value.code == 0  # a WARN alone does not fail
+    data = json.loads(capsys.readouterr().out)
+    assert all(set(d) == {"check", "status", "message", "fix", "where"} for d in data)
+    kill = [d for d in data if d["check"] == "kill-wait"][0]
+    assert kill["status"] == "WARN"
+    assert kill["where"] == f"{cluster.slurm_conf}:{cluster.line_of('KillWait')}"
+
+
+def test_any_fail_exits_1(cluster, capsys):
+    cluster.edit_slurm_conf("HealthCheckInterval=300", "HealthCheckInterval=0")
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
+    assert exc.value.code == 1
+    assert "FAIL  health-check-interval:" in capsys.readouterr().out
+
+
+def test_unknown_option_is_a_usage_error_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--no-such-option"])
+    assert exc.value.code == 2
+
+
+# --- programs ------------------------------------------------------------------------
+
+
+def test_missing_health_check_program_fails_with_an_example_wrapper(cluster):
+    cluster.edit_slurm_conf(f"HealthCheckProgram={cluster.root}/etc/healthcheck/slurm-hooks-check\n", "")
+    r = only(cluster.run(), "health-check-program")
+    assert r.status is validate.Status.FAIL
+    assert "HealthCheckProgram is not set" in r.message
+    assert "slurm-hooks check" in r.fix and "HealthCheckProgram=" in r.fix
+
+
+def test_program_that_does_not_run_slurm_hooks_fails(cluster):
+    cluster.script("etc/healthcheck/slurm-hooks-check", "#!/bin/sh\n/usr/sbin/nhc\n")
+    r = only(cluster.run(), "health-check-program")
+    assert r.status is validate.Status.FAIL
+    assert "does not run `slurm-hooks check`" in r.message
+    assert r.where == f"{cluster.slurm_conf}:{cluster.line_of('HealthCheckProgram')}"
+
+
+def test_wrapper_running_the_wrong_subcommand_is_not_ours(cluster):
+    cluster.script("etc/epilog.d/50-slurm-hooks", "#!/bin/sh\nexec /usr/local/bin/slurm-hooks prolog\n")
+    r = only(cluster.run(), "epilog")
+    assert r.status is validate.Status.FAIL and "`slurm-hooks epilog`" in r.message
+
+
+def test_missing_program_file_fails(cluster):
+    os.unlink(cluster.root / "etc" / "epilog.d" / "50-slurm-hooks")
+    r = only(cluster.run(), "epilog")
+    assert r.status is validate.Status.FAIL and "does not exist" in r.message
+
+
+def test_prolog_directory_without_glob_fails_with_glob_fix(cluster):
+    cluster.edit_slurm_conf(f"Prolog={cluster.root}/etc/prolog.d/*", f"Prolog={cluster.root}/etc/prolog.d")
+    r = only(cluster.run(), "prolog")
+    assert r.status is validate.Status.FAIL and "is a directory" in r.message
+    assert r.fix.startswith(f"Prolog={cluster.root}/etc/prolog.d/*")
+
+
+def test_prolog_glob_without_our_script_fails(cluster):
+    os.unlink(cluster.root / "etc" / "prolog.d" / "50-slurm-hooks")
+    r = only(cluster.run(), "prolog")
+    assert r.status is validate.Status.FAIL
+    assert "does not run `slurm-hooks prolog`" in r.message
+    assert "add a script to" in r.fix
+
+
+def test_group_writable_script_in_prolog_dir_fails_with_chmod_fix(cluster):
+    path = cluster.script("etc/prolog.d/10-site", "#!/bin/sh\nexit 0\n", mode=0o775)
+    r = only(cluster.run(), "prolog")
+    assert r.status is validate.Status.FAIL
+    assert "writable by group or others (mode 0775)" in r.message
+    assert r.fix == f"chmod go-w {path}"
+
+
+def test_script_that_is_not_executable_fails(cluster):
+    path = cluster.script("etc/healthcheck/slurm-hooks-check", "#!/bin/sh\nexec /usr/local/bin/slurm-hooks check\n",
+                          mode=0o644)
+    r = only(cluster.run(), "health-check-program")
+    assert r.status is validate.Status.FAIL and "is not executable" in r.message
+    assert r.fix == f"chmod 755 {path}"
+
+
+def test_script_in_a_world_writable_directory_fails(cluster):
+    os.chmod(cluster.root / "etc" / "healthcheck", 0o1777)
+    r = only(cluster.run(), "health-check-program")
+    assert r.status is validate.Status.FAIL and "world-writable" in r.message
+    assert r.fix.startswith(f"chmod o-w {cluster.root}/etc/healthcheck")
+
+
+def test_bare_command_name_warns_because_slurmd_gives_no_path(cluster):
+    cluster.script("etc/epilog.d/50-slurm-hooks", "#!/bin/sh\nexec slurm-hooks epilog\n")
+    r = only(cluster.run(), "epilog")
+    assert r.status is validate.Status.WARN
+    assert "by bare name" in r.message and "absolute path" in r.fix
+
+
+def test_bare_command_name_is_fine_when_the_script_sets_path(cluster):
+    cluster.script("etc/epilog.d/50-slurm-hooks", "#!/bin/sh\nexport PATH=/usr/local/bin:/usr/bin\nexec slurm-hooks epilog\n")
+    assert only(cluster.run(), "epilog").status is validate.Status.PASS
+
+
+# --- scheduling settings ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", ["HealthCheckInterval=0", ""])
+def test_health_check_interval_unset_or_zero_fails(cluster, setting):
+    cluster.edit_slurm_conf("HealthCheckInterval=300\n", setting + ("\n" if setting else ""))
+    r = only(cluster.run(), "health-check-interval")
+    assert r.status is validate.Status.FAIL
+    assert "never runs HealthCheckProgram" in r.message and r.fix.startswith("HealthCheckInterval=300")
+
+
+@pytest.mark.parametrize("state,status", [
+    ("ANY", "PASS"), ("ANY,CYCLE", "PASS"), ("IDLE,ALLOC,MIXED", "PASS"),
+    ("IDLE", "WARN"),
+    ("ALLOC,MIXED", "FAIL"), ("NONDRAINED_IDLE,ALLOC", "FAIL"), ("START_ONLY", "FAIL"), ("BUSY", "FAIL"),
+])
+def test_health_check_node_state_must_reach_drained_idle_nodes(cluster, state, status):
+    cluster.edit_slurm_conf("HealthCheckNodeState=ANY", f"HealthCheckNodeState={state}")
+    r = only(cluster.run(), "health-check-node-state")
+    assert r.status.value == status, r.line()
+    if status == "FAIL" and state != "BUSY":
+        assert "stays drained after repair" in r.message
+        assert r.fix.startswith("HealthCheckNodeState=ANY")
+        assert "NONDRAINED_IDLE" in r.fix
+
+
+def test_kill_wait_shorter_than_requeue_grace_warns_naming_file_and_line(cluster):
+    cluster.edit_slurm_conf("KillWait=120", "KillWait=30")
+    r = only(cluster.run(), "kill-wait")
+    assert r.status is validate.Status.WARN
+    assert r.line().startswith(f"WARN  kill-wait: {cluster.slurm_conf}:{cluster.line_of('KillWait')}: KillWait=30 is shorter")
+    assert "requeue_grace = 120" in r.message
+    assert r.fix.startswith("KillWait=120 in slurm.conf")
+
+
+def test_kill_wait_unset_uses_slurms_default_of_30(cluster):
+    cluster.edit_slurm_conf("KillWait=120\n", "")
+    r = only(cluster.run(), "kill-wait")
+    assert r.status is validate.Status.WARN and "KillWait unset (default 30)" in r.message
+
+
+def test_kill_wait_that_is_not_a_number_fails(cluster):
+    cluster.edit_slurm_conf("KillWait=120", "KillWait=2min")
+    r = only(cluster.run(), "kill-wait")
+    assert r.status is validate.Status.FAIL and "not a duration" in r.message
+
+
+def test_prolog_epilog_timeout_unset_warns(cluster):
+    cluster.edit_slurm_conf("PrologEpilogTimeout=120\n", "")
+    r = only(cluster.run(), "prolog-epilog-timeout")
+    assert r.status is validate.Status.WARN and "is not set" in r.message
+    assert r.fix.startswith("PrologEpilogTimeout=120")
+
+
+def test_prolog_epilog_timeout_below_our_deadline_warns(cluster):
+    cluster.edit_slurm_conf("PrologEpilogTimeout=120", "PrologEpilogTimeout=20")
+    r = only(cluster.run(), "prolog-epilog-timeout")
+    assert r.status is validate.Status.WARN and "shorter than [check] deadline = 45 s" in r.message
+
+
+def test_job_requeue_off_warns(cluster):
+    cluster.edit_slurm_conf("JobRequeue=1", "JobRequeue=0")
+    r = only(cluster.run(), "job-requeue")
+    assert r.status is validate.Status.WARN and r.fix.startswith("JobRequeue=1")
+
+
+def test_missing_nohold_on_prolog_fail_warns_and_fix_keeps_other_parameters(cluster):
+    cluster.edit_slurm_conf("SchedulerParameters=bf_interval=30,nohold_on_prolog_fail",
+                            "SchedulerParameters=bf_interval=30")
+    r = only(cluster.run(), "nohold-on-prolog-fail")
+    assert r.status is validate.Status.WARN and "HELD" in r.message
+    assert r.fix == "SchedulerParameters=bf_interval=30,nohold_on_prolog_fail"
+
+
+def test_gres_types_without_gpu_fails(cluster):
+    cluster.edit_slurm_conf("GresTypes=gpu", "GresTypes=mps")
+    r = only(cluster.run(), "gres")
+    assert r.status is validate.Status.FAIL and r.fix == "GresTypes=mps,gpu"
+
+
+def test_node_line_without_gpu_gres_fails(cluster):
+    cluster.edit_slurm_conf("NodeName=n[1-2] NodeHostname=localhost Gres=gpu:8", "NodeName=n[1-2] NodeHostname=localhost")
+    results = by_check(cluster.run(), "gres")
+    assert {r.status for r in results} == {validate.Status.FAIL}
+    assert any("no NodeName= line has gpu" in r.message for r in results)
+    assert any("(this node, n1) has no gpu Gres" in r.message and r.fix == "add Gres=gpu:8 to that line" for r in results)
+
+
+def test_node_gres_count_differing_from_the_group_warns(cluster):
+    cluster.edit_slurm_conf("Gres=gpu:8", "Gres=gpu:h100:4")
+    r = only(cluster.run(), "gres")
+    assert r.status is validate.Status.WARN and "offers 4 GPU(s) but group default expects 8" in r.message
+
+
+def test_missing_slurm_conf_fails_and_says_how_to_point_at_one(cluster, tmp_path):
+    results = validate.run(cluster.config, str(tmp_path / "missing.conf"), "n1")
+    r = only(results, "slurm-conf")
+    assert r.status is validate.Status.FAIL and "file not found" in r.message and "--slurm-conf" in r.fix
+
+
+# --- our config and the machine --------------------------------------------------------
+
+
+def test_config_typo_fails_naming_file_line_and_key(cluster, capsys):
+    cluster.write_config(GOOD_CONFIG.replace('backend = "sim"', 'bakend = "sim"'))
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
+    assert exc.value.code == 1
+    out = capsys.readouterr().out
+    assert f"FAIL  config: {cluster.config}:2: [gpu] bakend: unknown key" in out
+    assert f"(fix: edit {cluster.config} line 2 ([gpu] bakend))" in out
+    assert "PASS  kill-wait" in out  # slurm.conf is still judged
+    assert "gpu-backend" not in out  # not with settings we could not read
+
+
+def test_missing_simulated_gpus_fail_with_sim_init_fix(cluster):
+    os.unlink(cluster.root / "sim" / "n1.json")
+    r = only(cluster.run(), "gpu-backend")
+    assert r.status is validate.Status.FAIL and r.fix == "slurm-hooks sim init --node n1"
+
+
+def test_gpu_count_different_from_expected_fails(cluster):
+    sim.init(str(cluster.root / "sim"), "n1", gpus=7)
+    r = only(cluster.run(), "gpu-count")
+    assert r.status is validate.Status.FAIL and "n1 has 7 GPU(s), group default expects 8" in r.message
+
+
+def test_gpu_count_comes_from_the_nodes_group(cluster):
+    cluster.write_config(GOOD_CONFIG + '\n[groups.small]\nnodes = "n[1-4]"\ngpus = 4\n')
+    sim.init(str(cluster.root / "sim"), "n1", gpus=4)
+    results = cluster.run()
+    assert only(results, "gpu-count").status is validate.Status.PASS
+    assert "group small expects 4" in only(results, "gres").message  # slurm.conf says 8
+
+
+def test_no_expected_gpu_count_warns(cluster):
+    cluster.write_config(GOOD_CONFIG.replace("gpus = 8", ""))
+    r = only(cluster.run(), "gpu-count")
+    assert r.status is validate.Status.WARN and r.fix.startswith("set gpus = 8")
+
+
+def test_scontrol_ping_gets_the_validated_slurm_conf(cluster):
+    r = only(cluster.run(), "scontrol")
+    assert r.status is validate.Status.PASS
+    assert f"is UP (SLURM_CONF={cluster.slurm_conf})" in r.message
+
+
+def test_scontrol_reporting_controller_down_fails(cluster):
+    cluster.script("bin/scontrol", SCONTROL_DOWN)
+    r = only(cluster.run(), "scontrol")
+    assert r.status is validate.Status.FAIL
+    assert "exited 1: Slurmctld(primary) at localhost is DOWN" in r.message
+
+
+def test_scontrol_missing_from_bin_dir_fails(cluster):
+    os.unlink(cluster.root / "bin" / "scontrol")
+    r = only(cluster.run(), "scontrol")
+    assert r.status is validate.Status.FAIL and "[slurm] bin_dir" in r.fix
+
+
+def test_scontrol_that_hangs_times_out(cluster):
+    cluster.write_config(GOOD_CONFIG.replace("timeout = 5", "timeout = 0.5"))
+    cluster.script("bin/scontrol", "#!/bin/sh\nsleep 30\n")
+    r = only(cluster.run(), "scontrol")
+    assert r.status is validate.Status.FAIL and "did not answer within 0.5 s" in r.message
+
+
+def test_audit_log_under_a_regular_file_fails(cluster):
+    (cluster.root / "log").write_text("not a directory\n")
+    r = only(cluster.run(), "audit-log")
+    assert r.status is validate.Status.FAIL and "is not a directory" in r.message
+
+
+def test_audit_log_directory_is_not_written_into(cluster):
+    assert only(cluster.run(), "audit-log").status is validate.Status.PASS
+    assert not (cluster.root / "log").exists()
+
+
+def test_deadline_above_slurmds_healthcheck_kill_warns(cluster):
+    cluster.write_config(GOOD_CONFIG + "\n[check]\ndeadline = 90\n")
+    r = only(cluster.run(), "check-deadline")
+    assert r.status is validate.Status.WARN and "after 60 s" in r.message
+
+
+# --- the bridge's Kubernetes access -----------------------------------------------------
+
+
+class ReviewServer:
+    """A real HTTP server answering SelfSubjectAccessReview like an RBAC-enforcing API server."""
+
+    def __init__(self, denied=()):
+        self.denied = set(denied)
+        self.seen = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path != "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" or \
+                        self.headers.get("Authorization") != "Bearer test-token":
+                    self.send_response(403)
+                    self.end_headers()
+                    return
+                attrs = body["spec"]["resourceAttributes"]
+                key = (attrs["verb"], attrs["resource"] + ("/" + attrs["subresource"] if attrs.get("subresource") else ""))
+                outer.seen.append(key)
+                allowed = key not in outer.denied
+                body["status"] = {"allowed": allowed, "reason": "" if allowed else "no RBAC rule"}
+                data = json.dumps(body).encode()
+                self.send_response(201)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def kubeconfig(path, server):
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: t, cluster: {{server: "{server}"}}}}]
+users: [{{name: u, user: {{token: test-token}}}}]
+contexts: [{{name: c, context: {{cluster: t, user: u}}}}]
+current-context: c
+""")
+    return str(path)
+
+
+@pytest.fixture
+def bridge_cluster(cluster):
+    pytest.importorskip("kubernetes")
+    servers = []
+
+    def make(denied=()):
+        server = ReviewServer(denied)
+        servers.append(server)
+        kc = kubeconfig(cluster.root / "kubeconfig", server.url)
+        cluster.write_config(GOOD_CONFIG + f'\n[bridge]\nkubeconfig = "{kc}"\n')
+        return server
+
+    yield cluster, make
+    for s in servers:
+        s.close()
+
+
+def test_bridge_credentials_with_every_permission_pass(bridge_cluster):
+    cluster, make = bridge_cluster
+    server = make()
+    r = only(cluster.run(), "kube-access")
+    assert r.status is validate.Status.PASS, r.line()
+    assert ("create", "pods/eviction") in server.seen and ("patch", "nodes/status") in server.seen
+    assert len(server.seen) == 9
+
+
+def test_bridge_missing_eviction_permission_fails_naming_the_rbac_rule(bridge_cluster):
+    cluster, make = bridge_cluster
+    make(denied={("create", "pods/eviction"), ("watch", "nodes")})
+    results = by_check(cluster.run(), "kube-access")
+    assert {r.status for r in results} == {validate.Status.FAIL}
+    lines = [r.line() for r in results]
+    assert any("not allowed to create pods/eviction: no RBAC rule" in line and
+               'resources: ["pods/eviction"], verbs: ["create"]' in line for line in lines), lines
+    assert any("not allowed to watch nodes" in line for line in lines)
+
+
+def test_bridge_api_server_unreachable_fails(cluster):
+    pytest.importorskip("kubernetes")
+    kc = kubeconfig(cluster.root / "kubeconfig", "http://127.0.0.1:9")
+    cluster.write_config(GOOD_CONFIG + f'\n[bridge]\nkubeconfig = "{kc}"\n')
+    r = only(cluster.run(), "kube-access")
+    assert r.status is validate.Status.FAIL and "cannot reach the API server" in r.message
+
+
+def test_bridge_without_kubernetes_client_warns(cluster):
+    cluster.write_config(GOOD_CONFIG + '\n[bridge]\nkubeconfig = "/nonexistent"\n')
+    code = ("import sys; sys.modules['kubernetes'] = None\n"  # as on a node without the [k8s] extra
+            "from slurm_hooks.cli import main\n"
+            f"main(['validate', '--json', '--config', {cluster.config!r}, '--slurm-conf', {cluster.slurm_conf!r},"
+            " '--node', 'n1'])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    kube = [d for d in json.loads(proc.stdout) if d["check"] == "kube-access"]
+    assert kube == [{"check": "kube-access", "status": "WARN",
+                     "message": "kubernetes client not installed (bridge environment only)",
+                     "fix": "run validate where the bridge runs, or pip install 'slurm-hooks[k8s]'", "where": ""}]
+
+
+def test_validate_does_not_import_kubernetes_without_a_bridge_section(cluster):
+    code = ("import sys\nfrom slurm_hooks import validate\n"
+            f"validate.run({cluster.config!r}, {cluster.slurm_conf!r}, 'n1')\n"
+            "assert 'kubernetes' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
