@@ -7,6 +7,7 @@ Every error names the file, the line and the key, so that a typo is found by
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -186,6 +187,8 @@ def parse(text: str, path: str | None = "<string>") -> Config:
         if not isinstance(table, dict):
             where.fail(section, None, "must be a table")
         values = _check_table(table, _GROUP_KEYS, section, where)
+        if values["nodes"] is not None and not values["nodes"].strip():
+            where.fail(section, "nodes", "is empty: name the nodes (e.g. \"gpu[001-128]\") or remove the group")
         if values["nodes"] is None:
             where.fail(section, None, "needs a 'nodes' hostlist (e.g. \"gpu[001-128]\")")
         try:
@@ -212,6 +215,8 @@ def _check_table(table: dict, keys: dict, section: str, where: _Locator) -> dict
             ok = isinstance(value, accepted)
         if not ok:
             where.fail(section, key, f"expected {_type_name(accepted)}, got {type(value).__name__} {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            where.fail(section, key, f"must be a finite number, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             where.fail(section, key, f"must not be negative, got {value!r}")
     for key, (_, default) in keys.items():
@@ -258,6 +263,10 @@ class _Locator:
                     return no
             if m and key is None and current == "" and m.group(1).split(".")[0] == section:
                 header_line = header_line or no
+            if m and key is None and "." in section:
+                parent, child = section.rsplit(".", 1)
+                if current == parent and m.group(1) == child:
+                    return no
         return header_line
 
     def fail(self, section: str, key: str | None, message: str) -> None:
