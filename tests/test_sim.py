@@ -1,0 +1,346 @@
+"""Simulated GPUs: the state file API, the ``sim`` CLI, atomic writes and concurrent injects."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from slurm_hooks import engine
+from slurm_hooks.errors import SimStateError
+from slurm_hooks.models import Action, Context, Expectations, Severity
+from slurm_hooks.probes import sim
+
+H100 = Expectations(gpus=8, model="H100", pcie_gen=5, pcie_width=16, nvlinks=18, fabric_manager=True)
+
+
+@pytest.fixture
+def sim_dir(tmp_path):
+    return str(tmp_path / "sim")
+
+
+def snapshot(sim_dir, node="n1"):
+    return sim.SimProbe(sim_dir, node).snapshot()
+
+
+def findings(sim_dir, node="n1", context=Context.CHECK, expect=H100):
+    report = engine.run(sim.SimProbe(sim_dir, node), node, expect, context, deadline_s=10)
+    return [f for f in report.findings if f.severity is not Severity.OK]
+
+
+def cli(*args, env=None, **kw):
+    full_env = {k: v for k, v in os.environ.items() if k not in ("SLURM_HOOKS_CONFIG", "SLURMD_NODENAME")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "slurm_hooks", "sim", *args], capture_output=True, text=True,
+                          env=full_env, timeout=60, **kw)
+
+
+# --- API ---------------------------------------------------------------------------
+
+
+def test_init_makes_a_healthy_node_that_passes_every_check(sim_dir):
+    state = sim.init(sim_dir, "n1", 8, "H100")
+    assert (state["version"], state["node"], state["seq"], len(state["gpus"])) == (1, "n1", 0, 8)
+    snap = snapshot(sim_dir)
+    assert snap.error is None
+    assert [g.index for g in snap.gpus] == list(range(8))
+    assert len({g.uuid for g in snap.gpus}) == 8 and all(g.uuid.startswith("GPU-") for g in snap.gpus)
+    assert {g.model for g in snap.gpus} == {"NVIDIA H100 80GB HBM3"}
+    for context in Context:
+        assert findings(sim_dir, context=context) == [], context
+
+
+def test_init_is_deterministic_per_node_and_gpu(sim_dir):
+    a = sim.init(sim_dir, "n1")["gpus"]
+    b = sim.init(sim_dir, "n1")["gpus"]
+    other = sim.init(sim_dir, "n2")["gpus"]
+    assert [g["uuid"] for g in a] == [g["uuid"] for g in b]
+    assert not {g["uuid"] for g in a} & {g["uuid"] for g in other}
+
+
+def test_init_replaces_earlier_state(sim_dir):
+    sim.init(sim_dir, "n1", 8)
+    sim.inject(sim_dir, "n1", 3, xid=79)
+    sim.init(sim_dir, "n1", 4, "A100")
+    state = sim.read(sim_dir, "n1")
+    assert (state["model"], len(state["gpus"]), state["gpus"][3]["xids"]) == ("A100", 4, [])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"model": "GTX1080"}, "unknown model 'GTX1080'"),
+    ({"gpus": 0}, "--gpus must be 1..64, got 0"),
+    ({"gpus": 65}, "--gpus must be 1..64, got 65"),
+])
+def test_init_refuses_bad_arguments(sim_dir, kwargs, message):
+    with pytest.raises(SimStateError, match=message):
+        sim.init(sim_dir, "n1", **kwargs)
+
+
+@pytest.mark.parametrize("node", ["", "../etc", ".hidden", "a/b"])
+def test_invalid_node_names_are_refused(sim_dir, node):
+    with pytest.raises(SimStateError, match="invalid node name"):
+        sim.init(sim_dir, node)
+
+
+def test_inject_xid_records_an_event_with_a_rising_sequence(sim_dir):
+    sim.init(sim_dir, "n1")
+    sim.inject(sim_dir, "n1", 3, xid=79)
+    sim.inject(sim_dir, "n1", 3, xid=79)
+    xids = snapshot(sim_dir).gpu(3).xids
+    assert [(x.code, x.gpu, x.source, x.seq) for x in xids] == [(79, 3, "sim", 1), (79, 3, "sim", 2)]
+    assert xids[0].pci_bus_id == snapshot(sim_dir).gpu(3).pci_bus_id
+    assert xids[0].key != xids[1].key
+    [f] = findings(sim_dir)
+    assert f.line() == "gpu3 xid: XID 79 (GPU has fallen off the bus), 2 times -> replace"
+
+
+@pytest.mark.parametrize("fault, context, check, action, gpu", [
+    ({"xid": 48}, Context.CHECK, "xid", Action.RESET, 2),
+    ({"ecc_uncorrectable": 2}, Context.CHECK, "ecc", Action.RESET, 2),
+    ({"row_remap_pending": True}, Context.CHECK, "row-remap", Action.RESET, 2),
+    ({"row_remap_failure": True}, Context.CHECK, "row-remap", Action.REPLACE, 2),
+    ({"lost": True}, Context.CHECK, "gpu-lost", Action.REPLACE, 2),
+    ({"pcie_width": 8}, Context.CHECK, "pcie", Action.DRAIN, 2),
+    ({"temp": 97}, Context.CHECK, "thermal", Action.DRAIN, 2),
+    ({"process": 4242}, Context.EPILOG, "leftover", Action.DRAIN, 2),
+    ({"nvlink_down": 5}, Context.CHECK, "nvlink", Action.RESET, 2),
+])
+def test_each_injected_fault_is_found_by_its_check(sim_dir, fault, context, check, action, gpu):
+    sim.init(sim_dir, "n1")
+    sim.inject(sim_dir, "n1", gpu, **fault)
+    [f] = findings(sim_dir, context=context)
+    assert (f.check, f.action, f.gpu) == (check, action, gpu)
+
+
+def test_a_lost_gpu_answers_nothing_but_its_identity(sim_dir):
+    sim.init(sim_dir, "n1")
+    before = snapshot(sim_dir).gpu(5)
+    sim.inject(sim_dir, "n1", 5, lost=True)
+    lost = snapshot(sim_dir).gpu(5)
+    assert (lost.lost, lost.uuid, lost.pci_bus_id) == (True, before.uuid, before.pci_bus_id)
+    assert (lost.temperature_c, lost.nvlinks, lost.ecc_volatile_uncorrectable) == (None, None, None)
+
+
+def test_ecc_injections_add_up(sim_dir):
+    sim.init(sim_dir, "n1")
+    sim.inject(sim_dir, "n1", 1, ecc_uncorrectable=2)
+    sim.inject(sim_dir, "n1", 1, ecc_uncorrectable=3)
+    gpu = snapshot(sim_dir).gpu(1)
+    assert (gpu.ecc_volatile_uncorrectable, gpu.ecc_aggregate_uncorrectable) == (5, 5)
+
+
+def test_clear_one_gpu_keeps_the_others_faults_identity_and_event_counter(sim_dir):
+    sim.init(sim_dir, "n1")
+    uuid3 = snapshot(sim_dir).gpu(3).uuid
+    sim.inject(sim_dir, "n1", 3, xid=79)
+    sim.inject(sim_dir, "n1", 4, pcie_width=8)
+    sim.clear(sim_dir, "n1", 3)
+    assert [(f.check, f.gpu) for f in findings(sim_dir)] == [("pcie", 4)]
+    assert snapshot(sim_dir).gpu(3).uuid == uuid3
+    sim.inject(sim_dir, "n1", 3, xid=79)
+    assert [x.seq for x in snapshot(sim_dir).gpu(3).xids] == [2]  # a new event, not the old one again
+
+
+def test_clear_all_makes_the_node_healthy(sim_dir):
+    sim.init(sim_dir, "n1")
+    for gpu in range(8):
+        sim.inject(sim_dir, "n1", gpu, temp=99, lost=gpu == 7)
+    sim.clear(sim_dir, "n1")
+    assert findings(sim_dir) == []
+
+
+def test_unknown_gpu_is_a_clear_error_and_changes_nothing(sim_dir):
+    sim.init(sim_dir, "n1", 8)
+    before = open(os.path.join(sim_dir, "n1.json")).read()
+    with pytest.raises(SimStateError, match=r"^node 'n1' has no GPU 9 \(has 8\)$"):
+        sim.inject(sim_dir, "n1", 9, xid=79)
+    with pytest.raises(SimStateError, match="has no GPU 9"):
+        sim.clear(sim_dir, "n1", 9)
+    assert open(os.path.join(sim_dir, "n1.json")).read() == before
+
+
+def test_a_node_never_initialised_says_how_to_fix_it(sim_dir):
+    with pytest.raises(SimStateError, match=r"no simulated GPUs for node 'n2' \(run: slurm-hooks sim init --node n2\)"):
+        sim.read(sim_dir, "n2")
+    snap = snapshot(sim_dir, "n2")
+    assert "no simulated GPUs" in snap.error and snap.gpus == ()
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"version": 99, "gpus": []}', '{"version": 1}', ""])
+def test_corrupt_state_is_a_sim_state_error_and_a_probe_error(sim_dir, content):
+    os.makedirs(sim_dir)
+    with open(os.path.join(sim_dir, "n1.json"), "w") as fh:
+        fh.write(content)
+    with pytest.raises(SimStateError, match="corrupt sim state"):
+        sim.read(sim_dir, "n1")
+    with pytest.raises(SimStateError, match="corrupt sim state"):
+        sim.inject(sim_dir, "n1", 0, xid=79)
+    snap = snapshot(sim_dir)
+    assert "corrupt sim state" in snap.error
+    [f] = findings(sim_dir)
+    assert (f.check, f.severity, f.action) == ("gpu-count", Severity.FAIL, Action.DRAIN)
+
+
+def test_a_gpu_entry_with_a_wrong_field_is_a_probe_error_not_a_crash(sim_dir):
+    sim.init(sim_dir, "n1")
+    sim.update(sim_dir, "n1", lambda s: s["gpus"][2].update(temprature_c=30))
+    snap = snapshot(sim_dir)
+    assert "corrupt sim state" in snap.error and "temprature_c" in snap.error
+
+
+@pytest.mark.xfail(reason="BUG: sim.inject(nvlink_down=N) on a link the GPU does not have changes nothing "
+                          "and reports success", strict=True)
+def test_taking_down_a_link_the_gpu_does_not_have_is_an_error(sim_dir):
+    sim.init(sim_dir, "n1", 8, "H100")  # 18 links: 0..17
+    with pytest.raises(SimStateError):
+        sim.inject(sim_dir, "n1", 1, nvlink_down=18)
+
+
+# --- atomic and concurrent writes ---------------------------------------------------------
+
+
+def test_a_reader_never_sees_a_half_written_state_file(sim_dir):
+    sim.init(sim_dir, "n1")
+    path = os.path.join(sim_dir, "n1.json")
+    stop = threading.Event()
+    bad: list[str] = []
+    reads = [0]
+
+    def reader():
+        while not stop.is_set():
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+            try:
+                json.loads(text)
+            except ValueError:
+                bad.append(text[:80])
+            reads[0] += 1
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(200):
+            sim.inject(sim_dir, "n1", i % 8, xid=13)
+    finally:
+        stop.set()
+        thread.join()
+    assert bad == []
+    assert reads[0] > 20  # the reader really ran alongside the writer
+    assert sum(len(g["xids"]) for g in sim.read(sim_dir, "n1")["gpus"]) == 200
+    assert not [name for name in os.listdir(sim_dir) if name.endswith(".tmp")]
+
+
+def _inject_many(args):
+    sim_dir, gpu, count = args
+    for _ in range(count):
+        sim.inject(sim_dir, "n1", gpu, xid=13)
+    return gpu
+
+
+def test_concurrent_injects_from_several_processes_lose_no_xid(sim_dir):
+    sim.init(sim_dir, "n1")
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(6) as pool:
+        assert sorted(pool.map(_inject_many, [(sim_dir, gpu, 25) for gpu in range(6)])) == list(range(6))
+    state = sim.read(sim_dir, "n1")
+    assert [len(g["xids"]) for g in state["gpus"]] == [25] * 6 + [0, 0]
+    seqs = sorted(x["seq"] for g in state["gpus"] for x in g["xids"])
+    assert seqs == list(range(1, 151))
+    assert state["seq"] == 150
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def test_cli_init_inject_show_clear(sim_dir):
+    r = cli("init", "--node", "n1", "--gpus", "4", "--model", "A100", "--sim-dir", sim_dir)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "n1: 4 simulated A100 GPUs\n", "")
+
+    r = cli("inject", "--node", "n1", "--gpu", "3", "--xid", "79", "--sim-dir", sim_dir)
+    assert (r.returncode, r.stdout) == (0, "n1 gpu3: injected xid=79\n")
+    r = cli("inject", "--node", "n1", "--gpu", "1", "--row-remap-pending", "--temp", "91", "--sim-dir", sim_dir)
+    assert (r.returncode, r.stdout) == (0, "n1 gpu1: injected row-remap-pending, temp=91\n")
+
+    r = cli("show", "--node", "n1", "--sim-dir", sim_dir)
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert lines[0] == "n1: 4 x A100"
+    assert lines[1].startswith("  gpu0 GPU-") and lines[1].endswith(" healthy")
+    assert lines[2].endswith(" 91C row-remap-pending")
+    assert lines[4].endswith(" XID 79")
+
+    r = cli("show", "--node", "n1", "--json", "--sim-dir", sim_dir)
+    state = json.loads(r.stdout)
+    assert [x["code"] for x in state["gpus"][3]["xids"]] == [79]
+
+    r = cli("clear", "--node", "n1", "--gpu", "3", "--sim-dir", sim_dir)
+    assert (r.returncode, r.stdout) == (0, "n1: gpu3 healthy\n")
+    r = cli("clear", "--node", "n1", "--sim-dir", sim_dir)
+    assert (r.returncode, r.stdout) == (0, "n1: all GPUs healthy\n")
+    assert sim.read(sim_dir, "n1")["gpus"][1]["row_remap_pending"] is False
+
+
+def test_cli_takes_the_node_from_slurmd_nodename(sim_dir):
+    assert cli("init", "--sim-dir", sim_dir, env={"SLURMD_NODENAME": "gpu042"}).returncode == 0
+    assert sim.read(sim_dir, "gpu042")["node"] == "gpu042"
+
+
+def test_cli_takes_sim_dir_from_the_config(tmp_path, sim_dir):
+    conf = tmp_path / "config.toml"
+    conf.write_text(f'[gpu]\nbackend = "sim"\nsim_dir = "{sim_dir}"\n')
+    assert cli("init", "--node", "n1", "--gpus", "2", "--config", str(conf)).returncode == 0
+    r = cli("inject", "--node", "n1", "--gpu", "1", "--lost", env={"SLURM_HOOKS_CONFIG": str(conf)})
+    assert r.returncode == 0
+    assert sim.read(sim_dir, "n1")["gpus"][1]["lost"] is True
+
+
+def test_cli_inject_without_a_fault_is_a_usage_error(sim_dir):
+    sim.init(sim_dir, "n1")
+    r = cli("inject", "--node", "n1", "--gpu", "1", "--sim-dir", sim_dir)
+    assert r.returncode == 2
+    assert "name a fault" in r.stderr
+
+
+@pytest.mark.xfail(reason="BUG: commands/sim.py inject tests `v not in (None, False)`, and 0 == False, so "
+                          "--nvlink-down 0 (and --temp 0) count as no fault", strict=True)
+def test_cli_can_take_down_nvlink_0(sim_dir):
+    sim.init(sim_dir, "n1")
+    r = cli("inject", "--node", "n1", "--gpu", "1", "--nvlink-down", "0", "--sim-dir", sim_dir)
+    assert (r.returncode, r.stdout) == (0, "n1 gpu1: injected nvlink-down=0\n")
+    assert sim.read(sim_dir, "n1")["gpus"][1]["nvlinks"][0]["active"] is False
+
+
+def test_cli_corrupt_state_file_is_one_line_and_exit_2(sim_dir):
+    os.makedirs(sim_dir)
+    path = os.path.join(sim_dir, "n1.json")
+    with open(path, "w") as fh:
+        fh.write('{"version": 1, "gpus": [')
+    for args in (["show"], ["inject", "--gpu", "0", "--xid", "79"], ["clear"]):
+        r = cli(*args, "--node", "n1", "--sim-dir", sim_dir)
+        assert r.returncode == 2, args
+        assert r.stderr.startswith(f"slurm-hooks: {path}: corrupt sim state: "), args
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, args
+
+
+def test_cli_unknown_gpu_is_a_clear_error(sim_dir):
+    sim.init(sim_dir, "n1", 8)
+    r = cli("inject", "--node", "n1", "--gpu", "9", "--xid", "79", "--sim-dir", sim_dir)
+    assert (r.returncode, r.stderr) == (2, "slurm-hooks: node 'n1' has no GPU 9 (has 8)\n")
+
+
+def test_cli_gpu_index_out_of_range_is_a_usage_error(sim_dir):
+    sim.init(sim_dir, "n1")
+    r = cli("inject", "--node", "n1", "--gpu", "64", "--xid", "79", "--sim-dir", sim_dir)
+    assert r.returncode == 2
+    assert "--gpu" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_show_of_an_unknown_node_says_how_to_create_it(sim_dir):
+    r = cli("show", "--node", "n9", "--sim-dir", sim_dir)
+    assert r.returncode == 2
+    assert r.stderr.endswith("no simulated GPUs for node 'n9' (run: slurm-hooks sim init --node n9)\n")
