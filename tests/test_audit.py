@@ -1,0 +1,109 @@
+"""The audit log: JSON lines from many writers at once, readable after a crash."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from slurm_hooks.audit import AuditLog
+
+
+def lines(path) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
+def test_each_record_is_one_json_line_with_ts_and_kind(tmp_path):
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    first = log.write("alert", node="n1", gpu=3, check="xid", message="XID 79 (GPU has fallen off the bus)")
+    second = log.write("action", node="n1", action="drain", result="ok")
+    [a, b] = [json.loads(line) for line in lines(log.path)]
+    assert a == first and b == second
+    assert list(a)[:2] == ["ts", "kind"]
+    assert (a["kind"], a["node"], a["gpu"], a["check"]) == ("alert", "n1", 3, "xid")
+    assert isinstance(a["ts"], float) and a["ts"] <= b["ts"]
+    assert list(log.read()) == [first, second]
+
+
+def test_values_json_cannot_hold_are_written_as_text(tmp_path):
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    log.write("action", where=Path("/var/lib/x"))
+    [record] = log.read()
+    assert record["where"] == "/var/lib/x"
+
+
+def test_the_log_directory_is_created(tmp_path):
+    log = AuditLog(str(tmp_path / "var" / "log" / "slurm-hooks" / "audit.jsonl"))
+    log.write("alert", node="n1")
+    assert len(lines(log.path)) == 1
+
+
+def test_the_file_is_created_mode_0640(tmp_path):
+    old = os.umask(0)
+    try:
+        AuditLog(str(tmp_path / "audit.jsonl")).write("alert")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "audit.jsonl").st_mode) == 0o640
+
+
+def _write_many(args):
+    path, proc, count = args
+    log = AuditLog(path)
+    payload = f"p{proc}-" + "x" * 3000  # bigger than a pipe buffer page: interleaving would show
+    for i in range(count):
+        log.write("alert", proc=proc, i=i, payload=payload)
+    return proc
+
+
+def test_eight_processes_writing_200_records_each_give_1600_whole_lines(tmp_path):
+    path = str(tmp_path / "audit.jsonl")
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(8) as pool:
+        pool.map(_write_many, [(path, proc, 200) for proc in range(8)])
+    raw = lines(path)
+    assert len(raw) == 1600
+    records = [json.loads(line) for line in raw]  # raises on any interleaved line
+    assert sorted((r["proc"], r["i"]) for r in records) == [(p, i) for p in range(8) for i in range(200)]
+    assert all(r["payload"] == f"p{r['proc']}-" + "x" * 3000 for r in records)
+    for proc in range(8):
+        assert [r["i"] for r in records if r["proc"] == proc] == list(range(200))
+
+
+def test_an_unwritable_path_prints_one_line_and_does_not_raise(tmp_path, capsys):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    log = AuditLog(str(blocker / "audit.jsonl"))
+    record = log.write("action", node="n1", action="drain", result="ok")
+    assert record["kind"] == "action"
+    err = capsys.readouterr().err
+    assert err.startswith(f"slurm-hooks: cannot write audit log {log.path}: ")
+    assert err.count("\n") == 1
+
+
+def test_read_skips_a_torn_last_line_and_blank_lines(tmp_path):
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    a = log.write("alert", node="n1")
+    b = log.write("action", node="n1")
+    with open(log.path, "a") as fh:
+        fh.write('\n{"ts": 1764412800.1, "kind": "act')
+    assert list(log.read()) == [a, b]
+
+
+@pytest.mark.xfail(reason="BUG: AuditLog.write appends right after a torn last line (crash mid-write), so the "
+                          "next record shares its line and read() drops it too", strict=True)
+def test_a_record_written_after_a_torn_line_is_still_read(tmp_path):
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    a = log.write("alert", node="n1")
+    with open(log.path, "a") as fh:
+        fh.write('{"ts": 1764412800.1, "kind": "act')
+    b = log.write("action", node="n1", action="drain", result="ok")
+    assert list(log.read()) == [a, b]
+
+
+def test_reading_a_log_that_does_not_exist_yields_nothing(tmp_path):
+    assert list(AuditLog(str(tmp_path / "none.jsonl")).read()) == []
