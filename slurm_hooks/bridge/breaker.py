@@ -1,0 +1,86 @@
+"""Circuit breaker: the bridge never takes out more than a small part of the cluster.
+
+At most ``max_percent`` of all nodes and at most ``max_nodes`` (the smaller,
+never below one) may be taken by the bridge inside a sliding ``window``. The
+first node over the cap trips the breaker: from then on no node is newly taken
+until an admin resets it (``slurm-hooks bridge reset-breaker``) or ``window``
+seconds pass. Nodes already taken keep being worked on (they were admitted
+under the cap) and recovered nodes are always given back: both only ever
+restore capacity or finish what was started.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from slurm_hooks.bridge.settings import BreakerSettings
+from slurm_hooks.bridge.state import BreakerState
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: bool
+    #: True only for the decision that tripped the breaker (the loud one).
+    tripped: bool = False
+    reason: str = ""
+
+
+class CircuitBreaker:
+    def __init__(self, settings: BreakerSettings, state: BreakerState):
+        self.settings = settings
+        self.state = state
+
+    def limit(self, total_nodes: int) -> int:
+        share = math.floor(total_nodes * self.settings.max_percent / 100.0)
+        return max(1, min(self.settings.max_nodes, share))
+
+    def is_open(self, now: float) -> bool:
+        t = self.state.tripped_at
+        return t is not None and now - t < self.settings.window
+
+    def expire(self, now: float) -> bool:
+        """Forget what left the window, close a latch older than the window; True if anything changed."""
+        changed = False
+        horizon = now - self.settings.window
+        old = [node for node, ts in self.state.taken.items() if ts <= horizon]
+        for node in old:
+            del self.state.taken[node]
+            changed = True
+        if self.state.tripped_at is not None and not self.is_open(now):
+            self.state.tripped_at = None
+            self.state.trip_reason = ""
+            self.state.blocked = ()
+            changed = True
+        return changed
+
+    def in_window(self, now: float, owned_since: dict[str, float] | None = None) -> dict[str, float]:
+        """Nodes taken inside the window: our own record joined with the nodes' annotations."""
+        horizon = max(now - self.settings.window, self.state.reset_at or -math.inf)
+        recent = {n: ts for n, ts in self.state.taken.items() if ts > horizon}
+        for node, ts in (owned_since or {}).items():
+            if ts > horizon:
+                recent[node] = max(ts, recent.get(node, ts))
+        return recent
+
+    def admit(self, node: str, total_nodes: int, now: float, owned_since: dict[str, float] | None = None) -> Decision:
+        if self.is_open(now):
+            return Decision(False, reason=f"circuit breaker open since {self.state.trip_reason}")
+        recent = self.in_window(now, owned_since)
+        cap = self.limit(total_nodes)
+        if node not in recent and len(recent) >= cap:
+            self.state.tripped_at = now
+            self.state.trip_reason = (
+                f"{len(recent)} node(s) taken in {self.settings.window:g} s, cap {cap} "
+                f"(max {self.settings.max_percent:g}% of {total_nodes}, max {self.settings.max_nodes})"
+            )
+            return Decision(False, tripped=True, reason=self.state.trip_reason)
+        self.state.taken[node] = now
+        return Decision(True)
+
+    def reset(self, now: float) -> None:
+        self.state.reset_at = now
+        self.state.taken.clear()
+        self.state.tripped_at = None
+        self.state.trip_reason = ""
+        self.state.blocked = ()

@@ -1,0 +1,39 @@
+"""Prometheus text for node_exporter's textfile collector: the breaker and the last pass."""
+
+from __future__ import annotations
+
+import os
+
+from slurm_hooks import fsutil
+
+FILENAME = "slurm_hooks_bridge.prom"
+
+_HELP = {
+    "slurm_hooks_bridge_breaker_open": "1 while the circuit breaker refuses to take new nodes.",
+    "slurm_hooks_bridge_breaker_taken_in_window": "Nodes taken by the bridge inside the breaker's sliding window.",
+    "slurm_hooks_bridge_breaker_limit": "How many nodes the breaker allows inside the window.",
+    "slurm_hooks_bridge_breaker_blocked_nodes": "Bad nodes the open breaker keeps the bridge from taking.",
+    "slurm_hooks_bridge_owned_nodes": "Kubernetes nodes carrying the bridge's ownership annotation.",
+    "slurm_hooks_bridge_orphaned_nodes": "Owned nodes no Slurm node maps to any more (Slinky pod moved away).",
+    "slurm_hooks_bridge_pass_errors": "Errors in the last pass (retried on the next one).",
+    "slurm_hooks_bridge_pass_duration_seconds": "Duration of the last pass.",
+    "slurm_hooks_bridge_last_pass_timestamp_seconds": "When the last pass ended.",
+}
+
+
+def render(values: dict[str, float]) -> str:
+    lines = []
+    for name, value in values.items():
+        lines.append(f"# HELP {name} {_HELP.get(name, name)}")
+        lines.append(f"# TYPE {name} gauge")
+        lines.append(f"{name} {value:g}" if isinstance(value, int) else f"{name} {value:.6g}")
+    return "\n".join(lines) + "\n"
+
+
+def write(directory: str, values: dict[str, float]) -> str | None:
+    """Write atomically (node_exporter must never read half a file); ``None`` when disabled."""
+    if not directory:
+        return None
+    path = os.path.join(directory, FILENAME)
+    fsutil.atomic_write(path, render(values), mode=0o644)
+    return path

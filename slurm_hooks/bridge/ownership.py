@@ -1,0 +1,77 @@
+"""What the bridge did to a node, written on the node itself.
+
+The record lives in the ``slurm-hooks.io/remediation`` annotation (JSON), next
+to the ``slurm-hooks.io/owned=true`` label that lets one LIST find every node we
+hold. Being on the node, it survives a restart of the bridge, and it says
+exactly what to undo: we uncordon only a node we cordoned, remove only our
+taint, and withdraw only the replacement request we made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_hooks.bridge.api import OWNER_ANNOTATION, OWNER_LABEL, Obj, annotations_of, labels_of
+
+VERSION = 1
+
+
+@dataclass
+class Ownership:
+    slurm_node: str
+    reason: str
+    action: str
+    #: When we took the node (cordoned it): the circuit breaker's clock.
+    since: float
+    #: We set spec.unschedulable (it was schedulable before): only then do we uncordon.
+    cordoned: bool = False
+    tainted: bool = False
+    condition: bool = False
+    #: Non-empty while an opt-out (a pod label, ...) holds us to cordon-and-alert.
+    opt_out: str = ""
+    drain_started: float | None = None
+    #: "" (not yet), "done", "timeout" (gave up waiting for PDBs), "skipped" (drain = false).
+    drained: str = ""
+    backend: str = ""
+    #: What the backend asked for ("nodeclaim/x deleted"); "" until asked.
+    replacement: str = ""
+    #: Events already posted on the node (their names are deterministic, see reconciler).
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.opt_out and bool(self.drained) and bool(self.replacement)
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {"v": VERSION, **dataclasses.asdict(self)}
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Ownership | None:
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError):
+            return None
+        if not isinstance(data, dict) or not data.get("slurm_node"):
+            return None
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        try:
+            record = cls(**kwargs)
+        except TypeError:
+            return None
+        record.since = float(record.since or 0.0)
+        record.events = list(record.events or [])
+        return record
+
+    @classmethod
+    def of(cls, node: Obj) -> Ownership | None:
+        text = annotations_of(node).get(OWNER_ANNOTATION)
+        return cls.from_json(text) if text else None
+
+
+def is_owned(node: Obj) -> bool:
+    return labels_of(node).get(OWNER_LABEL) == "true" or OWNER_ANNOTATION in annotations_of(node)

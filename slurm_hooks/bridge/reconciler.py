@@ -1,0 +1,566 @@
+"""One level-triggered pass: make Kubernetes match what Slurm says about its nodes.
+
+Slurm is the source of truth. A node drained with our ``slurm-hooks:`` reason
+whose action (the ``[replace]`` tag) is one of ``trigger_actions`` (reboot and
+replace by default) means "cordon, taint, set GpuHealthy=False, drain, request
+a replacement". Drain-only and reset reasons do not: those are fixed on the
+node (a GPU reset) or need a person, and a replacement would be too much.
+A node we took whose Slurm node is healthy again means "undo what we did".
+
+Each step is idempotent and recorded in the node's ownership annotation, so a
+pass that dies half-way is finished by the next one and nothing is done twice.
+A node whose work is complete costs no API call at all: one LIST with our
+label selector per pass finds every node we hold, so the API calls of a pass
+grow with the bad nodes, not with the cluster.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from slurm_hooks.audit import AuditLog
+from slurm_hooks.bridge import metrics
+from slurm_hooks.bridge.api import (
+    OWNER_ANNOTATION,
+    OWNER_LABEL,
+    OWNER_SELECTOR,
+    KubeApi,
+    KubeConflict,
+    KubeError,
+    KubeTransient,
+    Obj,
+    annotations_of,
+    labels_of,
+    meta,
+    name_of,
+)
+from slurm_hooks.bridge.breaker import CircuitBreaker
+from slurm_hooks.bridge.drain import Drainer, opt_out
+from slurm_hooks.bridge.mapping import NodeMapper
+from slurm_hooks.bridge.ownership import Ownership
+from slurm_hooks.bridge.replace import Backend, ReplacementError, Target, make_backend
+from slurm_hooks.bridge.settings import BridgeSettings
+from slurm_hooks.bridge.state import StateStore
+from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.models import Action
+from slurm_hooks.slurm import NodeInfo, Slurm, parse_reason
+
+COMPONENT = "slurm-hooks-bridge"
+#: Slurm states in which a node is not "healthy again", whatever its drain flag says.
+_UNHEALTHY_FLAGS = frozenset({"DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "UNKNOWN", "FUTURE", "INVAL"})
+#: Consecutive transient errors after which the API server is taken to be down for this pass.
+_ABORT_AFTER = 3
+_CONFLICT_TRIES = 4
+
+
+def slurm_healthy(node: NodeInfo) -> bool:
+    return not node.drained and not (node.flags & _UNHEALTHY_FLAGS)
+
+
+def trigger(node: NodeInfo, actions: tuple[Action, ...]) -> tuple[str, Action] | None:
+    """(summary, action) when this Slurm node asks the bridge to act, else ``None``."""
+    if not node.drained or not node.ours:
+        return None
+    parsed = parse_reason(node.reason)
+    if parsed is None or parsed[1] not in actions:
+        return None
+    return parsed[0], parsed[1]
+
+
+@dataclass
+class PassResult:
+    started: float
+    dry_run: bool = False
+    duration: float = 0.0
+    slurm_nodes: int = 0
+    bad: int = 0
+    owned: int = 0
+    taken: list[str] = field(default_factory=list)
+    opted_out: list[str] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+    detached: list[str] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    breaker_open: bool = False
+    breaker_limit: int = 0
+    breaker_in_window: int = 0
+    aborted: str = ""
+    api_calls: int | None = None
+
+    @property
+    def acted(self) -> bool:
+        return bool(self.taken or self.opted_out or self.drained or self.replaced or self.restored)
+
+    def summary(self) -> str:
+        parts = [f"{self.slurm_nodes} slurm nodes", f"{self.bad} bad", f"{self.owned} held"]
+        for label, items in (
+            ("taken", self.taken), ("opted out", self.opted_out), ("drained", self.drained),
+            ("draining", self.pending), ("replacement requested", self.replaced),
+            ("restored", self.restored), ("blocked by breaker", self.blocked),
+        ):
+            if items:
+                parts.append(f"{label}: {','.join(items)}")
+        if self.errors:
+            parts.append(f"{len(self.errors)} error(s)")
+        if self.aborted:
+            parts.append(f"aborted: {self.aborted}")
+        if self.api_calls is not None:
+            parts.append(f"{self.api_calls} API calls")
+        parts.append(f"{self.duration:.2f} s")
+        return ("[dry run] " if self.dry_run else "") + "; ".join(parts)
+
+
+class _Abort(Exception):
+    pass
+
+
+def _now_iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ptr(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _set_entry(node: Obj, field_name: str, key: str, value: str) -> Obj:
+    if field_name not in meta(node) or meta(node)[field_name] is None:
+        return {"op": "add", "path": f"/metadata/{field_name}", "value": {key: value}}
+    return {"op": "add", "path": f"/metadata/{field_name}/{_ptr(key)}", "value": value}
+
+
+class Reconciler:
+    def __init__(
+        self,
+        slurm: Slurm,
+        kube: KubeApi,
+        settings: BridgeSettings,
+        *,
+        audit: AuditLog | None = None,
+        backend: Backend | None = None,
+        store: StateStore | None = None,
+        dry_run: bool = False,
+        metrics_dir: str = "",
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.slurm = slurm
+        self.kube = kube
+        self.settings = settings
+        self.audit = audit
+        self.backend = backend or make_backend(settings.replace)
+        self.store = store if store is not None else StateStore(settings.state_file)
+        self.dry_run = dry_run
+        self.metrics_dir = metrics_dir
+        self.clock = clock
+        self.monotonic = monotonic
+        self.mapper = NodeMapper(settings.mapping, settings.nodes, settings.slinky_namespace)
+        self.drainer = Drainer(kube, clock=monotonic, sleep=sleep)
+        self.instance = socket.gethostname()
+        #: node -> last error text, so a failure repeated every pass is audited once.
+        self._last_error: dict[str, str] = {}
+
+    # -- the pass ----------------------------------------------------------------------
+
+    def run_pass(self) -> PassResult:
+        t0 = self.monotonic()
+        now = self.clock()
+        res = PassResult(started=now, dry_run=self.dry_run)
+        calls_before = self._calls()
+        state = self.store.load()
+        saved = state.to_dict()
+        breaker = CircuitBreaker(self.settings.breaker, state)
+        breaker.expire(now)
+        try:
+            self._pass(res, breaker, now)
+        except _Abort as exc:
+            res.aborted = str(exc)
+            self._audit("bridge_pass_aborted", error=res.aborted)
+        res.breaker_open = breaker.is_open(now)
+        res.breaker_limit = breaker.limit(max(res.slurm_nodes, 1))
+        res.breaker_in_window = len(breaker.in_window(now))
+        if not self.dry_run and state.to_dict() != saved:
+            try:
+                self.store.save(state)
+            except OSError as exc:
+                res.errors.append(("state", f"cannot save {self.store.path}: {exc.strerror}"))
+                self._audit("bridge_error", node="", step="state", error=res.errors[-1][1])
+        res.duration = self.monotonic() - t0
+        calls_after = self._calls()
+        if calls_before is not None and calls_after is not None:
+            res.api_calls = calls_after - calls_before
+        if res.acted or res.errors or res.aborted:
+            self._audit(
+                "bridge_pass", summary=res.summary(), taken=res.taken, opted_out=res.opted_out,
+                drained=res.drained, replaced=res.replaced, restored=res.restored, blocked=res.blocked,
+                errors=len(res.errors), duration_s=round(res.duration, 3),
+            )
+        self._write_metrics(res)
+        return res
+
+    def _pass(self, res: PassResult, breaker: CircuitBreaker, now: float) -> None:
+        try:
+            slurm_nodes = self.slurm.nodes()
+        except SlurmHooksError as exc:
+            raise _Abort(f"cannot read Slurm node states: {exc}") from None
+        res.slurm_nodes = len(slurm_nodes)
+        by_name = {n.name: n for n in slurm_nodes}
+        try:
+            held = {name_of(n): n for n in self.kube.list_nodes(OWNER_SELECTOR)}
+        except KubeError as exc:
+            raise _Abort(f"cannot list nodes held by the bridge: {exc}") from None
+        res.owned = len(held)
+        records = {k: Ownership.of(n) for k, n in held.items()}
+        owned_since = {k: r.since for k, r in records.items() if r is not None}
+        transient = [0]
+
+        def guarded(node_name: str, fn: Callable[[], None]) -> None:
+            try:
+                fn()
+                transient[0] = 0
+                self._last_error.pop(node_name, None)
+            except (KubeError, ReplacementError) as exc:
+                res.errors.append((node_name, str(exc)))
+                if self._last_error.get(node_name) != str(exc):
+                    self._audit(
+                        "bridge_error", node=node_name, error=str(exc),
+                        transient=isinstance(exc, KubeTransient), retry="next pass",
+                    )
+                self._last_error[node_name] = str(exc)
+                if isinstance(exc, KubeTransient):
+                    transient[0] += 1
+                    if transient[0] >= _ABORT_AFTER:
+                        raise _Abort(f"Kubernetes API unavailable: {exc}") from None
+
+        # 1. Nodes we hold: give back the recovered, finish the unfinished.
+        for kname in sorted(held):
+            node, record = held[kname], records[kname]
+            if record is None:
+                continue  # our label without a readable record: leave it for a person
+            sn = by_name.get(record.slurm_node)
+            maps_here = sn is not None and self._kube_name(sn) == kname
+            if maps_here and slurm_healthy(sn):
+                guarded(kname, lambda n=node, r=record: self._restore(n, r, res))
+            elif not record.complete:
+                guarded(kname, lambda n=node, r=record: self._progress(n, r, res))
+            elif not maps_here:
+                res.detached.append(kname)
+
+        # 2. Bad Slurm nodes we do not hold yet.
+        candidates = []
+        for sn in slurm_nodes:
+            hit = trigger(sn, self.settings.trigger_actions)
+            if hit is None:
+                continue
+            res.bad += 1
+            candidates.append((sn, hit))
+        for sn, (_summary, action) in sorted(candidates, key=lambda c: c[0].name):
+            guarded(sn.name, lambda s=sn, a=action: self._take(s, a, res, breaker, now, owned_since, held))
+
+        self._note_blocked(res, breaker)
+
+    # -- taking a node -------------------------------------------------------------------
+
+    def _kube_name(self, sn: NodeInfo) -> str | None:
+        return self.mapper.kube_name(sn, self.kube)
+
+    def _take(self, sn: NodeInfo, action: Action, res: PassResult, breaker: CircuitBreaker,
+              now: float, owned_since: dict[str, float], held: dict[str, Obj]) -> None:
+        kname = self._kube_name(sn)
+        if kname in held:
+            return  # handled with the nodes we hold
+        if not kname:
+            raise ReplacementError(f"Slurm node {sn.name}: no Kubernetes node found (Slinky pod gone?)")
+        node = self.kube.get_node(kname)
+        if node is None:
+            raise ReplacementError(f"Slurm node {sn.name}: Kubernetes node {kname} not found")
+        existing = Ownership.of(node)
+        if existing is not None:  # annotated but not labelled: a half-written take; finish it
+            self._progress(node, existing, res)
+            return
+        pods = self.kube.list_pods_on_node(kname)
+        why = opt_out(pods, node, self.settings.opt_out_label)
+        decision = breaker.admit(kname, res.slurm_nodes, now, owned_since)
+        if not decision.admitted:
+            res.blocked.append(kname)
+            if decision.tripped:
+                self._audit(
+                    "bridge_breaker_tripped", level="critical", node=kname, slurm_node=sn.name,
+                    reason=decision.reason, message="no new nodes will be taken until "
+                    "`slurm-hooks bridge reset-breaker` or the window passes",
+                )
+            return
+        record = Ownership(
+            slurm_node=sn.name, reason=sn.reason, action=action.value, since=now,
+            opt_out=why or "", backend=self.backend.name,
+        )
+        node = self._patch_guarded(kname, node, lambda n: self._take_ops(n, record, taint=not why))
+        if node is None:
+            raise ReplacementError(f"Kubernetes node {kname} vanished while being cordoned")
+        owned_since[kname] = now
+        res.taken.append(kname)
+        self._audit(
+            "bridge_cordon", node=kname, slurm_node=sn.name, reason=sn.reason, action=action.value,
+            cordoned=record.cordoned, tainted=record.tainted, opt_out=record.opt_out or None,
+        )
+        # An opted-out node reuses the list; otherwise the drain lists again, after the cordon,
+        # so that no pod scheduled in between is missed (kubectl cordons before it lists, too).
+        self._progress(node, record, res, pods=pods if why else None)
+
+    def _take_ops(self, node: Obj, record: Ownership, *, taint: bool) -> list[Obj]:
+        done = Ownership.of(node)
+        if done is not None and done.since == record.since:
+            # Our own write went through although its answer was lost (a timeout, a 500): adopt it.
+            record.cordoned, record.tainted = done.cordoned, done.tainted
+            return []
+        spec = node.get("spec")
+        ops: list[Obj] = self._rv_test(node)
+        if spec is None:
+            ops.append({"op": "add", "path": "/spec", "value": {}})
+            spec = {}
+        record.cordoned = not spec.get("unschedulable")
+        if record.cordoned:
+            ops.append({"op": "add", "path": "/spec/unschedulable", "value": True})
+        if taint:
+            ops.append(self._taint_op(spec, record))
+            record.tainted = True
+        ops.append(_set_entry(node, "annotations", OWNER_ANNOTATION, record.to_json()))
+        ops.append(_set_entry(node, "labels", OWNER_LABEL, "true"))
+        return ops
+
+    def _taint_op(self, spec: Obj, record: Ownership) -> Obj:
+        key = self.settings.taint_key
+        taints = [t for t in spec.get("taints") or [] if t.get("key") != key]
+        taints.append({"key": key, "value": record.action, "effect": "NoSchedule"})
+        return {"op": "add", "path": "/spec/taints", "value": taints}
+
+    @staticmethod
+    def _rv_test(node: Obj) -> list[Obj]:
+        rv = meta(node).get("resourceVersion")
+        return [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}] if rv else []
+
+    def _patch_guarded(self, kname: str, node: Obj, build: Callable[[Obj], list[Obj]]) -> Obj | None:
+        """JSON Patch guarded by resourceVersion; on conflict re-read and rebuild, a few times."""
+        for _ in range(_CONFLICT_TRIES):
+            ops = build(node)
+            if not [op for op in ops if op["op"] != "test"]:
+                return node
+            try:
+                return self.kube.json_patch_node(kname, ops, dry_run=self.dry_run)
+            except KubeConflict:
+                fresh = self.kube.get_node(kname)
+                if fresh is None:
+                    return None
+                node = fresh
+        raise KubeTransient(f"node {kname} kept changing under us ({_CONFLICT_TRIES} conflicts); next pass")
+
+    # -- finishing what was started --------------------------------------------------------
+
+    def _progress(self, node: Obj, record: Ownership, res: PassResult, pods: list[Obj] | None = None) -> None:
+        kname = name_of(node)
+        before = record.to_json()
+        try:
+            self._steps(node, record, res, pods)
+        except Exception:
+            if record.to_json() != before:
+                try:
+                    self._save(kname, record)
+                except KubeError:
+                    pass
+            raise
+        if record.to_json() != before:
+            self._save(kname, record)
+
+    def _steps(self, node: Obj, record: Ownership, res: PassResult, pods: list[Obj] | None) -> None:
+        kname = name_of(node)
+        summary = (parse_reason(record.reason) or (record.reason, None))[0]
+        if record.opt_out:
+            if pods is None:
+                pods = self.kube.list_pods_on_node(kname)
+            why = opt_out(pods, node, self.settings.opt_out_label)
+            if why:
+                if "optout" not in record.events:
+                    self._event(node, record, "optout", "GpuUnhealthyOptOut",
+                                f"{summary} (Slurm node {record.slurm_node}): cordoned only, no drain and no "
+                                f"replacement because of {why}")
+                if why != record.opt_out or kname in res.taken:
+                    record.opt_out = why
+                    self._audit("bridge_opt_out", node=kname, slurm_node=record.slurm_node, opt_out=why,
+                                message="cordon and alert only: no drain, no replacement")
+                res.opted_out.append(kname)
+                return
+            self._audit("bridge_opt_out_lifted", node=kname, slurm_node=record.slurm_node, was=record.opt_out)
+            record.opt_out = ""
+            if not record.tainted:
+                fresh = self._patch_guarded(kname, node, lambda n: [*self._rv_test(n), self._taint_op(n.get("spec") or {}, record)])
+                node = fresh or node
+                record.tainted = True
+        if "taken" not in record.events:
+            self._event(node, record, "taken", "GpuUnhealthy",
+                        f"{summary} (Slurm node {record.slurm_node}): cordoned, tainted {self.settings.taint_key}; "
+                        f"draining and requesting a replacement ({self.backend.name})")
+        if not record.condition:
+            self._condition(node, "False", "GpuFault", f"{record.reason} (Slurm node {record.slurm_node})")
+            record.condition = True
+        if not record.drained:
+            if not self.settings.drain:
+                record.drained = "skipped"
+            elif not self._drain(node, record, res, pods):
+                return
+        if not record.replacement:
+            target = Target(node=node, slurm_node=record.slurm_node, reason=record.reason,
+                            summary=summary, action=Action(record.action))
+            record.replacement = self.backend.request(self.kube, target, dry_run=self.dry_run) or self.backend.name
+            record.backend = self.backend.name
+            res.replaced.append(kname)
+            self._audit("bridge_replace", node=kname, slurm_node=record.slurm_node, backend=self.backend.name,
+                        requested=record.replacement)
+
+    def _drain(self, node: Obj, record: Ownership, res: PassResult, pods: list[Obj] | None) -> bool:
+        """True once the drain is over (done or timed out)."""
+        kname = name_of(node)
+        now = self.clock()
+        if record.drain_started is None:
+            record.drain_started = now
+        if pods is None:
+            pods = self.kube.list_pods_on_node(kname)
+        left = record.drain_started + self.settings.drain_timeout - now
+        result = self.drainer.drain(pods, min(self.settings.drain_pass_budget, left), dry_run=self.dry_run)
+        if result.evicted or result.blocked or result.gone:
+            self._audit("bridge_drain", node=kname, evicted=result.evicted, gone=result.gone,
+                        blocked=result.blocked, skipped=[f"{p} ({why})" for p, why in result.skipped])
+        if result.done:
+            record.drained = "done"
+            res.drained.append(kname)
+            return True
+        if self.clock() >= record.drain_started + self.settings.drain_timeout:
+            record.drained = "timeout"
+            self._audit("bridge_drain_timeout", node=kname, blocked=result.blocked,
+                        timeout_s=self.settings.drain_timeout,
+                        message="PodDisruptionBudgets kept these pods; requesting the replacement anyway "
+                        "(the backend drains with its own PDB-aware logic)")
+            return True
+        res.pending.append(kname)
+        return False
+
+    def _save(self, kname: str, record: Ownership) -> None:
+        patch = {"metadata": {"annotations": {OWNER_ANNOTATION: record.to_json()}}}
+        self.kube.patch_node(kname, patch, dry_run=self.dry_run)
+
+    # -- giving a node back ------------------------------------------------------------------
+
+    def _restore(self, node: Obj, record: Ownership, res: PassResult) -> None:
+        kname = name_of(node)
+        undone: list[str] = []
+        if record.replacement and record.backend == self.backend.name:
+            withdrawn = self.backend.cancel(self.kube, node, record.replacement, dry_run=self.dry_run)
+            if withdrawn:
+                undone.append(withdrawn)
+        if record.condition:
+            self._condition(node, "True", "SlurmNodeHealthy", f"Slurm node {record.slurm_node} is healthy again")
+            undone.append(f"{self.settings.condition_type}=True")
+        self._event(node, record, "restored", "GpuHealthy",
+                    f"Slurm node {record.slurm_node} is healthy again: undoing what slurm-hooks did", kind_type="Normal")
+        result = self._patch_guarded(kname, node, lambda n: self._restore_ops(n, record))
+        if record.cordoned:
+            undone.append("uncordoned")
+        if record.tainted:
+            undone.append(f"taint {self.settings.taint_key} removed")
+        res.restored.append(kname)
+        self._audit("bridge_restore", node=kname, slurm_node=record.slurm_node, undone=undone,
+                    node_gone=result is None, held_s=round(self.clock() - record.since, 1))
+
+    def _restore_ops(self, node: Obj, record: Ownership) -> list[Obj]:
+        ops = self._rv_test(node)
+        spec = node.get("spec") or {}
+        if record.tainted and spec.get("taints"):
+            kept = [t for t in spec["taints"] if t.get("key") != self.settings.taint_key]
+            if len(kept) != len(spec["taints"]):
+                ops.append({"op": "replace", "path": "/spec/taints", "value": kept})
+        if record.cordoned and spec.get("unschedulable"):
+            ops.append({"op": "remove", "path": "/spec/unschedulable"})
+        if OWNER_ANNOTATION in annotations_of(node):
+            ops.append({"op": "remove", "path": f"/metadata/annotations/{_ptr(OWNER_ANNOTATION)}"})
+        if OWNER_LABEL in labels_of(node):
+            ops.append({"op": "remove", "path": f"/metadata/labels/{_ptr(OWNER_LABEL)}"})
+        return ops
+
+    # -- small writers -----------------------------------------------------------------------
+
+    def _condition(self, node: Obj, status: str, reason: str, message: str) -> None:
+        now = _now_iso(self.clock())
+        ctype = self.settings.condition_type
+        old = next((c for c in (node.get("status") or {}).get("conditions") or () if c.get("type") == ctype), None)
+        transition = old.get("lastTransitionTime") if old and old.get("status") == status else now
+        patch = {"status": {"conditions": [{
+            "type": ctype, "status": status, "reason": reason, "message": message[:1024],
+            "lastHeartbeatTime": now, "lastTransitionTime": transition or now,
+        }]}}
+        self.kube.patch_node_status(name_of(node), patch, dry_run=self.dry_run)
+
+    def _event(self, node: Obj, record: Ownership, kind: str, reason: str, message: str,
+               kind_type: str = "Warning") -> None:
+        """Post an Event on the Node; its name is fixed per (node, take, kind), so a retry is a no-op."""
+        kname = name_of(node)
+        now = _now_iso(self.clock())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{kname}.slurm-hooks.{kind}.{int(record.since * 1000):x}",
+                         "namespace": self.settings.event_namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": kname, "uid": meta(node).get("uid", "")},
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind_type,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self.kube.create_event(self.settings.event_namespace, body, dry_run=self.dry_run)
+        if kind not in record.events:
+            record.events.append(kind)
+
+    def _note_blocked(self, res: PassResult, breaker: CircuitBreaker) -> None:
+        blocked = tuple(sorted(res.blocked))
+        if blocked != breaker.state.blocked:
+            if blocked:
+                self._audit("bridge_breaker_blocked", level="critical", nodes=list(blocked),
+                            reason=breaker.state.trip_reason)
+            breaker.state.blocked = blocked
+
+    def _audit(self, kind: str, **fields: Any) -> None:
+        if self.audit is None:
+            return
+        if self.dry_run:
+            fields["dry_run"] = True
+        self.audit.write(kind, **fields)
+
+    def _calls(self) -> int | None:
+        calls = getattr(self.kube, "calls", None)
+        return sum(calls.values()) if calls is not None else None
+
+    def _write_metrics(self, res: PassResult) -> None:
+        try:
+            metrics.write(self.metrics_dir, {
+                "slurm_hooks_bridge_breaker_open": int(res.breaker_open),
+                "slurm_hooks_bridge_breaker_taken_in_window": res.breaker_in_window,
+                "slurm_hooks_bridge_breaker_limit": res.breaker_limit,
+                "slurm_hooks_bridge_breaker_blocked_nodes": len(res.blocked),
+                "slurm_hooks_bridge_owned_nodes": res.owned + len(res.taken) - len(res.restored),
+                "slurm_hooks_bridge_detached_nodes": len(res.detached),
+                "slurm_hooks_bridge_pass_errors": len(res.errors) + int(bool(res.aborted)),
+                "slurm_hooks_bridge_pass_duration_seconds": res.duration,
+                "slurm_hooks_bridge_last_pass_timestamp_seconds": self.clock(),
+            })
+        except OSError as exc:
+            res.errors.append(("metrics", f"cannot write metrics: {exc.strerror}"))

@@ -1,0 +1,230 @@
+"""Ways to ask for a replacement machine, behind one small interface.
+
+- ``condition``: the ``GpuHealthy=False`` node condition the reconciler sets is
+  the request; Cluster API MachineHealthCheck or medik8s NodeHealthCheck act on
+  it after their timeout. No extra permission, no extra call.
+- ``karpenter``: delete the node's NodeClaim (Karpenter drains, terminates and
+  launches a new one).
+- ``capi``: annotate the node's Cluster API Machine with
+  ``cluster.x-k8s.io/remediate-machine`` (MachineHealthCheck's manual trigger).
+- ``template``: create a custom resource rendered from a jinja2 template (a
+  medik8s remediation CR named after the node, an NVSentinel-style
+  RebootNode/TerminateNode, or one of your own).
+
+Each ``request`` is idempotent: run twice, it asks once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from slurm_hooks.bridge.api import KubeApi, Obj, Resource, annotations_of, name_of
+from slurm_hooks.bridge.settings import ReplaceSettings
+from slurm_hooks.errors import ConfigError, PermanentError
+from slurm_hooks.models import Action
+
+CAPI_MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
+CAPI_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
+CAPI_REMEDIATE_ANNOTATION = "cluster.x-k8s.io/remediate-machine"
+
+
+class ReplacementError(PermanentError):
+    """The backend cannot ask for this node (no NodeClaim, no Machine, a bad template)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    node: Obj
+    slurm_node: str
+    reason: str
+    summary: str
+    action: Action
+
+    @property
+    def name(self) -> str:
+        return name_of(self.node)
+
+
+class Backend(Protocol):
+    name: str
+
+    def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
+        """Ask for a replacement; return what was asked for (kept in the ownership record)."""
+        ...
+
+    def cancel(self, kube: KubeApi, node: Obj, ref: str, *, dry_run: bool = False) -> str | None:
+        """Withdraw an earlier request when the node recovered first; ``None``: nothing to withdraw."""
+        ...
+
+
+class ConditionBackend:
+    name = "condition"
+
+    def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
+        return "node condition"
+
+    def cancel(self, kube: KubeApi, node: Obj, ref: str, *, dry_run: bool = False) -> str | None:
+        return None  # the reconciler sets the condition back to True itself
+
+
+class KarpenterBackend:
+    name = "karpenter"
+
+    def __init__(self, version: str = "v1"):
+        self.resource = Resource("karpenter.sh", version, "nodeclaims")
+
+    def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
+        provider_id = (target.node.get("spec") or {}).get("providerID") or ""
+        for claim in kube.list_objects(self.resource):
+            status = claim.get("status") or {}
+            if status.get("nodeName") == target.name or (provider_id and status.get("providerID") == provider_id):
+                claim_name = name_of(claim)
+                if (claim.get("metadata") or {}).get("deletionTimestamp"):
+                    return f"nodeclaim/{claim_name} (already being deleted)"
+                kube.delete_object(self.resource, claim_name, dry_run=dry_run)
+                return f"nodeclaim/{claim_name} deleted"
+        raise ReplacementError(f"no Karpenter NodeClaim for node {target.name}")
+
+    def cancel(self, kube: KubeApi, node: Obj, ref: str, *, dry_run: bool = False) -> str | None:
+        return None  # a deleted NodeClaim cannot be taken back
+
+
+class CapiBackend:
+    name = "capi"
+
+    def __init__(self, version: str = "v1beta1", cancel_on_recovery: bool = True):
+        self.resource = Resource("cluster.x-k8s.io", version, "machines", namespaced=True)
+        self.cancel_on_recovery = cancel_on_recovery
+
+    def _machine(self, node: Obj) -> tuple[str, str]:
+        ann = annotations_of(node)
+        machine, namespace = ann.get(CAPI_MACHINE_ANNOTATION), ann.get(CAPI_NAMESPACE_ANNOTATION)
+        if not machine or not namespace:
+            raise ReplacementError(
+                f"node {name_of(node)} has no {CAPI_MACHINE_ANNOTATION} / {CAPI_NAMESPACE_ANNOTATION} annotation"
+            )
+        return machine, namespace
+
+    def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
+        machine, namespace = self._machine(target.node)
+        patch = {"metadata": {"annotations": {CAPI_REMEDIATE_ANNOTATION: ""}}}
+        if kube.patch_object(self.resource, machine, patch, namespace, dry_run=dry_run) is None:
+            raise ReplacementError(f"Cluster API Machine {namespace}/{machine} not found")
+        return f"machine/{namespace}/{machine} annotated"
+
+    def cancel(self, kube: KubeApi, node: Obj, ref: str, *, dry_run: bool = False) -> str | None:
+        if not self.cancel_on_recovery:
+            return None
+        try:
+            machine, namespace = self._machine(node)
+        except ReplacementError:
+            return None
+        patch = {"metadata": {"annotations": {CAPI_REMEDIATE_ANNOTATION: None}}}
+        if kube.patch_object(self.resource, machine, patch, namespace, dry_run=dry_run) is None:
+            return None
+        return f"machine/{namespace}/{machine} annotation removed"
+
+
+class TemplateBackend:
+    name = "template"
+
+    def __init__(self, template_path: str, plural: str, cancel_on_recovery: bool = True):
+        import jinja2
+
+        try:
+            with open(template_path, encoding="utf-8") as fh:
+                source = fh.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {template_path}: {exc.strerror}", None, None, "[bridge.replace] template") from None
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        env.filters["tojson"] = _tojson
+        self.template = env.from_string(source)
+        self.path = template_path
+        self.plural = plural
+        self.cancel_on_recovery = cancel_on_recovery
+
+    def render(self, target: Target) -> tuple[Resource, Obj]:
+        import jinja2
+
+        node = target.node
+        try:
+            text = self.template.render(
+                node=name_of(node),
+                slurm_node=target.slurm_node,
+                reason=target.reason,
+                summary=target.summary,
+                action=target.action.value,
+                uid=(node.get("metadata") or {}).get("uid", ""),
+                provider_id=(node.get("spec") or {}).get("providerID", ""),
+                labels=(node.get("metadata") or {}).get("labels") or {},
+            )
+        except jinja2.TemplateError as exc:
+            raise ReplacementError(f"template {self.path}: {exc}") from None
+        body = _load(text, self.path)
+        api_version = str(body.get("apiVersion") or "")
+        if "/" not in api_version or not name_of(body):
+            raise ReplacementError(f"template {self.path}: needs apiVersion group/version and metadata.name")
+        group, version = api_version.split("/", 1)
+        namespaced = bool((body.get("metadata") or {}).get("namespace"))
+        return Resource(group, version, self.plural, namespaced), body
+
+    def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
+        resource, body = self.render(target)
+        created = kube.create_object(resource, body, dry_run=dry_run)
+        ref = _ref(body)
+        return f"{ref} created" if created else f"{ref} (exists)"
+
+    def cancel(self, kube: KubeApi, node: Obj, ref: str, *, dry_run: bool = False) -> str | None:
+        if not self.cancel_on_recovery:
+            return None
+        kind_ns_name = ref.split(" ", 1)[0]
+        parts = kind_ns_name.split("/")
+        if len(parts) != 4:
+            return None
+        api_group, api_version, namespace, name = parts
+        resource = Resource(api_group, api_version, self.plural, bool(namespace))
+        if kube.delete_object(resource, name, namespace or None, dry_run=dry_run):
+            return f"{kind_ns_name} deleted"
+        return None
+
+
+def _ref(body: Obj) -> str:
+    group, version = str(body["apiVersion"]).split("/", 1)
+    namespace = (body.get("metadata") or {}).get("namespace") or ""
+    return f"{group}/{version}/{namespace}/{name_of(body)}"
+
+
+def _tojson(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def _load(text: str, path: str) -> Obj:
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        try:
+            import yaml  # a dependency of ``kubernetes``, so present wherever the bridge runs
+        except ImportError:
+            raise ReplacementError(f"template {path}: not JSON, and PyYAML is not installed") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ReplacementError(f"template {path}: rendered text is not YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ReplacementError(f"template {path}: must render one object")
+    return data
+
+
+def make_backend(settings: ReplaceSettings) -> Backend:
+    if settings.backend == "karpenter":
+        return KarpenterBackend(settings.karpenter_version)
+    if settings.backend == "capi":
+        return CapiBackend(settings.capi_version, settings.cancel_on_recovery)
+    if settings.backend == "template":
+        return TemplateBackend(settings.template, settings.plural, settings.cancel_on_recovery)
+    return ConditionBackend()

@@ -1,0 +1,80 @@
+"""The bridge's own small state: the circuit breaker's window and latch, as one JSON file.
+
+Why a file and not a ConfigMap: no extra RBAC, no extra API calls per pass, and
+it works on the bare-metal controller host too. Losing it (a rescheduled pod with
+an emptyDir) is not dangerous: the breaker also counts the nodes whose ownership
+annotation says we took them inside the window, so a restart cannot reset the
+budget; only the latch and nodes already given back are forgotten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_hooks import fsutil
+
+VERSION = 1
+
+
+@dataclass
+class BreakerState:
+    #: node -> when the bridge took it (cordoned it), for the sliding window.
+    taken: dict[str, float] = field(default_factory=dict)
+    tripped_at: float | None = None
+    trip_reason: str = ""
+    #: Nodes refused while open, so the audit log says it once per change, not once per pass.
+    blocked: tuple[str, ...] = ()
+    #: An admin's reset: nodes taken before it no longer count against the window.
+    reset_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "taken": {k: round(v, 3) for k, v in sorted(self.taken.items())},
+            "tripped_at": self.tripped_at,
+            "trip_reason": self.trip_reason,
+            "blocked": list(self.blocked),
+            "reset_at": self.reset_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BreakerState:
+        taken = data.get("taken") or {}
+        return cls(
+            taken={str(k): float(v) for k, v in taken.items() if isinstance(v, (int, float))},
+            tripped_at=float(data["tripped_at"]) if isinstance(data.get("tripped_at"), (int, float)) else None,
+            trip_reason=str(data.get("trip_reason") or ""),
+            blocked=tuple(str(n) for n in data.get("blocked") or ()),
+            reset_at=float(data["reset_at"]) if isinstance(data.get("reset_at"), (int, float)) else None,
+        )
+
+
+class StateStore:
+    """Load and save :class:`BreakerState`; ``path=""`` keeps it in memory only."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def load(self) -> BreakerState:
+        if not self.path:
+            return BreakerState()
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            return BreakerState()
+        except (OSError, ValueError):
+            # A corrupt file must not stop remediation; the annotations still bound the window.
+            return BreakerState()
+        return BreakerState.from_dict(data if isinstance(data, dict) else {})
+
+    def save(self, state: BreakerState) -> None:
+        if not self.path:
+            return
+        fsutil.atomic_write(self.path, json.dumps(state.to_dict(), indent=1) + "\n", mode=0o640)
+
+    def exists(self) -> bool:
+        return bool(self.path) and os.path.exists(self.path)
