@@ -366,19 +366,24 @@ def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Res
 # --- our config and the machine -----------------------------------------------------------
 
 
+def config_failure(check: str, exc: ConfigError) -> Result:
+    """A ConfigError as a FAIL line: where = file:line, message starts with the key."""
+    where = f"{exc.path or '<config>'}{':' + str(exc.line) if exc.line is not None else ''}"
+    prefix = where + (f": {exc.key}" if exc.key else "") + ": "
+    text = str(exc)
+    message = text[len(where) + 2:] if text.startswith(prefix) else text
+    fix = f"edit {exc.path}" + (f" line {exc.line}" if exc.line is not None else "")
+    if exc.key:
+        fix += f" ({exc.key})"
+    return Result(check, Status.FAIL, message, fix, where)
+
+
 def load_config(path: str | None) -> tuple[Config | None, list[Result]]:
     check = "config"
     try:
         cfg = config_mod.load(path)
     except ConfigError as exc:
-        where = f"{exc.path or '<config>'}{':' + str(exc.line) if exc.line is not None else ''}"
-        prefix = where + (f": {exc.key}" if exc.key else "") + ": "
-        text = str(exc)
-        message = text[len(where) + 2:] if text.startswith(prefix) else text
-        fix = f"edit {exc.path}" + (f" line {exc.line}" if exc.line is not None else "")
-        if exc.key:
-            fix += f" ({exc.key})"
-        return None, [Result(check, Status.FAIL, message, fix, where)]
+        return None, [config_failure(check, exc)]
     if cfg.path is None:
         resolved, _ = config_mod.resolve_path(path)
         return cfg, [Result(check, Status.WARN, f"no config at {resolved}: running on defaults",
@@ -489,10 +494,20 @@ def check_bridge(cfg: Config) -> list[Result]:
     from slurm_hooks import kube_access
 
     check = "kube-access"
-    bridge = cfg.bridge
+    kubeconfig = getattr(cfg.bridge, "kubeconfig", None) or None
+    context = getattr(cfg.bridge, "context", None) or None
     try:
-        client, source = kube_access.load_client(getattr(bridge, "kubeconfig", None) or None,
-                                                 getattr(bridge, "context", None) or None)
+        from slurm_hooks.bridge import settings as bridge_settings
+    except ImportError:
+        bridge_settings = None  # a node-side install without the bridge package
+    if bridge_settings is not None:
+        try:
+            settings = bridge_settings.from_config(cfg)
+        except ConfigError as exc:
+            return [config_failure("bridge-config", exc)]
+        kubeconfig, context = settings.kubeconfig or None, settings.context or None
+    try:
+        client, source = kube_access.load_client(kubeconfig, context)
     except kube_access.KubeClientMissing:
         return [Result(check, Status.WARN, "kubernetes client not installed (bridge environment only)",
                        "run validate where the bridge runs, or pip install 'slurm-hooks[k8s]'")]

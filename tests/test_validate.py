@@ -533,6 +533,15 @@ def test_bridge_api_server_unreachable_fails(cluster):
     assert r.status is validate.Status.FAIL and "cannot reach the API server" in r.message
 
 
+def test_bridge_section_typo_fails_naming_file_line_and_key(cluster):
+    pytest.importorskip("slurm_hooks.bridge.settings")
+    cluster.write_config(GOOD_CONFIG + '\n[bridge]\nkubconfig = "/etc/kube.conf"\n')
+    line = cluster.root.joinpath("etc", "config.toml").read_text().splitlines().index('kubconfig = "/etc/kube.conf"') + 1
+    r = only(cluster.run(), "bridge-config")
+    assert r.status is validate.Status.FAIL
+    assert r.where == f"{cluster.config}:{line}" and "kubconfig" in r.message
+
+
 def test_bridge_without_kubernetes_client_warns(cluster):
     cluster.write_config(GOOD_CONFIG + '\n[bridge]\nkubeconfig = "/nonexistent"\n')
     code = ("import sys; sys.modules['kubernetes'] = None\n"  # as on a node without the [k8s] extra
