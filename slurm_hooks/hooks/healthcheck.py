@@ -138,10 +138,5 @@ def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
         return
     from slurm_hooks import metrics
 
-    metrics.write(w.config.metrics.textfile_dir, w.node, report, state_dir=w.config.state.dir,
-                  remediations=_counts(outcome))
-
-
-def _counts(outcome: Outcome) -> dict[str, int]:
-    counts = {"drain": int(outcome.drained), "requeue": len(outcome.requeued), "resume": int(outcome.resumed)}
-    return {k: v for k, v in counts.items() if v}
+    done = ["drain"] * int(outcome.drained) + ["requeue"] * len(outcome.requeued) + ["resume"] * int(outcome.resumed)
+    metrics.record(w.config, w.node, report, remediations=done)
