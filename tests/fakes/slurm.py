@@ -1,0 +1,152 @@
+"""The one shared in-memory Slurm, for unit tests of remediation.
+
+It implements the :class:`slurm_hooks.slurm.Slurm` protocol, keeps node state
+and reason and job states the way slurmctld reports them, and records every
+call. Real-Slurm behaviour is tested against the local testbed, not here::
+
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "MIXED")
+    slurm.add_job(101, "n1")
+    slurm.job_states(101, ["COMPLETING", "PENDING"], reason="JobHeldAdmin")
+    slurm.fail("drain", TransientError("slurm_update error: Socket timed out"))
+    ...
+    assert slurm.calls == [("node", "n1"), ("drain", "n1", "slurm-hooks: ... [replace]")]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from slurm_hooks import hostlist
+from slurm_hooks.errors import PermanentError, SlurmHooksError
+from slurm_hooks.slurm import JobInfo, NodeInfo
+
+_ON_NODE = ("RUNNING", "CONFIGURING", "COMPLETING")
+_DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
+
+
+class FakeSlurm:
+    def __init__(self) -> None:
+        self._nodes: dict[str, NodeInfo] = {}
+        self._jobs: dict[int, JobInfo] = {}
+        self._scripts: dict[int, list[dict]] = {}
+        self._failures: dict[tuple[str, object], SlurmHooksError] = {}
+        self.calls: list[tuple] = []
+
+    # --- test set-up -------------------------------------------------------------
+
+    def add_node(self, name: str, state: str = "IDLE", reason: str = "") -> NodeInfo:
+        self._nodes[name] = NodeInfo(name, state, reason)
+        return self._nodes[name]
+
+    def add_job(self, job_id: int, node: str, state: str = "RUNNING", *, batch: bool = True, requeue: bool = True,
+                name: str = "train", restarts: int = 0, reason: str = "None") -> JobInfo:
+        self._jobs[job_id] = JobInfo(job_id, name, state, node, requeue, batch, restarts, reason)
+        return self._jobs[job_id]
+
+    def job_states(self, job_id: int, states: list[str], **fields) -> None:
+        """What ``job(job_id)`` answers on its next calls, one state per call; the last one stays.
+
+        ``fields`` (reason, nodes, restarts, extra) apply from the first scripted answer on.
+        """
+        self._scripts[job_id] = [dict(fields, state=s) for s in states]
+
+    def fail(self, method: str, error: SlurmHooksError | None, target: object = None) -> None:
+        """Make every call of ``method`` raise ``error`` (``None`` heals it).
+
+        With ``target`` only calls whose first argument (node name or job id) equals it fail.
+        """
+        if error is None:
+            self._failures.pop((method, target), None)
+        else:
+            self._failures[(method, target)] = error
+
+    def set_node(self, name: str, **changes) -> NodeInfo:
+        """Change a node behind the hooks' back (an admin, slurmctld, the operator)."""
+        self._nodes[name] = dataclasses.replace(self._nodes[name], **changes)
+        return self._nodes[name]
+
+    def peek(self, name: str) -> NodeInfo:
+        """Node state for assertions, without recording a call."""
+        return self._nodes[name]
+
+    def peek_job(self, job_id: int) -> JobInfo:
+        return self._jobs[job_id]
+
+    def called(self, method: str) -> list[tuple]:
+        return [c for c in self.calls if c[0] == method]
+
+    # --- the Slurm protocol ----------------------------------------------------------
+
+    def _call(self, method: str, *args) -> None:
+        self.calls.append((method, *args))
+        error = self._failures.get((method, args[0] if args else None)) or self._failures.get((method, None))
+        if error is not None:
+            raise error
+
+    def _node(self, name: str) -> NodeInfo:
+        try:
+            return self._nodes[name]
+        except KeyError:
+            raise PermanentError(f"Node {name} not found") from None
+
+    def _job(self, job_id: int) -> JobInfo:
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise PermanentError(f"Invalid job id specified: {job_id}") from None
+
+    def node(self, name: str) -> NodeInfo:
+        self._call("node", name)
+        return self._node(name)
+
+    def nodes(self) -> list[NodeInfo]:
+        self._call("nodes")
+        return list(self._nodes.values())
+
+    def drain(self, name: str, reason: str) -> None:
+        self._call("drain", name, reason)
+        node = self._node(name)
+        flags = [f for f in node.state.split("+") if f not in ("DRAIN",)]
+        self._nodes[name] = dataclasses.replace(node, state="+".join([*flags, "DRAIN"]), reason=reason)
+
+    def resume(self, name: str) -> None:
+        self._call("resume", name)
+        node = self._node(name)
+        flags = [f for f in node.state.split("+") if f not in ("DRAIN", "DRAINED", "DRAINING")]
+        self._nodes[name] = dataclasses.replace(node, state="+".join(flags) or "IDLE", reason="")
+
+    def jobs_on_node(self, name: str) -> list[JobInfo]:
+        self._call("jobs_on_node", name)
+        self._node(name)
+        return [j for j in self._jobs.values()
+                if j.nodes and hostlist.matches(j.nodes, name) and j.state.upper().startswith(_ON_NODE)]
+
+    def job(self, job_id: int) -> JobInfo:
+        self._call("job", job_id)
+        job = self._job(job_id)
+        script = self._scripts.get(job_id)
+        if script:
+            step = script.pop(0) if len(script) > 1 else script[0]
+            job = self._jobs[job_id] = dataclasses.replace(job, **step)
+        return job
+
+    def requeue(self, job_id: int) -> None:
+        self._call("requeue", job_id)
+        job = self._job(job_id)
+        if not job.requeue or not job.batch or job.state.upper().startswith(_DONE):
+            raise PermanentError(f"Requested operation is presently disabled for job {job_id}")
+        self._jobs[job_id] = dataclasses.replace(job, state="COMPLETING", restarts=job.restarts + 1)
+
+    def release(self, job_id: int) -> None:
+        self._call("release", job_id)
+        job = self._job(job_id)
+        self._jobs[job_id] = dataclasses.replace(job, reason="None", extra={**job.extra, "priority": "1"})
+
+    def start_now(self, job_id: int) -> None:
+        self._call("start_now", job_id)
+        self._job(job_id)
+
+    def signal(self, job_id: int, signal: str) -> None:
+        self._call("signal", job_id, signal)
+        self._job(job_id)

@@ -1,0 +1,548 @@
+"""Remediation through the hooks: drain with an owned reason, requeue, follow, resume.
+
+Simulated GPUs (the real sim backend, from the config) and the shared in-memory
+Slurm (tests/fakes/slurm.py), which records every call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+from fakes.slurm import FakeSlurm
+
+from slurm_hooks import config
+from slurm_hooks.audit import AuditLog
+from slurm_hooks.errors import PermanentError, TransientError
+from slurm_hooks.hooks import healthcheck, jobhooks, remediate
+from slurm_hooks.hooks.remediate import Outcome
+from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.models import NodeSnapshot, snapshot_from_dict
+from slurm_hooks.probes import sim
+
+XID79_REASON = "slurm-hooks: XID 79 on GPU 3 [replace]"
+SOCKET_TIMEOUT = TransientError("slurm_update error: Socket timed out on send/recv operation")
+
+
+@pytest.fixture
+def t(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(f"""
+[gpu]
+backend = "sim"
+sim_dir = "{tmp_path}/sim"
+[log]
+audit = "{tmp_path}/audit.jsonl"
+[state]
+dir = "{tmp_path}/state"
+[expect]
+gpus = 8
+""")
+    cfg = config.load(str(path))
+    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "IDLE")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    return SimpleNamespace(w=w, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit)
+
+
+def inject(t, gpu, **fault):
+    sim.inject(t.sim_dir, "n1", gpu, **fault)
+
+
+def check(t):
+    return healthcheck.run(t.w, follow="none")
+
+
+def records(t, kind=None, **match):
+    return [r for r in t.audit.read()
+            if (kind is None or r["kind"] == kind) and all(r.get(k) == v for k, v in match.items())]
+
+
+def steps(t, action):
+    return [(r["target"], r["result"]) for r in records(t, "action", action=action)]
+
+
+def drained_by_us(t):
+    inject(t, 3, xid=79)
+    report, outcome = check(t)
+    assert outcome.drained and os.path.exists(t.w.drained_marker())
+    return report
+
+
+# --- drain ---------------------------------------------------------------------------
+
+
+def test_xid79_on_gpu3_drains_with_our_reason_and_writes_the_audit(t):
+    inject(t, 3, xid=79)
+    report, outcome = check(t)
+    assert (outcome.drained, outcome.failed) == (True, [])
+    node = t.slurm.peek("n1")
+    assert (node.state, node.reason) == ("IDLE+DRAIN", XID79_REASON)
+    assert t.slurm.called("drain") == [("drain", "n1", XID79_REASON)]
+    [alert] = records(t, "alert")
+    assert (alert["node"], alert["context"], alert["gpu"], alert["check"], alert["action"]) == (
+        "n1", "check", 3, "xid", "replace")
+    assert alert["message"] == "XID 79 (GPU has fallen off the bus)"
+    [drain] = records(t, "action", action="drain")
+    assert (drain["target"], drain["result"], drain["reason"]) == ("n1", "ok", XID79_REASON)
+    assert drain["duration_s"] >= 0
+    assert os.path.exists(t.w.drained_marker())
+
+
+def test_a_node_already_drained_with_our_reason_is_not_drained_again(t):
+    drained_by_us(t)
+    _, outcome = check(t)
+    assert outcome.drained
+    assert len(t.slurm.called("drain")) == 1
+    assert steps(t, "drain") == [("n1", "ok"), ("n1", "already")]
+
+
+def test_a_new_fault_replaces_our_own_older_reason(t):
+    drained_by_us(t)
+    inject(t, 5, ecc_uncorrectable=2)
+    check(t)
+    assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3; ECC uncorrectable 2 on GPU 5 [replace]"
+
+
+def test_drain_disabled_in_config_records_alerts_and_calls_no_slurm(t, tmp_path):
+    cfg = config.parse(f'[gpu]\nbackend = "sim"\nsim_dir = "{t.sim_dir}"\n[state]\ndir = "{tmp_path}/s"\n'
+                       '[check]\ndrain = false\n')
+    w = Wiring(cfg, "n1", t.audit, slurm_override=t.slurm)
+    inject(t, 3, xid=79)
+    report, outcome = healthcheck.run(w, follow="none")
+    assert not report.healthy and not outcome.drained
+    assert t.slurm.calls == []
+    assert [r["check"] for r in records(t, "alert")] == ["xid"]
+
+
+def test_dry_run_neither_acts_nor_audits(t):
+    inject(t, 3, xid=79)
+    report, outcome = healthcheck.run(t.w, dry_run=True, follow="none")
+    assert not report.healthy
+    assert (t.slurm.calls, list(t.audit.read())) == ([], [])
+
+
+@pytest.mark.parametrize("state, reason", [
+    ("IDLE+DRAIN", "maintenance by bob"),
+    ("MIXED+DRAIN", "Prolog error"),
+    ("IDLE+DRAIN", "Epilog error"),
+    ("MIXED+DRAIN", "Kill task failed"),
+    ("IDLE+DRAIN", "slurm-operator: node cordoned by kubectl"),
+])
+def test_someone_elses_drain_is_never_overwritten(t, state, reason):
+    t.slurm.set_node("n1", state=state, reason=reason)
+    inject(t, 3, xid=79)
+    _, outcome = check(t)
+    assert not outcome.drained
+    assert t.slurm.called("drain") == []
+    assert (t.slurm.peek("n1").state, t.slurm.peek("n1").reason) == (state, reason)
+    [skipped] = records(t, "action", action="drain")
+    assert skipped["result"] == "skipped"
+    assert skipped["detail"] == f"already drained by someone else: {reason!r}"
+    assert not os.path.exists(t.w.drained_marker())
+
+
+def test_someone_elses_drain_is_never_resumed(t):
+    t.slurm.set_node("n1", state="IDLE+DRAIN", reason="maintenance by bob")
+    inject(t, 3, xid=79)
+    check(t)
+    sim.clear(t.sim_dir, "n1")
+    _, outcome = check(t)
+    assert not outcome.resumed
+    assert t.slurm.called("resume") == []
+    assert t.slurm.peek("n1").reason == "maintenance by bob"
+
+
+def test_a_node_we_drained_and_an_admin_then_took_over_is_not_resumed(t):
+    drained_by_us(t)
+    t.slurm.set_node("n1", reason="maintenance by bob: replacing GPU 3")
+    sim.clear(t.sim_dir, "n1")
+    _, outcome = check(t)
+    assert not outcome.resumed
+    assert t.slurm.called("resume") == []
+    assert steps(t, "resume") == [("n1", "skipped")]
+    assert not os.path.exists(t.w.drained_marker())
+
+
+# --- resume ----------------------------------------------------------------------------
+
+
+def test_a_healthy_node_we_drained_is_resumed(t):
+    drained_by_us(t)
+    sim.clear(t.sim_dir, "n1")
+    _, outcome = check(t)
+    assert outcome.resumed
+    assert t.slurm.called("resume") == [("resume", "n1")]
+    assert (t.slurm.peek("n1").state, t.slurm.peek("n1").reason) == ("IDLE", "")
+    [resume] = records(t, "action", action="resume")
+    assert (resume["result"], resume["reason"]) == ("ok", XID79_REASON)
+    assert not os.path.exists(t.w.drained_marker())
+
+
+def test_a_healthy_node_makes_no_slurm_call(t):
+    report, outcome = check(t)
+    assert report.healthy
+    assert t.slurm.calls == []
+    assert list(t.audit.read()) == []
+
+
+def test_our_reason_without_our_marker_is_not_resumed(t):
+    # The reason looks like ours but this node's state dir says we did not drain it.
+    t.slurm.set_node("n1", state="IDLE+DRAIN", reason=XID79_REASON)
+    _, outcome = check(t)
+    assert not outcome.resumed
+    assert t.slurm.calls == []
+
+
+def test_a_node_resumed_by_someone_else_only_loses_our_marker(t):
+    drained_by_us(t)
+    sim.clear(t.sim_dir, "n1")
+    t.slurm.set_node("n1", state="IDLE", reason="")
+    _, outcome = check(t)
+    assert not outcome.resumed
+    assert t.slurm.called("resume") == []
+    assert not os.path.exists(t.w.drained_marker())
+
+
+def test_an_idle_drained_node_with_leftover_gpu_processes_is_not_resumed(t):
+    jobhooks.prolog(t.w, {"SLURM_JOB_ID": "700", "SLURM_JOB_GPUS": "2"})
+    inject(t, 2, process=31337)
+    assert jobhooks.epilog(t.w, {"SLURM_JOB_ID": "700", "SLURM_JOB_GPUS": "2"}) == 0
+    assert t.slurm.peek("n1").state == "IDLE+DRAIN"
+    report, outcome = check(t)  # the periodic check does not judge processes: healthy
+    assert report.healthy and not outcome.resumed
+    assert t.slurm.called("resume") == []
+    [skipped] = records(t, "action", action="resume")
+    assert (skipped["result"], skipped["detail"]) == ("skipped", "processes still on GPU(s) 2 of an idle node")
+    sim.clear(t.sim_dir, "n1", 2)
+    _, outcome = check(t)
+    assert outcome.resumed
+
+
+def test_processes_of_running_jobs_do_not_keep_a_mended_node_drained(t):
+    t.slurm.set_node("n1", state="MIXED")
+    drained_by_us(t)
+    assert t.slurm.peek("n1").state == "MIXED+DRAIN"
+    sim.clear(t.sim_dir, "n1")
+    inject(t, 0, process=4242)  # a job still running on GPU 0
+    _, outcome = check(t)
+    assert outcome.resumed
+
+
+def test_an_admin_resume_acknowledges_the_xids_we_drained_for(t):
+    drained_by_us(t)
+    t.slurm.set_node("n1", state="IDLE", reason="")  # scontrol update state=resume, GPU reset by hand
+    report, outcome = check(t)  # XID 79 is still in the (simulated) kernel log
+    assert report.healthy and not outcome.drained
+    assert len(t.slurm.called("drain")) == 1
+    [ack] = records(t, "action", action="ack-xids")
+    assert ack["result"] == "ok"
+    inject(t, 3, xid=79)  # a new event is a new fault
+    _, outcome = check(t)
+    assert outcome.drained
+
+
+def test_an_admin_resume_does_not_hide_faults_that_are_state(t):
+    inject(t, 5, ecc_uncorrectable=2)
+    check(t)
+    t.slurm.set_node("n1", state="IDLE", reason="")
+    _, outcome = check(t)
+    assert outcome.drained
+    assert t.slurm.peek("n1").reason == "slurm-hooks: ECC uncorrectable 2 on GPU 5 [reset]"
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+def test_batch_jobs_are_requeued_and_the_others_skipped_with_a_reason(t):
+    t.slurm.set_node("n1", state="MIXED")
+    t.slurm.add_job(101, "n1")
+    t.slurm.add_job(102, "n1", batch=False, name="interactive")
+    t.slurm.add_job(103, "n1", requeue=False)
+    t.slurm.add_job(104, "n2")
+    inject(t, 3, xid=79)
+    _, outcome = check(t)
+    assert outcome.requeued == [101]
+    assert t.slurm.called("requeue") == [("requeue", 101)]
+    by_job = {r["target"]: r for r in records(t, "action", action="requeue")}
+    assert by_job["101"]["result"] == "ok"
+    assert (by_job["102"]["result"], by_job["102"]["detail"]) == (
+        "skipped", "interactive job (srun/salloc) cannot be requeued; it will fail with the node")
+    assert (by_job["103"]["result"], by_job["103"]["detail"]) == (
+        "skipped", "job was submitted with --no-requeue (or JobRequeue=0); it will fail with the node")
+    assert "104" not in by_job
+
+
+def test_requeue_disabled_in_config_leaves_jobs_alone(t, tmp_path):
+    cfg = config.parse(f'[gpu]\nbackend = "sim"\nsim_dir = "{t.sim_dir}"\n[state]\ndir = "{tmp_path}/s"\n'
+                       '[remediation]\nrequeue = false\n')
+    w = Wiring(cfg, "n1", t.audit, slurm_override=t.slurm)
+    t.slurm.add_job(101, "n1")
+    inject(t, 3, xid=79)
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.drained
+    assert t.slurm.called("jobs_on_node") == [] and t.slurm.called("requeue") == []
+
+
+def test_inline_follow_makes_the_requeued_job_start_now_once_pending(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING", "PENDING"], reason="BeginTime")
+    inject(t, 3, xid=79)
+    _, outcome = healthcheck.run(t.w, follow="inline")
+    assert outcome.requeued == [101]
+    assert [c[0] for c in t.slurm.calls if c[0] in ("requeue", "job", "release", "start_now")] == [
+        "requeue", "job", "job", "start_now"]
+    assert steps(t, "start_now") == [("101", "ok")]
+
+
+def test_follow_releases_a_held_job_then_starts_it_now(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING", "COMPLETING", "PENDING"], reason="JobHeldAdmin", restarts=1)
+    results = remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01)
+    assert results == {101: "ok"}
+    assert [c for c in t.slurm.calls if c[0] != "job"] == [("release", 101), ("start_now", 101)]
+    assert len(t.slurm.called("job")) == 3
+    assert steps(t, "release") == [("101", "ok")]
+    assert steps(t, "start_now") == [("101", "ok")]
+
+
+def test_follow_releases_a_job_held_with_priority_zero(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["PENDING"], reason="launch failed requeued held", extra={"priority": "0"})
+    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {101: "ok"}
+    assert t.slurm.called("release") == [("release", 101)]
+
+
+def test_follow_does_not_release_a_job_that_is_not_held(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["PENDING"], reason="BeginTime")
+    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {101: "ok"}
+    assert t.slurm.called("release") == []
+
+
+def test_follow_leaves_a_job_that_ended(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING", "CANCELLED by 1000"])
+    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {101: "ended CANCELLED BY 1000"}
+    assert t.slurm.called("start_now") == []
+    [skipped] = records(t, "action", action="start_now")
+    assert skipped["result"] == "skipped"
+
+
+def test_follow_stops_when_the_job_already_runs_on_another_node(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["RUNNING"], nodes="n2", restarts=1)
+    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {101: "already running"}
+    assert t.slurm.called("start_now") == []
+
+
+@pytest.mark.xfail(reason="BUG: remediate.follow_requeued tests `w.node not in job.nodes` as a substring, so a "
+                          "job restarted on n10 counts as still on n1 and the follower times out", strict=True)
+def test_follow_stops_when_the_job_runs_on_a_node_whose_name_contains_ours(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["RUNNING"], nodes="n10", restarts=1)
+    assert remediate.follow_requeued(t.w, [101], timeout=0.5, poll=0.01) == {101: "already running"}
+
+
+def test_follow_gives_up_after_its_timeout_and_says_so(t):
+    t.slurm.add_job(101, "n1")  # never leaves RUNNING on n1
+    assert remediate.follow_requeued(t.w, [101], timeout=0.3, poll=0.01) == {101: "timed out"}
+    [failed] = records(t, "action", action="start_now")
+    assert (failed["result"], failed["error"]) == ("failed", "job not PENDING again within 0.3s")
+
+
+def test_follow_handles_several_jobs_independently(t):
+    for job_id in (101, 102, 103):
+        t.slurm.add_job(job_id, "n1")
+    t.slurm.job_states(101, ["PENDING"], reason="BeginTime")
+    t.slurm.job_states(102, ["COMPLETING", "COMPLETED"])
+    t.slurm.job_states(103, ["COMPLETING", "COMPLETING", "PENDING"], reason="JobHeldUser")
+    results = remediate.follow_requeued(t.w, [101, 102, 103], timeout=5, poll=0.01)
+    assert results == {101: "ok", 102: "ended COMPLETED", 103: "ok"}
+    assert t.slurm.called("start_now") == [("start_now", 101), ("start_now", 103)]
+
+
+# --- Slurm errors are recorded, never raised -----------------------------------------------
+
+
+def test_a_failed_drain_is_recorded_as_a_failed_action_not_raised(t):
+    t.slurm.fail("drain", SOCKET_TIMEOUT)
+    inject(t, 3, xid=79)
+    _, outcome = check(t)
+    assert not outcome.drained
+    assert outcome.failed == [f"drain: {SOCKET_TIMEOUT}"]
+    [failed] = records(t, "action", action="drain")
+    assert (failed["result"], failed["error"], failed["reason"]) == ("failed", str(SOCKET_TIMEOUT), XID79_REASON)
+    assert not os.path.exists(t.w.drained_marker())
+    t.slurm.fail("drain", None)
+    _, outcome = check(t)  # the next run tries again
+    assert outcome.drained
+
+
+def test_an_unreachable_slurmctld_on_node_lookup_is_recorded(t):
+    t.slurm.fail("node", TransientError("slurm_load_node error: Unable to contact slurm controller"))
+    inject(t, 3, xid=79)
+    _, outcome = check(t)
+    assert outcome.failed[0] == "drain: slurm_load_node error: Unable to contact slurm controller"
+
+
+def test_failing_to_list_jobs_is_recorded(t):
+    t.slurm.fail("jobs_on_node", SOCKET_TIMEOUT)
+    inject(t, 3, xid=79)
+    _, outcome = check(t)
+    assert outcome.drained
+    assert outcome.failed == [f"list jobs: {SOCKET_TIMEOUT}"]
+    assert steps(t, "requeue") == [("n1", "failed")]
+
+
+def test_one_job_failing_to_requeue_does_not_stop_the_others(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.add_job(102, "n1")
+    t.slurm.add_job(103, "n1", state="COMPLETED")  # ends while we look: not on the node any more
+    t.slurm.fail("requeue", PermanentError("Job has already finished"), target=101)
+    inject(t, 3, xid=79)
+    _, outcome = check(t)
+    assert outcome.requeued == [102]
+    assert outcome.failed == ["requeue 101: Job has already finished"]
+    assert steps(t, "requeue") == [("101", "failed"), ("102", "ok")]
+
+
+def test_a_failed_resume_keeps_our_marker_so_the_next_run_retries(t):
+    drained_by_us(t)
+    sim.clear(t.sim_dir, "n1")
+    t.slurm.fail("resume", SOCKET_TIMEOUT)
+    _, outcome = check(t)
+    assert not outcome.resumed and outcome.failed == [f"resume: {SOCKET_TIMEOUT}"]
+    assert os.path.exists(t.w.drained_marker())
+    t.slurm.fail("resume", None)
+    _, outcome = check(t)
+    assert outcome.resumed
+
+
+def test_a_failed_start_now_is_recorded(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["PENDING"], reason="BeginTime")
+    t.slurm.fail("start_now", SOCKET_TIMEOUT)
+    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {101: f"failed: {SOCKET_TIMEOUT}"}
+    [failed] = records(t, "action", action="start_now")
+    assert (failed["result"], failed["error"]) == ("failed", str(SOCKET_TIMEOUT))
+
+
+@pytest.mark.xfail(reason="BUG: remediate.follow_requeued records 'failed: <error>' when Slurm keeps failing, "
+                          "then overwrites it with 'timed out' after the loop, so the Slurm error is lost",
+                   strict=True)
+def test_follow_reports_the_slurm_error_when_it_never_got_an_answer(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.fail("job", SOCKET_TIMEOUT)
+    assert remediate.follow_requeued(t.w, [101], timeout=0.3, poll=0.01) == {101: f"failed: {SOCKET_TIMEOUT}"}
+
+
+# --- prolog and epilog ---------------------------------------------------------------------
+
+
+def baseline_path(t, job_id):
+    return t.w.state_path("jobs", f"n1-{job_id}.json")
+
+
+def test_prolog_on_healthy_gpus_makes_no_slurm_call_and_saves_a_baseline(t):
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_ID": "555", "SLURM_JOB_GPUS": "0,1"}) == 0
+    assert t.slurm.calls == []
+    with open(baseline_path(t, 555)) as fh:
+        base = snapshot_from_dict(json.load(fh))
+    assert isinstance(base, NodeSnapshot) and len(base.gpus) == 8
+    assert list(t.audit.read()) == []
+
+
+def test_prolog_of_a_job_without_gpus_does_nothing(t):
+    inject(t, 3, xid=79)
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_ID": "556"}) == 0
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_ID": "557", "CUDA_VISIBLE_DEVICES": "NoDevFiles"}) == 0
+    assert t.slurm.calls == []
+    assert not os.path.exists(baseline_path(t, 556))
+
+
+def test_prolog_on_a_bad_job_gpu_drains_and_returns_1(t, capsys):
+    inject(t, 3, xid=79)
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_GPUS": "2,3"}) == 1
+    assert t.slurm.peek("n1").reason == XID79_REASON
+    assert t.slurm.called("requeue") == []  # Slurm requeues a job whose prolog failed
+    [alert] = records(t, "alert")
+    assert (alert["context"], alert["gpu"], alert["check"]) == ("prolog", 3, "xid")
+    assert "slurm-hooks prolog: gpu3 xid: XID 79 (GPU has fallen off the bus) -> replace" in capsys.readouterr().err
+
+
+def test_prolog_finds_the_bad_gpu_by_its_uuid(t):
+    uuid3 = sim.read(t.sim_dir, "n1")["gpus"][3]["uuid"]
+    inject(t, 3, lost=True)
+    assert jobhooks.prolog(t.w, {"CUDA_VISIBLE_DEVICES": uuid3}) == 1
+    assert t.slurm.peek("n1").reason == "slurm-hooks: GPU 3 lost [replace]"
+
+
+def test_prolog_ignores_a_bad_gpu_that_is_not_the_jobs(t):
+    inject(t, 3, xid=79)
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_ID": "558", "SLURM_JOB_GPUS": "0,1"}) == 0
+    assert t.slurm.calls == []
+
+
+def test_prolog_on_a_job_gpu_that_is_missing_drains(t):
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_GPUS": "9"}) == 1
+    assert t.slurm.peek("n1").reason == "slurm-hooks: GPU 9 missing [reboot]"
+
+
+def test_epilog_flags_leftover_processes_and_drains(t):
+    env = {"SLURM_JOB_ID": "600", "SLURM_JOB_GPUS": "0,1"}
+    assert jobhooks.prolog(t.w, env) == 0
+    inject(t, 1, process=48213)
+    assert jobhooks.epilog(t.w, env) == 0
+    node = t.slurm.peek("n1")
+    assert node.state == "IDLE+DRAIN"
+    assert node.reason.startswith("slurm-hooks: ") and "GPU 1" in node.reason and node.reason.endswith(" [drain]")
+    [alert] = records(t, "alert")
+    assert (alert["context"], alert["check"], alert["gpu"], alert["job"]) == ("epilog", "leftover", 1, "600")
+    assert alert["message"] == "1 process(es) left after the job (pid 48213)"
+    assert not os.path.exists(baseline_path(t, 600))
+
+
+def test_epilog_judges_only_xids_new_since_the_prolog(t):
+    env = {"SLURM_JOB_ID": "601", "SLURM_JOB_GPUS": "0"}
+    inject(t, 0, xid=13)  # the previous job's application error
+    assert jobhooks.prolog(t.w, env) == 0
+    inject(t, 0, xid=13)
+    inject(t, 0, xid=48)
+    assert jobhooks.epilog(t.w, env) == 0
+    assert t.slurm.peek("n1").reason == "slurm-hooks: XID 48 on GPU 0 [reset]"
+    assert [r["message"] for r in records(t, "alert", context="epilog")] == [
+        "XID 13 (Graphics Engine Exception)",  # once: the one before the job is not counted
+        "XID 48 (Double Bit ECC Error)",
+    ]
+
+
+def test_epilog_with_nothing_new_makes_no_slurm_call(t):
+    env = {"SLURM_JOB_ID": "602", "SLURM_JOB_GPUS": "0,1"}
+    inject(t, 5, xid=79)  # not this job's GPU
+    assert jobhooks.prolog(t.w, env) == 0
+    assert jobhooks.epilog(t.w, env) == 0
+    assert t.slurm.calls == []
+
+
+def test_epilog_returns_1_when_it_could_not_drain(t):
+    env = {"SLURM_JOB_ID": "603", "SLURM_JOB_GPUS": "2"}
+    jobhooks.prolog(t.w, env)
+    inject(t, 2, process=777)
+    t.slurm.fail("drain", SOCKET_TIMEOUT)
+    assert jobhooks.epilog(t.w, env) == 1  # Slurm then drains it as "Epilog error"
+    assert steps(t, "drain") == [("n1", "failed")]
+
+
+def test_remediate_drain_can_be_called_with_a_report_directly(t):
+    inject(t, 4, pcie_width=8)
+    report = healthcheck.evaluate(t.w, healthcheck.Context.CHECK)
+    outcome = Outcome()
+    remediate.drain(t.w, report, outcome, job="42")
+    assert outcome.ok and outcome.drained
+    assert t.slurm.peek("n1").reason == "slurm-hooks: PCIe x8 on GPU 4 [drain]"
+    [drain] = records(t, "action", action="drain")
+    assert drain["job"] == "42"
