@@ -112,6 +112,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 patched = merge_patch(current, data)
         except PatchTestFailed as exc:
             raise kmock.KubernetesError(status=422, reason="Invalid", message=f"the server rejected our request: {exc}") from None
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=f"cannot apply patch: {exc!r}") from None
         patched.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
         if not dry_run:
             objects[key].history.append(patched)

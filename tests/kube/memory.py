@@ -13,7 +13,7 @@ import copy
 import itertools
 from typing import Any
 
-from slurm_hooks.bridge.api import Eviction, KubeConflict, KubeError, Obj, Resource
+from slurm_hooks.bridge.api import Eviction, KubeConflict, KubeError, KubePermanent, Obj, Resource
 
 from .merge import PatchTestFailed, json_patch, matches_fields, matches_labels, merge_patch, strategic_merge
 
@@ -116,6 +116,8 @@ class InMemoryKube:
             patched = json_patch(self.nodes[name], ops)
         except PatchTestFailed as exc:
             raise KubeConflict(f"HTTP 422: {exc}", 422) from None
+        except (KeyError, IndexError, ValueError) as exc:
+            raise KubePermanent(f"HTTP 422: cannot apply patch: {exc!r}", 422) from None
         return self._store_node(name, patched, dry_run, "json_patch_node")
 
     def patch_node_status(self, name: str, patch: Obj, *, dry_run: bool = False) -> Obj | None:

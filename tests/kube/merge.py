@@ -11,8 +11,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import jsonpatch
-
 #: list fields with a merge key in the core API (the ones a Node status patch touches).
 MERGE_KEYS = {"conditions": "type", "addresses": "type"}
 
@@ -59,11 +57,43 @@ class PatchTestFailed(Exception):
     """A JSON Patch ``test`` op did not hold: kube-apiserver answers 422."""
 
 
+def _walk(doc: Any, pointer: str) -> tuple[Any, str]:
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
+    for part in parts[:-1]:
+        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    return doc, parts[-1]
+
+
 def json_patch(base: dict, ops: list) -> dict:
-    try:
-        return jsonpatch.apply_patch(copy.deepcopy(base), ops, in_place=False)
-    except jsonpatch.JsonPatchTestFailed as exc:
-        raise PatchTestFailed(str(exc)) from None
+    """RFC 6902 ``add``/``remove``/``replace``/``test`` (what the bridge sends)."""
+    doc = copy.deepcopy(base)
+    for op in ops:
+        parent, key = _walk(doc, op["path"])
+        kind = op["op"]
+        if kind == "test":
+            actual = parent[int(key)] if isinstance(parent, list) else parent.get(key)
+            if actual != op["value"]:
+                raise PatchTestFailed(f"test failed at {op['path']}: {actual!r} != {op['value']!r}")
+        elif kind == "add":
+            if isinstance(parent, list):
+                parent.insert(len(parent) if key == "-" else int(key), copy.deepcopy(op["value"]))
+            else:
+                parent[key] = copy.deepcopy(op["value"])
+        elif kind == "replace":
+            if isinstance(parent, list):
+                parent[int(key)] = copy.deepcopy(op["value"])
+            elif key not in parent:
+                raise ValueError(f"replace: no {op['path']}")
+            else:
+                parent[key] = copy.deepcopy(op["value"])
+        elif kind == "remove":
+            if isinstance(parent, list):
+                del parent[int(key)]
+            else:
+                del parent[key]
+        else:
+            raise ValueError(f"unsupported op {kind!r}")
+    return doc
 
 
 def matches_labels(obj: dict, selector: str) -> bool:
