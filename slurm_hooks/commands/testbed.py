@@ -1,0 +1,86 @@
+"""``slurm-hooks testbed``: a real Slurm cluster on this machine (root)."""
+
+from __future__ import annotations
+
+import shlex
+
+import click
+
+from slurm_hooks.testbed import DEFAULT_STATE_DIR
+
+_state_dir_option = click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, metavar="DIR",
+                                 help="Where the cluster keeps its config, spool, logs and sim GPUs.")
+
+
+@click.group()
+def testbed() -> None:
+    """A local Slurm cluster (n1..nN, gpu:8 each) for tests, demos and fault rehearsals."""
+
+
+@testbed.command()
+@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 99), help="Number of slurmd's.")
+@click.option("--gpus", default=8, show_default=True, type=click.IntRange(1, 64), help="GPUs per node.")
+@_state_dir_option
+@click.option("--hooks/--no-hooks", default=True, show_default=True,
+              help="Wire slurm-hooks in as Prolog, Epilog and HealthCheckProgram.")
+@click.option("--kill-wait", default=5, show_default=True, type=click.IntRange(0, 300), help="KillWait (s).")
+@click.option("--health-check-interval", default=30, show_default=True, type=click.IntRange(0, 86400),
+              help="HealthCheckInterval (s).")
+@click.option("--requeue-grace", default=3.0, show_default=True, type=click.FloatRange(0),
+              help="[remediation] requeue_grace written to the testbed's config (s).")
+def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
+       requeue_grace: float) -> None:
+    """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
+    from slurm_hooks.testbed import Settings, Testbed
+
+    settings = Settings(nodes=nodes, gpus=gpus, hooks=hooks, kill_wait=kill_wait,
+                        health_check_interval=health_check_interval, requeue_grace=requeue_grace)
+    tb = Testbed(state_dir, settings, progress=click.echo)
+    tb.up()
+    click.echo(_exports(tb))
+
+
+@testbed.command()
+@_state_dir_option
+def down(state_dir: str) -> None:
+    """Stop every daemon and job of the cluster."""
+    from slurm_hooks.testbed import Testbed
+
+    Testbed(state_dir, progress=click.echo).down()
+
+
+@testbed.command()
+@_state_dir_option
+def status(state_dir: str) -> int:
+    """Daemons, nodes and their states. Exit 0 when up, 3 when not."""
+    from slurm_hooks.testbed import Testbed
+
+    tb = Testbed(state_dir)
+    st = tb.status()
+    click.echo(f"testbed {'up' if st.up else 'down'} in {st.state_dir}")
+    for label, pid in st.daemons.items():
+        click.echo(f"  {label:<12} {'pid ' + str(pid) if pid else 'not running'}")
+    if st.error:
+        click.echo(f"  slurmctld: {st.error}")
+    for node in st.nodes:
+        line = f"  {node.name:<6} {node.state:<16} {node.gres}"
+        if node.reason:
+            line += f"  reason: {node.reason}"
+        click.echo(line)
+    if st.up:
+        click.echo(_exports(tb))
+    return 0 if st.up else 3
+
+
+@testbed.command()
+@_state_dir_option
+def env(state_dir: str) -> None:
+    """Print the shell exports that point Slurm and slurm-hooks at the cluster."""
+    from slurm_hooks.testbed import Testbed
+
+    for key, value in Testbed(state_dir).exports().items():
+        click.echo(f"export {key}={shlex.quote(value)}")
+
+
+def _exports(tb) -> str:
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in tb.exports().items())

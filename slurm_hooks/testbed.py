@@ -1,0 +1,759 @@
+"""A real Slurm cluster on this one machine, for tests, demos and fault rehearsals.
+
+N slurmd's (``n1..nN``) run beside one slurmctld and a private munged, each on
+its own port, all files under one state directory. Every node has ``gpu:8``
+backed by char devices made with mknod, and simulated GPUs for slurm-hooks.
+Nothing here touches a real cluster: the cluster name, ports (never 6817/6818),
+munge socket and key are the testbed's own.
+
+Runs as root (daemons, mknod). The Debian packages are installed with apt-get
+when missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import sys
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Callable
+
+import jinja2
+
+import slurm_hooks
+from slurm_hooks import fsutil
+from slurm_hooks.errors import CommandError, SlurmHooksError
+from slurm_hooks.probes import sim
+from slurm_hooks.runner import run_command
+from slurm_hooks.slurm import JobInfo, NodeInfo
+from slurm_hooks.slurm.scontrol import ScontrolSlurm, SlurmNotFound
+
+DEFAULT_STATE_DIR = "/var/lib/slurm-hooks/testbed"
+CLUSTER = "shtest"
+PARTITION = "gpu"
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+#: program -> package that ships it
+PROGRAMS = {
+    "/usr/sbin/slurmctld": "slurmctld",
+    "/usr/sbin/slurmd": "slurmd",
+    "/usr/bin/scontrol": "slurm-client",
+    "/usr/bin/sbatch": "slurm-client",
+    "/usr/bin/squeue": "slurm-client",
+    "/usr/bin/scancel": "slurm-client",
+    "/usr/sbin/munged": "munge",
+}
+SBIN, BIN = "/usr/sbin", "/usr/bin"
+NVIDIA_MAJOR = 195
+#: Ports are picked from here (below Linux's ephemeral range, away from 6817/6818).
+PORT_FIRST, PORT_BLOCKS, PORT_BLOCK = 20000, 120, 100
+#: Environment marker on every daemon we start; slurmstepd inherits it, so ``down``
+#: finds the step daemons of running jobs too.
+MARKER = "SLURM_HOOKS_TESTBED"
+HOOKS = ("healthcheck", "prolog", "epilog")
+HOOK_COMMAND = {"healthcheck": "check", "prolog": "prolog", "epilog": "epilog"}
+
+Progress = Callable[[str], None]
+
+
+class TestbedError(SlurmHooksError):
+    """The testbed could not be brought up, checked or taken down."""
+
+    __test__ = False  # not a pytest test class
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``up`` builds. Saved as ``testbed.json`` so ``down``/``status`` need only the directory."""
+
+    nodes: int = 2
+    gpus: int = 8
+    cpus: int = 8
+    memory_mb: int = 8000
+    hooks: bool = True
+    kill_wait: int = 5
+    health_check_interval: int = 30
+    prolog_epilog_timeout: int = 60
+    slurmd_timeout: int = 10
+    message_timeout: int = 5
+    min_job_age: int = 300
+    requeue_grace: float = 3.0
+    up_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.nodes <= PORT_BLOCK - 1:
+            raise TestbedError(f"--nodes must be 1..{PORT_BLOCK - 1}, got {self.nodes}")
+        if not 1 <= self.gpus <= 64:
+            raise TestbedError(f"--gpus must be 1..64, got {self.gpus}")
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"n{k}" for k in range(1, self.nodes + 1)]
+
+
+@dataclass(frozen=True)
+class Status:
+    state_dir: str
+    up: bool
+    #: daemon label ("munged", "slurmctld", "slurmd n1", ...) -> pid, or None when not running
+    daemons: dict[str, int | None]
+    nodes: list[NodeInfo] = field(default_factory=list)
+    error: str = ""
+
+
+class Testbed:
+    """A local Slurm cluster rooted at ``state_dir``; see the module docstring.
+
+    ``Testbed(dir).up()`` is idempotent; ``down()`` leaves no process of ours
+    behind; ``env()`` is what a subprocess needs to talk to this cluster.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, state_dir: str = DEFAULT_STATE_DIR, settings: Settings | None = None,
+                 progress: Progress | None = None):
+        self.state_dir = os.path.abspath(state_dir)
+        saved = self._load_saved()
+        self.settings = settings or saved.get("settings") or Settings()
+        self._ports: dict[str, int] = saved.get("ports", {})
+        self.progress = progress or (lambda msg: None)
+        self.last_up_seconds: float | None = None
+
+    # -- paths
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.state_dir, *parts)
+
+    @property
+    def slurm_conf(self) -> str:
+        return self.path("slurm.conf")
+
+    @property
+    def config_path(self) -> str:
+        return self.path("config.toml")
+
+    @property
+    def sim_dir(self) -> str:
+        return self.path("sim")
+
+    @property
+    def audit_log(self) -> str:
+        return self.path("audit.jsonl")
+
+    @property
+    def hooks_state_dir(self) -> str:
+        return self.path("state")
+
+    @property
+    def jobs_dir(self) -> str:
+        return self.path("jobs")
+
+    @property
+    def munge_socket(self) -> str:
+        return self.path("munge", "munge.socket")
+
+    @property
+    def node_names(self) -> list[str]:
+        return self.settings.node_names
+
+    def exports(self) -> dict[str, str]:
+        """Only what this cluster adds to an environment (``slurm-hooks testbed env``)."""
+        return {"SLURM_CONF": self.slurm_conf, "SLURM_HOOKS_CONFIG": self.config_path}
+
+    def env(self) -> dict[str, str]:
+        """A full environment for a subprocess that talks to this cluster."""
+        env = {k: v for k, v in os.environ.items() if k != MARKER}
+        env.update(self.exports())
+        return env
+
+    def slurm(self, timeout: float = 10.0) -> ScontrolSlurm:
+        return ScontrolSlurm(bin_dir=BIN, timeout=timeout, env=self.exports())
+
+    # -- up
+
+    def up(self) -> Status:
+        """Install what is missing, write the config, start the daemons, wait for IDLE nodes."""
+        started = time.monotonic()
+        _require_root("testbed up")
+        ensure_packages(self.progress)
+        current = self.status()
+        if current.up:
+            self.progress(f"testbed already up in {self.state_dir} ({len(current.nodes)} nodes)")
+            if self._saved_hooks() != self.settings.hooks:
+                self.set_hooks(self.settings.hooks)
+            self.last_up_seconds = time.monotonic() - started
+            return self.status()
+        if any(pid for pid in current.daemons.values()):
+            self.progress("testbed partly up: stopping what is left first")
+            self.down()
+        self.progress(f"preparing {self.state_dir}")
+        self._prepare()
+        self._start_daemons()
+        self.progress("waiting for nodes to register")
+        self.wait_ready(self.settings.up_timeout)
+        self.last_up_seconds = time.monotonic() - started
+        self.progress(f"testbed up: {', '.join(self.node_names)} with gpu:{self.settings.gpus} "
+                      f"in {self.last_up_seconds:.1f}s (SLURM_CONF={self.slurm_conf})")
+        return self.status()
+
+    def _prepare(self) -> None:
+        s = self.settings
+        for sub, mode in (("", 0o755), ("spool", 0o755), ("spool/ctld", 0o700), ("run", 0o755), ("log", 0o755),
+                          ("bin", 0o755), ("dev", 0o755), ("munge", 0o755), ("sim", 0o755), ("state", 0o700),
+                          ("jobs", 0o755)):
+            _mkdir(self.path(sub), mode)
+        for name in s.node_names:
+            _mkdir(self.path("spool", name), 0o755)
+        if not self._alive("slurmctld"):
+            # A fresh controller restarts job ids at 1: old outputs would be mistaken for new ones.
+            for entry in os.listdir(self.jobs_dir):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.jobs_dir, entry))
+        for i in range(s.gpus):
+            _mknod(self.path("dev", f"nvidia{i}"), i)
+        key = self.path("munge", "munge.key")
+        if not os.path.exists(key):
+            fsutil.atomic_write(key, os.urandom(1024), mode=0o600)
+        if len(self.munge_socket) > 100:
+            raise TestbedError(f"state directory path too long for a unix socket: {self.munge_socket}")
+        self._ports = self._pick_ports()
+        ctx = self._template_context()
+        self._render("slurm.conf.j2", self.slurm_conf, ctx)
+        self._render("gres.conf.j2", self.path("gres.conf"), ctx)
+        self._render("cgroup.conf.j2", self.path("cgroup.conf"), ctx)
+        self._render("config.toml.j2", self.config_path, ctx)
+        for hook in HOOKS:
+            self._write_hook(hook)
+        for name in s.node_names:
+            if not os.path.exists(sim.state_path(self.sim_dir, name)):
+                sim.init(self.sim_dir, name, s.gpus)
+        fsutil.atomic_write(self.path("testbed.json"),
+                            json.dumps({"settings": asdict(s), "ports": self._ports}, indent=1), mode=0o644)
+
+    def _template_context(self, hooks: bool | None = None) -> dict:
+        s = self.settings
+        return {
+            **asdict(s),
+            "hooks": s.hooks if hooks is None else hooks,
+            "cluster": CLUSTER,
+            "partition": PARTITION,
+            "state_dir": self.state_dir,
+            "bin_dir": self.path("bin"),
+            "dev_dir": self.path("dev"),
+            "munge_socket": self.munge_socket,
+            "ctld_port": self._ports["slurmctld"],
+            "nodes": [{"name": n, "port": self._ports[n]} for n in s.node_names],
+            "cgroup_disabled": slurm_version() >= (23, 2),
+            "sim_dir": self.sim_dir,
+            "audit": self.audit_log,
+            "hooks_state_dir": self.hooks_state_dir,
+            "slurm_bin_dir": BIN,
+        }
+
+    def _render(self, template: str, dest: str, ctx: dict, mode: int = 0o644) -> None:
+        env = jinja2.Environment(
+            loader=jinja2.PackageLoader("slurm_hooks", "templates/testbed"),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            autoescape=False,
+        )
+        fsutil.atomic_write(dest, env.get_template(template).render(**ctx), mode=mode)
+
+    def _write_hook(self, hook: str) -> None:
+        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
+        ctx = {
+            "command": HOOK_COMMAND[hook],
+            "config": shlex.quote(self.config_path),
+            "slurm_conf": shlex.quote(self.slurm_conf),
+            "pythonpath": shlex.quote(package_parent),
+            "python": shlex.quote(os.path.realpath(sys.executable)),
+        }
+        dest = self.path("bin", hook)
+        self._render("hook.sh.j2", dest, ctx, mode=0o755)
+        os.chown(dest, 0, 0)
+
+    def _pick_ports(self) -> dict[str, int]:
+        names = ["slurmctld", *self.node_names]
+        if self._ports and all(n in self._ports for n in names) and all(_port_free(self._ports[n]) for n in names):
+            return {n: self._ports[n] for n in names}
+        first = zlib.crc32(self.state_dir.encode()) % PORT_BLOCKS
+        for step in range(PORT_BLOCKS):
+            base = PORT_FIRST + ((first + step) % PORT_BLOCKS) * PORT_BLOCK
+            ports = {"slurmctld": base, **{n: base + k for k, n in enumerate(self.node_names, 1)}}
+            if all(_port_free(p) for p in ports.values()):
+                return ports
+        raise TestbedError(f"no free block of {len(names)} ports in {PORT_FIRST}..{PORT_FIRST + PORT_BLOCKS * PORT_BLOCK}")
+
+    def _daemon_env(self) -> dict[str, str]:
+        env = self.env()
+        env[MARKER] = self.state_dir
+        return env
+
+    def _start_daemons(self) -> None:
+        env = self._daemon_env()
+        if not self._alive("munged"):
+            self.progress("starting munged")
+            self._start(["munged", "--force", f"--socket={self.munge_socket}",
+                         f"--key-file={self.path('munge', 'munge.key')}", f"--pid-file={self._pidfile('munged')}",
+                         f"--log-file={self.path('log', 'munged.log')}", f"--seed-file={self.path('munge', 'seed')}"],
+                        env, "munged")
+        if not self._alive("slurmctld"):
+            self.progress("starting slurmctld")
+            # -c: a fresh cluster every time: no jobs or node states from before the last `down`.
+            self._start(["slurmctld", "-c", "-f", self.slurm_conf], env, "slurmctld")
+        for name in self.node_names:
+            if not self._alive(f"slurmd {name}"):
+                self.progress(f"starting slurmd {name}")
+                self._start(["slurmd", "-N", name, "-f", self.slurm_conf], env, f"slurmd {name}")
+
+    def _start(self, argv: list[str], env: Mapping[str, str], label: str) -> None:
+        argv = [os.path.join(SBIN, argv[0]), *argv[1:]]
+        try:
+            run_command(argv, 30, env=env)
+        except CommandError as exc:
+            raise TestbedError(f"{label} did not start: {exc}{self._log_tail(label)}") from None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self._alive(label):
+                return
+            time.sleep(0.05)
+        raise TestbedError(f"{label} started but wrote no live pid file{self._log_tail(label)}")
+
+    def wait_ready(self, timeout: float = 30.0, idle: bool = True) -> list[NodeInfo]:
+        """Until every node is IDLE (or, with ``idle=False``, registered and responding).
+
+        On timeout the error carries the state of every node and the slurmd log tail.
+        """
+        slurm = self.slurm(timeout=5)
+        deadline = time.monotonic() + timeout
+        nodes: list[NodeInfo] = []
+        last_error = ""
+        while True:
+            try:
+                nodes = slurm.nodes()
+                last_error = ""
+            except SlurmHooksError as exc:
+                last_error = str(exc)
+            if nodes and all((n.state.upper() == "IDLE") if idle else _responding(n) for n in nodes):
+                return nodes
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        states = ", ".join(f"{n.name}={n.state}" + (f" ({n.reason})" if n.reason else "") for n in nodes)
+        bad = next((n.name for n in nodes if n.state.upper() != "IDLE"), self.node_names[0])
+        raise TestbedError(f"nodes not IDLE after {timeout:g}s: {states or last_error}"
+                           f"{self._log_tail(f'slurmd {bad}')}")
+
+    # -- hooks on/off
+
+    def set_hooks(self, enabled: bool) -> None:
+        """Wire Prolog/Epilog/HealthCheckProgram in or out of the running cluster.
+
+        One ``scontrol reconfigure``; returns once every slurmd has re-read its
+        configuration (it logs a fixed line on each read), so the next job sees it.
+        """
+        if self._saved_hooks() == enabled:
+            return
+        self.settings = _replace(self.settings, hooks=enabled)
+        self._render("slurm.conf.j2", self.slurm_conf, self._template_context())
+        fsutil.atomic_write(self.path("testbed.json"),
+                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+        if not self._alive("slurmctld"):
+            return
+        logs = {name: self.path("log", f"slurmd-{name}.log") for name in self.node_names}
+        sizes = {name: _size(log) for name, log in logs.items()}
+        self.scontrol("reconfigure")
+        _wait(lambda: all(_log_grew(logs[n], sizes[n], _RECONFIG_MARKS) for n in self.node_names), 10)
+
+    def _saved_hooks(self) -> bool | None:
+        try:
+            with open(self.slurm_conf, encoding="utf-8") as fh:
+                return "\nProlog=" in fh.read()
+        except OSError:
+            return None
+
+    # -- down
+
+    def down(self, timeout: float = 15.0) -> list[str]:
+        """Stop every daemon of this testbed and the jobs they run. Returns what was stopped."""
+        _require_root("testbed down")
+        victims = self._our_processes()
+        if not victims:
+            self.progress(f"testbed not running in {self.state_dir}")
+            return []
+        self.progress(f"stopping {len(victims)} process(es)")
+        if self._alive("slurmctld"):
+            with contextlib.suppress(SlurmHooksError):
+                run_command([os.path.join(BIN, "scontrol"), "shutdown"], 10, env=self.env())
+        slurm_daemons = [label for label in self._labels() if label != "munged"]
+        _wait(lambda: not any(self._alive(lbl) for lbl in slurm_daemons), min(timeout, 10))
+        victims |= self._our_processes()
+        daemons = {pid for pid in (self._pid(label) for label in self._labels()) if pid}
+        munged = self._pid("munged")
+        # Job processes and step daemons die at once; slurm daemons get SIGTERM first, munged goes last.
+        _terminate({p for p in victims if p[0] not in daemons}, timeout=3, signals=(signal.SIGKILL,))
+        _terminate({p for p in victims if p[0] in daemons and p[0] != munged}, timeout=3)
+        _terminate({p for p in victims if p[0] == munged}, timeout=3)
+        survivors = [pid for pid, _ in victims if _same_process(pid, dict(victims)[pid])]
+        for label in self._labels():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._pidfile(label))
+        if survivors:
+            raise TestbedError(f"still running after down: pids {survivors}")
+        self.progress(f"testbed down ({len(victims)} process(es) stopped)")
+        return sorted(_describe(pid) for pid, _ in victims)
+
+    def _our_processes(self) -> set[tuple[int, int]]:
+        """(pid, start time) of our daemons, processes carrying our marker, and their descendants."""
+        roots = {pid for pid in (self._pid(label) for label in self._labels()) if pid}
+        marker = f"{MARKER}={self.state_dir}".encode()
+        children: dict[int, list[int]] = {}
+        for pid in _pids():
+            info = _stat(pid)
+            if info is None:
+                continue
+            children.setdefault(info[0], []).append(pid)
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    if marker in fh.read().split(b"\0"):
+                        roots.add(pid)
+        found: set[int] = set()
+        todo = list(roots)
+        while todo:
+            pid = todo.pop()
+            if pid in found or pid == os.getpid():
+                continue
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+        out = set()
+        for pid in found:
+            info = _stat(pid)
+            if info is not None:
+                out.add((pid, info[1]))
+        return out
+
+    # -- status
+
+    def status(self) -> Status:
+        daemons = {label: self._pid(label) for label in self._labels()}
+        up = all(daemons.values())
+        nodes: list[NodeInfo] = []
+        error = ""
+        if daemons.get("slurmctld"):
+            try:
+                nodes = self.slurm(timeout=5).nodes()
+            except SlurmHooksError as exc:
+                error, up = str(exc), False
+        return Status(self.state_dir, up, daemons, nodes, error)
+
+    def _labels(self) -> list[str]:
+        return ["munged", "slurmctld", *(f"slurmd {n}" for n in self.node_names)]
+
+    def _pidfile(self, label: str) -> str:
+        return self.path("run", label.replace(" ", "-") + ".pid")
+
+    def _pid(self, label: str) -> int | None:
+        """The daemon's pid when its pid file names a live process started on our files."""
+        try:
+            with open(self._pidfile(label), encoding="ascii") as fh:
+                pid = int(fh.read().strip() or 0)
+        except (OSError, ValueError):
+            return None
+        if pid <= 0:
+            return None
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read().split(b"\0")
+        except OSError:
+            return None
+        program = os.path.basename(cmdline[0].decode(errors="replace")) if cmdline else ""
+        if program != label.split()[0] or not any(self.state_dir.encode() in arg for arg in cmdline):
+            return None
+        if _stat(pid) is None or _stat(pid)[2] == "Z":
+            return None
+        return pid
+
+    def _alive(self, label: str) -> bool:
+        return self._pid(label) is not None
+
+    def _log_tail(self, label: str, lines: int = 15) -> str:
+        log = self.path("log", label.replace(" ", "-").replace("slurmd-", "slurmd-") + ".log")
+        try:
+            with open(log, encoding="utf-8", errors="replace") as fh:
+                tail = fh.read().splitlines()[-lines:]
+        except OSError:
+            return f" (no log at {log})"
+        return f"\n--- last lines of {log}:\n" + "\n".join(tail)
+
+    def _load_saved(self) -> dict:
+        try:
+            with open(os.path.join(self.state_dir, "testbed.json"), encoding="utf-8") as fh:
+                data = json.load(fh)
+            known = {f.name for f in fields(Settings)}
+            return {"settings": Settings(**{k: v for k, v in data.get("settings", {}).items() if k in known}),
+                    "ports": {str(k): int(v) for k, v in data.get("ports", {}).items()}}
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    # -- helpers for tests and demos
+
+    def scontrol(self, *args: str, timeout: float = 10.0) -> str:
+        return run_command([os.path.join(BIN, "scontrol"), *args], timeout, env=self.env()).stdout
+
+    def sbatch(self, script: str, *args: str, timeout: float = 10.0) -> int:
+        """Submit ``script`` (text) with extra sbatch ``args``; output goes to ``jobs/<id>.out``."""
+        argv = [os.path.join(BIN, "sbatch"), "--parsable", f"--chdir={self.jobs_dir}",
+                f"--output={self.jobs_dir}/%j.out", *args]
+        out = run_command(argv, timeout, env=self.env(), input=script).stdout.strip()
+        try:
+            return int(out.split(";")[0])
+        except ValueError:
+            raise TestbedError(f"sbatch printed {out!r}, not a job id") from None
+
+    def job_output(self, job_id: int) -> str:
+        try:
+            with open(os.path.join(self.jobs_dir, f"{job_id}.out"), encoding="utf-8", errors="replace") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return ""
+
+    def wait_job(self, job_id: int, states: Iterable[str] = ("RUNNING",), timeout: float = 30.0,
+                 interval: float = 0.1) -> JobInfo:
+        """Poll until the job's state is one of ``states``; TestbedError with the last state on timeout."""
+        wanted = {s.upper() for s in states}
+        slurm = self.slurm()
+        deadline = time.monotonic() + timeout
+        job: JobInfo | None = None
+        while True:
+            with contextlib.suppress(SlurmNotFound):
+                job = slurm.job(job_id)
+                if job.state.split("+")[0].upper() in wanted:
+                    return job
+            if time.monotonic() > deadline:
+                last = f"{job.state} ({job.reason})" if job else "not found"
+                raise TestbedError(f"job {job_id} not in {sorted(wanted)} after {timeout:g}s: {last}")
+            time.sleep(interval)
+
+    def wait_node(self, name: str, predicate: Callable[[NodeInfo], bool], timeout: float = 30.0,
+                  interval: float = 0.1) -> NodeInfo:
+        slurm = self.slurm()
+        deadline = time.monotonic() + timeout
+        while True:
+            node = slurm.node(name)
+            if predicate(node):
+                return node
+            if time.monotonic() > deadline:
+                raise TestbedError(f"node {name} did not reach the expected state after {timeout:g}s: "
+                                   f"{node.state} ({node.reason or 'no reason'})")
+            time.sleep(interval)
+
+    def cancel_all(self, timeout: float = 30.0) -> None:
+        """Cancel every job and wait until the queue is empty."""
+        squeue = [os.path.join(BIN, "squeue"), "-h", "-o", "%A"]
+        ids = run_command(squeue, 10, env=self.env()).stdout.split()
+        if ids:
+            run_command([os.path.join(BIN, "scancel"), "--signal=KILL", "--full", *ids], 10, env=self.env(), check=False)
+            run_command([os.path.join(BIN, "scancel"), *ids], 10, env=self.env(), check=False)
+        if not _wait(lambda: not run_command(squeue, 10, env=self.env()).stdout.split(), timeout):
+            raise TestbedError(f"jobs still queued {timeout:g}s after scancel")
+
+    def reset(self, timeout: float = 30.0) -> None:
+        """Back to a clean cluster: no jobs, every node IDLE with no reason, healthy GPUs, empty logs."""
+        for label in self._labels():
+            if not self._alive(label):
+                self.progress(f"restarting {label}")
+                self._start_daemons()
+                break
+        self.cancel_all(timeout)
+        slurm = self.slurm()
+        for node in slurm.nodes():
+            if node.state.upper() != "IDLE" or node.reason:
+                with contextlib.suppress(SlurmHooksError):
+                    self.scontrol("update", f"NodeName={node.name}", "State=RESUME")
+        for name in self.node_names:
+            sim.init(self.sim_dir, name, self.settings.gpus)
+        with contextlib.suppress(FileNotFoundError):
+            os.truncate(self.audit_log, 0)
+        shutil.rmtree(self.hooks_state_dir, ignore_errors=True)
+        _mkdir(self.hooks_state_dir, 0o700)
+        self.wait_ready(timeout)
+
+
+# --- packages ----------------------------------------------------------------
+
+
+def missing_programs() -> list[str]:
+    return [prog for prog in PROGRAMS if not os.access(prog, os.X_OK)]
+
+
+def ensure_packages(progress: Progress | None = None) -> None:
+    """apt-get install the Slurm and munge packages when a program is missing (root only)."""
+    missing = missing_programs()
+    if not missing:
+        return
+    packages = sorted({PROGRAMS[p] for p in missing})
+    if os.geteuid() != 0:
+        raise TestbedError(f"Slurm is not installed (missing {', '.join(missing)}); run as root to install "
+                           f"{' '.join(PACKAGES)} with apt-get, or install them yourself")
+    apt = shutil.which("apt-get") or "/usr/bin/apt-get"
+    if not os.access(apt, os.X_OK):
+        raise TestbedError(f"missing {', '.join(missing)} and no apt-get to install {' '.join(packages)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = [apt, "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    (progress or (lambda m: None))(f"installing {' '.join(PACKAGES)} with apt-get")
+    try:
+        run_command(install, 900, env=env)
+    except CommandError:
+        run_command([apt, "update", "-q"], 300, env=env, check=False)
+        try:
+            run_command(install, 900, env=env)
+        except CommandError as exc:
+            raise TestbedError(f"apt-get install {' '.join(PACKAGES)} failed: {exc}") from None
+    still = missing_programs()
+    if still:
+        raise TestbedError(f"installed {' '.join(PACKAGES)} but still missing {', '.join(still)}")
+
+
+_VERSION: tuple[int, int] | None = None
+
+
+def slurm_version() -> tuple[int, int]:
+    """(major, minor) of the installed slurmd, e.g. (22, 5)."""
+    global _VERSION
+    if _VERSION is None:
+        out = run_command([os.path.join(SBIN, "slurmd"), "-V"], 10).stdout
+        _VERSION = parse_version(out)
+    return _VERSION
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    for word in text.replace("-", " ").split():
+        parts = word.split(".")
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            return int(parts[0]), int(parts[1])
+    raise TestbedError(f"cannot read a Slurm version from {text.strip()!r}")
+
+
+# --- small process and file helpers ------------------------------------------------
+
+
+def _require_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise TestbedError(f"{what} needs root (it starts slurmctld/slurmd and makes device nodes)")
+
+
+#: slurmd logs one of these every time it reads slurm.conf (config_overrides, no CpuFreq settings).
+_RECONFIG_MARKS = (b"Node configuration differs from hardware", b"CPU frequency setting not configured")
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _log_grew(path: str, offset: int, marks: tuple[bytes, ...]) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            new = fh.read()
+    except OSError:
+        return False
+    return any(mark in new for mark in marks)
+
+
+def _responding(node: NodeInfo) -> bool:
+    return node.base_state not in ("DOWN", "UNKNOWN", "FUTURE") and not ({"NOT_RESPONDING", "POWERED_DOWN"} & node.flags)
+
+
+def _replace(settings: Settings, **changes) -> Settings:
+    return Settings(**{**asdict(settings), **changes})
+
+
+def _mkdir(path: str, mode: int) -> None:
+    os.makedirs(path, mode=mode, exist_ok=True)
+    os.chmod(path, mode)
+
+
+def _mknod(path: str, minor: int) -> None:
+    want = os.makedev(NVIDIA_MAJOR, minor)
+    try:
+        st = os.lstat(path)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == want:
+            return
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        os.mknod(path, 0o600 | stat.S_IFCHR, want)
+    except OSError as exc:
+        raise TestbedError(f"mknod {path} c {NVIDIA_MAJOR} {minor}: {exc.strerror}") from None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def _stat(pid: int) -> tuple[int, int, str] | None:
+    """(ppid, start time in ticks, state letter) from /proc/PID/stat, or None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(")") + 2 :].split()
+    try:
+        return int(rest[1]), int(rest[19]), rest[0]
+    except (IndexError, ValueError):
+        return None
+
+
+def _same_process(pid: int, start: int) -> bool:
+    info = _stat(pid)
+    return info is not None and info[1] == start and info[2] != "Z"
+
+
+def _describe(pid: int) -> str:
+    return str(pid)
+
+
+def _terminate(procs: set[tuple[int, int]], timeout: float,
+               signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGKILL)) -> None:
+    """SIGTERM, wait, SIGKILL: only processes that are still the ones we listed."""
+    for sig in signals:
+        for pid, start in procs:
+            if _same_process(pid, start):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+        if _wait(lambda: not any(_same_process(p, s) for p, s in procs), timeout):
+            return
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)

@@ -1,0 +1,108 @@
+"""Shared fixtures.
+
+The Slurm testbed is one real cluster per test session: slurmctld, two slurmd's
+(``n1``, ``n2``, ``gpu:8`` each, simulated GPUs) and a private munged, brought up
+by :mod:`slurm_hooks.testbed` in a temporary directory with short timers and
+taken down at the end. It needs root; on a fresh Debian machine it installs
+slurmctld, slurmd, slurm-client and munge with apt-get first.
+
+Tests ask for one of:
+
+- ``clean_testbed``: hooks off (no Prolog/Epilog/HealthCheckProgram), for
+  tests of the adapter or of a hook run by hand;
+- ``hooked_testbed``: slurm-hooks wired in as Prolog, Epilog and
+  HealthCheckProgram, the way a site runs it.
+
+Both first restore the cluster: no jobs, every node IDLE without a reason,
+healthy sim GPUs, an empty audit log and empty hook state. Switching hooks is an
+``scontrol reconfigure`` (milliseconds), so tests of both kinds mix freely.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from slurm_hooks.testbed import Settings, Testbed
+
+#: Short timers for fast tests; everything else as `slurm-hooks testbed up`.
+TESTBED_SETTINGS = Settings(
+    nodes=2,
+    gpus=8,
+    hooks=False,
+    kill_wait=2,
+    health_check_interval=30,
+    slurmd_timeout=10,
+    message_timeout=5,
+    requeue_grace=3.0,
+    up_timeout=60.0,
+)
+
+
+class SlurmTestbed:
+    """What a test needs from the running cluster.
+
+    ``config_path`` (the slurm-hooks config.toml), ``env`` (a full environment
+    with SLURM_CONF and SLURM_HOOKS_CONFIG), ``slurm`` (a ScontrolSlurm),
+    ``nodes``, ``sim_dir``, ``audit_log``; every other attribute is the
+    :class:`~slurm_hooks.testbed.Testbed`'s own: ``sbatch``, ``wait_job``,
+    ``wait_node``, ``job_output``, ``scontrol``, ``cancel_all``, ``reset``,
+    ``set_hooks``.
+    """
+
+    def __init__(self, tb: Testbed):
+        self.tb = tb
+        self.state_dir = tb.state_dir
+        self.config_path = tb.config_path
+        self.slurm_conf = tb.slurm_conf
+        self.sim_dir = tb.sim_dir
+        self.audit_log = tb.audit_log
+        self.nodes = list(tb.node_names)
+        self.env = tb.env()
+        self.slurm = tb.slurm()
+
+    def __getattr__(self, name: str):
+        return getattr(self.tb, name)
+
+    def audit_events(self) -> list[dict]:
+        """Every audit record written since the last reset."""
+        try:
+            with open(self.audit_log, encoding="utf-8") as fh:
+                return [json.loads(line) for line in fh if line.strip()]
+        except FileNotFoundError:
+            return []
+
+
+@pytest.fixture(scope="session")
+def testbed(tmp_path_factory) -> SlurmTestbed:
+    """The session's cluster as it is (no cleaning); prefer clean_testbed or hooked_testbed."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root (it starts slurmctld/slurmd and makes /dev-style nodes with mknod)")
+    tb = Testbed(str(tmp_path_factory.mktemp("testbed")), TESTBED_SETTINGS)
+    try:
+        tb.up()
+    except BaseException:
+        tb.down()
+        raise
+    try:
+        yield SlurmTestbed(tb)
+    finally:
+        tb.down()
+
+
+@pytest.fixture
+def clean_testbed(testbed: SlurmTestbed) -> SlurmTestbed:
+    """The cluster restored to a clean state, with slurm-hooks not wired in."""
+    testbed.reset()
+    testbed.set_hooks(False)
+    return testbed
+
+
+@pytest.fixture
+def hooked_testbed(testbed: SlurmTestbed) -> SlurmTestbed:
+    """The cluster restored to a clean state, with slurm-hooks as Prolog, Epilog and HealthCheckProgram."""
+    testbed.set_hooks(True)
+    testbed.reset()
+    return testbed
