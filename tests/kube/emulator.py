@@ -180,8 +180,9 @@ class KubeServer:
             await self._stop.wait()
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(10)
 
     # -- helpers for tests -------------------------------------------------------------------
 

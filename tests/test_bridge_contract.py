@@ -1,0 +1,136 @@
+"""Whole bridge passes over real HTTP: reconciler + official client + kmock (no Slurm daemons)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("kmock")
+pytest.importorskip("kubernetes")
+
+from kube.doubles import FakeSlurm, read_audit  # noqa: E402
+from kube.emulator import node, pdb_429, pod  # noqa: E402
+
+from slurm_hooks.audit import AuditLog  # noqa: E402
+from slurm_hooks.bridge.reconciler import Reconciler  # noqa: E402
+from slurm_hooks.slurm import NodeInfo  # noqa: E402
+
+pytestmark = pytest.mark.k8s
+pytest_plugins = ["kube.fixtures"]
+
+XID79 = "slurm-hooks: XID 79 on GPU 3 [replace]"
+TAINT = "slurm-hooks.io/gpu-unhealthy"
+
+
+@pytest.fixture
+def two_nodes(kube_server):
+    for name in ("n1", "n2"):
+        kube_server.put("v1/nodes", node(name))
+        kube_server.put("v1/pods", pod(f"train-{name}", name, "jobs"), "jobs")
+        kube_server.put("v1/pods", pod(f"dcgm-{name}", name, "gpu",
+                                       metadata={"ownerReferences": [{"kind": "DaemonSet", "name": "dcgm"}]}), "gpu")
+    return kube_server
+
+
+def bridge(slurm, kube_client, settings, tmp_path, **kw):
+    return Reconciler(slurm, kube_client, settings, audit=AuditLog(str(tmp_path / "audit.jsonl")),
+                      sleep=lambda s: None, **kw)
+
+
+def test_one_pass_over_http_remediates_n1_and_leaves_n2(two_nodes, kube_client, bridge_settings, tmp_path):
+    server = two_nodes
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79), NodeInfo("n2", "IDLE"))
+    res = bridge(slurm, kube_client, bridge_settings, tmp_path).run_pass()
+
+    n1 = server.get("v1/nodes", "n1")
+    assert n1["spec"]["unschedulable"] is True
+    assert n1["spec"]["taints"] == [{"key": TAINT, "value": "replace", "effect": "NoSchedule"}]
+    gpu = [c for c in n1["status"]["conditions"] if c["type"] == "GpuHealthy"][0]
+    assert gpu["status"] == "False" and "XID 79" in gpu["message"]
+    assert [c["type"] for c in n1["status"]["conditions"]] == ["Ready", "GpuHealthy"]
+    assert server.get("v1/pods", "train-n1", "jobs") is None
+    assert server.get("v1/pods", "dcgm-n1", "gpu") is not None
+    assert not [r for r in server.requests() if "n2" in r.url.path]  # n2: not even read
+    assert server.get("v1/nodes", "n2") == {**node("n2"), "metadata": {**node("n2")["metadata"], "resourceVersion": "1"}}
+    assert server.get("v1/pods", "train-n2", "jobs") is not None
+    events = [r for r in server.requests("POST") if r.url.path == "/api/v1/namespaces/default/events"]
+    assert len(events) == 1 and events[0].data["involvedObject"]["name"] == "n1"
+    assert res.replaced == ["n1"] and not res.errors
+    assert res.api_calls == len(list(server.kmock))
+
+
+def test_pdb_429s_scripted_per_url_are_waited_out(two_nodes, kube_client, bridge_settings, tmp_path):
+    server = two_nodes
+    path = "/api/v1/namespaces/jobs/pods/train-n1/eviction"
+    server.kmock[f"post {path}"][:3] << 429 << pdb_429("jobs/train-n1")
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79), NodeInfo("n2", "IDLE"))
+    res = bridge(slurm, kube_client, bridge_settings, tmp_path).run_pass()
+    assert res.drained == ["n1"]
+    assert len([r for r in server.requests("POST") if r.url.path == path]) == 4
+
+
+def test_recovery_over_http_undoes_only_our_changes(two_nodes, kube_client, bridge_settings, tmp_path):
+    server = two_nodes
+    other = {"key": "example.com/maintenance", "effect": "NoSchedule"}
+    server.put("v1/nodes", node("n1", spec={"taints": [other]}))
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79), NodeInfo("n2", "IDLE"))
+    b = bridge(slurm, kube_client, bridge_settings, tmp_path)
+    b.run_pass()
+    slurm.resume("n1")
+    res = b.run_pass()
+    n1 = server.get("v1/nodes", "n1")
+    assert res.restored == ["n1"]
+    assert n1["spec"] == {"taints": [other]}
+    assert "slurm-hooks.io/remediation" not in n1["metadata"].get("annotations", {})
+    assert "slurm-hooks.io/owned" not in n1["metadata"]["labels"]
+    assert [c["status"] for c in n1["status"]["conditions"] if c["type"] == "GpuHealthy"] == ["True"]
+
+
+def test_opt_out_pod_over_http_cordons_only(two_nodes, kube_client, bridge_settings, tmp_path):
+    server = two_nodes
+    server.put("v1/pods", pod("keep", "n1", "jobs", metadata={"annotations": {"karpenter.sh/do-not-disrupt": "true"}}), "jobs")
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79), NodeInfo("n2", "IDLE"))
+    res = bridge(slurm, kube_client, bridge_settings, tmp_path).run_pass()
+    n1 = server.get("v1/nodes", "n1")
+    assert n1["spec"] == {"unschedulable": True}
+    assert [c["type"] for c in n1["status"]["conditions"]] == ["Ready"]
+    assert server.get("v1/pods", "train-n1", "jobs") is not None
+    assert res.opted_out == ["n1"]
+    assert any(r["kind"] == "bridge_opt_out" for r in read_audit(str(tmp_path / "audit.jsonl")))
+
+
+def test_dry_run_over_http_sends_dryRun_All_and_changes_nothing(two_nodes, kube_client, bridge_settings, tmp_path):
+    server = two_nodes
+    before = server.get("v1/nodes", "n1")
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79), NodeInfo("n2", "IDLE"))
+    res = bridge(slurm, kube_client, bridge_settings, tmp_path, dry_run=True).run_pass()
+    assert res.taken == ["n1"] and res.replaced == ["n1"]
+    assert server.get("v1/nodes", "n1") == before
+    assert server.get("v1/pods", "train-n1", "jobs") is not None
+    writes = server.requests("PATCH") + server.requests("POST")
+    assert writes and all(r.params.get("dryRun") == "All" for r in writes)
+
+
+def test_breaker_over_http_caps_ten_of_twelve(kube_server, kube_client, bridge_settings, tmp_path):
+    for i in range(1, 13):
+        kube_server.put("v1/nodes", node(f"n{i:02d}"))
+    slurm = FakeSlurm(*[NodeInfo(f"n{i:02d}", "IDLE+DRAIN" if i <= 10 else "IDLE", XID79 if i <= 10 else "")
+                        for i in range(1, 13)])
+    res = bridge(slurm, kube_client, bridge_settings, tmp_path).run_pass()
+    cordoned = [f"n{i:02d}" for i in range(1, 13) if kube_server.get("v1/nodes", f"n{i:02d}")["spec"].get("unschedulable")]
+    assert cordoned == ["n01", "n02"] and res.breaker_open and len(res.blocked) == 8
+
+
+def test_a_500_mid_pass_is_finished_by_the_next_pass(two_nodes, kube_client, bridge_settings, tmp_path):
+    server = two_nodes
+    server.kmock["patch /api/v1/nodes/n1/status"][:4] << 500 << {"kind": "Status", "code": 500, "message": "boom"}
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79), NodeInfo("n2", "IDLE"))
+    settings = dataclasses.replace(bridge_settings, retries=3)
+    b = bridge(slurm, kube_client, settings, tmp_path)
+    first = b.run_pass()
+    assert first.errors and not first.replaced
+    second = b.run_pass()
+    assert second.replaced == ["n1"] and not second.errors
+    events = [r for r in server.requests("POST") if r.url.path == "/api/v1/namespaces/default/events"]
+    assert len(events) == 1
