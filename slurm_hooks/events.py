@@ -58,7 +58,15 @@ def describe(r: dict[str, Any]) -> str:
     kind = r.get("kind")
     if kind == "alert":
         where = f"gpu{r['gpu']}" if r.get("gpu") is not None else "node"
-        return f"alert   {where} {r.get('check')}: {r.get('message')} -> {r.get('action')}"
+        seen_by = f" (seen by {r['context']})" if r.get("context") else ""
+        return f"alert   {where} {r.get('check')}: {r.get('message')} -> {r.get('action')}{seen_by}"
+    if kind == "watch":
+        if r.get("xid") is not None:
+            where = f"GPU {r['gpu']}" if r.get("gpu") is not None else "node"
+            done = "drained" if r.get("drained") else "not drained"
+            jobs = ",".join(str(j) for j in r.get("requeued") or []) or "none"
+            return f"watch   XID {r['xid']} on {where}: {done}, jobs requeued: {jobs}"
+        return f"watch   {r.get('message', '')}"
     if kind == "action":
         detail = r.get("reason") or r.get("detail") or r.get("error") or ""
         return f"{r.get('action', '?'):<7} {r.get('target', '')} {r.get('result', '')}" + (f" ({detail})" if detail else "")

@@ -132,8 +132,13 @@ def install_sigterm_handler(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Sto
 
 
 def restart_count(environ: dict[str, str] | None = None) -> int:
-    """SLURM_JOB_RESTART_COUNT: how many times Slurm has requeued this job (0 outside Slurm)."""
-    value = (environ if environ is not None else os.environ).get("SLURM_JOB_RESTART_COUNT", "0")
+    """How many times Slurm has requeued this job (0 outside Slurm).
+
+    A batch job sees SLURM_RESTART_COUNT (set once the job has been restarted);
+    prolog and epilog see SLURM_JOB_RESTART_COUNT. Accept either.
+    """
+    env = environ if environ is not None else os.environ
+    value = env.get("SLURM_RESTART_COUNT") or env.get("SLURM_JOB_RESTART_COUNT") or "0"
     try:
         return int(value)
     except ValueError:

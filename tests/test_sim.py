@@ -45,7 +45,7 @@ def cli(*args, env=None, **kw):
 
 def test_init_makes_a_healthy_node_that_passes_every_check(sim_dir):
     state = sim.init(sim_dir, "n1", 8, "H100")
-    assert (state["version"], state["node"], state["seq"], len(state["gpus"])) == (1, "n1", 0, 8)
+    assert (state["version"], state["node"], len(state["gpus"])) == (1, "n1", 8)
     snap = snapshot(sim_dir)
     assert snap.error is None
     assert [g.index for g in snap.gpus] == list(range(8))
@@ -61,6 +61,16 @@ def test_init_is_deterministic_per_node_and_gpu(sim_dir):
     other = sim.init(sim_dir, "n2")["gpus"]
     assert [g["uuid"] for g in a] == [g["uuid"] for g in b]
     assert not {g["uuid"] for g in a} & {g["uuid"] for g in other}
+
+
+def test_reinit_never_reuses_an_event_number(sim_dir):
+    sim.init(sim_dir, "n1")
+    sim.inject(sim_dir, "n1", 3, xid=79)
+    old = snapshot(sim_dir).gpu(3).xids[0]
+    sim.init(sim_dir, "n1")
+    sim.inject(sim_dir, "n1", 3, xid=79)
+    new = snapshot(sim_dir).gpu(3).xids[0]
+    assert new.seq > old.seq and new.key != old.key
 
 
 def test_init_replaces_earlier_state(sim_dir):
@@ -88,11 +98,11 @@ def test_invalid_node_names_are_refused(sim_dir, node):
 
 
 def test_inject_xid_records_an_event_with_a_rising_sequence(sim_dir):
-    sim.init(sim_dir, "n1")
+    base = sim.init(sim_dir, "n1")["seq"]
     sim.inject(sim_dir, "n1", 3, xid=79)
     sim.inject(sim_dir, "n1", 3, xid=79)
     xids = snapshot(sim_dir).gpu(3).xids
-    assert [(x.code, x.gpu, x.source, x.seq) for x in xids] == [(79, 3, "sim", 1), (79, 3, "sim", 2)]
+    assert [(x.code, x.gpu, x.source, x.seq) for x in xids] == [(79, 3, "sim", base + 1), (79, 3, "sim", base + 2)]
     assert xids[0].pci_bus_id == snapshot(sim_dir).gpu(3).pci_bus_id
     assert xids[0].key != xids[1].key
     [f] = findings(sim_dir)
@@ -135,7 +145,7 @@ def test_ecc_injections_add_up(sim_dir):
 
 
 def test_clear_one_gpu_keeps_the_others_faults_identity_and_event_counter(sim_dir):
-    sim.init(sim_dir, "n1")
+    base = sim.init(sim_dir, "n1")["seq"]
     uuid3 = snapshot(sim_dir).gpu(3).uuid
     sim.inject(sim_dir, "n1", 3, xid=79)
     sim.inject(sim_dir, "n1", 4, pcie_width=8)
@@ -143,7 +153,16 @@ def test_clear_one_gpu_keeps_the_others_faults_identity_and_event_counter(sim_di
     assert [(f.check, f.gpu) for f in findings(sim_dir)] == [("pcie", 4)]
     assert snapshot(sim_dir).gpu(3).uuid == uuid3
     sim.inject(sim_dir, "n1", 3, xid=79)
-    assert [x.seq for x in snapshot(sim_dir).gpu(3).xids] == [2]  # a new event, not the old one again
+    assert [x.seq for x in snapshot(sim_dir).gpu(3).xids] == [base + 2]  # a new event, not the old one again
+
+
+def test_reinit_never_reuses_an_event_key(sim_dir):
+    sim.init(sim_dir, "n1")
+    sim.inject(sim_dir, "n1", 3, xid=79)
+    first = snapshot(sim_dir).gpu(3).xids[0].key
+    sim.init(sim_dir, "n1")
+    sim.inject(sim_dir, "n1", 3, xid=79)
+    assert snapshot(sim_dir).gpu(3).xids[0].key != first
 
 
 def test_clear_all_makes_the_node_healthy(sim_dir):
@@ -243,15 +262,15 @@ def _inject_many(args):
 
 
 def test_concurrent_injects_from_several_processes_lose_no_xid(sim_dir):
-    sim.init(sim_dir, "n1")
+    base = sim.init(sim_dir, "n1")["seq"]
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(6) as pool:
         assert sorted(pool.map(_inject_many, [(sim_dir, gpu, 25) for gpu in range(6)])) == list(range(6))
     state = sim.read(sim_dir, "n1")
     assert [len(g["xids"]) for g in state["gpus"]] == [25] * 6 + [0, 0]
     seqs = sorted(x["seq"] for g in state["gpus"] for x in g["xids"])
-    assert seqs == list(range(1, 151))
-    assert state["seq"] == 150
+    assert seqs == list(range(base + 1, base + 151))
+    assert state["seq"] == base + 150
 
 
 # --- CLI -------------------------------------------------------------------------------------

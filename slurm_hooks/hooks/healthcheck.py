@@ -7,7 +7,6 @@ Slurm call unless this node is drained by us.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Callable
@@ -32,19 +31,21 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
 
 
 def _admin_resumed(w: Wiring, report: Report) -> bool:
-    """We drained this node and an admin has resumed it: the XIDs we drained for are dealt with.
+    """We drained this node for some XIDs and an admin has resumed it: those XIDs are dealt with.
 
-    They stay in the kernel log until the next reboot; acknowledging them keeps
-    a mended node from being drained again for the same events. Faults that are
-    state (ECC counts, a lost GPU, remapping) are judged afresh as always.
+    They stay in the kernel log until the next reboot; acknowledging exactly the
+    events we drained for keeps a mended node from being drained again for them,
+    while any newer XID still drains. Faults that are state (ECC counts, a lost
+    GPU, remapping) are judged afresh as always.
     """
-    if not os.path.exists(w.drained_marker()) or report.snapshot is None:
+    drained_for = remediate.drained_for(w)
+    if drained_for is None or report.snapshot is None:
         return False
     try:
         if w.slurm.node(w.node).drained:
             return False
+        keys = sorted(set(drained_for) & set(_keys(report.snapshot)))
         history = _xid_history(w)
-        keys = _keys(report.snapshot)
         if history and keys:
             history.ack(keys)
             w.audit.write("action", node=w.node, action="ack-xids", target=w.node, result="ok", duration_s=0.0,

@@ -7,6 +7,7 @@ so the caller can pick an exit code, and the next run tries again.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_hooks import fsutil
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
@@ -68,7 +70,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
         _step(w, "drain", w.node, "failed", started, reason=reason, error=str(exc), **extra)
         return
     outcome.drained = True
-    _touch(w.drained_marker())
+    _write_marker(w, reason, report)
     _step(w, "drain", w.node, "ok", started, reason=reason, **extra)
 
 
@@ -208,13 +210,27 @@ def forget_drain(w: Wiring) -> None:
     _remove(w.drained_marker())
 
 
-def _touch(path: str) -> None:
+def _write_marker(w: Wiring, reason: str, report: Report) -> None:
+    """Remember that we drained this node, and for which XID events (see ``drained_for``)."""
+    snap = report.snapshot
+    keys = sorted({x.key for g in snap.gpus for x in g.xids} | {x.key for x in snap.node_xids}) if snap else []
     try:
-        os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        os.close(fd)
-    except OSError:
-        pass
+        fsutil.atomic_write(w.drained_marker(), json.dumps({"ts": time.time(), "reason": reason, "xids": keys}),
+                            mode=0o600)
+    except OSError as exc:
+        print(f"slurm-hooks: cannot write {w.drained_marker()}: {exc.strerror}", file=sys.stderr)
+
+
+def drained_for(w: Wiring) -> list[str] | None:
+    """XID event keys our drain of this node was for; ``None`` when we have not drained it."""
+    try:
+        with open(w.drained_marker(), encoding="utf-8") as fh:
+            data = json.load(fh)
+        return [str(k) for k in data.get("xids", [])]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def _remove(path: str) -> None:

@@ -79,13 +79,22 @@ def init(sim_dir: str, node: str, gpus: int = 8, model: str = "H100") -> dict[st
         "node": node,
         "model": model,
         "driver_version": "sim-570.0",
-        "seq": 0,
+        # Event numbers keep growing across re-inits, so an event key is never reused.
+        "seq": _next_seq_base(sim_dir, node),
         "gpus": [healthy_gpu(i, node, model) for i in range(gpus)],
     }
     path = state_path(sim_dir, node)
     with fsutil.locked(path):
         fsutil.atomic_write(path, json.dumps(state, indent=1))
     return state
+
+
+def _next_seq_base(sim_dir: str, node: str) -> int:
+    try:
+        previous = int(read(sim_dir, node).get("seq", 0))
+    except (SimStateError, TypeError, ValueError):
+        previous = 0
+    return max(previous, int(time.time() * 1000))
 
 
 def read(sim_dir: str, node: str) -> dict[str, Any]:
