@@ -1,0 +1,162 @@
+"""``slurm-hooks bridge``: the level-triggered Slurm -> Kubernetes reconciler.
+
+Runs where Kubernetes credentials are: a Deployment next to Slinky, or the
+controller host on bare metal (the slurmd pod has no service-account token).
+``kubernetes`` is imported only when a pass is about to run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import click
+
+from slurm_hooks import config as config_mod
+from slurm_hooks.audit import AuditLog
+from slurm_hooks.commands.options import config_option
+
+EXIT_OK, EXIT_UNAVAILABLE = 0, 3
+
+
+def _settings(config_path: str | None, **overrides):
+    from slurm_hooks.bridge import settings as settings_mod
+
+    cfg = config_mod.load(config_path)
+    return cfg, settings_mod.with_overrides(settings_mod.from_config(cfg), **overrides)
+
+
+@click.group(invoke_without_command=True)
+@config_option
+@click.option("--once", is_flag=True, help="Run one pass and exit (cron, tests, a first look).")
+@click.option("--dry-run", is_flag=True, help="Send every write with dryRun=All: the API server checks it, nothing changes.")
+@click.option("--interval", type=click.FloatRange(min=0.1), metavar="SECONDS", help="Seconds between passes (default [bridge] interval).")
+@click.option("--kubeconfig", metavar="PATH", help="Kubeconfig (default [bridge] kubeconfig, then $KUBECONFIG / ~/.kube/config).")
+@click.option("--context", metavar="NAME", help="Kubeconfig context.")
+@click.option("--in-cluster/--no-in-cluster", default=None, help="Use the pod's service account (default: when running in a pod).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per pass instead of a summary line.")
+@click.pass_context
+def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig, context, in_cluster, as_json) -> None:
+    """Cordon, drain and replace the Kubernetes nodes under Slurm nodes drained for a GPU fault.
+
+    A node drained with a `slurm-hooks: ... [reboot]` or `[replace]` reason is
+    cordoned, tainted, marked GpuHealthy=False, drained by eviction and handed to
+    the replacement backend; when Slurm shows it healthy again, exactly that is
+    undone. A circuit breaker caps how many nodes it may take in a window.
+    """
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = {"config_path": config_path}
+        return
+    cfg, settings = _settings(config_path, interval=interval, kubeconfig=kubeconfig, context=context)
+
+    from slurm_hooks.bridge.kubeclient import connect
+    from slurm_hooks.bridge.reconciler import Reconciler
+    from slurm_hooks.slurm.factory import from_config as slurm_from_config
+
+    kube = connect(
+        kubeconfig=settings.kubeconfig or None, context=settings.context or None, in_cluster=in_cluster,
+        timeout=settings.request_timeout, retries=settings.retries,
+    )
+    reconciler = Reconciler(
+        slurm_from_config(cfg), kube, settings, audit=AuditLog(cfg.log.audit), dry_run=dry_run,
+        metrics_dir=cfg.metrics.textfile_dir,
+    )
+    stop = threading.Event()
+    if not once:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    rc = EXIT_OK
+    try:
+        while True:
+            try:
+                result = reconciler.run_pass()
+            except Exception as exc:  # a controller outlives one bad pass; --once reports it
+                if once:
+                    raise
+                click.echo(f"slurm-hooks bridge: pass failed: {type(exc).__name__}: {exc}", err=True)
+                reconciler.audit.write("bridge_pass_failed", error=f"{type(exc).__name__}: {exc}")
+                stop.wait(settings.interval)
+                continue
+            _report(result, as_json)
+            if once:
+                rc = EXIT_UNAVAILABLE if (result.aborted or result.errors) else EXIT_OK
+                break
+            if stop.wait(settings.interval):
+                break
+    finally:
+        kube.close()
+    ctx.exit(rc)
+
+
+def _report(result, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({
+            "dry_run": result.dry_run, "slurm_nodes": result.slurm_nodes, "bad": result.bad, "held": result.owned,
+            "taken": result.taken, "opted_out": result.opted_out, "drained": result.drained,
+            "draining": result.pending, "replaced": result.replaced, "restored": result.restored,
+            "blocked": result.blocked, "breaker_open": result.breaker_open, "errors": result.errors,
+            "aborted": result.aborted, "api_calls": result.api_calls, "duration_s": round(result.duration, 3),
+        }))
+        return
+    stream = sys.stderr if (result.errors or result.aborted or result.blocked) else sys.stdout
+    if result.acted or result.errors or result.aborted or result.blocked or result.dry_run:
+        click.echo(f"slurm-hooks bridge: {result.summary()}", file=stream)
+    if result.breaker_open and result.blocked:
+        click.echo("slurm-hooks bridge: CIRCUIT BREAKER OPEN: not taking "
+                   f"{', '.join(result.blocked)}; `slurm-hooks bridge reset-breaker` to resume", err=True)
+    for node, error in result.errors:
+        click.echo(f"slurm-hooks bridge: {node}: {error}", err=True)
+
+
+@bridge.command("reset-breaker")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.pass_obj
+def reset_breaker(obj, yes: bool) -> None:
+    """Close the circuit breaker and start a fresh window (after checking why it tripped)."""
+    from slurm_hooks.bridge.breaker import CircuitBreaker
+    from slurm_hooks.bridge.state import StateStore
+
+    cfg, settings = _settings(obj["config_path"])
+    store = StateStore(settings.state_file)
+    state = store.load()
+    if state.tripped_at is None and not state.taken:
+        click.echo("circuit breaker is closed and its window is empty: nothing to reset")
+        return
+    if state.tripped_at is not None:
+        click.echo(f"tripped {time.time() - state.tripped_at:.0f} s ago: {state.trip_reason}")
+        if state.blocked:
+            click.echo(f"blocked: {', '.join(state.blocked)}")
+    if not yes:
+        click.confirm("reset it?", abort=True)
+    CircuitBreaker(settings.breaker, state).reset(time.time())
+    store.save(state)
+    AuditLog(cfg.log.audit).write("bridge_breaker_reset", by=os.environ.get("SUDO_USER") or os.environ.get("USER", ""))
+    click.echo("circuit breaker reset")
+
+
+@bridge.command("status")
+@click.pass_obj
+def status(obj) -> None:
+    """The circuit breaker's state, from the state file (no API call)."""
+    from slurm_hooks.bridge.breaker import CircuitBreaker
+    from slurm_hooks.bridge.state import StateStore
+
+    _, settings = _settings(obj["config_path"])
+    state = StateStore(settings.state_file).load()
+    breaker = CircuitBreaker(settings.breaker, state)
+    now = time.time()
+    click.echo(json.dumps({
+        "state_file": settings.state_file,
+        "open": breaker.is_open(now),
+        "trip_reason": state.trip_reason or None,
+        "tripped_s_ago": round(now - state.tripped_at, 1) if state.tripped_at else None,
+        "taken_in_window": sorted(breaker.in_window(now)),
+        "blocked": list(state.blocked),
+        "max_percent": settings.breaker.max_percent,
+        "max_nodes": settings.breaker.max_nodes,
+        "window_s": settings.breaker.window,
+    }, indent=1))

@@ -1,0 +1,159 @@
+"""``slurm-hooks render``: install artefacts for Kubernetes and Slinky, from templates.
+
+- ``rbac.yaml``: ServiceAccount, ClusterRole with exactly the bridge's verbs
+  (plus the replacement backend's), ClusterRoleBinding;
+- ``bridge.yaml``: the bridge's config as a ConfigMap and its Deployment;
+- ``slinky-values.yaml``: values for the Slinky ``slurm`` chart: prolog and
+  epilog scripts, HealthCheckProgram in ``controller.extraConf``, the slurmd
+  volume mounts, and the node-side config.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+
+import click
+
+from slurm_hooks import config as config_mod
+from slurm_hooks.errors import ConfigError
+
+FILES = {"rbac": "rbac.yaml", "bridge": "bridge.yaml", "slinky": "slinky-values.yaml"}
+
+_NODE_CONFIG = """\
+# slurm-hooks on the slurmd pods (HealthCheckProgram, Prolog, Epilog).
+[gpu]
+backend = "nvml"
+
+[log]
+audit = "/var/log/slurm-hooks/audit.jsonl"
+
+[state]
+dir = "/var/lib/slurm-hooks/state"
+"""
+
+
+def _bridge_config(slinky_namespace: str, backend: str) -> str:
+    return f"""\
+# slurm-hooks bridge (rendered by `slurm-hooks render`; see conf/bridge.example.toml for every key).
+[log]
+audit = "/var/lib/slurm-hooks/audit.jsonl"
+
+[slurm]
+backend = "scontrol"
+
+[bridge]
+mapping = "slinky"
+slinky_namespace = "{slinky_namespace}"
+state_file = "/var/lib/slurm-hooks/bridge-state.json"
+
+[bridge.replace]
+backend = "{backend}"
+"""
+
+
+def _template(name: str) -> str:
+    return resources.files("slurm_hooks").joinpath("templates", "k8s", name).read_text(encoding="utf-8")
+
+
+def render_all(
+    *,
+    namespace: str = "slurm-hooks",
+    image: str = "slurm-hooks-bridge:0.1.0",
+    sackd_image: str = "ghcr.io/slinkyproject/sackd:25.11-ubuntu24.04",
+    controller: str = "slurm-controller.slurm:6817",
+    slurm_key_secret: str = "slurm-auth-slurm",
+    slinky_namespace: str = "slurm",
+    release: str = "slurm",
+    nodeset: str = "slinky",
+    bin_path: str = "/usr/local/bin/slurm-hooks",
+    health_check_interval: int = 300,
+    config_text: str | None = None,
+    node_config_text: str | None = None,
+    template_group: str = "",
+) -> dict[str, str]:
+    """name -> YAML text. ``config_text`` (a bridge config.toml) sets the backend and is embedded."""
+    import jinja2
+
+    from slurm_hooks.bridge import rbac
+    from slurm_hooks.bridge import settings as settings_mod
+
+    if config_text is None:
+        config_text = _bridge_config(slinky_namespace, "condition")
+    cfg = config_mod.parse(config_text, "<bridge config>")
+    settings = settings_mod.parse(cfg.raw.get("bridge", {}))
+    if settings.replace.backend == "template" and not template_group:
+        raise ConfigError("backend \"template\" needs --template-group (the API group of the rendered resource)")
+    name = "slurm-hooks-bridge"
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "slurm-hooks"}
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    ctx = {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels,
+        "selector": {"app.kubernetes.io/name": name},
+        "backend": settings.replace.backend,
+        "rules": rbac.rules(settings.replace, template_group),
+        "image": image,
+        "sackd_image": sackd_image,
+        "controller": controller,
+        "slurm_key_secret": slurm_key_secret,
+        "config_toml": config_text.rstrip("\n"),
+        "node_config_toml": (node_config_text or _NODE_CONFIG).rstrip("\n"),
+        "release": release,
+        "nodeset": nodeset,
+        "bin": bin_path,
+        "health_check_interval": health_check_interval,
+    }
+    return {key: env.from_string(_template(f"{filename}.j2")).render(**ctx) for key, filename in FILES.items()}
+
+
+def _read(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", path) from None
+
+
+@click.command()
+@click.option("--out", "out_dir", metavar="DIR", help="Write rbac.yaml, bridge.yaml, slinky-values.yaml here (default: stdout).")
+@click.option("--only", type=click.Choice(sorted(FILES)), multiple=True, help="Render only these (repeatable).")
+@click.option("--config", "config_path", metavar="PATH", help="The bridge's config.toml to embed (sets the backend).")
+@click.option("--node-config", "node_config_path", metavar="PATH", help="The slurmd-side config.toml to embed in the Slinky values.")
+@click.option("--namespace", default="slurm-hooks", show_default=True, help="Namespace of the bridge.")
+@click.option("--image", default="slurm-hooks-bridge:0.1.0", show_default=True, help="Bridge image (slurm-hooks[k8s] and scontrol in it).")
+@click.option("--sackd-image", default="ghcr.io/slinkyproject/sackd:25.11-ubuntu24.04", show_default=True)
+@click.option("--controller", default="slurm-controller.slurm:6817", show_default=True, help="slurmctld host:port for configless sackd.")
+@click.option("--slurm-key-secret", default="slurm-auth-slurm", show_default=True, help="Secret holding slurm.key.")
+@click.option("--slinky-namespace", default="slurm", show_default=True, help="Where the slurmd pods run.")
+@click.option("--release", default="slurm", show_default=True, help="Slinky Helm release name (for the helm command).")
+@click.option("--nodeset", default="slinky", show_default=True, help="Slinky NodeSet to mount slurm-hooks into.")
+@click.option("--bin", "bin_path", default="/usr/local/bin/slurm-hooks", show_default=True, help="slurm-hooks in the slurmd image.")
+@click.option("--health-check-interval", type=click.IntRange(1), default=300, show_default=True, metavar="SECONDS")
+@click.option("--template-group", default="", help="API group of the resource for backend \"template\".")
+def render(out_dir, only, config_path, node_config_path, namespace, image, sackd_image, controller, slurm_key_secret,
+           slinky_namespace, release, nodeset, bin_path, health_check_interval, template_group) -> None:
+    """Render the bridge's RBAC and Deployment, and Helm values wiring slurm-hooks into Slinky."""
+    config_text = _read(config_path)
+    if config_text is not None:
+        config_mod.parse(config_text, config_path)  # file:line errors before anything is written
+    docs = render_all(
+        namespace=namespace, image=image, sackd_image=sackd_image, controller=controller,
+        slurm_key_secret=slurm_key_secret, slinky_namespace=slinky_namespace, release=release, nodeset=nodeset,
+        bin_path=bin_path, health_check_interval=health_check_interval, config_text=config_text,
+        node_config_text=_read(node_config_path), template_group=template_group,
+    )
+    wanted = list(only) or list(FILES)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        for key in wanted:
+            path = os.path.join(out_dir, FILES[key])
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(docs[key])
+            click.echo(path)
+        return
+    click.echo("\n---\n".join(f"# {FILES[key]}\n{docs[key].rstrip()}" for key in wanted))
