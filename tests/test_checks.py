@@ -218,8 +218,6 @@ def test_nvlink_crc_errors_under_a_raised_threshold_pass():
     assert [f.gpu for f in problems(run("a100-nvlink-down-and-crc.json", expect))] == [2]
 
 
-@pytest.mark.xfail(reason="BUG: nvlink.check_links counts a link whose state could not be read (active=None) "
-                          "as down, so one garbled NVLink answer drains the node", strict=True)
 def test_unreadable_nvlink_state_is_a_probe_warning_not_a_link_down():
     snap = load("a100-healthy.json")
     links = list(snap.gpu(1).nvlinks)
@@ -522,6 +520,20 @@ def test_a_probe_that_hangs_past_probe_timeout_is_a_fail_did_not_answer():
     assert (f.check, f.severity, f.action) == ("gpu-count", Severity.FAIL, Action.DRAIN)
     assert "did not answer within 0.2s" in f.message
     assert not report.healthy
+
+
+@pytest.mark.xfail(reason="BUG: engine.run tests the deadline before skipping checks for a node it could not "
+                          "read, so a probe that hangs for the whole deadline gives one 'not run' finding per "
+                          "check and the 'did not answer' finding is never added", strict=True)
+def test_a_probe_that_hangs_for_the_whole_deadline_is_one_did_not_answer_finding():
+    probe = HangingProbe()
+    try:
+        report = engine.run(probe, "gpu017", H100, Context.CHECK, deadline_s=0.3)  # probe timeout = deadline
+    finally:
+        probe.release.set()
+    [f] = report.findings
+    assert (f.check, f.severity, f.action) == ("gpu-count", Severity.FAIL, Action.DRAIN)
+    assert "did not answer within 0.3s" in f.message
 
 
 def test_checks_after_the_deadline_are_reported_as_not_run():
