@@ -88,6 +88,16 @@ def test_check_node_option_wins_over_slurmd_nodename(conf):
     assert (r.returncode, r.stdout) == (0, "")
 
 
+def test_check_never_imports_the_bridge_or_kubernetes(conf):
+    sim(conf, "init", "--node", "n1", "--gpus", "8")
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slurm_hooks", "check", "--dry-run",
+                        "--config", str(conf), "--node", "n1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "slurm_hooks.engine" in imported
+    assert not {m for m in imported if m.startswith(("slurm_hooks.bridge", "kubernetes", "pynvml"))}
+
+
 def test_check_json_has_findings_healthy_and_action(conf):
     sim(conf, "init", "--node", "n1", "--gpus", "8")
     sim(conf, "inject", "--node", "n1", "--gpu", "3", "--xid", "79")
@@ -197,6 +207,13 @@ def test_unknown_option_exits_2(conf):
     r = slurm_hooks("check", "--frobnicate", "--config", str(conf))
     assert r.returncode == 2
     assert "--frobnicate" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_help_lists_every_command_even_on_a_node_without_the_bridge_dependencies():
+    r = slurm_hooks("--help")
+    assert (r.returncode, r.stderr) == (0, "")
+    listed = {line.split()[0] for line in r.stdout.split("Commands:")[1].splitlines() if line.strip()}
+    assert {"check", "prolog", "epilog", "sim", "events", "watch", "validate", "bridge"} <= listed
 
 
 @pytest.mark.parametrize("command", ["check", "prolog", "epilog", "sim", "events"])
