@@ -587,3 +587,16 @@ def test_format_reason_replaces_control_characters():
 ])
 def test_parse_reason_reads_only_our_reasons(reason, parsed):
     assert parse_reason(reason) == parsed
+
+
+def test_findings_and_reports_survive_json():
+    report = run("h100-xid79-gpu3.json")
+    data = json.loads(json.dumps(report.to_dict()))
+    assert [Finding.from_dict(f) for f in data["findings"]] == list(report.findings)
+    assert (data["healthy"], data["action"], data["context"]) == (False, "replace", "check")
+
+
+def test_actions_are_ordered_from_harmless_to_most_disruptive():
+    order = [Action.NONE, Action.WARN, Action.DRAIN, Action.RESET, Action.REBOOT, Action.REPLACE]
+    assert sorted(Action, key=lambda a: a.rank) == order
+    assert [a.takes_node_out for a in order] == [False, False, True, True, True, True]
