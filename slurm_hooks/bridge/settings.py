@@ -129,12 +129,23 @@ def _check(table: dict, schema: dict, section: str, where: _Locator, skip: tuple
     return values
 
 
+class _Where(_Locator):
+    """config's locator, falling back to the section's header for a key that is missing."""
+
+    def fail(self, section: str, key: str | None, message: str) -> None:
+        line = self.line_of(section, key) if key else None
+        if line is None:
+            line = self.line_of(section, None)
+        label = f"[{section}] {key}" if key else f"[{section}]"
+        raise ConfigError(message, self.path, line, label)
+
+
 def _locator(cfg: Config) -> _Locator:
     text = ""
     if cfg.path and os.path.exists(cfg.path):
         with open(cfg.path, encoding="utf-8", errors="replace") as fh:
             text = fh.read()
-    return _Locator(text, cfg.path)
+    return _Where(text, cfg.path)
 
 
 def from_config(cfg: Config) -> BridgeSettings:
@@ -144,7 +155,7 @@ def from_config(cfg: Config) -> BridgeSettings:
 
 
 def parse(raw: dict, where: _Locator | None = None) -> BridgeSettings:
-    where = where or _Locator("", None)
+    where = where or _Where("", None)
     for name in _SUBTABLES:
         if name in raw and not isinstance(raw[name], dict):
             where.fail(f"bridge.{name}", None, "must be a table")

@@ -139,8 +139,10 @@ def render(out_dir, only, config_path, node_config_path, namespace, image, sackd
            slinky_namespace, release, nodeset, bin_path, health_check_interval, template_group) -> None:
     """Render the bridge's RBAC and Deployment, and Helm values wiring slurm-hooks into Slinky."""
     config_text = _read(config_path)
-    if config_text is not None:
-        config_mod.parse(config_text, config_path)  # file:line errors before anything is written
+    if config_path:
+        from slurm_hooks.bridge import settings as settings_mod
+
+        settings_mod.from_config(config_mod.load(config_path))  # file:line errors before anything is written
     docs = render_all(
         namespace=namespace, image=image, sackd_image=sackd_image, controller=controller,
         slurm_key_secret=slurm_key_secret, slinky_namespace=slinky_namespace, release=release, nodeset=nodeset,

@@ -1,0 +1,189 @@
+"""``slurm-hooks bridge`` and ``slurm-hooks render`` as an admin runs them: real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from slurm_hooks import config as config_mod
+from slurm_hooks.bridge import settings as settings_mod
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "slurm_hooks", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+
+
+# -- render ----------------------------------------------------------------------------------------
+
+def rendered(tmp_path, *args):
+    out = tmp_path / "out"
+    proc = run("render", "--out", str(out), *args)
+    assert proc.returncode == 0, proc.stderr
+    return {name: list(yaml.safe_load_all((out / name).read_text())) for name in os.listdir(out)}
+
+
+def test_render_writes_least_privilege_rbac(tmp_path):
+    docs = rendered(tmp_path)
+    sa, role, binding = docs["rbac.yaml"]
+    assert (sa["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    rules = {(r["apiGroups"][0], r["resources"][0]): sorted(r["verbs"]) for r in role["rules"]}
+    assert rules == {
+        ("", "nodes"): ["get", "list", "patch"],
+        ("", "nodes/status"): ["patch"],
+        ("", "pods"): ["list"],
+        ("", "pods/eviction"): ["create"],
+        ("", "events"): ["create"],
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": "slurm-hooks"}]
+
+
+def test_render_adds_only_the_backends_own_rule(tmp_path):
+    cfg = tmp_path / "bridge.toml"
+    cfg.write_text('[bridge.replace]\nbackend = "karpenter"\n')
+    role = rendered(tmp_path, "--config", str(cfg))["rbac.yaml"][1]
+    extra = [r for r in role["rules"] if r["apiGroups"] != [""]]
+    assert extra == [{"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["list", "delete"]}]
+
+
+def test_render_deployment_runs_one_bridge_with_the_embedded_config(tmp_path):
+    configmap, deployment = rendered(tmp_path, "--namespace", "ops", "--image", "registry/bridge:1")["bridge.yaml"]
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    bridge = [c for c in spec["template"]["spec"]["containers"] if c["name"] == "bridge"][0]
+    assert bridge["image"] == "registry/bridge:1"
+    assert bridge["command"][:2] == ["slurm-hooks", "bridge"]
+    assert spec["template"]["spec"]["serviceAccountName"] == "slurm-hooks-bridge"
+    cfg = config_mod.parse(configmap["data"]["config.toml"])
+    assert settings_mod.from_config(cfg).mapping == "slinky"
+    assert deployment["metadata"]["namespace"] == configmap["metadata"]["namespace"] == "ops"
+
+
+def test_render_slinky_values_wire_hooks_health_check_and_mounts(tmp_path):
+    (values,) = rendered(tmp_path, "--nodeset", "gpu", "--bin", "/opt/sh/bin/slurm-hooks")["slinky-values.yaml"]
+    prolog = values["prologScripts"]["50-slurm-hooks.sh"]
+    assert prolog.startswith("#!/bin/sh") and "/opt/sh/bin/slurm-hooks prolog" in prolog
+    assert "/opt/sh/bin/slurm-hooks epilog" in values["epilogScripts"]["50-slurm-hooks.sh"]
+    assert "HealthCheckProgram=/etc/slurm-hooks/bin/healthcheck" in values["controller"]["extraConf"]
+    mounts = {m["name"]: m["mountPath"] for m in values["nodesets"]["gpu"]["slurmd"]["volumeMounts"]}
+    volumes = {v["name"] for v in values["nodesets"]["gpu"]["podSpec"]["volumes"]}
+    assert mounts["slurm-hooks-config"] == "/etc/slurm-hooks" and set(mounts) == volumes
+    (cm,) = values["extraObjects"]
+    assert "/opt/sh/bin/slurm-hooks check" in cm["data"]["healthcheck"]
+    config_mod.parse(cm["data"]["config.toml"])
+
+
+def test_render_to_stdout_and_a_bad_config_is_one_line(tmp_path):
+    proc = run("render", "--only", "rbac")
+    assert proc.returncode == 0 and "kind: ClusterRole" in proc.stdout and "prologScripts" not in proc.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[bridge.replace]\nbackend = \"ansible\"\n")
+    proc = run("render", "--config", str(bad))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{bad}:2: [bridge.replace] backend: must be one of" in proc.stderr
+
+
+# -- bridge ----------------------------------------------------------------------------------------
+
+pytest_plugins = ["kube.fixtures"]
+
+
+@pytest.fixture
+def site(tmp_path, kube_server):
+    """A config, a fake scontrol that prints node lines from a file, and a kubeconfig for kmock."""
+    from kube.emulator import node, pod
+
+    for name in ("n1", "n2"):
+        kube_server.put("v1/nodes", node(name))
+        kube_server.put("v1/pods", pod(f"job-{name}", name, "jobs"), "jobs")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(
+        "NodeName=n1 Arch=x86_64 CoresPerSocket=1 State=IDLE+DRAIN Partitions=gpu "
+        "Reason=slurm-hooks: XID 79 on GPU 3 [replace] [root@2025-01-01T00:00:00]\n"
+        "NodeName=n2 Arch=x86_64 CoresPerSocket=1 State=IDLE Partitions=gpu\n")
+    scontrol = bindir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\ncat {nodes}\n")
+    scontrol.chmod(0o755)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(textwrap.dedent(f"""\
+        apiVersion: v1
+        kind: Config
+        clusters: [{{name: kmock, cluster: {{server: "{kube_server.url}"}}}}]
+        users: [{{name: bridge, user: {{token: test}}}}]
+        contexts: [{{name: kmock, context: {{cluster: kmock, user: bridge}}}}]
+        current-context: kmock
+    """))
+    config = tmp_path / "config.toml"
+    config.write_text(textwrap.dedent(f"""\
+        [log]
+        audit = "{tmp_path}/audit.jsonl"
+        [slurm]
+        backend = "scontrol"
+        bin_dir = "{bindir}"
+        [metrics]
+        textfile_dir = "{tmp_path}/prom"
+        [bridge]
+        state_file = "{tmp_path}/bridge-state.json"
+        kubeconfig = "{kubeconfig}"
+        drain_pass_budget = 2
+    """))
+    return {"config": str(config), "tmp": tmp_path, "server": kube_server}
+
+
+@pytest.mark.k8s
+def test_bridge_once_remediates_and_exits_0(site):
+    proc = run("bridge", "--config", site["config"], "--once", "--no-in-cluster")
+    assert proc.returncode == 0, proc.stderr
+    assert "taken: n1" in proc.stdout and "replacement requested: n1" in proc.stdout
+    assert site["server"].get("v1/nodes", "n1")["spec"]["unschedulable"] is True
+    assert site["server"].get("v1/pods", "job-n1", "jobs") is None
+    assert "unschedulable" not in site["server"].get("v1/nodes", "n2")["spec"]
+    kinds = [json.loads(line)["kind"] for line in (site["tmp"] / "audit.jsonl").read_text().splitlines()]
+    assert kinds[0] == "bridge_cordon" and kinds[-1] == "bridge_pass"
+    assert "slurm_hooks_bridge_breaker_open 0" in (site["tmp"] / "prom" / "slurm_hooks_bridge.prom").read_text()
+
+
+@pytest.mark.k8s
+def test_bridge_once_dry_run_json_changes_nothing(site):
+    proc = run("bridge", "--config", site["config"], "--once", "--dry-run", "--json", "--no-in-cluster")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["dry_run"] and result["taken"] == ["n1"] and result["api_calls"] > 0
+    assert "unschedulable" not in site["server"].get("v1/nodes", "n1")["spec"]
+
+
+@pytest.mark.k8s
+def test_bridge_once_with_the_api_server_down_exits_3(site):
+    site["server"].close()
+    proc = run("bridge", "--config", site["config"], "--once", "--no-in-cluster")
+    assert proc.returncode == 3 and "aborted" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_reset_breaker_and_status(tmp_path):
+    from slurm_hooks.bridge.state import BreakerState, StateStore
+
+    state_file = tmp_path / "state.json"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[log]\naudit = "{tmp_path}/audit.jsonl"\n[bridge]\nstate_file = "{state_file}"\n')
+    import time
+    now = time.time()
+    StateStore(str(state_file)).save(BreakerState(taken={"n1": now, "n2": now}, tripped_at=now,
+                                                  trip_reason="2 node(s) taken", blocked=("n3",)))
+    status = json.loads(run("bridge", "--config", str(config), "status").stdout)
+    assert status["open"] and status["blocked"] == ["n3"] and status["taken_in_window"] == ["n1", "n2"]
+    proc = run("bridge", "--config", str(config), "reset-breaker", "--yes")
+    assert proc.returncode == 0 and "circuit breaker reset" in proc.stdout
+    status = json.loads(run("bridge", "--config", str(config), "status").stdout)
+    assert not status["open"] and status["taken_in_window"] == []
+    assert json.loads((tmp_path / "audit.jsonl").read_text().splitlines()[-1])["kind"] == "bridge_breaker_reset"
