@@ -1,0 +1,198 @@
+"""End to end on a real slurmctld and two slurmd's, slurm-hooks wired in as Slurm runs it.
+
+Each test is one scenario from the Slurm integration issue. Detection is
+`slurm-hooks check` run the way slurmd runs HealthCheckProgram (the testbed's
+own wrapper, no PATH), so the timings are those of the real programs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from slurm_hooks.probes import sim
+
+pytestmark = pytest.mark.slurm
+
+#: A job that says when it got SIGTERM, then keeps its promise to exit.
+TRAP_JOB = """#!/bin/sh
+trap 'echo "got SIGTERM restart=${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"; exit 0' TERM
+echo "start restart=${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME gpus=$SLURM_JOB_GPUS"
+while true; do sleep 0.1; done
+"""
+
+
+def healthcheck(tb, node: str) -> subprocess.CompletedProcess:
+    """Run the HealthCheckProgram exactly as slurmd does: the wrapper, no PATH, SLURMD_NODENAME only."""
+    return subprocess.run([os.path.join(tb.state_dir, "bin", "healthcheck")], env={"SLURMD_NODENAME": node},
+                          capture_output=True, text=True, timeout=60)
+
+
+def drained_by_us(node) -> bool:
+    return node.drained and node.reason.startswith("slurm-hooks:")
+
+
+def wait_running_elsewhere(tb, job: int, bad: str, timeout: float):
+    """Until the job is RUNNING on a node other than ``bad``. (A job shows RUNNING while
+    its prolog runs, so RUNNING on ``bad`` is not yet an answer.)"""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = tb.slurm.job(job)
+        if info.state.startswith("RUNNING") and info.nodes and info.nodes != bad:
+            return info
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job} not RUNNING off {bad} within {timeout:g}s: {info.state} on "
+                                 f"{info.nodes or '-'} ({info.reason})")
+        time.sleep(0.05)
+
+
+def wait_started(tb, job: int, timeout: float = 15.0, restart: int = 0) -> tuple[str, int]:
+    """Until the batch script itself runs (past the prolog); returns (node, first GPU index)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in tb.job_output(job).splitlines():
+            if line.startswith(f"start restart={restart} "):
+                fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+                return line.split(" on ")[1].split()[0], int(fields["gpus"].split(",")[0])
+        time.sleep(0.05)
+    raise AssertionError(f"job {job} never started: {tb.job_output(job)!r}")
+
+
+def actions(tb, name: str) -> list[dict]:
+    return [r for r in tb.audit_events() if r.get("kind") == "action" and r.get("action") == name]
+
+
+def test_healthy_job_runs_and_nothing_is_drained(hooked_testbed):
+    tb = hooked_testbed
+    job = tb.sbatch("#!/bin/sh\necho hello from $SLURMD_NODENAME gpus=$SLURM_JOB_GPUS\n", "--gres=gpu:2")
+    tb.wait_job(job, ("COMPLETED",), timeout=30)
+    assert "hello from n" in tb.job_output(job)
+    assert not any(n.drained for n in tb.slurm.nodes())
+    assert not [r for r in tb.audit_events() if r.get("kind") in ("alert", "action")]
+
+
+def test_fault_before_the_job_prolog_drains_and_job_runs_on_the_other_node_within_10s(hooked_testbed):
+    tb = hooked_testbed
+    sim.inject(tb.sim_dir, "n1", 3, xid=79)
+    submitted = time.monotonic()
+    # All 8 GPUs of a node, and n1 is Slurm's first choice: the job lands on the bad GPU.
+    job = tb.sbatch(TRAP_JOB, "--gres=gpu:8", "--nodes=1")
+    info = wait_running_elsewhere(tb, job, "n1", timeout=10)
+    took = time.monotonic() - submitted
+    assert info.nodes == "n2", info
+    assert took < 10, took
+    assert info.restarts == 1  # it was refused on n1 first
+    n1 = tb.slurm.node("n1")
+    assert drained_by_us(n1) and "XID 79 on GPU 3" in n1.reason, n1
+    alerts = [r for r in tb.audit_events() if r.get("kind") == "alert"]
+    assert any(r["context"] == "prolog" and r["gpu"] == 3 and r["check"] == "xid" for r in alerts), alerts
+    # not held, and not waiting out the 121 s requeue delay
+    assert "held" not in info.reason.lower()
+
+
+def test_xid79_mid_job_drains_sigterms_requeues_and_runs_on_healthy_node_within_10s(hooked_testbed):
+    tb = hooked_testbed
+    job = tb.sbatch(TRAP_JOB, "--gres=gpu:1", "--requeue", "--open-mode=append")
+    bad, gpu = wait_started(tb, job)
+    sim.inject(tb.sim_dir, bad, gpu, xid=79)
+    detected = time.monotonic()
+    res = healthcheck(tb, bad)
+    assert res.returncode == 1, res.stderr
+    node = tb.slurm.node(bad)
+    assert drained_by_us(node) and f"XID 79 on GPU {gpu}" in node.reason, node
+    again = wait_running_elsewhere(tb, job, bad, timeout=10)
+    took = time.monotonic() - detected
+    assert again.restarts == 1
+    assert took < 10, took
+    assert wait_started(tb, job, restart=1)[0] == again.nodes
+    assert f"got SIGTERM restart=0 on {bad}" in tb.job_output(job)
+    assert [r["result"] for r in actions(tb, "requeue")] == ["ok"]
+    assert [r["result"] for r in actions(tb, "start_now")] == ["ok"]
+
+
+def test_leftover_process_after_a_job_makes_the_epilog_drain(hooked_testbed):
+    tb = hooked_testbed
+    job = tb.sbatch(TRAP_JOB, "--gres=gpu:1")
+    where, gpu = wait_started(tb, job)
+    # A process that survives the job on its GPU (the sim stands in for an unkillable CUDA context).
+    sim.inject(tb.sim_dir, where, gpu, process=424242)
+    subprocess.run(["/usr/bin/scancel", str(job)], env=tb.env, check=True, timeout=10)
+    node = tb.wait_node(where, drained_by_us, timeout=20)
+    assert f"GPU {gpu}" in node.reason and "processes" in node.reason, node
+    alerts = [r for r in tb.audit_events() if r.get("kind") == "alert"]
+    assert any(r["context"] == "epilog" and r["check"] == "leftover" for r in alerts), alerts
+
+
+def test_fault_cleared_node_is_resumed_by_us(hooked_testbed):
+    tb = hooked_testbed
+    sim.inject(tb.sim_dir, "n1", 5, ecc_uncorrectable=2)
+    assert healthcheck(tb, "n1").returncode == 1
+    assert drained_by_us(tb.slurm.node("n1"))
+    assert healthcheck(tb, "n1").returncode == 1  # still broken: stays drained
+    assert drained_by_us(tb.slurm.node("n1"))
+    sim.clear(tb.sim_dir, "n1")
+    assert healthcheck(tb, "n1").returncode == 0
+    node = tb.slurm.node("n1")
+    assert not node.drained and not node.reason, node
+    assert [r["result"] for r in actions(tb, "resume")] == ["ok"]
+
+
+def test_node_drained_by_an_admin_is_never_resumed_nor_relabelled(hooked_testbed):
+    tb = hooked_testbed
+    tb.scontrol("update", "NodeName=n1", "State=DRAIN", "Reason=bob: memory test, do not touch")
+    assert healthcheck(tb, "n1").returncode == 0
+    assert tb.slurm.node("n1").reason == "bob: memory test, do not touch"
+    sim.inject(tb.sim_dir, "n1", 2, xid=48)
+    assert healthcheck(tb, "n1").returncode == 1
+    node = tb.slurm.node("n1")
+    assert node.drained and node.reason == "bob: memory test, do not touch", node
+    assert [r["result"] for r in actions(tb, "drain")] == ["skipped"]
+    sim.clear(tb.sim_dir, "n1")
+    assert healthcheck(tb, "n1").returncode == 0
+    assert tb.slurm.node("n1").reason == "bob: memory test, do not touch"
+    assert not actions(tb, "resume")
+
+
+def test_hostile_job_name_and_comment_change_nothing(hooked_testbed, tmp_path):
+    tb = hooked_testbed
+    canary = tmp_path / f"pwned-{uuid.uuid4().hex}"
+    hostile = f"x\"'; touch {canary}; $(touch {canary}) `touch {canary}` \\n"
+    job = tb.sbatch(TRAP_JOB, "--gres=gpu:1", "--open-mode=append", f"--job-name={hostile}", f"--comment={hostile}")
+    where, gpu = wait_started(tb, job)
+    sim.inject(tb.sim_dir, where, gpu, xid=79)
+    assert healthcheck(tb, where).returncode == 1
+    again = wait_running_elsewhere(tb, job, where, timeout=10)
+    assert again.restarts == 1
+    node = tb.slurm.node(where)
+    assert node.reason == f"slurm-hooks: XID 79 on GPU {gpu} [replace]", node
+    assert not canary.exists()
+    assert tb.slurm.job(job).name == again.name  # the name went through untouched
+
+
+def test_hanging_scontrol_is_bounded_and_audited(hooked_testbed, tmp_path):
+    tb = hooked_testbed
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    hang = fake_bin / "scontrol"
+    hang.write_text("#!/bin/sh\nsleep 60\n")
+    hang.chmod(0o755)
+    cfg = tmp_path / "config.toml"
+    text = open(tb.config_path).read().replace('bin_dir = "/usr/bin"', f'bin_dir = "{fake_bin}"')
+    cfg.write_text(text.replace("[slurm]", "[slurm]\ntimeout = 1.5"))
+    sim.inject(tb.sim_dir, "n1", 1, xid=79)
+    started = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "slurm_hooks", "check", "--config", str(cfg), "--node", "n1"],
+                         capture_output=True, text=True, timeout=60, env=tb.env)
+    took = time.monotonic() - started
+    assert res.returncode == 1
+    assert took < 10, took
+    assert "Traceback" not in res.stderr
+    assert "could not drain" in res.stderr and "timed out" in res.stderr, res.stderr
+    failed = [r for r in actions(tb, "drain") if r["result"] == "failed"]
+    assert failed and "timed out" in failed[0]["error"]
+    assert not tb.slurm.node("n1").drained  # nothing half-done on the real cluster
