@@ -192,7 +192,7 @@ class Testbed:
             self.last_up_seconds = time.monotonic() - started
             return self.status()
         if any(pid for pid in current.daemons.values()):
-            self.progress("testbed partly up: stopping what is left first")
+            self.progress("testbed partly up, or up with another layout: stopping it first")
             self.down()
         self.progress(f"preparing {self.state_dir}")
         self._prepare()
@@ -384,8 +384,8 @@ class Testbed:
 
     # -- down
 
-    def down(self, timeout: float = 15.0) -> list[str]:
-        """Stop every daemon of this testbed and the jobs they run. Returns what was stopped."""
+    def down(self, timeout: float = 15.0) -> list[int]:
+        """Stop every daemon of this testbed and the jobs they run. Returns the pids stopped."""
         _require_root("testbed down")
         victims = self._our_processes()
         if not victims:
@@ -411,7 +411,7 @@ class Testbed:
         if survivors:
             raise TestbedError(f"still running after down: pids {survivors}")
         self.progress(f"testbed down ({len(victims)} process(es) stopped)")
-        return sorted(_describe(pid) for pid, _ in victims)
+        return sorted(pid for pid, _ in victims)
 
     def _our_processes(self) -> set[tuple[int, int]]:
         """(pid, start time) of our daemons, processes carrying our marker, and their descendants."""
@@ -487,7 +487,7 @@ class Testbed:
         return self._pid(label) is not None
 
     def _log_tail(self, label: str, lines: int = 15) -> str:
-        log = self.path("log", label.replace(" ", "-").replace("slurmd-", "slurmd-") + ".log")
+        log = self.path("log", label.replace(" ", "-") + ".log")
         try:
             with open(log, encoding="utf-8", errors="replace") as fh:
                 tail = fh.read().splitlines()[-lines:]
@@ -731,10 +731,6 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
 def _same_process(pid: int, start: int) -> bool:
     info = _stat(pid)
     return info is not None and info[1] == start and info[2] != "Z"
-
-
-def _describe(pid: int) -> str:
-    return str(pid)
 
 
 def _terminate(procs: set[tuple[int, int]], timeout: float,

@@ -103,12 +103,17 @@ _NODE_REASON_BRACKETED = re.compile(_REASON_BRACKETED % _NODE_KEY_ALT)
 _NODE_REASON_BARE = re.compile(_REASON_BARE % _NODE_KEY_ALT)
 
 
+#: Free-text fields that Slurm always follows with one fixed key: only that key ends them.
+FIXED_FOLLOWER = {"JobName": "UserId"}
+
+
 def parse_fields(line: str, known: frozenset[str], free_text: frozenset[str]) -> dict[str, str]:
     """Split one ``scontrol -o`` line into ``{key: value}``.
 
     A value runs to the next ``Key=``. Inside a free-text value only a key Slurm
-    is known to print ends it, so ``Reason=gpu=3 is bad`` and fields added by a
-    newer Slurm both parse.
+    is known to print ends it (for a job name: only ``UserId=``, which always
+    follows it), so ``Reason=gpu=3 is bad`` and fields added by a newer Slurm
+    both parse. The first occurrence of a key wins.
     """
     line = line.rstrip("\n")
     fields: dict[str, str] = {}
@@ -117,6 +122,8 @@ def parse_fields(line: str, known: frozenset[str], free_text: frozenset[str]) ->
     for m in _KEY.finditer(line):
         name = m.group(1)
         if key is not None and key in free_text and name not in known:
+            continue
+        if key in FIXED_FOLLOWER and name != FIXED_FOLLOWER[key]:
             continue
         if key is not None:
             fields.setdefault(key, line[start : m.start()].rstrip(" "))

@@ -1,0 +1,285 @@
+"""``scontrol -o show node|job`` lines -> NodeInfo / JobInfo.
+
+The 22.05 lines were captured from the testbed (Debian 12, Slurm 22.05.8). The
+24.11-style lines were written from Slurm's ``slurm_sprint_node_table`` /
+``slurm_sprint_job_info``: more fields, a different order, fields this parser
+has never heard of.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_hooks.errors import PermanentError
+from slurm_hooks.models import Action
+from slurm_hooks.slurm import may_drain, may_resume, parse_reason
+from slurm_hooks.slurm.scontrol import SlurmCommandFailed, parse_fields, parse_job_line, parse_node_line
+
+SLINKY_COMMENT = '{"namespace":"slurm","podName":"slurm-worker-gpu-0","node":"k8s-node-1"}'
+
+# --- captured from Slurm 22.05.8 ---------------------------------------------------
+
+NODE_IDLE_2205 = (
+    "NodeName=n1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=8 CPUTot=8 CPULoad=0.17 "
+    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:8 NodeAddr=localhost NodeHostName=localhost "
+    "Version=22.05.8 OS=Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=8000 AllocMem=0 FreeMem=23523 "
+    "Sockets=8 Boards=1 State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=gpu  "
+    "BootTime=2026-11-29T21:08:34 SlurmdStartTime=2026-11-29T21:21:54 LastBusyTime=2026-11-29T21:21:54 "
+    "CfgTRES=cpu=8,mem=8000M,billing=8 AllocTRES= CapWatts=n/a CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s "
+    "ExtSensorsWatts=0 ExtSensorsTemp=n/s"
+)
+
+NODE_ADMIN_DRAIN_WITH_SLINKY_COMMENT_2205 = (
+    "NodeName=n1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=8 CPUTot=8 CPULoad=0.35 "
+    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:8 NodeAddr=localhost NodeHostName=localhost "
+    "Version=22.05.8 OS=Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=8000 AllocMem=0 FreeMem=23531 "
+    "Sockets=8 Boards=1 State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A "
+    "Partitions=gpu  BootTime=2026-11-29T21:08:34 SlurmdStartTime=2026-11-29T21:26:48 "
+    "LastBusyTime=2026-11-29T21:26:48 CfgTRES=cpu=8,mem=8000M,billing=8 AllocTRES= CapWatts=n/a CurrentWatts=0 "
+    "AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s "
+    "Reason=hw check by bob [root@2026-11-29T21:27:07] "
+    "Comment=" + SLINKY_COMMENT
+)
+
+NODE_OUR_DRAIN_2205 = (
+    "NodeName=n2 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=8 CPUTot=8 CPULoad=0.35 "
+    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:8 NodeAddr=localhost NodeHostName=localhost "
+    "Port=30902 Version=22.05.8 OS=Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=8000 AllocMem=0 "
+    "FreeMem=23531 Sockets=8 Boards=1 State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A "
+    "MCS_label=N/A Partitions=gpu  BootTime=2026-11-29T21:08:34 SlurmdStartTime=2026-11-29T21:26:48 "
+    "LastBusyTime=2026-11-29T21:26:48 CfgTRES=cpu=8,mem=8000M,billing=8 AllocTRES= CapWatts=n/a CurrentWatts=0 "
+    "AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s "
+    "Reason=slurm-hooks: XID 79 on GPU 3 (gpu=3 lost) [replace] [root@2026-11-29T21:27:07]"
+)
+
+NODE_DOWN_NOT_RESPONDING_2205 = (
+    "NodeName=n1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=8 CPUTot=8 CPULoad=0.35 "
+    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:8 NodeAddr=localhost NodeHostName=localhost "
+    "Version=22.05.8 OS=Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=8000 AllocMem=0 FreeMem=23531 "
+    "Sockets=8 Boards=1 State=DOWN+NOT_RESPONDING ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A "
+    "Partitions=gpu  BootTime=None SlurmdStartTime=2026-11-29T21:26:48 LastBusyTime=2026-11-29T21:27:07 "
+    "CfgTRES=cpu=8,mem=8000M,billing=8 AllocTRES= CapWatts=n/a CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s "
+    "ExtSensorsWatts=0 ExtSensorsTemp=n/s Reason=Not responding [root@2026-11-29T21:27:07] "
+    "Comment=" + SLINKY_COMMENT
+)
+
+JOB_RUNNING_TWO_NODES_2205 = (
+    "JobId=9 JobName=train llama=405b step 2 UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 "
+    "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 "
+    "BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:02 TimeLimit=UNLIMITED TimeMin=N/A "
+    "SubmitTime=2026-11-29T21:27:07 EligibleTime=2026-11-29T21:27:07 AccrueTime=2026-11-29T21:27:07 "
+    "StartTime=2026-11-29T21:27:11 EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 "
+    "LastSchedEval=2026-11-29T21:27:11 Scheduler=Main Partition=gpu AllocNode:Sid=localhost:5223 "
+    "ReqNodeList=(null) ExcNodeList=(null) NodeList=n[1-2] BatchHost=n1 NumNodes=2 NumCPUs=2 NumTasks=2 "
+    "CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=2,node=2,billing=2 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* "
+    "CoreSpec=* MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=(null) WorkDir=/tmp/tb1/jobs "
+    "Comment=" + SLINKY_COMMENT + "  StdErr=/tmp/tb1/jobs/slurm-9.out StdIn=/dev/null "
+    "StdOut=/tmp/tb1/jobs/slurm-9.out Power= TresPerNode=gres:gpu:8 "
+)
+
+JOB_REQUEUED_PENDING_2205 = (
+    "JobId=13 JobName=ckpt job UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901757 Nice=0 "
+    "Account=(null) QOS=(null) JobState=PENDING Reason=BeginTime Dependency=(null) Requeue=1 Restarts=1 "
+    "BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED TimeMin=N/A "
+    "SubmitTime=2026-11-29T21:27:19 EligibleTime=2026-11-29T21:29:20 AccrueTime=2026-11-29T21:29:20 "
+    "StartTime=2026-11-29T21:29:20 EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 "
+    "LastSchedEval=2026-11-29T21:27:19 Scheduler=Main Partition=gpu AllocNode:Sid=localhost:5223 "
+    "ReqNodeList=(null) ExcNodeList=(null) NodeList= NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 "
+    "ReqB:S:C:T=0:0:*:* TRES=cpu=1,mem=8000M,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
+    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 OverSubscribe=OK "
+    "Contiguous=0 Licenses=(null) Network=(null) Command=(null) WorkDir=/tmp/tb1/jobs "
+    "StdErr=/tmp/tb1/jobs/slurm-13.out StdIn=/dev/null StdOut=/tmp/tb1/jobs/slurm-13.out Power= "
+)
+
+JOB_ARRAY_TASK_2205 = (
+    "JobId=12 ArrayJobId=10 ArrayTaskId=2 JobName=arr UserId=root(0) GroupId=root(0) MCS_label=N/A "
+    "Priority=4294901758 Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) "
+    "Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:01 TimeLimit=UNLIMITED TimeMin=N/A "
+    "SubmitTime=2026-11-29T21:27:13 EligibleTime=2026-11-29T21:27:13 AccrueTime=Unknown "
+    "StartTime=2026-11-29T21:27:13 EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 "
+    "LastSchedEval=2026-11-29T21:27:13 Scheduler=Main Partition=gpu AllocNode:Sid=localhost:5223 "
+    "ReqNodeList=(null) ExcNodeList=(null) NodeList=n1 BatchHost=n1 NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 "
+    "ReqB:S:C:T=0:0:*:* TRES=cpu=1,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
+    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 OverSubscribe=OK "
+    "Contiguous=0 Licenses=(null) Network=(null) Command=(null) WorkDir=/tmp/tb1/jobs "
+    "StdErr=/tmp/tb1/jobs/slurm-10_2.out StdIn=/dev/null StdOut=/tmp/tb1/jobs/slurm-10_2.out Power= "
+)
+
+# --- newer Slurm (24.11 field set and order), written from its source --------------------
+
+NODE_2411_DRAINED_BY_US = (
+    "NodeName=slurm-worker-gpu-0 Arch=x86_64 CpuBind=cores CoresPerSocket=48 CPUAlloc=0 CPUEfctv=96 CPUTot=96 "
+    "CPULoad=0.54 AvailableFeatures=h100,nvlink ActiveFeatures=h100,nvlink Gres=gpu:h100:8(S:0-1) "
+    "GresDrain=N/A GresUsed=gpu:h100:0(IDX:N/A) NodeAddr=10.0.0.12 NodeHostName=slurm-worker-gpu-0 "
+    "Version=24.11.1 OS=Linux 6.8.0-45-generic #45-Ubuntu SMP PREEMPT_DYNAMIC Fri Aug 30 12:02:04 UTC 2024  "
+    "RealMemory=2000000 AllocMem=0 FreeMem=1900000 Sockets=2 Boards=1 RestrictedCoresPerGPU=2(0-15) "
+    "State=IDLE+DRAIN+DYNAMIC_NORM ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A "
+    "Partitions=gpu,all  BootTime=2024-09-01T10:00:00 SlurmdStartTime=2024-09-01T10:01:00 "
+    "LastBusyTime=2024-09-01T10:05:00 ResumeAfterTime=None CfgTRES=cpu=96,mem=2000000M,billing=96,gres/gpu=8 "
+    "AllocTRES= CurrentWatts=0 AveWatts=0 "
+    "Reason=slurm-hooks: XID 79 on GPU 3 [replace] [slurm@2024-09-01T10:06:00] "
+    "Comment=" + SLINKY_COMMENT + " Extra={\"rack\":\"r12\",\"slot\":\"u3\"} "
+    "InstanceId=i-0abc123 InstanceType=p5.48xlarge"
+)
+
+NODE_2411_OPERATOR_DRAIN_WITH_FUTURE_FIELD = (
+    "NodeName=slurm-worker-gpu-1 Arch=x86_64 CoresPerSocket=48 CPUAlloc=96 CPUEfctv=96 CPUTot=96 CPULoad=95.00 "
+    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:8 NodeAddr=10.0.0.13 "
+    "NodeHostName=slurm-worker-gpu-1 Version=25.11.0 OS=Linux 6.8.0 #1 SMP  RealMemory=1 AllocMem=0 FreeMem=N/A "
+    "Sockets=2 Boards=1 State=MIXED+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A "
+    "TopologyQuality=good SomeFutureFlag=on "
+    "Partitions=gpu  BootTime=None SlurmdStartTime=None LastBusyTime=2025-12-01T00:00:00 ResumeAfterTime=None "
+    "CfgTRES=cpu=96,mem=1M,billing=96 AllocTRES=cpu=96 CurrentWatts=n/a AveWatts=n/a "
+    "Reason=slurm-operator: Node is cordoned (k8s node k8s-node-2) [slurm@2025-12-01T00:00:01]"
+)
+
+JOB_2411_PENDING_HELD_AFTER_PROLOG_FAILURE = (
+    "JobId=4242 JobName=x; touch /tmp/pwned Comment=evil UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A "
+    "Priority=0 Nice=0 Account=ml QOS=normal JobState=PENDING Reason=launch_failed_requeued_held "
+    "Dependency=(null) Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:00 "
+    "TimeLimit=2-00:00:00 TimeMin=N/A SubmitTime=2025-01-01T00:00:00 EligibleTime=Unknown "
+    "AccrueTime=Unknown StartTime=Unknown EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 "
+    "LastSchedEval=2025-01-01T00:00:05 Scheduler=Main Partition=gpu AllocNode:Sid=login1:4242 "
+    "ReqNodeList=(null) ExcNodeList=(null) NodeList= SchedNodeList=gpu[001-004] NumNodes=4-4 NumCPUs=384 "
+    "NumTasks=32 CPUs/Task=12 ReqB:S:C:T=0:0:*:* ReqTRES=cpu=384,mem=8000G,node=4,billing=384,gres/gpu=32 "
+    "Socks/Node=* NtasksPerN:B:S:C=8:0:*:* CoreSpec=* MinCPUsNode=96 MinMemoryNode=2000G MinTmpDiskNode=0 "
+    "Features=(null) DelayBoot=00:00:00 OverSubscribe=NO Contiguous=0 Licenses=(null) LicensesAlloc=(null) "
+    "Network=(null) Command=/home/alice/train.sh --lr=3e-4 WorkDir=/home/alice/run 1 "
+    "AdminComment=moved from gpu017 Comment={\"ckpt\":\"s3://b/x\"} StdErr=/home/alice/run 1/%j.err "
+    "StdIn=/dev/null StdOut=/home/alice/run 1/%j.out TresPerNode=gres/gpu:8 TresPerTask=cpu=12 "
+    "MailUser=alice@example.org MailType=END,FAIL Container= ContainerID= OOMKillStep=0"
+)
+
+
+# --- nodes ---------------------------------------------------------------------------------
+
+
+def test_idle_node_from_2205_has_state_gres_and_no_reason():
+    node = parse_node_line(NODE_IDLE_2205)
+    assert (node.name, node.state, node.gres, node.reason, node.comment) == ("n1", "IDLE", "gpu:8", "", "")
+    assert not node.drained
+    assert node.extra["OS"] == "Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0"
+    assert node.extra["CfgTRES"] == "cpu=8,mem=8000M,billing=8"
+    assert node.extra["AllocTRES"] == ""
+
+
+def test_admin_reason_with_spaces_drops_user_and_time_and_keeps_the_slinky_comment():
+    node = parse_node_line(NODE_ADMIN_DRAIN_WITH_SLINKY_COMMENT_2205)
+    assert node.reason == "hw check by bob"
+    assert node.extra["ReasonUser"] == "root"
+    assert node.extra["ReasonTime"] == "2026-11-29T21:27:07"
+    assert json.loads(node.comment) == {"namespace": "slurm", "podName": "slurm-worker-gpu-0", "node": "k8s-node-1"}
+    assert node.drained and not node.ours
+    assert not may_drain(node) and not may_resume(node)
+
+
+def test_our_reason_keeps_its_action_tag_and_equals_signs():
+    node = parse_node_line(NODE_OUR_DRAIN_2205)
+    assert node.reason == "slurm-hooks: XID 79 on GPU 3 (gpu=3 lost) [replace]"
+    assert node.ours and may_resume(node) and may_drain(node)
+    assert parse_reason(node.reason) == ("XID 79 on GPU 3 (gpu=3 lost)", Action.REPLACE)
+    assert node.extra["Port"] == "30902"
+
+
+def test_down_not_responding_node_is_not_drained_and_keeps_slurms_reason():
+    node = parse_node_line(NODE_DOWN_NOT_RESPONDING_2205)
+    assert node.base_state == "DOWN"
+    assert "NOT_RESPONDING" in node.flags
+    assert node.reason == "Not responding"
+    assert not node.drained
+    assert node.comment == SLINKY_COMMENT
+
+
+def test_node_line_from_2411_with_extra_fields_and_gres_types():
+    node = parse_node_line(NODE_2411_DRAINED_BY_US)
+    assert node.name == "slurm-worker-gpu-0"
+    assert node.state == "IDLE+DRAIN+DYNAMIC_NORM"
+    assert node.base_state == "IDLE" and node.drained
+    assert node.gres == "gpu:h100:8(S:0-1)"
+    assert node.reason == "slurm-hooks: XID 79 on GPU 3 [replace]"
+    assert node.extra["ReasonUser"] == "slurm"
+    assert node.comment == SLINKY_COMMENT
+    assert json.loads(node.extra["Extra"]) == {"rack": "r12", "slot": "u3"}
+    assert node.extra["InstanceType"] == "p5.48xlarge"
+    assert node.extra["OS"] == "Linux 6.8.0-45-generic #45-Ubuntu SMP PREEMPT_DYNAMIC Fri Aug 30 12:02:04 UTC 2024"
+    assert node.extra["RestrictedCoresPerGPU"] == "2(0-15)"
+
+
+def test_unknown_fields_of_a_future_slurm_land_in_extra_and_operator_reason_is_not_ours():
+    node = parse_node_line(NODE_2411_OPERATOR_DRAIN_WITH_FUTURE_FIELD)
+    assert node.extra["SomeFutureFlag"] == "on"
+    assert node.extra["TopologyQuality"] == "good"
+    assert node.reason == "slurm-operator: Node is cordoned (k8s node k8s-node-2)"
+    assert node.drained and not node.ours
+    assert not may_drain(node) and not may_resume(node)
+
+
+def test_reason_without_user_and_time_ends_at_the_next_known_key():
+    line = NODE_IDLE_2205.replace("State=IDLE", "State=IDLE+DRAIN") + " Reason=Prolog error Comment=x y"
+    node = parse_node_line(line)
+    assert node.reason == "Prolog error"
+    assert node.comment == "x y"
+
+
+def test_reason_containing_key_like_words_is_kept_whole_when_bracketed():
+    line = NODE_IDLE_2205 + " Reason=bad State=broken Comment=seen Gres=gone [bob@2025-01-01T00:00:00]"
+    node = parse_node_line(line)
+    assert node.reason == "bad State=broken Comment=seen Gres=gone"
+    assert node.state == "IDLE"
+    assert node.comment == ""
+    assert node.gres == "gpu:8"
+
+
+def test_node_line_missing_name_or_state_is_a_permanent_error():
+    with pytest.raises(SlurmCommandFailed) as err:
+        parse_node_line("Node nX not found")
+    assert isinstance(err.value, PermanentError)
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+def test_running_two_node_job_with_spaces_and_equals_in_its_name():
+    job = parse_job_line(JOB_RUNNING_TWO_NODES_2205)
+    assert job.job_id == 9
+    assert job.name == "train llama=405b step 2"
+    assert (job.state, job.nodes, job.reason) == ("RUNNING", "n[1-2]", "None")
+    assert job.requeue and job.batch and job.restarts == 0
+    assert json.loads(job.extra["Comment"])["podName"] == "slurm-worker-gpu-0"
+    assert job.extra["UserId"] == "root(0)"
+    assert job.extra["TresPerNode"] == "gres:gpu:8"
+
+
+def test_requeued_job_is_pending_on_begin_time_with_one_restart_and_no_nodes():
+    job = parse_job_line(JOB_REQUEUED_PENDING_2205)
+    assert (job.job_id, job.name, job.state, job.reason) == (13, "ckpt job", "PENDING", "BeginTime")
+    assert job.restarts == 1 and job.nodes == ""
+    assert job.extra["EligibleTime"] == "2026-11-29T21:29:20"
+
+
+def test_array_task_line_keeps_its_own_job_id():
+    job = parse_job_line(JOB_ARRAY_TASK_2205)
+    assert job.job_id == 12
+    assert job.extra["ArrayJobId"] == "10" and job.extra["ArrayTaskId"] == "2"
+
+
+def test_hostile_job_text_from_2411_stays_inside_its_fields():
+    job = parse_job_line(JOB_2411_PENDING_HELD_AFTER_PROLOG_FAILURE)
+    assert job.name == "x; touch /tmp/pwned Comment=evil"
+    assert job.reason == "launch_failed_requeued_held"
+    assert job.state == "PENDING" and job.restarts == 1
+    assert job.extra["Command"] == "/home/alice/train.sh --lr=3e-4"
+    assert job.extra["WorkDir"] == "/home/alice/run 1"
+    assert job.extra["AdminComment"] == "moved from gpu017"
+    assert json.loads(job.extra["Comment"]) == {"ckpt": "s3://b/x"}
+    assert job.extra["StdOut"] == "/home/alice/run 1/%j.out"
+    assert job.extra["SchedNodeList"] == "gpu[001-004]"
+    assert job.extra["OOMKillStep"] == "0"
+
+
+def test_generic_split_does_not_take_tres_items_for_keys():
+    fields = parse_fields("A=1 CfgTRES=cpu=8,mem=1M,gres/gpu=8 B=", frozenset({"A", "CfgTRES", "B"}), frozenset())
+    assert fields == {"A": "1", "CfgTRES": "cpu=8,mem=1M,gres/gpu=8", "B": ""}

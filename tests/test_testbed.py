@@ -1,0 +1,181 @@
+"""The local Slurm testbed itself: up, status, GPUs, hooks wiring, down."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+
+import pytest
+
+from slurm_hooks.runner import run_command
+from slurm_hooks.testbed import MARKER, Settings, Testbed, TestbedError, missing_programs, parse_version
+
+pytestmark = pytest.mark.slurm
+
+
+def test_up_again_is_a_no_op_that_says_already_up(clean_testbed):
+    before = clean_testbed.status().daemons
+    said: list[str] = []
+    again = Testbed(clean_testbed.state_dir, progress=said.append)
+    started = time.monotonic()
+    status = again.up()
+    assert time.monotonic() - started < 2
+    assert any("already up" in line for line in said), said
+    assert status.daemons == before and status.up
+
+
+def test_status_lists_every_daemon_and_both_nodes_idle_with_eight_gpus(clean_testbed):
+    status = clean_testbed.status()
+    assert status.up and status.error == ""
+    assert set(status.daemons) == {"munged", "slurmctld", "slurmd n1", "slurmd n2"}
+    assert all(isinstance(pid, int) for pid in status.daemons.values())
+    assert [(n.name, n.state, n.gres) for n in status.nodes] == [("n1", "IDLE", "gpu:8"), ("n2", "IDLE", "gpu:8")]
+
+
+def test_gpus_are_char_devices_and_a_job_gets_all_eight(clean_testbed):
+    tb = clean_testbed
+    for i in range(8):
+        st = os.stat(os.path.join(tb.state_dir, "dev", f"nvidia{i}"))
+        assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (195, i)
+    job = tb.sbatch("#!/bin/sh\necho GPUS=$SLURM_JOB_GPUS CVD=$CUDA_VISIBLE_DEVICES\n", "-w", "n2", "--gres=gpu:8")
+    tb.wait_job(job, ["COMPLETED"], timeout=20)
+    assert "GPUS=0,1,2,3,4,5,6,7 CVD=0,1,2,3,4,5,6,7" in tb.job_output(job)
+
+
+def test_config_points_slurm_hooks_at_the_sim_gpus_and_this_cluster(clean_testbed):
+    from slurm_hooks import config as config_mod
+    from slurm_hooks.probes import sim
+
+    cfg = config_mod.load(clean_testbed.config_path)
+    assert cfg.gpu.backend == "sim" and cfg.gpu.sim_dir == clean_testbed.sim_dir
+    assert cfg.log.audit == clean_testbed.audit_log
+    assert cfg.state.dir == os.path.join(clean_testbed.state_dir, "state")
+    assert cfg.slurm.bin_dir == "/usr/bin" and cfg.remediation.requeue_grace == 3.0
+    assert [len(sim.read(cfg.gpu.sim_dir, n)["gpus"]) for n in ("n1", "n2")] == [8, 8]
+    assert clean_testbed.env["SLURM_CONF"] == clean_testbed.slurm_conf
+    assert clean_testbed.env["SLURM_HOOKS_CONFIG"] == clean_testbed.config_path
+
+
+def test_reset_clears_jobs_drains_and_injected_faults(testbed):
+    from slurm_hooks.probes import sim
+
+    testbed.set_hooks(False)
+    job = testbed.sbatch("#!/bin/sh\nsleep 300\n", "-w", "n1")
+    testbed.wait_job(job, ["RUNNING"])
+    testbed.scontrol("update", "NodeName=n2", "State=DRAIN", "Reason=hw check by bob")
+    sim.inject(testbed.sim_dir, "n1", 3, xid=79)
+    started = time.monotonic()
+    testbed.reset()
+    print(f"reset with one job, one drain, one fault: {time.monotonic() - started:.2f}s")
+    assert [(n.state, n.reason) for n in testbed.slurm.nodes()] == [("IDLE", ""), ("IDLE", "")]
+    assert testbed.slurm.jobs_on_node("n1") == []
+    assert sim.read(testbed.sim_dir, "n1")["gpus"][3]["xids"] == []
+
+
+def test_hooks_are_wired_in_as_absolute_root_owned_wrappers(hooked_testbed):
+    tb = hooked_testbed
+    bin_dir = os.path.join(tb.state_dir, "bin")
+    with open(tb.slurm_conf, encoding="utf-8") as fh:
+        conf = fh.read()
+    for line in (f"Prolog={bin_dir}/prolog", f"Epilog={bin_dir}/epilog", f"HealthCheckProgram={bin_dir}/healthcheck",
+                 "HealthCheckNodeState=ANY", "SchedulerParameters=nohold_on_prolog_fail,batch_sched_delay=0", "ReturnToService=2"):
+        assert line in conf.splitlines()
+    for hook, command in (("healthcheck", "check"), ("prolog", "prolog"), ("epilog", "epilog")):
+        path = os.path.join(bin_dir, hook)
+        st = os.stat(path)
+        assert stat.S_IMODE(st.st_mode) == 0o755 and st.st_uid == 0
+        # Slurm gives hooks no PATH: the wrapper must find python and slurm_hooks on its own.
+        out = run_command([path, "--help"], 30, env={"SLURMD_NODENAME": "n1"})
+        assert "Usage:" in out.stdout and command in out.stdout
+
+
+def test_batch_job_completes_with_slurm_hooks_as_prolog_and_epilog(hooked_testbed):
+    tb = hooked_testbed
+    job = tb.sbatch("#!/bin/sh\necho ran\n", "-w", "n1", "--gres=gpu:2")
+    done = tb.wait_job(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=30)
+    assert done.state == "COMPLETED", (done, tb.slurm.node("n1"))
+    assert "ran" in tb.job_output(job)
+    assert tb.slurm.node("n1").reason == ""
+
+
+def test_cli_status_prints_nodes_and_exits_zero_when_up(clean_testbed, tmp_path):
+    up = run_command([sys.executable, "-m", "slurm_hooks", "testbed", "status", "--state-dir", clean_testbed.state_dir],
+                     30, check=False)
+    assert up.returncode == 0, up.stderr
+    assert "testbed up" in up.stdout and "n1" in up.stdout and "IDLE" in up.stdout and "gpu:8" in up.stdout
+    down = run_command([sys.executable, "-m", "slurm_hooks", "testbed", "status", "--state-dir", str(tmp_path)],
+                       30, check=False)
+    assert down.returncode == 3 and "testbed down" in down.stdout
+
+
+def test_second_testbed_starts_beside_the_first_and_down_leaves_nothing_running(testbed, tmp_path):
+    other = Testbed(str(tmp_path / "tb"), Settings(nodes=1, hooks=False, kill_wait=1))
+    started = time.monotonic()
+    try:
+        status = other.up()
+        up_seconds = time.monotonic() - started
+        print(f"testbed up (1 node, fresh dir): {up_seconds:.2f}s")
+        assert status.up and [n.name for n in status.nodes] == ["n1"]
+        assert other._ports["slurmctld"] != testbed.tb._ports["slurmctld"]
+        job = other.sbatch("#!/bin/sh\nsleep 300 &\nsleep 300\n")
+        other.wait_job(job, ["RUNNING"])
+        time.sleep(0.3)
+        ours = other._our_processes()
+        assert len(ours) >= 5  # munged, slurmctld (+ scriptd), slurmd, slurmstepd, the job's shell and sleeps
+    finally:
+        stopped = other.down()
+    assert stopped
+    pid_files = os.listdir(os.path.join(other.state_dir, "run"))
+    assert pid_files == []
+    for pid, _ in ours:
+        assert not _running(pid), f"pid {pid} still running after down"
+    assert _processes_mentioning(other.state_dir) == []
+    # the session's cluster is untouched
+    assert testbed.status().up
+
+
+def test_down_of_a_testbed_that_is_not_running_is_a_no_op(tmp_path):
+    assert Testbed(str(tmp_path)).down() == []
+
+
+def test_settings_reject_impossible_sizes():
+    with pytest.raises(TestbedError):
+        Settings(nodes=0)
+    with pytest.raises(TestbedError):
+        Settings(gpus=65)
+
+
+def test_slurm_is_installed_and_its_version_is_read():
+    assert missing_programs() == []
+    assert parse_version("slurm-wlm 22.05.8") == (22, 5)
+    assert parse_version("slurm 25.11.0") == (25, 11)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _processes_mentioning(state_dir: str) -> list[int]:
+    """Live processes whose command line or environment names the state directory."""
+    needle = state_dir.encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid() or not _running(int(entry)):
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue
+        if needle in cmdline or f"{MARKER}={state_dir}".encode() in environ:
+            found.append(int(entry))
+    return found
