@@ -251,7 +251,7 @@ class Testbed:
             "munge_socket": self.munge_socket,
             "ctld_port": self._ports["slurmctld"],
             "nodes": [{"name": n, "port": self._ports[n]} for n in s.node_names],
-            "cgroup_disabled": slurm_version() >= (23, 2),
+            "cgroup_disabled": slurm_version() >= (24, 5),  # CgroupPlugin=disabled exists from 24.05
             "sim_dir": self.sim_dir,
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,

@@ -249,7 +249,7 @@ class ScontrolSlurm:
 
     def _translate(self, tool: str, argv: list[str], exc: CommandError) -> Exception:
         if exc.timed_out:
-            return SlurmTimeout(f"{tool} timed out after {self.timeout:g}s ({' '.join(argv[1:3])}): controller not answering")
+            return SlurmTimeout(f"{tool} timed out after {self.timeout:g}s ({' '.join(argv[1:5])}): controller not answering")
         text = (exc.stderr or exc.stdout or "").strip()
         last = text.splitlines()[-1] if text else f"exit {exc.returncode}"
         if exc.returncode is None:
