@@ -464,7 +464,9 @@ class Reconciler:
             if withdrawn:
                 undone.append(withdrawn)
         if record.condition:
-            self._condition(node, "True", "SlurmNodeHealthy", f"Slurm node {record.slurm_node} is healthy again")
+            # The answer carries the new resourceVersion the guarded patch below must test.
+            node = self._condition(node, "True", "SlurmNodeHealthy",
+                                   f"Slurm node {record.slurm_node} is healthy again") or node
             undone.append(f"{self.settings.condition_type}=True")
         self._event(node, record, "restored", "GpuHealthy",
                     f"Slurm node {record.slurm_node} is healthy again: undoing what slurm-hooks did", kind_type="Normal")
@@ -494,7 +496,7 @@ class Reconciler:
 
     # -- small writers -----------------------------------------------------------------------
 
-    def _condition(self, node: Obj, status: str, reason: str, message: str) -> None:
+    def _condition(self, node: Obj, status: str, reason: str, message: str) -> Obj | None:
         now = _now_iso(self.clock())
         ctype = self.settings.condition_type
         old = next((c for c in (node.get("status") or {}).get("conditions") or () if c.get("type") == ctype), None)
@@ -503,7 +505,7 @@ class Reconciler:
             "type": ctype, "status": status, "reason": reason, "message": message[:1024],
             "lastHeartbeatTime": now, "lastTransitionTime": transition or now,
         }]}}
-        self.kube.patch_node_status(name_of(node), patch, dry_run=self.dry_run)
+        return self.kube.patch_node_status(name_of(node), patch, dry_run=self.dry_run)
 
     def _event(self, node: Obj, record: Ownership, kind: str, reason: str, message: str,
                kind_type: str = "Warning") -> None:
