@@ -315,6 +315,17 @@ def test_open_breaker_survives_a_restart_and_stays_quiet(kube, bridge_settings, 
     assert len(kinds(audit_path)) == n_audit  # the same blocked set is not re-announced
 
 
+def test_open_breaker_refuses_without_api_calls(kube, bridge_settings, clock, audit_path):
+    slurm = twelve_nodes(kube)
+    for i in range(1, 11):
+        slurm.drain(f"n{i:02d}", XID79)
+    bridge = make(slurm, kube, bridge_settings, clock, audit_path)
+    bridge.run_pass()
+    kube.calls.clear()
+    res = bridge.run_pass()
+    assert len(res.blocked) == 8 and dict(kube.calls) == {"list_nodes": 1}
+
+
 def test_admin_reset_lets_the_next_nodes_in(kube, bridge_settings, clock, audit_path):
     from slurm_hooks.bridge.breaker import CircuitBreaker
     from slurm_hooks.bridge.state import StateStore

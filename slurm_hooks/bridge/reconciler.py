@@ -278,6 +278,9 @@ class Reconciler:
             return  # handled with the nodes we hold
         if not kname:
             raise ReplacementError(f"Slurm node {sn.name}: no Kubernetes node found (Slinky pod gone?)")
+        if breaker.is_open(now):
+            res.blocked.append(kname)  # refused without a single API call
+            return
         node = self.kube.get_node(kname)
         if node is None:
             raise ReplacementError(f"Slurm node {sn.name}: Kubernetes node {kname} not found")
