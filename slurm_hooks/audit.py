@@ -28,9 +28,12 @@ class AuditLog:
         line = json.dumps(record, sort_keys=False, default=str, separators=(",", ":")) + "\n"
         try:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o750, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, _MODE)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, _MODE)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = "\n" + line  # a writer died mid-line: end its torn line, keep ours whole
                 os.write(fd, line.encode())
                 os.fsync(fd)
             finally:

@@ -54,7 +54,10 @@ def select_gpus(snap: NodeSnapshot, tokens: Sequence[int | str]) -> tuple[tuple[
         text = str(token).strip()
         if not text:
             continue
-        if text.lower().startswith(("gpu-", "mig-")):
+        if text.lower().startswith("mig-"):
+            # A MIG instance does not name its parent GPU here: judge every GPU rather than guess.
+            return tuple(sorted(present)), []
+        if text.lower().startswith("gpu-"):
             index = by_uuid.get(text.lower())
         elif text.isdigit():
             index = int(text) if int(text) in present else None
@@ -132,25 +135,25 @@ def run(
         now=time.time(),
     )
     findings: list[Finding] = []
-    if snap.error is None:
+    if snap.error is not None:
+        findings.append(Finding("gpu-count", Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}",
+                                summary="GPU probe failed"))
+    else:
         for token in missing:
             findings.append(Finding("gpu-count", Severity.FAIL, Action.REBOOT,
                                     f"job GPU {token} is not visible on this node", summary=f"GPU {token} missing"))
     for check in checks if checks is not None else registry.for_context(context):
+        if snap.error is not None:
+            break  # one finding for a node we could not read, not one per check
         if time.monotonic() > deadline:
             findings.append(Finding(check.name, Severity.FAIL, on_check_error,
                                     f"not run: deadline of {deadline_s:g}s passed", summary="health check deadline"))
             continue
-        if snap.error is not None and check.name != "gpu-count":
-            continue  # one finding for a node we could not read, not one per check
         try:
             findings.extend(check.fn(inp))
         except Exception as exc:
             findings.append(Finding(check.name, Severity.FAIL, on_check_error,
                                     f"check crashed: {type(exc).__name__}: {exc}", summary=f"check {check.name} crashed"))
-    if snap.error is not None and not any(f.check == "gpu-count" for f in findings):
-        findings.append(Finding("gpu-count", Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}",
-                                summary="GPU probe failed"))
     return Report(node, context, tuple(findings), time.monotonic() - start, snap)
 
 

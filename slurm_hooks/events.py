@@ -26,6 +26,8 @@ def parse_since(text: str, now: float | None = None) -> float:
         return float(text)
     except ValueError:
         pass
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"  # fromisoformat reads a trailing Z only from Python 3.11
     try:
         dt = datetime.fromisoformat(text)
     except ValueError:

@@ -40,17 +40,23 @@ class Permission:
 
 
 #: What the bridge does: cordon/taint/condition nodes, drain them, record events.
-REQUIRED: tuple[Permission, ...] = (
-    Permission("get", "nodes"),
-    Permission("list", "nodes"),
-    Permission("watch", "nodes"),
-    Permission("patch", "nodes"),
-    Permission("patch", "nodes", "status"),
-    Permission("get", "pods"),
-    Permission("list", "pods"),
-    Permission("create", "pods", "eviction"),
-    Permission("create", "events"),
-)
+def permissions_for(rules: Sequence[Any]) -> tuple[Permission, ...]:
+    """ClusterRole rules (``bridge.rbac.Rule``: group, "resource[/sub]", verbs) as single permissions."""
+    out = []
+    for rule in rules:
+        resource, _, sub = rule.resource.partition("/")
+        out.extend(Permission(verb, resource, sub, rule.group) for verb in rule.verbs)
+    return tuple(out)
+
+
+def _core_rules() -> tuple[Any, ...]:
+    from slurm_hooks.bridge.rbac import CORE
+
+    return CORE
+
+
+#: What every bridge needs, whatever its replacement backend: the ClusterRole that `render` writes.
+REQUIRED: tuple[Permission, ...] = permissions_for(_core_rules())
 
 
 @dataclass(frozen=True)

@@ -515,7 +515,13 @@ def check_bridge(cfg: Config) -> list[Result]:
         return [Result(check, Status.FAIL, f"no Kubernetes credentials: {exc}",
                        "set [bridge] kubeconfig, or run in a pod with a service account token")]
     try:
-        verdicts = kube_access.review(client)
+        needed = kube_access.REQUIRED
+        if bridge_settings is not None:
+            from slurm_hooks.bridge import rbac
+
+            if settings.replace.backend != "template":  # a template's API group is known only to `render`
+                needed = kube_access.permissions_for(rbac.rules(settings.replace))
+        verdicts = kube_access.review(client, needed)
     except TransientError as exc:
         return [Result(check, Status.FAIL, f"{source}: {exc}", "is the API server reachable from here?")]
     except kube_access.CredentialsError as exc:

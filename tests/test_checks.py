@@ -522,9 +522,6 @@ def test_a_probe_that_hangs_past_probe_timeout_is_a_fail_did_not_answer():
     assert not report.healthy
 
 
-@pytest.mark.xfail(reason="BUG: engine.run tests the deadline before skipping checks for a node it could not "
-                          "read, so a probe that hangs for the whole deadline gives one 'not run' finding per "
-                          "check and the 'did not answer' finding is never added", strict=True)
 def test_a_probe_that_hangs_for_the_whole_deadline_is_one_did_not_answer_finding():
     probe = HangingProbe()
     try:

@@ -288,9 +288,6 @@ def test_events_since_an_absolute_time(conf, tmp_path, since):
     assert [json.loads(line)["ts"] for line in r.stdout.splitlines()] == [T0 + 3600, T0 + 7200]
 
 
-@pytest.mark.xfail(sys.version_info < (3, 11), strict=True,
-                   reason="BUG: events.parse_since uses datetime.fromisoformat, which reads a trailing 'Z' "
-                          "only from Python 3.11; on the nodes' 3.9 `--since 2025-11-29T11:30:00Z` is refused")
 def test_events_since_an_iso_time_in_utc_with_z(conf, tmp_path):
     write_audit(tmp_path, INCIDENT)
     r = slurm_hooks("events", "--since", "2025-11-29T11:30:00Z", "--json", "--config", str(conf))

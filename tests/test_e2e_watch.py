@@ -45,7 +45,10 @@ def test_watcher_ignores_an_application_xid_and_acts_once_per_event_across_resta
     assert not tb.slurm.node("n1").drained
     sim.inject(tb.sim_dir, "n1", 2, xid=48)
     tb.wait_node("n1", lambda n: n.drained, timeout=5, interval=0.02)
-    acted = [r for r in tb.audit_events() if r.get("kind") == "watch" and r.get("xid") is not None]
+    deadline = time.monotonic() + 5
+    while not (acted := [r for r in tb.audit_events() if r.get("kind") == "watch" and r.get("xid") is not None]):
+        assert time.monotonic() < deadline, "the watcher drained but wrote no watch record"
+        time.sleep(0.05)
     assert [r["xid"] for r in acted] == [48]
     # An admin mends the node by hand; a restarted watcher must not act on the old event again.
     proc.terminate()

@@ -339,8 +339,6 @@ def test_follow_stops_when_the_job_already_runs_on_another_node(t):
     assert t.slurm.called("start_now") == []
 
 
-@pytest.mark.xfail(reason="BUG: remediate.follow_requeued tests `w.node not in job.nodes` as a substring, so a "
-                          "job restarted on n10 counts as still on n1 and the follower times out", strict=True)
 def test_follow_stops_when_the_job_runs_on_a_node_whose_name_contains_ours(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["RUNNING"], nodes="n10", restarts=1)
@@ -382,9 +380,6 @@ def test_a_failed_drain_is_recorded_as_a_failed_action_not_raised(t):
     assert outcome.drained
 
 
-@pytest.mark.xfail(reason="BUG: remediate.drain finds our own reason already set ('already') but does not "
-                          "touch the drained marker, so a drain whose scontrol timed out yet took effect is "
-                          "never resumed after the repair", strict=True)
 def test_a_drain_that_timed_out_but_took_effect_is_resumed_after_the_repair(t):
     inject(t, 3, xid=79)
     t.slurm.fail("drain", TransientError("scontrol timed out"))
@@ -447,9 +442,6 @@ def test_a_failed_start_now_is_recorded(t):
     assert (failed["result"], failed["error"]) == ("failed", str(SOCKET_TIMEOUT))
 
 
-@pytest.mark.xfail(reason="BUG: remediate.follow_requeued records 'failed: <error>' when Slurm keeps failing, "
-                          "then overwrites it with 'timed out' after the loop, so the Slurm error is lost",
-                   strict=True)
 def test_follow_reports_the_slurm_error_when_it_never_got_an_answer(t):
     t.slurm.add_job(101, "n1")
     t.slurm.fail("job", SOCKET_TIMEOUT)

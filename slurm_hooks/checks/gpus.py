@@ -10,8 +10,7 @@ from slurm_hooks.models import Action, CheckInput, Finding, Severity
 def check_count(inp: CheckInput) -> Iterator[Finding]:
     snap, expected = inp.snapshot, inp.expect.gpus
     if snap.error is not None:
-        yield Finding("gpu-count", Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}", summary="GPU probe failed")
-        return
+        return  # the engine reports a node it could not read, once
     if expected is not None and len(snap.gpus) != expected:
         yield Finding(
             "gpu-count", Severity.FAIL, Action.REBOOT,

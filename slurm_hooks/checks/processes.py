@@ -23,7 +23,7 @@ def _busy(inp: CheckInput, name: str, when: str) -> Iterator[Finding]:
         if gpu.processes:
             pids = ",".join(str(p.pid) for p in gpu.processes)
             yield Finding(name, Severity.FAIL, Action.DRAIN, f"{len(gpu.processes)} process(es) {when} (pid {pids})",
-                          gpu.index, f"processes {when.split()[0]} job on GPU {gpu.index}")
+                          gpu.index, f"processes on GPU {gpu.index} {when.replace(' starts', '').replace('left ', '')}")
         elif gpu.memory_used_mib is not None and gpu.memory_used_mib > IDLE_MEMORY_SLACK_MIB:
             yield Finding(name, Severity.FAIL, Action.DRAIN, f"{gpu.memory_used_mib} MiB in use {when}, no process",
                           gpu.index, f"memory held on GPU {gpu.index}")

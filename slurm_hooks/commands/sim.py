@@ -53,13 +53,13 @@ def init(node: str | None, gpus: int, model: str, config_path: str | None, sim_d
 @_dir_option
 def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None, **fault) -> None:
     """Inject a fault on one simulated GPU."""
-    if not any(v not in (None, False) for v in fault.values()):
+    if not any(v is not None and v is not False for v in fault.values()):
         raise click.UsageError("name a fault: --xid, --ecc-uncorrectable, --row-remap-pending, --row-remap-failure, "
                                "--lost, --pcie-width, --temp, --process or --nvlink-down")
     node = nodename.resolve(node)
     simstate.inject(_sim_dir(config_path, sim_dir), node, gpu, **fault)
     what = ", ".join(f"{k.replace('_', '-')}={v}" if v is not True else k.replace("_", "-")
-                     for k, v in fault.items() if v not in (None, False))
+                     for k, v in fault.items() if v is not None and v is not False)
     click.echo(f"{node} gpu{gpu}: injected {what}")
 
 

@@ -111,7 +111,8 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached") -
     if report.drain_findings():
         if w.config.check.drain:
             remediate.drain(w, report, outcome)
-            if w.config.remediation.requeue:
+            # Requeued onto a node that still takes jobs, a job could land right back here.
+            if w.config.remediation.requeue and outcome.node_out:
                 remediate.requeue_jobs(w, outcome, follow=follow)
     elif report.healthy and report.context is Context.CHECK:
         remediate.resume_if_ours(w, outcome, report)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_hooks import fsutil
+from slurm_hooks import fsutil, hostlist
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
@@ -28,6 +28,8 @@ from slurm_hooks.slurm import format_reason, may_drain, may_resume
 @dataclass
 class Outcome:
     drained: bool = False
+    #: The node takes no new jobs (drained by us now or before, or by someone else).
+    node_out: bool = False
     failed: list[str] = field(default_factory=list)
     requeued: list[int] = field(default_factory=list)
     resumed: bool = False
@@ -57,10 +59,12 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     try:
         info = w.slurm.node(w.node)
         if info.drained and info.reason == reason:
-            outcome.drained = True
+            outcome.drained = outcome.node_out = True
+            _write_marker(w, reason, report)  # an earlier drain may have landed after its scontrol timed out
             _step(w, "drain", w.node, "already", started, reason=reason, **extra)
             return
         if not may_drain(info):
+            outcome.node_out = True
             _step(w, "drain", w.node, "skipped", started, reason=reason,
                   detail=f"already drained by someone else: {info.reason!r}", **extra)
             return
@@ -69,7 +73,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
         outcome.failed.append(f"drain: {exc}")
         _step(w, "drain", w.node, "failed", started, reason=reason, error=str(exc), **extra)
         return
-    outcome.drained = True
+    outcome.drained = outcome.node_out = True
     _write_marker(w, reason, report)
     _step(w, "drain", w.node, "ok", started, reason=reason, **extra)
 
@@ -141,7 +145,9 @@ def follow_requeued(w: Wiring, job_ids: list[int], timeout: float, poll: float =
                 job = w.slurm.job(job_id)
             except SlurmHooksError as exc:
                 if time.monotonic() + poll >= deadline:
+                    t0 = pending.pop(job_id)
                     results[job_id] = f"failed: {exc}"
+                    _step(w, "start_now", str(job_id), "failed", t0, jobs=[job_id], error=str(exc))
                 continue
             state = job.state.upper()
             if state.startswith("PENDING"):
@@ -156,7 +162,8 @@ def follow_requeued(w: Wiring, job_ids: list[int], timeout: float, poll: float =
                 except SlurmHooksError as exc:
                     results[job_id] = f"failed: {exc}"
                     _step(w, "start_now", str(job_id), "failed", t0, jobs=[job_id], error=str(exc))
-            elif state.startswith(("RUNNING", "CONFIGURING")) and job.restarts > 0 and w.node not in job.nodes:
+            elif state.startswith(("RUNNING", "CONFIGURING")) and job.restarts > 0 and job.nodes \
+                    and not hostlist.matches(job.nodes, w.node):
                 pending.pop(job_id)
                 results[job_id] = "already running"
             elif state.startswith(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")):

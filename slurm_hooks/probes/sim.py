@@ -156,9 +156,12 @@ def inject(sim_dir: str, node: str, gpu: int, **fault: Any) -> dict[str, Any]:
             entry["processes"].append({"pid": int(fault["process"]), "used_memory_mib": 1024, "name": "python"})
             entry["memory_used_mib"] = int(entry.get("memory_used_mib") or 0) + 1024
         if fault.get("nvlink_down") is not None:
-            for link in entry.get("nvlinks") or []:
-                if link["link"] == fault["nvlink_down"]:
-                    link["active"] = False
+            links = [link for link in entry.get("nvlinks") or [] if link["link"] == fault["nvlink_down"]]
+            if not links:
+                raise SimStateError(f"GPU {gpu} has no NVLink {fault['nvlink_down']} "
+                                    f"(has {len(entry.get('nvlinks') or [])})")
+            for link in links:
+                link["active"] = False
 
     return update(sim_dir, node, change)
 
