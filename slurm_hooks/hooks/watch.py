@@ -80,11 +80,46 @@ class KmsgSource:
         kmsg.follow(self.path, stop, on_event, poll=self.poll)
 
 
-def default_source(w: Wiring) -> Source:
+class FirstWorking:
+    """NVML events where the driver supports them, else the kernel log: one source, never both,
+    so that one XID is never seen twice under two keys."""
+
+    def __init__(self, primary: Source, fallback: Source, log: Callable[[str], None]):
+        self.primary, self.fallback, self.log = primary, fallback, log
+        self._use_fallback = False
+
+    def backlog(self) -> list[XidEvent]:
+        """What happened while nobody listened: NVML keeps no history, the kernel log does."""
+        return self.primary.backlog() + self.fallback.backlog()
+
+    def follow(self, stop: threading.Event, on_event: OnEvent) -> None:
+        if not self._use_fallback:
+            try:
+                self.primary.follow(stop, on_event)
+                return
+            except SlurmHooksError as exc:
+                if not _unsupported(exc):
+                    raise
+                self.log(f"slurm-hooks watch: NVML XID events unavailable ({exc}); reading the kernel log")
+                self._use_fallback = True
+        self.fallback.follow(stop, on_event)
+
+
+def _unsupported(exc: SlurmHooksError) -> bool:
+    from slurm_hooks.probes import nvml_errors
+
+    return isinstance(exc, (nvml_errors.NotSupported, nvml_errors.NoPermission))
+
+
+def default_source(w: Wiring, log: Callable[[str], None] | None = None) -> Source:
     cfg = w.config
+    poll = float(cfg.watch.poll_interval)
     if cfg.gpu.backend == "sim":
-        return SimSource(cfg.gpu.sim_dir, w.node, float(cfg.watch.poll_interval))
-    return KmsgSource(cfg.watch.kmsg, float(cfg.watch.poll_interval))
+        return SimSource(cfg.gpu.sim_dir, w.node, poll)
+    from slurm_hooks.probes.nvml_events import NvmlEventSource
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    return FirstWorking(NvmlEventSource(poll=poll), KmsgSource(cfg.watch.kmsg, poll), log)
 
 
 class Watcher:
@@ -99,7 +134,7 @@ class Watcher:
         """Act on one event unless it was acted on before (by this or an earlier run)."""
         with self._lock:
             try:
-                if self.history.seen(event.key):
+                if self.history.seen(event.key) or event.key in self.history.acked():
                     return
             except SlurmHooksError as exc:
                 self.log(f"slurm-hooks watch: {exc}")
@@ -120,7 +155,10 @@ class Watcher:
 
     def run(self, stop: threading.Event) -> None:
         self.w.audit.write("watch", node=self.w.node, message="watcher started")
-        self._handle_all(self.source.backlog())
+        try:
+            self._handle_all(self.source.backlog())
+        except SlurmHooksError as exc:
+            self.log(f"slurm-hooks watch: cannot read earlier events: {exc}")
         while not stop.is_set():
             try:
                 self.source.follow(stop, self.handle)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import time
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,8 @@ class FakeNvml:
         self.shutdowns = 0
         self._errors: dict[tuple[str, int | None], int] = {}
         self._removed: set[str] = set()
+        self._pending_xids: list[tuple[int, int]] = []  # (gpu, xid) for nvmlEventSetWait_v2
+        self.registered: list[tuple[int, int]] = []  # (gpu, event mask)
 
     # --- building a scenario ---------------------------------------------------
 
@@ -116,6 +119,11 @@ class FakeNvml:
     def remove(self, *functions: str) -> FakeNvml:
         """Hide functions, as an older pynvml would not have them."""
         self._removed.update(functions)
+        return self
+
+    def emit_xid(self, gpu: int, xid: int) -> FakeNvml:
+        """Queue a critical XID for the next ``nvmlEventSetWait_v2``."""
+        self._pending_xids.append((gpu, xid))
         return self
 
     def called(self, function: str) -> int:
@@ -177,6 +185,27 @@ class FakeNvml:
         if not 0 <= index < len(self.gpus):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return FakeHandle(index)
+
+    def nvmlEventSetCreate(self) -> object:
+        self._enter("nvmlEventSetCreate")
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, mask: int, event_set: object) -> None:
+        self._gpu("nvmlDeviceRegisterEvents", handle)
+        self.registered.append((handle.index, mask))
+
+    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Any:
+        self._enter("nvmlEventSetWait_v2")
+        if not self._pending_xids:
+            time.sleep(min(timeout_ms, 50) / 1000)
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        gpu, xid = self._pending_xids.pop(0)
+        return types.SimpleNamespace(device=FakeHandle(gpu), eventType=pynvml.nvmlEventTypeXidCriticalError,
+                                     eventData=xid, timeStamp=1_700_000_000_000_000 + len(self.calls))
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        self._gpu("nvmlDeviceGetIndex", handle)
+        return handle.index
 
     def nvmlSystemGetProcessName(self, pid: int) -> str:
         self._enter("nvmlSystemGetProcessName")
