@@ -87,12 +87,16 @@ def _history(lookup, snap: NodeSnapshot) -> dict[int, tuple[float, ...]]:
         return {}
 
 
-def dcgm_level(context: Context, expect: Expectations) -> int:
-    return {
+def dcgm_level(context: Context, expect: Expectations, job_failed: bool = False) -> int:
+    """Quick in the prolog (launch path), deeper in the epilog of a job that failed."""
+    level = {
         Context.PROLOG: expect.dcgm_level_prolog,
         Context.EPILOG: expect.dcgm_level_epilog,
         Context.CHECK: expect.dcgm_level_check,
     }.get(context, 0)
+    if job_failed and context is Context.EPILOG:
+        level = max(level, expect.dcgm_level_after_failure)
+    return level
 
 
 def run(
@@ -108,6 +112,7 @@ def run(
     xid_history: Callable[[NodeSnapshot], dict[int, tuple[float, ...]]] | None = None,
     dcgm: DcgmRunner | None = None,
     acked_xids: frozenset[str] = frozenset(),
+    job_failed: bool = False,
     on_check_error: Action = Action.DRAIN,
     checks: Sequence[registry.Check] | None = None,
 ) -> Report:
@@ -115,7 +120,7 @@ def run(
     deadline = start + deadline_s
     snap = take_snapshot(probe, node, min(probe_timeout_s or deadline_s, deadline_s))
     dcgm_result = None
-    level = dcgm_level(context, expect)
+    level = dcgm_level(context, expect, job_failed)
     if dcgm is not None and level > 0 and snap.error is None:
         remaining = deadline - time.monotonic()
         try:

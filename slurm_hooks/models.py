@@ -195,6 +195,8 @@ class Expectations:
     dcgm_level_prolog: int = 0
     dcgm_level_epilog: int = 0
     dcgm_level_check: int = 0
+    #: Epilog of a job that failed (non-zero exit): look deeper, e.g. 2 (~2 min).
+    dcgm_level_after_failure: int = 0
 
 
 @dataclass(frozen=True)

@@ -274,3 +274,14 @@ def test_engine_runs_the_diag_at_the_contexts_level(tmp_path, exit_code, healthy
     assert (tmp_path / "argv").read_text().split() == ["diag", "-r", "2", "-j"]
     assert report.healthy is healthy
     assert [f.check for f in report.findings if f.severity is Severity.FAIL] == ([] if healthy else ["dcgm"])
+
+
+def test_dcgm_goes_deeper_in_the_epilog_of_a_failed_job_only():
+    from slurm_hooks.engine import dcgm_level
+    from slurm_hooks.models import Context, Expectations
+
+    expect = Expectations(dcgm_level_prolog=1, dcgm_level_epilog=1, dcgm_level_after_failure=2)
+    assert dcgm_level(Context.PROLOG, expect, job_failed=True) == 1
+    assert dcgm_level(Context.EPILOG, expect) == 1
+    assert dcgm_level(Context.EPILOG, expect, job_failed=True) == 2
+    assert dcgm_level(Context.CHECK, expect, job_failed=True) == 0

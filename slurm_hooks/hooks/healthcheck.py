@@ -68,7 +68,7 @@ class _Fixed:
 
 
 def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baseline=None,
-             snapshot: NodeSnapshot | None = None) -> Report:
+             snapshot: NodeSnapshot | None = None, job_failed: bool = False) -> Report:
     cfg = w.config
     expect = cfg.expectations_for(w.node)
     history = _xid_history(w)
@@ -85,7 +85,8 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
         baseline=baseline,
         xid_history=(lambda snap: history.occurrences(now, expect.xid_repeat_window_s, exclude=_keys(snap)))
         if history else None,
-        dcgm=_dcgm_runner(w, context, expect),
+        dcgm=_dcgm_runner(w, context, expect, job_failed),
+        job_failed=job_failed,
         acked_xids=acked,
         on_check_error=Action(cfg.check.on_check_error),
     )
@@ -127,8 +128,8 @@ def _xid_history(w: Wiring):
     return XidHistory(w.state_path(f"xid-history-{w.node}.json"))
 
 
-def _dcgm_runner(w: Wiring, context: Context, expect) -> Callable | None:
-    if engine.dcgm_level(context, expect) <= 0:
+def _dcgm_runner(w: Wiring, context: Context, expect, job_failed: bool = False) -> Callable | None:
+    if engine.dcgm_level(context, expect, job_failed) <= 0:
         return None
     from slurm_hooks.probes.dcgm import make_runner
 

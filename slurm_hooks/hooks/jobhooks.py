@@ -55,7 +55,8 @@ def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
     if gpus is None:
         return 0
     baseline = _pop_baseline(w, jid) if jid else None
-    report = healthcheck.evaluate(w, Context.EPILOG, gpus=gpus, baseline=baseline)
+    failed = env.get("SLURM_JOB_EXIT_CODE", "0").strip() not in ("", "0")
+    report = healthcheck.evaluate(w, Context.EPILOG, gpus=gpus, baseline=baseline, job_failed=failed)
     if not report.drain_findings():
         _print(report)
         return 0
