@@ -1,3 +1,3 @@
-from slurm_hooks.cli import main
+from slurm_hooks.entry import main
 
 main()

@@ -7,14 +7,13 @@ node every few minutes) and the prolog never pay for the bridge's imports.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import click
 
-from slurm_hooks.errors import ConfigError, SlurmHooksError, TransientError
+from slurm_hooks.entry import EXIT_INTERNAL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_UNHEALTHY, EXIT_USAGE, guard
 
-EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL = 0, 1, 2, 3, 4
+__all__ = ["EXIT_INTERNAL", "EXIT_OK", "EXIT_UNAVAILABLE", "EXIT_UNHEALTHY", "EXIT_USAGE", "cli", "main"]
 
 #: name -> "module:attribute" of a click command.
 COMMANDS = {
@@ -55,36 +54,18 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: one line on stderr and a defined exit code, never a traceback."""
-    try:
-        rc = cli.main(args=argv, prog_name="slurm-hooks", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("slurm-hooks: aborted", err=True)
-        sys.exit(EXIT_USAGE)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(EXIT_USAGE)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except ConfigError as exc:
-        click.echo(f"slurm-hooks: config error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
-    except TransientError as exc:
-        click.echo(f"slurm-hooks: {exc}", err=True)
-        sys.exit(EXIT_UNAVAILABLE)
-    except SlurmHooksError as exc:
-        click.echo(f"slurm-hooks: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # a bug of ours: one line for the admin, the traceback on request
-        if os.environ.get("SLURM_HOOKS_DEBUG"):
-            raise
-        where = exc.__traceback__
-        while where is not None and where.tb_next is not None:
-            where = where.tb_next
-        loc = f" at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
-        click.echo(f"slurm-hooks: internal error: {type(exc).__name__}: {exc}{loc} "
-                   "(set SLURM_HOOKS_DEBUG=1 for the traceback)", err=True)
-        sys.exit(EXIT_INTERNAL)
-    sys.exit(rc if isinstance(rc, int) else EXIT_OK)
+    """The click CLI; errors become one line on stderr and a defined exit code, never a traceback."""
+
+    def run() -> int | None:
+        try:
+            return cli.main(args=argv, prog_name="slurm-hooks", standalone_mode=False)
+        except click.exceptions.Abort:
+            click.echo("slurm-hooks: aborted", err=True)
+            return EXIT_USAGE
+        except click.ClickException as exc:
+            exc.show()
+            return EXIT_USAGE
+        except click.exceptions.Exit as exc:
+            return exc.exit_code
+
+    sys.exit(guard(run))

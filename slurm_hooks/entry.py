@@ -1,0 +1,82 @@
+"""Process entry point: exit codes, one-line errors, and a fast path for Slurm's hooks.
+
+``slurm-hooks prolog`` runs in every job's launch path and ``epilog`` after
+every job. Slurm calls them with no arguments (or ``--config``/``--node``), so
+for exactly those forms this module runs the hook without importing click
+(~20 ms). Everything else goes through the click CLI in :mod:`slurm_hooks.cli`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL = 0, 1, 2, 3, 4
+
+_FAST = ("prolog", "epilog")
+_FAST_OPTIONS = ("--config", "--node")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    fast = _fast_args(args)
+    if fast is None:
+        from slurm_hooks.cli import main as click_main
+
+        click_main(args)
+        return
+    sys.exit(guard(lambda: _run_hook(*fast)))
+
+
+def _fast_args(args: list[str]) -> tuple[str, str | None, str | None] | None:
+    """``(hook, config, node)`` when ``args`` is a hook with only --config/--node, else None."""
+    if not args or args[0] not in _FAST:
+        return None
+    opts: dict[str, str] = {}
+    rest = args[1:]
+    while rest:
+        if len(rest) < 2 or rest[0] not in _FAST_OPTIONS or rest[0] in opts or rest[1].startswith("-"):
+            return None
+        opts[rest[0]] = rest[1]
+        rest = rest[2:]
+    return args[0], opts.get("--config"), opts.get("--node")
+
+
+def _run_hook(hook: str, config_path: str | None, node: str | None) -> int:
+    from slurm_hooks.hooks import jobhooks
+    from slurm_hooks.hooks.wiring import Wiring
+
+    run = jobhooks.prolog if hook == "prolog" else jobhooks.epilog
+    return run(Wiring.load(config_path, node))
+
+
+def guard(fn: Callable[[], int | None]) -> int:
+    """Run ``fn``; turn every error into one line on stderr and a defined exit code."""
+    from slurm_hooks.errors import ConfigError, SlurmHooksError, TransientError
+
+    try:
+        rc = fn()
+    except ConfigError as exc:
+        return _fail(f"config error: {exc}", EXIT_USAGE)
+    except TransientError as exc:
+        return _fail(str(exc), EXIT_UNAVAILABLE)
+    except SlurmHooksError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug of ours: one line for the admin, the traceback on request
+        if os.environ.get("SLURM_HOOKS_DEBUG"):
+            raise
+        where = exc.__traceback__
+        while where is not None and where.tb_next is not None:
+            where = where.tb_next
+        loc = f" at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
+        return _fail(f"internal error: {type(exc).__name__}: {exc}{loc} (set SLURM_HOOKS_DEBUG=1 for the traceback)",
+                     EXIT_INTERNAL)
+    return rc if isinstance(rc, int) else EXIT_OK
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"slurm-hooks: {message}", file=sys.stderr)
+    return code
