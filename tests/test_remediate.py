@@ -554,3 +554,24 @@ def test_remediate_drain_can_be_called_with_a_report_directly(t):
     assert t.slurm.peek("n1").reason == "slurm-hooks: PCIe x8 on GPU 4 [drain]"
     [drain] = records(t, "action", action="drain")
     assert drain["job"] == "42"
+
+
+def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
+    from fakes.slurm import FakeSlurm
+
+    from slurm_hooks import config as config_mod
+    from slurm_hooks.audit import AuditLog
+    from slurm_hooks.errors import PermanentError
+    from slurm_hooks.hooks import remediate
+    from slurm_hooks.hooks.wiring import Wiring
+
+    cfg = config_mod.parse(f'[log]\naudit = "{tmp_path}/a.jsonl"\n[state]\ndir = "{tmp_path}/s"\n', None)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "MIXED")
+    slurm.add_job(44, "n1")
+    slurm.fail("requeue", PermanentError("scontrol requeue 44: Job is pending execution for job 44"))
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    outcome = remediate.Outcome()
+    remediate.requeue_jobs(w, outcome, follow="none")
+    assert outcome.ok and outcome.requeued == []
+    assert [(r["action"], r["result"]) for r in w.audit.read()] == [("requeue", "already")]

@@ -108,6 +108,10 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
         try:
             w.slurm.requeue(job.job_id)
         except SlurmHooksError as exc:
+            if "pending" in str(exc).lower():
+                # Another run (the watcher, the next health check) requeued it a moment ago.
+                _step(w, "requeue", str(job.job_id), "already", t0, jobs=[job.job_id], detail=str(exc))
+                continue
             outcome.failed.append(f"requeue {job.job_id}: {exc}")
             _step(w, "requeue", str(job.job_id), "failed", t0, jobs=[job.job_id], error=str(exc))
             continue
