@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -129,6 +128,8 @@ def follow_jobs(w: Wiring, job_ids: Iterable[int], how: str) -> None:
     elif how == "thread":
         threading.Thread(target=follow_requeued, args=(w, job_ids, timeout), name="follow-jobs", daemon=True).start()
     elif how == "detached":
+        import subprocess  # only when a job has to be followed: not on the healthy path
+
         argv = [sys.executable, "-m", "slurm_hooks", "follow-jobs", "--node", w.node,
                 "--timeout", str(timeout), *[str(j) for j in job_ids]]
         env = dict(os.environ)
