@@ -23,6 +23,11 @@ from slurm_hooks.probes import Probe
 
 DcgmRunner = Callable[[int, float], DcgmResult]
 
+#: Check id of the finding for a node whose GPUs could not be read at all (NVML down, driver
+#: mismatch mid-rollout, a hung probe): the node stops taking jobs, but its running jobs,
+#: which may be fine, are not requeued for it.
+PROBE_FAILED = "gpu-probe"
+
 
 def take_snapshot(probe: Probe, node: str, timeout: float) -> NodeSnapshot:
     """Run the probe in a worker thread; a hung driver becomes a finding, not a hang."""
@@ -141,7 +146,7 @@ def run(
     )
     findings: list[Finding] = []
     if snap.error is not None:
-        findings.append(Finding("gpu-count", Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}",
+        findings.append(Finding(PROBE_FAILED, Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}",
                                 summary="GPU probe failed"))
     else:
         for token in missing:

@@ -54,7 +54,15 @@ def run_command(
         out, err = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        out, err = proc.communicate()
+        try:
+            out, err = proc.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            # A descendant that left the process group still holds the pipes: stop waiting for it.
+            out, err = "", ""
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            proc.wait(timeout=1.0)
         raise CommandTimeout(argv, None, out or "", err or "", timed_out=True) from None
     if check and proc.returncode != 0:
         raise CommandError(argv, proc.returncode, out, err)

@@ -485,7 +485,7 @@ class RaisingProbe:
 def test_a_probe_that_raises_gives_one_fail_finding():
     report = engine.run(RaisingProbe(), "gpu017", H100, Context.CHECK, deadline_s=5)
     assert report.findings == (
-        Finding("gpu-count", Severity.FAIL, Action.DRAIN, "cannot read GPUs: RuntimeError: NVML_ERROR_DRIVER_NOT_LOADED",
+        Finding("gpu-probe", Severity.FAIL, Action.DRAIN, "cannot read GPUs: RuntimeError: NVML_ERROR_DRIVER_NOT_LOADED",
                 None, "GPU probe failed"),
     )
 
@@ -494,7 +494,7 @@ def test_a_node_level_probe_error_is_one_finding_even_when_gpu_count_is_not_run(
     snap = NodeSnapshot("gpu017", "nvml", error="NVML: driver/library version mismatch")
     report = run(snap, context=Context.WATCH)
     assert [(f.check, f.message) for f in report.findings] == [
-        ("gpu-count", "cannot read GPUs: NVML: driver/library version mismatch")]
+        ("gpu-probe", "cannot read GPUs: NVML: driver/library version mismatch")]
 
 
 class HangingProbe:
@@ -517,7 +517,7 @@ def test_a_probe_that_hangs_past_probe_timeout_is_a_fail_did_not_answer():
         probe.release.set()
     assert time.monotonic() - started < 5
     [f] = report.findings
-    assert (f.check, f.severity, f.action) == ("gpu-count", Severity.FAIL, Action.DRAIN)
+    assert (f.check, f.severity, f.action) == ("gpu-probe", Severity.FAIL, Action.DRAIN)
     assert "did not answer within 0.2s" in f.message
     assert not report.healthy
 
@@ -529,7 +529,7 @@ def test_a_probe_that_hangs_for_the_whole_deadline_is_one_did_not_answer_finding
     finally:
         probe.release.set()
     [f] = report.findings
-    assert (f.check, f.severity, f.action) == ("gpu-count", Severity.FAIL, Action.DRAIN)
+    assert (f.check, f.severity, f.action) == ("gpu-probe", Severity.FAIL, Action.DRAIN)
     assert "did not answer within 0.3s" in f.message
 
 

@@ -157,7 +157,7 @@ def test_corrupt_sim_file_exits_1_with_a_one_line_finding(conf, tmp_path):
     state.write_text('{"version": 1, "gpus": [{"index": 0,')
     r = slurm_hooks("check", "--dry-run", "--config", str(conf))
     assert (r.returncode, r.stderr) == (1, "")
-    assert r.stdout.startswith(f"node gpu-count: cannot read GPUs: {state}: corrupt sim state: ")
+    assert r.stdout.startswith(f"node gpu-probe: cannot read GPUs: {state}: corrupt sim state: ")
     assert r.stdout.endswith(" -> drain\n") and r.stdout.count("\n") == 1
 
 

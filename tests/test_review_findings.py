@@ -66,8 +66,6 @@ def nvml_wiring(tmp_path, slurm, nvml, kmsg_path):
 # --- 1. root code execution from the current directory ---------------------------------------------
 
 
-@pytest.mark.xfail(reason="BUG: detached follower runs `python -m slurm_hooks`, which imports slurm_hooks from the "
-                          "CWD first: a package planted in the CWD runs as root", strict=True)
 def test_detached_follower_does_not_import_code_from_the_current_directory(tmp_path):
     # Once fixed, the real follower runs: no Slurm binaries and the shortest follow time keep it cheap.
     cfg = make_config(tmp_path, f'[slurm]\nbin_dir = "{tmp_path}/no-bin"\n[remediation]\nrequeue_grace = 0.0\n')
@@ -141,8 +139,6 @@ def test_watcher_drains_on_a_critical_nvml_xid_event_even_when_the_kernel_log_is
 # --- 4. a probe that cannot start requeues every running job on every node -----------------------------
 
 
-@pytest.mark.xfail(reason="BUG: an NVML init failure (driver/library mismatch during a driver rollout) is a drain "
-                          "finding, so every node drains AND requeues its healthy running jobs", strict=True)
 def test_nvml_library_mismatch_does_not_requeue_running_jobs(tmp_path):
     slurm = FakeSlurm()
     slurm.add_node("n1", "MIXED")
@@ -156,8 +152,6 @@ def test_nvml_library_mismatch_does_not_requeue_running_jobs(tmp_path):
 # --- 5. an admin's DOWN (or FAIL) reason is overwritten, then the node is resumed ----------------------
 
 
-@pytest.mark.xfail(reason="BUG: may_drain only protects DRAIN-flagged reasons: an admin's State=DOWN/FAIL reason is "
-                          "overwritten with ours (and later resumed by us)", strict=True)
 @pytest.mark.parametrize("state", ["DOWN", "IDLE+FAIL"])
 def test_admin_down_or_fail_reason_is_never_overwritten(t, state):
     t.slurm.set_node("n1", state=state, reason="PSU swap, do not touch - bob")
@@ -167,8 +161,6 @@ def test_admin_down_or_fail_reason_is_never_overwritten(t, state):
 
 
 @pytest.mark.slurm
-@pytest.mark.xfail(reason="BUG: on real Slurm, a node an admin set DOWN is drained with our reason and then "
-                          "RESUMEd to IDLE by our health check", strict=True)
 def test_admin_down_node_stays_down_on_real_slurm(hooked_testbed):
     tb = hooked_testbed
     reason = "PSU swap, do not touch - bob"
@@ -236,9 +228,6 @@ def test_node_drained_by_epilog_dcgm_diag_is_not_resumed_by_a_check_that_runs_no
 # --- 8. a DCGM diag cut short by our own time budget drains a healthy node ----------------------------
 
 
-@pytest.mark.xfail(reason="BUG: a DCGM diag killed by our own [dcgm] timeout/deadline is 'failed' and drains; the "
-                          "defaults (30 s, 45 s) are below L2's ~2 min, so dcgm_level_after_failure=2 drains after "
-                          "every failed job", strict=True)
 def test_dcgm_diag_cut_off_by_our_own_budget_does_not_drain_a_healthy_node(tmp_path):
     # Scaled down: a passing diag that needs 3 s against a 1 s budget, as L2 (~120 s) against the default 30 s.
     dcgmi = fake_dcgmi(tmp_path, DCGM_PASS, sleep=3)
@@ -347,9 +336,6 @@ def test_our_drain_is_resumed_when_mended_even_without_the_local_marker(t):
 # --- 13. a command's timeout is not a bound when a descendant left the process group -------------------
 
 
-@pytest.mark.xfail(reason="BUG: run_command kills the process group on timeout, then communicate()s without a "
-                          "timeout: a descendant in its own session keeps the pipes open and the caller waits for it",
-                   strict=True)
 def test_run_command_returns_at_its_timeout_even_if_a_descendant_left_the_process_group():
     from slurm_hooks.errors import CommandTimeout
     from slurm_hooks.runner import run_command

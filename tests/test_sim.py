@@ -202,7 +202,7 @@ def test_corrupt_state_is_a_sim_state_error_and_a_probe_error(sim_dir, content):
     snap = snapshot(sim_dir)
     assert "corrupt sim state" in snap.error
     [f] = findings(sim_dir)
-    assert (f.check, f.severity, f.action) == ("gpu-count", Severity.FAIL, Action.DRAIN)
+    assert (f.check, f.severity, f.action) == ("gpu-probe", Severity.FAIL, Action.DRAIN)
 
 
 def test_a_gpu_entry_with_a_wrong_field_is_a_probe_error_not_a_crash(sim_dir):

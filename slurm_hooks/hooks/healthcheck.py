@@ -112,8 +112,10 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached") -
     if report.drain_findings():
         if w.config.check.drain:
             remediate.drain(w, report, outcome)
-            # Requeued onto a node that still takes jobs, a job could land right back here.
-            if w.config.remediation.requeue and outcome.node_out:
+            # Requeued onto a node that still takes jobs, a job could land right back here; and a
+            # node we could not read at all says nothing about its running jobs' GPUs.
+            gpu_fault = any(f.check != engine.PROBE_FAILED for f in report.drain_findings())
+            if w.config.remediation.requeue and outcome.node_out and gpu_fault:
                 remediate.requeue_jobs(w, outcome, follow=follow)
     elif report.healthy and report.context is Context.CHECK:
         remediate.resume_if_ours(w, outcome, report)

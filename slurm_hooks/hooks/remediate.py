@@ -130,13 +130,14 @@ def follow_jobs(w: Wiring, job_ids: Iterable[int], how: str) -> None:
     elif how == "detached":
         import subprocess  # only when a job has to be followed: not on the healthy path
 
-        argv = [sys.executable, "-m", "slurm_hooks", "follow-jobs", "--node", w.node,
+        # -I: never import from the current directory (slurmd's log dir, an admin's /tmp) as root.
+        argv = [sys.executable, "-I", "-m", "slurm_hooks", "follow-jobs", "--node", w.node,
                 "--timeout", str(timeout), *[str(j) for j in job_ids]]
         env = dict(os.environ)
         if w.config.path:
             env["SLURM_HOOKS_CONFIG"] = w.config.path
         subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, close_fds=True, env=env)
+                         start_new_session=True, close_fds=True, env=env, cwd="/")
 
 
 def follow_requeued(w: Wiring, job_ids: list[int], timeout: float, poll: float = 0.2) -> dict[int, str]:

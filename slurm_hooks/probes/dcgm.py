@@ -36,7 +36,9 @@ def run_diag(level: int, timeout: float, dcgmi: str = DEFAULT_DCGMI, runner: Run
     try:
         done = runner(argv, timeout, check=False)
     except CommandTimeout:
-        return DcgmResult(level, True, False, reason=f"dcgmi diag -r {level} timed out after {timeout:g}s")
+        # Our own budget ran out, not the GPUs: say so, do not drain for it.
+        return DcgmResult(level, True, None, reason=f"dcgmi diag -r {level} did not finish within our {timeout:g}s "
+                                                   "budget ([dcgm] timeout, [check] deadline)")
     except CommandError as exc:
         if exc.returncode is None:
             return DcgmResult(level, available=False, reason=f"dcgmi not runnable at {dcgmi}: {_line(exc.stderr)}")

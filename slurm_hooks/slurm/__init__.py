@@ -80,8 +80,9 @@ class Slurm(Protocol):
 
 
 def may_drain(node: NodeInfo) -> bool:
-    """Drain unless someone else already drained it with a reason of their own."""
-    return not node.drained or not node.reason or node.ours
+    """Drain unless the node carries someone else's reason: an admin's DRAIN, DOWN or FAIL,
+    or Slurm's own (``Not responding``, ``Prolog error``). Ours we may replace."""
+    return not node.reason or node.ours
 
 
 def may_resume(node: NodeInfo) -> bool:
