@@ -59,11 +59,21 @@ class XidEvent:
     message: str = ""
     source: str = ""  # "nvml", "kmsg", "sim"
     seq: int | None = None  # kernel log sequence number, when known
+    boot: str = ""  # the kernel's boot id, for kernel-log events read from /dev/kmsg
 
     @property
     def key(self) -> str:
-        """Stable identity used to never act twice on one event."""
-        return f"{self.source}:{self.seq if self.seq is not None else self.ts}:{self.gpu}:{self.code}"
+        """Stable identity used to never act twice on one event.
+
+        Kernel-log record numbers restart at every boot: their key also carries
+        the boot id and the boot-relative time, so an event acknowledged before
+        a reboot never hides a new one with the same record number after it.
+        """
+        ident: object = self.seq if self.seq is not None else self.ts
+        if self.source == "kmsg" and self.seq is not None and self.ts is not None:
+            ident = f"{self.seq}@{self.ts}"
+        boot = f"{self.boot}:" if self.boot else ""
+        return f"{self.source}:{boot}{ident}:{self.gpu}:{self.code}"
 
 
 @dataclass(frozen=True)

@@ -199,3 +199,12 @@ def test_real_dev_kmsg_reads_without_error_and_follow_stops():
     stop.set()
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_events_read_from_the_kernel_carry_the_boot_id_in_their_key():
+    from slurm_hooks.models import XidEvent
+
+    a = XidEvent(79, gpu=3, ts=41.0, source="kmsg", seq=1234, boot="boot-a")
+    b = XidEvent(79, gpu=3, ts=41.0, source="kmsg", seq=1234, boot="boot-b")
+    assert a.key != b.key  # same record number and time, another boot: another event
+    assert a.key == XidEvent(79, gpu=3, ts=41.0, source="kmsg", seq=1234, boot="boot-a").key

@@ -249,8 +249,6 @@ def kmsg_xid(seq: int, usec: int, code: int = 119, bus: str = "0000:48:00") -> s
     return f"4,{seq},{usec},-;NVRM: Xid (PCI:{bus}): {code}, pid=2024, name=python, Timeout waiting for GSP\n"
 
 
-@pytest.mark.xfail(reason="BUG: kmsg XID keys are source:seq:gpu:code with no boot id; seq restarts at boot, so an "
-                          "acknowledged (or 'seen') key hides a new XID after a reboot", strict=True)
 def test_an_xid_after_a_reboot_is_not_hidden_by_an_acknowledged_one_from_the_previous_boot(tmp_path):
     slurm = FakeSlurm()
     slurm.add_node("n1", "IDLE")

@@ -97,12 +97,23 @@ def _read_record(fd: int) -> bytes | None:
             continue
 
 
-def _xids(lines: Iterable[bytes]) -> list[XidEvent]:
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id(path: str = BOOT_ID) -> str:
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _xids(lines: Iterable[bytes], boot: str = "") -> list[XidEvent]:
     events = []
     for raw in lines:
         event = parse_line(raw.decode("utf-8", "replace"))
         if event is not None:
-            events.append(event)
+            events.append(dataclasses.replace(event, boot=boot) if boot else event)
     return events
 
 
@@ -122,7 +133,7 @@ def read_xids(path: str = "/dev/kmsg", max_records: int = 100000) -> list[XidEve
                 records.append(record)
         except OSError as exc:
             raise ProbeError(f"cannot read kernel log {path}: {exc.strerror or exc}") from None
-        return _xids(records)
+        return _xids(records, boot_id())
     finally:
         os.close(fd)
 
@@ -146,6 +157,7 @@ def follow(path: str, stop: threading.Event, on_event: Callable[[XidEvent], None
 def _follow_kmsg(fd: int, path: str, stop: threading.Event, on_event: Callable[[XidEvent], None],
                  poll: float) -> None:
     os.lseek(fd, 0, os.SEEK_END)
+    boot = boot_id()
     while not stop.is_set():
         try:
             select.select([fd], [], [], poll)
@@ -153,7 +165,7 @@ def _follow_kmsg(fd: int, path: str, stop: threading.Event, on_event: Callable[[
                 record = _read_record(fd)
                 if not record:
                     break
-                for event in _xids([record]):
+                for event in _xids([record], boot):
                     on_event(event)
         except OSError as exc:
             if exc.errno == errno.EINTR:
