@@ -182,19 +182,28 @@ def test_a_healthy_node_we_drained_is_resumed(t):
     assert not os.path.exists(t.w.drained_marker())
 
 
-def test_a_healthy_node_makes_no_slurm_call(t):
+def test_a_healthy_node_asks_slurm_at_most_once_an_hour(t):
     report, outcome = check(t)
     assert report.healthy
-    assert t.slurm.calls == []
+    assert t.slurm.calls == [("node", "n1")]  # is a drain of ours left that we lost the record of?
+    for _ in range(3):
+        check(t)
+    assert t.slurm.calls == [("node", "n1")]
     assert list(t.audit.read()) == []
 
 
-def test_our_reason_without_our_marker_is_not_resumed(t):
-    # The reason looks like ours but this node's state dir says we did not drain it.
+def test_our_drain_without_our_marker_is_resumed_once_healthy(t):
+    # The state dir was lost (slurmd pod restarted, node reimaged): Slurm still says it was us.
     t.slurm.set_node("n1", state="IDLE+DRAIN", reason=XID79_REASON)
     _, outcome = check(t)
-    assert not outcome.resumed
-    assert t.slurm.calls == []
+    assert outcome.resumed
+    assert t.slurm.called("resume") == [("resume", "n1")]
+
+
+def test_a_dcgm_drain_without_our_marker_waits_for_a_person(t):
+    t.slurm.set_node("n1", state="IDLE+DRAIN", reason="slurm-hooks: DCGM diag L2 failed on GPU 3 [reset]")
+    _, outcome = check(t)
+    assert not outcome.resumed and t.slurm.called("resume") == []
 
 
 def test_a_node_resumed_by_someone_else_only_loses_our_marker(t):
@@ -216,7 +225,8 @@ def test_an_idle_drained_node_with_leftover_gpu_processes_is_not_resumed(t):
     assert report.healthy and not outcome.resumed
     assert t.slurm.called("resume") == []
     [skipped] = records(t, "action", action="resume")
-    assert (skipped["result"], skipped["detail"]) == ("skipped", "processes still on GPU(s) 2 of an idle node")
+    assert skipped["result"] == "skipped"
+    assert skipped["detail"] == "still 1 process(es) left after the job (pid 31337) on an idle node"
     sim.clear(t.sim_dir, "n1", 2)
     _, outcome = check(t)
     assert outcome.resumed

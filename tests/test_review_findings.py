@@ -109,8 +109,6 @@ class ProbeRacedByWatcher:
         return snap
 
 
-@pytest.mark.xfail(reason="BUG: resume_if_ours has no lock or reason check: a check that probed before the watcher "
-                          "drained for a new XID resumes the node", strict=True)
 def test_health_check_does_not_resume_a_drain_the_watcher_made_during_the_check(t):
     check_wiring = Wiring(t.cfg, "n1", t.w.audit, probe_override=ProbeRacedByWatcher(t), slurm_override=t.slurm)
     healthcheck.run(check_wiring, follow="none")
@@ -122,9 +120,6 @@ def test_health_check_does_not_resume_a_drain_the_watcher_made_during_the_check(
 # --- 3. the watcher drops the NVML XID event it was woken for ------------------------------------------
 
 
-@pytest.mark.xfail(reason="BUG: the watcher re-probes instead of judging the NVML event; an XID the kernel log does "
-                          "not show (kmsg unreadable in the slurmd pod, rate-limited) is marked seen and never acted on",
-                   strict=True)
 def test_watcher_drains_on_a_critical_nvml_xid_event_even_when_the_kernel_log_is_unreadable(tmp_path):
     slurm = FakeSlurm()
     slurm.add_node("n1", "MIXED")
@@ -179,8 +174,6 @@ def test_admin_down_node_stays_down_on_real_slurm(hooked_testbed):
 # --- 6. an admin's resume is undone by the next job's prolog ------------------------------------------
 
 
-@pytest.mark.xfail(reason="BUG: XIDs an admin dealt with are acknowledged only in the CHECK context; the next job's "
-                          "prolog re-drains the resumed node for the same old kernel-log XID", strict=True)
 def test_admin_resume_after_our_drain_is_not_undone_by_the_next_prolog(t):
     sim.inject(t.sim_dir, "n1", 3, xid=119)  # GSP timeout: the admin resets the GPU and resumes, no reboot
     healthcheck.run(t.w, follow="none")
@@ -209,9 +202,6 @@ def fake_dcgmi(tmp_path, doc: dict, exit_code: int = 0, sleep: float = 0) -> str
     return str(path)
 
 
-@pytest.mark.xfail(reason="BUG: resume_if_ours resumes after any healthy CHECK, though the CHECK context does not "
-                          "re-run the epilog's DCGM diag (nor judge leftover memory) that the node was drained for",
-                   strict=True)
 def test_node_drained_by_epilog_dcgm_diag_is_not_resumed_by_a_check_that_runs_no_diag(tmp_path):
     dcgmi = fake_dcgmi(tmp_path, DCGM_FAIL_GPU3, exit_code=226)
     cfg = make_config(tmp_path, f'[dcgm]\ndcgmi = "{dcgmi}"\n[expect]\ngpus = 8\ndcgm_level_after_failure = 2\n')
@@ -322,8 +312,6 @@ def test_a_job_name_cannot_spoof_the_job_state_or_node_list():
 # --- 12. our own drain is never lifted once the local marker is gone ---------------------------------
 
 
-@pytest.mark.xfail(reason="BUG: resume depends on a local marker file; a node drained with our reason whose state "
-                          "dir was lost (slurmd pod restarted, node reimaged) is never resumed by us", strict=True)
 def test_our_drain_is_resumed_when_mended_even_without_the_local_marker(t):
     t.slurm.set_node("n1", state="IDLE+DRAIN", reason="slurm-hooks: GPU 3 at 96 C [drain]")
     assert not os.path.exists(t.w.drained_marker())

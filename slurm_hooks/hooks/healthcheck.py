@@ -7,8 +7,10 @@ Slurm call unless this node is drained by us.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
+from collections.abc import Sequence
 from typing import Callable
 
 from slurm_hooks import engine
@@ -19,15 +21,50 @@ from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, XidEvent
 
 
-def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, follow: str = "detached") -> tuple[Report, Outcome]:
-    report = evaluate(w, context)
+def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, follow: str = "detached",
+        events: Sequence[XidEvent] = ()) -> tuple[Report, Outcome]:
+    """Judge the node and act. ``events``: XIDs a source delivered (the watcher's NVML event)
+    that the probe may not see, e.g. when the kernel log is unreadable in a container."""
+    report = judge(w, context, events=events, acknowledge=not dry_run)
     outcome = Outcome()
     if not dry_run:
-        if report.drain_findings() and context is Context.CHECK and _admin_resumed(w, report):
-            report = evaluate(w, context, snapshot=report.snapshot)
         remediate.record_alerts(w, report)
         act(w, report, outcome, follow=follow)
     return report, outcome
+
+
+def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequence[XidEvent] = (),
+          **kw) -> Report:
+    """:func:`evaluate`, then, if we drained this node before and an admin has resumed it since,
+    acknowledge the XIDs we drained for and judge again: in every context, so that the first
+    job after the resume is not refused for what the admin has mended."""
+    snap = None
+    if events:
+        snap = _with_events(engine.take_snapshot(w.probe(), w.node, float(w.config.gpu.probe_timeout)), events)
+    report = evaluate(w, context, snapshot=snap, **kw)
+    if acknowledge and report.drain_findings() and _admin_resumed(w, report):
+        report = evaluate(w, context, snapshot=report.snapshot, **kw)
+    return report
+
+
+def _with_events(snap: NodeSnapshot, events: Sequence[XidEvent]) -> NodeSnapshot:
+    """Add delivered XIDs the snapshot lacks (same GPU and code counts as present)."""
+    if snap.error is not None:
+        return snap
+    seen = {(x.gpu, x.code) for x in _events(snap)}
+    extra = [e for e in events if (e.gpu, e.code) not in seen]
+    if not extra:
+        return snap
+    by_gpu: dict[int, list[XidEvent]] = {}
+    node_level: list[XidEvent] = []
+    for e in extra:
+        if e.gpu is not None and snap.gpu(e.gpu) is not None:
+            by_gpu.setdefault(e.gpu, []).append(e)
+        else:
+            node_level.append(e)
+    gpus = tuple(dataclasses.replace(g, xids=g.xids + tuple(by_gpu[g.index])) if g.index in by_gpu else g
+                 for g in snap.gpus)
+    return dataclasses.replace(snap, gpus=gpus, node_xids=snap.node_xids + tuple(node_level))
 
 
 def _admin_resumed(w: Wiring, report: Report) -> bool:

@@ -35,7 +35,7 @@ def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
     gpus, jid = job_gpus(env), job_id(env)
     if gpus is None:
         return 0  # a job without GPUs is not ours to judge; the health check covers the node
-    report = healthcheck.evaluate(w, Context.PROLOG, gpus=gpus)
+    report = healthcheck.judge(w, Context.PROLOG, gpus=gpus)
     if not report.drain_findings():
         if jid:
             _save_baseline(w, jid, report.snapshot)
@@ -56,7 +56,7 @@ def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
         return 0
     baseline = _pop_baseline(w, jid) if jid else None
     failed = env.get("SLURM_JOB_EXIT_CODE", "0").strip() not in ("", "0")
-    report = healthcheck.evaluate(w, Context.EPILOG, gpus=gpus, baseline=baseline, job_failed=failed)
+    report = healthcheck.judge(w, Context.EPILOG, gpus=gpus, baseline=baseline, job_failed=failed)
     if not report.drain_findings():
         _print(report)
         return 0

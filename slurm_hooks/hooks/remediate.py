@@ -185,38 +185,94 @@ def follow_requeued(w: Wiring, job_ids: list[int], timeout: float, poll: float =
     return results
 
 
-def resume_if_ours(w: Wiring, outcome: Outcome, report: Report | None = None) -> None:
+#: How often a node with no drain marker asks Slurm whether it carries our drain anyway
+#: (the state dir was lost: a slurmd pod restarted, a node reimaged).
+#: Once an hour: 10,000 nodes cost slurmctld under 3 light RPCs a second.
+RECOVER_LOOK_S = 3600.0
+
+
+def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
     """A healthy node that we drained goes back into service; anyone else's drain stays.
 
-    An idle node whose GPUs still hold processes (what an epilog drained it for)
-    is not healthy yet, even though the periodic check does not judge processes.
+    Only what this check could judge again is taken as mended: a drain for a
+    check the periodic run does not do (the epilog's DCGM diagnostic) waits for
+    a person. A drain written after this check took its snapshot (the watcher,
+    an epilog) is newer than our verdict and is left alone.
     """
-    marker = w.drained_marker()
-    if not os.path.exists(marker):
+    record = read_marker(w)
+    if record is None:
+        record = _recover_marker(w)
+        if record is None:
+            return
+    snap = report.snapshot
+    if snap is not None and float(record.get("ts", 0)) >= snap.taken_at:
         return
     started = time.monotonic()
     try:
         info = w.slurm.node(w.node)
         if not info.drained:
-            _remove(marker)
+            forget_drain(w)
             return
         if not may_resume(info):
-            _remove(marker)
+            forget_drain(w)
             _step(w, "resume", w.node, "skipped", started, detail=f"drained by someone else: {info.reason!r}")
             return
-        busy = [g.index for g in (report.snapshot.gpus if report and report.snapshot else ()) if g.processes]
-        if busy and info.base_state in ("IDLE", "DRAINED", "DOWN"):
-            _step(w, "resume", w.node, "skipped", started,
-                  detail=f"processes still on GPU(s) {','.join(map(str, busy))} of an idle node")
+        why_not = _not_rejudged(w, record, report, info)
+        if why_not:
+            _step(w, "resume", w.node, "skipped", started, reason=info.reason, detail=why_not)
             return
         w.slurm.resume(w.node)
     except SlurmHooksError as exc:
         outcome.failed.append(f"resume: {exc}")
         _step(w, "resume", w.node, "failed", started, error=str(exc))
         return
-    _remove(marker)
+    forget_drain(w)
     outcome.resumed = True
     _step(w, "resume", w.node, "ok", started, reason=info.reason)
+
+
+def _not_rejudged(w: Wiring, record: dict, report: Report, info) -> str:
+    """Why this healthy verdict does not cover what the node was drained for ("" when it does)."""
+    from slurm_hooks import checks as registry
+    from slurm_hooks.checks import processes
+    from slurm_hooks.models import CheckInput, Context
+
+    expect = w.config.expectations_for(w.node)
+    ran = {c.name for c in registry.for_context(report.context)} | {"gpu-probe"}
+    if expect.dcgm_level_check <= 0:
+        ran.discard("dcgm")
+    leftovers = {"leftover", "busy"} & set(record.get("checks", ()))
+    missing = sorted(set(record.get("checks", ())) - ran - leftovers)
+    if missing:
+        return (f"drained for {', '.join(missing)}, which the periodic check does not run: "
+                "resume by hand (scontrol update State=RESUME) once mended")
+    snap = report.snapshot
+    if snap is not None and info.base_state in ("IDLE", "DRAINED", "DOWN"):
+        # An idle node's GPUs should be empty: what is on them now is left over.
+        left = list(processes.check_leftovers(CheckInput(snap, expect, Context.EPILOG)))
+        if left:
+            return "still " + "; ".join(f.message for f in left[:3]) + " on an idle node"
+    return ""
+
+
+def _recover_marker(w: Wiring) -> dict | None:
+    """No marker: now and then, ask Slurm whether this node carries our drain anyway."""
+    stamp = w.state_path(f"slurm-look-{w.node}")
+    try:
+        if time.time() - os.stat(stamp).st_mtime < RECOVER_LOOK_S:
+            return None
+    except FileNotFoundError:
+        pass
+    _touch(stamp)
+    try:
+        info = w.slurm.node(w.node)
+    except SlurmHooksError:
+        return None
+    if not (info.drained and info.ours):
+        return None
+    # What it was drained for is lost with the marker; the reason still says whether it was DCGM.
+    return {"ts": 0.0, "reason": info.reason, "xids": [], "checks": ["dcgm"] if "DCGM" in info.reason else [],
+            "recovered": True}
 
 
 def forget_drain(w: Wiring) -> None:
@@ -224,26 +280,42 @@ def forget_drain(w: Wiring) -> None:
 
 
 def _write_marker(w: Wiring, reason: str, report: Report) -> None:
-    """Remember that we drained this node, and for which XID events (see ``drained_for``)."""
+    """Remember that we drained this node: when, why, and for which XID events and checks."""
     snap = report.snapshot
     keys = sorted({x.key for g in snap.gpus for x in g.xids} | {x.key for x in snap.node_xids}) if snap else []
+    record = {"ts": time.time(), "reason": reason, "xids": keys, "context": report.context.value,
+              "checks": sorted({f.check for f in report.drain_findings()})}
     try:
-        fsutil.atomic_write(w.drained_marker(), json.dumps({"ts": time.time(), "reason": reason, "xids": keys}),
-                            mode=0o600)
+        fsutil.atomic_write(w.drained_marker(), json.dumps(record), mode=0o600)
     except OSError as exc:
         print(f"slurm-hooks: cannot write {w.drained_marker()}: {exc.strerror}", file=sys.stderr)
 
 
-def drained_for(w: Wiring) -> list[str] | None:
-    """XID event keys our drain of this node was for; ``None`` when we have not drained it."""
+def read_marker(w: Wiring) -> dict | None:
+    """Our record of draining this node; ``None`` when we have not drained it."""
     try:
         with open(w.drained_marker(), encoding="utf-8") as fh:
             data = json.load(fh)
-        return [str(k) for k in data.get("xids", [])]
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, AttributeError):
-        return []
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def drained_for(w: Wiring) -> list[str] | None:
+    """XID event keys our drain of this node was for; ``None`` when we have not drained it."""
+    record = read_marker(w)
+    return None if record is None else [str(k) for k in record.get("xids", [])]
+
+
+def _touch(path: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def _remove(path: str) -> None:

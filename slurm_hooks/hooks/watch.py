@@ -144,7 +144,7 @@ class Watcher:
             self.log(f"slurm-hooks watch: XID {event.code} on {where} -> {action.value}")
             if action.takes_node_out:
                 started = time.monotonic()
-                report, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread")
+                report, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread", events=[event])
                 self.w.audit.write("watch", node=self.w.node, xid=event.code, gpu=event.gpu, event=event.key,
                                    drained=outcome.drained, requeued=outcome.requeued, failed=outcome.failed,
                                    duration_s=round(time.monotonic() - started, 4))
