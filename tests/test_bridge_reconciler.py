@@ -343,7 +343,7 @@ def test_admin_reset_lets_the_next_nodes_in(kube, bridge_settings, clock, audit_
     assert res.taken == ["n03", "n04"] and res.breaker_open
 
 
-def test_breaker_window_passing_closes_it(kube, bridge_settings, clock, audit_path):
+def test_breaker_window_passing_does_not_let_more_in_while_the_cap_is_held(kube, bridge_settings, clock, audit_path):
     slurm = twelve_nodes(kube)
     for i in range(1, 11):
         slurm.drain(f"n{i:02d}", XID79)
@@ -351,7 +351,13 @@ def test_breaker_window_passing_closes_it(kube, bridge_settings, clock, audit_pa
     bridge.run_pass()
     clock.advance(bridge_settings.breaker.window + 1)
     res = bridge.run_pass()
-    assert res.taken == ["n03", "n04"]
+    assert res.taken == [] and res.breaker_open  # n01, n02 are still held: the cap is a total, not a rate
+    slurm.resume("n01")  # mended: given back, which frees one place
+    clock.advance(1)
+    bridge.run_pass()
+    clock.advance(bridge_settings.breaker.window + 1)
+    res = bridge.run_pass()
+    assert res.taken == ["n03"]
 
 
 def test_lost_state_file_cannot_reset_the_budget(kube, bridge_settings, clock, audit_path, tmp_path):

@@ -258,9 +258,6 @@ def test_an_xid_after_a_reboot_is_not_hidden_by_an_acknowledged_one_from_the_pre
 # --- 10. the bridge's breaker limits a rate, not a total --------------------------------------------
 
 
-@pytest.mark.xfail(reason="BUG: the breaker caps nodes taken per window only and re-closes by itself, so a "
-                          "cluster-wide drain (a bad config, a driver rollout) is cordoned/evicted/replaced wholesale "
-                          "at max_nodes per window; no absolute cap on nodes held", strict=True)
 @pytest.mark.skipif(sys.version_info < (3, 10), reason="the bridge needs Python 3.10+")
 def test_breaker_bounds_the_nodes_held_not_only_the_rate(tmp_path):
     from kube.doubles import Clock

@@ -1,10 +1,13 @@
 """Circuit breaker: the bridge never takes out more than a small part of the cluster.
 
 At most ``max_percent`` of all nodes and at most ``max_nodes`` (the smaller,
-never below one) may be taken by the bridge inside a sliding ``window``. The
-first node over the cap trips the breaker: from then on no node is newly taken
+never below one) may be taken by the bridge inside a sliding ``window``, and
+no more than that many may be held at once, however slowly they came: a
+cluster-wide drain (a config typo, a driver rollout) must not be worked
+through one window at a time by a controller nobody is watching. The first
+node over either cap trips the breaker: from then on no node is newly taken
 until an admin resets it (``slurm-hooks bridge reset-breaker``) or ``window``
-seconds pass. Nodes already taken keep being worked on (they were admitted
+seconds pass (and then only while fewer than the cap are held). Nodes already taken keep being worked on (they were admitted
 under the cap) and recovered nodes are always given back: both only ever
 restore capacity or finish what was started.
 """
@@ -68,6 +71,16 @@ class CircuitBreaker:
             return Decision(False, reason=f"circuit breaker open since {self.state.trip_reason}")
         recent = self.in_window(now, owned_since)
         cap = self.limit(total_nodes)
+        # An admin's reset accepts what is held now: only nodes taken since then count.
+        since_reset = self.state.reset_at if self.state.reset_at is not None else -math.inf
+        held = {n for n, ts in (owned_since or {}).items() if ts > since_reset}
+        if node not in held and len(held) >= cap:
+            self.state.tripped_at = now
+            self.state.trip_reason = (
+                f"{len(held)} node(s) already held, cap {cap} "
+                f"(max {self.settings.max_percent:g}% of {total_nodes}, max {self.settings.max_nodes})"
+            )
+            return Decision(False, tripped=True, reason=self.state.trip_reason)
         if node not in recent and len(recent) >= cap:
             self.state.tripped_at = now
             self.state.trip_reason = (
