@@ -27,7 +27,6 @@ from slurm_hooks.models import XidEvent
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.nvml import NvmlProbe
 from slurm_hooks.slurm import NodeInfo
-from slurm_hooks.slurm.scontrol import parse_job_line
 
 ALL_GPUS = "0,1,2,3,4,5,6,7"
 
@@ -297,13 +296,14 @@ HOSTILE_JOB = (
 )
 
 
-@pytest.mark.xfail(reason="BUG: JobName ends at the first ' UserId=', so `sbatch -J 'x UserId=.. JobState=COMPLETED "
-                          "NodeList=elsewhere'` spoofs state/nodes/requeue and the job escapes requeue on a bad node",
-                   strict=True)
 def test_a_job_name_cannot_spoof_the_job_state_or_node_list():
-    job = parse_job_line(HOSTILE_JOB)
+    # Fixed by reading jobs from squeue fields Slurm writes itself, the user's name last.
+    from slurm_hooks.slurm.scontrol import parse_squeue_job
+
+    name = "x UserId=nobody(65534) JobState=COMPLETED NodeList=elsewhere Requeue=0|COMPLETED|elsewhere|0"
+    job = parse_squeue_job(f"77|RUNNING|n1|1|0|1|4294901759|None|{name}")
     assert (job.state, job.nodes, job.requeue) == ("RUNNING", "n1", True)
-    assert job.name == "x UserId=nobody(65534) JobState=COMPLETED NodeList=elsewhere Requeue=0"
+    assert job.name == name
 
 
 # --- 12. our own drain is never lifted once the local marker is gone ---------------------------------

@@ -187,6 +187,39 @@ def parse_job_line(line: str) -> JobInfo:
     )
 
 
+#: ``squeue -O`` fields for :meth:`ScontrolSlurm.job`, ``|``-separated. Every field but the
+#: last is a token Slurm makes (state, node list, flags, counts, its reason codes); the job
+#: name, which the user writes and may fill with ``|`` or ``JobState=...``, comes last, so
+#: nothing in it can shift or fake the fields remediation decides on. (A ``scontrol -o``
+#: line cannot promise that: its free-text name runs into the fields after it.)
+SQUEUE_JOB_FORMAT = "JobID:|,State:|,NodeList:|,Requeue:|,RestartCnt:|,BatchFlag:|,PriorityLong:|,Reason:|,Name:"
+_SQUEUE_JOB_FIELDS = SQUEUE_JOB_FORMAT.count(",") + 1
+
+
+def parse_squeue_job(line: str) -> JobInfo | None:
+    """One line of ``squeue -O SQUEUE_JOB_FORMAT`` -> :class:`JobInfo` (``None`` for a blank line)."""
+    if not line.strip():
+        return None
+    parts = line.rstrip("\n").split("|", _SQUEUE_JOB_FIELDS - 1)
+    if len(parts) != _SQUEUE_JOB_FIELDS:
+        raise SlurmCommandFailed(f"not a squeue job line: {line[:120]!r}")
+    job_id, state, nodes, requeue, restarts, batch, priority, reason, name = parts
+    try:
+        return JobInfo(
+            job_id=int(job_id.split("_")[0]),
+            name=name,
+            state=state.strip(),
+            nodes=_clean(nodes.strip()),
+            requeue=requeue.strip() not in ("0", "no"),
+            batch=batch.strip() not in ("0", "no"),
+            restarts=int(restarts.strip() or 0),
+            reason=_clean(reason.strip()),
+            extra={"priority": priority.strip()},
+        )
+    except ValueError:
+        raise SlurmCommandFailed(f"bad number in squeue job line: {line[:120]!r}") from None
+
+
 # --- the backend ----------------------------------------------------------------
 
 _UNAVAILABLE = (
@@ -318,13 +351,13 @@ class ScontrolSlurm:
     # -- jobs
 
     def job(self, job_id: int) -> JobInfo:
-        out = self._run("scontrol", "-o", "show", "job", self._job_arg(job_id))
+        """What remediation decides on, from squeue fields Slurm writes itself (see SQUEUE_JOB_FORMAT)."""
+        out = self._run("squeue", "-h", "-t", "all", "-j", self._job_arg(job_id), "-O", SQUEUE_JOB_FORMAT)
         for line in out.splitlines():
-            if line.startswith("JobId="):
-                info = parse_job_line(line)
-                if info.job_id == job_id:
-                    return info
-        raise SlurmNotFound(f"scontrol: job {job_id} not found")
+            info = parse_squeue_job(line)
+            if info is not None and info.job_id == job_id:
+                return info
+        raise SlurmNotFound(f"squeue: job {job_id} not found")
 
     def jobs_on_node(self, name: str) -> list[JobInfo]:
         """Jobs holding the node: running, completing, configuring or suspended."""
