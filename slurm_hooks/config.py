@@ -47,6 +47,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "deadline": (_Num, 45.0),
         "drain": (bool, True),
         "on_check_error": (str, "drain"),
+        "drain_guard": (int, 3),
     },
     "slurm": {
         "backend": (str, "auto"),

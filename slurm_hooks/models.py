@@ -160,6 +160,10 @@ class Finding:
     gpu: int | None = None
     #: Short form for a Slurm drain reason, e.g. "XID 79 on GPU 3".
     summary: str = ""
+    #: Judged against a value an admin configured ([expect], [groups]: GPU count, model,
+    #: PCIe, NVLinks), not against what the hardware says of itself. A wrong value in the
+    #: config fails every node alike; the drain guard watches for that (remediate.drain).
+    config_based: bool = False
 
     def line(self) -> str:
         where = f"gpu{self.gpu}" if self.gpu is not None else "node"
@@ -180,6 +184,7 @@ class Finding:
             message=d["message"],
             gpu=d.get("gpu"),
             summary=d.get("summary", ""),
+            config_based=bool(d.get("config_based", False)),
         )
 
 

@@ -308,7 +308,7 @@ def test_gpu_needing_a_reset_asks_for_a_reset():
 def test_seven_of_eight_gpus_visible_asks_for_a_reboot():
     report = run("h100-7-of-8-visible.json")
     assert report.findings == (
-        Finding("gpu-count", Severity.FAIL, Action.REBOOT, "7 GPUs visible, 8 expected", None, "7 of 8 GPUs visible"),
+        Finding("gpu-count", Severity.FAIL, Action.REBOOT, "7 GPUs visible, 8 expected", None, "7 of 8 GPUs visible", config_based=True),
     )
     assert report.findings[0].line() == "node gpu-count: 7 GPUs visible, 8 expected -> reboot"
 

@@ -161,7 +161,7 @@ def test_unknown_section_names_its_line(tmp_path):
 
 def test_unknown_key_names_its_line_and_the_known_keys(tmp_path):
     msg = error_of(tmp_path, '[check]\ndrain = true\ndeadlin = 30\n')
-    assert msg == "FILE:3: [check] deadlin: unknown key (known: deadline, drain, on_check_error)"
+    assert msg == "FILE:3: [check] deadlin: unknown key (known: deadline, drain, drain_guard, on_check_error)"
 
 
 @pytest.mark.parametrize("text, line, key, message", [

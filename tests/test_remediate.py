@@ -585,3 +585,52 @@ def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
     remediate.requeue_jobs(w, outcome, follow="none")
     assert outcome.ok and outcome.requeued == []
     assert [(r["action"], r["result"]) for r in w.audit.read()] == [("requeue", "already")]
+
+
+# --- the drain guard: a wrong value in the config must not drain the fleet ------------------------
+
+
+def _guard_wiring(tmp_path, expect_gpus: int, already: int):
+    from fakes.slurm import FakeSlurm
+
+    from slurm_hooks import config as config_mod
+    from slurm_hooks.audit import AuditLog
+    from slurm_hooks.hooks.wiring import Wiring
+
+    cfg = config_mod.parse(f'[gpu]\nbackend = "sim"\nsim_dir = "{tmp_path}/sim"\n[log]\naudit = "{tmp_path}/a.jsonl"\n'
+                           f'[state]\ndir = "{tmp_path}/s"\n[expect]\ngpus = {expect_gpus}\n', None)
+    sim.init(cfg.gpu.sim_dir, "n9", 8)
+    slurm = FakeSlurm()
+    slurm.add_node("n9", "MIXED")
+    slurm.add_job(90, "n9")
+    for i in range(already):
+        slurm.add_node(f"n{i}", "IDLE+DRAIN", f"slurm-hooks: 8 of {expect_gpus} GPUs visible [reboot]")
+    return Wiring(cfg, "n9", AuditLog(cfg.log.audit), slurm_override=slurm), slurm
+
+
+def test_a_config_typo_stops_draining_once_three_nodes_carry_the_same_expectation_fault(tmp_path):
+    w, slurm = _guard_wiring(tmp_path, expect_gpus=9, already=3)  # gpus = 9 where every node has 8
+    report, outcome = healthcheck.run(w, follow="none")
+    assert not report.healthy and outcome.guarded
+    assert slurm.called("drain") == [] and slurm.called("requeue") == []
+    [guard] = [r for r in w.audit.read() if r.get("action") == "drain"]
+    assert guard["result"] == "guarded" and guard["level"] == "critical"
+    assert "wrong value in the config" in guard["detail"]
+    # the job in the launch path is not refused for it either
+    assert jobhooks.prolog(w, {"SLURM_JOB_ID": "91", "SLURM_JOB_GPUS": "0"}) == 0
+
+
+def test_the_guard_lets_the_first_nodes_drain(tmp_path):
+    w, slurm = _guard_wiring(tmp_path, expect_gpus=9, already=2)
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.drained and slurm.peek("n9").reason == "slurm-hooks: 8 of 9 GPUs visible [reboot]"
+
+
+def test_the_guard_never_holds_back_a_fault_the_hardware_reports_itself(tmp_path):
+    w, slurm = _guard_wiring(tmp_path, expect_gpus=8, already=0)
+    for i in range(5):
+        slurm.add_node(f"x{i}", "IDLE+DRAIN", "slurm-hooks: XID 79 on GPU 3 [replace]")
+    sim.inject(w.config.gpu.sim_dir, "n9", 3, xid=79)
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.drained and not outcome.guarded
+    assert slurm.called("drained_count") == []

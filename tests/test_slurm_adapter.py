@@ -332,3 +332,16 @@ def _eventually(predicate, timeout: float, interval: float = 0.1) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+@pytest.mark.slurm
+def test_drained_count_counts_nodes_by_exact_reason(clean_testbed):
+    tb = clean_testbed
+    reason = "slurm-hooks: 8 of 9 GPUs visible [reboot]"
+    assert tb.slurm.drained_count(reason) == 0
+    tb.slurm.drain("n1", reason)
+    tb.slurm.drain("n2", reason)
+    assert tb.slurm.drained_count(reason) == 2
+    tb.scontrol("update", "NodeName=n2", "State=RESUME")
+    tb.scontrol("update", "NodeName=n2", "State=DRAIN", "Reason=bob | slurm-hooks: 8 of 9 GPUs visible [reboot]")
+    assert tb.slurm.drained_count(reason) == 1

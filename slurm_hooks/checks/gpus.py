@@ -15,7 +15,7 @@ def check_count(inp: CheckInput) -> Iterator[Finding]:
         yield Finding(
             "gpu-count", Severity.FAIL, Action.REBOOT,
             f"{len(snap.gpus)} GPUs visible, {expected} expected",
-            summary=f"{len(snap.gpus)} of {expected} GPUs visible",
+            summary=f"{len(snap.gpus)} of {expected} GPUs visible", config_based=True,
         )
 
 
@@ -36,7 +36,7 @@ def check_model(inp: CheckInput) -> Iterator[Finding]:
     for gpu in inp.selected():
         if gpu.model and want.lower() not in gpu.model.lower():
             yield Finding("gpu-model", Severity.FAIL, Action.DRAIN, f"model {gpu.model!r}, expected {want!r}",
-                          gpu.index, f"GPU {gpu.index} model {gpu.model}")
+                          gpu.index, f"GPU {gpu.index} model {gpu.model}", config_based=True)
 
 
 def check_probe_errors(inp: CheckInput) -> Iterator[Finding]:

@@ -18,7 +18,7 @@ def check_links(inp: CheckInput) -> Iterator[Finding]:
         if exp.nvlinks is not None and len(active) + unknown < exp.nvlinks:
             yield Finding("nvlink", Severity.FAIL, Action.RESET,
                           f"{len(active)} NVLinks active, {exp.nvlinks} expected (down: {_fmt(down)})", gpu.index,
-                          f"NVLink down on GPU {gpu.index}")
+                          f"NVLink down on GPU {gpu.index}", config_based=not down)
         elif exp.nvlinks is None and down and active:
             yield Finding("nvlink", Severity.FAIL, Action.RESET,
                           f"NVLink(s) {_fmt(down)} down while {len(active)} are up", gpu.index,

@@ -40,3 +40,6 @@ def print_report(report, as_json: bool, outcome=None) -> None:
     if outcome is not None:
         for failure in outcome.failed:
             click.echo(f"slurm-hooks: could not {failure}", err=True)
+        if outcome.guarded:
+            click.echo("slurm-hooks: not drained: the same configured expectation fails on many nodes; "
+                       "check [expect]/[groups] (see the audit log)", err=True)

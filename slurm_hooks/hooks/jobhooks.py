@@ -44,9 +44,13 @@ def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
     remediate.record_alerts(w, report, job=jid)
     outcome = Outcome()
     remediate.drain(w, report, outcome, job=jid)
+    _print(report)
+    if outcome.guarded:
+        print("slurm-hooks prolog: not refusing the job: the drain guard suspects the config (see the audit log)",
+              file=sys.stderr)
+        return 0
     if jid:
         remediate.follow_jobs(w, [int(jid)], "detached")
-    _print(report)
     return 1
 
 

@@ -27,6 +27,8 @@ from slurm_hooks.slurm import format_reason, may_drain, may_resume
 @dataclass
 class Outcome:
     drained: bool = False
+    #: Not drained because the drain guard suspects the config, not the node.
+    guarded: bool = False
     #: The node takes no new jobs (drained by us now or before, or by someone else).
     node_out: bool = False
     failed: list[str] = field(default_factory=list)
@@ -62,6 +64,9 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
             _write_marker(w, reason, report)  # an earlier drain may have landed after its scontrol timed out
             _step(w, "drain", w.node, "already", started, reason=reason, **extra)
             return
+        if _config_suspected(w, report, reason, started, extra):
+            outcome.guarded = True
+            return
         if not may_drain(info):
             outcome.node_out = True
             _step(w, "drain", w.node, "skipped", started, reason=reason,
@@ -75,6 +80,23 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     outcome.drained = outcome.node_out = True
     _write_marker(w, reason, report)
     _step(w, "drain", w.node, "ok", started, reason=reason, **extra)
+
+
+def _config_suspected(w: Wiring, report: Report, reason: str, started: float, extra: dict) -> bool:
+    """Every drain-worthy finding is judged against a configured value, and that many nodes
+    are already drained for exactly it: a wrong value in [expect]/[groups] fails every node
+    alike, and must not take the whole fleet out one health check at a time."""
+    limit = int(w.config.check.drain_guard)
+    if limit <= 0 or not all(f.config_based for f in report.drain_findings()):
+        return False
+    already = w.slurm.drained_count(reason)
+    if already < limit:
+        return False
+    _step(w, "drain", w.node, "guarded", started, reason=reason, level="critical", **extra,
+          detail=f"{already} nodes are already drained for {reason!r}: that looks like a wrong value in the "
+                 f"config ([expect]/[groups] for this node's group), not {already + 1} broken nodes; not draining. "
+                 "Fix the config, or raise [check] drain_guard if the fault is real")
+    return True
 
 
 def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:

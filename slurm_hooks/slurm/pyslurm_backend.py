@@ -78,6 +78,9 @@ class PyslurmSlurm:
     def node(self, name: str) -> NodeInfo:
         return _node_info(self._call(f"load node {name}", self.ps.Node.load, name))
 
+    def drained_count(self, reason: str) -> int:
+        return sum(1 for n in self.nodes() if n.reason == reason and (n.drained or n.base_state == "DOWN"))
+
     def nodes(self) -> list[NodeInfo]:
         loaded = self._call("load nodes", self.ps.Nodes.load)
         items = loaded.values() if hasattr(loaded, "values") else loaded

@@ -321,6 +321,16 @@ class ScontrolSlurm:
         out = self._run("scontrol", "-o", "show", "nodes")
         return [parse_node_line(line) for line in out.splitlines() if line.startswith("NodeName=")]
 
+    def drained_count(self, reason: str) -> int:
+        """``sinfo -R``: one line per distinct reason, so the answer is small on any cluster."""
+        out = self._run("sinfo", "-h", "-R", "-o", "%D|%E")
+        total = 0
+        for line in out.splitlines():
+            count, _, text = line.partition("|")
+            if text.strip() == reason and count.strip().isdigit():
+                total += int(count)
+        return total
+
     def drain(self, name: str, reason: str) -> None:
         """Drain with ``reason`` unless another party's reason is on the node.
 

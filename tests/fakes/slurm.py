@@ -100,6 +100,10 @@ class FakeSlurm:
         self._call("node", name)
         return self._node(name)
 
+    def drained_count(self, reason: str) -> int:
+        self._call("drained_count", reason)
+        return sum(1 for n in self._nodes.values() if n.reason == reason)
+
     def nodes(self) -> list[NodeInfo]:
         self._call("nodes")
         return list(self._nodes.values())
