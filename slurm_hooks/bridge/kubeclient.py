@@ -333,7 +333,13 @@ def connect(
     """
     import os
 
-    from kubernetes import client, config
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        from slurm_hooks.errors import PermanentError
+
+        raise PermanentError("the bridge needs the kubernetes client, which is not installed here: "
+                             "pip install 'slurm-hooks[k8s]' (Python 3.10+), in the bridge's own environment") from None
 
     configuration = client.Configuration()
     try:
