@@ -187,3 +187,19 @@ def test_reset_breaker_and_status(tmp_path):
     status = json.loads(run("bridge", "--config", str(config), "status").stdout)
     assert not status["open"] and status["taken_in_window"] == []
     assert json.loads((tmp_path / "audit.jsonl").read_text().splitlines()[-1])["kind"] == "bridge_breaker_reset"
+
+
+def test_bridge_without_the_kubernetes_client_is_a_one_line_usage_error(tmp_path):
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[bridge]\n")
+    script = ("import sys; sys.modules['kubernetes'] = None\n"
+              "from slurm_hooks.entry import main\n"
+              f"main(['bridge', '--once', '--config', {str(cfg)!r}])\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "slurm-hooks: the bridge needs the kubernetes client, which is not installed here: "
+        "pip install 'slurm-hooks[k8s]' (Python 3.10+), in the bridge's own environment"]
