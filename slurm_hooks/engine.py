@@ -33,20 +33,19 @@ def take_snapshot(probe: Probe, node: str, timeout: float) -> NodeSnapshot:
     """Run the probe in a worker thread; a hung driver becomes a finding, not a hang."""
     box: list = []
 
+    def failed(error: str) -> NodeSnapshot:
+        return NodeSnapshot(node, getattr(probe, "name", "?"), taken_at=time.time(), error=error)
+
     def work() -> None:
         try:
             box.append(probe.snapshot())
         except Exception as exc:  # the probe must not take the engine down
-            box.append(NodeSnapshot(node, getattr(probe, "name", "?"), taken_at=time.time(),
-                                    error=f"{type(exc).__name__}: {exc}"))
+            box.append(failed(f"{type(exc).__name__}: {exc}"))
 
     worker = threading.Thread(target=work, name="gpu-probe", daemon=True)
     worker.start()
     worker.join(max(timeout, 0.0))
-    if not box:
-        return NodeSnapshot(node, getattr(probe, "name", "?"), taken_at=time.time(),
-                            error=f"GPU probe did not answer within {timeout:g}s (driver hung?)")
-    return box[0]
+    return box[0] if box else failed(f"GPU probe did not answer within {timeout:g}s (driver hung?)")
 
 
 def select_gpus(snap: NodeSnapshot, tokens: Sequence[int | str]) -> tuple[tuple[int, ...], list[str]]:
