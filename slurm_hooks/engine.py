@@ -83,7 +83,7 @@ def parse_gpu_list(value: str | None) -> list[str] | None:
 
 def _history(lookup, snap: NodeSnapshot) -> dict[int, tuple[float, ...]]:
     """Earlier XIDs on this node (for escalation); an unreadable history counts as none."""
-    if lookup is None or snap.error is not None:
+    if lookup is None:
         return {}
     try:
         return dict(lookup(snap))
@@ -123,9 +123,14 @@ def run(
     start = time.monotonic()
     deadline = start + deadline_s
     snap = take_snapshot(probe, node, min(probe_timeout_s or deadline_s, deadline_s))
+    if snap.error is not None:
+        # One finding for a node we could not read, not one per check.
+        failed = Finding(PROBE_FAILED, Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}",
+                         summary="GPU probe failed")
+        return Report(node, context, (failed,), time.monotonic() - start, snap)
     dcgm_result = None
     level = dcgm_level(context, expect, job_failed)
-    if dcgm is not None and level > 0 and snap.error is None:
+    if dcgm is not None and level > 0:
         remaining = deadline - time.monotonic()
         try:
             dcgm_result = dcgm(level, max(remaining - 1.0, 1.0))
@@ -143,17 +148,9 @@ def run(
         acked_xids=acked_xids,
         now=time.time(),
     )
-    findings: list[Finding] = []
-    if snap.error is not None:
-        findings.append(Finding(PROBE_FAILED, Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}",
-                                summary="GPU probe failed"))
-    else:
-        for token in missing:
-            findings.append(Finding("gpu-count", Severity.FAIL, Action.REBOOT,
-                                    f"job GPU {token} is not visible on this node", summary=f"GPU {token} missing"))
+    findings = [Finding("gpu-count", Severity.FAIL, Action.REBOOT, f"job GPU {token} is not visible on this node",
+                        summary=f"GPU {token} missing") for token in missing]
     for check in checks if checks is not None else registry.for_context(context):
-        if snap.error is not None:
-            break  # one finding for a node we could not read, not one per check
         if time.monotonic() > deadline:
             findings.append(Finding(check.name, Severity.FAIL, on_check_error,
                                     f"not run: deadline of {deadline_s:g}s passed", summary="health check deadline"))
