@@ -1,4 +1,4 @@
-"""Command line. The only place that turns errors into exit codes and messages.
+"""Command line. Errors become exit codes and messages in :func:`slurm_hooks.entry.guard`.
 
 Subcommands are imported lazily so that ``slurm-hooks check`` (run on every
 node every few minutes) and the prolog never pay for the bridge's imports.
@@ -11,9 +11,7 @@ import sys
 
 import click
 
-from slurm_hooks.entry import EXIT_INTERNAL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_UNHEALTHY, EXIT_USAGE, guard
-
-__all__ = ["EXIT_INTERNAL", "EXIT_OK", "EXIT_UNAVAILABLE", "EXIT_UNHEALTHY", "EXIT_USAGE", "cli", "main"]
+from slurm_hooks.entry import EXIT_USAGE, guard
 
 #: name -> "module:attribute" of a click command.
 COMMANDS = {
