@@ -19,6 +19,7 @@ from slurm_hooks.hooks import remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, XidEvent
+from slurm_hooks.xid_history import XidHistory
 
 
 def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, follow: str = "detached",
@@ -82,9 +83,8 @@ def _admin_resumed(w: Wiring, report: Report) -> bool:
         if w.slurm.node(w.node).drained:
             return False
         keys = sorted(set(drained_for) & set(_keys(report.snapshot)))
-        history = _xid_history(w)
-        if history and keys:
-            history.ack(keys)
+        if keys:
+            xid_history(w).ack(keys)
             w.audit.write("action", node=w.node, action="ack-xids", target=w.node, result="ok", duration_s=0.0,
                           detail=f"node resumed by an admin after our drain; {len(keys)} XID event(s) acknowledged")
     except SlurmHooksError as exc:
@@ -108,10 +108,10 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
              snapshot: NodeSnapshot | None = None, job_failed: bool = False) -> Report:
     cfg = w.config
     expect = cfg.expectations_for(w.node)
-    history = _xid_history(w)
+    history = xid_history(w)
     now = time.time()
     try:
-        acked = history.acked() if history else frozenset()
+        acked = history.acked()
     except SlurmHooksError:
         acked = frozenset()
     report = engine.run(
@@ -120,14 +120,13 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
         probe_timeout_s=float(cfg.gpu.probe_timeout),
         gpus=gpus,
         baseline=baseline,
-        xid_history=(lambda snap: history.occurrences(now, expect.xid_repeat_window_s, exclude=_keys(snap)))
-        if history else None,
+        xid_history=lambda snap: history.occurrences(now, expect.xid_repeat_window_s, exclude=_keys(snap)),
         dcgm=_dcgm_runner(w, context, expect, job_failed),
         job_failed=job_failed,
         acked_xids=acked,
         on_check_error=Action(cfg.check.on_check_error),
     )
-    if history and report.snapshot is not None:
+    if report.snapshot is not None:
         events = _events(report.snapshot)
         if events:
             try:
@@ -159,11 +158,8 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached") -
     _metrics(w, report, outcome)
 
 
-def _xid_history(w: Wiring):
-    try:
-        from slurm_hooks.xid_history import XidHistory
-    except ImportError:
-        return None
+def xid_history(w: Wiring) -> XidHistory:
+    """This node's XID history, shared with the watcher."""
     return XidHistory(w.state_path(f"xid-history-{w.node}.json"))
 
 

@@ -21,7 +21,6 @@ from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, XidEvent
-from slurm_hooks.xid_history import XidHistory
 
 OnEvent = Callable[[XidEvent], None]
 
@@ -126,7 +125,7 @@ class Watcher:
     def __init__(self, w: Wiring, source: Source, log: Callable[[str], None] | None = None):
         self.w = w
         self.source = source
-        self.history = XidHistory(w.state_path(f"xid-history-{w.node}.json"))
+        self.history = healthcheck.xid_history(w)
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._lock = threading.Lock()
 
