@@ -18,6 +18,7 @@ from slurm_hooks.models import (
     NodeSnapshot,
     Report,
     Severity,
+    XidEvent,
 )
 from slurm_hooks.probes import Probe
 
@@ -79,6 +80,11 @@ def parse_gpu_list(value: str | None) -> list[str] | None:
     if value is None or value.strip() in ("", "NoDevFiles"):
         return None
     return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def snapshot_xids(snap: NodeSnapshot) -> list[XidEvent]:
+    """Every XID in the snapshot: each GPU's, then those tied to no GPU."""
+    return [x for g in snap.gpus for x in g.xids] + list(snap.node_xids)
 
 
 def _history(lookup, snap: NodeSnapshot) -> dict[int, tuple[float, ...]]:

@@ -52,7 +52,7 @@ def _with_events(snap: NodeSnapshot, events: Sequence[XidEvent]) -> NodeSnapshot
     """Add delivered XIDs the snapshot lacks (same GPU and code counts as present)."""
     if snap.error is not None:
         return snap
-    seen = {(x.gpu, x.code) for x in _events(snap)}
+    seen = {(x.gpu, x.code) for x in engine.snapshot_xids(snap)}
     extra = [e for e in events if (e.gpu, e.code) not in seen]
     if not extra:
         return snap
@@ -127,7 +127,7 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
         on_check_error=Action(cfg.check.on_check_error),
     )
     if report.snapshot is not None:
-        events = _events(report.snapshot)
+        events = engine.snapshot_xids(report.snapshot)
         if events:
             try:
                 history.record(events)
@@ -136,12 +136,8 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
     return report
 
 
-def _events(snap: NodeSnapshot) -> list[XidEvent]:
-    return [x for g in snap.gpus for x in g.xids] + list(snap.node_xids)
-
-
 def _keys(snap: NodeSnapshot) -> list[str]:
-    return [x.key for x in _events(snap)]
+    return [x.key for x in engine.snapshot_xids(snap)]
 
 
 def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached") -> None:

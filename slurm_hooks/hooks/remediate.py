@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_hooks import fsutil, hostlist
-from slurm_hooks.engine import drain_summary
+from slurm_hooks.engine import drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Report, Severity
@@ -304,7 +304,7 @@ def forget_drain(w: Wiring) -> None:
 def _write_marker(w: Wiring, reason: str, report: Report) -> None:
     """Remember that we drained this node: when, why, and for which XID events and checks."""
     snap = report.snapshot
-    keys = sorted({x.key for g in snap.gpus for x in g.xids} | {x.key for x in snap.node_xids}) if snap else []
+    keys = sorted({x.key for x in snapshot_xids(snap)}) if snap else []
     record = {"ts": time.time(), "reason": reason, "xids": keys, "context": report.context.value,
               "checks": sorted({f.check for f in report.drain_findings()})}
     try:
