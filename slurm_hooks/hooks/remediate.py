@@ -16,11 +16,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_hooks import checks as registry
 from slurm_hooks import fsutil, hostlist
-from slurm_hooks.engine import drain_summary, snapshot_xids
+from slurm_hooks.checks import processes
+from slurm_hooks.engine import PROBE_FAILED, dcgm_level, drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.models import Report, Severity
+from slurm_hooks.models import CheckInput, Context, Report, Severity
 from slurm_hooks.slurm import format_reason, may_drain, may_resume
 
 
@@ -255,13 +257,9 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
 
 def _not_rejudged(w: Wiring, record: dict, report: Report, info) -> str:
     """Why this healthy verdict does not cover what the node was drained for ("" when it does)."""
-    from slurm_hooks import checks as registry
-    from slurm_hooks.checks import processes
-    from slurm_hooks.models import CheckInput, Context
-
     expect = w.config.expectations_for(w.node)
-    ran = {c.name for c in registry.for_context(report.context)} | {"gpu-probe"}
-    if expect.dcgm_level_check <= 0:
+    ran = {c.name for c in registry.for_context(report.context)} | {PROBE_FAILED}
+    if dcgm_level(report.context, expect) <= 0:
         ran.discard("dcgm")
     leftovers = {"leftover", "busy"} & set(record.get("checks", ()))
     missing = sorted(set(record.get("checks", ())) - ran - leftovers)
