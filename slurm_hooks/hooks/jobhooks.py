@@ -1,9 +1,10 @@
 """Prolog and epilog: judge only the job's GPUs, as fast as the launch path needs.
 
-The prolog's healthy path is a probe, pure checks and one small baseline file;
-it never calls scontrol. On a bad GPU it drains the node with a reason naming
-the fault and exits 1; Slurm then requeues the job, and a detached follower
-releases it if held and clears the requeue delay so it starts elsewhere now.
+The prolog's healthy path is a probe, pure checks, this node's XID history and
+one small baseline file; it never calls scontrol. On a bad GPU it drains the
+node with a reason naming the fault and exits 1; Slurm then requeues the job,
+and a detached follower releases it if held and clears the requeue delay so it
+starts elsewhere now.
 """
 
 from __future__ import annotations
@@ -41,10 +42,7 @@ def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
             _save_baseline(w, jid, report.snapshot)
         _print(report)
         return 0
-    remediate.record_alerts(w, report, job=jid)
-    outcome = Outcome()
-    remediate.drain(w, report, outcome, job=jid)
-    _print(report)
+    outcome = _drain(w, report, jid)
     if outcome.guarded:
         print("slurm-hooks prolog: not refusing the job: the drain guard suspects the config (see the audit log)",
               file=sys.stderr)
@@ -64,13 +62,19 @@ def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
     if not report.drain_findings():
         _print(report)
         return 0
+    outcome = _drain(w, report, jid)
+    # Our drain carries the reason; if it could not be written, a non-zero exit
+    # makes Slurm drain the node itself ("Epilog error"), so nothing is lost.
+    return 0 if outcome.drained else 1
+
+
+def _drain(w: Wiring, report: Report, jid: str | None) -> Outcome:
+    """Audit the findings and drain the node, both naming the job; then print the findings."""
     remediate.record_alerts(w, report, job=jid)
     outcome = Outcome()
     remediate.drain(w, report, outcome, job=jid)
     _print(report)
-    # Our drain carries the reason; if it could not be written, a non-zero exit
-    # makes Slurm drain the node itself ("Epilog error"), so nothing is lost.
-    return 0 if outcome.drained else 1
+    return outcome
 
 
 def _print(report: Report) -> None:
