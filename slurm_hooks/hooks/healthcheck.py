@@ -2,7 +2,8 @@
 
 slurmd ignores this program's exit code, so it acts itself. It runs on every
 node every few minutes: the healthy path is one probe, pure checks, and no
-Slurm call unless this node is drained by us.
+Slurm call unless this node is drained by us (or, once an hour, to find a drain
+of ours whose record was lost).
 """
 
 from __future__ import annotations
