@@ -1,11 +1,11 @@
 """The watcher: react to an XID within seconds instead of at the next health check.
 
-Sources deliver :class:`XidEvent` objects: the kernel log (``NVRM: Xid`` lines
-from /dev/kmsg) on real nodes, the sim backend's injected events in tests and
-rehearsals. A critical XID runs the same remediation as the health check.
-Each event is acted on once: its key is remembered in the XID history, which
-survives restarts; events that arrived while the watcher was down are handled
-at start.
+Sources deliver :class:`XidEvent` objects: NVML XID events on real nodes (the
+kernel log's ``NVRM: Xid`` lines where the driver has no event sets), the sim
+backend's injected events in tests and rehearsals. A critical XID runs the same
+remediation as the health check. Each event is acted on once: its key is
+remembered in the XID history, which survives restarts; events that arrived
+while the watcher was down are handled at start.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from typing import Callable, Protocol
 
 from slurm_hooks import xid_catalog
@@ -23,6 +22,10 @@ from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, XidEvent
 
 OnEvent = Callable[[XidEvent], None]
+
+
+def _to_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 class Source(Protocol):
@@ -117,8 +120,7 @@ def default_source(w: Wiring, log: Callable[[str], None] | None = None) -> Sourc
         return SimSource(cfg.gpu.sim_dir, w.node, poll)
     from slurm_hooks.probes.nvml_events import NvmlEventSource
 
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    return FirstWorking(NvmlEventSource(poll=poll), KmsgSource(cfg.watch.kmsg, poll), log)
+    return FirstWorking(NvmlEventSource(poll=poll), KmsgSource(cfg.watch.kmsg, poll), log or _to_stderr)
 
 
 class Watcher:
@@ -126,7 +128,7 @@ class Watcher:
         self.w = w
         self.source = source
         self.history = healthcheck.xid_history(w)
-        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.log = log or _to_stderr
         self._lock = threading.Lock()
 
     def handle(self, event: XidEvent) -> None:
@@ -155,7 +157,8 @@ class Watcher:
     def run(self, stop: threading.Event) -> None:
         self.w.audit.write("watch", node=self.w.node, message="watcher started")
         try:
-            self._handle_all(self.source.backlog())
+            for event in self.source.backlog():
+                self.handle(event)
         except SlurmHooksError as exc:
             self.log(f"slurm-hooks watch: cannot read earlier events: {exc}")
         while not stop.is_set():
@@ -165,7 +168,3 @@ class Watcher:
                 # NVML or kmsg hiccup: say so, wait, and keep watching.
                 self.log(f"slurm-hooks watch: {exc}; retrying")
                 stop.wait(2.0)
-
-    def _handle_all(self, events: Iterable[XidEvent]) -> None:
-        for event in events:
-            self.handle(event)
