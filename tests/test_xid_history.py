@@ -128,3 +128,15 @@ def test_unwritable_location_raises_a_one_line_error(tmp_path):
     hist = XidHistory(str(blocker / "xid-history.json"))
     with pytest.raises(PermanentError, match="cannot write XID history"):
         hist.record([ev(79, 1)], now=NOW)
+
+
+def test_recording_only_known_events_does_not_rewrite_the_file(tmp_path):
+    from slurm_hooks.models import XidEvent
+    from slurm_hooks.xid_history import XidHistory
+
+    h = XidHistory(str(tmp_path / "h.json"))
+    event = XidEvent(79, gpu=3, ts=41.0, source="kmsg", seq=7)
+    assert h.record([event], now=1000.0) == [event]
+    before = (tmp_path / "h.json").stat().st_mtime_ns
+    assert h.record([event], now=2000.0) == []
+    assert (tmp_path / "h.json").stat().st_mtime_ns == before
