@@ -51,8 +51,11 @@ class XidHistory:
         """Remember ``events`` (once per key); returns the ones not recorded before."""
         now = time.time() if now is None else now
         events = list(events)
-        known = {e["key"] for e in self._read()["events"]}
-        if all(event.key in known for event in events):
+        try:
+            known = {e["key"] for e in self._read()["events"]}
+        except PermanentError:
+            known = set()  # unreadable: the write below says why
+        if known and all(event.key in known for event in events):
             return []  # the usual case on a node with an old XID in its log: no write, no fsync
         new: list[XidEvent] = []
 
