@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from fakes.config import write_sim_config
 
 from slurm_hooks import events as ev
 
@@ -19,22 +20,7 @@ T0 = 1764412800.0  # 2025-11-29 10:40:00 UTC
 
 @pytest.fixture
 def conf(tmp_path) -> Path:
-    path = tmp_path / "config.toml"
-    path.write_text(f"""\
-[gpu]
-backend = "sim"
-sim_dir = "{tmp_path}/sim"
-
-[log]
-audit = "{tmp_path}/audit.jsonl"
-
-[state]
-dir = "{tmp_path}/state"
-
-[expect]
-gpus = 8
-""")
-    return path
+    return write_sim_config(tmp_path, "[expect]\ngpus = 8")
 
 
 def slurm_hooks(*args, env=None, node="n1"):

@@ -11,6 +11,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
+from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks import config
@@ -28,19 +29,7 @@ SOCKET_TIMEOUT = TransientError("slurm_update error: Socket timed out on send/re
 
 @pytest.fixture
 def t(tmp_path):
-    path = tmp_path / "config.toml"
-    path.write_text(f"""
-[gpu]
-backend = "sim"
-sim_dir = "{tmp_path}/sim"
-[log]
-audit = "{tmp_path}/audit.jsonl"
-[state]
-dir = "{tmp_path}/state"
-[expect]
-gpus = 8
-""")
-    cfg = config.load(str(path))
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8")
     sim.init(cfg.gpu.sim_dir, "n1", 8)
     slurm = FakeSlurm()
     slurm.add_node("n1", "IDLE")
@@ -569,13 +558,12 @@ def test_remediate_drain_can_be_called_with_a_report_directly(t):
 def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
     from fakes.slurm import FakeSlurm
 
-    from slurm_hooks import config as config_mod
     from slurm_hooks.audit import AuditLog
     from slurm_hooks.errors import PermanentError
     from slurm_hooks.hooks import remediate
     from slurm_hooks.hooks.wiring import Wiring
 
-    cfg = config_mod.parse(f'[log]\naudit = "{tmp_path}/a.jsonl"\n[state]\ndir = "{tmp_path}/s"\n', None)
+    cfg = sim_config(tmp_path)
     slurm = FakeSlurm()
     slurm.add_node("n1", "MIXED")
     slurm.add_job(44, "n1")
@@ -593,12 +581,10 @@ def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
 def _guard_wiring(tmp_path, expect_gpus: int, already: int):
     from fakes.slurm import FakeSlurm
 
-    from slurm_hooks import config as config_mod
     from slurm_hooks.audit import AuditLog
     from slurm_hooks.hooks.wiring import Wiring
 
-    cfg = config_mod.parse(f'[gpu]\nbackend = "sim"\nsim_dir = "{tmp_path}/sim"\n[log]\naudit = "{tmp_path}/a.jsonl"\n'
-                           f'[state]\ndir = "{tmp_path}/s"\n[expect]\ngpus = {expect_gpus}\n', None)
+    cfg = sim_config(tmp_path, f"[expect]\ngpus = {expect_gpus}")
     sim.init(cfg.gpu.sim_dir, "n9", 8)
     slurm = FakeSlurm()
     slurm.add_node("n9", "MIXED")

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 from fakes import FakeNvml
+from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 
-from slurm_hooks import config
 from slurm_hooks.audit import AuditLog
 from slurm_hooks.hooks import healthcheck, jobhooks, remediate
 from slurm_hooks.hooks.watch import Watcher
@@ -31,19 +31,7 @@ from slurm_hooks.slurm import NodeInfo
 ALL_GPUS = "0,1,2,3,4,5,6,7"
 
 
-def make_config(tmp_path, extra: str = ""):
-    path = tmp_path / "config.toml"
-    path.write_text(f"""
-[gpu]
-backend = "sim"
-sim_dir = "{tmp_path}/sim"
-[log]
-audit = "{tmp_path}/audit.jsonl"
-[state]
-dir = "{tmp_path}/state"
-{extra}
-""")
-    return config.load(str(path))
+make_config = sim_config
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import time
 import pynvml
 import pytest
 from fakes import FakeNvml
+from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 
-from slurm_hooks import config as config_mod
 from slurm_hooks.audit import AuditLog
 from slurm_hooks.errors import ProbeError
 from slurm_hooks.hooks.watch import FirstWorking, SimSource, Watcher
@@ -105,8 +105,7 @@ def test_sim_source_delivers_each_injected_xid_once_in_order(tmp_path):
 
 @pytest.fixture
 def wiring(tmp_path):
-    cfg = config_mod.parse(f'[gpu]\nbackend = "sim"\nsim_dir = "{tmp_path}/sim"\n[log]\naudit = "{tmp_path}/a.jsonl"\n'
-                           f'[state]\ndir = "{tmp_path}/state"\n[expect]\ngpus = 8\n', None)
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8")
     slurm = FakeSlurm()
     slurm.add_node("n1", "MIXED")
     slurm.add_job(7, "n1")

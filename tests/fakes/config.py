@@ -1,0 +1,31 @@
+"""The one throwaway config for tests: simulated GPUs, audit log and state under a tmp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_sim_config(tmp_path: Path, extra: str = "") -> Path:
+    """``config.toml`` in ``tmp_path`` with the sim backend; ``extra`` is appended TOML."""
+    path = Path(tmp_path) / "config.toml"
+    path.write_text(f"""\
+[gpu]
+backend = "sim"
+sim_dir = "{tmp_path}/sim"
+
+[log]
+audit = "{tmp_path}/audit.jsonl"
+
+[state]
+dir = "{tmp_path}/state"
+
+{extra}
+""")
+    return path
+
+
+def sim_config(tmp_path: Path, extra: str = ""):
+    """The loaded :class:`slurm_hooks.config.Config` of :func:`write_sim_config`."""
+    from slurm_hooks import config
+
+    return config.load(str(write_sim_config(tmp_path, extra)))
