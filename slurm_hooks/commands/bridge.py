@@ -19,8 +19,7 @@ import click
 from slurm_hooks import config as config_mod
 from slurm_hooks.audit import AuditLog
 from slurm_hooks.commands.options import config_option
-
-EXIT_OK, EXIT_UNAVAILABLE = 0, 3
+from slurm_hooks.entry import EXIT_OK, EXIT_UNAVAILABLE
 
 
 def _settings(config_path: str | None, **overrides):
