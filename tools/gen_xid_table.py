@@ -19,7 +19,7 @@ import re
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_CSV = "/work/shared/fixtures/xid/xid-catalog.csv"
+DEFAULT_CSV = os.path.join(REPO, "tests", "fixtures", "xid", "xid-catalog.csv")
 DEFAULT_OUT = os.path.join(REPO, "slurm_hooks", "xid_catalog.py")
 SOURCE = ("NVIDIA's XID catalogue as shipped in\nNVSentinel's Xid-Catalog.xlsx "
           "(file last changed 2025-10-17, commit e5419d11b222)")
