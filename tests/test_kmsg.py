@@ -208,3 +208,30 @@ def test_events_read_from_the_kernel_carry_the_boot_id_in_their_key():
     b = XidEvent(79, gpu=3, ts=41.0, source="kmsg", seq=1234, boot="boot-b")
     assert a.key != b.key  # same record number and time, another boot: another event
     assert a.key == XidEvent(79, gpu=3, ts=41.0, source="kmsg", seq=1234, boot="boot-a").key
+
+
+MIG_XID_RECORD = ("4,5120,812345678,-;NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 109, pid=4242, "
+                  "name=python3, Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x2c014")
+
+
+def test_mig_xid_names_the_parent_gpu_and_keeps_the_instance_in_the_message():
+    event = kmsg.parse_line(MIG_XID_RECORD)
+    assert (event.code, event.pci_bus_id, event.seq) == (109, "00000000:01:00.0", 5120)
+    assert event.message == "GPU-I:05 GPU-CI:02: pid=4242, name=python3, Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x2c014"
+
+
+@pytest.mark.parametrize("line, code", [
+    ("[ 901.5] NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 109, pid=4242, name=python3, Ch 00000008", 109),
+    ("[Sun Feb 23 16:24:18 2025] NVRM: Xid (PCI:0000:9b:00 GPU-I:01): 31, pid=7, name=python, MMU Fault", 31),
+    ("Feb 23 16:24:18 gpu7 kernel: NVRM: Xid (PCI:0000:9b:00 GPU-I:13 GPU-CI:00): 43, pid=7, name=x, Ch 00000008", 43),
+])
+def test_mig_xids_in_every_log_format(line, code):
+    event = kmsg.parse_line(line)
+    assert event is not None and event.code == code
+
+
+def test_mig_xid_read_from_a_log_file(tmp_path):
+    log = tmp_path / "kmsg.log"
+    log.write_text(XID79_RECORD + "\n" + MIG_XID_RECORD + "\n")
+    assert [(e.code, e.pci_bus_id) for e in kmsg.read_xids(str(log))] == [
+        (79, "00000000:9B:00.0"), (109, "00000000:01:00.0")]

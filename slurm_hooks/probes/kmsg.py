@@ -25,8 +25,9 @@ from slurm_hooks.models import XidEvent
 
 _KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
 _DMESG_PREFIX = re.compile(r"^\[\s*([^\]]+)\]\s?(.*)$")
-# "SXid" (NVSwitch) must not match, hence "NVRM: " in front.
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+)\b,?\s*(.*)$")
+# "SXid" (NVSwitch) must not match, hence "NVRM: " in front. On a MIG GPU the driver names the
+# instance after the bus id: "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 109, ...".
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)((?:\s+GPU-C?I:\s*[0-9A-Fa-f]+)*)\s*\): (\d+)\b,?\s*(.*)$")
 _PCI = re.compile(r"^(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})(?:\.([0-7]))?$")
 
 #: Largest record /dev/kmsg returns (CONSOLE_EXT_LOG_MAX is 8 KiB); smaller reads fail with EINVAL.
@@ -73,8 +74,10 @@ def parse_line(line: str) -> XidEvent | None:
     m = _XID.search(text)
     if not m:
         return None
-    return XidEvent(code=int(m.group(2)), pci_bus_id=normalize_pci(m.group(1)), ts=ts,
-                    message=m.group(3).strip(), source="kmsg", seq=seq)
+    mig = " ".join(m.group(2).split())
+    message = m.group(4).strip()
+    return XidEvent(code=int(m.group(3)), pci_bus_id=normalize_pci(m.group(1)), ts=ts,
+                    message=f"{mig}: {message}" if mig else message, source="kmsg", seq=seq)
 
 
 def _open(path: str) -> int:
