@@ -120,8 +120,8 @@ class XidHistory:
 
     def _load(self) -> str | None:
         try:
-            with open(self.path, encoding="utf-8") as fh:
-                return fh.read()
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                return fh.read()  # undecodable bytes: a corrupt file, set aside like any other
         except FileNotFoundError:
             return None
         except OSError as exc:

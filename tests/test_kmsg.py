@@ -235,3 +235,35 @@ def test_mig_xid_read_from_a_log_file(tmp_path):
     log.write_text(XID79_RECORD + "\n" + MIG_XID_RECORD + "\n")
     assert [(e.code, e.pci_bus_id) for e in kmsg.read_xids(str(log))] == [
         (79, "00000000:9B:00.0"), (109, "00000000:01:00.0")]
+
+
+def test_bytes_that_are_not_utf8_never_stop_the_reader(tmp_path):
+    log = tmp_path / "kmsg.log"
+    log.write_bytes(b"6,1,10,-;usb 1-1: bad \xff\xfe descriptor\n"
+                    b"3,2,20,-;NVRM: Xid (PCI:0000:9b:00): 13, pid=7, name=\xffbad\x80name, Graphics Exception\n"
+                    + XID79_RECORD.encode() + b"\n")
+    events = kmsg.read_xids(str(log))
+    assert [e.code for e in events] == [13, 79]
+    assert events[0].message == "pid=7, name=\ufffdbad\ufffdname, Graphics Exception"
+
+
+def test_follow_survives_bytes_that_are_not_utf8(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    events: list[XidEvent] = []
+    stop, thread = _follow_in_thread(str(log), events)
+    try:
+        time.sleep(0.1)
+        with open(log, "ab") as fh:
+            fh.write(b"3,9,1000000,-;NVRM: Xid (PCI:0000:9b:00): 48, pid=7, name=\xff\xfe, DBE\n")
+        assert _wait_for(lambda: len(events) == 1)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert thread.is_alive() is False and events[0].code == 48
+
+
+def test_a_boot_id_file_with_garbage_bytes_does_not_raise(tmp_path):
+    path = tmp_path / "boot_id"
+    path.write_bytes(b"\xffabc\n")
+    assert kmsg.boot_id(str(path)) == "\ufffdabc"

@@ -182,6 +182,26 @@ def test_bytes_from_an_older_binding_are_decoded():
     assert (gpu.uuid, gpu.model, gpu.errors) == ("GPU-0123", "NVIDIA H200", ())
 
 
+@pytest.mark.parametrize("raw, text", [
+    (b"NVIDIA H200\xff\xfe", "NVIDIA H200\ufffd\ufffd"),  # not UTF-8
+    (b"NVIDIA H200\x00\xff\x13junk", "NVIDIA H200"),  # garbage after the C string's NUL
+    (b"NVIDIA\nH200\x1b[31m", "NVIDIA\ufffdH200\ufffd[31m"),  # control characters
+    ("NVIDIA H200\udcff", "NVIDIA H200\ufffd"),  # a lone surrogate from a surrogateescape decode
+])
+def test_garbled_strings_from_nvml_are_decoded_without_raising(raw, text):
+    gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, name=raw, serial=raw, uuid=b"GPU-\xc3\x28")).gpus[0]
+    assert (gpu.model, gpu.serial, gpu.uuid, gpu.errors) == (text, text, "GPU-\ufffd(", ())
+    json.dumps(snapshot_to_dict(snap(FakeNvml.healthy(gpus=1).set(gpu=0, name=raw))), ensure_ascii=False).encode()
+
+
+def test_binding_that_fails_to_decode_a_string_gives_a_field_error():
+    fake = FakeNvml.healthy(gpus=1)
+    fake.nvmlDeviceGetName = lambda handle: b"\xff".decode()
+    gpu = snap(fake).gpus[0]
+    assert gpu.model == "" and "can't decode byte 0xff" in gpu.error("model")
+    assert gpu.temperature_c == 33
+
+
 def test_row_remap_pending_and_failure_are_read():
     gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, remapped_rows=(3, 2, 1, 1))).gpus[0]
     assert gpu.row_remap_pending is True and gpu.row_remap_failure is True

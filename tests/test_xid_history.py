@@ -113,6 +113,16 @@ def test_corrupt_file_is_moved_aside_and_started_fresh(path, garbage):
     assert hist.occurrences(NOW, DAY) == {79: (NOW,)}
 
 
+def test_history_file_with_bytes_that_are_not_utf8_is_set_aside_not_raised(path):
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as fh:
+        fh.write(b'{"version":1,"events":[],"seen":{"\xff\xfe":1.0},"acked":{}')
+    hist = XidHistory(path)
+    assert hist.occurrences(NOW, DAY) == {}
+    hist.record([ev(79, 1)], now=NOW)
+    assert hist.occurrences(NOW, DAY) == {79: (NOW,)}
+
+
 def test_corrupt_file_found_while_recording_is_moved_aside(path):
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as fh:

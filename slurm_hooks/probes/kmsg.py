@@ -105,7 +105,7 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 def boot_id(path: str = BOOT_ID) -> str:
     try:
-        with open(path, encoding="ascii") as fh:
+        with open(path, encoding="ascii", errors="replace") as fh:
             return fh.read().strip()
     except OSError:
         return ""

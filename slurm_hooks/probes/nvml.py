@@ -123,11 +123,17 @@ def _driver_version(nvml: Any) -> str:
 
 
 def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
+    """NVML's C string as clean text: never raises on bad bytes, never passes on a control character.
+
+    The value ends at the first NUL (bytes after it are buffer garbage); undecodable bytes, lone
+    surrogates and non-printable characters become U+FFFD, so a garbled name can reach a drain
+    reason or a log line without breaking either.
+    """
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).split(b"\0", 1)[0].decode("utf-8", "replace")
     if not isinstance(value, str):
         raise _Garbled(f"expected text, got {type(value).__name__}")
-    return value.strip()
+    return "".join(c if c.isprintable() else "\ufffd" for c in value.split("\0", 1)[0]).strip()
 
 
 class _GpuReader:
