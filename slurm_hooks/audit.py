@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -33,25 +34,43 @@ _LOCK_RETRY_S = 0.005
 class AuditLog:
     def __init__(self, path: str):
         self.path = path
-        self._hung: threading.Thread | None = None
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer: tuple[int, threading.Thread] | None = None
+        self._unfinished: threading.Event | None = None
 
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:
         record = {"ts": round(time.time(), 6), "kind": kind, **fields}
         line = json.dumps(record, sort_keys=False, default=str, separators=(",", ":")) + "\n"
-        if self._hung is not None and self._hung.is_alive():
+        if self._unfinished is not None and not self._unfinished.is_set():
             _say(f"cannot write audit log {self.path}: an earlier write still hangs; not logged: {line.strip()}")
             return record
-        problem: list[str] = []
-        worker = threading.Thread(target=self._append, args=(line, problem), name="audit-write", daemon=True)
-        worker.start()
-        worker.join(WRITE_BOUND_S)
-        if worker.is_alive():
-            self._hung = worker
+        done, problem = threading.Event(), []
+        self._start_writer()
+        self._requests.put((line, done, problem))
+        if not done.wait(WRITE_BOUND_S):
+            self._unfinished = done
             _say(f"cannot write audit log {self.path}: no answer within {WRITE_BOUND_S:g}s (hung filesystem?); "
                  f"not logged: {line.strip()}")
         elif problem:
             _say(f"cannot write audit log {self.path}: {problem[0]}; not logged: {line.strip()}")
         return record
+
+    def _start_writer(self) -> None:
+        """One writer thread per log and process (a forked child has none), started on first use."""
+        if self._writer is not None and self._writer[0] == os.getpid() and self._writer[1].is_alive():
+            return
+        self._requests = queue.SimpleQueue()
+        worker = threading.Thread(target=self._serve, args=(self._requests,), name="audit-writer", daemon=True)
+        worker.start()
+        self._writer = (os.getpid(), worker)
+
+    def _serve(self, requests: queue.SimpleQueue) -> None:
+        while True:
+            line, done, problem = requests.get()
+            try:
+                self._append(line, problem)
+            finally:
+                done.set()
 
     def _append(self, line: str, problem: list[str]) -> None:
         try:
