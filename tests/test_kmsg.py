@@ -104,19 +104,21 @@ def test_pci_bus_ids_are_normalised_to_nvml_form(raw, nvml):
 
 def test_assign_gpus_by_pci_bus_id_either_form():
     events = kmsg.read_xids(DMESG_T) + [kmsg.parse_line(XID79_RECORD.replace("9b:00", "18:00"))]
-    assigned = kmsg.assign_gpus(events, {"0000:9b:00.0": 4, "00000000:3B:00.0": 1})
-    assert [e.gpu for e in assigned] == [4, 4, 4, 4, 4, None]
+    assigned = kmsg.assign_gpus(events, {"0000:9b:00.0": (4, "GPU-four"), "00000000:3B:00.0": (1, "GPU-one")})
+    assert [(e.gpu, e.uuid) for e in assigned] == [(4, "GPU-four")] * 5 + [(None, "")]
     assert assigned[0].message == events[0].message
+    assert [e.key for e in assigned] == [e.key for e in events]  # the GPU is looked up, the key is the line's
 
 
 def test_assign_gpus_keeps_events_without_a_bus_id():
     event = XidEvent(code=79, source="kmsg", seq=1)
-    assert kmsg.assign_gpus([event], {"00000000:9B:00.0": 4}) == [event]
+    assert kmsg.assign_gpus([event], {"00000000:9B:00.0": (4, "GPU-four")}) == [event]
 
 
 def test_read_xids_stops_at_max_records(tmp_path):
     log = tmp_path / "kmsg.log"
-    log.write_text("\n".join(XID79_RECORD.replace("4123", str(i)) for i in range(10)) + "\n")
+    log.write_text("\n".join(XID79_RECORD.replace("4123,3757433200", f"{i},{3757433200 + i * 5_000_000}")
+                              for i in range(10)) + "\n")
     assert [e.seq for e in kmsg.read_xids(str(log), max_records=3)] == [0, 1, 2]
 
 

@@ -364,6 +364,47 @@ def test_xids_in_a_captured_dmesg_land_on_the_gpu_at_that_address():
     assert all(not g.xids for g in s.gpus if g.index != 4) and s.node_xids == ()
 
 
+def test_kernel_log_xids_carry_their_gpus_uuid_and_the_probe_leaves_the_map_for_the_watcher(tmp_path):
+    from slurm_hooks.probes import kmsg as kmsg_mod
+
+    log = tmp_path / "kmsg"
+    log.write_text("6,1234,5000000,-;NVRM: Xid (PCI:0000:38:00): 79, pid=0, name=python, GPU has fallen off the bus.\n")
+    fake = FakeNvml.healthy(gpus=4)
+    map_path = str(tmp_path / "state" / "gpus-n1.json")
+    s = NvmlProbe("n1", kmsg_path=str(log), nvml=fake, gpu_map_path=map_path).snapshot()
+    [xid] = s.gpus[2].xids
+    assert (xid.gpu, xid.uuid) == (2, fake.gpus[2]["uuid"])
+    assert kmsg_mod.load_gpu_map(map_path) == {g.pci_bus_id: (g.index, g.uuid) for g in s.gpus}
+    assert stat_mtime_unchanged_after_a_second_snapshot(map_path, NvmlProbe("n1", nvml=fake, gpu_map_path=map_path))
+
+
+def stat_mtime_unchanged_after_a_second_snapshot(path: str, probe: NvmlProbe) -> bool:
+    before = os.stat(path).st_mtime_ns
+    os.utime(path, ns=(before - 10**9, before - 10**9))  # so that a rewrite would show
+    probe.snapshot()
+    return os.stat(path).st_mtime_ns == before - 10**9
+
+
+def test_nvml_answers_the_gpu_map_when_the_probe_left_none():
+    from slurm_hooks.probes.nvml import read_gpu_map
+
+    fake = FakeNvml.healthy(gpus=3).set(gpu=1, uuid=b"GPU-\xffone")
+    assert read_gpu_map(fake) == {"00000000:18:00.0": (0, fake.gpus[0]["uuid"]),
+                                  "00000000:28:00.0": (1, "GPU-\ufffdone"),
+                                  "00000000:38:00.0": (2, fake.gpus[2]["uuid"])}
+    assert fake.shutdowns == 1
+    assert read_gpu_map(FakeNvml.healthy(gpus=1).fail("nvmlInit", code=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)) == {}
+
+
+def test_a_burst_of_lines_for_one_fault_is_one_event_on_that_gpu(tmp_path):
+    """The driver logs three XID 119 lines within 3 ms for one GSP timeout: one event, not three."""
+    log = tmp_path / "kmsg"
+    log.write_text("".join(f"3,{700 + i},{9_000_000 + i * 1500},-;NVRM: Xid (PCI:0000:38:00): 119, pid=7, name=python, "
+                           "Timeout after 6s of waiting for RPC response from GPU2 GSP!\n" for i in range(3)))
+    s = snap(FakeNvml.healthy(gpus=4), kmsg_path=str(log))
+    assert [x.seq for x in s.gpus[2].xids] == [700]
+
+
 def test_unreadable_kernel_log_means_no_xids_not_a_failed_snapshot():
     s = snap(FakeNvml.healthy(gpus=2), kmsg_path="/nonexistent/kmsg")
     assert s.error is None and all(g.xids == () for g in s.gpus)
