@@ -40,7 +40,7 @@ def collect(source, stop_after: float = 1.0, until: int = 1) -> list:
 def test_nvml_source_registers_every_gpu_for_critical_xids_and_delivers_with_the_gpu_index():
     fake = FakeNvml.healthy(gpus=4).emit_xid(2, 79)
     [event] = collect(NvmlEventSource(nvml=fake, poll=0.05))
-    assert (event.code, event.gpu, event.source) == (79, 2, "nvml")
+    assert (event.code, event.gpu, event.source, event.uuid) == (79, 2, "nvml", fake.gpus[2]["uuid"])
     assert [mask for _, mask in fake.registered] == [pynvml.nvmlEventTypeXidCriticalError] * 4
     assert fake.shutdowns == 1
 
@@ -101,6 +101,8 @@ def test_sim_source_delivers_each_injected_xid_once_in_order(tmp_path):
                                   sim.inject(str(tmp_path), "n1", 6, xid=48))).start()
     got = collect(source, stop_after=3.0, until=2)
     assert [(e.code, e.gpu) for e in got] == [(79, 5), (48, 6)]
+    state = sim.read(str(tmp_path), "n1")
+    assert [e.uuid for e in got] == [state["gpus"][5]["uuid"], state["gpus"][6]["uuid"]]
 
 
 @pytest.fixture
