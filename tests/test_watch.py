@@ -230,21 +230,28 @@ def test_the_kernel_log_source_reads_the_map_again_for_a_gpu_it_did_not_know(nvm
     source = kmsg_source(w, log)
     assert source.backlog()[0].gpu is None  # no map anywhere yet: the line stays unmapped, same key
     kmsg.save_gpu_map(kmsg.gpu_map_path(w.config.state.dir, "n1"), {"00000000:38:00.0": (2, "GPU-two")})
-    got = []
+    got = follow_while_appending(source, log, XID79_GPU2.replace("4123,3757433200", "4200,3800000000"))
+    assert [(e.gpu, e.uuid) for e in got] == [(2, "GPU-two")]
+
+
+def follow_while_appending(source, log, text: str) -> list:
+    """Events ``source.follow`` delivers after ``text`` is appended to the log it follows."""
+    got: list = []
     stop = threading.Event()
     thread = threading.Thread(target=source.follow, args=(stop, got.append), daemon=True)
     thread.start()
     try:
         time.sleep(0.2)
         with open(log, "a") as fh:
-            fh.write(XID79_GPU2.replace("4123,3757433200", "4200,3800000000"))
+            fh.write(text)
         deadline = time.monotonic() + 5
         while not got and time.monotonic() < deadline:
             time.sleep(0.02)
+        time.sleep(0.1)  # anything delivered after the first event shows too
     finally:
         stop.set()
         thread.join(5)
-    assert [(e.gpu, e.uuid) for e in got] == [(2, "GPU-two")]
+    return got
 
 
 def test_a_burst_of_lines_is_one_event_for_the_watcher_across_backlog_and_follow(tmp_path):
@@ -255,20 +262,8 @@ def test_a_burst_of_lines_is_one_event_for_the_watcher_across_backlog_and_follow
     log.write_text(line.format(seq=10, usec=5_000_000) + line.format(seq=11, usec=5_001_000))
     source = KmsgSource(str(log), 0.02, ask_nvml=lambda: {})
     assert [e.seq for e in source.backlog()] == [10]
-    got = []
-    stop = threading.Event()
-    thread = threading.Thread(target=source.follow, args=(stop, got.append), daemon=True)
-    thread.start()
-    try:
-        time.sleep(0.2)
-        with open(log, "a") as fh:  # the burst's third line, then a new event 5 s later
-            fh.write(line.format(seq=12, usec=5_003_000) + line.format(seq=13, usec=10_000_000))
-        deadline = time.monotonic() + 5
-        while not got and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        stop.set()
-        thread.join(5)
+    # the burst's third line, then a new event 5 s later
+    got = follow_while_appending(source, log, line.format(seq=12, usec=5_003_000) + line.format(seq=13, usec=10_000_000))
     assert [e.seq for e in got] == [13]
 
 
