@@ -93,6 +93,60 @@ def _expect_schema() -> dict[str, tuple[Any, Any]]:
 
 
 SCHEMA["expect"] = _expect_schema()
+
+#: slurmd kills HealthCheckProgram at 60 s (hard-coded in slurmd, not configurable).
+HEALTH_CHECK_KILL_S = 60.0
+
+
+@dataclass(frozen=True)
+class _Range:
+    """The values a number can take and still work; ``open`` ends exclude the bound itself."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""
+
+    def admits(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
+
+    def describe(self) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        if self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        return "must be " + " and ".join(parts) + (f" ({self.why})" if self.why else "")
+
+
+_POSITIVE = _Range(0, low_open=True)
+_TEMPERATURE = _Range(1, 150, why="degrees C, as NVML reports them")
+_DCGM_LEVEL = _Range(0, 4, why="0 = off, 1..4 = dcgmi diag -r level")
+
+#: (section, key) -> the values that can work; numbers not named here only must not be negative.
+#: ``expect`` ranges hold for ``[groups.*]`` overrides too.
+_RANGES: dict[tuple[str, str], _Range] = {
+    ("gpu", "probe_timeout"): _POSITIVE,
+    ("check", "deadline"): _Range(0, HEALTH_CHECK_KILL_S, low_open=True, high_open=True,
+                                  why=f"slurmd kills the health check at {HEALTH_CHECK_KILL_S:g} s"),
+    ("slurm", "timeout"): _POSITIVE,
+    ("dcgm", "timeout"): _POSITIVE,
+    ("watch", "poll_interval"): _POSITIVE,
+    ("expect", "gpus"): _Range(0, 1024),
+    ("expect", "pcie_gen"): _Range(1, 10),
+    ("expect", "pcie_width"): _Range(1, 32),
+    ("expect", "nvlinks"): _Range(0, 36, why="NVML knows at most 36 links per GPU"),
+    ("expect", "temp_warn_c"): _TEMPERATURE,
+    ("expect", "temp_fail_c"): _TEMPERATURE,
+    ("expect", "xid_repeat_window_s"): _POSITIVE,
+    ("expect", "dcgm_level_prolog"): _DCGM_LEVEL,
+    ("expect", "dcgm_level_epilog"): _DCGM_LEVEL,
+    ("expect", "dcgm_level_check"): _DCGM_LEVEL,
+    ("expect", "dcgm_level_after_failure"): _DCGM_LEVEL,
+}
 _GROUP_KEYS = {"nodes": (str, None), **SCHEMA["expect"]}
 #: Sections other modules own (the bridge); validated by them, kept raw here.
 OPEN_SECTIONS = ("bridge",)
@@ -181,7 +235,9 @@ def parse(text: str, path: str | None = "<string>") -> Config:
             if sec == name and values[key] not in allowed:
                 where.fail(name, key, f"must be one of {', '.join(allowed)}, not {values[key]!r}")
         sections[name] = SimpleNamespace(**values)
+    _check_together(sections, raw, where)
     default_expect = Expectations(**vars(sections["expect"]))
+    _check_temperatures(default_expect, raw.get("expect", {}), "expect", where)
     groups = []
     for gname, table in raw.get("groups", {}).items():
         section = f"groups.{gname}"
@@ -198,6 +254,7 @@ def parse(text: str, path: str | None = "<string>") -> Config:
             where.fail(section, "nodes", str(exc))
         overrides = {k: v for k, v in table.items() if k != "nodes"}
         expect = dataclasses.replace(default_expect, **overrides)
+        _check_temperatures(expect, table, section, where)
         groups.append(Group(gname, values.pop("nodes"), expect))
     for name in OPEN_SECTIONS:
         sections[name] = SimpleNamespace(**raw.get(name, {}))
@@ -218,11 +275,35 @@ def _check_table(table: dict, keys: dict, section: str, where: _Locator) -> dict
             where.fail(section, key, f"expected {_type_name(accepted)}, got {type(value).__name__} {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             where.fail(section, key, f"must be a finite number, got {value!r}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-            where.fail(section, key, f"must not be negative, got {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value < 0:
+                where.fail(section, key, f"must not be negative, got {value!r}")
+            allowed = _RANGES.get(("expect" if section.startswith("groups.") else section, key))
+            if allowed is not None and not allowed.admits(value):
+                where.fail(section, key, f"{allowed.describe()}, got {value!r}")
     for key, (_, default) in keys.items():
         values[key] = table.get(key, default)
     return values
+
+
+def _check_together(sections: dict[str, SimpleNamespace], raw: dict, where: _Locator) -> None:
+    """Values that each work alone but not with each other: every wait must fit in the deadline."""
+    deadline = sections["check"].deadline
+    for section, key in (("gpu", "probe_timeout"), ("slurm", "timeout")):
+        value = getattr(sections[section], key)
+        if value >= deadline:
+            # Blame the key the admin wrote: the other one is at its default.
+            blamed = (section, key) if key in raw.get(section, {}) or "deadline" not in raw.get("check", {}) \
+                else ("check", "deadline")
+            where.fail(*blamed, f"[{section}] {key} = {value:g} s must be shorter than [check] deadline = "
+                                f"{deadline:g} s: the run would end before the call")
+
+
+def _check_temperatures(expect: Expectations, table: dict, section: str, where: _Locator) -> None:
+    if expect.temp_warn_c > expect.temp_fail_c:
+        key = "temp_warn_c" if "temp_warn_c" in table or "temp_fail_c" not in table else "temp_fail_c"
+        where.fail(section, key, f"temp_warn_c = {expect.temp_warn_c} is above temp_fail_c = "
+                                 f"{expect.temp_fail_c}: the warning must come first")
 
 
 def _type_name(accepted: Any) -> str:

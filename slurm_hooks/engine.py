@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -83,11 +84,20 @@ def parse_gpu_list(value: str | None) -> list[str] | None:
 
 
 def snapshot_xids(snap: NodeSnapshot) -> list[XidEvent]:
-    """Every XID in the snapshot: each GPU's, then those tied to no GPU."""
-    return [x for g in snap.gpus for x in g.xids] + list(snap.node_xids)
+    """Every XID in the snapshot once: each GPU's (named by that GPU's index and UUID, as the
+    history and escalation count them), then those tied to no GPU."""
+    out: dict[str, XidEvent] = {}
+    for g in snap.gpus:
+        for x in g.xids:
+            if x.gpu != g.index or (g.uuid and x.uuid != g.uuid):
+                x = dataclasses.replace(x, gpu=g.index, uuid=g.uuid or x.uuid)
+            out.setdefault(x.key, x)
+    for x in snap.node_xids:
+        out.setdefault(x.key, x)
+    return list(out.values())
 
 
-def _history(lookup, snap: NodeSnapshot) -> dict[int, tuple[float, ...]]:
+def _history(lookup, snap: NodeSnapshot) -> dict[str, tuple[str, int, float]]:
     """Earlier XIDs on this node (for escalation); an unreadable history counts as none."""
     if lookup is None:
         return {}
@@ -119,7 +129,7 @@ def run(
     probe_timeout_s: float | None = None,
     gpus: Sequence[int | str] | None = None,
     baseline: NodeSnapshot | None = None,
-    xid_history: Callable[[NodeSnapshot], dict[int, tuple[float, ...]]] | None = None,
+    xid_history: Callable[[NodeSnapshot], dict[str, tuple[str, int, float]]] | None = None,
     dcgm: DcgmRunner | None = None,
     acked_xids: frozenset[str] = frozenset(),
     job_failed: bool = False,

@@ -50,6 +50,15 @@ class Context(str, Enum):
     WATCH = "watch"
 
 
+def gpu_identity(uuid: str = "", index: int | None = None, pci_bus_id: str | None = None) -> str:
+    """What names one GPU across runs and reboots: its UUID; else its index; else its PCI bus id."""
+    if uuid:
+        return uuid
+    if index is not None:
+        return f"gpu{index}"
+    return f"pci:{pci_bus_id}" if pci_bus_id else ""
+
+
 @dataclass(frozen=True)
 class XidEvent:
     code: int
@@ -60,6 +69,7 @@ class XidEvent:
     source: str = ""  # "nvml", "kmsg", "sim"
     seq: int | None = None  # kernel log sequence number, when known
     boot: str = ""  # the kernel's boot id, for kernel-log events read from /dev/kmsg
+    uuid: str = ""  # the GPU's UUID, set where the source knows it
 
     @property
     def key(self) -> str:
@@ -68,12 +78,24 @@ class XidEvent:
         Kernel-log record numbers restart at every boot: their key also carries
         the boot id and the boot-relative time, so an event acknowledged before
         a reboot never hides a new one with the same record number after it.
+        A kernel-log key holds only what the log line itself says (never the GPU
+        index, which is looked up), so the probe, the watcher and the history
+        name one line alike whether or not they could map it to a GPU.
         """
-        ident: object = self.seq if self.seq is not None else self.ts
-        if self.source == "kmsg" and self.seq is not None and self.ts is not None:
-            ident = f"{self.seq}@{self.ts}"
         boot = f"{self.boot}:" if self.boot else ""
+        if self.source == "kmsg":
+            if self.seq is not None:
+                ident = f"{self.seq}@{self.ts}" if self.ts is not None else f"{self.seq}"
+            else:
+                ident = f"{self.ts}@{self.pci_bus_id}"
+            return f"kmsg:{boot}{ident}:{self.code}"
+        ident: object = self.seq if self.seq is not None else self.ts
         return f"{self.source}:{boot}{ident}:{self.gpu}:{self.code}"
+
+    @property
+    def gpu_id(self) -> str:
+        """The GPU this event happened on, as XID history and escalation count it (:func:`gpu_identity`)."""
+        return gpu_identity(self.uuid, self.gpu, self.pci_bus_id)
 
 
 @dataclass(frozen=True)
@@ -225,8 +247,9 @@ class CheckInput:
     gpus: tuple[int, ...] | None = None
     #: Snapshot taken by the prolog of the same job, for "new during the job" checks.
     baseline: NodeSnapshot | None = None
-    #: Prior occurrences per XID code on this node (for escalation): code -> timestamps.
-    xid_history: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    #: XID events recorded on this node by earlier runs (for escalation):
+    #: event key -> (GPU identity as :func:`gpu_identity` gives it, code, when recorded).
+    xid_history: dict[str, tuple[str, int, float]] = field(default_factory=dict)
     #: XIDs an admin has dealt with (GPU reset, node resumed): still in the kernel
     #: log until the next reboot, but no longer a reason to drain.
     acked_xids: frozenset[str] = frozenset()

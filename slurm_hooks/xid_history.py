@@ -1,10 +1,12 @@
 """What XIDs this node has had lately, kept across runs.
 
 A health check run is short-lived, so two things need memory: escalation (the
-third XID 119 in a day is hardware, not bad luck) and "never act twice on one
-event" (the kernel log still holds yesterday's XID 79 after the node came back).
-One small JSON file per node, rewritten atomically under a lock.
+third XID 119 in a day on one GPU is hardware, not bad luck) and "never act twice
+on one event" (the kernel log still holds yesterday's XID 79 after the node came
+back). One small JSON file per node, rewritten atomically under a lock.
 
+Each event is kept under its key with the GPU it happened on (its UUID where known,
+see ``models.gpu_identity``), so escalation counts per GPU and across reboots.
 Timestamps are when *we* recorded an event (wall clock), not the event's own
 ``ts``, which for kernel log records is seconds since boot.
 """
@@ -22,7 +24,7 @@ from slurm_hooks import fsutil
 from slurm_hooks.errors import PermanentError
 from slurm_hooks.models import XidEvent
 
-VERSION = 1
+VERSION = 2
 KEEP_S = 7 * 86400
 MAX_EVENTS = 2000
 MAX_SEEN = 5000
@@ -32,20 +34,9 @@ class XidHistory:
     def __init__(self, path: str):
         self.path = path
 
-    def occurrences(self, now: float, window_s: float, gpu: int | None = None,
-                    exclude: Iterable[str] = ()) -> dict[int, tuple[float, ...]]:
-        """Code -> times recorded within ``window_s`` before ``now``, oldest first.
-
-        ``gpu`` limits it to one GPU. ``exclude`` drops events by key: pass the
-        keys of the snapshot being checked, so that the check, which adds the
-        current events itself, does not count them twice.
-        """
-        skip = set(exclude)
-        out: dict[int, list[float]] = {}
-        for e in self._read()["events"]:
-            if now - window_s <= e["t"] <= now and e["key"] not in skip and (gpu is None or e["gpu"] == gpu):
-                out.setdefault(e["code"], []).append(e["t"])
-        return {code: tuple(sorted(ts)) for code, ts in sorted(out.items())}
+    def recorded(self) -> dict[str, tuple[str, int, float]]:
+        """Every event kept: key -> (GPU identity, code, when recorded); ``CheckInput.xid_history``."""
+        return {e["key"]: (e["id"], e["code"], e["t"]) for e in self._read()["events"]}
 
     def record(self, events: Iterable[XidEvent], now: float | None = None) -> list[XidEvent]:
         """Remember ``events`` (once per key); returns the ones not recorded before."""
@@ -65,7 +56,8 @@ class XidHistory:
                 if event.key not in known:
                     known.add(event.key)
                     new.append(event)
-                    state["events"].append({"key": event.key, "code": event.code, "gpu": event.gpu, "t": now})
+                    state["events"].append({"key": event.key, "code": event.code, "gpu": event.gpu,
+                                            "id": event.gpu_id, "t": now})
 
         self._update(change, now)
         return new
@@ -120,8 +112,8 @@ class XidHistory:
 
     def _load(self) -> str | None:
         try:
-            with open(self.path, encoding="utf-8") as fh:
-                return fh.read()
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                return fh.read()  # undecodable bytes: a corrupt file, set aside like any other
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -148,14 +140,28 @@ def _parse(text: str | None) -> dict[str, Any] | None:
         return _empty()
     try:
         state = json.loads(text)
-        events = [{"key": str(e["key"]), "code": int(e["code"]),
+        rename = _v1_key if state.get("version", 1) < 2 else str
+        events = [{"key": rename(e["key"]), "code": int(e["code"]),
                    "gpu": None if e.get("gpu") is None else int(e["gpu"]), "t": float(e["t"])}
                   for e in state["events"]]
-        seen = {str(k): float(v) for k, v in state["seen"].items()}
-        acked = {str(k): float(v) for k, v in state.get("acked", {}).items()}
+        for event, raw in zip(events, state["events"]):
+            event["id"] = str(raw.get("id") or (f"gpu{event['gpu']}" if event["gpu"] is not None else ""))
+        seen = {rename(k): float(v) for k, v in state["seen"].items()}
+        acked = {rename(k): float(v) for k, v in state.get("acked", {}).items()}
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
     return {"version": VERSION, "events": events, "seen": seen, "acked": acked}
+
+
+def _v1_key(key: Any) -> str:
+    """Version 1 kernel-log keys carried the GPU index (``kmsg:<boot>:<seq>@<ts>:<gpu>:<code>``);
+    version 2 keys hold only what the log line says: drop it, so that an event acknowledged
+    before the upgrade stays acknowledged."""
+    key = str(key)
+    if key.startswith("kmsg:") and key.count(":") >= 3:
+        head, _gpu, code = key.rsplit(":", 2)
+        return f"{head}:{code}"
+    return key
 
 
 def _prune(state: dict[str, Any], now: float) -> None:

@@ -103,3 +103,57 @@ def test_a_record_written_after_a_torn_line_is_still_read(tmp_path):
 
 def test_reading_a_log_that_does_not_exist_yields_nothing(tmp_path):
     assert list(AuditLog(str(tmp_path / "none.jsonl")).read()) == []
+
+
+def test_a_lock_held_by_another_process_does_not_block_the_write(tmp_path, capsys):
+    import subprocess
+    import sys
+    import time
+
+    from slurm_hooks import audit
+
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    first = log.write("alert", node="n1")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"fd = os.open({log.path!r}, os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "print('held', flush=True)\ntime.sleep(60)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        started = time.monotonic()
+        record = log.write("action", node="n1", action="drain", result="ok")
+        took = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.wait()
+    assert took < audit.WRITE_BOUND_S + 0.5  # bounded: the drain goes on
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"slurm-hooks: cannot write audit log {log.path}: locked by another process")
+    assert '"action":"drain"' in err  # the record is not lost: it is in slurmd's log
+    assert list(log.read()) == [first]
+    again = log.write("action", node="n1", action="resume", result="ok")  # the lock is free again
+    assert list(log.read()) == [first, again] and record["action"] == "drain"
+
+
+def test_a_hung_fsync_is_abandoned_within_the_bound(tmp_path, capsys, monkeypatch):
+    import threading
+    import time
+
+    from slurm_hooks import audit
+
+    release = threading.Event()
+    monkeypatch.setattr(audit.os, "fsync", lambda fd: release.wait(30))  # a log filesystem that stopped answering
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    try:
+        started = time.monotonic()
+        log.write("action", node="n1", action="drain")
+        log.write("action", node="n1", action="requeue")  # does not start a second hung writer
+        took = time.monotonic() - started
+        err = capsys.readouterr().err.splitlines()
+    finally:
+        release.set()
+    assert took < 2 * audit.WRITE_BOUND_S
+    assert len(err) == 2
+    assert "no answer within 1s (hung filesystem?)" in err[0] and '"action":"drain"' in err[0]
+    assert "an earlier write still hangs" in err[1] and '"action":"requeue"' in err[1]

@@ -30,6 +30,11 @@ def gpu(index: int, *xids: XidEvent) -> GpuSnapshot:
     return GpuSnapshot(index=index, pci_bus_id=f"00000000:{0x18 + index * 0x10:02X}:00.0", xids=xids)
 
 
+def earlier(code: int, *times: float, on: str = "gpu3") -> dict:
+    """XID history as ``XidHistory.recorded`` gives it: events of ``code`` recorded at ``times`` on GPU ``on``."""
+    return {f"kmsg:boot-0:{code}-{i}@{t}:{code}": (on, code, t) for i, t in enumerate(times)}
+
+
 def run(snapshot: NodeSnapshot, **kw) -> list:
     kw.setdefault("expect", Expectations())
     return list(check_xids(CheckInput(snapshot=snapshot, now=NOW, **kw)))
@@ -59,7 +64,7 @@ def test_app_xid13_tells_the_user_and_does_not_drain():
 
 
 def test_app_xid31_repeated_still_does_not_drain():
-    findings = run(node(gpu(3, *(xid(31, seq=i) for i in range(5)))), xid_history={31: (NOW - HOUR,) * 5})
+    findings = run(node(gpu(3, *(xid(31, seq=i) for i in range(5)))), xid_history=earlier(31, *(NOW - HOUR,) * 5))
     assert [(f.action, f.severity) for f in findings] == [(Action.NONE, Severity.WARN)]
 
 
@@ -98,25 +103,25 @@ def test_node_level_xid_without_gpu_index_is_reported_for_the_node():
 
 
 def test_third_xid119_in_24h_escalates_reset_to_replace():
-    history = {119: (NOW - 20 * HOUR, NOW - 2 * HOUR)}
+    history = earlier(119, NOW - 20 * HOUR, NOW - 2 * HOUR)
     [f] = run(node(gpu(3, xid(119))), xid_history=history)
     assert (f.action, f.severity) == (Action.REPLACE, Severity.FAIL)
     assert f.message == "XID 119 (GSP RPC Timeout), 3rd time in 24h -> hardware"
 
 
 def test_second_occurrence_stays_a_reset():
-    [f] = run(node(gpu(3, xid(119))), xid_history={119: (NOW - HOUR,)})
+    [f] = run(node(gpu(3, xid(119))), xid_history=earlier(119, NOW - HOUR))
     assert f.action is Action.RESET
 
 
 def test_occurrences_outside_the_window_do_not_escalate():
-    history = {119: (NOW - 30 * HOUR, NOW - 25 * HOUR, NOW - 24 * HOUR - 1)}
+    history = earlier(119, NOW - 30 * HOUR, NOW - 25 * HOUR, NOW - 24 * HOUR - 1)
     [f] = run(node(gpu(3, xid(119))), xid_history=history)
     assert f.action is Action.RESET
 
 
 def test_history_of_another_code_does_not_escalate():
-    [f] = run(node(gpu(3, xid(119))), xid_history={120: (NOW - HOUR, NOW - HOUR)})
+    [f] = run(node(gpu(3, xid(119))), xid_history=earlier(120, NOW - HOUR, NOW - HOUR))
     assert f.action is Action.RESET
 
 
@@ -128,7 +133,7 @@ def test_repeats_within_one_snapshot_count_toward_escalation():
 
 def test_window_and_count_come_from_expectations():
     expect = Expectations(xid_repeat_count=2, xid_repeat_window_s=7 * 86400)
-    [f] = run(node(gpu(3, xid(74))), expect=expect, xid_history={74: (NOW - 5 * 86400,)})
+    [f] = run(node(gpu(3, xid(74))), expect=expect, xid_history=earlier(74, NOW - 5 * 86400))
     assert f.action is Action.REPLACE
     assert f.message.endswith("2nd time in 7d -> hardware")
 
@@ -167,3 +172,67 @@ def test_baseline_is_ignored_outside_the_epilog():
     snap = node(gpu(3, xid(79)))
     [f] = run(snap, context=Context.PROLOG, baseline=snap)
     assert f.action is Action.REPLACE
+
+
+# --- escalation counts events, per GPU -------------------------------------------------------
+
+
+def kmsg_xid(code: int, seq: int, usec: int, bus: str = "9b") -> XidEvent:
+    from slurm_hooks.probes import kmsg
+
+    return kmsg.parse_line(f"3,{seq},{usec},-;NVRM: Xid (PCI:0000:{bus}:00): {code}, pid=7, name=python, Timeout")
+
+
+def gpu_at_9b(*xids: XidEvent, index: int = 4, uuid: str = "GPU-9b") -> GpuSnapshot:
+    from slurm_hooks.probes import kmsg
+
+    mapped = kmsg.assign_gpus(xids, {"00000000:9B:00.0": (index, uuid)})
+    return GpuSnapshot(index=index, uuid=uuid, pci_bus_id="00000000:9B:00.0", xids=tuple(mapped))
+
+
+def test_a_burst_of_three_xid119_lines_in_3ms_is_one_event_and_stays_a_reset():
+    from slurm_hooks.probes import kmsg
+
+    lines = [kmsg_xid(119, 900 + i, 7_000_000 + i * 1000) for i in range(3)]
+    [f] = run(node(gpu_at_9b(*kmsg.coalesce(lines))))
+    assert (f.action, f.message) == (Action.RESET, "XID 119 (GSP RPC Timeout)")
+
+
+def test_three_separate_xid119_events_in_the_window_still_escalate():
+    from slurm_hooks.probes import kmsg
+
+    events = [kmsg_xid(119, 900 + i, 7_000_000 + i * 6_000_000) for i in range(3)]  # 6 s apart
+    assert kmsg.coalesce(events) == events
+    [f] = run(node(gpu_at_9b(*events)))
+    assert (f.action, f.message) == (Action.REPLACE, "XID 119 (GSP RPC Timeout), 3rd time in 24h -> hardware")
+
+
+def test_the_same_code_on_other_gpus_does_not_escalate_this_one():
+    history = {**earlier(119, NOW - HOUR, on="GPU-other-1"), **earlier(119, NOW - 2 * HOUR, on="GPU-other-2")}
+    [f] = run(node(gpu_at_9b(kmsg_xid(119, 5, 1_000_000))), xid_history=history)
+    assert f.action is Action.RESET
+
+
+def test_earlier_events_count_by_uuid_across_a_reboot_that_renumbered_the_gpu():
+    history = earlier(119, NOW - 20 * HOUR, NOW - 2 * HOUR, on="GPU-9b")  # recorded when it was GPU 4
+    [f] = run(node(gpu_at_9b(kmsg_xid(119, 5, 1_000_000), index=6)), xid_history=history)
+    assert (f.gpu, f.action) == (6, Action.REPLACE)
+
+
+def test_acknowledged_events_are_no_reason_to_act_but_still_count_toward_escalation():
+    """Drained, reset and resumed twice: the third XID 119 on the GPU is the hardware, though the
+    first two are still in the kernel log (no reboot) and acknowledged."""
+    first, second, third = (kmsg_xid(119, 10 + i, 1_000_000 + i * 3_600_000_000) for i in range(3))
+    history = {first.key: ("GPU-9b", 119, NOW - 2 * HOUR), second.key: ("GPU-9b", 119, NOW - HOUR)}
+    snap = node(gpu_at_9b(first, second, third))
+    [f] = run(snap, xid_history=history, acked_xids=frozenset({first.key, second.key}))
+    assert (f.action, f.message) == (Action.REPLACE, "XID 119 (GSP RPC Timeout), 3rd time in 24h -> hardware")
+    assert run(node(gpu_at_9b(first, second)), xid_history=history, acked_xids=frozenset({first.key, second.key})) == []
+
+
+def test_an_event_recorded_long_ago_and_still_in_the_log_does_not_count_as_new():
+    old = kmsg_xid(119, 10, 1_000_000)
+    new = [kmsg_xid(119, 11 + i, 90_000_000_000 + i * 10_000_000) for i in range(2)]
+    history = {old.key: ("GPU-9b", 119, NOW - 3 * 86400)}  # recorded three days ago, outside the window
+    [f] = run(node(gpu_at_9b(old, *new)), xid_history=history, acked_xids=frozenset({old.key}))
+    assert (f.action, f.message) == (Action.RESET, "XID 119 (GSP RPC Timeout), 2 times")

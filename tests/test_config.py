@@ -197,6 +197,57 @@ def test_negative_number_is_refused(tmp_path, text, line, key, message):
     assert error_of(tmp_path, text) == f"FILE:{line}: {key}: {message}"
 
 
+@pytest.mark.parametrize("text, line, key, message", [
+    ('[check]\ndeadline = 0\n', 2, "[check] deadline",
+     "must be > 0 and < 60 (slurmd kills the health check at 60 s), got 0"),
+    ('[check]\ndrain = true\ndeadline = 60\n', 3, "[check] deadline",
+     "must be > 0 and < 60 (slurmd kills the health check at 60 s), got 60"),
+    ('[check]\ndeadline = 0.0\n', 2, "[check] deadline",
+     "must be > 0 and < 60 (slurmd kills the health check at 60 s), got 0.0"),
+    ('[gpu]\nprobe_timeout = 0\n', 2, "[gpu] probe_timeout", "must be > 0, got 0"),
+    ('[slurm]\ntimeout = 0\n', 2, "[slurm] timeout", "must be > 0, got 0"),
+    ('[dcgm]\ntimeout = 0\n', 2, "[dcgm] timeout", "must be > 0, got 0"),
+    ('[watch]\npoll_interval = 0\n', 2, "[watch] poll_interval", "must be > 0, got 0"),
+    ('[expect]\ntemp_fail_c = 0\n', 2, "[expect] temp_fail_c", "must be >= 1 and <= 150 (degrees C, as NVML reports them), got 0"),
+    ('[expect]\ntemp_warn_c = 400\n', 2, "[expect] temp_warn_c", "must be >= 1 and <= 150 (degrees C, as NVML reports them), got 400"),
+    ('[expect]\npcie_gen = 0\n', 2, "[expect] pcie_gen", "must be >= 1 and <= 10, got 0"),
+    ('[expect]\npcie_width = 0\n', 2, "[expect] pcie_width", "must be >= 1 and <= 32, got 0"),
+    ('[expect]\nnvlinks = 99\n', 2, "[expect] nvlinks", "must be >= 0 and <= 36 (NVML knows at most 36 links per GPU), got 99"),
+    ('[expect]\nxid_repeat_window_s = 0\n', 2, "[expect] xid_repeat_window_s", "must be > 0, got 0"),
+    ('[expect]\ndcgm_level_check = 9\n', 2, "[expect] dcgm_level_check",
+     "must be >= 0 and <= 4 (0 = off, 1..4 = dcgmi diag -r level), got 9"),
+    ('[groups.a]\nnodes = "n1"\npcie_gen = 0\n', 3, "[groups.a] pcie_gen", "must be >= 1 and <= 10, got 0"),
+])
+def test_a_number_that_cannot_work_is_refused_naming_file_line_and_key(tmp_path, text, line, key, message):
+    assert error_of(tmp_path, text) == f"FILE:{line}: {key}: {message}"
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ('[gpu]\nprobe_timeout = 45\n', 2, "[gpu] probe_timeout"),  # against the default deadline
+    ('[check]\ndeadline = 15\n', 2, "[check] deadline"),  # against the default probe_timeout = 20
+    ('[gpu]\nprobe_timeout = 30\n[check]\ndeadline = 30\n', 2, "[gpu] probe_timeout"),
+    ('[gpu]\nprobe_timeout = 5\n[check]\ndeadline = 20\n[slurm]\ntimeout = 25\n', 6, "[slurm] timeout"),
+])
+def test_a_wait_longer_than_the_deadline_is_refused(tmp_path, text, line, key):
+    msg = error_of(tmp_path, text)
+    assert msg.startswith(f"FILE:{line}: {key}: ") and "must be shorter than [check] deadline" in msg
+
+
+def test_warning_temperature_above_the_failing_one_is_refused(tmp_path):
+    assert error_of(tmp_path, '[expect]\ntemp_warn_c = 99\n') == \
+        "FILE:2: [expect] temp_warn_c: temp_warn_c = 99 is above temp_fail_c = 95: the warning must come first"
+    assert error_of(tmp_path, '[expect]\ntemp_fail_c = 80\n') == \
+        "FILE:2: [expect] temp_fail_c: temp_warn_c = 85 is above temp_fail_c = 80: the warning must come first"
+    assert error_of(tmp_path, '[expect]\ntemp_fail_c = 90\n[groups.a]\nnodes = "n1"\ntemp_warn_c = 92\n').startswith(
+        "FILE:5: [groups.a] temp_warn_c: temp_warn_c = 92 is above temp_fail_c = 90")
+
+
+def test_values_at_the_edge_of_what_works_are_accepted():
+    cfg = config.parse('[gpu]\nprobe_timeout = 0.5\n[check]\ndeadline = 59.9\n[slurm]\ntimeout = 1\n'
+                       '[expect]\ngpus = 0\nnvlinks = 0\nxid_repeat_count = 0\ntemp_warn_c = 90\ntemp_fail_c = 90\n')
+    assert (cfg.check.deadline, cfg.default_expect.gpus, cfg.default_expect.temp_warn_c) == (59.9, 0, 90)
+
+
 def test_nan_is_not_a_number_of_seconds(tmp_path):
     msg = error_of(tmp_path, '[gpu]\nprobe_timeout = nan\n')
     assert msg.startswith("FILE:2: [gpu] probe_timeout: ")

@@ -104,19 +104,21 @@ def test_pci_bus_ids_are_normalised_to_nvml_form(raw, nvml):
 
 def test_assign_gpus_by_pci_bus_id_either_form():
     events = kmsg.read_xids(DMESG_T) + [kmsg.parse_line(XID79_RECORD.replace("9b:00", "18:00"))]
-    assigned = kmsg.assign_gpus(events, {"0000:9b:00.0": 4, "00000000:3B:00.0": 1})
-    assert [e.gpu for e in assigned] == [4, 4, 4, 4, 4, None]
+    assigned = kmsg.assign_gpus(events, {"0000:9b:00.0": (4, "GPU-four"), "00000000:3B:00.0": (1, "GPU-one")})
+    assert [(e.gpu, e.uuid) for e in assigned] == [(4, "GPU-four")] * 5 + [(None, "")]
     assert assigned[0].message == events[0].message
+    assert [e.key for e in assigned] == [e.key for e in events]  # the GPU is looked up, the key is the line's
 
 
 def test_assign_gpus_keeps_events_without_a_bus_id():
     event = XidEvent(code=79, source="kmsg", seq=1)
-    assert kmsg.assign_gpus([event], {"00000000:9B:00.0": 4}) == [event]
+    assert kmsg.assign_gpus([event], {"00000000:9B:00.0": (4, "GPU-four")}) == [event]
 
 
 def test_read_xids_stops_at_max_records(tmp_path):
     log = tmp_path / "kmsg.log"
-    log.write_text("\n".join(XID79_RECORD.replace("4123", str(i)) for i in range(10)) + "\n")
+    log.write_text("\n".join(XID79_RECORD.replace("4123,3757433200", f"{i},{3757433200 + i * 5_000_000}")
+                              for i in range(10)) + "\n")
     assert [e.seq for e in kmsg.read_xids(str(log), max_records=3)] == [0, 1, 2]
 
 
@@ -208,3 +210,62 @@ def test_events_read_from_the_kernel_carry_the_boot_id_in_their_key():
     b = XidEvent(79, gpu=3, ts=41.0, source="kmsg", seq=1234, boot="boot-b")
     assert a.key != b.key  # same record number and time, another boot: another event
     assert a.key == XidEvent(79, gpu=3, ts=41.0, source="kmsg", seq=1234, boot="boot-a").key
+
+
+MIG_XID_RECORD = ("4,5120,812345678,-;NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 109, pid=4242, "
+                  "name=python3, Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x2c014")
+
+
+def test_mig_xid_names_the_parent_gpu_and_keeps_the_instance_in_the_message():
+    event = kmsg.parse_line(MIG_XID_RECORD)
+    assert (event.code, event.pci_bus_id, event.seq) == (109, "00000000:01:00.0", 5120)
+    assert event.message == "GPU-I:05 GPU-CI:02: pid=4242, name=python3, Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x2c014"
+
+
+@pytest.mark.parametrize("line, code", [
+    ("[ 901.5] NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 109, pid=4242, name=python3, Ch 00000008", 109),
+    ("[Sun Feb 23 16:24:18 2025] NVRM: Xid (PCI:0000:9b:00 GPU-I:01): 31, pid=7, name=python, MMU Fault", 31),
+    ("Feb 23 16:24:18 gpu7 kernel: NVRM: Xid (PCI:0000:9b:00 GPU-I:13 GPU-CI:00): 43, pid=7, name=x, Ch 00000008", 43),
+])
+def test_mig_xids_in_every_log_format(line, code):
+    event = kmsg.parse_line(line)
+    assert event is not None and event.code == code
+
+
+def test_mig_xid_read_from_a_log_file(tmp_path):
+    log = tmp_path / "kmsg.log"
+    log.write_text(XID79_RECORD + "\n" + MIG_XID_RECORD + "\n")
+    assert [(e.code, e.pci_bus_id) for e in kmsg.read_xids(str(log))] == [
+        (79, "00000000:9B:00.0"), (109, "00000000:01:00.0")]
+
+
+def test_bytes_that_are_not_utf8_never_stop_the_reader(tmp_path):
+    log = tmp_path / "kmsg.log"
+    log.write_bytes(b"6,1,10,-;usb 1-1: bad \xff\xfe descriptor\n"
+                    b"3,2,20,-;NVRM: Xid (PCI:0000:9b:00): 13, pid=7, name=\xffbad\x80name, Graphics Exception\n"
+                    + XID79_RECORD.encode() + b"\n")
+    events = kmsg.read_xids(str(log))
+    assert [e.code for e in events] == [13, 79]
+    assert events[0].message == "pid=7, name=\ufffdbad\ufffdname, Graphics Exception"
+
+
+def test_follow_survives_bytes_that_are_not_utf8(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    events: list[XidEvent] = []
+    stop, thread = _follow_in_thread(str(log), events)
+    try:
+        time.sleep(0.1)
+        with open(log, "ab") as fh:
+            fh.write(b"3,9,1000000,-;NVRM: Xid (PCI:0000:9b:00): 48, pid=7, name=\xff\xfe, DBE\n")
+        assert _wait_for(lambda: len(events) == 1)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert thread.is_alive() is False and events[0].code == 48
+
+
+def test_a_boot_id_file_with_garbage_bytes_does_not_raise(tmp_path):
+    path = tmp_path / "boot_id"
+    path.write_bytes(b"\xffabc\n")
+    assert kmsg.boot_id(str(path)) == "\ufffdabc"

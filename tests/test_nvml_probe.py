@@ -182,6 +182,26 @@ def test_bytes_from_an_older_binding_are_decoded():
     assert (gpu.uuid, gpu.model, gpu.errors) == ("GPU-0123", "NVIDIA H200", ())
 
 
+@pytest.mark.parametrize("raw, text", [
+    (b"NVIDIA H200\xff\xfe", "NVIDIA H200\ufffd\ufffd"),  # not UTF-8
+    (b"NVIDIA H200\x00\xff\x13junk", "NVIDIA H200"),  # garbage after the C string's NUL
+    (b"NVIDIA\nH200\x1b[31m", "NVIDIA\ufffdH200\ufffd[31m"),  # control characters
+    ("NVIDIA H200\udcff", "NVIDIA H200\ufffd"),  # a lone surrogate from a surrogateescape decode
+])
+def test_garbled_strings_from_nvml_are_decoded_without_raising(raw, text):
+    gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, name=raw, serial=raw, uuid=b"GPU-\xc3\x28")).gpus[0]
+    assert (gpu.model, gpu.serial, gpu.uuid, gpu.errors) == (text, text, "GPU-\ufffd(", ())
+    json.dumps(snapshot_to_dict(snap(FakeNvml.healthy(gpus=1).set(gpu=0, name=raw))), ensure_ascii=False).encode()
+
+
+def test_binding_that_fails_to_decode_a_string_gives_a_field_error():
+    fake = FakeNvml.healthy(gpus=1)
+    fake.nvmlDeviceGetName = lambda handle: b"\xff".decode()
+    gpu = snap(fake).gpus[0]
+    assert gpu.model == "" and "can't decode byte 0xff" in gpu.error("model")
+    assert gpu.temperature_c == 33
+
+
 def test_row_remap_pending_and_failure_are_read():
     gpu = snap(FakeNvml.healthy(gpus=1).set(gpu=0, remapped_rows=(3, 2, 1, 1))).gpus[0]
     assert gpu.row_remap_pending is True and gpu.row_remap_failure is True
@@ -342,6 +362,47 @@ def test_xids_in_a_captured_dmesg_land_on_the_gpu_at_that_address():
     s = snap(fake, kmsg_path=os.path.join(FIXTURES, "kmsg", "dmesg-with-xid-119.log"))
     assert s.gpus[4].xids and {x.code for x in s.gpus[4].xids} == {119}
     assert all(not g.xids for g in s.gpus if g.index != 4) and s.node_xids == ()
+
+
+def test_kernel_log_xids_carry_their_gpus_uuid_and_the_probe_leaves_the_map_for_the_watcher(tmp_path):
+    from slurm_hooks.probes import kmsg as kmsg_mod
+
+    log = tmp_path / "kmsg"
+    log.write_text("6,1234,5000000,-;NVRM: Xid (PCI:0000:38:00): 79, pid=0, name=python, GPU has fallen off the bus.\n")
+    fake = FakeNvml.healthy(gpus=4)
+    map_path = str(tmp_path / "state" / "gpus-n1.json")
+    s = NvmlProbe("n1", kmsg_path=str(log), nvml=fake, gpu_map_path=map_path).snapshot()
+    [xid] = s.gpus[2].xids
+    assert (xid.gpu, xid.uuid) == (2, fake.gpus[2]["uuid"])
+    assert kmsg_mod.load_gpu_map(map_path) == {g.pci_bus_id: (g.index, g.uuid) for g in s.gpus}
+    assert stat_mtime_unchanged_after_a_second_snapshot(map_path, NvmlProbe("n1", nvml=fake, gpu_map_path=map_path))
+
+
+def stat_mtime_unchanged_after_a_second_snapshot(path: str, probe: NvmlProbe) -> bool:
+    before = os.stat(path).st_mtime_ns
+    os.utime(path, ns=(before - 10**9, before - 10**9))  # so that a rewrite would show
+    probe.snapshot()
+    return os.stat(path).st_mtime_ns == before - 10**9
+
+
+def test_nvml_answers_the_gpu_map_when_the_probe_left_none():
+    from slurm_hooks.probes.nvml import read_gpu_map
+
+    fake = FakeNvml.healthy(gpus=3).set(gpu=1, uuid=b"GPU-\xffone")
+    assert read_gpu_map(fake) == {"00000000:18:00.0": (0, fake.gpus[0]["uuid"]),
+                                  "00000000:28:00.0": (1, "GPU-\ufffdone"),
+                                  "00000000:38:00.0": (2, fake.gpus[2]["uuid"])}
+    assert fake.shutdowns == 1
+    assert read_gpu_map(FakeNvml.healthy(gpus=1).fail("nvmlInit", code=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)) == {}
+
+
+def test_a_burst_of_lines_for_one_fault_is_one_event_on_that_gpu(tmp_path):
+    """The driver logs three XID 119 lines within 3 ms for one GSP timeout: one event, not three."""
+    log = tmp_path / "kmsg"
+    log.write_text("".join(f"3,{700 + i},{9_000_000 + i * 1500},-;NVRM: Xid (PCI:0000:38:00): 119, pid=7, name=python, "
+                           "Timeout after 6s of waiting for RPC response from GPU2 GSP!\n" for i in range(3)))
+    s = snap(FakeNvml.healthy(gpus=4), kmsg_path=str(log))
+    assert [x.seq for x in s.gpus[2].xids] == [700]
 
 
 def test_unreadable_kernel_log_means_no_xids_not_a_failed_snapshot():

@@ -359,3 +359,16 @@ def test_cli_show_of_an_unknown_node_says_how_to_create_it(sim_dir):
     r = cli("show", "--node", "n9", "--sim-dir", sim_dir)
     assert r.returncode == 2
     assert r.stderr.endswith("no simulated GPUs for node 'n9' (run: slurm-hooks sim init --node n9)\n")
+
+
+def test_injected_xids_name_their_gpu_by_uuid_even_in_a_state_file_from_before_uuids(tmp_path):
+    from slurm_hooks.probes.sim import SimProbe
+
+    sim.init(str(tmp_path), "n1", gpus=4)
+    sim.inject(str(tmp_path), "n1", 2, xid=79)
+    sim.update(str(tmp_path), "n1", lambda state: state["gpus"][2]["xids"][0].pop("uuid"))  # as older versions wrote
+    gpu = SimProbe(str(tmp_path), "n1").snapshot().gpus[2]
+    [event] = gpu.xids
+    assert event.uuid == gpu.uuid and event.gpu_id == gpu.uuid
+    sim.inject(str(tmp_path), "n1", 2, xid=48)
+    assert [x.uuid for x in SimProbe(str(tmp_path), "n1").snapshot().gpus[2].xids] == [gpu.uuid, gpu.uuid]

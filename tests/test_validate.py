@@ -424,10 +424,10 @@ def test_audit_log_directory_is_not_written_into(cluster):
     assert not (cluster.root / "log").exists()
 
 
-def test_deadline_above_slurmds_healthcheck_kill_warns(cluster):
+def test_deadline_above_slurmds_healthcheck_kill_fails_the_config(cluster):
     cluster.write_config(GOOD_CONFIG + "\n[check]\ndeadline = 90\n")
-    r = only(cluster.run(), "check-deadline")
-    assert r.status is validate.Status.WARN and "after 60 s" in r.message
+    r = only(cluster.run(), "config")
+    assert r.status is validate.Status.FAIL and "[check] deadline: must be > 0 and < 60" in r.message
 
 
 # --- the bridge's Kubernetes access -----------------------------------------------------

@@ -40,7 +40,7 @@ def collect(source, stop_after: float = 1.0, until: int = 1) -> list:
 def test_nvml_source_registers_every_gpu_for_critical_xids_and_delivers_with_the_gpu_index():
     fake = FakeNvml.healthy(gpus=4).emit_xid(2, 79)
     [event] = collect(NvmlEventSource(nvml=fake, poll=0.05))
-    assert (event.code, event.gpu, event.source) == (79, 2, "nvml")
+    assert (event.code, event.gpu, event.source, event.uuid) == (79, 2, "nvml", fake.gpus[2]["uuid"])
     assert [mask for _, mask in fake.registered] == [pynvml.nvmlEventTypeXidCriticalError] * 4
     assert fake.shutdowns == 1
 
@@ -101,6 +101,8 @@ def test_sim_source_delivers_each_injected_xid_once_in_order(tmp_path):
                                   sim.inject(str(tmp_path), "n1", 6, xid=48))).start()
     got = collect(source, stop_after=3.0, until=2)
     assert [(e.code, e.gpu) for e in got] == [(79, 5), (48, 6)]
+    state = sim.read(str(tmp_path), "n1")
+    assert [e.uuid for e in got] == [state["gpus"][5]["uuid"], state["gpus"][6]["uuid"]]
 
 
 @pytest.fixture
@@ -151,3 +153,128 @@ def test_watcher_survives_a_source_failure_and_keeps_watching(wiring):
 
     Watcher(w, Flaky(), log=logs.append).run(stop)
     assert Flaky.calls == 2 and "retrying" in logs[0]
+
+
+# --- one identity per XID: the kernel log's line is tied to its GPU at the source --------------
+
+#: XID 79 logged for the GPU at 00000000:38:00.0, which FakeNvml enumerates as GPU 2.
+XID79_GPU2 = ("3,4123,3757433200,-;NVRM: Xid (PCI:0000:38:00): 79, pid='<unknown>', name=<unknown>, "
+              "GPU has fallen off the bus.\n")
+
+
+@pytest.fixture
+def nvml_node(tmp_path):
+    """Node n1 with four real-looking GPUs (NVML probe over the shared fake) and a kernel log."""
+    from slurm_hooks.probes.kmsg import gpu_map_path
+    from slurm_hooks.probes.nvml import NvmlProbe
+
+    cfg = sim_config(tmp_path)
+    log = tmp_path / "kmsg.log"
+    log.write_text("6,4000,3757000000,-;eth0: link becomes ready\n" + XID79_GPU2)
+    fake = FakeNvml.healthy(gpus=4)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "MIXED")
+    slurm.add_job(7, "n1")
+    probe = NvmlProbe("n1", kmsg_path=str(log), nvml=fake, gpu_map_path=gpu_map_path(cfg.state.dir, "n1"))
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), probe_override=probe, slurm_override=slurm)
+    return w, slurm, str(log), fake
+
+
+def kmsg_source(w, log, fake=None):
+    from slurm_hooks.hooks.watch import KmsgSource
+    from slurm_hooks.probes.kmsg import gpu_map_path
+    from slurm_hooks.probes.nvml import read_gpu_map
+
+    return KmsgSource(log, 0.02, gpu_map=gpu_map_path(w.config.state.dir, "n1"),
+                      ask_nvml=(lambda: read_gpu_map(fake)) if fake is not None else (lambda: {}))
+
+
+def test_a_kernel_log_xid_is_one_finding_on_its_gpu_under_one_key(nvml_node):
+    from slurm_hooks.hooks import healthcheck
+
+    w, slurm, log, fake = nvml_node
+    [event] = kmsg_source(w, log, fake).backlog()  # no map file yet: NVML is asked
+    assert (event.gpu, event.uuid) == (2, fake.gpus[2]["uuid"])
+    watcher = Watcher(w, ListSource(), log=lambda m: None)
+    watcher.handle(event)
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 2 [replace]"
+    report = healthcheck.judge(w, healthcheck.Context.CHECK, acknowledge=False)
+    assert [f.summary for f in report.drain_findings()] == ["XID 79 on GPU 2"]
+    assert healthcheck._keys(report.snapshot) == [event.key]
+    assert set(healthcheck.xid_history(w).recorded()) == {event.key}
+
+
+def test_after_an_admin_resumes_neither_the_check_nor_the_watchers_backlog_drains_again(nvml_node):
+    from slurm_hooks.hooks import healthcheck
+
+    w, slurm, log, fake = nvml_node
+    healthcheck.run(w)  # the health check finds the XID first (the watcher was down)
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 2 [replace]"
+    slurm.resume("n1")  # the admin replaced the GPU's cable, reset it, resumed the node
+    report, _ = healthcheck.run(w)
+    assert report.drain_findings() == () and slurm.peek("n1").reason == ""
+    [acked] = healthcheck.xid_history(w).acked()
+    stop = threading.Event()
+    stop.set()  # the watcher (re)starts now: it handles its backlog, then stops
+    Watcher(w, kmsg_source(w, log), log=lambda m: None).run(stop)  # the map the probe left is used
+    assert len(slurm.called("drain")) == 1 and slurm.peek("n1").reason == ""
+    [event] = kmsg_source(w, log).backlog()
+    assert event.key == acked and event.gpu == 2
+    assert healthcheck.run(w)[0].drain_findings() == ()
+
+
+def test_the_kernel_log_source_reads_the_map_again_for_a_gpu_it_did_not_know(nvml_node, tmp_path):
+    from slurm_hooks.probes import kmsg
+
+    w, _, log, _ = nvml_node
+    source = kmsg_source(w, log)
+    assert source.backlog()[0].gpu is None  # no map anywhere yet: the line stays unmapped, same key
+    kmsg.save_gpu_map(kmsg.gpu_map_path(w.config.state.dir, "n1"), {"00000000:38:00.0": (2, "GPU-two")})
+    got = follow_while_appending(source, log, XID79_GPU2.replace("4123,3757433200", "4200,3800000000"))
+    assert [(e.gpu, e.uuid) for e in got] == [(2, "GPU-two")]
+
+
+def follow_while_appending(source, log, text: str) -> list:
+    """Events ``source.follow`` delivers after ``text`` is appended to the log it follows."""
+    got: list = []
+    stop = threading.Event()
+    thread = threading.Thread(target=source.follow, args=(stop, got.append), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.2)
+        with open(log, "a") as fh:
+            fh.write(text)
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)  # anything delivered after the first event shows too
+    finally:
+        stop.set()
+        thread.join(5)
+    return got
+
+
+def test_a_burst_of_lines_is_one_event_for_the_watcher_across_backlog_and_follow(tmp_path):
+    from slurm_hooks.hooks.watch import KmsgSource
+
+    log = tmp_path / "kmsg.log"
+    line = "3,{seq},{usec},-;NVRM: Xid (PCI:0000:9b:00): 119, pid=7, name=python, Timeout after 6s of waiting\n"
+    log.write_text(line.format(seq=10, usec=5_000_000) + line.format(seq=11, usec=5_001_000))
+    source = KmsgSource(str(log), 0.02, ask_nvml=lambda: {})
+    assert [e.seq for e in source.backlog()] == [10]
+    # the burst's third line, then a new event 5 s later
+    got = follow_while_appending(source, log, line.format(seq=12, usec=5_003_000) + line.format(seq=13, usec=10_000_000))
+    assert [e.seq for e in got] == [13]
+
+
+def test_a_burst_of_xid119_lines_drains_for_a_reset_not_a_replacement(nvml_node):
+    from slurm_hooks.hooks import healthcheck
+
+    w, slurm, log, _ = nvml_node
+    with open(log, "w") as fh:
+        for i in range(3):  # one GSP timeout, three lines within 3 ms
+            fh.write(f"3,{900 + i},{8_000_000 + i * 1000},-;NVRM: Xid (PCI:0000:38:00): 119, pid=7, name=python, "
+                     "Timeout after 6s of waiting for RPC response from GPU2 GSP!\n")
+    healthcheck.run(w)
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 119 on GPU 2 [reset]"
+    assert [code for _, code, _ in healthcheck.xid_history(w).recorded().values()] == [119]

@@ -21,6 +21,15 @@ def ev(code: int, seq: int, gpu: int | None = 3) -> XidEvent:
     return XidEvent(code=code, gpu=gpu, source="kmsg", seq=seq)
 
 
+def occurrences(hist: XidHistory, now: float, window_s: float, gpu: str | None = None) -> dict:
+    """Code -> times recorded in the window, oldest first (what escalation counts)."""
+    out: dict = {}
+    for ident, code, t in hist.recorded().values():
+        if now - window_s <= t <= now and (gpu is None or ident == gpu):
+            out.setdefault(code, []).append(t)
+    return {code: tuple(sorted(ts)) for code, ts in sorted(out.items())}
+
+
 @pytest.fixture
 def path(tmp_path):
     return str(tmp_path / "state" / "xid-history.json")
@@ -28,7 +37,7 @@ def path(tmp_path):
 
 def test_missing_file_means_no_history(path):
     hist = XidHistory(path)
-    assert hist.occurrences(NOW, DAY) == {}
+    assert occurrences(hist, NOW, DAY) == {}
     assert not hist.seen("kmsg:1:3:79")
     assert not os.path.exists(path)
 
@@ -37,7 +46,7 @@ def test_record_returns_only_events_not_recorded_before(path):
     hist = XidHistory(path)
     assert hist.record([ev(119, 1), ev(119, 2)], now=NOW - 100) == [ev(119, 1), ev(119, 2)]
     assert hist.record([ev(119, 2), ev(119, 3), ev(119, 3)], now=NOW) == [ev(119, 3)]
-    assert hist.occurrences(NOW, DAY) == {119: (NOW - 100, NOW - 100, NOW)}
+    assert occurrences(hist, NOW, DAY) == {119: (NOW - 100, NOW - 100, NOW)}
 
 
 def test_occurrences_group_by_code_and_respect_the_window(path):
@@ -45,29 +54,44 @@ def test_occurrences_group_by_code_and_respect_the_window(path):
     hist.record([ev(48, 1)], now=NOW - 2 * DAY)
     hist.record([ev(48, 2), ev(79, 3)], now=NOW - 3600)
     hist.record([ev(13, 4)], now=NOW)
-    assert hist.occurrences(NOW, DAY) == {13: (NOW,), 48: (NOW - 3600,), 79: (NOW - 3600,)}
-    assert hist.occurrences(NOW, 3 * DAY)[48] == (NOW - 2 * DAY, NOW - 3600)
+    assert occurrences(hist, NOW, DAY) == {13: (NOW,), 48: (NOW - 3600,), 79: (NOW - 3600,)}
+    assert occurrences(hist, NOW, 3 * DAY)[48] == (NOW - 2 * DAY, NOW - 3600)
 
 
 def test_occurrences_for_one_gpu(path):
     hist = XidHistory(path)
     hist.record([ev(119, 1, gpu=3), ev(119, 2, gpu=5), ev(119, 3, gpu=None)], now=NOW)
-    assert hist.occurrences(NOW, DAY, gpu=3) == {119: (NOW,)}
-    assert hist.occurrences(NOW, DAY) == {119: (NOW, NOW, NOW)}
+    assert occurrences(hist, NOW, DAY, gpu="gpu3") == {119: (NOW,)}
+    assert occurrences(hist, NOW, DAY) == {119: (NOW, NOW, NOW)}
 
 
-def test_occurrences_can_exclude_the_events_being_checked(path):
+def test_recorded_gives_each_event_with_its_gpu_and_when_it_was_recorded(path):
     hist = XidHistory(path)
-    current = [ev(119, 7)]
-    hist.record([ev(119, 6)] + current, now=NOW)
-    assert hist.occurrences(NOW, DAY, exclude=[e.key for e in current]) == {119: (NOW,)}
+    on_gpu = XidEvent(119, gpu=2, uuid="GPU-aaaa", source="kmsg", seq=6, ts=1.5, pci_bus_id="00000000:38:00.0")
+    unmapped = XidEvent(79, source="kmsg", seq=7, ts=2.5, pci_bus_id="00000000:99:00.0")
+    hist.record([on_gpu, unmapped], now=NOW)
+    assert hist.recorded() == {on_gpu.key: ("GPU-aaaa", 119, NOW), unmapped.key: ("pci:00000000:99:00.0", 79, NOW)}
+
+
+def test_a_version_1_file_keeps_its_acknowledgements_under_the_new_keys(path):
+    """Version 1 kernel-log keys held the GPU index; an event acked before the upgrade stays acked."""
+    os.makedirs(os.path.dirname(path))
+    event = XidEvent(79, gpu=2, source="kmsg", seq=4123, ts=3757.4332, boot="b00t")
+    with open(path, "w") as fh:
+        json.dump({"version": 1, "events": [{"key": "kmsg:b00t:4123@3757.4332:2:79", "code": 79, "gpu": 2, "t": NOW}],
+                   "seen": {"kmsg:b00t:4123@3757.4332:None:79": NOW, "sim:5:3:48": NOW},
+                   "acked": {"kmsg:b00t:4123@3757.4332:2:79": NOW}}, fh)
+    hist = XidHistory(path)
+    assert event.key == "kmsg:b00t:4123@3757.4332:79"
+    assert hist.acked() == {event.key} and hist.seen(event.key) and hist.seen("sim:5:3:48")
+    assert hist.recorded() == {event.key: ("gpu2", 79, NOW)}
 
 
 def test_history_persists_across_instances(path):
     XidHistory(path).record([ev(79, 1)], now=NOW)
     XidHistory(path).mark_seen([ev(79, 1).key], now=NOW)
     again = XidHistory(path)
-    assert again.occurrences(NOW, DAY) == {79: (NOW,)}
+    assert occurrences(again, NOW, DAY) == {79: (NOW,)}
     assert again.seen(ev(79, 1).key)
     assert not again.seen(ev(79, 2).key)
 
@@ -77,7 +101,7 @@ def test_entries_older_than_seven_days_are_pruned(path):
     hist.record([ev(48, 1)], now=NOW - 8 * DAY)
     hist.mark_seen(["old"], now=NOW - 8 * DAY)
     hist.record([ev(48, 2)], now=NOW)
-    assert hist.occurrences(NOW, 30 * DAY) == {48: (NOW,)}
+    assert occurrences(hist, NOW, 30 * DAY) == {48: (NOW,)}
     assert not hist.seen("old")
 
 
@@ -88,7 +112,7 @@ def test_size_is_capped_keeping_the_newest(path, monkeypatch):
     for seq in range(6):
         hist.record([ev(119, seq)], now=NOW - 60 + seq)
         hist.mark_seen([f"k{seq}"], now=NOW - 60 + seq)
-    assert hist.occurrences(NOW, DAY) == {119: (NOW - 57, NOW - 56, NOW - 55)}
+    assert occurrences(hist, NOW, DAY) == {119: (NOW - 57, NOW - 56, NOW - 55)}
     assert [hist.seen(f"k{i}") for i in range(6)] == [False] * 4 + [True] * 2
 
 
@@ -97,7 +121,7 @@ def test_file_is_private_json(path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path) as fh:
         data = json.load(fh)
-    assert data["events"] == [{"key": "kmsg:1:3:79", "code": 79, "gpu": 3, "t": NOW}]
+    assert data["events"] == [{"key": "kmsg:1:79", "code": 79, "gpu": 3, "id": "gpu3", "t": NOW}]
 
 
 @pytest.mark.parametrize("garbage", ["{not json", "[]", '{"events": [{"code": "x"}], "seen": {}}', ""])
@@ -106,11 +130,21 @@ def test_corrupt_file_is_moved_aside_and_started_fresh(path, garbage):
     with open(path, "w") as fh:
         fh.write(garbage)
     hist = XidHistory(path)
-    assert hist.occurrences(NOW, DAY) == {}
+    assert occurrences(hist, NOW, DAY) == {}
     with open(path + ".corrupt") as fh:
         assert fh.read() == garbage
     hist.record([ev(79, 1)], now=NOW)
-    assert hist.occurrences(NOW, DAY) == {79: (NOW,)}
+    assert occurrences(hist, NOW, DAY) == {79: (NOW,)}
+
+
+def test_history_file_with_bytes_that_are_not_utf8_is_set_aside_not_raised(path):
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as fh:
+        fh.write(b'{"version":1,"events":[],"seen":{"\xff\xfe":1.0},"acked":{}')
+    hist = XidHistory(path)
+    assert occurrences(hist, NOW, DAY) == {}
+    hist.record([ev(79, 1)], now=NOW)
+    assert occurrences(hist, NOW, DAY) == {79: (NOW,)}
 
 
 def test_corrupt_file_found_while_recording_is_moved_aside(path):
@@ -119,7 +153,7 @@ def test_corrupt_file_found_while_recording_is_moved_aside(path):
         fh.write("\x00\x00")
     XidHistory(path).record([ev(48, 1)], now=NOW)
     assert os.path.exists(path + ".corrupt")
-    assert XidHistory(path).occurrences(NOW, DAY) == {48: (NOW,)}
+    assert occurrences(XidHistory(path), NOW, DAY) == {48: (NOW,)}
 
 
 def test_unwritable_location_raises_a_one_line_error(tmp_path):

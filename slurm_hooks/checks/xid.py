@@ -1,27 +1,32 @@
 """XIDs: the driver's own error reports, judged by NVIDIA's catalogue.
 
 One finding per (GPU, code), with the catalogue's action. A fault that keeps
-coming back after resets is the hardware: the same code seen
-``xid_repeat_count`` times within ``xid_repeat_window_s`` (earlier occurrences
-from ``CheckInput.xid_history`` plus the events in this snapshot) turns a
-drain, reset or reboot into replace. ``xid_history`` must not already hold the
-snapshot's own events (see ``XidHistory.occurrences(exclude=...)``).
+coming back after resets is the hardware: the same code on the same GPU (by UUID,
+so it survives reboots and renumbering) seen ``xid_repeat_count`` times within
+``xid_repeat_window_s`` turns a drain, reset or reboot into replace. What counts
+is events, not log lines (the kernel-log reader folds a burst into one event),
+and every event once: those recorded by earlier runs (``CheckInput.xid_history``)
+and those in this snapshot not recorded yet. Acknowledged and baseline events are
+no reason to act again, but they did happen, so they still count.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Iterator
 
-from slurm_hooks.models import Action, CheckInput, Context, Finding, Severity, XidEvent
+from slurm_hooks.models import Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
 from slurm_hooks.xid_catalog import lookup
 
 
 def check_xids(inp: CheckInput) -> Iterator[Finding]:
     known = _baseline_keys(inp) | inp.acked_xids
     for gpu in inp.selected():
-        yield from _judge(inp, gpu.index, gpu.xids, known)
-    yield from _judge(inp, None, inp.snapshot.node_xids, known)
+        yield from _judge(inp, gpu.index, gpu_identity(gpu.uuid, gpu.index, gpu.pci_bus_id), gpu.xids, known)
+    unmapped: dict[str, list[XidEvent]] = {}
+    for event in inp.snapshot.node_xids:
+        unmapped.setdefault(event.gpu_id, []).append(event)
+    for ident, events in unmapped.items():
+        yield from _judge(inp, None, ident, events, known)
 
 
 def _baseline_keys(inp: CheckInput) -> frozenset[str]:
@@ -32,13 +37,19 @@ def _baseline_keys(inp: CheckInput) -> frozenset[str]:
     return frozenset(e.key for g in base.gpus for e in g.xids) | {e.key for e in base.node_xids}
 
 
-def _judge(inp: CheckInput, gpu: int | None, events: Iterable[XidEvent], known: frozenset[str]) -> Iterator[Finding]:
-    counts = Counter(e.code for e in events if e.key not in known)
-    for code in sorted(counts):
-        yield _finding(inp, gpu, code, counts[code])
+def _judge(inp: CheckInput, gpu: int | None, ident: str, events: Iterable[XidEvent],
+           known: frozenset[str]) -> Iterator[Finding]:
+    by_code: dict[int, dict[str, XidEvent]] = {}
+    for e in events:
+        by_code.setdefault(e.code, {})[e.key] = e
+    for code in sorted(by_code):
+        current = by_code[code]
+        new = sum(1 for key in current if key not in known)
+        if new:
+            yield _finding(inp, gpu, code, new, _occurrences(inp, ident, code, current))
 
 
-def _finding(inp: CheckInput, gpu: int | None, code: int, current: int) -> Finding:
+def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: int) -> Finding:
     info = lookup(code)
     if info is None:
         action, severity, what = Action.WARN, Severity.WARN, "unknown XID"
@@ -46,7 +57,6 @@ def _finding(inp: CheckInput, gpu: int | None, code: int, current: int) -> Findi
         action, severity = info.action, info.severity
         what = info.description if info.description != "Unused" else f"{info.mnemonic}, unused"
     message = f"XID {code} ({what})"
-    total = current + _earlier(inp, code)
     limit = inp.expect.xid_repeat_count
     if Action.DRAIN.rank <= action.rank < Action.REPLACE.rank and 0 < limit <= total:
         action, severity = Action.REPLACE, Severity.FAIL
@@ -57,9 +67,13 @@ def _finding(inp: CheckInput, gpu: int | None, code: int, current: int) -> Findi
     return Finding("xid", severity, action, message, gpu, summary)
 
 
-def _earlier(inp: CheckInput, code: int) -> int:
+def _occurrences(inp: CheckInput, ident: str, code: int, current: dict[str, XidEvent]) -> int:
+    """Distinct events of ``code`` on this GPU within the window: recorded ones by when they were
+    recorded, the snapshot's unrecorded ones as happening now."""
     since = inp.now - inp.expect.xid_repeat_window_s
-    return sum(1 for t in inp.xid_history.get(code, ()) if since <= t <= inp.now)
+    recorded = {key for key, (gpu, c, t) in inp.xid_history.items()
+                if gpu == ident and c == code and since <= t <= inp.now}
+    return len(recorded | {key for key in current if key not in inp.xid_history})
 
 
 def _ordinal(n: int) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from collections.abc import Sequence
 from typing import Callable
 
@@ -50,18 +49,22 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
 
 
 def _with_events(snap: NodeSnapshot, events: Sequence[XidEvent]) -> NodeSnapshot:
-    """Add delivered XIDs the snapshot lacks (same GPU and code counts as present)."""
+    """Add delivered XIDs the snapshot lacks: not the same event (key), nor, from another source
+    (NVML's event for a line the kernel log holds), the same code on the same GPU."""
     if snap.error is not None:
         return snap
-    seen = {(x.gpu, x.code) for x in engine.snapshot_xids(snap)}
-    extra = [e for e in events if (e.gpu, e.code) not in seen]
+    present = engine.snapshot_xids(snap)
+    keys = {x.key for x in present}
+    seen = {(x.gpu, x.code) for x in present}
+    extra = [e for e in events if e.key not in keys and (e.gpu, e.code) not in seen]
     if not extra:
         return snap
     by_gpu: dict[int, list[XidEvent]] = {}
     node_level: list[XidEvent] = []
     for e in extra:
-        if e.gpu is not None and snap.gpu(e.gpu) is not None:
-            by_gpu.setdefault(e.gpu, []).append(e)
+        gpu = snap.gpu(e.gpu) if e.gpu is not None else None
+        if gpu is not None:
+            by_gpu.setdefault(gpu.index, []).append(dataclasses.replace(e, uuid=e.uuid or gpu.uuid))
         else:
             node_level.append(e)
     gpus = tuple(dataclasses.replace(g, xids=g.xids + tuple(by_gpu[g.index])) if g.index in by_gpu else g
@@ -110,7 +113,6 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
     cfg = w.config
     expect = cfg.expectations_for(w.node)
     history = xid_history(w)
-    now = time.time()
     try:
         acked = history.acked()
     except SlurmHooksError:
@@ -121,7 +123,7 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
         probe_timeout_s=float(cfg.gpu.probe_timeout),
         gpus=gpus,
         baseline=baseline,
-        xid_history=lambda snap: history.occurrences(now, expect.xid_repeat_window_s, exclude=_keys(snap)),
+        xid_history=lambda snap: history.recorded(),
         dcgm=_dcgm_runner(w, context, expect, job_failed),
         job_failed=job_failed,
         acked_xids=acked,

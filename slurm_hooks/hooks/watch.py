@@ -48,10 +48,7 @@ class SimSource:
             state = sim.read(self.sim_dir, self.node)
         except SlurmHooksError:
             return []
-        out = []
-        for gpu in state["gpus"]:
-            for x in gpu.get("xids", ()):
-                out.append(XidEvent(**x))
+        out = [event for gpu in state["gpus"] for event in sim.events_of(gpu)]
         return sorted(out, key=lambda e: e.seq or 0)
 
     def backlog(self) -> list[XidEvent]:
@@ -68,18 +65,46 @@ class SimSource:
 
 
 class KmsgSource:
-    def __init__(self, path: str, poll: float):
-        self.path, self.poll = path, poll
+    """The kernel log's XIDs, each tied to its GPU here, as the health check's probe ties them, so
+    that one line is one event under one key everywhere; a burst of lines is one event.
+
+    The PCI bus id -> GPU map comes from the file the NVML probe leaves (``gpu_map``), else from
+    NVML itself (``ask_nvml``), read again when a line names a bus id the map lacks.
+    """
+
+    def __init__(self, path: str, poll: float, gpu_map: str = "",
+                 ask_nvml: Callable[[], dict[str, tuple[int, str]]] | None = None):
+        from slurm_hooks.probes import kmsg
+
+        self.path, self.poll, self.gpu_map = path, poll, gpu_map
+        self._ask_nvml = ask_nvml
+        self._coalescer = kmsg.Coalescer()
+        self._gpus: dict[str, tuple[int, str]] = {}
+
+    def _assign(self, events: list[XidEvent]) -> list[XidEvent]:
+        from slurm_hooks.probes import kmsg
+
+        if any(e.pci_bus_id and kmsg.normalize_pci(e.pci_bus_id) not in self._gpus for e in events):
+            self._gpus = (kmsg.load_gpu_map(self.gpu_map) if self.gpu_map else {}) or self._nvml_map()
+        return kmsg.assign_gpus(events, self._gpus)
+
+    def _nvml_map(self) -> dict[str, tuple[int, str]]:
+        if self._ask_nvml is None:
+            from slurm_hooks.probes.nvml import read_gpu_map
+
+            self._ask_nvml = read_gpu_map
+        return self._ask_nvml()
 
     def backlog(self) -> list[XidEvent]:
         from slurm_hooks.probes import kmsg
 
-        return kmsg.read_xids(self.path)
+        return self._assign(kmsg.read_xids(self.path, coalescer=self._coalescer))
 
     def follow(self, stop: threading.Event, on_event: OnEvent) -> None:
         from slurm_hooks.probes import kmsg
 
-        kmsg.follow(self.path, stop, on_event, poll=self.poll)
+        kmsg.follow(self.path, stop, lambda event: on_event(self._assign([event])[0]), poll=self.poll,
+                    coalescer=self._coalescer)
 
 
 class FirstWorking:
@@ -118,9 +143,12 @@ def default_source(w: Wiring, log: Callable[[str], None] | None = None) -> Sourc
     poll = float(cfg.watch.poll_interval)
     if cfg.gpu.backend == "sim":
         return SimSource(cfg.gpu.sim_dir, w.node, poll)
+    from slurm_hooks.probes.kmsg import gpu_map_path
     from slurm_hooks.probes.nvml_events import NvmlEventSource
 
-    return FirstWorking(NvmlEventSource(poll=poll), KmsgSource(cfg.watch.kmsg, poll), log or _to_stderr)
+    return FirstWorking(NvmlEventSource(poll=poll),
+                        KmsgSource(cfg.watch.kmsg, poll, gpu_map=gpu_map_path(cfg.state.dir, w.node)),
+                        log or _to_stderr)
 
 
 class Watcher:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
 import re
 import select
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Callable
 
 from slurm_hooks.errors import ProbeError
@@ -25,9 +26,17 @@ from slurm_hooks.models import XidEvent
 
 _KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
 _DMESG_PREFIX = re.compile(r"^\[\s*([^\]]+)\]\s?(.*)$")
-# "SXid" (NVSwitch) must not match, hence "NVRM: " in front.
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+)\b,?\s*(.*)$")
+# "SXid" (NVSwitch) must not match, hence "NVRM: " in front. On a MIG GPU the driver names the
+# instance after the bus id: "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 109, ...".
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)((?:\s+GPU-C?I:\s*[0-9A-Fa-f]+)*)\s*\): (\d+)\b,?\s*(.*)$")
 _PCI = re.compile(r"^(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})(?:\.([0-7]))?$")
+
+#: Lines of one code on one GPU within this many seconds of the first are one event: the driver
+#: prints a burst (three XID 119 lines in 3 ms) for one fault, and escalation counts faults.
+COALESCE_S = 1.0
+
+#: Normalised PCI bus id -> (GPU index, UUID): what ties a kernel-log line to its GPU.
+GpuMap = Mapping[str, tuple[int, str]]
 
 #: Largest record /dev/kmsg returns (CONSOLE_EXT_LOG_MAX is 8 KiB); smaller reads fail with EINVAL.
 _RECORD_MAX = 16384
@@ -73,8 +82,10 @@ def parse_line(line: str) -> XidEvent | None:
     m = _XID.search(text)
     if not m:
         return None
-    return XidEvent(code=int(m.group(2)), pci_bus_id=normalize_pci(m.group(1)), ts=ts,
-                    message=m.group(3).strip(), source="kmsg", seq=seq)
+    mig = " ".join(m.group(2).split())
+    message = m.group(4).strip()
+    return XidEvent(code=int(m.group(3)), pci_bus_id=normalize_pci(m.group(1)), ts=ts,
+                    message=f"{mig}: {message}" if mig else message, source="kmsg", seq=seq)
 
 
 def _open(path: str) -> int:
@@ -102,28 +113,57 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 def boot_id(path: str = BOOT_ID) -> str:
     try:
-        with open(path, encoding="ascii") as fh:
+        with open(path, encoding="ascii", errors="replace") as fh:
             return fh.read().strip()
     except OSError:
         return ""
 
 
-def _xids(lines: Iterable[bytes], boot: str = "") -> list[XidEvent]:
+class Coalescer:
+    """Folds a burst of lines into one event: a line of the same code on the same GPU within
+    ``window`` seconds of the burst's first line is dropped. The window counts from the first
+    line, not the last, so a GPU that keeps failing still gives one event per window."""
+
+    def __init__(self, window: float = COALESCE_S):
+        self.window = window
+        self._first: dict[tuple[str, int], float] = {}
+
+    def keep(self, event: XidEvent) -> bool:
+        if event.ts is None:
+            return True  # no time to compare (a syslog line): every line counts
+        where = (f"{event.boot}/{event.pci_bus_id or event.gpu_id}", event.code)
+        first = self._first.get(where)
+        if first is not None and 0 <= event.ts - first <= self.window:
+            return False
+        self._first[where] = event.ts
+        return True
+
+
+def coalesce(events: Iterable[XidEvent], window: float = COALESCE_S) -> list[XidEvent]:
+    keep = Coalescer(window).keep
+    return [e for e in events if keep(e)]
+
+
+def _xids(lines: Iterable[bytes], boot: str = "", coalescer: Coalescer | None = None) -> list[XidEvent]:
     events = []
     for raw in lines:
         event = parse_line(raw.decode("utf-8", "replace"))
         if event is not None:
-            events.append(dataclasses.replace(event, boot=boot) if boot else event)
+            event = dataclasses.replace(event, boot=boot) if boot else event
+            if coalescer is None or coalescer.keep(event):
+                events.append(event)
     return events
 
 
-def read_xids(path: str = "/dev/kmsg", max_records: int = 100000) -> list[XidEvent]:
-    """Every XID still in the kernel ring buffer (or in a captured log file)."""
+def read_xids(path: str = "/dev/kmsg", max_records: int = 100000, coalescer: Coalescer | None = None) -> list[XidEvent]:
+    """Every XID event still in the kernel ring buffer (or in a captured log file), a burst of
+    lines once (``coalescer``: one to share with :func:`follow`; a new one by default)."""
+    coalescer = coalescer or Coalescer()
     fd = _open(path)
     try:
         if stat.S_ISREG(os.fstat(fd).st_mode):
             with os.fdopen(os.dup(fd), "rb") as fh:
-                return _xids(line for _, line in zip(range(max_records), fh))
+                return _xids((line for _, line in zip(range(max_records), fh)), coalescer=coalescer)
         records = []
         try:
             while len(records) < max_records:
@@ -133,29 +173,32 @@ def read_xids(path: str = "/dev/kmsg", max_records: int = 100000) -> list[XidEve
                 records.append(record)
         except OSError as exc:
             raise ProbeError(f"cannot read kernel log {path}: {exc.strerror or exc}") from None
-        return _xids(records, boot_id())
+        return _xids(records, boot_id(), coalescer)
     finally:
         os.close(fd)
 
 
-def follow(path: str, stop: threading.Event, on_event: Callable[[XidEvent], None], poll: float = 0.5) -> None:
-    """Call ``on_event`` for each XID logged from now on, until ``stop`` is set.
+def follow(path: str, stop: threading.Event, on_event: Callable[[XidEvent], None], poll: float = 0.5,
+           coalescer: Coalescer | None = None) -> None:
+    """Call ``on_event`` for each XID event logged from now on, until ``stop`` is set.
 
-    Exceptions from ``on_event`` propagate: the watcher decides what a failed
-    delivery means.
+    A burst of lines is one event (``coalescer``: pass the one :func:`read_xids` used for the
+    backlog, so a burst that straddles the start is one event too). Exceptions from
+    ``on_event`` propagate: the watcher decides what a failed delivery means.
     """
+    coalescer = coalescer or Coalescer()
     fd = _open(path)
     try:
         if stat.S_ISREG(os.fstat(fd).st_mode):
-            _follow_file(fd, stop, on_event, poll)
+            _follow_file(fd, stop, on_event, poll, coalescer)
         else:
-            _follow_kmsg(fd, path, stop, on_event, poll)
+            _follow_kmsg(fd, path, stop, on_event, poll, coalescer)
     finally:
         os.close(fd)
 
 
 def _follow_kmsg(fd: int, path: str, stop: threading.Event, on_event: Callable[[XidEvent], None],
-                 poll: float) -> None:
+                 poll: float, coalescer: Coalescer) -> None:
     os.lseek(fd, 0, os.SEEK_END)
     boot = boot_id()
     while not stop.is_set():
@@ -165,7 +208,7 @@ def _follow_kmsg(fd: int, path: str, stop: threading.Event, on_event: Callable[[
                 record = _read_record(fd)
                 if not record:
                     break
-                for event in _xids([record], boot):
+                for event in _xids([record], boot, coalescer):
                     on_event(event)
         except OSError as exc:
             if exc.errno == errno.EINTR:
@@ -173,7 +216,8 @@ def _follow_kmsg(fd: int, path: str, stop: threading.Event, on_event: Callable[[
             raise ProbeError(f"cannot read kernel log {path}: {exc.strerror or exc}") from None
 
 
-def _follow_file(fd: int, stop: threading.Event, on_event: Callable[[XidEvent], None], poll: float) -> None:
+def _follow_file(fd: int, stop: threading.Event, on_event: Callable[[XidEvent], None], poll: float,
+                 coalescer: Coalescer) -> None:
     pos = os.lseek(fd, 0, os.SEEK_END)
     pending = b""
     while not stop.is_set():
@@ -185,15 +229,52 @@ def _follow_file(fd: int, stop: threading.Event, on_event: Callable[[XidEvent], 
             continue
         pos += len(chunk)
         *lines, pending = (pending + chunk).split(b"\n")
-        for event in _xids(lines):
+        for event in _xids(lines, coalescer=coalescer):
             on_event(event)
 
 
-def assign_gpus(events: Iterable[XidEvent], pci_to_index: dict[str, int]) -> list[XidEvent]:
-    """Tie each event to a GPU index by PCI bus id; unmatched events keep ``gpu``."""
-    index = {normalize_pci(bus): gpu for bus, gpu in pci_to_index.items()}
+def gpu_map(gpus: Iterable[object]) -> dict[str, tuple[int, str]]:
+    """The map of GPUs as a probe saw them (anything with ``index``, ``uuid``, ``pci_bus_id``)."""
+    return {normalize_pci(g.pci_bus_id): (g.index, g.uuid) for g in gpus if getattr(g, "pci_bus_id", "")}
+
+
+def assign_gpus(events: Iterable[XidEvent], gpus: GpuMap) -> list[XidEvent]:
+    """Tie each event to its GPU (index and UUID) by PCI bus id; unmatched events stay as they are."""
+    by_bus = {normalize_pci(bus): ref for bus, ref in gpus.items()}
     out = []
     for event in events:
-        gpu = index.get(normalize_pci(event.pci_bus_id)) if event.pci_bus_id else None
-        out.append(dataclasses.replace(event, gpu=gpu) if gpu is not None else event)
+        ref = by_bus.get(normalize_pci(event.pci_bus_id)) if event.pci_bus_id else None
+        out.append(dataclasses.replace(event, gpu=ref[0], uuid=ref[1] or event.uuid) if ref else event)
     return out
+
+
+def gpu_map_path(state_dir: str, node: str) -> str:
+    """Where the NVML probe leaves the node's GPU map for the watcher's kernel-log source."""
+    return os.path.join(state_dir, f"gpus-{node}.json")
+
+
+def save_gpu_map(path: str, gpus: GpuMap) -> None:
+    """Write the map when it changed (a small read on the healthy path, a write after a change)."""
+    text = json.dumps({bus: list(ref) for bus, ref in sorted(gpus.items())}, separators=(",", ":"))
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            if fh.read() == text:
+                return
+    except OSError:
+        pass
+    from slurm_hooks import fsutil
+
+    try:
+        fsutil.atomic_write(path, text, mode=0o644, durable=False)
+    except OSError:
+        pass  # a cache: the watcher asks NVML itself without it
+
+
+def load_gpu_map(path: str) -> dict[str, tuple[int, str]]:
+    """The map :func:`save_gpu_map` wrote; empty when there is none or it is unreadable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            raw = json.load(fh)
+        return {normalize_pci(str(bus)): (int(ref[0]), str(ref[1])) for bus, ref in raw.items()}
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return {}

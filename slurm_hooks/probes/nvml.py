@@ -50,10 +50,12 @@ _MISSING = object()
 class NvmlProbe:
     name = "nvml"
 
-    def __init__(self, node: str, kmsg_path: str = "/dev/kmsg", nvml: Any = None):
+    def __init__(self, node: str, kmsg_path: str = "/dev/kmsg", nvml: Any = None, gpu_map_path: str = ""):
         self.node = node
         self.kmsg_path = kmsg_path
         self._nvml = nvml
+        #: Where to leave PCI bus id -> (index, UUID) for the watcher's kernel-log source; "" for nowhere.
+        self.gpu_map_path = gpu_map_path
 
     def snapshot(self) -> NodeSnapshot:
         taken = time.time()
@@ -87,12 +89,15 @@ class NvmlProbe:
         return NodeSnapshot(self.node, self.name, taken_at=taken, driver_version=driver, error=error)
 
     def _attach_xids(self, gpus: list[GpuSnapshot]) -> tuple[list[GpuSnapshot], tuple[XidEvent, ...]]:
-        """XIDs come from the kernel log; an unreadable log is no reason to fail the snapshot."""
-        try:
-            from slurm_hooks.probes import kmsg
+        """XIDs come from the kernel log, each tied to its GPU here, at the source; an unreadable
+        log is no reason to fail the snapshot."""
+        from slurm_hooks.probes import kmsg
 
-            events = kmsg.assign_gpus(kmsg.read_xids(self.kmsg_path),
-                                      {g.pci_bus_id: g.index for g in gpus if g.pci_bus_id})
+        by_bus = kmsg.gpu_map(gpus)
+        if self.gpu_map_path and by_bus:
+            kmsg.save_gpu_map(self.gpu_map_path, by_bus)
+        try:
+            events = kmsg.assign_gpus(kmsg.read_xids(self.kmsg_path), by_bus)
         except Exception:
             return gpus, ()
         by_gpu: dict[int, list[XidEvent]] = {}
@@ -100,6 +105,39 @@ class NvmlProbe:
             by_gpu.setdefault(event.gpu if event.gpu is not None else -1, []).append(event)
         out = [dataclasses.replace(g, xids=tuple(by_gpu[g.index])) if g.index in by_gpu else g for g in gpus]
         return out, tuple(by_gpu.get(-1, ()))
+
+
+def read_gpu_map(nvml: Any = None) -> dict[str, tuple[int, str]]:
+    """PCI bus id -> (index, UUID) of every GPU, straight from NVML (the watcher's kernel-log
+    source when the probe has left no map); empty when NVML cannot say."""
+    from slurm_hooks.probes import kmsg
+
+    try:
+        nvml = nvml if nvml is not None else _import_pynvml()
+        nvml.nvmlInit()
+    except Exception:
+        return {}
+    out: dict[str, tuple[int, str]] = {}
+    try:
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                bus = _bus_id(nvml.nvmlDeviceGetPciInfo(handle))
+            except Exception:
+                continue
+            try:
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            except Exception:
+                uuid = ""
+            out[kmsg.normalize_pci(bus)] = (index, uuid)
+    except Exception:
+        pass
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+    return out
 
 
 def _import_pynvml() -> Any:
@@ -123,11 +161,17 @@ def _driver_version(nvml: Any) -> str:
 
 
 def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
+    """NVML's C string as clean text: never raises on bad bytes, never passes on a control character.
+
+    The value ends at the first NUL (bytes after it are buffer garbage); undecodable bytes, lone
+    surrogates and non-printable characters become U+FFFD, so a garbled name can reach a drain
+    reason or a log line without breaking either.
+    """
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).split(b"\0", 1)[0].decode("utf-8", "replace")
     if not isinstance(value, str):
         raise _Garbled(f"expected text, got {type(value).__name__}")
-    return value.strip()
+    return "".join(c if c.isprintable() else "\ufffd" for c in value.split("\0", 1)[0]).strip()
 
 
 class _GpuReader:

@@ -39,6 +39,7 @@ class NvmlEventSource:
             raise nvml_errors.translate(exc) from None
         try:
             event_set, indexes = self._register(nv)
+            uuids = _uuids(nv)
             while not stop.is_set():
                 try:
                     data = nv.nvmlEventSetWait_v2(event_set, int(self.poll * 1000))
@@ -46,7 +47,7 @@ class NvmlEventSource:
                     if nvml_errors.code_of(exc) == getattr(nv, "NVML_ERROR_TIMEOUT", None):
                         continue
                     raise nvml_errors.translate(exc) from None
-                on_event(self._event(nv, data, indexes))
+                on_event(self._event(nv, data, indexes, uuids))
         finally:
             try:
                 nv.nvmlShutdown()
@@ -68,7 +69,7 @@ class NvmlEventSource:
         return event_set, indexes
 
     @staticmethod
-    def _event(nv: Any, data: Any, indexes: dict[Any, int]) -> XidEvent:
+    def _event(nv: Any, data: Any, indexes: dict[Any, int], uuids: dict[int, str] | None = None) -> XidEvent:
         key = _key(data.device)
         gpu = indexes.get(key) if key is not None else None
         if gpu is None:
@@ -80,7 +81,23 @@ class NvmlEventSource:
         # NVML gives no sequence number; the event's own timestamp (microseconds) identifies it.
         stamp = getattr(data, "timeStamp", 0) or int(now * 1e6)
         return XidEvent(code=int(data.eventData), gpu=gpu, ts=now, message="NVML XID event", source="nvml",
-                        seq=int(stamp))
+                        seq=int(stamp), uuid=(uuids or {}).get(gpu, "") if gpu is not None else "")
+
+
+def _uuids(nv: Any) -> dict[int, str]:
+    """Index -> UUID of every GPU, so that an event names its GPU as the history counts it."""
+    from slurm_hooks.probes.nvml import _text
+
+    out: dict[int, str] = {}
+    try:
+        for index in range(int(nv.nvmlDeviceGetCount())):
+            try:
+                out[index] = _text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(index)))
+            except Exception:
+                continue
+    except Exception:
+        pass
+    return out
 
 
 def _key(handle: Any) -> Any:

@@ -7,6 +7,7 @@ remediation with a real cluster. Writes are atomic and serialised by a lock.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -15,7 +16,7 @@ from typing import Any, Callable
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import SimStateError
-from slurm_hooks.models import NodeSnapshot, gpu_from_dict
+from slurm_hooks.models import GpuSnapshot, NodeSnapshot, XidEvent, gpu_from_dict
 
 STATE_VERSION = 1
 
@@ -136,7 +137,8 @@ def inject(sim_dir: str, node: str, gpu: int, **fault: Any) -> dict[str, Any]:
         if fault.get("xid") is not None:
             state["seq"] = int(state.get("seq", 0)) + 1
             entry["xids"].append(
-                {"code": int(fault["xid"]), "gpu": gpu, "pci_bus_id": entry["pci_bus_id"], "ts": time.time(),
+                {"code": int(fault["xid"]), "gpu": gpu, "uuid": entry.get("uuid", ""),
+                 "pci_bus_id": entry["pci_bus_id"], "ts": time.time(),
                  "message": "injected by slurm-hooks sim", "source": "sim", "seq": state["seq"]}
             )
         if fault.get("ecc_uncorrectable") is not None:
@@ -201,11 +203,17 @@ class SimProbe:
                             driver_version=state.get("driver_version", ""))
 
 
-def _as_seen(gpu):
-    """A lost GPU answers nothing: NVML returns GPU_IS_LOST for every field."""
+def events_of(gpu: dict[str, Any]) -> list[XidEvent]:
+    """One GPU entry's injected XIDs, each naming its GPU (state files from before UUIDs were
+    written into events get the GPU's)."""
+    return [XidEvent(**{"uuid": gpu.get("uuid", ""), **x}) for x in gpu.get("xids", ())]
+
+
+def _as_seen(gpu: GpuSnapshot) -> GpuSnapshot:
+    """Events carry their GPU's UUID; a lost GPU answers nothing (NVML returns GPU_IS_LOST for every field)."""
+    if any(x.uuid != gpu.uuid for x in gpu.xids):
+        gpu = dataclasses.replace(gpu, xids=tuple(dataclasses.replace(x, uuid=x.uuid or gpu.uuid) for x in gpu.xids))
     if not gpu.lost:
         return gpu
-    from slurm_hooks.models import GpuSnapshot
-
     return GpuSnapshot(index=gpu.index, uuid=gpu.uuid, pci_bus_id=gpu.pci_bus_id, model=gpu.model, lost=True,
                        xids=gpu.xids, errors=(("*", "GPU is lost (NVML_ERROR_GPU_IS_LOST)"),))
