@@ -100,11 +100,12 @@ pytest_plugins = ["kube.fixtures"]
 @pytest.fixture
 def site(tmp_path, kube_server):
     """A config, a fake scontrol that prints node lines from a file, and a kubeconfig for kmock."""
+    from kube.doubles import controlled_by
     from kube.emulator import node, pod
 
     for name in ("n1", "n2"):
         kube_server.put("v1/nodes", node(name))
-        kube_server.put("v1/pods", pod(f"job-{name}", name, "jobs"), "jobs")
+        kube_server.put("v1/pods", pod(f"job-{name}", name, "jobs", **controlled_by()), "jobs")
     bindir = tmp_path / "bin"
     bindir.mkdir()
     nodes = tmp_path / "nodes.txt"
@@ -115,6 +116,9 @@ def site(tmp_path, kube_server):
     scontrol = bindir / "scontrol"
     scontrol.write_text(f"#!/bin/sh\ncat {nodes}\n")
     scontrol.chmod(0o755)
+    squeue = bindir / "squeue"  # no job on any node
+    squeue.write_text("#!/bin/sh\nexit 0\n")
+    squeue.chmod(0o755)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(textwrap.dedent(f"""\
         apiVersion: v1

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("kmock")
 pytest.importorskip("kubernetes")
 
-from kube.doubles import FakeSlurm, read_audit  # noqa: E402
+from kube.doubles import FakeSlurm, controlled_by, read_audit  # noqa: E402
 from kube.emulator import node, pdb_429, pod  # noqa: E402
 
 from slurm_hooks.audit import AuditLog  # noqa: E402
@@ -27,7 +27,7 @@ TAINT = "slurm-hooks.io/gpu-unhealthy"
 def two_nodes(kube_server):
     for name in ("n1", "n2"):
         kube_server.put("v1/nodes", node(name))
-        kube_server.put("v1/pods", pod(f"train-{name}", name, "jobs"), "jobs")
+        kube_server.put("v1/pods", pod(f"train-{name}", name, "jobs", **controlled_by()), "jobs")
         kube_server.put("v1/pods", pod(f"dcgm-{name}", name, "gpu",
                                        metadata={"ownerReferences": [{"kind": "DaemonSet", "name": "dcgm"}]}), "gpu")
     return kube_server

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("kmock")
 pytest.importorskip("kubernetes")
 
+from kube.doubles import controlled_by  # noqa: E402
 from kube.emulator import node, pod  # noqa: E402
 
 from slurm_hooks.audit import AuditLog  # noqa: E402
@@ -46,7 +47,7 @@ def drained_by_us(info) -> bool:
 def cluster(clean_testbed, kube_server):
     for name in ("n1", "n2"):
         kube_server.put("v1/nodes", node(name))
-        kube_server.put("v1/pods", pod(f"train-{name}", name, "jobs"), "jobs")
+        kube_server.put("v1/pods", pod(f"train-{name}", name, "jobs", **controlled_by()), "jobs")
         kube_server.put("v1/pods", pod(f"dcgm-{name}", name, "gpu",
                                        metadata={"ownerReferences": [{"kind": "DaemonSet", "name": "dcgm"}]}), "gpu")
     return clean_testbed, kube_server
