@@ -207,3 +207,14 @@ def test_bridge_without_the_kubernetes_client_is_a_one_line_usage_error(tmp_path
     assert r.stderr.strip().splitlines() == [
         "slurm-hooks: the bridge needs the kubernetes client, which is not installed here: "
         "pip install 'slurm-hooks[k8s]' (Python 3.10+), in the bridge's own environment"]
+
+
+def test_render_template_backend_may_get_its_resource_to_tell_its_own(tmp_path):
+    tpl = tmp_path / "snr.yaml.j2"
+    tpl.write_text("apiVersion: remediation.medik8s.io/v1alpha1\nkind: SelfNodeRemediation\nmetadata: {name: x}\n")
+    cfg = tmp_path / "bridge.toml"
+    cfg.write_text(f'[bridge.replace]\nbackend = "template"\ntemplate = "{tpl}"\nplural = "selfnoderemediations"\n')
+    role = rendered(tmp_path, "--config", str(cfg), "--template-group", "remediation.medik8s.io")["rbac.yaml"][1]
+    extra = [r for r in role["rules"] if r["apiGroups"] != [""]]
+    assert extra == [{"apiGroups": ["remediation.medik8s.io"], "resources": ["selfnoderemediations"],
+                      "verbs": ["create", "get", "delete"]}]
