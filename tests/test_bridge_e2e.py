@@ -292,4 +292,8 @@ def test_bridge_waits_out_the_checkpoint_then_evicts_slurmd_last_and_replaces(sl
         print("\ntimeline (seconds from the job's start):")
         for at, what in sorted(timeline):
             print(f"  {at - t0:7.2f}  {what}")
+        for r in tb.audit_events():
+            if r.get("kind", "").startswith("bridge_"):
+                keep = ("node", "jobs", "waited_s", "evicted", "pods", "requested")
+                print("  audit", r["kind"], {k: r[k] for k in keep if r.get(k)})
         tb.cancel_all()
