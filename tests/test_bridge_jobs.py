@@ -399,3 +399,14 @@ def test_template_backend_adopts_its_own_create_whose_answer_was_lost(
     other = dataclasses.replace(target, take="def")
     template.request(cluster, target)
     assert template.request(cluster, other).endswith("(exists)")
+
+
+def test_a_node_that_recovers_while_waiting_is_given_back_without_any_eviction(
+        slurm, cluster, bridge_settings, clock, audit_path):
+    job_running_on_n1(slurm)
+    bridge = make(slurm, cluster, bridge_settings, clock, audit_path)
+    bridge.run_pass()
+    slurm.set("n1", "MIXED", "")  # an admin resumed it; the job kept running
+    res = bridge.run_pass()
+    assert res.restored == ["n1"] and cluster.evicted == []
+    assert "unschedulable" not in cluster.nodes["n1"]["spec"] and cluster.condition("n1") is None
