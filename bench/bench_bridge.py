@@ -33,6 +33,10 @@ from slurm_hooks.slurm import NodeInfo  # noqa: E402
 REASON = "slurm-hooks: XID 79 on GPU 3 [replace]"
 
 
+TRAIN_OWNER = {"metadata": {"ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train",
+                                                  "uid": "uid-train", "controller": True}]}}
+
+
 def node_name(i: int) -> str:
     return f"gpu{i:05d}"
 
@@ -41,7 +45,7 @@ def populate(put_node, put_pod, nodes: int, pods_per_node: int) -> None:
     for i in range(nodes):
         name = node_name(i)
         put_node(name)
-        put_pod(f"train-{i}", name, "jobs", {})
+        put_pod(f"train-{i}", name, "jobs", TRAIN_OWNER)  # a controller: evictable (kubectl drain's rule)
         for k in range(1, pods_per_node):
             owner = {"metadata": {"ownerReferences": [{"kind": "DaemonSet", "name": f"ds{k}"}]}}
             put_pod(f"ds{k}-{i}", name, "kube-system", owner)

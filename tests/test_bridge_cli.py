@@ -100,11 +100,12 @@ pytest_plugins = ["kube.fixtures"]
 @pytest.fixture
 def site(tmp_path, kube_server):
     """A config, a fake scontrol that prints node lines from a file, and a kubeconfig for kmock."""
+    from kube.doubles import controlled_by
     from kube.emulator import node, pod
 
     for name in ("n1", "n2"):
         kube_server.put("v1/nodes", node(name))
-        kube_server.put("v1/pods", pod(f"job-{name}", name, "jobs"), "jobs")
+        kube_server.put("v1/pods", pod(f"job-{name}", name, "jobs", **controlled_by()), "jobs")
     bindir = tmp_path / "bin"
     bindir.mkdir()
     nodes = tmp_path / "nodes.txt"
@@ -115,6 +116,9 @@ def site(tmp_path, kube_server):
     scontrol = bindir / "scontrol"
     scontrol.write_text(f"#!/bin/sh\ncat {nodes}\n")
     scontrol.chmod(0o755)
+    squeue = bindir / "squeue"  # no job on any node
+    squeue.write_text("#!/bin/sh\nexit 0\n")
+    squeue.chmod(0o755)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(textwrap.dedent(f"""\
         apiVersion: v1
@@ -203,3 +207,14 @@ def test_bridge_without_the_kubernetes_client_is_a_one_line_usage_error(tmp_path
     assert r.stderr.strip().splitlines() == [
         "slurm-hooks: the bridge needs the kubernetes client, which is not installed here: "
         "pip install 'slurm-hooks[k8s]' (Python 3.10+), in the bridge's own environment"]
+
+
+def test_render_template_backend_may_get_its_resource_to_tell_its_own(tmp_path):
+    tpl = tmp_path / "snr.yaml.j2"
+    tpl.write_text("apiVersion: remediation.medik8s.io/v1alpha1\nkind: SelfNodeRemediation\nmetadata: {name: x}\n")
+    cfg = tmp_path / "bridge.toml"
+    cfg.write_text(f'[bridge.replace]\nbackend = "template"\ntemplate = "{tpl}"\nplural = "selfnoderemediations"\n')
+    role = rendered(tmp_path, "--config", str(cfg), "--template-group", "remediation.medik8s.io")["rbac.yaml"][1]
+    extra = [r for r in role["rules"] if r["apiGroups"] != [""]]
+    assert extra == [{"apiGroups": ["remediation.medik8s.io"], "resources": ["selfnoderemediations"],
+                      "verbs": ["create", "get", "delete"]}]

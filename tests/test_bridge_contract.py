@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("kmock")
 pytest.importorskip("kubernetes")
 
-from kube.doubles import FakeSlurm, read_audit  # noqa: E402
+from kube.doubles import FakeSlurm, controlled_by, read_audit  # noqa: E402
 from kube.emulator import node, pdb_429, pod  # noqa: E402
 
 from slurm_hooks.audit import AuditLog  # noqa: E402
@@ -27,7 +27,7 @@ TAINT = "slurm-hooks.io/gpu-unhealthy"
 def two_nodes(kube_server):
     for name in ("n1", "n2"):
         kube_server.put("v1/nodes", node(name))
-        kube_server.put("v1/pods", pod(f"train-{name}", name, "jobs"), "jobs")
+        kube_server.put("v1/pods", pod(f"train-{name}", name, "jobs", **controlled_by()), "jobs")
         kube_server.put("v1/pods", pod(f"dcgm-{name}", name, "gpu",
                                        metadata={"ownerReferences": [{"kind": "DaemonSet", "name": "dcgm"}]}), "gpu")
     return kube_server
@@ -134,3 +134,55 @@ def test_a_500_mid_pass_is_finished_by_the_next_pass(two_nodes, kube_client, bri
     assert second.replaced == ["n1"] and not second.errors
     events = [r for r in server.requests("POST") if r.url.path == "/api/v1/namespaces/default/events"]
     assert len(events) == 1
+
+
+# -- kubectl drain's protections and the template backend, over HTTP --------------------------------------
+
+def test_pod_without_a_controller_is_kept_and_named_in_an_event_unless_forced(
+        two_nodes, kube_client, bridge_settings, tmp_path):
+    server = two_nodes
+    server.put("v1/pods", pod("notebook", "n1", "jobs"), "jobs")
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79), NodeInfo("n2", "IDLE"))
+    res = bridge(slurm, kube_client, bridge_settings, tmp_path).run_pass()
+    assert res.replaced == ["n1"] and not res.errors
+    assert server.get("v1/pods", "notebook", "jobs") is not None
+    assert server.get("v1/pods", "train-n1", "jobs") is None
+    (kept,) = [e for e in server.list("v1/events") if e["reason"] == "GpuUnhealthyPodsKept"]
+    assert kept["involvedObject"]["name"] == "n1" and kept["type"] == "Warning"
+    assert "jobs/notebook: no controller" in kept["message"]
+
+    server.put("v1/pods", pod("notebook", "n2", "jobs"), "jobs")
+    slurm.drain("n2", XID79)
+    forced = dataclasses.replace(bridge_settings, drain_force=True,
+                                 state_file=str(tmp_path / "forced-state.json"))
+    settings_2 = dataclasses.replace(forced, breaker=dataclasses.replace(forced.breaker, max_percent=100))
+    res = bridge(slurm, kube_client, settings_2, tmp_path).run_pass()
+    assert res.drained == ["n2"] and server.get("v1/pods", "notebook", "jobs") is None
+    assert not [e for e in server.list("v1/events")
+                if e["reason"] == "GpuUnhealthyPodsKept" and e["involvedObject"]["name"] == "n2"]
+
+
+def test_template_backend_over_http_leaves_an_object_that_was_there(two_nodes, kube_client, bridge_settings, tmp_path):
+    from slurm_hooks.bridge.replace import CREATED_FOR_ANNOTATION, TemplateBackend
+
+    server = two_nodes
+    plural = "remediation.medik8s.io/v1alpha1/selfnoderemediations"
+    server.kmock.resources[plural] = {}
+    tpl = tmp_path / "snr.yaml.j2"
+    tpl.write_text("apiVersion: remediation.medik8s.io/v1alpha1\nkind: SelfNodeRemediation\n"
+                   "metadata:\n  name: {{ node }}\n  namespace: medik8s\nspec: {}\n")
+    theirs = {"apiVersion": "remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediation",
+              "metadata": {"name": "n1", "namespace": "medik8s"}, "spec": {"by": "admin"}}
+    server.put(plural, theirs, "medik8s")
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79), NodeInfo("n2", "IDLE+DRAIN", XID79))
+    settings = dataclasses.replace(bridge_settings, breaker=dataclasses.replace(bridge_settings.breaker, max_percent=100))
+    reconciler = bridge(slurm, kube_client, settings, tmp_path,
+                        backend=TemplateBackend(str(tpl), "selfnoderemediations"))
+    assert sorted(reconciler.run_pass().replaced) == ["n1", "n2"]
+    ours = server.get(plural, "n2", "medik8s")
+    assert ours["metadata"]["annotations"][CREATED_FOR_ANNOTATION].startswith("n2/")
+    slurm.resume("n1")
+    slurm.resume("n2")
+    assert sorted(reconciler.run_pass().restored) == ["n1", "n2"]
+    assert server.get(plural, "n1", "medik8s")["spec"] == {"by": "admin"}  # was there: kept
+    assert server.get(plural, "n2", "medik8s") is None  # ours: withdrawn

@@ -12,16 +12,18 @@ import dataclasses
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 pytest.importorskip("kmock")
 pytest.importorskip("kubernetes")
 
+from kube.doubles import controlled_by  # noqa: E402
 from kube.emulator import node, pod  # noqa: E402
 
 from slurm_hooks.audit import AuditLog  # noqa: E402
-from slurm_hooks.bridge.reconciler import Reconciler, slurm_healthy  # noqa: E402
+from slurm_hooks.bridge.reconciler import Reconciler, slurm_busy, slurm_healthy  # noqa: E402
 from slurm_hooks.bridge.settings import BridgeSettings  # noqa: E402
 from slurm_hooks.probes import sim  # noqa: E402
 
@@ -46,7 +48,7 @@ def drained_by_us(info) -> bool:
 def cluster(clean_testbed, kube_server):
     for name in ("n1", "n2"):
         kube_server.put("v1/nodes", node(name))
-        kube_server.put("v1/pods", pod(f"train-{name}", name, "jobs"), "jobs")
+        kube_server.put("v1/pods", pod(f"train-{name}", name, "jobs", **controlled_by()), "jobs")
         kube_server.put("v1/pods", pod(f"dcgm-{name}", name, "gpu",
                                        metadata={"ownerReferences": [{"kind": "DaemonSet", "name": "dcgm"}]}), "gpu")
     return clean_testbed, kube_server
@@ -163,3 +165,135 @@ def test_ten_of_twelve_failing_at_once_cordons_no_more_than_the_cap(twelve, kube
     finally:
         for name in names[:10]:
             twelve.scontrol("update", f"NodeName={name}", "State=RESUME")
+
+
+# -- the checkpoint grace ----------------------------------------------------------------------------------
+
+#: A job whose SIGTERM handler takes 20 s to save its checkpoint, and says when (epoch seconds).
+CHECKPOINTING_JOB = """#!/bin/sh
+trap 'echo "sigterm at=$(date +%s.%N) restart=${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"; sleep 20; \\
+      echo "checkpoint saved at=$(date +%s.%N) on $SLURMD_NODENAME"; exit 0' TERM
+echo "start at=$(date +%s.%N) restart=${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME gpus=$SLURM_JOB_GPUS"
+while true; do sleep 0.1; done
+"""
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    """A two-node cluster whose KillWait (30 s) outlasts the job's 20 s checkpoint, as a site's 120 s does."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root")
+    from conftest import TESTBED_SETTINGS, SlurmTestbed
+
+    from slurm_hooks.testbed import Testbed
+
+    settings = dataclasses.replace(TESTBED_SETTINGS, kill_wait=30, requeue_grace=25.0)
+    tb = Testbed(str(tmp_path_factory.mktemp("testbed-killwait")), settings)
+    try:
+        tb.up()
+    except BaseException:
+        tb.down()
+        raise
+    try:
+        yield SlurmTestbed(tb)
+    finally:
+        tb.down()
+
+
+def output_line(tb, job: int, word: str, timeout: float, **want: str) -> dict[str, str]:
+    """The job's first output line starting with ``word`` and carrying ``want``, as its key=value fields."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in tb.job_output(job).splitlines():
+            if line.split(" ", 1)[0] != word:
+                continue
+            fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+            fields["on"] = line.split(" on ")[1].split()[0]
+            if all(fields.get(k) == v for k, v in want.items()):
+                return fields
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job}: no {word!r} {want} line within {timeout:g}s: {tb.job_output(job)!r}")
+        time.sleep(0.05)
+
+
+def test_bridge_waits_out_the_checkpoint_then_evicts_slurmd_last_and_replaces(slow, kube_server, kube_client, tmp_path):
+    tb, server = slow, kube_server
+    tb.reset()
+    timeline: list[tuple[float, str]] = []
+
+    def mark(what: str, at: float | None = None) -> None:
+        timeline.append((time.time() if at is None else at, what))
+
+    job = tb.sbatch(CHECKPOINTING_JOB, "--gres=gpu:1", "--requeue", "--open-mode=append")
+    try:
+        started = output_line(tb, job, "start", 15, restart="0")
+        bad, gpu = started["on"], int(started["gpus"].split(",")[0])
+        good = next(n for n in tb.nodes if n != bad)
+        mark(f"job {job} running on {bad} (GPU {gpu})", float(started["at"]))
+        for name in tb.nodes:  # Kubernetes as on Slinky: same node names, a slurmd pod per node
+            server.put("v1/nodes", node(name))
+            server.put("v1/pods", pod(f"train-{name}", name, "jobs", **controlled_by()), "jobs")
+            server.put("v1/pods", pod(f"dcgm-{name}", name, "gpu",
+                                      metadata={"ownerReferences": [{"kind": "DaemonSet", "name": "dcgm"}]}), "gpu")
+            server.put("v1/pods", pod(f"slurm-worker-{name}", name, "slurm", **controlled_by(
+                "NodeSet", "slurm-worker", labels={"nodeset.slinky.slurm.net/pod-hostname": name})), "slurm")
+        server.put("v1/pods", pod("notebook", bad, "jobs"), "jobs")  # no controller: kept
+        settings = BridgeSettings(mapping="name", state_file=str(tmp_path / "state.json"), drain_pass_budget=5)
+        bridge = Reconciler(tb.slurm, kube_client, settings, audit=AuditLog(tb.audit_log), sleep=lambda s: None)
+
+        sim.inject(tb.sim_dir, bad, gpu, xid=79)
+        mark(f"XID 79 on {bad} GPU {gpu}")
+        result = check(tb, bad)  # drains, requeues (SIGTERM), follows the job to a healthy node
+        assert result.returncode == 1, result.stdout + result.stderr
+        drained = tb.slurm.node(bad)
+        assert drained_by_us(drained) and drained.reason.endswith("[replace]")
+        mark(f"slurm-hooks check: {bad} drained ({drained.state}), job {job} requeued")
+        sigterm = output_line(tb, job, "sigterm", 15)
+        mark(f"job {job} got SIGTERM on {bad}: checkpointing for 20 s", float(sigterm["at"]))
+
+        res = bridge.run_pass()
+        mark(f"bridge pass: {res.summary()}")
+        assert "checkpoint saved" not in tb.job_output(job), "the pass came too late to test anything"
+        assert res.taken == [bad] and res.waiting == {bad: [str(job)]}, res.summary()
+        assert not res.drained and not res.replaced and not res.errors
+        k8s = server.get("v1/nodes", bad)
+        assert k8s["spec"]["unschedulable"] is True and [t["key"] for t in k8s["spec"]["taints"]] == [TAINT]
+        for namespace, name in (("jobs", f"train-{bad}"), ("slurm", f"slurm-worker-{bad}"), ("jobs", "notebook")):
+            assert server.get("v1/pods", name, namespace) is not None, f"{namespace}/{name} evicted too early"
+
+        saved = output_line(tb, job, "checkpoint", 30)
+        mark(f"job {job} saved its checkpoint on {bad}", float(saved["at"]))
+        again = output_line(tb, job, "start", 90, restart="1")
+        assert again["on"] == good
+        mark(f"job {job} running again on {good}", float(again["at"]))
+        tb.wait_node(bad, lambda n: not slurm_busy(n) and not tb.slurm.jobs_on_node(n.name), timeout=30)
+        mark(f"Slurm: {bad} {tb.slurm.node(bad).state}, no job on it")
+
+        res = bridge.run_pass()
+        mark(f"bridge pass: {res.summary()}")
+        assert res.drained == [bad] and res.replaced == [bad] and not res.waiting and not res.errors
+        assert server.get("v1/pods", f"train-{bad}", "jobs") is None
+        assert server.get("v1/pods", f"slurm-worker-{bad}", "slurm") is None
+        assert server.get("v1/pods", f"dcgm-{bad}", "gpu") is not None
+        assert server.get("v1/pods", "notebook", "jobs") is not None
+        assert server.get("v1/pods", f"slurm-worker-{good}", "slurm") is not None
+        drains = [r for r in tb.audit_events() if r.get("kind") == "bridge_drain"]
+        assert drains[0]["evicted"] == [f"jobs/train-{bad}", f"slurm/slurm-worker-{bad}"]  # slurmd last
+        events = [e for e in server.list("v1/events") if e["involvedObject"]["name"] == bad]
+        kept = [e for e in events if e["reason"] == "GpuUnhealthyPodsKept"]
+        assert len(kept) == 1 and "jobs/notebook" in kept[0]["message"]
+        gpu_cond = [c for c in server.get("v1/nodes", bad)["status"]["conditions"] if c["type"] == "GpuHealthy"]
+        assert gpu_cond[0]["status"] == "False"
+        kinds = [r["kind"] for r in tb.audit_events() if r.get("kind", "").startswith("bridge_")]
+        assert kinds == ["bridge_cordon", "bridge_waiting_for_jobs", "bridge_pass", "bridge_jobs_gone",
+                         "bridge_drain", "bridge_drain_protected", "bridge_replace", "bridge_pass"], kinds
+    finally:
+        t0 = timeline[0][0] if timeline else 0.0
+        print("\ntimeline (seconds from the job's start):")
+        for at, what in sorted(timeline):
+            print(f"  {at - t0:7.2f}  {what}")
+        for r in tb.audit_events():
+            if r.get("kind", "").startswith("bridge_"):
+                keep = ("node", "jobs", "waited_s", "evicted", "pods", "requested")
+                print("  audit", r["kind"], {k: r[k] for k in keep if r.get(k)})
+        tb.cancel_all()

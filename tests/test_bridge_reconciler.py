@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 import pytest
-from kube.doubles import FakeSlurm, read_audit
+from kube.doubles import FakeSlurm, controlled_by, read_audit
 from kube.memory import InMemoryKube
 
 from slurm_hooks.audit import AuditLog
@@ -35,7 +35,7 @@ def cluster(kube):
     """n1 and n2, each with a job pod, a DaemonSet pod and a static (mirror) pod."""
     for name in ("n1", "n2"):
         kube.add_node(name)
-        kube.add_pod(f"job-{name}", name, "jobs")
+        kube.add_pod(f"job-{name}", name, "jobs", **controlled_by())
         kube.add_pod(f"dcgm-{name}", name, "gpu", metadata={"ownerReferences": [{"kind": "DaemonSet", "name": "dcgm"}]})
         kube.add_pod(f"static-{name}", name, "kube-system",
                      metadata={"annotations": {"kubernetes.io/config.mirror": "abc"}})
@@ -584,7 +584,7 @@ def test_api_calls_grow_with_bad_nodes_not_with_the_cluster(bridge_settings, clo
         slurm = FakeSlurm(*[NodeInfo(f"n{i:04d}", "IDLE") for i in range(total)])
         for i in range(total):
             kube.add_node(f"n{i:04d}")
-            kube.add_pod(f"job-{i}", f"n{i:04d}", "jobs")
+            kube.add_pod(f"job-{i}", f"n{i:04d}", "jobs", **controlled_by())
         for i in range(bad):
             slurm.drain(f"n{i:04d}", XID79)
         settings = dataclasses.replace(bridge_settings, breaker=BreakerSettings(max_percent=100, max_nodes=1000))

@@ -14,6 +14,7 @@ _HELP = {
     "slurm_hooks_bridge_breaker_limit": "How many nodes the breaker allows inside the window.",
     "slurm_hooks_bridge_breaker_blocked_nodes": "Bad nodes the open breaker keeps the bridge from taking.",
     "slurm_hooks_bridge_owned_nodes": "Kubernetes nodes carrying the bridge's ownership annotation.",
+    "slurm_hooks_bridge_waiting_nodes": "Nodes taken and waiting for their Slurm jobs to leave before the drain.",
     "slurm_hooks_bridge_orphaned_nodes": "Owned nodes no Slurm node maps to any more (Slinky pod moved away).",
     "slurm_hooks_bridge_pass_errors": "Errors in the last pass (retried on the next one).",
     "slurm_hooks_bridge_pass_duration_seconds": "Duration of the last pass.",

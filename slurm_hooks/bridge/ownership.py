@@ -32,6 +32,11 @@ class Ownership:
     condition: bool = False
     #: Non-empty while an opt-out (a pod label, ...) holds us to cordon-and-alert.
     opt_out: str = ""
+    #: Why the node may be drained: "" (not yet: Slurm jobs are still on it), "no jobs",
+    #: "forced" (max_job_wait passed), "no Slurm node" (none maps here any more).
+    released: str = ""
+    #: The Slurm job ids last seen on the node while waiting; ``None`` when it never waited.
+    waiting_jobs: list[str] | None = None
     drain_started: float | None = None
     #: "" (not yet), "done", "timeout" (gave up waiting for PDBs), "skipped" (drain = false).
     drained: str = ""

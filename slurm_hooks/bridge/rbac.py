@@ -31,7 +31,8 @@ def backend_rules(replace: ReplaceSettings, template_group: str = "") -> tuple[R
     if replace.backend == "capi":
         return (Rule("cluster.x-k8s.io", "machines", ("get", "patch"), "annotate the Machine remediate-machine"),)
     if replace.backend == "template":
-        verbs = ("create", "delete") if replace.cancel_on_recovery else ("create",)
+        # get: tell our own object (its created-for marker) from one that was there before.
+        verbs = ("create", "get", "delete") if replace.cancel_on_recovery else ("create", "get")
         return (Rule(template_group, replace.plural, verbs, "create the rendered remediation request"),)
     return ()
 

@@ -7,6 +7,15 @@ a replacement". Drain-only and reset reasons do not: those are fixed on the
 node (a GPU reset) or need a person, and a replacement would be too much.
 A node we took whose Slurm node is healthy again means "undo what we did".
 
+The bridge follows Slurm's clock. Taking a node (cordon, taint, condition) is
+done at once, so nothing new lands on it; evicting its pods and requesting the
+replacement wait until Slurm has no job left there (the node drained, not
+draining, and no job listing it: the requeued jobs got SIGTERM and their
+KillWait to checkpoint, and have left), or until ``max_job_wait`` seconds after
+the take (``0``: wait for ever). With the ``condition`` backend the condition
+*is* the replacement request (a MachineHealthCheck acts on it), so it is set
+at that point too, not at the take.
+
 Each step is idempotent and recorded in the node's ownership annotation, so a
 pass that dies half-way is finished by the next one and nothing is done twice.
 A node whose work is complete costs no API call at all: one LIST with our
@@ -83,6 +92,8 @@ class PassResult:
     opted_out: list[str] = field(default_factory=list)
     drained: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
+    #: Kubernetes node -> ids of the Slurm jobs still on it: taken, not drained yet.
+    waiting: dict[str, list[str]] = field(default_factory=dict)
     replaced: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
@@ -107,6 +118,9 @@ class PassResult:
         ):
             if items:
                 parts.append(f"{label}: {','.join(items)}")
+        if self.waiting:
+            parts.append("waiting for jobs: " + ",".join(
+                f"{node} ({' '.join(jobs) or 'draining'})" for node, jobs in sorted(self.waiting.items())))
         if self.errors:
             parts.append(f"{len(self.errors)} error(s)")
         if self.aborted:
@@ -119,6 +133,24 @@ class PassResult:
 
 class _Abort(Exception):
     pass
+
+
+class _SlurmJobsUnknown(SlurmHooksError):
+    """Slurm could not say which jobs are on a node: it is not drained this pass."""
+
+
+#: Base states and flags of a Slurm node that still has (or is finishing) a job.
+_BUSY = frozenset({"ALLOCATED", "ALLOC", "MIXED", "COMPLETING", "DRAINING"})
+
+
+def slurm_busy(node: NodeInfo) -> bool:
+    """Draining rather than drained: a job still runs or completes on it."""
+    return node.base_state in _BUSY or bool(node.flags & {"COMPLETING", "DRAINING"})
+
+
+def _take_id(record: Ownership) -> str:
+    """One take of a node, for Event names and the template backend's marker."""
+    return f"{int(record.since * 1000):x}"
 
 
 def _now_iso(ts: float) -> str:
@@ -162,7 +194,8 @@ class Reconciler:
         self.clock = clock
         self.monotonic = monotonic
         self.mapper = NodeMapper(settings.mapping, settings.nodes, settings.slinky_namespace)
-        self.drainer = Drainer(kube, clock=monotonic, sleep=sleep)
+        self.drainer = Drainer(kube, clock=monotonic, sleep=sleep, force=settings.drain_force,
+                               delete_emptydir_data=settings.drain_delete_emptydir_data)
         self.instance = socket.gethostname()
         #: node -> last error text, so a failure repeated every pass is audited once.
         self._last_error: dict[str, str] = {}
@@ -200,6 +233,7 @@ class Reconciler:
             self._audit(
                 "bridge_pass", summary=res.summary(), taken=res.taken, opted_out=res.opted_out,
                 drained=res.drained, replaced=res.replaced, restored=res.restored, blocked=res.blocked,
+                waiting=res.waiting,
                 errors=len(res.errors), duration_s=round(res.duration, 3),
             )
         self._write_metrics(res)
@@ -226,7 +260,7 @@ class Reconciler:
                 fn()
                 transient[0] = 0
                 self._last_error.pop(node_name, None)
-            except (KubeError, ReplacementError) as exc:
+            except (KubeError, SlurmHooksError) as exc:
                 res.errors.append((node_name, str(exc)))
                 if self._last_error.get(node_name) != str(exc):
                     self._audit(
@@ -249,7 +283,8 @@ class Reconciler:
             if maps_here and slurm_healthy(sn):
                 guarded(kname, lambda n=node, r=record: self._restore(n, r, res))
             elif not record.complete:
-                guarded(kname, lambda n=node, r=record: self._progress(n, r, res))
+                here = sn if maps_here else None
+                guarded(kname, lambda n=node, r=record, s=here: self._progress(n, r, res, s))
             elif not maps_here:
                 res.detached.append(kname)
 
@@ -286,7 +321,7 @@ class Reconciler:
             raise ReplacementError(f"Slurm node {sn.name}: Kubernetes node {kname} not found")
         existing = Ownership.of(node)
         if existing is not None:  # annotated but not labelled: a half-written take; finish it
-            self._progress(node, existing, res)
+            self._progress(node, existing, res, sn)
             return
         pods = self.kube.list_pods_on_node(kname)
         why = opt_out(pods, node, self.settings.opt_out_label)
@@ -315,7 +350,7 @@ class Reconciler:
         )
         # An opted-out node reuses the list; otherwise the drain lists again, after the cordon,
         # so that no pod scheduled in between is missed (kubectl cordons before it lists, too).
-        self._progress(node, record, res, pods=pods if why else None)
+        self._progress(node, record, res, sn, pods=pods if why else None)
 
     def _take_ops(self, node: Obj, record: Ownership, *, taint: bool) -> list[Obj]:
         done = Ownership.of(node)
@@ -366,11 +401,13 @@ class Reconciler:
 
     # -- finishing what was started --------------------------------------------------------
 
-    def _progress(self, node: Obj, record: Ownership, res: PassResult, pods: list[Obj] | None = None) -> None:
+    def _progress(self, node: Obj, record: Ownership, res: PassResult, sn: NodeInfo | None,
+                  pods: list[Obj] | None = None) -> None:
+        """Carry a taken node forward; ``sn``: its Slurm node, ``None`` when none maps to it any more."""
         kname = name_of(node)
         before = record.to_json()
         try:
-            self._steps(node, record, res, pods)
+            self._steps(node, record, res, sn, pods)
         except Exception:
             if record.to_json() != before:
                 try:
@@ -381,7 +418,8 @@ class Reconciler:
         if record.to_json() != before:
             self._save(kname, record)
 
-    def _steps(self, node: Obj, record: Ownership, res: PassResult, pods: list[Obj] | None) -> None:
+    def _steps(self, node: Obj, record: Ownership, res: PassResult, sn: NodeInfo | None,
+               pods: list[Obj] | None) -> None:
         kname = name_of(node)
         summary = (parse_reason(record.reason) or (record.reason, None))[0]
         if record.opt_out:
@@ -408,7 +446,16 @@ class Reconciler:
         if "taken" not in record.events:
             self._event(node, record, "taken", "GpuUnhealthy",
                         f"{summary} (Slurm node {record.slurm_node}): cordoned, tainted {self.settings.taint_key}; "
-                        f"draining and requesting a replacement ({self.backend.name})")
+                        f"its pods are evicted and a replacement requested ({self.backend.name}) once Slurm has "
+                        "no job left on it")
+        # The condition backend's request is the condition itself: it waits for the jobs too.
+        early_condition = not self.backend.condition_is_request
+        if not record.condition and early_condition:
+            self._condition(node, "False", "GpuFault", f"{record.reason} (Slurm node {record.slurm_node})")
+            record.condition = True
+        if not record.released and not record.drained and not record.replacement:
+            if not self._jobs_gone(kname, record, res, sn):
+                return
         if not record.condition:
             self._condition(node, "False", "GpuFault", f"{record.reason} (Slurm node {record.slurm_node})")
             record.condition = True
@@ -419,12 +466,48 @@ class Reconciler:
                 return
         if not record.replacement:
             target = Target(node=node, slurm_node=record.slurm_node, reason=record.reason,
-                            summary=summary, action=Action(record.action))
+                            summary=summary, action=Action(record.action), take=_take_id(record))
             record.replacement = self.backend.request(self.kube, target, dry_run=self.dry_run) or self.backend.name
             record.backend = self.backend.name
             res.replaced.append(kname)
             self._audit("bridge_replace", node=kname, slurm_node=record.slurm_node, backend=self.backend.name,
                         requested=record.replacement)
+
+    def _jobs_gone(self, kname: str, record: Ownership, res: PassResult, sn: NodeInfo | None) -> bool:
+        """True once the node may be drained: Slurm has no job on it, or ``max_job_wait`` has passed.
+
+        Sticky: the record's ``released`` says why, and Slurm is not asked again for this take.
+        """
+        now = self.clock()
+        if sn is None:
+            record.released = "no Slurm node"  # none maps here any more: no Slurm job can run here
+            return True
+        try:
+            jobs = [str(j.job_id) for j in self.slurm.jobs_on_node(sn.name)]
+        except SlurmHooksError as exc:
+            res.waiting[kname] = list(record.waiting_jobs or ())
+            raise _SlurmJobsUnknown(f"cannot list the jobs on Slurm node {sn.name}, not draining yet: {exc}") from None
+        busy = slurm_busy(sn)
+        waited = now - record.since
+        if not jobs and not busy:
+            record.released = "no jobs"
+            if record.waiting_jobs is not None:
+                self._audit("bridge_jobs_gone", node=kname, slurm_node=sn.name, waited_s=round(waited, 1),
+                            jobs=record.waiting_jobs, message="no Slurm job left: draining")
+            return True
+        limit = self.settings.max_job_wait
+        if limit > 0 and waited >= limit:
+            record.released = "forced"
+            self._audit("bridge_jobs_wait_timeout", level="warning", node=kname, slurm_node=sn.name, jobs=jobs,
+                        state=sn.state, waited_s=round(waited, 1), max_job_wait=limit,
+                        message="jobs still on the node after max_job_wait: draining anyway")
+            return True
+        res.waiting[kname] = jobs
+        if jobs != record.waiting_jobs:
+            record.waiting_jobs = jobs
+            self._audit("bridge_waiting_for_jobs", node=kname, slurm_node=sn.name, jobs=jobs, state=sn.state,
+                        waited_s=round(waited, 1), max_job_wait=limit or None)
+        return False
 
     def _drain(self, node: Obj, record: Ownership, res: PassResult, pods: list[Obj] | None) -> bool:
         """True once the drain is over (done or timed out)."""
@@ -435,10 +518,17 @@ class Reconciler:
         if pods is None:
             pods = self.kube.list_pods_on_node(kname)
         left = record.drain_started + self.settings.drain_timeout - now
-        result = self.drainer.drain(pods, min(self.settings.drain_pass_budget, left), dry_run=self.dry_run)
+        result = self.drainer.drain(pods, min(self.settings.drain_pass_budget, left), node=kname, dry_run=self.dry_run)
         if result.evicted or result.blocked or result.gone:
             self._audit("bridge_drain", node=kname, evicted=result.evicted, gone=result.gone,
-                        blocked=result.blocked, skipped=[f"{p} ({why})" for p, why in result.skipped])
+                        blocked=result.blocked, last=result.last or None,
+                        skipped=[f"{p} ({why})" for p, why in result.skipped])
+        if result.protected and "protected" not in record.events:
+            kept = [f"{p}: {why}" for p, why in result.protected]
+            self._audit("bridge_drain_protected", level="warning", node=kname, slurm_node=record.slurm_node,
+                        pods=kept, message="not evicted (kubectl drain's protections); going on without them")
+            self._event(node, record, "protected", "GpuUnhealthyPodsKept",
+                        f"not evicted, and lost when the node is replaced: {'; '.join(kept)}")
         if result.done:
             record.drained = "done"
             res.drained.append(kname)
@@ -518,7 +608,7 @@ class Reconciler:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{kname}.slurm-hooks.{kind}.{int(record.since * 1000):x}",
+            "metadata": {"name": f"{kname}.slurm-hooks.{kind}.{_take_id(record)}",
                          "namespace": self.settings.event_namespace},
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": kname, "uid": meta(node).get("uid", "")},
             "reason": reason,
@@ -563,6 +653,7 @@ class Reconciler:
                 "slurm_hooks_bridge_breaker_blocked_nodes": len(res.blocked),
                 "slurm_hooks_bridge_owned_nodes": res.owned + len(res.taken) - len(res.restored),
                 "slurm_hooks_bridge_detached_nodes": len(res.detached),
+                "slurm_hooks_bridge_waiting_nodes": len(res.waiting),
                 "slurm_hooks_bridge_pass_errors": len(res.errors) + int(bool(res.aborted)),
                 "slurm_hooks_bridge_pass_duration_seconds": res.duration,
                 "slurm_hooks_bridge_last_pass_timestamp_seconds": self.clock(),

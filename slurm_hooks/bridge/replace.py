@@ -9,7 +9,10 @@
   ``cluster.x-k8s.io/remediate-machine`` (MachineHealthCheck's manual trigger).
 - ``template``: create a custom resource rendered from a jinja2 template (a
   medik8s remediation CR named after the node, an NVSentinel-style
-  RebootNode/TerminateNode, or one of your own).
+  RebootNode/TerminateNode, or one of your own). What it creates carries the
+  annotation ``slurm-hooks.io/created-for: <node>/<take>``, and ``cancel``
+  deletes only an object carrying the marker of the request it withdraws:
+  never one that already existed when the backend was asked.
 
 Each ``request`` is idempotent: run twice, it asks once.
 """
@@ -27,6 +30,9 @@ from slurm_hooks.models import Action
 CAPI_MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 CAPI_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
 CAPI_REMEDIATE_ANNOTATION = "cluster.x-k8s.io/remediate-machine"
+#: On an object the template backend created: for which node and which take. ``cancel``
+#: deletes an object only when it carries the marker of the request it is withdrawing.
+CREATED_FOR_ANNOTATION = "slurm-hooks.io/created-for"
 
 
 class ReplacementError(PermanentError):
@@ -40,6 +46,8 @@ class Target:
     reason: str
     summary: str
     action: Action
+    #: Identifies this take of the node (the ownership record's timestamp, in hex milliseconds).
+    take: str = ""
 
     @property
     def name(self) -> str:
@@ -48,6 +56,8 @@ class Target:
 
 class Backend(Protocol):
     name: str
+    #: The GpuHealthy=False condition is itself the request (so it waits for Slurm's jobs too).
+    condition_is_request: bool
 
     def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
         """Ask for a replacement; return what was asked for (kept in the ownership record)."""
@@ -60,6 +70,7 @@ class Backend(Protocol):
 
 class ConditionBackend:
     name = "condition"
+    condition_is_request = True
 
     def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
         return "node condition"
@@ -70,6 +81,7 @@ class ConditionBackend:
 
 class KarpenterBackend:
     name = "karpenter"
+    condition_is_request = False
 
     def __init__(self, version: str = "v1"):
         self.resource = Resource("karpenter.sh", version, "nodeclaims")
@@ -92,6 +104,7 @@ class KarpenterBackend:
 
 class CapiBackend:
     name = "capi"
+    condition_is_request = False
 
     def __init__(self, version: str = "v1beta1", cancel_on_recovery: bool = True):
         self.resource = Resource("cluster.x-k8s.io", version, "machines", namespaced=True)
@@ -128,6 +141,7 @@ class CapiBackend:
 
 class TemplateBackend:
     name = "template"
+    condition_is_request = False
 
     def __init__(self, template_path: str, plural: str, cancel_on_recovery: bool = True):
         import jinja2
@@ -170,20 +184,41 @@ class TemplateBackend:
         return Resource(group, version, self.plural, namespaced), body
 
     def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
+        """Create the rendered object, marked as ours; ``<ref> created [<marker>]`` or ``<ref> (exists)``.
+
+        An object of that name that is already there is left alone and never deleted later,
+        unless it carries this very request's marker (our own create whose answer was lost).
+        """
         resource, body = self.render(target)
-        created = kube.create_object(resource, body, dry_run=dry_run)
+        marker = f"{target.name}/{target.take}" if target.take else target.name
+        body.setdefault("metadata", {})
+        body["metadata"]["annotations"] = {**(body["metadata"].get("annotations") or {}),
+                                           CREATED_FOR_ANNOTATION: marker}
         ref = _ref(body)
-        return f"{ref} created" if created else f"{ref} (exists)"
+        if kube.create_object(resource, body, dry_run=dry_run):
+            return f"{ref} created [{marker}]"
+        namespace = (body.get("metadata") or {}).get("namespace") or None
+        there = kube.get_object(resource, name_of(body), namespace)
+        if there is not None and annotations_of(there).get(CREATED_FOR_ANNOTATION) == marker:
+            return f"{ref} created [{marker}]"
+        return f"{ref} (exists)"
 
     def cancel(self, kube: KubeApi, node: Obj, ref: str, *, dry_run: bool = False) -> str | None:
+        """Delete the object only if this backend created it for that request (never one that was there)."""
         if not self.cancel_on_recovery:
             return None
-        kind_ns_name = ref.split(" ", 1)[0]
+        words = ref.split(" ", 2)
+        if len(words) != 3 or words[1] != "created" or not words[2].startswith("["):
+            return None  # "(exists)": someone else's object, or a record too old to tell
+        kind_ns_name, marker = words[0], words[2].strip("[]")
         parts = kind_ns_name.split("/")
         if len(parts) != 4:
             return None
         api_group, api_version, namespace, name = parts
         resource = Resource(api_group, api_version, self.plural, bool(namespace))
+        there = kube.get_object(resource, name, namespace or None)
+        if there is None or annotations_of(there).get(CREATED_FOR_ANNOTATION) != marker:
+            return None  # gone, or deleted and made again by someone else since
         if kube.delete_object(resource, name, namespace or None, dry_run=dry_run):
             return f"{kind_ns_name} deleted"
         return None

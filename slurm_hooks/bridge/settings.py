@@ -57,6 +57,14 @@ class BridgeSettings:
     #: A pod carrying this label (or annotation) = "true" opts its node out of drain and replacement.
     opt_out_label: str = "slurm-hooks.io/do-not-remediate"
     drain: bool = True
+    #: Longest wait, from the take, for Slurm's jobs to leave the node before its pods are
+    #: evicted and the replacement is requested anyway; 0 = wait for ever. The default is
+    #: KillWait (120 s recommended) + [remediation] requeue_grace (120 s) + a minute.
+    max_job_wait: float = 300.0
+    #: kubectl drain --force: also evict pods that no controller would recreate.
+    drain_force: bool = False
+    #: kubectl drain --delete-emptydir-data: also evict pods with emptyDir volumes (their data is lost).
+    drain_delete_emptydir_data: bool = False
     drain_timeout: float = 600.0
     #: Seconds one pass may spend retrying blocked evictions on one node before moving on.
     drain_pass_budget: float = 30.0
@@ -81,6 +89,9 @@ _TOP: dict[str, tuple[Any, Any]] = {
     "event_namespace": (str, "default"),
     "opt_out_label": (str, "slurm-hooks.io/do-not-remediate"),
     "drain": (bool, True),
+    "max_job_wait": (_Num, 300.0),
+    "drain_force": (bool, False),
+    "drain_delete_emptydir_data": (bool, False),
     "drain_timeout": (_Num, 600.0),
     "drain_pass_budget": (_Num, 30.0),
     "request_timeout": (_Num, 10.0),

@@ -96,13 +96,13 @@ def _report(result, as_json: bool) -> None:
         click.echo(json.dumps({
             "dry_run": result.dry_run, "slurm_nodes": result.slurm_nodes, "bad": result.bad, "held": result.owned,
             "taken": result.taken, "opted_out": result.opted_out, "drained": result.drained,
-            "draining": result.pending, "replaced": result.replaced, "restored": result.restored,
+            "draining": result.pending, "waiting_for_jobs": result.waiting, "replaced": result.replaced, "restored": result.restored,
             "blocked": result.blocked, "breaker_open": result.breaker_open, "errors": result.errors,
             "aborted": result.aborted, "api_calls": result.api_calls, "duration_s": round(result.duration, 3),
         }))
         return
     stream = sys.stderr if (result.errors or result.aborted or result.blocked) else sys.stdout
-    if result.acted or result.errors or result.aborted or result.blocked or result.dry_run:
+    if result.acted or result.waiting or result.errors or result.aborted or result.blocked or result.dry_run:
         click.echo(f"slurm-hooks bridge: {result.summary()}", file=stream)
     if result.breaker_open and result.blocked:
         click.echo("slurm-hooks bridge: CIRCUIT BREAKER OPEN: not taking "

@@ -1,24 +1,34 @@
-"""Small doubles for the bridge's tests: a Slurm that only lists nodes, a clock that only moves when told."""
+"""Small doubles for the bridge's tests: a Slurm that lists nodes and jobs, a clock that only moves when told."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from slurm_hooks.audit import AuditLog
-from slurm_hooks.slurm import NodeInfo
+from slurm_hooks.slurm import JobInfo, NodeInfo
 
 
 class FakeSlurm:
-    """The one call the bridge makes on Slurm: ``nodes()``."""
+    """The two calls the bridge makes on Slurm: ``nodes()`` and ``jobs_on_node()``."""
 
     def __init__(self, *nodes: NodeInfo):
         self.by_name = {n.name: n for n in nodes}
         self.error: Exception | None = None
+        #: node name -> job ids running there.
+        self.jobs: dict[str, list[int]] = {}
+        self.jobs_error: Exception | None = None
+        self.job_calls: list[str] = []
 
     def nodes(self) -> list[NodeInfo]:
         if self.error:
             raise self.error
         return list(self.by_name.values())
+
+    def jobs_on_node(self, name: str) -> list[JobInfo]:
+        self.job_calls.append(name)
+        if self.jobs_error:
+            raise self.jobs_error
+        return [JobInfo(job_id=j, name=f"job{j}", state="RUNNING", nodes=name) for j in self.jobs.get(name, ())]
 
     def set(self, name: str, state: str = "IDLE", reason: str = "", comment: str = "") -> None:
         self.by_name[name] = NodeInfo(name=name, state=state, reason=reason, comment=comment)
@@ -52,3 +62,9 @@ class Clock:
 
 def read_audit(path: str) -> list[dict[str, Any]]:
     return list(AuditLog(path).read())
+
+
+def controlled_by(kind: str = "ReplicaSet", name: str = "train", **metadata: Any) -> dict[str, Any]:
+    """Pod metadata naming its controller (``controller: true``), as a Deployment's or a Job's pods have."""
+    ref = {"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": f"uid-{kind}-{name}", "controller": True}
+    return {"metadata": {**metadata, "ownerReferences": [ref]}}

@@ -224,6 +224,12 @@ class KubeServer:
             return None
         return _plain(self.kmock.objects[key].raw)
 
+    def list(self, resource: str, namespace: str | None = None) -> list[dict]:
+        """Every stored object of ``resource`` (in ``namespace``, if given), as the server holds it."""
+        wanted = kmock.resource(resource)
+        return [_plain(obj.raw) for (res, ns, _), obj in list(self.kmock.objects.items())
+                if res == wanted and not obj.deleted and (namespace is None or ns == namespace)]
+
     def requests(self, method: str | None = None) -> list[Any]:
         return [r for r in self.kmock if method is None or str(r.method.value).upper() == method.upper()]
 
