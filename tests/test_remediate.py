@@ -692,3 +692,51 @@ def test_the_guard_never_holds_back_a_fault_the_hardware_reports_itself(tmp_path
     _, outcome = healthcheck.run(w, follow="none")
     assert outcome.drained and not outcome.guarded
     assert slurm.called("drained_count") == []
+
+
+# --- the detached follower reports, and what it leaves is finished by the next hook run -----------
+
+
+def test_a_follower_that_cannot_start_is_audited_and_the_hook_follows_the_job_itself(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING", "PENDING"], reason="BeginTime", restarts=1)
+    spawned = remediate.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
+    assert spawned is not None and not spawned.started
+    [rec] = records(t, "action", action="follow")
+    assert (rec["target"], rec["result"], rec["level"]) == ("101", "failed", "error")
+    assert "/nonexistent/python3: cannot start: No such file or directory" in rec["error"]
+    assert t.slurm.called("start_now") == [("start_now", 101)]
+    assert steps(t, "start_now") == [("101", "ok")]
+    assert remediate.finish_followed(t.w) == {}  # nothing left over
+
+
+def test_a_job_its_follower_left_waiting_is_made_eligible_by_the_next_hook_run(t, monkeypatch):
+    monkeypatch.setattr(remediate, "FOLLOW_FALLBACK_S", 0.2)
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING"], restarts=1)  # still ending while the hook could wait
+    remediate.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
+    assert t.slurm.called("start_now") == []
+    assert [r["result"] for r in records(t, "action", action="follow")] == ["failed"]
+    t.slurm.job_states(101, ["PENDING"], reason="BeginTime", restarts=1)
+    check(t)  # the next health check on the node (healthy or not)
+    assert t.slurm.called("start_now") == [("start_now", 101)]
+    t.slurm.calls.clear()
+    check(t)
+    assert t.slurm.called("jobs") == []  # done: the record is gone
+
+
+def test_the_next_prolog_finishes_a_held_job_a_dead_follower_left(t, monkeypatch):
+    monkeypatch.setattr(remediate, "FOLLOW_FALLBACK_S", 0.0)
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING", "PENDING"], reason="launch failed requeued held", priority="0",
+                       restarts=1)  # the hook's own one look sees it still completing
+    remediate.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
+    assert t.slurm.called("start_now") == []
+    t.slurm.calls.clear()
+    jobhooks.prolog(t.w, env={})  # a job without GPUs: the prolog still finishes the follower's work
+    assert [c[0] for c in t.slurm.calls] == ["jobs", "release", "start_now"]
+
+
+def test_with_nothing_left_to_follow_the_prolog_never_calls_slurm(t):
+    jobhooks.prolog(t.w, env={"SLURM_JOB_ID": "5", "SLURM_JOB_GPUS": "0"})
+    assert t.slurm.calls == []
