@@ -49,7 +49,8 @@ def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
               file=sys.stderr)
         return 0
     if jid:
-        remediate.follow_jobs(w, [jid], "detached")
+        # The job is requeued once this prolog exits: no point in waiting for it here.
+        remediate.follow_jobs(w, [jid], "detached", fallback=False)
     return 1
 
 

@@ -177,7 +177,8 @@ FOLLOWER_READY_S = 3.0
 FOLLOW_RECORD_TTL_S = 3600.0
 
 
-def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str | None = None) -> Spawned | None:
+def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str | None = None,
+                fallback: bool = True) -> Spawned | None:
     """Follow requeued jobs until each is PENDING, then release (our hold only) and start it now.
 
     Before anything else each job gets a small record under ``following/`` in the
@@ -185,8 +186,9 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str |
     killed) the next hook run on this node does (:func:`finish_followed`).
     "detached" starts ``slurm-hooks follow-jobs`` and checks that it runs; a
     follower that cannot start is recorded, and the hook follows the jobs
-    itself for up to FOLLOW_FALLBACK_S. ``python`` replaces the interpreter
-    (a test seam).
+    itself for up to FOLLOW_FALLBACK_S, unless ``fallback`` is false (the prolog:
+    its job cannot be requeued before the prolog exits). ``python`` replaces the
+    interpreter (a test seam).
     """
     refs = [str(r) for r in refs]
     if how == "none" or not refs:
@@ -201,9 +203,8 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str |
     elif how == "detached":
         from slurm_hooks.runner import spawn_detached
 
-        # -I: never import from the current directory (slurmd's log dir, an admin's /tmp) as root.
-        argv = [python or sys.executable, "-I", "-m", "slurm_hooks", "follow-jobs", "--node", w.node,
-                "--timeout", str(timeout), *refs]
+        argv = [python or sys.executable, "-I", "-c", _FOLLOWER_BOOT, _package_parent(), "follow-jobs",
+                "--node", w.node, "--timeout", str(timeout), *refs]
         env = dict(os.environ)
         if w.config.path:
             env["SLURM_HOOKS_CONFIG"] = w.config.path
@@ -211,12 +212,25 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str |
         spawned = spawn_detached(argv, env=env, cwd="/", ready_timeout=FOLLOWER_READY_S)
         if spawned.started:
             return spawned
+        wait = FOLLOW_FALLBACK_S if fallback else None
         _step(w, "follow", ",".join(refs), "failed", t0, jobs=refs, level="error", error=spawned.error,
-              detail=f"requeue follower did not start; following here for up to {FOLLOW_FALLBACK_S:g}s, "
-                     "the next hook run on this node finishes the rest")
-        follow_requeued(w, refs, FOLLOW_FALLBACK_S, final=False)
+              detail="requeue follower did not start; " + (f"following here for up to {wait:g}s, " if wait is not None
+                                                            else "") + "the next hook run on this node finishes it")
+        if wait is not None:
+            follow_requeued(w, refs, wait, final=False)
         return spawned
     return None
+
+
+#: The follower's entry: ``-I`` keeps the current directory (slurmd's log dir, an admin's /tmp)
+#: and PYTHONPATH off sys.path, so the package comes from where the hook itself loaded it.
+_FOLLOWER_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from slurm_hooks.entry import main; main()"
+
+
+def _package_parent() -> str:
+    import slurm_hooks
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
 
 
 def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: float = 1.0,
