@@ -740,3 +740,10 @@ def test_the_next_prolog_finishes_a_held_job_a_dead_follower_left(t, monkeypatch
 def test_with_nothing_left_to_follow_the_prolog_never_calls_slurm(t):
     jobhooks.prolog(t.w, env={"SLURM_JOB_ID": "5", "SLURM_JOB_GPUS": "0"})
     assert t.slurm.calls == []
+
+
+def test_jobs_a_live_follower_is_following_are_left_to_it(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING"], restarts=1)
+    remediate.follow_jobs(t.w, ["101"], "thread")  # the watcher's way: this process owns the record
+    assert remediate.finish_followed(t.w) == {}  # not {"101": "timed out"}: nothing looked at

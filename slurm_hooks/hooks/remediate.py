@@ -193,8 +193,9 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str |
     refs = [str(r) for r in refs]
     if how == "none" or not refs:
         return None
+    in_process = how in ("inline", "thread")
     for ref in refs:
-        _write_following(w, ref)
+        _write_following(w, ref, os.getpid() if in_process else None)
     timeout = float(w.config.remediation.requeue_grace) + 60.0
     if how == "inline":
         follow_requeued(w, refs, timeout)
@@ -210,7 +211,9 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str |
             env["SLURM_HOOKS_CONFIG"] = w.config.path
         t0 = time.monotonic()
         spawned = spawn_detached(argv, env=env, cwd="/", ready_timeout=FOLLOWER_READY_S)
-        if spawned.started:
+        if spawned.started and spawned.proc is not None:
+            for ref in refs:
+                _write_following(w, ref, spawned.proc.pid)
             return spawned
         wait = FOLLOW_FALLBACK_S if fallback else None
         _step(w, "follow", ",".join(refs), "failed", t0, jobs=refs, level="error", error=spawned.error,
@@ -318,19 +321,22 @@ def finish_followed(w: Wiring) -> dict[str, str]:
     """Finish what a follower left: jobs requeued from this node that are still waiting out the delay.
 
     A listing of one directory when there is nothing to do (the prolog's healthy
-    path stays off slurmctld); otherwise one squeue for all of them, and each
-    PENDING job is released (our hold only) and made eligible now.
+    path stays off slurmctld); jobs whose follower still runs are its business;
+    for the others one squeue, and each PENDING job is released (our hold only)
+    and made eligible now.
     """
     refs = []
     for name, path in _following_records(w):
         try:
             age = time.time() - os.stat(path).st_mtime
-        except OSError:
+            with open(path, encoding="utf-8") as fh:
+                pid = json.load(fh).get("pid")
+        except (OSError, ValueError, AttributeError):
             continue
         if age > FOLLOW_RECORD_TTL_S:
             _remove(path)
-            continue
-        refs.append(name)
+        elif not _follower_alive(pid):
+            refs.append(name)
     if not refs:
         return {}
     return follow_requeued(w, refs, 0.0, final=False)
@@ -361,11 +367,25 @@ def _valid_ref(text: str) -> bool:
         return False
 
 
-def _write_following(w: Wiring, ref: str) -> None:
+def _follower_alive(pid: object) -> bool:
+    """Whether the follower that owns a record still runs: this process (the watcher's thread),
+    or a ``follow-jobs`` process (a pid reused by anything else does not count)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"follow-jobs" in fh.read()
+    except OSError:
+        return False
+
+
+def _write_following(w: Wiring, ref: str, pid: int | None) -> None:
+    record = {"ref": ref, "node": w.node, "ts": time.time(), "pid": pid}
     try:
         os.makedirs(_following_dir(w), mode=0o700, exist_ok=True)
-        fsutil.atomic_write(_following_path(w, ref), json.dumps({"ref": ref, "node": w.node, "ts": time.time()}),
-                            mode=0o600, durable=False)
+        fsutil.atomic_write(_following_path(w, ref), json.dumps(record), mode=0o600, durable=False)
     except OSError as exc:
         print(f"slurm-hooks: cannot write {_following_path(w, ref)}: {exc.strerror}", file=sys.stderr)
 
