@@ -31,7 +31,8 @@ from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command
 from slurm_hooks.testbed import BIN, Settings, Testbed
 
-JOB = "#!/bin/sh\ntrap 'exit 0' TERM\nwhile true; do sleep 0.2; done\n"
+#: A job that checkpoints for {checkpoint} seconds on SIGTERM, then exits.
+JOB = "#!/bin/sh\ntrap 'sleep {checkpoint}; exit 0' TERM\nwhile true; do sleep 0.2; done\n"
 #: What the daemons send on their own (slurmd registering, jobs completing), and sdiag's own request.
 DAEMON_MESSAGES = re.compile(r"^(MESSAGE_|REQUEST_COMPLETE_|REQUEST_STEP_COMPLETE|REQUEST_STATS_INFO|"
                              r"REQUEST_EPILOG_COMPLETE|RESPONSE_)")
@@ -62,9 +63,10 @@ def audit(tb: Testbed) -> list[dict]:
         return []
 
 
-def storm(tb: Testbed, python: str, jobs_per_node: int, follow_timeout: float) -> dict:
+def storm(tb: Testbed, python: str, jobs_per_node: int, follow_timeout: float, checkpoint: int) -> dict:
     gpus = tb.settings.gpus // jobs_per_node
-    jobs = [tb.sbatch(JOB, f"--gres=gpu:{gpus}", "--requeue") for _ in range(len(tb.node_names) * jobs_per_node)]
+    script = JOB.format(checkpoint=checkpoint)
+    jobs = [tb.sbatch(script, f"--gres=gpu:{gpus}", "--requeue") for _ in range(len(tb.node_names) * jobs_per_node)]
     for job in jobs:
         tb.wait_job(job, ["RUNNING"], timeout=60)
     for node in tb.node_names:
@@ -106,21 +108,25 @@ def main() -> None:
     parser.add_argument("--jobs-per-node", type=int, default=2)
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the hooks (the code measured)")
     parser.add_argument("--follow-timeout", type=float, default=240.0)
+    parser.add_argument("--checkpoint", type=int, default=0,
+                        help="seconds each job spends on SIGTERM before it exits (KillWait is set above it)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="storm-") as tmp:
-        tb = Testbed(os.path.join(tmp, "tb"), Settings(nodes=args.nodes, gpus=8, hooks=False, kill_wait=2,
+        tb = Testbed(os.path.join(tmp, "tb"), Settings(nodes=args.nodes, gpus=8, hooks=False,
+                                                       kill_wait=max(2, args.checkpoint + 2),
                                                        requeue_grace=3.0, up_timeout=180.0))
         try:
             tb.up()
-            result = storm(tb, args.python, args.jobs_per_node, args.follow_timeout)
+            result = storm(tb, args.python, args.jobs_per_node, args.follow_timeout, args.checkpoint)
         finally:
             tb.down()
-    result["python"] = args.python
+    result["python"], result["checkpoint_s"] = args.python, args.checkpoint
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    print(f"{result['nodes']} nodes failing at once, {result['jobs']} jobs: {result['requeued']} requeued, "
+    print(f"{result['nodes']} nodes failing at once, {result['jobs']} jobs checkpointing {args.checkpoint}s on "
+          f"SIGTERM: {result['requeued']} requeued, "
           f"{result['start_now_ok']} made eligible at once; checks done in {result['checks_s']}s, "
           f"all followed in {result['until_all_followed_s']}s")
     print(f"slurmctld client RPCs: {result['client_rpcs']} = {result['rpcs_per_requeued_job']} per requeued job")
