@@ -196,3 +196,155 @@ def test_hanging_scontrol_is_bounded_and_audited(hooked_testbed, tmp_path):
     failed = [r for r in actions(tb, "drain") if r["result"] == "failed"]
     assert failed and "timed out" in failed[0]["error"]
     assert not tb.slurm.node("n1").drained  # nothing half-done on the real cluster
+
+
+# --- requeue exactly the job that was hit -------------------------------------------------------
+
+
+def _wiring(tb, node: str):
+    from slurm_hooks.audit import AuditLog
+    from slurm_hooks.config import load
+    from slurm_hooks.hooks.wiring import Wiring
+
+    cfg = load(tb.config_path)
+    return Wiring(cfg, node, AuditLog(cfg.log.audit), slurm_override=tb.slurm)
+
+
+def test_an_array_task_on_the_bad_node_is_requeued_alone_even_the_one_carrying_the_arrays_id(hooked_testbed):
+    tb = hooked_testbed
+    array = tb.sbatch(TRAP_JOB, "--array=0-3", "--gres=gpu:4")
+    deadline = time.monotonic() + 20
+    while True:
+        tasks = [j for n in tb.nodes for j in tb.slurm.jobs_on_node(n) if j.array_job_id == array]
+        if len(tasks) == 4 and all(j.base_state == "RUNNING" for j in tasks):
+            break
+        assert time.monotonic() < deadline, tasks
+        time.sleep(0.1)
+    base = next(j for j in tasks if j.job_id == array)  # Slurm gives one task the array's own id
+    bad = base.nodes
+    assert {j.nodes for j in tasks} == {"n1", "n2"}, tasks
+    sim.inject(tb.sim_dir, bad, 0, xid=79)
+    assert healthcheck(tb, bad).returncode == 1
+    assert [r["target"] for r in actions(tb, "requeue") if r["result"] == "ok"] == \
+        sorted(j.ref for j in tasks if j.nodes == bad)
+    time.sleep(1.0)
+    for task in tasks:
+        now = tb.slurm.job(task.ref)
+        if task.nodes == bad:
+            assert now.restarts == 1, now
+        else:
+            assert (now.base_state, now.nodes, now.restarts) == ("RUNNING", task.nodes, 0), now
+
+
+def test_a_job_that_completes_while_its_node_is_drained_is_not_run_again(hooked_testbed):
+    tb = hooked_testbed
+    epilog = tb.path("bin", "epilog")
+    os.rename(epilog, epilog + ".real")
+    with open(epilog, "w", encoding="utf-8") as fh:  # the job stays COMPLETING while the epilog runs
+        fh.write(f"#!/bin/sh\nsleep 8\nexec {epilog}.real \"$@\"\n")
+    os.chmod(epilog, 0o755)
+    try:
+        job = tb.sbatch("#!/bin/sh\necho ran restart=${SLURM_RESTART_COUNT:-0}\nsleep 1\n", "--gres=gpu:1",
+                        "--requeue", "--open-mode=append")
+        node = tb.wait_job(job, ["COMPLETING"], timeout=20, interval=0.05).nodes
+        sim.inject(tb.sim_dir, node, 0, xid=79)
+        assert healthcheck(tb, node).returncode == 1
+        assert drained_by_us(tb.slurm.node(node))
+        done = tb.wait_job(job, ["COMPLETED"], timeout=30)
+    finally:
+        os.replace(epilog + ".real", epilog)
+    assert done.restarts == 0
+    assert tb.job_output(job).count("ran restart=") == 1, tb.job_output(job)
+    assert not [r for r in actions(tb, "requeue") if r["result"] == "ok"]
+
+
+@pytest.mark.parametrize("hold", ["hold", "uhold"])
+def test_an_admins_or_users_hold_is_never_released(clean_testbed, hold):
+    tb = clean_testbed
+    from slurm_hooks.hooks import remediate
+
+    job = tb.sbatch(TRAP_JOB, "--begin=now+1hour")
+    tb.wait_job(job, ["PENDING"])
+    tb.scontrol(hold, str(job))
+    reason = {"hold": "JobHeldAdmin", "uhold": "JobHeldUser"}[hold]
+    assert tb.slurm.job(job).reason == reason
+    results = remediate.follow_requeued(_wiring(tb, "n1"), [job], timeout=3)
+    assert results == {str(job): f"held: {reason}"}
+    after = tb.slurm.job(job)
+    assert (after.base_state, after.reason, after.priority) == ("PENDING", reason, "0")
+
+
+def test_a_two_node_job_on_two_bad_nodes_checked_at_once_is_requeued_exactly_once(hooked_testbed):
+    tb = hooked_testbed
+    job = tb.sbatch(TRAP_JOB, "-N", "2", "--gres=gpu:1", "--open-mode=append")
+    wait_started(tb, job)
+    for node in ("n1", "n2"):
+        sim.inject(tb.sim_dir, node, 0, xid=79)
+    runs = [subprocess.Popen([os.path.join(tb.state_dir, "bin", "healthcheck")], env={"SLURMD_NODENAME": n},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for n in ("n1", "n2")]
+    assert [p.wait(timeout=60) for p in runs] == [1, 1]
+    time.sleep(2.0)
+    assert tb.slurm.job(job).restarts == 1
+    assert [r["result"] for r in actions(tb, "requeue")].count("ok") == 1
+
+
+def test_a_job_name_that_is_not_utf8_on_the_bad_node_is_still_requeued(hooked_testbed):
+    tb = hooked_testbed
+    name = os.fsdecode(b"bad\xffname")  # reaches sbatch's argv as the raw byte 0xff
+    job = tb.sbatch(TRAP_JOB, "--gres=gpu:1", "--open-mode=append", "-J", name)
+    bad, gpu = wait_started(tb, job)
+    assert tb.slurm.job(job).name == "bad\ufffdname"
+    sim.inject(tb.sim_dir, bad, gpu, xid=79)
+    res = healthcheck(tb, bad)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    again = wait_running_elsewhere(tb, job, bad, timeout=10)
+    assert again.restarts == 1
+    assert [r["result"] for r in actions(tb, "requeue")] == ["ok"]
+
+
+# --- the requeue follower reports; what it leaves, the next hook run finishes ---------------------
+
+
+def _requeue_on_bad_node(tb):
+    from slurm_hooks.hooks import remediate
+
+    job = tb.sbatch(TRAP_JOB, "--gres=gpu:1", "--requeue", "--open-mode=append")
+    bad, gpu = wait_started(tb, job)
+    sim.inject(tb.sim_dir, bad, gpu, xid=79)
+    tb.slurm.drain(bad, f"slurm-hooks: XID 79 on GPU {gpu} [replace]")
+    w = _wiring(tb, bad)
+    outcome = remediate.Outcome()
+    remediate.requeue_jobs(w, outcome, follow="none")
+    assert outcome.requeued == [str(job)]
+    return w, job, bad
+
+
+def test_a_follower_whose_interpreter_is_unusable_is_audited_and_the_job_still_starts_at_once(hooked_testbed):
+    tb = hooked_testbed
+    from slurm_hooks.hooks import remediate
+
+    w, job, bad = _requeue_on_bad_node(tb)
+    requeued = time.monotonic()
+    spawned = remediate.follow_jobs(w, [str(job)], "detached", python="/nonexistent/python3")
+    assert not spawned.started
+    [rec] = actions(tb, "follow")
+    assert rec["result"] == "failed" and "cannot start" in rec["error"], rec
+    again = wait_running_elsewhere(tb, job, bad, timeout=15)
+    assert again.restarts == 1 and time.monotonic() - requeued < 15  # not the 121 s requeue delay
+
+
+def test_a_job_whose_follower_died_is_made_eligible_by_the_next_health_check(hooked_testbed, monkeypatch):
+    tb = hooked_testbed
+    from slurm_hooks.hooks import remediate
+
+    monkeypatch.setattr(remediate, "FOLLOW_FALLBACK_S", 0.0)  # the hook takes one look, then goes
+    w, job, bad = _requeue_on_bad_node(tb)
+    remediate.follow_jobs(w, [str(job)], "detached", python="/nonexistent/python3")
+    pending = tb.wait_job(job, ["PENDING"], timeout=15)
+    if pending.reason != "BeginTime":
+        pytest.skip(f"the hook's one look already caught the job PENDING ({pending.reason})")
+    res = healthcheck(tb, bad)  # the node's next HealthCheckProgram run, as slurmd starts it
+    assert res.returncode == 1, res.stderr
+    again = wait_running_elsewhere(tb, job, bad, timeout=10)
+    assert again.restarts == 1
+    assert [r["result"] for r in actions(tb, "start_now")] == ["ok"]

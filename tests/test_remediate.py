@@ -264,15 +264,72 @@ def test_batch_jobs_are_requeued_and_the_others_skipped_with_a_reason(t):
     t.slurm.add_job(104, "n2")
     inject(t, 3, xid=79)
     _, outcome = check(t)
-    assert outcome.requeued == [101]
+    assert outcome.requeued == ["101"]
     assert t.slurm.called("requeue") == [("requeue", 101)]
     by_job = {r["target"]: r for r in records(t, "action", action="requeue")}
     assert by_job["101"]["result"] == "ok"
     assert (by_job["102"]["result"], by_job["102"]["detail"]) == (
         "skipped", "interactive job (srun/salloc) cannot be requeued; it will fail with the node")
-    assert (by_job["103"]["result"], by_job["103"]["detail"]) == (
-        "skipped", "job was submitted with --no-requeue (or JobRequeue=0); it will fail with the node")
     assert "104" not in by_job
+    assert outcome.ok
+
+
+def test_a_no_requeue_job_is_left_running_with_a_warning_not_a_failure(t):
+    t.slurm.add_job(103, "n1", requeue=False)
+    inject(t, 3, xid=79)
+    _, outcome = check(t)
+    assert outcome.drained and outcome.ok and outcome.requeued == []
+    assert t.slurm.called("requeue") == [] and t.slurm.called("signal") == []
+    [rec] = records(t, "action", action="requeue")
+    assert (rec["target"], rec["result"], rec["level"]) == ("103", "not requeued", "warning")
+    assert rec["detail"].startswith("not requeued: --no-requeue") and "left running on the drained node" in rec["detail"]
+    assert t.slurm.peek_job(103).state == "RUNNING"
+
+
+def test_one_array_task_is_requeued_and_followed_by_its_task_ref_never_the_array_id(t):
+    # Array 100: the task carrying the array's id (unique id 100 = 100_3) runs here; 101 (100_0) elsewhere.
+    t.slurm.add_job(100, "n1", array_job_id=100, array_task_id="3")
+    t.slurm.add_job(101, "n2", array_job_id=100, array_task_id="0")
+    t.slurm.job_states(100, ["RUNNING", "PENDING"], reason="BeginTime")
+    inject(t, 3, xid=79)
+    _, outcome = healthcheck.run(t.w, follow="inline")
+    assert outcome.requeued == ["100_3"]
+    assert t.slurm.called("requeue") == [("requeue", "100_3")]
+    assert t.slurm.called("start_now") == [("start_now", "100_3")]
+    assert t.slurm.peek_job(101).state == "RUNNING" and t.slurm.peek_job(101).restarts == 0
+
+
+def test_a_het_job_is_requeued_once_through_its_leader(t):
+    t.slurm.add_job(7, "n2", het_job_id=7)
+    t.slurm.add_job(8, "n1", het_job_id=7)
+    t.slurm.add_job(9, "n1", het_job_id=7)
+    inject(t, 3, xid=79)
+    _, outcome = check(t)
+    assert outcome.requeued == ["7"]
+    assert t.slurm.called("requeue") == [("requeue", 7)]
+
+
+@pytest.mark.parametrize("state", ["COMPLETING", "COMPLETED"])
+def test_a_completing_or_finished_job_is_never_requeued(t, state):
+    t.slurm.add_job(101, "n1", state=state)
+    listed = [j.job_id for j in t.slurm.jobs_on_node("n1")]
+    inject(t, 3, xid=79)
+    _, outcome = check(t)
+    assert t.slurm.called("requeue") == [] and outcome.ok
+    if listed:  # the fake, like squeue -t, lists a COMPLETING job as on the node
+        [rec] = records(t, "action", action="requeue")
+        assert rec["result"] == "skipped" and "would run it again" in rec["detail"]
+
+
+def test_a_multi_node_job_requeued_by_the_other_nodes_run_is_not_requeued_again(t):
+    t.slurm.add_node("n2", "MIXED")
+    t.slurm.add_job(101, "n[1-2]")
+    t.slurm.requeue(101)  # the run on n2 got there first: the job is COMPLETING, its requeue under way
+    t.slurm.calls.clear()
+    inject(t, 3, xid=79)
+    _, outcome = check(t)
+    assert t.slurm.called("requeue") == [] and outcome.ok
+    assert t.slurm.peek_job(101).restarts == 1
 
 
 def test_requeue_disabled_in_config_leaves_jobs_alone(t, tmp_path):
@@ -291,41 +348,56 @@ def test_inline_follow_makes_the_requeued_job_start_now_once_pending(t):
     t.slurm.job_states(101, ["COMPLETING", "PENDING"], reason="BeginTime")
     inject(t, 3, xid=79)
     _, outcome = healthcheck.run(t.w, follow="inline")
-    assert outcome.requeued == [101]
-    assert [c[0] for c in t.slurm.calls if c[0] in ("requeue", "job", "release", "start_now")] == [
-        "requeue", "job", "job", "start_now"]
+    assert outcome.requeued == ["101"]
+    assert [c[0] for c in t.slurm.calls if c[0] in ("requeue", "jobs", "release", "start_now")] == [
+        "requeue", "jobs", "jobs", "start_now"]
     assert steps(t, "start_now") == [("101", "ok")]
 
 
-def test_follow_releases_a_held_job_then_starts_it_now(t):
+def test_follow_releases_the_hold_our_prolog_refusal_caused_then_starts_it_now(t):
     t.slurm.add_job(101, "n1")
-    t.slurm.job_states(101, ["COMPLETING", "COMPLETING", "PENDING"], reason="JobHeldAdmin", restarts=1)
+    t.slurm.job_states(101, ["COMPLETING", "COMPLETING", "PENDING"], reason="launch failed requeued held",
+                       priority="0", restarts=1)
     results = remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01)
-    assert results == {101: "ok"}
-    assert [c for c in t.slurm.calls if c[0] != "job"] == [("release", 101), ("start_now", 101)]
-    assert len(t.slurm.called("job")) == 3
+    assert results == {"101": "ok"}
+    assert [c for c in t.slurm.calls if c[0] != "jobs"] == [("release", 101), ("start_now", 101)]
+    assert len(t.slurm.called("jobs")) == 3
     assert steps(t, "release") == [("101", "ok")]
     assert steps(t, "start_now") == [("101", "ok")]
 
 
-def test_follow_releases_a_job_held_with_priority_zero(t):
+@pytest.mark.parametrize("reason, priority", [("JobHeldAdmin", "0"), ("JobHeldUser", "4294901759"),
+                                              ("BeginTime", "0")])
+def test_follow_never_releases_an_admins_or_users_hold_nor_a_priority_zero_job(t, reason, priority):
     t.slurm.add_job(101, "n1")
-    t.slurm.job_states(101, ["PENDING"], reason="launch failed requeued held", extra={"priority": "0"})
-    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {101: "ok"}
-    assert t.slurm.called("release") == [("release", 101)]
+    t.slurm.job_states(101, ["PENDING"], reason=reason, priority=priority)
+    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": f"held: {reason}"}
+    assert t.slurm.called("release") == [] and t.slurm.called("start_now") == []
+    [rec] = records(t, "action", action="start_now")
+    assert rec["result"] == "skipped" and "left held" in rec["detail"]
+
+
+def test_follow_polls_all_its_jobs_in_one_call_and_stops_once_all_are_settled(t):
+    for job_id in (101, 102, 103):
+        t.slurm.add_job(job_id, "n1")
+        t.slurm.job_states(job_id, ["COMPLETING", "PENDING"], reason="BeginTime")
+    results = remediate.follow_requeued(t.w, [101, 102, 103], timeout=30, poll=0.01)
+    assert results == {"101": "ok", "102": "ok", "103": "ok"}
+    assert t.slurm.called("jobs") == [("jobs", ("101", "102", "103"))] * 2
+    assert t.slurm.called("job") == []
 
 
 def test_follow_does_not_release_a_job_that_is_not_held(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["PENDING"], reason="BeginTime")
-    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {101: "ok"}
+    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": "ok"}
     assert t.slurm.called("release") == []
 
 
 def test_follow_leaves_a_job_that_ended(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["COMPLETING", "CANCELLED by 1000"])
-    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {101: "ended CANCELLED BY 1000"}
+    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": "ended CANCELLED by 1000"}
     assert t.slurm.called("start_now") == []
     [skipped] = records(t, "action", action="start_now")
     assert skipped["result"] == "skipped"
@@ -334,19 +406,19 @@ def test_follow_leaves_a_job_that_ended(t):
 def test_follow_stops_when_the_job_already_runs_on_another_node(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["RUNNING"], nodes="n2", restarts=1)
-    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {101: "already running"}
+    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": "already running"}
     assert t.slurm.called("start_now") == []
 
 
 def test_follow_stops_when_the_job_runs_on_a_node_whose_name_contains_ours(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["RUNNING"], nodes="n10", restarts=1)
-    assert remediate.follow_requeued(t.w, [101], timeout=0.5, poll=0.01) == {101: "already running"}
+    assert remediate.follow_requeued(t.w, [101], timeout=0.5, poll=0.01) == {"101": "already running"}
 
 
 def test_follow_gives_up_after_its_timeout_and_says_so(t):
     t.slurm.add_job(101, "n1")  # never leaves RUNNING on n1
-    assert remediate.follow_requeued(t.w, [101], timeout=0.3, poll=0.01) == {101: "timed out"}
+    assert remediate.follow_requeued(t.w, [101], timeout=0.3, poll=0.01) == {"101": "timed out"}
     [failed] = records(t, "action", action="start_now")
     assert (failed["result"], failed["error"]) == ("failed", "job not PENDING again within 0.3s")
 
@@ -356,9 +428,9 @@ def test_follow_handles_several_jobs_independently(t):
         t.slurm.add_job(job_id, "n1")
     t.slurm.job_states(101, ["PENDING"], reason="BeginTime")
     t.slurm.job_states(102, ["COMPLETING", "COMPLETED"])
-    t.slurm.job_states(103, ["COMPLETING", "COMPLETING", "PENDING"], reason="JobHeldUser")
+    t.slurm.job_states(103, ["COMPLETING", "COMPLETING", "PENDING"], reason="BeginTime")
     results = remediate.follow_requeued(t.w, [101, 102, 103], timeout=5, poll=0.01)
-    assert results == {101: "ok", 102: "ended COMPLETED", 103: "ok"}
+    assert results == {"101": "ok", "102": "ended COMPLETED", "103": "ok"}
     assert t.slurm.called("start_now") == [("start_now", 101), ("start_now", 103)]
 
 
@@ -415,7 +487,7 @@ def test_one_job_failing_to_requeue_does_not_stop_the_others(t):
     t.slurm.fail("requeue", PermanentError("Job has already finished"), target=101)
     inject(t, 3, xid=79)
     _, outcome = check(t)
-    assert outcome.requeued == [102]
+    assert outcome.requeued == ["102"]
     assert outcome.failed == ["requeue 101: Job has already finished"]
     assert steps(t, "requeue") == [("101", "failed"), ("102", "ok")]
 
@@ -436,15 +508,15 @@ def test_a_failed_start_now_is_recorded(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["PENDING"], reason="BeginTime")
     t.slurm.fail("start_now", SOCKET_TIMEOUT)
-    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {101: f"failed: {SOCKET_TIMEOUT}"}
+    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": f"failed: {SOCKET_TIMEOUT}"}
     [failed] = records(t, "action", action="start_now")
     assert (failed["result"], failed["error"]) == ("failed", str(SOCKET_TIMEOUT))
 
 
 def test_follow_reports_the_slurm_error_when_it_never_got_an_answer(t):
     t.slurm.add_job(101, "n1")
-    t.slurm.fail("job", SOCKET_TIMEOUT)
-    assert remediate.follow_requeued(t.w, [101], timeout=0.3, poll=0.01) == {101: f"failed: {SOCKET_TIMEOUT}"}
+    t.slurm.fail("jobs", SOCKET_TIMEOUT)
+    assert remediate.follow_requeued(t.w, [101], timeout=0.3, poll=0.01) == {"101": f"failed: {SOCKET_TIMEOUT}"}
 
 
 # --- prolog and epilog ---------------------------------------------------------------------
@@ -620,3 +692,58 @@ def test_the_guard_never_holds_back_a_fault_the_hardware_reports_itself(tmp_path
     _, outcome = healthcheck.run(w, follow="none")
     assert outcome.drained and not outcome.guarded
     assert slurm.called("drained_count") == []
+
+
+# --- the detached follower reports, and what it leaves is finished by the next hook run -----------
+
+
+def test_a_follower_that_cannot_start_is_audited_and_the_hook_follows_the_job_itself(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING", "PENDING"], reason="BeginTime", restarts=1)
+    spawned = remediate.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
+    assert spawned is not None and not spawned.started
+    [rec] = records(t, "action", action="follow")
+    assert (rec["target"], rec["result"], rec["level"]) == ("101", "failed", "error")
+    assert "/nonexistent/python3: cannot start: No such file or directory" in rec["error"]
+    assert t.slurm.called("start_now") == [("start_now", 101)]
+    assert steps(t, "start_now") == [("101", "ok")]
+    assert remediate.finish_followed(t.w) == {}  # nothing left over
+
+
+def test_a_job_its_follower_left_waiting_is_made_eligible_by_the_next_hook_run(t, monkeypatch):
+    monkeypatch.setattr(remediate, "FOLLOW_FALLBACK_S", 0.2)
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING"], restarts=1)  # still ending while the hook could wait
+    remediate.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
+    assert t.slurm.called("start_now") == []
+    assert [r["result"] for r in records(t, "action", action="follow")] == ["failed"]
+    t.slurm.job_states(101, ["PENDING"], reason="BeginTime", restarts=1)
+    check(t)  # the next health check on the node (healthy or not)
+    assert t.slurm.called("start_now") == [("start_now", 101)]
+    t.slurm.calls.clear()
+    check(t)
+    assert t.slurm.called("jobs") == []  # done: the record is gone
+
+
+def test_the_next_prolog_finishes_a_held_job_a_dead_follower_left(t, monkeypatch):
+    monkeypatch.setattr(remediate, "FOLLOW_FALLBACK_S", 0.0)
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING", "PENDING"], reason="launch failed requeued held", priority="0",
+                       restarts=1)  # the hook's own one look sees it still completing
+    remediate.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
+    assert t.slurm.called("start_now") == []
+    t.slurm.calls.clear()
+    jobhooks.prolog(t.w, env={})  # a job without GPUs: the prolog still finishes the follower's work
+    assert [c[0] for c in t.slurm.calls] == ["jobs", "release", "start_now"]
+
+
+def test_with_nothing_left_to_follow_the_prolog_never_calls_slurm(t):
+    jobhooks.prolog(t.w, env={"SLURM_JOB_ID": "5", "SLURM_JOB_GPUS": "0"})
+    assert t.slurm.calls == []
+
+
+def test_jobs_a_live_follower_is_following_are_left_to_it(t):
+    t.slurm.add_job(101, "n1")
+    t.slurm.job_states(101, ["COMPLETING"], restarts=1)
+    remediate.follow_jobs(t.w, ["101"], "thread")  # the watcher's way: this process owns the record
+    assert remediate.finish_followed(t.w) == {}  # not {"101": "timed out"}: nothing looked at

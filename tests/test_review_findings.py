@@ -289,7 +289,7 @@ def test_a_job_name_cannot_spoof_the_job_state_or_node_list():
     from slurm_hooks.slurm.scontrol import parse_squeue_job
 
     name = "x UserId=nobody(65534) JobState=COMPLETED NodeList=elsewhere Requeue=0|COMPLETED|elsewhere|0"
-    job = parse_squeue_job(f"77|RUNNING|n1|1|0|1|4294901759|None|{name}")
+    job = parse_squeue_job(f"77|77|N/A|N/A|RUNNING|n1|1|0|1|4294901759|None|{name}|77")
     assert (job.state, job.nodes, job.requeue) == ("RUNNING", "n1", True)
     assert job.name == name
 

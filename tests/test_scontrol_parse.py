@@ -15,7 +15,15 @@ import pytest
 from slurm_hooks.errors import PermanentError
 from slurm_hooks.models import Action
 from slurm_hooks.slurm import may_drain, may_resume, parse_reason
-from slurm_hooks.slurm.scontrol import SlurmCommandFailed, parse_fields, parse_job_line, parse_node_line
+from slurm_hooks.slurm.scontrol import (
+    SlurmCommandFailed,
+    parse_fields,
+    parse_job_line,
+    parse_node_json,
+    parse_node_line,
+    parse_squeue_job,
+    parse_squeue_jobs,
+)
 
 SLINKY_COMMENT = '{"namespace":"slurm","podName":"slurm-worker-gpu-0","node":"k8s-node-1"}'
 
@@ -283,3 +291,129 @@ def test_hostile_job_text_from_2411_stays_inside_its_fields():
 def test_generic_split_does_not_take_tres_items_for_keys():
     fields = parse_fields("A=1 CfgTRES=cpu=8,mem=1M,gres/gpu=8 B=", frozenset({"A", "CfgTRES", "B"}), frozenset())
     assert fields == {"A": "1", "CfgTRES": "cpu=8,mem=1M,gres/gpu=8", "B": ""}
+
+
+# --- keys newer Slurm prints after Reason= ----------------------------------------------------
+
+#: 25.05 prints TLSCertTokenSet/TLSCertLastRenewal after the reason, 25.11 Parameters.
+NODE_2505_TLS_AFTER_REASON = (
+    "NodeName=gpu-1 Arch=x86_64 CoresPerSocket=32 CPUAlloc=0 CPUEfctv=64 CPUTot=64 Gres=gpu:h100:8 "
+    "State=IDLE+DRAIN ThreadsPerCore=1 Partitions=gpu CfgTRES=cpu=64,mem=500G,billing=64,gres/gpu=8 "
+    "Reason=slurm-hooks: XID 79 on GPU 3 [replace] [root@2025-06-01T10:00:00] "
+    "Comment=(null) TLSCertTokenSet=No TLSCertLastRenewal=None"
+)
+NODE_2511_PARAMETERS_AFTER_BARE_REASON = (
+    "NodeName=gpu-2 State=IDLE+DRAIN Partitions=gpu Reason=hw check by bob Parameters=foo=bar TLSCertTokenSet=Yes"
+)
+NODE_FUTURE_KEY_AFTER_BRACKETED_REASON = (
+    "NodeName=gpu-3 State=DOWN+DRAIN Reason=Not responding [slurm@2026-01-01T00:00:00] SomeFutureKey=1 Other=x y"
+)
+
+
+def test_tls_keys_from_2505_after_the_reason_are_not_swallowed_into_it():
+    node = parse_node_line(NODE_2505_TLS_AFTER_REASON)
+    assert node.reason == "slurm-hooks: XID 79 on GPU 3 [replace]"
+    assert node.ours and may_resume(node)
+    assert (node.extra["TLSCertTokenSet"], node.extra["TLSCertLastRenewal"]) == ("No", "None")
+
+
+def test_parameters_from_2511_after_a_reason_without_user_and_time_ends_it():
+    node = parse_node_line(NODE_2511_PARAMETERS_AFTER_BARE_REASON)
+    assert node.reason == "hw check by bob"
+    assert node.extra["Parameters"] == "foo=bar" and node.extra["TLSCertTokenSet"] == "Yes"
+
+
+def test_any_key_after_the_user_and_time_bracket_ends_the_reason():
+    node = parse_node_line(NODE_FUTURE_KEY_AFTER_BRACKETED_REASON)
+    assert node.reason == "Not responding"
+    assert node.extra["ReasonUser"] == "slurm"
+
+
+# --- squeue -O records -------------------------------------------------------------------------
+
+
+def _squeue(*records: tuple) -> str:
+    """Lines as ``squeue -h -O SQUEUE_JOB_FORMAT`` prints them (captured shape, 22.05.8)."""
+    return "".join("|".join(str(f) for f in r) + "\n" for r in records)
+
+
+def test_array_tasks_keep_their_unique_id_and_are_addressed_as_array_underscore_task():
+    # Captured on the testbed: `sbatch -a 0-3`; the last task to start carries the array's id (1).
+    out = ("2|1|0|N/A|RUNNING|n1|1|0|1|4294901757|None|wrap|2\n"
+           "1|1|3|N/A|RUNNING|n2|1|0|1|4294901757|None|wrap|1\n")
+    jobs = parse_squeue_jobs(out)
+    assert [(j.job_id, j.ref) for j in jobs] == [(2, "1_0"), (1, "1_3")]
+    assert jobs[1].answers_to(1) and jobs[1].answers_to("1_3") and not jobs[0].answers_to(1)
+
+
+def test_a_plain_job_and_a_het_component_are_addressed_by_id_and_by_their_leader():
+    out = "10|10|N/A|N/A|RUNNING|n1|1|0|1|5|None|plain|10\n8|8|N/A|7|RUNNING|n2|1|0|1|5|None|het|8\n"
+    plain, component = parse_squeue_jobs(out)
+    assert (plain.ref, component.ref, component.het_job_id) == ("10", "7", 7)
+
+
+def test_squeue_job_states_and_holds_are_typed():
+    held = parse_squeue_job("9|9|N/A|N/A|PENDING||1|1|1|0|launch failed requeued held|x|9")
+    assert held.pending and held.held_by_launch_failure and held.priority == "0"
+    assert not held.held_by_admin and not held.active
+    admin = parse_squeue_job("9|9|N/A|N/A|PENDING||1|1|1|0|JobHeldAdmin|x|9")
+    assert admin.held_by_admin and not admin.held_by_launch_failure
+    completing = parse_squeue_job("9|9|N/A|N/A|COMPLETING|n1|1|0|1|5|None|x|9")
+    assert completing.active and completing.completing and not completing.finished
+    assert parse_squeue_job("9|9|N/A|N/A|COMPLETED|n1|1|0|1|5|None|x|9").finished
+
+
+def test_a_job_name_with_a_newline_cannot_pass_for_another_jobs_record():
+    # Captured: `sbatch -J $'nl\nfake'` prints its name across two lines. Here the name forges a
+    # whole record for job 102 (COMPLETED elsewhere): the forgery must not be believed.
+    forged = "102|102|N/A|N/A|COMPLETED|elsewhere|0|0|1|1|None|y"
+    out = _squeue((101, 101, "N/A", "N/A", "RUNNING", "n1", 1, 0, 1, 5, "None", f"x|101\n{forged}", 101),
+                  (102, 102, "N/A", "N/A", "RUNNING", "n1", 1, 0, 1, 5, "None", "victim", 102))
+    assert parse_squeue_jobs(out) is None  # so the caller asks again without names
+    without_names = "101|101|N/A|N/A|RUNNING|n1|1|0|1|5|None|101\n102|102|N/A|N/A|RUNNING|n1|1|0|1|5|None|102\n"
+    jobs = parse_squeue_jobs(without_names, named=False)
+    assert [(j.job_id, j.state, j.nodes, j.name) for j in jobs] == [(101, "RUNNING", "n1", ""), (102, "RUNNING", "n1", "")]
+
+
+def test_a_name_with_pipes_stays_the_name():
+    [job] = parse_squeue_jobs("5|5|N/A|N/A|RUNNING|n1|1|0|1|5|None|a|b|COMPLETED|5\n")
+    assert (job.name, job.state) == ("a|b|COMPLETED", "RUNNING")
+
+
+# --- scontrol --json (23.02+; not run live here: the testbed is 22.05) -----------------------------
+
+#: The node of the example in Slurm's slurmrestd(8) man page (24.11, "host1"), with a drain
+#: added; trimmed to the fields this parser reads plus a few it must ignore.
+NODE_JSON_2411 = """{"nodes": [{"architecture": "x86_64", "gres": "gpu:fake1:1(S:0),gpu:fake2:1(S:0)",
+ "name": "host1", "address": "localhost", "hostname": "omicronpersei8", "state": ["IDLE", "DRAIN"],
+ "comment": "", "reason": "slurm-hooks: XID 79 on GPU 3 [replace]",
+ "reason_changed_at": {"set": true, "infinite": false, "number": 1722010000},
+ "reason_set_by_user": "root", "tres": "cpu=32,mem=127927M,billing=32,gres/gpu=2", "version": "24.11.0-0rc1"}],
+ "last_update": {"set": true, "infinite": false, "number": 1722010273}, "errors": [], "warnings": []}"""
+#: The shape of the rest_quickstart example for 23.02 ("kitt"): state as a list, times as numbers.
+NODE_JSON_2302 = """{"nodes": [{"name": "kitt", "state": ["IDLE"], "reason": "", "reason_changed_at": 0,
+ "reason_set_by_user": "", "comment": "", "gres": "", "version": "23.02.3"}]}"""
+#: The older data parsers (v0.0.38 and before): a lower-case state string plus state_flags.
+NODE_JSON_OLD = """{"nodes": [{"name": "thisisaname", "state": "down", "state_flags": ["NOT_RESPONDING", "DRAIN"],
+ "reason": "Not responding", "reason_changed_at": 1667084449, "reason_set_by_user": "slurm"}]}"""
+
+
+def test_json_node_from_2411_is_drained_by_us():
+    [node] = parse_node_json(NODE_JSON_2411)
+    assert (node.name, node.state, node.reason) == ("host1", "IDLE+DRAIN", "slurm-hooks: XID 79 on GPU 3 [replace]")
+    assert node.drained and node.ours and node.extra["ReasonUser"] == "root"
+    assert node.extra["ReasonTime"] == "1722010000"
+
+
+def test_json_node_shapes_of_2302_and_older_parsers():
+    [idle] = parse_node_json(NODE_JSON_2302)
+    assert (idle.state, idle.reason, idle.drained) == ("IDLE", "", False)
+    [down] = parse_node_json(NODE_JSON_OLD)
+    assert down.state == "DOWN+NOT_RESPONDING+DRAIN" and down.base_state == "DOWN" and down.drained
+    assert not down.ours and down.reason == "Not responding"
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"nodes": {}}', '{"nodes": [{"state": ["IDLE"]}]}', "[]"])
+def test_json_that_is_not_a_node_list_is_a_permanent_error(text):
+    with pytest.raises(SlurmCommandFailed):
+        parse_node_json(text)

@@ -345,3 +345,69 @@ def test_drained_count_counts_nodes_by_exact_reason(clean_testbed):
     tb.scontrol("update", "NodeName=n2", "State=RESUME")
     tb.scontrol("update", "NodeName=n2", "State=DRAIN", "Reason=bob | slurm-hooks: 8 of 9 GPUs visible [reboot]")
     assert tb.slurm.drained_count(reason) == 1
+
+
+# --- addressing exactly one job ------------------------------------------------------------------
+
+
+def _recording(tb, seen):
+    def run(argv, timeout, **kw):
+        seen.append(tuple(argv))
+        return run_command(argv, timeout, **kw)
+
+    return ScontrolSlurm(timeout=10, runner=run, env={"SLURM_CONF": tb.slurm_conf})
+
+
+@pytest.mark.slurm
+def test_requeue_of_one_array_task_leaves_the_task_carrying_the_arrays_id_running(clean_testbed):
+    tb = clean_testbed
+    array = tb.sbatch(SLEEP, "--array=0-1", "--gres=gpu:8")
+    deadline = time.monotonic() + 15
+    while len(running := [j for n in tb.nodes for j in tb.slurm.jobs_on_node(n)]) < 2:
+        assert time.monotonic() < deadline, running
+        time.sleep(0.1)
+    base = next(j for j in running if j.job_id == array)
+    other = next(j for j in running if j.job_id != array)
+    assert base.ref == f"{array}_{base.array_task_id}" and other.ref == f"{array}_{other.array_task_id}"
+    tb.slurm.requeue(other.ref)
+    tb.wait_job(other.job_id, ["PENDING"], timeout=15)
+    tb.slurm.start_now(other.ref)
+    time.sleep(1.0)
+    assert (tb.slurm.job(base.ref).base_state, tb.slurm.job(base.ref).restarts) == ("RUNNING", 0)
+    assert tb.slurm.job(other.ref).restarts == 1
+
+
+@pytest.mark.slurm
+def test_several_jobs_are_read_in_one_squeue_call(clean_testbed):
+    tb = clean_testbed
+    seen: list[tuple[str, ...]] = []
+    slurm = _recording(tb, seen)
+    ids = [tb.sbatch(SLEEP, "--begin=now+1hour") for _ in range(3)]
+    found = slurm.jobs([*ids, 999999])
+    assert sorted(j.job_id for j in found) == ids
+    assert sum(1 for argv in seen if argv[0].endswith("squeue")) <= 2  # one, plus one for the unknown id
+
+
+@pytest.mark.slurm
+def test_a_newline_in_a_job_name_cannot_hide_a_job_or_fake_another(clean_testbed):
+    tb = clean_testbed
+    victim = tb.sbatch(SLEEP, "-w", "n1", "-J", "victim")
+    tb.wait_job(victim, ["RUNNING"])
+    forged = f"{victim}|{victim}|N/A|N/A|COMPLETED|elsewhere|0|0|1|1|None|y"
+    hostile = tb.sbatch(SLEEP, "-w", "n1", "-J", f"x|0\n{forged}")
+    tb.wait_job(hostile, ["RUNNING"])
+    jobs = {j.job_id: j for j in tb.slurm.jobs_on_node("n1")}
+    assert sorted(jobs) == sorted([victim, hostile])
+    assert (jobs[victim].state, jobs[victim].nodes, jobs[victim].requeue) == ("RUNNING", "n1", True)
+
+
+@pytest.mark.slurm
+def test_the_slurm_version_is_asked_once_and_2205_keeps_the_one_line_output(clean_testbed):
+    seen: list[tuple[str, ...]] = []
+    slurm = _recording(clean_testbed, seen)
+    slurm.bin_dir = "/usr/bin/"  # a key of its own in the per-process cache
+    assert slurm.version() == (22, 5)
+    slurm.node("n1")
+    slurm.nodes()
+    assert sum(1 for argv in seen if "--version" in argv) == 1
+    assert not any("--json" in argv for argv in seen)

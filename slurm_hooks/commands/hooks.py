@@ -33,11 +33,24 @@ def epilog(config_path: str | None, node: str | None) -> int:
 @config_option
 @node_option
 @click.option("--timeout", type=float, default=180.0)
-@click.argument("job_ids", nargs=-1, type=int, required=True)
-def follow_jobs(config_path: str | None, node: str | None, timeout: float, job_ids: tuple[int, ...]) -> int:
-    """Release requeued jobs if held and make them eligible now (spawned by the hooks)."""
+@click.argument("refs", nargs=-1, required=True)
+def follow_jobs(config_path: str | None, node: str | None, timeout: float, refs: tuple[str, ...]) -> int:
+    """Release requeued jobs if our prolog's refusal held them and make them eligible now (spawned by the hooks).
+
+    REFS are job ids or array tasks (``123``, ``100_7``). Once its config is
+    loaded the follower tells the hook that started it that it runs
+    (runner.signal_ready); failures from then on go to the audit log.
+    """
     from slurm_hooks.hooks import remediate
     from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.runner import signal_ready
+    from slurm_hooks.slurm import job_ref
 
-    results = remediate.follow_requeued(Wiring.load(config_path, node), list(job_ids), timeout)
+    try:
+        wanted = [job_ref(r) for r in refs]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="REFS") from None
+    w = Wiring.load(config_path, node)
+    signal_ready()
+    results = remediate.follow_requeued(w, wanted, timeout)
     return 0 if all(r in ("ok", "already running") for r in results.values()) else 1

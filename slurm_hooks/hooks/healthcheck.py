@@ -31,6 +31,7 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     if not dry_run:
         remediate.record_alerts(w, report)
         act(w, report, outcome, follow=follow)
+        remediate.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
     return report, outcome
 
 

@@ -33,6 +33,7 @@ def job_id(env: Mapping[str, str]) -> str | None:
 
 
 def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
+    remediate.finish_followed(w)  # jobs a requeue follower left waiting; one directory listing when none
     gpus, jid = job_gpus(env), job_id(env)
     if gpus is None:
         return 0  # a job without GPUs is not ours to judge; the health check covers the node
@@ -48,11 +49,13 @@ def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
               file=sys.stderr)
         return 0
     if jid:
-        remediate.follow_jobs(w, [int(jid)], "detached")
+        # The job is requeued once this prolog exits: no point in waiting for it here.
+        remediate.follow_jobs(w, [jid], "detached", fallback=False)
     return 1
 
 
 def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
+    remediate.finish_followed(w)
     gpus, jid = job_gpus(env), job_id(env)
     if gpus is None:
         return 0

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import checks as registry
 from slurm_hooks import fsutil, hostlist
@@ -23,7 +23,10 @@ from slurm_hooks.engine import PROBE_FAILED, dcgm_level, drain_summary, snapshot
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import CheckInput, Context, Report, Severity
-from slurm_hooks.slurm import format_reason, may_drain, may_resume
+from slurm_hooks.slurm import JobInfo, format_reason, job_ref, may_drain, may_resume
+
+if TYPE_CHECKING:
+    from slurm_hooks.runner import Spawned
 
 
 @dataclass
@@ -34,7 +37,8 @@ class Outcome:
     #: The node takes no new jobs (drained by us now or before, or by someone else).
     node_out: bool = False
     failed: list[str] = field(default_factory=list)
-    requeued: list[int] = field(default_factory=list)
+    #: Refs of the jobs requeued (``123``, ``100_7`` for an array task; see JobInfo.ref).
+    requeued: list[str] = field(default_factory=list)
     resumed: bool = False
 
     @property
@@ -102,14 +106,18 @@ def _config_suspected(w: Wiring, report: Report, reason: str, started: float, ex
 
 
 def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
-    """Requeue every job on this node, then make it eligible at once on a healthy node.
+    """Requeue exactly the jobs on this node, each once, then make them eligible at once elsewhere.
 
-    ``scontrol requeue`` sends SIGTERM and gives the job KillWait seconds to
-    checkpoint before SIGKILL; whatever it exits with, it is requeued, not
-    failed. Requeued jobs wait out a ~121 s delay unless told ``StartTime=now``
-    once PENDING; :func:`follow_requeued` does that, ``follow`` says where:
-    "detached" (a process that outlives the health check), "thread" (the
-    watcher, a daemon), "inline", or "none".
+    Each job is addressed by :attr:`JobInfo.ref`: one task of an array as
+    ``<array id>_<task id>`` (the array's id alone would requeue every task), a
+    heterogeneous job through its leader, once however many of its components
+    run here. A job that is completing (it exited, or another run's requeue is
+    under way) is left alone: Slurm would run a completed job again. A job
+    submitted with ``--no-requeue`` is left running on the drained node (a
+    warning, not a failure). ``scontrol requeue`` sends SIGTERM and gives the
+    job KillWait seconds to checkpoint; requeued jobs wait out a ~121 s delay
+    unless told ``StartTime=now`` once PENDING: :func:`follow_jobs` does that,
+    ``follow`` says where: "detached", "thread" (the watcher), "inline", or "none".
     """
     started = time.monotonic()
     try:
@@ -118,95 +126,272 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
         outcome.failed.append(f"list jobs: {exc}")
         _step(w, "requeue", w.node, "failed", started, error=f"cannot list jobs: {exc}")
         return
+    done: set[str] = set()
     for job in jobs:
+        ref = job.ref
+        if ref in done:
+            continue  # another component of the same heterogeneous job
+        done.add(ref)
         t0 = time.monotonic()
-        if not job.batch:
-            _step(w, "requeue", str(job.job_id), "skipped", t0, jobs=[job.job_id],
-                  detail="interactive job (srun/salloc) cannot be requeued; it will fail with the node")
-            continue
-        if not job.requeue:
-            _step(w, "requeue", str(job.job_id), "skipped", t0, jobs=[job.job_id],
-                  detail="job was submitted with --no-requeue (or JobRequeue=0); it will fail with the node")
+        why_not = _not_requeued(job)
+        if why_not:
+            result, level, detail = why_not
+            _step(w, "requeue", ref, result, t0, jobs=[ref], detail=detail, **({"level": level} if level else {}))
             continue
         try:
-            w.slurm.requeue(job.job_id)
+            w.slurm.requeue(ref)
         except SlurmHooksError as exc:
             if "pending" in str(exc).lower():
-                # Another run (the watcher, the next health check) requeued it a moment ago.
-                _step(w, "requeue", str(job.job_id), "already", t0, jobs=[job.job_id], detail=str(exc))
+                # Another run (the watcher, the check on the job's other node) requeued it a moment ago.
+                _step(w, "requeue", ref, "already", t0, jobs=[ref], detail=str(exc))
                 continue
-            outcome.failed.append(f"requeue {job.job_id}: {exc}")
-            _step(w, "requeue", str(job.job_id), "failed", t0, jobs=[job.job_id], error=str(exc))
+            outcome.failed.append(f"requeue {ref}: {exc}")
+            _step(w, "requeue", ref, "failed", t0, jobs=[ref], error=str(exc))
             continue
-        outcome.requeued.append(job.job_id)
-        _step(w, "requeue", str(job.job_id), "ok", t0, jobs=[job.job_id])
+        outcome.requeued.append(ref)
+        _step(w, "requeue", ref, "ok", t0, jobs=[ref])
     if outcome.requeued:
         follow_jobs(w, outcome.requeued, follow)
 
 
-def follow_jobs(w: Wiring, job_ids: Iterable[int], how: str) -> None:
-    job_ids = [int(j) for j in job_ids]
+def _not_requeued(job: JobInfo) -> tuple[str, str, str] | None:
+    """(result, level, detail) for a job that is not to be requeued; ``None`` for one that is."""
+    if job.completing or job.finished or not job.active:
+        return ("skipped", "", f"job is {job.base_state} (it ended, or a requeue is already under way): "
+                               "requeuing it now would run it again")
+    if not job.batch:
+        return ("skipped", "", "interactive job (srun/salloc) cannot be requeued; it will fail with the node")
+    if not job.requeue:
+        return ("not requeued", "warning",
+                "not requeued: --no-requeue (or JobRequeue=0): left running on the drained node, not killed; "
+                "it ends on its own (or fails with the GPU)")
+    return None
+
+
+#: How long a hook whose follower could not start follows the jobs itself before it goes on
+#: (the next hook run on the node finishes what is left, from the records under following/).
+FOLLOW_FALLBACK_S = 10.0
+#: How long a follower has to say it runs.
+FOLLOWER_READY_S = 3.0
+#: A following record older than this is dropped: the job has long been dealt with or forgotten.
+FOLLOW_RECORD_TTL_S = 3600.0
+
+
+def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str | None = None,
+                fallback: bool = True) -> Spawned | None:
+    """Follow requeued jobs until each is PENDING, then release (our hold only) and start it now.
+
+    Before anything else each job gets a small record under ``following/`` in the
+    state dir, so that when no follower finishes (it could not start, it was
+    killed) the next hook run on this node does (:func:`finish_followed`).
+    "detached" starts ``slurm-hooks follow-jobs`` and checks that it runs; a
+    follower that cannot start is recorded, and the hook follows the jobs
+    itself for up to FOLLOW_FALLBACK_S, unless ``fallback`` is false (the prolog:
+    its job cannot be requeued before the prolog exits). ``python`` replaces the
+    interpreter (a test seam).
+    """
+    refs = [str(r) for r in refs]
+    if how == "none" or not refs:
+        return None
+    in_process = how in ("inline", "thread")
+    for ref in refs:
+        _write_following(w, ref, os.getpid() if in_process else None)
     timeout = float(w.config.remediation.requeue_grace) + 60.0
     if how == "inline":
-        follow_requeued(w, job_ids, timeout)
+        follow_requeued(w, refs, timeout)
     elif how == "thread":
-        threading.Thread(target=follow_requeued, args=(w, job_ids, timeout), name="follow-jobs", daemon=True).start()
+        threading.Thread(target=follow_requeued, args=(w, refs, timeout), name="follow-jobs", daemon=True).start()
     elif how == "detached":
-        import subprocess  # only when a job has to be followed: not on the healthy path
+        from slurm_hooks.runner import spawn_detached
 
-        # -I: never import from the current directory (slurmd's log dir, an admin's /tmp) as root.
-        argv = [sys.executable, "-I", "-m", "slurm_hooks", "follow-jobs", "--node", w.node,
-                "--timeout", str(timeout), *[str(j) for j in job_ids]]
+        argv = [python or sys.executable, "-I", "-c", _FOLLOWER_BOOT, _package_parent(), "follow-jobs",
+                "--node", w.node, "--timeout", str(timeout), *refs]
         env = dict(os.environ)
         if w.config.path:
             env["SLURM_HOOKS_CONFIG"] = w.config.path
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, close_fds=True, env=env, cwd="/")
+        t0 = time.monotonic()
+        spawned = spawn_detached(argv, env=env, cwd="/", ready_timeout=FOLLOWER_READY_S)
+        if spawned.started and spawned.proc is not None:
+            for ref in refs:
+                _write_following(w, ref, spawned.proc.pid)
+            return spawned
+        wait = FOLLOW_FALLBACK_S if fallback else None
+        _step(w, "follow", ",".join(refs), "failed", t0, jobs=refs, level="error", error=spawned.error,
+              detail="requeue follower did not start; " + (f"following here for up to {wait:g}s, " if wait is not None
+                                                            else "") + "the next hook run on this node finishes it")
+        if wait is not None:
+            follow_requeued(w, refs, wait, final=False)
+        return spawned
+    return None
 
 
-def follow_requeued(w: Wiring, job_ids: list[int], timeout: float, poll: float = 0.2) -> dict[int, str]:
-    """Wait for each job to be PENDING again, release it if held, and make it start now."""
-    pending = {int(j): time.monotonic() for j in job_ids}
-    results: dict[int, str] = {}
+#: The follower's entry: ``-I`` keeps the current directory (slurmd's log dir, an admin's /tmp)
+#: and PYTHONPATH off sys.path, so the package comes from where the hook itself loaded it.
+_FOLLOWER_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from slurm_hooks.entry import main; main()"
+
+
+def _package_parent() -> str:
+    import slurm_hooks
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
+
+
+def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: float = 1.0,
+                    final: bool = True) -> dict[str, str]:
+    """Wait for each job to be PENDING again, release it if our prolog's refusal held it, start it now.
+
+    One ``squeue`` for all the jobs per poll, at most one poll a ``poll`` seconds,
+    and back as soon as every job is settled. ``final``: jobs still unsettled at
+    ``timeout`` are recorded as failures (else they are left to the next hook run).
+    """
+    pending = {str(r): time.monotonic() for r in refs}
+    results: dict[str, str] = {}
     deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        for job_id in list(pending):
-            try:
-                job = w.slurm.job(job_id)
-            except SlurmHooksError as exc:
-                if time.monotonic() + poll >= deadline:
-                    t0 = pending.pop(job_id)
-                    results[job_id] = f"failed: {exc}"
-                    _step(w, "start_now", str(job_id), "failed", t0, jobs=[job_id], error=str(exc))
-                continue
-            state = job.state.upper()
-            if state.startswith("PENDING"):
-                t0 = pending.pop(job_id)
-                try:
-                    if "held" in job.reason.lower() or job.extra.get("priority") == "0":
-                        w.slurm.release(job_id)
-                        _step(w, "release", str(job_id), "ok", t0, jobs=[job_id])
-                    w.slurm.start_now(job_id)
-                    results[job_id] = "ok"
-                    _step(w, "start_now", str(job_id), "ok", t0, jobs=[job_id])
-                except SlurmHooksError as exc:
-                    results[job_id] = f"failed: {exc}"
-                    _step(w, "start_now", str(job_id), "failed", t0, jobs=[job_id], error=str(exc))
-            elif state.startswith(("RUNNING", "CONFIGURING")) and job.restarts > 0 and job.nodes \
-                    and not hostlist.matches(job.nodes, w.node):
-                pending.pop(job_id)
-                results[job_id] = "already running"
-            elif state.startswith(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")):
-                t0 = pending.pop(job_id)
-                results[job_id] = f"ended {state}"
-                _step(w, "start_now", str(job_id), "skipped", t0, jobs=[job_id], detail=f"job ended {state}")
-        if pending:
-            time.sleep(poll)
-    for job_id, t0 in pending.items():
-        results[job_id] = "timed out"
-        _step(w, "start_now", str(job_id), "failed", t0, jobs=[job_id],
-              error=f"job not PENDING again within {timeout:g}s")
+    last_error: SlurmHooksError | None = None
+    while True:
+        polled = time.monotonic()
+        try:
+            found = w.slurm.jobs(list(pending))
+            last_error = None
+        except SlurmHooksError as exc:
+            found, last_error = None, exc
+        if found is not None:
+            for ref in list(pending):
+                job = _pick(found, ref)
+                result = _settle(w, ref, job, pending[ref])
+                if result is not None:
+                    pending.pop(ref)
+                    results[ref] = result
+        if not pending or polled + poll >= deadline:
+            break
+        time.sleep(max(0.0, poll - (time.monotonic() - polled)))
+    for ref, t0 in pending.items():
+        if last_error is not None:
+            results[ref] = f"failed: {last_error}"
+        else:
+            results[ref] = "timed out"
+        if final:
+            error = str(last_error) if last_error else f"job not PENDING again within {timeout:g}s"
+            _step(w, "start_now", ref, "failed", t0, jobs=[ref], error=error)
     return results
+
+
+def _pick(found: list[JobInfo], ref: str) -> JobInfo | None:
+    """The record for ``ref``: a het job's leader over its other components."""
+    mine = [j for j in found if j.answers_to(ref)]
+    return next((j for j in mine if not j.het_job_id or j.het_job_id == j.job_id), mine[0] if mine else None)
+
+
+def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
+    """One look at a followed job: its final result, or ``None`` while it is still on its way."""
+    if job is None:
+        _forget_following(w, ref)
+        _step(w, "start_now", ref, "skipped", t0, jobs=[ref], detail="Slurm no longer knows the job")
+        return "gone"
+    if job.pending:
+        target = job.ref  # the given id may be an array's base id: act on exactly this task
+        if job.held_by_admin or job.held_by_user or (job.priority == "0" and not job.held_by_launch_failure):
+            _forget_following(w, ref)
+            _step(w, "start_now", ref, "skipped", t0, jobs=[ref],
+                  detail=f"job is held by someone else ({job.reason}, priority {job.priority or '?'}): left held")
+            return f"held: {job.reason}"
+        try:
+            if job.held_by_launch_failure:
+                w.slurm.release(target)
+                _step(w, "release", ref, "ok", t0, jobs=[ref], detail=job.reason)
+            w.slurm.start_now(target)
+        except SlurmHooksError as exc:
+            _step(w, "start_now", ref, "failed", t0, jobs=[ref], error=str(exc))
+            return f"failed: {exc}"  # the record stays: the next hook run tries again
+        _forget_following(w, ref)
+        _step(w, "start_now", ref, "ok", t0, jobs=[ref])
+        return "ok"
+    if job.base_state in ("RUNNING", "CONFIGURING") and job.restarts > 0 and job.nodes \
+            and not hostlist.matches(job.nodes, w.node):
+        _forget_following(w, ref)
+        return "already running"
+    if job.finished:
+        _forget_following(w, ref)
+        _step(w, "start_now", ref, "skipped", t0, jobs=[ref], detail=f"job ended {job.state}")
+        return f"ended {job.state}"
+    return None
+
+
+def finish_followed(w: Wiring) -> dict[str, str]:
+    """Finish what a follower left: jobs requeued from this node that are still waiting out the delay.
+
+    A listing of one directory when there is nothing to do (the prolog's healthy
+    path stays off slurmctld); jobs whose follower still runs are its business;
+    for the others one squeue, and each PENDING job is released (our hold only)
+    and made eligible now.
+    """
+    refs = []
+    for name, path in _following_records(w):
+        try:
+            age = time.time() - os.stat(path).st_mtime
+            with open(path, encoding="utf-8") as fh:
+                pid = json.load(fh).get("pid")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if age > FOLLOW_RECORD_TTL_S:
+            _remove(path)
+        elif not _follower_alive(pid):
+            refs.append(name)
+    if not refs:
+        return {}
+    return follow_requeued(w, refs, 0.0, final=False)
+
+
+def _following_dir(w: Wiring) -> str:
+    return w.state_path("following")
+
+
+def _following_path(w: Wiring, ref: str) -> str:
+    return os.path.join(_following_dir(w), f"{w.node}@{ref}")
+
+
+def _following_records(w: Wiring) -> list[tuple[str, str]]:
+    try:
+        names = os.listdir(_following_dir(w))
+    except OSError:
+        return []
+    prefix = f"{w.node}@"
+    return [(n[len(prefix):], os.path.join(_following_dir(w), n)) for n in names
+            if n.startswith(prefix) and _valid_ref(n[len(prefix):])]
+
+
+def _valid_ref(text: str) -> bool:
+    try:
+        return job_ref(text) == text
+    except ValueError:
+        return False
+
+
+def _follower_alive(pid: object) -> bool:
+    """Whether the follower that owns a record still runs: this process (the watcher's thread),
+    or a ``follow-jobs`` process (a pid reused by anything else does not count)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"follow-jobs" in fh.read()
+    except OSError:
+        return False
+
+
+def _write_following(w: Wiring, ref: str, pid: int | None) -> None:
+    record = {"ref": ref, "node": w.node, "ts": time.time(), "pid": pid}
+    try:
+        os.makedirs(_following_dir(w), mode=0o700, exist_ok=True)
+        fsutil.atomic_write(_following_path(w, ref), json.dumps(record), mode=0o600, durable=False)
+    except OSError as exc:
+        print(f"slurm-hooks: cannot write {_following_path(w, ref)}: {exc.strerror}", file=sys.stderr)
+
+
+def _forget_following(w: Wiring, ref: str) -> None:
+    _remove(_following_path(w, ref))
 
 
 #: How often a node with no drain marker asks Slurm whether it carries our drain anyway

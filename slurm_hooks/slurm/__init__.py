@@ -9,10 +9,11 @@ overwrite a reason that is not ours, and resume only nodes we drained.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from slurm_hooks import REASON_PREFIX
+from slurm_hooks import REASON_PREFIX, hostlist
 from slurm_hooks.models import Action
 
 
@@ -44,6 +45,26 @@ class NodeInfo:
         return self.reason.startswith(REASON_PREFIX)
 
 
+#: Job states in which a job still holds (or is releasing) a node.
+ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING")
+#: States of a job that has ended (squeue -t all shows them until MinJobAge).
+FINISHED_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                       "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT")
+#: The hold Slurm puts on a batch job whose launch failed (our prolog refused it on a bad GPU):
+#: squeue prints the first form, scontrol the second (verified on 22.05). The only hold we release.
+LAUNCH_FAILED_HOLD = ("launch failed requeued held", "launch_failed_requeued_held")
+
+_REF = re.compile(r"^[1-9][0-9]*(?:_[0-9]+)?$")
+
+
+def job_ref(value: int | str) -> str:
+    """``123`` or ``"123_4"`` (an array task) as the string Slurm commands take; ValueError otherwise."""
+    text = str(value).strip() if not isinstance(value, bool) else ""
+    if not _REF.match(text):
+        raise ValueError(f"invalid job id {value!r}")
+    return text
+
+
 @dataclass(frozen=True)
 class JobInfo:
     job_id: int
@@ -54,7 +75,74 @@ class JobInfo:
     batch: bool = True
     restarts: int = 0
     reason: str = ""
+    #: The array's id and this task's index ("" and 0 outside an array). Slurm gives one task
+    #: of every array the array's id as its job id, and ``scontrol requeue <that id>`` acts
+    #: on every task: address a task only as ``<array id>_<task id>`` (:attr:`ref`).
+    array_job_id: int = 0
+    array_task_id: str = ""
+    #: The leader's job id for a component of a heterogeneous job (0 otherwise): Slurm
+    #: requeues, releases and starts a het job only through its leader.
+    het_job_id: int = 0
+    priority: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def ref(self) -> str:
+        """The string that addresses exactly this job in scontrol/squeue: ``123``, ``100_7``, or the het leader."""
+        if self.het_job_id:
+            return str(self.het_job_id)
+        if self.array_job_id and self.array_task_id.isdigit():
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return str(self.job_id)
+
+    @property
+    def base_state(self) -> str:
+        """``RUNNING`` of ``RUNNING``, ``CANCELLED`` of ``CANCELLED by 1000``, upper case."""
+        return self.state.strip().split("+")[0].split(" ")[0].upper()
+
+    @property
+    def pending(self) -> bool:
+        return self.base_state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+
+    @property
+    def active(self) -> bool:
+        """Holds a node: running, configuring, suspended, or completing."""
+        return self.base_state in ACTIVE_JOB_STATES
+
+    @property
+    def completing(self) -> bool:
+        """Ending (it exited, or a requeue is under way): requeuing it now would run it again."""
+        return self.base_state == "COMPLETING" or "COMPLETING" in self.state.upper().split("+")[1:]
+
+    @property
+    def finished(self) -> bool:
+        return self.base_state in FINISHED_JOB_STATES
+
+    @property
+    def held_by_admin(self) -> bool:
+        return self.reason == "JobHeldAdmin"
+
+    @property
+    def held_by_user(self) -> bool:
+        return self.reason == "JobHeldUser"
+
+    @property
+    def held_by_launch_failure(self) -> bool:
+        """Held by Slurm because its launch (our prolog) failed: the one hold that is ours to release."""
+        return self.pending and self.reason.lower() in LAUNCH_FAILED_HOLD
+
+    def answers_to(self, ref: int | str) -> bool:
+        """Whether ``ref`` names this job: its unique id, or its :attr:`ref`."""
+        return str(ref) in (str(self.job_id), self.ref)
+
+    def runs_on(self, node: str) -> bool:
+        """Whether ``node`` is in the job's node list (a list that does not parse counts as yes)."""
+        if not self.nodes:
+            return False
+        try:
+            return node in hostlist.expand(self.nodes)
+        except ValueError:
+            return True
 
 
 class Slurm(Protocol):
@@ -72,15 +160,21 @@ class Slurm(Protocol):
 
     def jobs_on_node(self, name: str) -> list[JobInfo]: ...
 
-    def job(self, job_id: int) -> JobInfo: ...
+    def job(self, job_id: int | str) -> JobInfo:
+        """One job by its id or :attr:`JobInfo.ref` (``123_4`` for an array task)."""
+        ...
 
-    def requeue(self, job_id: int) -> None: ...
+    def jobs(self, refs: Sequence[int | str]) -> list[JobInfo]:
+        """Every job asked for that Slurm still knows, in one query (missing ones are left out)."""
+        ...
 
-    def release(self, job_id: int) -> None: ...
+    def requeue(self, ref: int | str) -> None: ...
 
-    def start_now(self, job_id: int) -> None: ...
+    def release(self, ref: int | str) -> None: ...
 
-    def signal(self, job_id: int, signal: str) -> None: ...
+    def start_now(self, ref: int | str) -> None: ...
+
+    def signal(self, ref: int | str, signal: str) -> None: ...
 
 
 def may_drain(node: NodeInfo) -> bool:

@@ -29,8 +29,10 @@ def from_config(config: Any, runner: Runner | None = None, env: Mapping[str, str
         module, why_not = usable_pyslurm(section.bin_dir, runner, env)
         if module is not None:
             from slurm_hooks.slurm.pyslurm_backend import PyslurmSlurm
+            from slurm_hooks.slurm.scontrol import ScontrolSlurm
 
-            return PyslurmSlurm(timeout=section.timeout, module=module)
+            cli = ScontrolSlurm(bin_dir=section.bin_dir, timeout=section.timeout, runner=runner, env=env)
+            return PyslurmSlurm(timeout=section.timeout, module=module, cli=cli)
         if backend == "pyslurm":
             raise ConfigError(f"backend = \"pyslurm\" but {why_not} (use \"auto\" or \"scontrol\")",
                               getattr(config, "path", None), None, "[slurm] backend")

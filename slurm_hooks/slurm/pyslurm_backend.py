@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Sequence
 from typing import Any, Callable
 
-from slurm_hooks import hostlist
-from slurm_hooks.slurm import JobInfo, NodeInfo, may_drain, may_resume
+from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_drain, may_resume
 from slurm_hooks.slurm.scontrol import (
-    ACTIVE_JOB_STATES,
     ReasonNotOurs,
     SlurmCommandFailed,
     SlurmNotFound,
@@ -37,9 +36,12 @@ class PyslurmSlurm:
 
     name = "pyslurm"
 
-    def __init__(self, timeout: float = 10.0, module: Any = None):
+    def __init__(self, timeout: float = 10.0, module: Any = None, cli: Any = None):
         self.timeout = float(timeout)
         self.ps = module if module is not None else importlib.import_module("pyslurm")
+        #: The scontrol backend, for what pyslurm's ``Job(int)`` cannot address: one task of an
+        #: array (``Job(<array id>)`` would act on every task).
+        self.cli = cli
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run one library call in a worker thread so a hung controller cannot hang us."""
@@ -105,36 +107,57 @@ class PyslurmSlurm:
 
     # -- jobs
 
-    def job(self, job_id: int) -> JobInfo:
-        return _job_info(self._call(f"load job {job_id}", self.ps.Job.load, job_id))
+    def job(self, job_id: int | str) -> JobInfo:
+        ref = _ref(job_id)
+        if "_" in ref:
+            return self._array_cli().job(ref)
+        return _job_info(self._call(f"load job {ref}", self.ps.Job.load, int(ref)))
+
+    def jobs(self, refs: Sequence[int | str]) -> list[JobInfo]:
+        found = []
+        for ref in dict.fromkeys(_ref(r) for r in refs):
+            try:
+                found.append(self.job(ref))
+            except SlurmNotFound:
+                continue
+        return found
 
     def jobs_on_node(self, name: str) -> list[JobInfo]:
         loaded = self._call("load jobs", self.ps.Jobs.load)
         items = loaded.values() if hasattr(loaded, "values") else loaded
-        out = []
-        for raw in items:
-            job = _job_info(raw)
-            if job.state.split("+")[0] not in ACTIVE_JOB_STATES or not job.nodes:
-                continue
-            try:
-                if name in hostlist.expand(job.nodes):
-                    out.append(job)
-            except ValueError:
-                continue
-        return out
+        return [job for job in map(_job_info, items) if job.active and job.runs_on(name)]
 
-    def requeue(self, job_id: int) -> None:
-        self._call(f"requeue {job_id}", self.ps.Job(job_id).requeue)
+    def _array_cli(self) -> Any:
+        if self.cli is None:
+            raise SlurmCommandFailed("pyslurm backend cannot address one task of a job array without scontrol")
+        return self.cli
 
-    def release(self, job_id: int) -> None:
-        self._call(f"release {job_id}", self.ps.Job(job_id).release)
+    def _act(self, what: str, ref: int | str, *args: Any) -> None:
+        ref = _ref(ref)
+        if "_" in ref:
+            getattr(self._array_cli(), what)(ref, *args)
+            return
+        job = self.ps.Job(int(ref))
+        if what == "start_now":
+            self._call(f"{what} {ref}", job.modify, self.ps.JobSubmitDescription(begin_time="now"))
+        else:
+            self._call(f"{what} {ref}", getattr(job, what))
 
-    def start_now(self, job_id: int) -> None:
-        changes = self.ps.JobSubmitDescription(begin_time="now")
-        self._call(f"start_now {job_id}", self.ps.Job(job_id).modify, changes)
+    def requeue(self, ref: int | str) -> None:
+        self._act("requeue", ref)
 
-    def signal(self, job_id: int, signal: str) -> None:
+    def release(self, ref: int | str) -> None:
+        self._act("release", ref)
+
+    def start_now(self, ref: int | str) -> None:
+        self._act("start_now", ref)
+
+    def signal(self, ref: int | str, signal: str) -> None:
         """Like ``scancel --full``: the batch script, its children and all steps."""
+        if "_" in _ref(ref):
+            self._array_cli().signal(_ref(ref), signal)
+            return
+        job_id = int(_ref(ref))
         sig = str(signal).upper()
         sig = sig if sig.startswith("SIG") or sig.isdigit() else f"SIG{sig}"
         self._call(f"signal {job_id}", self.ps.Job(job_id).send_signal, int(sig) if sig.isdigit() else sig, "all")
@@ -153,6 +176,21 @@ def _node_info(node: Any) -> NodeInfo:
     )
 
 
+def _ref(value: int | str) -> str:
+    try:
+        return job_ref(value)
+    except ValueError as exc:
+        raise SlurmCommandFailed(str(exc)) from None
+
+
+def _num(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _task(value: Any) -> str:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else ""
+
+
 def _job_info(job: Any) -> JobInfo:
     return JobInfo(
         job_id=int(job.id),
@@ -163,5 +201,9 @@ def _job_info(job: Any) -> JobInfo:
         batch=bool(job.is_batch_job),
         restarts=int(job.requeue_count or 0),
         reason=job.state_reason or "",
+        array_job_id=_num(getattr(job, "array_id", None)),
+        array_task_id=_task(getattr(job, "array_task_id", None)),
+        het_job_id=_num(getattr(job, "het_job_id", None)),
+        priority=str(getattr(job, "priority", "") or ""),
         extra={"Comment": getattr(job, "comment", None) or ""},
     )

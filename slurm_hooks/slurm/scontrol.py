@@ -8,17 +8,14 @@ shell. Every call has a timeout; failures become the project's typed errors.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from slurm_hooks import hostlist
-from slurm_hooks.errors import CommandError, PermanentError, TransientError
+from slurm_hooks.errors import CommandError, PermanentError, SlurmHooksError, TransientError
 from slurm_hooks.runner import Runner, run_command
-from slurm_hooks.slurm import JobInfo, NodeInfo, may_drain, may_resume
-
-#: Job states in which a job still holds (or is releasing) a node.
-ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING")
+from slurm_hooks.slurm import ACTIVE_JOB_STATES, JobInfo, NodeInfo, job_ref, may_drain, may_resume
 
 
 class SlurmUnavailable(TransientError):
@@ -61,9 +58,12 @@ class ReasonNotOurs(PermanentError):
 #: so ``cpu=8`` inside ``CfgTRES=cpu=8,mem=1M`` is never taken for a key.
 _KEY = re.compile(r"(?:^|(?<= ))([A-Za-z][A-Za-z0-9_:/.\-]*)=")
 
-#: ``Reason=<text> [user@time]``: the bracket closes the reason whatever its text
-#: holds; without one (no reason time) the next known key does.
-_REASON_BRACKETED = r"(?:^|(?<= ))Reason=(?P<text>.*?) \[(?P<user>[^\[\]@ ]*)@(?P<time>[^\[\]]*)\](?= (?:%s)=| *$)"
+#: ``Reason=<text> [user@time]``: the bracket (Slurm's) closes the reason whatever its
+#: text holds, and any key may follow it, even one this parser has never heard of
+#: (25.05 added ``TLSCertTokenSet``, 25.11 ``Parameters``); without a bracket (no
+#: reason time) only the next known key ends the reason.
+_REASON_BRACKETED = (r"(?:^|(?<= ))Reason=(?P<text>.*?) \[(?P<user>[^\[\]@ ]*)@(?P<time>[^\[\]]*)\]"
+                     r"(?= [A-Za-z][A-Za-z0-9_:/.\-]*=| *$)")
 _REASON_BARE = r"(?:^|(?<= ))Reason=(?P<text>.*?)(?= (?:%s)=| *$)"
 
 NODE_KEYS = frozenset(
@@ -73,7 +73,7 @@ NODE_KEYS = frozenset(
     Weight Owner MCS_label NextState Partitions BootTime SlurmdStartTime LastBusyTime ResumeAfterTime CfgTRES
     AllocTRES CapWatts CurrentWatts AveWatts LowestJoules ConsumedJoules ExtSensorsJoules ExtSensorsWatts
     ExtSensorsTemp Reason Comment Extra InstanceId InstanceType ReservationName Topology TopologyQuality
-    CertFlags TLSCertExpiration""".split()
+    CertFlags TLSCertExpiration TLSCertTokenSet TLSCertLastRenewal Parameters""".split()
 )
 #: Node fields whose values are free text (may hold spaces and ``=``).
 NODE_FREE_TEXT = frozenset({"OS", "Reason", "Comment", "Extra", "AvailableFeatures", "ActiveFeatures"})
@@ -99,7 +99,7 @@ JOB_FREE_TEXT = frozenset(
 
 _NULLS = ("(null)", "N/A")
 _NODE_KEY_ALT = "|".join(re.escape(k) for k in sorted(NODE_KEYS - {"Reason"}))
-_NODE_REASON_BRACKETED = re.compile(_REASON_BRACKETED % _NODE_KEY_ALT)
+_NODE_REASON_BRACKETED = re.compile(_REASON_BRACKETED)
 _NODE_REASON_BARE = re.compile(_REASON_BARE % _NODE_KEY_ALT)
 
 
@@ -187,37 +187,137 @@ def parse_job_line(line: str) -> JobInfo:
     )
 
 
-#: ``squeue -O`` fields for :meth:`ScontrolSlurm.job`, ``|``-separated. Every field but the
-#: last is a token Slurm makes (state, node list, flags, counts, its reason codes); the job
-#: name, which the user writes and may fill with ``|`` or ``JobState=...``, comes last, so
-#: nothing in it can shift or fake the fields remediation decides on. (A ``scontrol -o``
-#: line cannot promise that: its free-text name runs into the fields after it.)
-SQUEUE_JOB_FORMAT = "JobID:|,State:|,NodeList:|,Requeue:|,RestartCnt:|,BatchFlag:|,PriorityLong:|,Reason:|,Name:"
-_SQUEUE_JOB_FIELDS = SQUEUE_JOB_FORMAT.count(",") + 1
+#: ``squeue -O`` fields, ``|``-separated, for every job read. All but one are tokens Slurm
+#: makes (ids, state, node list, flags, counts, its reason codes); the job name, which the
+#: user writes and may fill with ``|``, ``JobState=...`` or a newline, comes second to last,
+#: and the unique job id is printed again after it. So nothing in a name can shift the
+#: fields remediation decides on, and a name with a newline cannot pass for another job's
+#: record (see :func:`parse_squeue_jobs`). ``JobID`` is the unique id (``%A``); an array
+#: task is addressed through ``ArrayJobID``/``ArrayTaskID``, a het component through ``HetJobID``.
+SQUEUE_JOB_FORMAT = ("JobID:|,ArrayJobID:|,ArrayTaskID:|,HetJobID:|,State:|,NodeList:|,Requeue:|,RestartCnt:|,"
+                     "BatchFlag:|,PriorityLong:|,Reason:|,Name:|,JobID:")
+#: The same without the name, for output in which some name broke a line.
+SQUEUE_JOB_FORMAT_NO_NAME = SQUEUE_JOB_FORMAT.replace("Name:|,", "")
+_SQUEUE_FIXED = SQUEUE_JOB_FORMAT.split(",").index("Name:|")
 
 
-def parse_squeue_job(line: str) -> JobInfo | None:
+class _BadLine(ValueError):
+    pass
+
+
+def parse_squeue_job(line: str, named: bool = True) -> JobInfo | None:
     """One line of ``squeue -O SQUEUE_JOB_FORMAT`` -> :class:`JobInfo` (``None`` for a blank line)."""
     if not line.strip():
         return None
-    parts = line.rstrip("\n").split("|", _SQUEUE_JOB_FIELDS - 1)
-    if len(parts) != _SQUEUE_JOB_FIELDS:
-        raise SlurmCommandFailed(f"not a squeue job line: {line[:120]!r}")
-    job_id, state, nodes, requeue, restarts, batch, priority, reason, name = parts
+    try:
+        return _squeue_record(line.rstrip("\n"), named)
+    except _BadLine as exc:
+        raise SlurmCommandFailed(f"not a squeue job line ({exc}): {line[:120]!r}") from None
+
+
+def _squeue_record(line: str, named: bool) -> JobInfo:
+    head = line.split("|", _SQUEUE_FIXED)
+    if len(head) != _SQUEUE_FIXED + 1:
+        raise _BadLine("too few fields")
+    *fixed, rest = head
+    if named:
+        name, sep, trailer = rest.rpartition("|")
+        if not sep:
+            raise _BadLine("no trailing job id")
+    else:
+        name, trailer = "", rest
+    job_id, array_id, task_id, het_id, state, nodes, requeue, restarts, batch, priority, reason = \
+        (f.strip() for f in fixed)
+    if not job_id.isdigit() or trailer.strip() != job_id:
+        raise _BadLine("job id not repeated after the name")
+    if not state or not state.replace("_", "").isalpha():
+        raise _BadLine("bad state")
     try:
         return JobInfo(
-            job_id=int(job_id.split("_")[0]),
+            job_id=int(job_id),
             name=name,
-            state=state.strip(),
-            nodes=_clean(nodes.strip()),
-            requeue=requeue.strip() not in ("0", "no"),
-            batch=batch.strip() not in ("0", "no"),
-            restarts=int(restarts.strip() or 0),
-            reason=_clean(reason.strip()),
-            extra={"priority": priority.strip()},
+            state=state,
+            nodes=_clean(nodes),
+            requeue=requeue not in ("0", "no"),
+            batch=batch not in ("0", "no"),
+            restarts=int(restarts or 0),
+            reason=_clean(reason),
+            array_job_id=int(array_id) if array_id.isdigit() and task_id.isdigit() else 0,
+            array_task_id=task_id if task_id.isdigit() else "",
+            het_job_id=int(het_id) if het_id.isdigit() else 0,
+            priority=priority,
+            extra={"priority": priority},
         )
     except ValueError:
-        raise SlurmCommandFailed(f"bad number in squeue job line: {line[:120]!r}") from None
+        raise _BadLine("bad number") from None
+
+
+def parse_squeue_jobs(text: str, named: bool = True) -> list[JobInfo] | None:
+    """Every record of ``squeue -O SQUEUE_JOB_FORMAT`` output; ``None`` when a job name broke a line.
+
+    A record is ``<id>|<Slurm's fields>|<name>|<id>``. A name holding a newline
+    splits its record, and the last piece always ends in that job's own id, so
+    the output cannot come out as whole records each starting and ending with
+    one unique id: either some line does not parse or an id repeats. Then the
+    caller asks again without names (``named=False``), where every line is Slurm's.
+    """
+    jobs: list[JobInfo] = []
+    seen: set[int] = set()
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            job = _squeue_record(line, named)
+        except _BadLine:
+            if named:
+                return None
+            raise SlurmCommandFailed(f"not a squeue job line: {line[:120]!r}") from None
+        if job.job_id in seen:
+            if named:
+                return None
+            raise SlurmCommandFailed(f"squeue printed job {job.job_id} twice")
+        seen.add(job.job_id)
+        jobs.append(job)
+    return jobs
+
+
+# --- ``scontrol --json`` (Slurm 23.02 and later) ----------------------------------------------
+
+
+def parse_node_json(text: str) -> list[NodeInfo]:
+    """``scontrol --json show node`` -> :class:`NodeInfo` list.
+
+    Handles both shapes Slurm has printed: ``"state": ["IDLE", "DRAIN"]`` (23.11+)
+    and ``"state": "idle"`` with ``"state_flags": [...]`` (the older data parsers).
+    Not run against a live Slurm here (the testbed is 22.05); tested on the
+    examples in Slurm's own documentation.
+    """
+    import json
+
+    try:
+        data = json.loads(text)
+        nodes = data["nodes"]
+        if not isinstance(nodes, list):
+            raise TypeError("nodes is not a list")
+        return [_node_from_json(n) for n in nodes]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SlurmCommandFailed(f"scontrol --json: unexpected output ({type(exc).__name__}: {exc})") from None
+
+
+def _node_from_json(raw: dict) -> NodeInfo:
+    state = raw["state"]
+    if isinstance(state, list):
+        parts = [str(p).upper() for p in state]
+    else:
+        parts = [str(state).upper(), *(str(f).upper() for f in raw.get("state_flags") or [])]
+    changed = raw.get("reason_changed_at")
+    if isinstance(changed, dict):
+        changed = changed.get("number") if changed.get("set", True) else None
+    extra = {"ReasonUser": str(raw.get("reason_set_by_user") or ""), "ReasonTime": str(changed or ""),
+             "Version": str(raw.get("version") or raw.get("slurmd_version") or "")}
+    return NodeInfo(name=str(raw["name"]), state="+".join(p for p in parts if p) or "UNKNOWN",
+                    reason=str(raw.get("reason") or "").strip(), comment=str(raw.get("comment") or ""),
+                    gres=str(raw.get("gres") or ""), extra=extra)
 
 
 # --- the backend ----------------------------------------------------------------
@@ -301,23 +401,49 @@ class ScontrolSlurm:
         return name
 
     @staticmethod
-    def _job_arg(job_id: int) -> str:
-        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
-            raise SlurmCommandFailed(f"invalid job id {job_id!r}")
-        return str(job_id)
+    def _job_arg(ref: int | str) -> str:
+        """``123`` or ``123_4``; anything else (a flag, a list, a name) is refused before it reaches argv."""
+        try:
+            return job_ref(ref)
+        except ValueError as exc:
+            raise SlurmCommandFailed(str(exc)) from None
+
+    # -- version
+
+    def version(self) -> tuple[int, int] | None:
+        """The running Slurm's (major, minor) from ``scontrol --version``, asked once per bin_dir."""
+        key = self.bin_dir
+        if key not in _VERSIONS:
+            try:
+                text = self._run("scontrol", "--version")
+            except SlurmHooksError:
+                return None  # asked again next time: a failed call says nothing about the version
+            m = re.search(r"(\d+)\.(\d+)", text)
+            _VERSIONS[key] = (int(m.group(1)), int(m.group(2))) if m else None
+        return _VERSIONS[key]
+
+    def _json(self) -> bool:
+        """``scontrol --json`` exists from 23.02; older Slurm (the 22.05 testbed) keeps the ``-o`` lines."""
+        version = self.version()
+        return version is not None and version >= (23, 2)
 
     # -- nodes
 
     def node(self, name: str) -> NodeInfo:
-        out = self._run("scontrol", "-o", "show", "node", self._node_arg(name))
-        for line in out.splitlines():
-            if line.strip():
-                info = parse_node_line(line)
-                if info.name == name:
-                    return info
-        raise SlurmNotFound(f"scontrol: node {name} not found")
+        arg = self._node_arg(name)
+        if self._json():
+            found = [n for n in parse_node_json(self._run("scontrol", "--json", "show", "node", arg)) if n.name == name]
+        else:
+            out = self._run("scontrol", "-o", "show", "node", arg)
+            found = [info for info in (parse_node_line(line) for line in out.splitlines() if line.strip())
+                     if info.name == name]
+        if not found:
+            raise SlurmNotFound(f"scontrol: node {name} not found")
+        return found[0]
 
     def nodes(self) -> list[NodeInfo]:
+        if self._json():
+            return parse_node_json(self._run("scontrol", "--json", "show", "nodes"))
         out = self._run("scontrol", "-o", "show", "nodes")
         return [parse_node_line(line) for line in out.splitlines() if line.startswith("NodeName=")]
 
@@ -360,42 +486,56 @@ class ScontrolSlurm:
 
     # -- jobs
 
-    def job(self, job_id: int) -> JobInfo:
-        """What remediation decides on, from squeue fields Slurm writes itself (see SQUEUE_JOB_FORMAT)."""
-        out = self._run("squeue", "-h", "-t", "all", "-j", self._job_arg(job_id), "-O", SQUEUE_JOB_FORMAT)
-        for line in out.splitlines():
-            info = parse_squeue_job(line)
-            if info is not None and info.job_id == job_id:
+    def _squeue(self, *selection: str) -> list[JobInfo]:
+        """Jobs from one ``squeue -O`` call (a second, without names, only when a name broke a line)."""
+        out = self._run("squeue", "-h", *selection, "-O", SQUEUE_JOB_FORMAT)
+        jobs = parse_squeue_jobs(out)
+        if jobs is None:
+            jobs = parse_squeue_jobs(self._run("squeue", "-h", *selection, "-O", SQUEUE_JOB_FORMAT_NO_NAME), named=False)
+        return jobs or []
+
+    def job(self, job_id: int | str) -> JobInfo:
+        """One job by id or ref, from squeue fields Slurm writes itself (see SQUEUE_JOB_FORMAT)."""
+        ref = self._job_arg(job_id)
+        for info in self._squeue("-t", "all", "-j", ref):
+            if info.answers_to(ref):
                 return info
-        raise SlurmNotFound(f"squeue: job {job_id} not found")
+        raise SlurmNotFound(f"squeue: job {ref} not found")
+
+    def jobs(self, refs: Sequence[int | str]) -> list[JobInfo]:
+        """All of ``refs`` that Slurm still knows, in one squeue call (one RPC however many jobs)."""
+        wanted = list(dict.fromkeys(self._job_arg(r) for r in refs))
+        if not wanted:
+            return []
+        try:
+            found = self._squeue("-t", "all", "-j", ",".join(wanted))
+        except SlurmNotFound:
+            found = []  # squeue fails the whole call when one id is unknown: ask one by one
+            for ref in wanted:
+                with contextlib.suppress(SlurmNotFound):
+                    found.append(self.job(ref))
+        return [info for info in found if any(info.answers_to(ref) for ref in wanted)]
 
     def jobs_on_node(self, name: str) -> list[JobInfo]:
-        """Jobs holding the node: running, completing, configuring or suspended."""
-        out = self._run("squeue", "-h", "-w", self._node_arg(name), "-t", ",".join(ACTIVE_JOB_STATES), "-o", "%A")
-        jobs = []
-        for token in out.split():
-            if not token.isdigit():
-                continue
-            try:
-                job = self.job(int(token))
-            except SlurmNotFound:
-                continue  # finished and purged between the two calls
-            if job.state.split("+")[0] in ACTIVE_JOB_STATES and _names(job, name):
-                jobs.append(job)
-        return jobs
+        """Jobs holding the node (running, completing, configuring, suspended), in one squeue call."""
+        listed = self._squeue("-w", self._node_arg(name), "-t", ",".join(ACTIVE_JOB_STATES))
+        return [job for job in listed if job.active and (not job.nodes or job.runs_on(name))]
 
-    def requeue(self, job_id: int) -> None:
-        """``scontrol requeue``: SIGTERM, KillWait, SIGKILL, then PENDING (held back 121 s unless start_now)."""
-        self._run("scontrol", "requeue", self._job_arg(job_id))
+    def requeue(self, ref: int | str) -> None:
+        """``scontrol requeue``: SIGTERM, KillWait, SIGKILL, then PENDING (held back 121 s unless start_now).
 
-    def release(self, job_id: int) -> None:
-        self._run("scontrol", "release", self._job_arg(job_id))
+        Pass :attr:`JobInfo.ref`: the array's base id would requeue every task of the array.
+        """
+        self._run("scontrol", "requeue", self._job_arg(ref))
 
-    def start_now(self, job_id: int) -> None:
+    def release(self, ref: int | str) -> None:
+        self._run("scontrol", "release", self._job_arg(ref))
+
+    def start_now(self, ref: int | str) -> None:
         """Make a PENDING job eligible at once (issue it after the requeue has landed)."""
-        self._run("scontrol", "update", f"JobId={self._job_arg(job_id)}", "StartTime=now")
+        self._run("scontrol", "update", f"JobId={self._job_arg(ref)}", "StartTime=now")
 
-    def signal(self, job_id: int, signal: str) -> None:
+    def signal(self, ref: int | str, signal: str) -> None:
         """Send ``signal`` to the batch script, its children and every step.
 
         ``scancel --batch`` alone reaches only the batch shell, which defers a
@@ -406,13 +546,8 @@ class ScontrolSlurm:
         m = _SIGNAL.match(str(signal).upper())
         if not m:
             raise SlurmCommandFailed(f"invalid signal {signal!r}")
-        self._run("scancel", f"--signal={m.group(1)}", "--full", self._job_arg(job_id))
+        self._run("scancel", f"--signal={m.group(1)}", "--full", self._job_arg(ref))
 
 
-def _names(job: JobInfo, node: str) -> bool:
-    if not job.nodes:
-        return True  # completing jobs may have dropped their node list already
-    try:
-        return node in hostlist.expand(job.nodes)
-    except ValueError:
-        return True
+#: (major, minor) of the Slurm whose commands are in a bin_dir, asked once per process.
+_VERSIONS: dict[str, tuple[int, int] | None] = {}

@@ -40,8 +40,9 @@ class FakeSlurm:
         return self._nodes[name]
 
     def add_job(self, job_id: int, node: str, state: str = "RUNNING", *, batch: bool = True, requeue: bool = True,
-                name: str = "train", restarts: int = 0, reason: str = "None") -> JobInfo:
-        self._jobs[job_id] = JobInfo(job_id, name, state, node, requeue, batch, restarts, reason)
+                name: str = "train", restarts: int = 0, reason: str = "None", **ids) -> JobInfo:
+        """``ids``: array_job_id/array_task_id for an array task, het_job_id for a het component."""
+        self._jobs[job_id] = JobInfo(job_id, name, state, node, requeue, batch, restarts, reason, **ids)
         return self._jobs[job_id]
 
     def job_states(self, job_id: int, states: list[str], **fields) -> None:
@@ -79,6 +80,8 @@ class FakeSlurm:
     # --- the Slurm protocol ----------------------------------------------------------
 
     def _call(self, method: str, *args) -> None:
+        # A plain job id is recorded as an int whichever form it came in; an array task as "100_7".
+        args = tuple(int(a) if isinstance(a, str) and a.isdigit() else a for a in args)
         self.calls.append((method, *args))
         error = self._failures.get((method, args[0] if args else None)) or self._failures.get((method, None))
         if error is not None:
@@ -90,11 +93,23 @@ class FakeSlurm:
         except KeyError:
             raise PermanentError(f"Node {name} not found") from None
 
-    def _job(self, job_id: int) -> JobInfo:
-        try:
-            return self._jobs[job_id]
-        except KeyError:
-            raise PermanentError(f"Invalid job id specified: {job_id}") from None
+    def _job(self, ref: int | str) -> JobInfo:
+        """By unique id or ref (a het job's ref finds its leader). An array's base id is refused:
+        Slurm would act on every task, and remediation must never ask for that."""
+        ref = str(ref)
+        if ref.isdigit() and int(ref) in self._jobs:
+            job = self._jobs[int(ref)]
+            if job.array_job_id and job.ref != ref:
+                raise PermanentError(f"fake: {ref} is array {ref}'s id and addresses every task; use {job.ref}")
+            return job
+        found = next((j for j in self._jobs.values() if j.ref == ref), None)
+        if found is None:
+            raise PermanentError(f"Invalid job id specified: {ref}")
+        return found
+
+    def _update(self, job: JobInfo, **changes) -> JobInfo:
+        self._jobs[job.job_id] = dataclasses.replace(job, **changes)
+        return self._jobs[job.job_id]
 
     def node(self, name: str) -> NodeInfo:
         self._call("node", name)
@@ -126,31 +141,46 @@ class FakeSlurm:
         return [j for j in self._jobs.values()
                 if j.nodes and hostlist.matches(j.nodes, name) and j.state.upper().startswith(_ON_NODE)]
 
-    def job(self, job_id: int) -> JobInfo:
-        self._call("job", job_id)
-        job = self._job(job_id)
-        script = self._scripts.get(job_id)
+    def _scripted(self, job: JobInfo) -> JobInfo:
+        script = self._scripts.get(job.job_id)
         if script:
             step = script.pop(0) if len(script) > 1 else script[0]
-            job = self._jobs[job_id] = dataclasses.replace(job, **step)
+            job = self._update(job, **step)
         return job
 
-    def requeue(self, job_id: int) -> None:
-        self._call("requeue", job_id)
-        job = self._job(job_id)
+    def job(self, ref: int | str) -> JobInfo:
+        self._call("job", ref)
+        return self._scripted(self._job(ref))
+
+    def jobs(self, refs) -> list[JobInfo]:
+        """One call for all; unknown ones are left out, as squeue does."""
+        self._call("jobs", tuple(str(r) for r in refs))
+        found = []
+        for ref in refs:
+            try:
+                found.append(self._scripted(self._job(ref)))
+            except PermanentError:
+                continue
+        return found
+
+    def requeue(self, ref: int | str) -> None:
+        self._call("requeue", ref)
+        job = self._job(ref)
+        if job.state.upper().startswith("PENDING"):
+            raise PermanentError(f"Job is pending execution for job {ref}")
         if not job.requeue or not job.batch or job.state.upper().startswith(_DONE):
-            raise PermanentError(f"Requested operation is presently disabled for job {job_id}")
-        self._jobs[job_id] = dataclasses.replace(job, state="COMPLETING", restarts=job.restarts + 1)
+            raise PermanentError(f"Requested operation is presently disabled for job {ref}")
+        self._update(job, state="COMPLETING", restarts=job.restarts + 1)
 
-    def release(self, job_id: int) -> None:
-        self._call("release", job_id)
-        job = self._job(job_id)
-        self._jobs[job_id] = dataclasses.replace(job, reason="None", extra={**job.extra, "priority": "1"})
+    def release(self, ref: int | str) -> None:
+        self._call("release", ref)
+        job = self._job(ref)
+        self._update(job, reason="None", priority="1", extra={**job.extra, "priority": "1"})
 
-    def start_now(self, job_id: int) -> None:
-        self._call("start_now", job_id)
-        self._job(job_id)
+    def start_now(self, ref: int | str) -> None:
+        self._call("start_now", ref)
+        self._job(ref)
 
-    def signal(self, job_id: int, signal: str) -> None:
-        self._call("signal", job_id, signal)
-        self._job(job_id)
+    def signal(self, ref: int | str, signal: str) -> None:
+        self._call("signal", ref, signal)
+        self._job(ref)
