@@ -15,6 +15,7 @@ Written against pyslurm 23.x-25.x: ``Node.load``, ``Nodes.load``,
 
 from __future__ import annotations
 
+import copy
 import importlib
 import threading
 from typing import Any, Callable
@@ -28,6 +29,7 @@ from slurm_hooks.slurm.scontrol import (
     SlurmNotFound,
     SlurmTimeout,
     SlurmUnavailable,
+    call_timeout,
     classify_message,
 )
 
@@ -40,6 +42,13 @@ class PyslurmSlurm:
     def __init__(self, timeout: float = 10.0, module: Any = None):
         self.timeout = float(timeout)
         self.ps = module if module is not None else importlib.import_module("pyslurm")
+        self.deadline: float | None = None
+
+    def bounded(self, deadline: float | None) -> PyslurmSlurm:
+        """This adapter with every call's timeout cut to what is left before ``deadline``."""
+        other = copy.copy(self)
+        other.deadline = deadline
+        return other
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run one library call in a worker thread so a hung controller cannot hang us."""
@@ -51,11 +60,12 @@ class PyslurmSlurm:
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 box["error"] = exc
 
+        timeout = call_timeout(self.timeout, self.deadline)
         worker = threading.Thread(target=work, name=f"pyslurm-{what}", daemon=True)
         worker.start()
-        worker.join(self.timeout)
+        worker.join(timeout)
         if worker.is_alive():
-            raise SlurmTimeout(f"pyslurm {what} timed out after {self.timeout:g}s: controller not answering")
+            raise SlurmTimeout(f"pyslurm {what} timed out after {timeout:g}s: controller not answering")
         if "error" in box:
             raise self._translate(what, box["error"])
         return box.get("value")
