@@ -245,6 +245,8 @@ class _SlurmErrors:
     """The Slurm adapter, noting every error it raises: a step that failed for a transient
     reason is kept pending, one that failed for good is recorded once and dropped."""
 
+    bounded = None  # already bounded by the run's deadline: Wiring must not unwrap it
+
     def __init__(self, slurm: Any):
         self._slurm = slurm
         self.errors: list[SlurmHooksError] = []

@@ -4,7 +4,9 @@ The prolog's healthy path is a probe, pure checks, this node's XID history and
 one small baseline file; it never calls scontrol. On a bad GPU it drains the
 node with a reason naming the fault and exits 1; Slurm then requeues the job,
 and a detached follower releases it if held and clears the requeue delay so it
-starts elsewhere now.
+starts elsewhere now. Both hooks then finish a remediation an earlier run left
+pending on this node (one failed ``open`` when there is none), within the time
+their deadline leaves.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ def job_id(env: Mapping[str, str]) -> str | None:
 
 
 def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
+    w.start_deadline(float(w.config.check.deadline))
+    try:
+        return _prolog(w, env)
+    finally:
+        healthcheck.finish_pending(w, respect_backoff=True)
+
+
+def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
     gpus, jid = job_gpus(env), job_id(env)
     if gpus is None:
         return 0  # a job without GPUs is not ours to judge; the health check covers the node
@@ -53,6 +63,14 @@ def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
 
 
 def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
+    w.start_deadline(float(w.config.check.deadline))
+    try:
+        return _epilog(w, env)
+    finally:
+        healthcheck.finish_pending(w, respect_backoff=True)
+
+
+def _epilog(w: Wiring, env: Mapping[str, str]) -> int:
     gpus, jid = job_gpus(env), job_id(env)
     if gpus is None:
         return 0
@@ -69,10 +87,11 @@ def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
 
 
 def _drain(w: Wiring, report: Report, jid: str | None) -> Outcome:
-    """Audit the findings and drain the node, both naming the job; then print the findings."""
+    """Audit the findings and drain the node, both naming the job; then print the findings.
+    A drain that fails for a transient reason stays pending for the next run."""
     remediate.record_alerts(w, report, job=jid)
     outcome = Outcome()
-    remediate.drain(w, report, outcome, job=jid)
+    healthcheck.take_out(w, report, outcome, follow="none", requeue=False, job=jid)
     _print(report)
     return outcome
 

@@ -308,7 +308,7 @@ class ScontrolSlurm:
 
     def _translate(self, tool: str, argv: list[str], exc: CommandError, timeout: float | None = None) -> Exception:
         if exc.timed_out:
-            took = self.timeout if timeout is None else timeout
+            took = self.timeout if timeout is None else round(timeout, 1)
             return SlurmTimeout(f"{tool} timed out after {took:g}s ({' '.join(argv[1:5])}): controller not answering")
         text = (exc.stderr or exc.stdout or "").strip()
         last = text.splitlines()[-1] if text else f"exit {exc.returncode}"
