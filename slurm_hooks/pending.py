@@ -26,6 +26,11 @@ from slurm_hooks import fsutil
 
 #: Backoff between retries: 1, 2, 4, ... seconds, never more than this.
 BACKOFF_MAX_S = 30.0
+#: Errors that say no controller took the connection at all. Retrying those costs slurmctld
+#: nothing (it is not there), and each try already waits out scontrol's own connect loop
+#: (MessageTimeout rounds, one a second), so they are retried at once: the action lands
+#: within about a second of the controller's return instead of up to 30 s later.
+UNREACHABLE = ("unable to contact slurm controller", "connection refused", "connect failure")
 #: What a pending record can hold, most urgent first.
 STEPS = ("drain", "requeue")
 
@@ -57,8 +62,11 @@ class Pending:
         return max(0.0, self.next_at - (time.time() if now is None else now))
 
 
-def backoff(attempts: int) -> float:
-    """Seconds before retry number ``attempts + 1``: 1, 2, 4, ... capped at :data:`BACKOFF_MAX_S`."""
+def backoff(attempts: int, error: str = "") -> float:
+    """Seconds before retry number ``attempts + 1``: 1, 2, 4, ... capped at :data:`BACKOFF_MAX_S`;
+    1 while the error says the controller is not there at all (:data:`UNREACHABLE`)."""
+    if any(s in error.lower() for s in UNREACHABLE):
+        return 1.0
     return min(BACKOFF_MAX_S, 2.0 ** max(attempts - 1, 0))
 
 
@@ -117,7 +125,7 @@ def record_failure(state_dir: str, node: str, *, steps: Iterable[str], context: 
         id=base.id if base else f"{node}-{now:.6f}",
         created=base.created if base else now,
         attempts=attempts,
-        next_at=now + backoff(attempts),
+        next_at=now + backoff(attempts, error),
         last_error=error,
     )
     save(state_dir, rec)

@@ -91,10 +91,19 @@ def test_the_next_check_finishes_it_once_slurmctld_is_back(t):
 
 def test_retries_back_off_up_to_thirty_seconds():
     assert [pending.backoff(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    timeout = "scontrol timed out after 10s (-o show node n1): controller not answering"
+    assert pending.backoff(9, timeout) == 30  # a controller too busy to answer gets room
+
+
+def test_a_controller_that_is_not_there_at_all_is_tried_again_every_second():
+    # Each try already waits out scontrol's connect loop; a refused connection costs slurmctld nothing.
+    assert pending.backoff(9, str(DOWN)) == 1
 
 
 def test_a_retry_that_fails_again_counts_the_attempt_and_keeps_the_incident(t):
-    fail_while_down(t)
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    t.slurm.fail("node", SlurmUnavailable("scontrol: Socket timed out on send/recv operation"))
+    healthcheck.run(t.w, follow="none")
     first = pending.load(t.state, "n1")
     make_due(t)
     assert healthcheck.finish_pending(t.w, follow="none", respect_backoff=True) == "retry"

@@ -324,7 +324,7 @@ def _settle(w: Wiring, report: Report, outcome: Outcome, earlier: pending.Pendin
         w.audit.write("action", node=w.node, action="pending", target=w.node,
                       result="queued" if earlier is None else "retry", steps=list(rec.steps),
                       attempt=rec.attempts, error=error, reason=rec.reason, pending=rec.id, duration_s=0.0,
-                      detail=f"next try in {pending.backoff(rec.attempts):g}s")
+                      detail=f"next try in {pending.backoff(rec.attempts, error):g}s")
     elif earlier is not None:
         failed = list(outcome.failed)
         _close(w, earlier, "dropped" if failed else "done",
