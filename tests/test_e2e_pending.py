@@ -83,27 +83,15 @@ def assert_finished_after_return(tb, job, where, back_at):
     assert results[0] == "queued" and results[-1] == "done", results
 
 
-def test_a_drain_that_slurmctld_missed_is_finished_within_10s_of_its_return(outage):
+@pytest.mark.parametrize("restart", [False, True], ids=["watcher-running", "watcher-restarted-meanwhile"])
+def test_a_drain_that_slurmctld_missed_is_finished_within_10s_of_its_return(outage, restart):
     tb, job, where = outage
     watcher = start_watcher(tb, where)
     try:
         down_at = fault_while_down(tb, where)
-        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
-        tb.start_controller()
-        assert_finished_after_return(tb, job, where, time.monotonic())
-    finally:
-        stop(watcher)
-
-
-def test_the_pending_drain_survives_a_restart_of_the_watcher(outage):
-    tb, job, where = outage
-    watcher = start_watcher(tb, where)
-    try:
-        down_at = fault_while_down(tb, where)
-    finally:
-        stop(watcher)
-    watcher = start_watcher(tb, where)  # a new process: only the file on disk remembers
-    try:
+        if restart:  # a new process: only the pending action on disk remembers
+            stop(watcher)
+            watcher = start_watcher(tb, where)
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
         tb.start_controller()
         assert_finished_after_return(tb, job, where, time.monotonic())

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from typing import Callable
 
 from slurm_hooks import fsutil
 from slurm_hooks.engine import parse_gpu_list
@@ -35,9 +36,18 @@ def job_id(env: Mapping[str, str]) -> str | None:
 
 
 def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
+    return _run(w, _prolog, env)
+
+
+def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
+    return _run(w, _epilog, env)
+
+
+def _run(w: Wiring, hook: Callable[[Wiring, Mapping[str, str]], int], env: Mapping[str, str]) -> int:
+    """The hook under one deadline, then whatever an earlier run left pending on this node."""
     w.start_deadline(float(w.config.check.deadline))
     try:
-        return _prolog(w, env)
+        return hook(w, env)
     finally:
         healthcheck.finish_pending(w, respect_backoff=True)
 
@@ -60,14 +70,6 @@ def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
     if jid:
         remediate.follow_jobs(w, [int(jid)], "detached")
     return 1
-
-
-def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
-    w.start_deadline(float(w.config.check.deadline))
-    try:
-        return _epilog(w, env)
-    finally:
-        healthcheck.finish_pending(w, respect_backoff=True)
 
 
 def _epilog(w: Wiring, env: Mapping[str, str]) -> int:
