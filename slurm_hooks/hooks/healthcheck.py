@@ -325,6 +325,9 @@ def _settle(w: Wiring, report: Report, outcome: Outcome, earlier: pending.Pendin
                       result="queued" if earlier is None else "retry", steps=list(rec.steps),
                       attempt=rec.attempts, error=error, reason=rec.reason, pending=rec.id, duration_s=0.0,
                       detail=f"next try in {pending.backoff(rec.attempts, error):g}s")
+    elif earlier is not None and outcome.guarded:
+        _close(w, earlier, "superseded", "held back by the drain guard: the config is suspected, not the node")
+        outcome.pending = "superseded"
     elif earlier is not None:
         failed = list(outcome.failed)
         _close(w, earlier, "dropped" if failed else "done",
