@@ -45,12 +45,22 @@ def select(records: Iterable[dict[str, Any]], node: str | None = None, since: fl
 
 
 def incidents(records: list[dict[str, Any]], gap: float = INCIDENT_GAP_S) -> list[list[dict[str, Any]]]:
+    """Records per node, a new incident after ``gap`` seconds of quiet; the records of one
+    pending action (same ``pending`` id: queued, each retry, the result) stay in one incident
+    however long the controller was away."""
     groups: dict[str, list[list[dict[str, Any]]]] = {}
+    by_pending: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         runs = groups.setdefault(str(r.get("node")), [])
+        held = by_pending.get(str(r.get("pending")))
+        if held is not None:
+            held.append(r)
+            continue
         if not runs or float(r["ts"]) - float(runs[-1][-1]["ts"]) > gap:
             runs.append([])
         runs[-1].append(r)
+        if r.get("pending"):
+            by_pending[str(r["pending"])] = runs[-1]
     flat = [run for runs in groups.values() for run in runs]
     flat.sort(key=lambda run: float(run[0]["ts"]))
     return flat
@@ -69,6 +79,12 @@ def describe(r: dict[str, Any]) -> str:
             jobs = ",".join(str(j) for j in r.get("requeued") or []) or "none"
             return f"watch   XID {r['xid']} on {where}: {done}, jobs requeued: {jobs}"
         return f"watch   {r.get('message', '')}"
+    if kind == "action" and r.get("action") == "pending":
+        steps = "+".join(r.get("steps") or []) or "remediation"
+        if r.get("result") in ("queued", "retry"):
+            what = "waits" if r.get("result") == "queued" else f"retry {r.get('attempt', '?')} failed"
+            return f"pending {steps} {what}: {r.get('error', '')} ({r.get('detail', '')})"
+        return f"pending {steps} {r.get('result', '')} after {r.get('attempt', '?')} attempt(s) ({r.get('detail', '')})"
     if kind == "action":
         detail = r.get("reason") or r.get("detail") or r.get("error") or ""
         return f"{r.get('action', '?'):<7} {r.get('target', '')} {r.get('result', '')}" + (f" ({detail})" if detail else "")

@@ -17,6 +17,7 @@ Series (``context`` is check, prolog, epilog or watch)::
     slurm_hooks_last_run_timestamp_seconds{node,context}
     slurm_hooks_last_run_duration_seconds{node,context}
     slurm_hooks_remediations_total{node,action}              counter, persisted
+    slurm_hooks_pending_actions{node}                        remediation steps waiting for a retry
 """
 
 from __future__ import annotations
@@ -45,15 +46,18 @@ FAMILIES = (
     ("slurm_hooks_last_run_timestamp_seconds", "gauge", "Unix time the last run in this context finished."),
     ("slurm_hooks_last_run_duration_seconds", "gauge", "Seconds the last run in this context took."),
     ("slurm_hooks_remediations_total", "counter", "Remediations performed on this node (drain, requeue, resume, ...)."),
+    ("slurm_hooks_pending_actions", "gauge",
+     "Remediation steps (drain, requeue) that failed for a transient reason and wait for a retry."),
 )
 
 
 def write(textfile_dir: str, node: str, report: Report | None, *, state_dir: str,
-          remediations: Iterable[str | Enum] = (), now: float | None = None) -> str | None:
+          remediations: Iterable[str | Enum] = (), pending: int | None = None, now: float | None = None) -> str | None:
     """Record ``report`` (and count ``remediations``) and rewrite ``<textfile_dir>/slurm_hooks.prom``.
 
     A no-op returning None when ``textfile_dir`` is "". ``report`` may be None to
-    count remediations alone (the bridge-free resume path, a watcher action).
+    count remediations alone (the bridge-free resume path, a watcher action). ``pending``:
+    how many remediation steps wait for a retry on ``node`` now (None: unchanged).
     Never raises for I/O: metrics must not fail a hook; a failure is one line on
     stderr and None. Returns the path written.
     """
@@ -70,6 +74,8 @@ def write(textfile_dir: str, node: str, report: Report | None, *, state_dir: str
             for action in remediations:
                 name = action.value if isinstance(action, Enum) else str(action)
                 counters[name] = int(counters.get(name, 0)) + 1
+            if pending is not None:
+                state.setdefault("pending", {})[node] = int(pending)
             fsutil.atomic_write(state_path, json.dumps(state, sort_keys=True), mode=0o644)
             fsutil.atomic_write(prom_path, render(state), mode=0o644)
     except OSError as exc:
@@ -78,9 +84,11 @@ def write(textfile_dir: str, node: str, report: Report | None, *, state_dir: str
     return prom_path
 
 
-def record(config: Any, node: str, report: Report | None, remediations: Iterable[str | Enum] = ()) -> str | None:
+def record(config: Any, node: str, report: Report | None, remediations: Iterable[str | Enum] = (),
+           pending: int | None = None) -> str | None:
     """:func:`write` with ``[metrics] textfile_dir`` and ``[state] dir`` from the config."""
-    return write(config.metrics.textfile_dir, node, report, state_dir=config.state.dir, remediations=remediations)
+    return write(config.metrics.textfile_dir, node, report, state_dir=config.state.dir, remediations=remediations,
+                 pending=pending)
 
 
 def _summarise(report: Report, now: float) -> dict[str, Any]:
@@ -146,6 +154,10 @@ def render(state: dict[str, Any]) -> str:
         for action, n in sorted(state["remediations"][node].items()):
             samples["slurm_hooks_remediations_total"].append(
                 _sample("slurm_hooks_remediations_total", {"node": node, "action": action}, n))
+    pending = state.get("pending") if isinstance(state.get("pending"), dict) else {}
+    for node in sorted(pending):
+        samples["slurm_hooks_pending_actions"].append(
+            _sample("slurm_hooks_pending_actions", {"node": node}, int(pending[node])))
     lines = []
     for name, kind, text in FAMILIES:
         lines.append(f"# HELP {name} {_escape_help(text)}")

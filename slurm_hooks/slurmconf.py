@@ -109,6 +109,8 @@ class SlurmConf:
     partitions: tuple[Record, ...] = ()
     #: Every file read, the main one first.
     files: tuple[str, ...] = ()
+    #: lower-case key -> every Entry written for it, in order (``SlurmctldHost`` is one line per controller).
+    repeated: dict = field(default_factory=dict, hash=False)
 
     @property
     def directory(self) -> str:
@@ -120,6 +122,18 @@ class SlurmConf:
     def get(self, key: str, default: str | None = None) -> str | None:
         e = self.entry(key)
         return e.value if e is not None else default
+
+    def all(self, key: str) -> list[Entry]:
+        """Every ``key=`` line in file order (a key given once: that one; not given: none)."""
+        return list(self.repeated.get(key.lower(), ()))
+
+    def controllers(self) -> list[Entry]:
+        """The slurmctld hosts in failover order: ``SlurmctldHost`` lines, else the older
+        ``ControlMachine`` and ``BackupController``."""
+        hosts = self.all("SlurmctldHost")
+        if hosts:
+            return hosts
+        return [e for e in (self.entry("ControlMachine"), self.entry("BackupController")) if e is not None]
 
     def __contains__(self, key: str) -> bool:
         return key.lower() in self.entries
@@ -334,6 +348,7 @@ class _Builder:
     def __init__(self, path: str):
         self.path = path
         self.entries: dict[str, Entry] = {}
+        self.repeated: dict[str, list[Entry]] = {}
         self.records: dict[str, list[Record]] = {k: [] for k in RECORD_KEYS}
         self.defaults: dict[str, dict[str, str]] = {k: {} for k in RECORD_KEYS}
         self.files: list[str] = []
@@ -355,6 +370,7 @@ class _Builder:
             else:
                 for key, value in pairs:
                     self.entries[key.lower()] = Entry(key, value, path, no)
+                    self.repeated.setdefault(key.lower(), []).append(self.entries[key.lower()])
 
     def _include(self, inc: Entry, depth: int) -> None:
         if depth >= _MAX_INCLUDE_DEPTH:
@@ -387,4 +403,5 @@ class _Builder:
             nodes=tuple(self.records["nodename"]),
             partitions=tuple(self.records["partitionname"]),
             files=tuple(self.files),
+            repeated={k: tuple(v) for k, v in self.repeated.items()},
         )

@@ -588,6 +588,33 @@ class Testbed:
         _mkdir(self.hooks_state_dir, 0o700)
         self.wait_ready(timeout)
 
+    def stop_controller(self, timeout: float = 15.0) -> None:
+        """Stop slurmctld alone (an outage): slurmd's and running jobs carry on without it."""
+        pid = self._pid("slurmctld")
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        if not _wait(lambda: not self._alive("slurmctld"), timeout):
+            raise TestbedError(f"slurmctld (pid {pid}) still running {timeout:g}s after SIGTERM")
+
+    def start_controller(self, timeout: float = 30.0) -> None:
+        """Start slurmctld again after :meth:`stop_controller`, keeping its saved jobs and node
+        states (no ``-c``), and return once it answers."""
+        if not self._alive("slurmctld"):
+            self._start(["slurmctld", "-f", self.slurm_conf], self._daemon_env(), "slurmctld")
+        slurm = self.slurm(timeout=5)
+
+        def answers() -> bool:
+            try:
+                slurm.nodes()
+            except SlurmHooksError:
+                return False
+            return True
+
+        if not _wait(answers, timeout, interval=0.1):
+            raise TestbedError(f"slurmctld does not answer {timeout:g}s after start{self._log_tail('slurmctld')}")
+
 
 # --- packages ----------------------------------------------------------------
 

@@ -348,6 +348,51 @@ def check_gres(conf: SlurmConf, cfg: Config, node: str | None) -> list[Result]:
     return out
 
 
+def check_controller_failover(conf: SlurmConf, cfg: Config) -> list[Result]:
+    """Our Slurm call timeout lets scontrol reach a backup controller that has taken over.
+
+    scontrol fails over by itself (Slurm's ``_open_controller``): it tries each
+    SlurmctldHost in order; a controller whose host is down costs up to TCPTimeout
+    to connect, and the one that answers takes up to MessageTimeout to reply. So
+    with N controllers and the first N-1 away, one call needs up to
+    ``MessageTimeout + (N - 1) x TCPTimeout``; a shorter ``[slurm] timeout`` kills
+    scontrol before it reaches the backup, and every drain fails for as long as
+    the primary is down. (While the backup is still taking over, up to
+    SlurmctldTimeout, no controller answers: those actions wait as pending ones.)
+    """
+    check = "controller-failover"
+    hosts = conf.controllers()
+    where = hosts[0].where if hosts else conf.path
+    message, err = _seconds(conf, check, "MessageTimeout", 10)
+    if err:
+        return [err]
+    tcp, err = _seconds(conf, check, "TCPTimeout", 2)
+    if err:
+        return [err]
+    takeover, err = _seconds(conf, check, "SlurmctldTimeout", 120)
+    if err:
+        return [err]
+    ours = float(cfg.slurm.timeout)
+    n = max(len(hosts), 1)
+    need = message + (n - 1) * tcp
+    formula = f"MessageTimeout {message:g} s" + (f" + {n - 1} x TCPTimeout {tcp:g} s" if n > 1 else "")
+    if ours < need:
+        what = (f"{n} controllers: a call that reaches the last of them needs up to {formula} = {need:g} s"
+                if n > 1 else f"one controller: a slow answer may take up to {formula}")
+        return [Result(check, Status.WARN,
+                       f"[slurm] timeout = {ours:g} s is shorter than a failover: {what}, so scontrol is killed "
+                       "before Slurm's own failover reaches a controller that answers",
+                       f"timeout = {int(need) + 2} in [slurm] of {cfg.path or 'the config'} "
+                       f"(and keep [check] deadline = {cfg.check.deadline:g} s above it)", where)]
+    if n == 1:
+        return [Result(check, Status.PASS,
+                       f"one controller ({hosts[0].value if hosts else 'none set'}): while it is away, drains and "
+                       "requeues wait as pending actions and are retried when it is back", "", where)]
+    return [Result(check, Status.PASS,
+                   f"{n} controllers: [slurm] timeout = {ours:g} s covers {formula} = {need:g} s; during a takeover "
+                   f"(up to SlurmctldTimeout {takeover:g} s) actions wait as pending ones", "", where)]
+
+
 def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Result]:
     """Every slurm.conf check, in the order an admin reads them."""
     out: list[Result] = []
@@ -360,6 +405,7 @@ def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Res
     out += check_job_requeue(conf, cfg)
     out += check_nohold_on_prolog_fail(conf)
     out += check_gres(conf, cfg, node)
+    out += check_controller_failover(conf, cfg)
     return out
 
 

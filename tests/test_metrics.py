@@ -127,6 +127,7 @@ def test_unhealthy_check_is_written_as_valid_exposition(dirs):
         "slurm_hooks_last_run_timestamp_seconds": "gauge",
         "slurm_hooks_last_run_duration_seconds": "gauge",
         "slurm_hooks_remediations_total": "counter",
+        "slurm_hooks_pending_actions": "gauge",
     }
     assert all(f["help"] for f in fam.values())
     assert value(fam, "slurm_hooks_check_status", node="n1", context="check") == 0
@@ -258,3 +259,15 @@ def test_prometheus_client_parser_agrees(dirs):
     assert fams["slurm_hooks_remediations"].type == "counter"
     assert [s.value for s in fams["slurm_hooks_remediations"].samples] == [1.0]
     assert len(fams["slurm_hooks_check_status"].samples) == 2
+
+
+def test_pending_actions_are_counted_per_node_until_cleared(dirs):
+    textfile, state = dirs
+    metrics.write(textfile, "n1", None, state_dir=state, pending=2)
+    metrics.write(textfile, "n2", report(), state_dir=state, pending=1)
+    path = metrics.write(textfile, "n1", report(), state_dir=state)  # None: n1's count stays
+    fam = read(path)
+    assert value(fam, "slurm_hooks_pending_actions", node="n1") == 2
+    assert value(fam, "slurm_hooks_pending_actions", node="n2") == 1
+    fam = read(metrics.write(textfile, "n1", None, state_dir=state, pending=0))
+    assert value(fam, "slurm_hooks_pending_actions", node="n1") == 0

@@ -195,6 +195,40 @@ def test_a_dcgm_drain_without_our_marker_waits_for_a_person(t):
     assert not outcome.resumed and t.slurm.called("resume") == []
 
 
+def test_a_newer_drain_of_ours_than_our_record_is_not_resumed(t):
+    # Drained for heat, then the epilog's DCGM diagnostic drained it again and its record was
+    # not written (full disk): our record still says thermal, the node says DCGM.
+    thermal = "slurm-hooks: GPU 3 at 95 C [drain]"
+    dcgm = "slurm-hooks: DCGM diag L2 failed on GPU 3 [reset]"
+    t.slurm.set_node("n1", state="IDLE+DRAIN", reason=dcgm)
+    os.makedirs(os.path.dirname(t.w.drained_marker()), exist_ok=True)
+    with open(t.w.drained_marker(), "w") as fh:
+        json.dump({"ts": 1.0, "reason": thermal, "xids": [], "context": "check", "checks": ["thermal"]}, fh)
+    _, outcome = check(t)
+    assert not outcome.resumed and t.slurm.called("resume") == []
+    [skipped] = records(t, "action", action="resume")
+    assert skipped["result"] == "skipped" and thermal in skipped["detail"] and skipped["reason"] == dcgm
+
+
+def test_an_unreadable_record_resumes_only_through_what_slurm_says(t):
+    # A corrupt record names no reason: Slurm's is taken, and a DCGM drain waits for a person.
+    t.slurm.set_node("n1", state="IDLE+DRAIN", reason="slurm-hooks: DCGM diag L2 failed on GPU 3 [reset]")
+    os.makedirs(os.path.dirname(t.w.drained_marker()), exist_ok=True)
+    with open(t.w.drained_marker(), "w") as fh:
+        fh.write("{torn")
+    _, outcome = check(t)
+    assert not outcome.resumed and t.slurm.called("resume") == []
+
+
+def test_an_unreadable_record_of_a_mended_xid_drain_is_resumed_after_asking_slurm(t):
+    t.slurm.set_node("n1", state="IDLE+DRAIN", reason=XID79_REASON)
+    os.makedirs(os.path.dirname(t.w.drained_marker()), exist_ok=True)
+    with open(t.w.drained_marker(), "w") as fh:
+        fh.write("{torn")
+    _, outcome = check(t)
+    assert outcome.resumed and t.slurm.called("resume") == [("resume", "n1")]
+
+
 def test_a_node_resumed_by_someone_else_only_loses_our_marker(t):
     drained_by_us(t)
     sim.clear(t.sim_dir, "n1")

@@ -25,6 +25,7 @@ Prolog={root}/etc/prolog.d/*
 Epilog={root}/etc/epilog.d/50-slurm-hooks
 PrologEpilogTimeout=120
 KillWait=120
+MessageTimeout=5
 JobRequeue=1
 SchedulerParameters=bf_interval=30,nohold_on_prolog_fail
 GresTypes=gpu
@@ -136,7 +137,7 @@ def test_good_cluster_passes_every_check_and_exits_0(cluster, capsys):
     checks = {line.split()[1].rstrip(":") for line in out}
     assert {"config", "slurm-conf", "health-check-program", "prolog", "epilog", "health-check-interval",
             "health-check-node-state", "kill-wait", "prolog-epilog-timeout", "job-requeue", "nohold-on-prolog-fail",
-            "gres", "gpu-backend", "gpu-count", "scontrol", "audit-log", "state-dir"} <= checks
+            "gres", "controller-failover", "gpu-backend", "gpu-count", "scontrol", "audit-log", "state-dir"} <= checks
 
 
 def test_json_output_lists_check_status_message_fix_and_where(cluster, capsys):
@@ -564,3 +565,36 @@ def test_validate_does_not_import_kubernetes_without_a_bridge_section(cluster):
             f"validate.run({cluster.config!r}, {cluster.slurm_conf!r}, 'n1')\n"
             "assert 'kubernetes' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --- HA controllers -----------------------------------------------------------------------
+
+
+def test_a_backup_controller_needs_a_timeout_that_outlasts_the_failover(cluster):
+    cluster.edit_slurm_conf("SlurmctldHost=localhost\n", "SlurmctldHost=ctl1\nSlurmctldHost=ctl2(10.0.0.2)\n")
+    cluster.edit_slurm_conf("MessageTimeout=5", "MessageTimeout=10")
+    r = only(cluster.run(), "controller-failover")
+    assert r.status is validate.Status.WARN
+    # scontrol tries ctl1 (host down: up to TCPTimeout to connect), then ctl2 (up to MessageTimeout to answer).
+    assert "2 controllers" in r.message and "MessageTimeout 10 s + 1 x TCPTimeout 2 s = 12 s" in r.message
+    assert r.where == f"{cluster.slurm_conf}:{cluster.line_of('SlurmctldHost')}"
+    assert r.fix.startswith("timeout = 14 in [slurm]")
+
+
+def test_a_timeout_that_outlasts_the_failover_passes(cluster):
+    cluster.edit_slurm_conf("SlurmctldHost=localhost\n", "SlurmctldHost=ctl1\nSlurmctldHost=ctl2\nTCPTimeout=1\n")
+    cluster.write_config(GOOD_CONFIG.replace("timeout = 5", "timeout = 6"))
+    r = only(cluster.run(), "controller-failover")
+    assert r.status is validate.Status.PASS and "2 controllers" in r.message and "= 6 s" in r.message
+
+
+def test_the_older_control_machine_and_backup_controller_keys_count_too(cluster):
+    cluster.edit_slurm_conf("SlurmctldHost=localhost\n", "ControlMachine=ctl1\nBackupController=ctl2\n")
+    r = only(cluster.run(), "controller-failover")
+    assert r.status is validate.Status.WARN and "2 controllers" in r.message
+
+
+def test_one_controller_slower_than_our_timeout_warns(cluster):
+    cluster.edit_slurm_conf("MessageTimeout=5\n", "")  # Slurm's default: 10 s
+    r = only(cluster.run(), "controller-failover")
+    assert r.status is validate.Status.WARN and "one controller" in r.message and r.fix.startswith("timeout = 12")

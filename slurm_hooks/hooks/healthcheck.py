@@ -4,17 +4,24 @@ slurmd ignores this program's exit code, so it acts itself. It runs on every
 node every few minutes: the healthy path is one probe, pure checks, and no
 Slurm call unless this node is drained by us (or, once an hour, to find a drain
 of ours whose record was lost).
+
+One deadline ([check] deadline) bounds the whole run, remediation included: every
+Slurm call after the checks gets what is left. A drain or requeue that fails for
+a transient reason (slurmctld unreachable, too slow, the deadline spent) is kept
+as a pending action (:mod:`slurm_hooks.pending`) that the next run on this node,
+the watcher's retry loop included, finishes or drops as superseded.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from collections.abc import Sequence
-from typing import Callable
+from typing import Any, Callable
 
-from slurm_hooks import engine
-from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks import engine, pending
+from slurm_hooks.errors import SlurmHooksError, TransientError
 from slurm_hooks.hooks import remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
@@ -23,16 +30,65 @@ from slurm_hooks.xid_history import XidHistory
 
 
 def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, follow: str = "detached",
-        events: Sequence[XidEvent] = ()) -> tuple[Report, Outcome]:
+        events: Sequence[XidEvent] = (), retry: bool = False) -> tuple[Report, Outcome]:
     """Judge the node and act. ``events``: XIDs a source delivered (the watcher's NVML event)
-    that the probe may not see, e.g. when the kernel log is unreadable in a container."""
+    that the probe may not see, e.g. when the kernel log is unreadable in a container.
+
+    A pending action left by an earlier run is finished on the way: its events are judged
+    with this run's, and acting on the verdict settles it (done, superseded, or retried later).
+    ``retry``: this run exists only to finish the pending action (its alerts were recorded).
+    """
+    if context is not Context.WATCH:  # the watcher is a daemon: nothing kills it at 60 s
+        w.start_deadline(float(w.config.check.deadline))
+    earlier = None if dry_run else pending.load(w.config.state.dir, w.node)
+    if earlier is not None:
+        events = (*events, *_events(earlier))
     report = judge(w, context, events=events, acknowledge=not dry_run)
     outcome = Outcome()
     if not dry_run:
-        remediate.record_alerts(w, report)
-        act(w, report, outcome, follow=follow)
+        if not retry:
+            remediate.record_alerts(w, report)
+        act(w, report, outcome, follow=follow, earlier=earlier)
         remediate.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
     return report, outcome
+
+
+#: A pending action is retried only with at least this much of the run's deadline left.
+MIN_RETRY_S = 10.0
+
+
+def finish_pending(w: Wiring, *, follow: str = "detached", respect_backoff: bool = False) -> str | None:
+    """Finish this node's pending action, if there is one: re-judge the node, then act or drop it.
+
+    Cheap when there is none (one failed ``open``). Returns None when nothing was pending (or it
+    is not due yet with ``respect_backoff``, or another process is finishing it right now), else
+    the step it took: "done", "retry", "superseded" or "dropped".
+    """
+    state = w.config.state.dir
+    rec = pending.load(state, w.node)
+    if rec is None or (respect_backoff and not rec.due()):
+        return None
+    if w.time_left(MIN_RETRY_S) < MIN_RETRY_S:
+        return None  # a probe cut short by our own deadline must not read as a broken node
+    with pending.claimed(state, w.node) as mine:
+        if not mine:
+            return None
+        try:
+            context = Context(rec.context)
+        except ValueError:
+            context = Context.CHECK
+        _, outcome = run(w, context=context, follow=follow, retry=True)
+    return outcome.pending or None
+
+
+def _events(rec: pending.Pending) -> list[XidEvent]:
+    out = []
+    for e in rec.events:
+        try:
+            out.append(XidEvent(**e))
+        except TypeError:
+            continue
+    return out
 
 
 def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequence[XidEvent] = (),
@@ -120,7 +176,7 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
         acked = frozenset()
     report = engine.run(
         _Fixed(snapshot) if snapshot is not None else w.probe(), w.node, expect, context,
-        deadline_s=float(cfg.check.deadline),
+        deadline_s=_check_budget(w),
         probe_timeout_s=float(cfg.gpu.probe_timeout),
         gpus=gpus,
         baseline=baseline,
@@ -140,22 +196,154 @@ def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baselin
     return report
 
 
+def _check_budget(w: Wiring) -> float:
+    """What probe and checks may take of the run's deadline: the rest is kept for the drain."""
+    deadline = float(w.config.check.deadline)
+    left = w.time_left(deadline)
+    return max(left - min(float(w.config.slurm.timeout), deadline / 4), 0.5)
+
+
 def _keys(snap: NodeSnapshot) -> list[str]:
     return [x.key for x in engine.snapshot_xids(snap)]
 
 
-def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached") -> None:
+def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
+        earlier: pending.Pending | None = None) -> None:
+    if earlier is not None and not _still_to_do(w, earlier, report, outcome):
+        _metrics(w, report, outcome)
+        return
     if report.drain_findings():
         if w.config.check.drain:
-            remediate.drain(w, report, outcome)
             # Requeued onto a node that still takes jobs, a job could land right back here; and a
             # node we could not read at all says nothing about its running jobs' GPUs.
             gpu_fault = any(f.check != engine.PROBE_FAILED for f in report.drain_findings())
-            if w.config.remediation.requeue and outcome.node_out and gpu_fault:
-                remediate.requeue_jobs(w, outcome, follow=follow)
+            requeue = (w.config.remediation.requeue and gpu_fault
+                       and report.context in (Context.CHECK, Context.WATCH))
+            take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier)
     elif report.healthy and report.context is Context.CHECK:
         remediate.resume_if_ours(w, outcome, report)
     _metrics(w, report, outcome)
+
+
+def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeue: bool,
+             earlier: pending.Pending | None = None, **extra: Any) -> None:
+    """Drain, then requeue the node's jobs: most urgent first, each Slurm call bounded by
+    what is left of the run's deadline. What fails for a transient reason stays pending."""
+    seen = _SlurmErrors(w.slurm)
+    ww = dataclasses.replace(w, slurm_override=seen)
+    remediate.drain(ww, report, outcome, **extra)
+    left: list[str] = []
+    if seen.transient():
+        left = ["drain", "requeue"] if requeue else ["drain"]
+    elif requeue and outcome.node_out:
+        before = len(seen.errors)
+        remediate.requeue_jobs(ww, outcome, follow=follow)
+        if seen.transient(since=before):
+            left = ["requeue"]
+    if earlier is not None and not requeue and "requeue" in earlier.steps:
+        left.append("requeue")  # this run (a prolog, an epilog) does not requeue: the next one will
+    _settle(w, report, outcome, earlier, left, seen.last_error())
+
+
+class _SlurmErrors:
+    """The Slurm adapter, noting every error it raises: a step that failed for a transient
+    reason is kept pending, one that failed for good is recorded once and dropped."""
+
+    bounded = None  # already bounded by the run's deadline: Wiring must not unwrap it
+
+    def __init__(self, slurm: Any):
+        self._slurm = slurm
+        self.errors: list[SlurmHooksError] = []
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._slurm, name)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return target(*args, **kwargs)
+            except SlurmHooksError as exc:
+                self.errors.append(exc)
+                raise
+
+        return call
+
+    def transient(self, since: int = 0) -> bool:
+        return any(isinstance(e, TransientError) for e in self.errors[since:])
+
+    def last_error(self) -> str:
+        transient = [e for e in self.errors if isinstance(e, TransientError)]
+        return str(transient[-1]) if transient else ""
+
+
+def _still_to_do(w: Wiring, earlier: pending.Pending, report: Report, outcome: Outcome) -> bool:
+    """Whether a pending action is still ours to finish; settles it when it is not.
+
+    Never replayed over a person: a node someone else drained, or resumed after our drain,
+    is theirs. A fault the re-judged node no longer shows needs nothing more.
+    """
+    if not report.drain_findings():
+        _close(w, earlier, "superseded", "the fault is gone: the node was re-judged without it")
+        outcome.pending = "superseded"
+        return False
+    try:
+        info = w.slurm.node(w.node)
+    except SlurmHooksError as exc:
+        if isinstance(exc, TransientError):
+            _settle(w, report, outcome, earlier, list(earlier.steps), str(exc))
+            outcome.failed.append(f"{'+'.join(earlier.steps)} (pending): {exc}")
+        else:
+            _close(w, earlier, "dropped", f"cannot read the node: {exc}")
+            outcome.pending = "dropped"
+        return False
+    if info.drained and not info.ours:
+        detail = f"drained by someone else meanwhile: {info.reason!r}"
+    elif "drain" not in earlier.steps and not info.drained:
+        detail = "resumed by someone else after our drain"
+    else:
+        return True
+    _close(w, earlier, "superseded", detail)
+    outcome.pending = "superseded"
+    return False
+
+
+def _settle(w: Wiring, report: Report, outcome: Outcome, earlier: pending.Pending | None,
+            left: list[str], error: str) -> None:
+    """Keep what is left pending (with backoff), or close the earlier record now that it is done."""
+    state = w.config.state.dir
+    if left:
+        snap = report.snapshot
+        events = [dataclasses.asdict(x) for x in engine.snapshot_xids(snap)] if snap is not None else []
+        from slurm_hooks.slurm import format_reason
+
+        reason = format_reason(engine.drain_summary(report), report.worst_action)
+        try:
+            rec = pending.record_failure(state, w.node, steps=left, context=report.context.value, reason=reason,
+                                         events=events, error=error, earlier=earlier)
+        except OSError as exc:
+            print(f"slurm-hooks: cannot keep the pending action: {exc.strerror}", file=sys.stderr)
+            return
+        outcome.pending = "retry"
+        w.audit.write("action", node=w.node, action="pending", target=w.node,
+                      result="queued" if earlier is None else "retry", steps=list(rec.steps),
+                      attempt=rec.attempts, error=error, reason=rec.reason, pending=rec.id, duration_s=0.0,
+                      detail=f"next try in {pending.backoff(rec.attempts, error):g}s")
+    elif earlier is not None and outcome.guarded:
+        _close(w, earlier, "superseded", "held back by the drain guard: the config is suspected, not the node")
+        outcome.pending = "superseded"
+    elif earlier is not None:
+        failed = list(outcome.failed)
+        _close(w, earlier, "dropped" if failed else "done",
+               "; ".join(failed) if failed else f"{'+'.join(earlier.steps)} finished")
+        outcome.pending = "dropped" if failed else "done"
+
+
+def _close(w: Wiring, earlier: pending.Pending, result: str, detail: str) -> None:
+    pending.clear(w.config.state.dir, w.node)
+    w.audit.write("action", node=w.node, action="pending", target=w.node, result=result,
+                  steps=list(earlier.steps), attempt=earlier.attempts + 1, pending=earlier.id,
+                  duration_s=round(time.time() - earlier.created, 4), detail=detail)
 
 
 def xid_history(w: Wiring) -> XidHistory:
@@ -177,4 +365,5 @@ def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
     from slurm_hooks import metrics
 
     done = ["drain"] * int(outcome.drained) + ["requeue"] * len(outcome.requeued) + ["resume"] * int(outcome.resumed)
-    metrics.record(w.config, w.node, report, remediations=done)
+    waiting = pending.load(w.config.state.dir, w.node)
+    metrics.record(w.config, w.node, report, remediations=done, pending=len(waiting.steps) if waiting else 0)

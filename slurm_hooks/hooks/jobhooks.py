@@ -4,7 +4,9 @@ The prolog's healthy path is a probe, pure checks, this node's XID history and
 one small baseline file; it never calls scontrol. On a bad GPU it drains the
 node with a reason naming the fault and exits 1; Slurm then requeues the job,
 and a detached follower releases it if held and clears the requeue delay so it
-starts elsewhere now.
+starts elsewhere now. Both hooks then finish a remediation an earlier run left
+pending on this node (one failed ``open`` when there is none), within the time
+their deadline leaves.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from typing import Callable
 
 from slurm_hooks import fsutil
 from slurm_hooks.engine import parse_gpu_list
@@ -33,7 +36,26 @@ def job_id(env: Mapping[str, str]) -> str | None:
 
 
 def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
-    remediate.finish_followed(w)  # jobs a requeue follower left waiting; one directory listing when none
+    return _run(w, _prolog, env)
+
+
+def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
+    return _run(w, _epilog, env)
+
+
+def _run(w: Wiring, hook: Callable[[Wiring, Mapping[str, str]], int], env: Mapping[str, str]) -> int:
+    """The hook under one deadline, then whatever an earlier run left on this node: a pending
+    action, and jobs a requeue follower left waiting (one failed open and one directory listing
+    when there are none)."""
+    w.start_deadline(float(w.config.check.deadline))
+    try:
+        return hook(w, env)
+    finally:
+        healthcheck.finish_pending(w, respect_backoff=True)
+        remediate.finish_followed(w)
+
+
+def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
     gpus, jid = job_gpus(env), job_id(env)
     if gpus is None:
         return 0  # a job without GPUs is not ours to judge; the health check covers the node
@@ -54,8 +76,7 @@ def prolog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
     return 1
 
 
-def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
-    remediate.finish_followed(w)
+def _epilog(w: Wiring, env: Mapping[str, str]) -> int:
     gpus, jid = job_gpus(env), job_id(env)
     if gpus is None:
         return 0
@@ -72,10 +93,11 @@ def epilog(w: Wiring, env: Mapping[str, str] = os.environ) -> int:
 
 
 def _drain(w: Wiring, report: Report, jid: str | None) -> Outcome:
-    """Audit the findings and drain the node, both naming the job; then print the findings."""
+    """Audit the findings and drain the node, both naming the job; then print the findings.
+    A drain that fails for a transient reason stays pending for the next run."""
     remediate.record_alerts(w, report, job=jid)
     outcome = Outcome()
-    remediate.drain(w, report, outcome, job=jid)
+    healthcheck.take_out(w, report, outcome, follow="none", requeue=False, job=jid)
     _print(report)
     return outcome
 

@@ -40,6 +40,8 @@ class Outcome:
     #: Refs of the jobs requeued (``123``, ``100_7`` for an array task; see JobInfo.ref).
     requeued: list[str] = field(default_factory=list)
     resumed: bool = False
+    #: What became of a pending action in this run: "retry", "done", "superseded", "dropped" or "".
+    pending: str = ""
 
     @property
     def ok(self) -> bool:
@@ -403,13 +405,17 @@ RECOVER_LOOK_S = 3600.0
 def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
     """A healthy node that we drained goes back into service; anyone else's drain stays.
 
-    Only what this check could judge again is taken as mended: a drain for a
-    check the periodic run does not do (the epilog's DCGM diagnostic) waits for
-    a person. A drain written after this check took its snapshot (the watcher,
-    an epilog) is newer than our verdict and is left alone.
+    Only what this check could judge again is taken as mended, and only the exact
+    drain it judged: the node's reason must be the one our record names. A newer
+    drain (a DCGM failure after a thermal drain, a drain whose record could not be
+    written) is not covered by this verdict, nor is a drain whose record is
+    unreadable (then Slurm is asked, as when the record is lost). A drain for a
+    check the periodic run does not do (the epilog's DCGM diagnostic) waits for a
+    person. A drain written after this check took its snapshot (the watcher, an
+    epilog) is newer than our verdict and is left alone.
     """
     record = read_marker(w)
-    if record is None:
+    if not record:  # none, or unreadable: what we drained for is unknown
         record = _recover_marker(w)
         if record is None:
             return
@@ -442,6 +448,10 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
 
 def _not_rejudged(w: Wiring, record: dict, report: Report, info) -> str:
     """Why this healthy verdict does not cover what the node was drained for ("" when it does)."""
+    judged = str(record.get("reason", ""))
+    if judged != info.reason:
+        return (f"drained for {info.reason!r}, but our record is of a drain for {judged!r}: this check did "
+                "not judge the newer drain; resume by hand (scontrol update State=RESUME) once mended")
     expect = w.config.expectations_for(w.node)
     ran = {c.name for c in registry.for_context(report.context)} | {PROBE_FAILED}
     if dcgm_level(report.context, expect) <= 0:

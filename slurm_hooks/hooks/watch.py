@@ -5,7 +5,9 @@ kernel log's ``NVRM: Xid`` lines where the driver has no event sets), the sim
 backend's injected events in tests and rehearsals. A critical XID runs the same
 remediation as the health check. Each event is acted on once: its key is
 remembered in the XID history, which survives restarts; events that arrived
-while the watcher was down are handled at start.
+while the watcher was down are handled at start. A remediation that failed for a
+transient reason (slurmctld down) stays pending on disk; a retry thread finishes
+it with backoff while the watcher goes on judging new events.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import threading
 import time
 from typing import Callable, Protocol
 
-from slurm_hooks import xid_catalog
+from slurm_hooks import pending, xid_catalog
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.hooks.wiring import Wiring
@@ -151,12 +153,18 @@ def default_source(w: Wiring, log: Callable[[str], None] | None = None) -> Sourc
                         log or _to_stderr)
 
 
+#: How often the retry thread looks for a pending action (one failed ``open`` when there is none).
+RETRY_POLL_S = 1.0
+
+
 class Watcher:
-    def __init__(self, w: Wiring, source: Source, log: Callable[[str], None] | None = None):
+    def __init__(self, w: Wiring, source: Source, log: Callable[[str], None] | None = None,
+                 retry_poll: float = RETRY_POLL_S):
         self.w = w
         self.source = source
         self.history = healthcheck.xid_history(w)
         self.log = log or _to_stderr
+        self.retry_poll = retry_poll
         self._lock = threading.Lock()
 
     def handle(self, event: XidEvent) -> None:
@@ -182,8 +190,27 @@ class Watcher:
             except SlurmHooksError as exc:
                 self.log(f"slurm-hooks watch: {exc}")
 
+    def retry_pending(self) -> str | None:
+        """Finish the node's pending action if its retry is due (see :func:`healthcheck.finish_pending`)."""
+        with self._lock:
+            result = healthcheck.finish_pending(self.w, follow="thread", respect_backoff=True)
+        if result:
+            self.log(f"slurm-hooks watch: pending action: {result}")
+        return result
+
+    def _retry_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.retry_pending()
+                rec = pending.load(self.w.config.state.dir, self.w.node)
+            except Exception as exc:  # noqa: BLE001 - the retry thread must outlive any one failure
+                self.log(f"slurm-hooks watch: retrying a pending action failed: {type(exc).__name__}: {exc}")
+                rec = None
+            stop.wait(min(rec.wait_s(), self.retry_poll) if rec else self.retry_poll)
+
     def run(self, stop: threading.Event) -> None:
         self.w.audit.write("watch", node=self.w.node, message="watcher started")
+        threading.Thread(target=self._retry_loop, args=(stop,), name="pending-retry", daemon=True).start()
         try:
             for event in self.source.backlog():
                 self.handle(event)

@@ -3,12 +3,14 @@
 Hooks receive a :class:`Wiring` instead of building their collaborators, so
 tests give them a real testbed (or another probe) without patching globals.
 The Slurm adapter is created on first use: the prolog's healthy path never
-touches slurmctld.
+touches slurmctld. A hook run sets one deadline (:meth:`Wiring.start_deadline`);
+from then on every Slurm call's timeout is cut to the time left.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,8 @@ class Wiring:
     probe_override: Any = None
     slurm_override: Any = None
     _slurm: Any = field(default=None, repr=False)
+    #: ``time.monotonic()`` by which this run must be done (None: no deadline, the watcher).
+    deadline: float | None = None
 
     @classmethod
     def load(cls, config_path: str | None = None, node: str | None = None, **overrides: Any) -> Wiring:
@@ -43,15 +47,27 @@ class Wiring:
 
         return probes.from_config(self.config, self.node)
 
+    def start_deadline(self, seconds: float) -> None:
+        """One deadline for the whole run, remediation included (unless one is already running)."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + float(seconds)
+
+    def time_left(self, default: float) -> float:
+        """Seconds left before the deadline (``default`` when there is none)."""
+        return default if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
     @property
     def slurm(self) -> Slurm:
         if self.slurm_override is not None:
-            return self.slurm_override
-        if self._slurm is None:
-            from slurm_hooks.slurm.factory import from_config
+            base = self.slurm_override
+        else:
+            if self._slurm is None:
+                from slurm_hooks.slurm.factory import from_config
 
-            self._slurm = from_config(self.config)
-        return self._slurm
+                self._slurm = from_config(self.config)
+            base = self._slurm
+        bounded = getattr(base, "bounded", None)
+        return base if self.deadline is None or bounded is None else bounded(self.deadline)
 
     def state_path(self, *parts: str) -> str:
         return os.path.join(self.config.state.dir, *parts)

@@ -15,6 +15,7 @@ Written against pyslurm 23.x-25.x: ``Node.load``, ``Nodes.load``,
 
 from __future__ import annotations
 
+import copy
 import importlib
 import threading
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from slurm_hooks.slurm.scontrol import (
     SlurmNotFound,
     SlurmTimeout,
     SlurmUnavailable,
+    call_timeout,
     classify_message,
 )
 
@@ -42,6 +44,15 @@ class PyslurmSlurm:
         #: The scontrol backend, for what pyslurm's ``Job(int)`` cannot address: one task of an
         #: array (``Job(<array id>)`` would act on every task).
         self.cli = cli
+        self.deadline: float | None = None
+
+    def bounded(self, deadline: float | None) -> PyslurmSlurm:
+        """This adapter with every call's timeout cut to what is left before ``deadline``."""
+        other = copy.copy(self)
+        other.deadline = deadline
+        if self.cli is not None:
+            other.cli = self.cli.bounded(deadline)
+        return other
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run one library call in a worker thread so a hung controller cannot hang us."""
@@ -53,11 +64,12 @@ class PyslurmSlurm:
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 box["error"] = exc
 
+        timeout = call_timeout(self.timeout, self.deadline)
         worker = threading.Thread(target=work, name=f"pyslurm-{what}", daemon=True)
         worker.start()
-        worker.join(self.timeout)
+        worker.join(timeout)
         if worker.is_alive():
-            raise SlurmTimeout(f"pyslurm {what} timed out after {self.timeout:g}s: controller not answering")
+            raise SlurmTimeout(f"pyslurm {what} timed out after {timeout:g}s: controller not answering")
         if "error" in box:
             raise self._translate(what, box["error"])
         return box.get("value")

@@ -9,8 +9,10 @@ shell. Every call has a timeout; failures become the project's typed errors.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 
 from slurm_hooks.errors import CommandError, PermanentError, SlurmHooksError, TransientError
@@ -346,6 +348,21 @@ def classify_message(text: str) -> str | None:
     return None
 
 
+#: A call is not started with less time than this left before its run's deadline.
+MIN_CALL_S = 0.5
+
+
+def call_timeout(timeout: float, deadline: float | None) -> float:
+    """``timeout``, cut to what is left before ``deadline`` (a ``time.monotonic()``; None: no
+    deadline). Raises :class:`SlurmTimeout` when too little is left to start a call at all."""
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left < MIN_CALL_S:
+        raise SlurmTimeout("no time left before this run's deadline for a Slurm call")
+    return min(timeout, left)
+
+
 _SIGNAL = re.compile(r"^(?:SIG)?([A-Z][A-Z0-9+]*|[0-9]{1,2})$")
 
 
@@ -370,19 +387,29 @@ class ScontrolSlurm:
         self.timeout = float(timeout)
         self.runner = runner
         self.env = {**os.environ, **(env or {}), "SLURM_TIME_FORMAT": "standard"}
+        #: ``time.monotonic()`` past which no call runs (one deadline for a whole hook run).
+        self.deadline: float | None = None
+
+    def bounded(self, deadline: float | None) -> ScontrolSlurm:
+        """This adapter with every call's timeout cut to what is left before ``deadline``."""
+        other = copy.copy(self)
+        other.deadline = deadline
+        return other
 
     # -- plumbing
 
     def _run(self, tool: str, *args: str) -> str:
         argv = [os.path.join(self.bin_dir, tool), *args]
+        timeout = call_timeout(self.timeout, self.deadline)
         try:
-            return self.runner(argv, self.timeout, env=self.env).stdout
+            return self.runner(argv, timeout, env=self.env).stdout
         except CommandError as exc:
-            raise self._translate(tool, argv, exc) from None
+            raise self._translate(tool, argv, exc, timeout) from None
 
-    def _translate(self, tool: str, argv: list[str], exc: CommandError) -> Exception:
+    def _translate(self, tool: str, argv: list[str], exc: CommandError, timeout: float | None = None) -> Exception:
         if exc.timed_out:
-            return SlurmTimeout(f"{tool} timed out after {self.timeout:g}s ({' '.join(argv[1:5])}): controller not answering")
+            took = self.timeout if timeout is None else round(timeout, 1)
+            return SlurmTimeout(f"{tool} timed out after {took:g}s ({' '.join(argv[1:5])}): controller not answering")
         text = (exc.stderr or exc.stdout or "").strip()
         last = text.splitlines()[-1] if text else f"exit {exc.returncode}"
         if exc.returncode is None:
