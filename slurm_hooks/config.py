@@ -331,7 +331,7 @@ def _check_webhooks(tables: Any, where: _Locator) -> tuple[dict[str, str], ...]:
     for n, table in enumerate(tables):
         at = where.nth_table_line("notify.webhook", n)
 
-        def fail(message: str, key: str | None = None) -> None:
+        def fail(message: str, key: str | None = None, at: int | None = at, n: int = n) -> None:
             raise ConfigError(message, where.path, where.key_line_after(at, key) if key else at,
                               f"[[notify.webhook]] #{n + 1}" + (f" {key}" if key else ""))
 
