@@ -98,6 +98,12 @@ class Incident:
         """Seconds from the drain until the node was back in service; ``None`` while open."""
         return None if self.resolved_at is None else max(0.0, self.resolved_at - self.opened_at)
 
+    @property
+    def time_to_job_running(self) -> float | None:
+        """Seconds from the drain until the first requeued job was made to start elsewhere; ``None`` without one."""
+        starts = [j.restarted_at for j in self.jobs.values() if j.restarted_at is not None]
+        return None if not starts else max(0.0, min(starts) - self.opened_at)
+
     def gpus(self) -> list[Finding]:
         """One finding per GPU named (the first one seen for it)."""
         out: dict[tuple, Finding] = {}
@@ -268,6 +274,34 @@ def _job(inc: Incident, job_id: Any, r: dict[str, Any]) -> Job:
     if user and not job.user:
         job.user = str(user)
     return job
+
+
+def summary(inc: Incident) -> dict[str, Any]:
+    """The incident as a notification's JSON and the fleet report carry it."""
+    f = inc.main_finding()
+    return {
+        "incident": inc.id,
+        "node": inc.node,
+        "gpus": [{"index": g.gpu, "uuid": g.uuid or None, "serial": g.serial or None} for g in inc.gpus()],
+        "finding": None if f is None else {"check": f.check, "message": f.message, "xid": f.xid,
+                                           "severity": f.severity or None},
+        "scope": "gpu" if inc.gpus() else "node",
+        "action": inc.action,
+        "urgency": "high" if action_rank(inc.action) >= action_rank("reboot") else "normal",
+        "reason": inc.reason,
+        "seen_by": list(inc.contexts),
+        "jobs": [{"job_id": j.job_id, "user": j.user or None} for j in inc.jobs.values() if j.requeued_at is not None],
+        "time_to_job_running_s": None if inc.time_to_job_running is None else round(inc.time_to_job_running, 3),
+        "opened_at": utc(inc.opened_at),
+        "resolved_at": utc(inc.resolved_at) if inc.resolved_at is not None else None,
+        "resolved_by": inc.resolved_by or None,
+        "time_to_drain_s": round(inc.time_to_drain, 3),
+        "out_of_service_s": None if inc.mttr is None else round(inc.mttr, 3),
+    }
+
+
+def utc(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def build(records: Iterable[dict[str, Any]]) -> list[Incident]:

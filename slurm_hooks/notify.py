@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from slurm_hooks import fsutil, incidents
@@ -92,10 +91,6 @@ class Message:
     data: dict[str, Any]
 
 
-def _utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _gpu_words(f: incidents.Finding) -> str:
     if f.gpu is None and not f.gpu_key:
         return ""
@@ -117,32 +112,9 @@ def _what(inc: Incident) -> str:
     return f"{f.message}{_gpu_words(f)}"
 
 
-def incident_data(inc: Incident) -> dict[str, Any]:
-    """The incident as the JSON format carries it (also the report's per-incident record)."""
-    f = inc.main_finding()
-    return {
-        "incident": inc.id,
-        "node": inc.node,
-        "gpus": [{"index": g.gpu, "uuid": g.uuid or None, "serial": g.serial or None} for g in inc.gpus()],
-        "finding": None if f is None else {"check": f.check, "message": f.message, "xid": f.xid,
-                                           "severity": f.severity or None},
-        "scope": "gpu" if inc.gpus() else "node",
-        "action": inc.action,
-        "urgency": "high" if incidents.action_rank(inc.action) >= incidents.action_rank("reboot") else "normal",
-        "reason": inc.reason,
-        "seen_by": list(inc.contexts),
-        "jobs": [{"job_id": j.job_id, "user": j.user or None} for j in inc.jobs.values() if j.requeued_at is not None],
-        "opened_at": _utc(inc.opened_at),
-        "resolved_at": _utc(inc.resolved_at) if inc.resolved_at is not None else None,
-        "resolved_by": inc.resolved_by or None,
-        "time_to_drain_s": round(inc.time_to_drain, 3),
-        "out_of_service_s": None if inc.mttr is None else round(inc.mttr, 3),
-    }
-
-
 def compose(inc: Incident, kind: str, now: float, n: int = 0) -> Message:
     """One message about one incident; link-free text that reads alone in a channel or a log."""
-    data = incident_data(inc)
+    data = incidents.summary(inc)
     if kind == "opened":
         text = f"{inc.node} drained [{inc.action}]: {_what(inc)}; {_jobs_words(inc)}."
         if inc.contexts:
@@ -173,7 +145,7 @@ def breaker_message(r: dict[str, Any]) -> Message:
             f" (Slurm {r.get('slurm_node', '?')}): {r.get('reason', '')}. "
             f"{r.get('message') or 'No new nodes will be taken.'}")
     data = {"id": mid, "kind": "breaker", "text": text, "node": r.get("slurm_node"), "kube_node": r.get("node"),
-            "reason": r.get("reason"), "urgency": "high", "at": _utc(ts)}
+            "reason": r.get("reason"), "urgency": "high", "at": incidents.utc(ts)}
     return Message(mid, "breaker", text, data)
 
 
