@@ -69,12 +69,14 @@ def _stats(values: list[float]) -> dict[str, Any]:
 
 
 def from_accounting(events: list[NodeEvent]) -> list[Incident]:
-    """Our drains as slurmdbd recorded them; a drain whose reason changed (escalated) stays one incident."""
+    """Our drains as slurmdbd recorded them. A new reason the second the last one ended is the same
+    drain rewritten (escalated): one incident; the same reason again is the node drained anew."""
     ours = sorted((e for e in events if e.reason.startswith(OUR_PREFIX)), key=lambda e: (e.node, e.start))
     out: list[Incident] = []
     for e in ours:
         last = out[-1] if out and out[-1].node == e.node else None
-        if last is not None and last.resolved_at is not None and abs(e.start - last.resolved_at) <= 1.0:
+        if last is not None and last.resolved_at is not None and abs(e.start - last.resolved_at) <= 1.0 \
+                and e.reason != last.reason:
             last.resolved_at = e.end
             if incidents.action_rank(incidents.reason_action(e.reason)) > incidents.action_rank(last.action):
                 last.escalations.append([e.start, incidents.reason_action(e.reason)])
