@@ -52,6 +52,19 @@ def _audit(tb: Testbed) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def _wait_for_accounting(tb: Testbed, drains: int, timeout: float = 30.0) -> None:
+    """slurmctld sends node events to slurmdbd through a queue: wait until all our drains are stored."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(["/usr/bin/sacctmgr", "-n", "-P", "show", "event", "Event=Node", "format=Reason,TimeEnd"],
+                             env=tb.env(), capture_output=True, text=True, timeout=30).stdout
+        ours = [line for line in out.splitlines() if line.startswith("slurm-hooks:")]
+        if len(ours) >= drains and sum(line.endswith("|Unknown") for line in ours) <= 1:
+            return
+        assert time.monotonic() < deadline, f"slurmdbd has {ours}"
+        time.sleep(0.2)
+
+
 def test_three_incidents_on_two_nodes_counts_and_mttr(accounted, tmp_path):
     tb = accounted
     # slurmdbd keys node events by node and start time in whole seconds: two drains of one node
@@ -74,6 +87,7 @@ def test_three_incidents_on_two_nodes_counts_and_mttr(accounted, tmp_path):
     assert [r["node"] for r in drains] == ["n1", "n1", "n2"] and len(resumes) == 2
     truth = sorted(b["ts"] - a["ts"] for a, b in zip(drains[:2], resumes))
 
+    _wait_for_accounting(tb, drains=3)
     rep = _report(tb, "--accounting")
     assert rep["sources"]["accounting"] == "slurmdbd"
     assert rep["summary"]["incidents"] == 3 and rep["summary"]["open"] == 1
