@@ -20,6 +20,8 @@ COMMANDS = {
     "epilog": "slurm_hooks.commands.hooks:epilog",
     "sim": "slurm_hooks.commands.sim:sim",
     "events": "slurm_hooks.commands.events:events",
+    "notify": "slurm_hooks.commands.notify:notify",
+    "report": "slurm_hooks.commands.report:report",
     "testbed": "slurm_hooks.commands.testbed:testbed",
     "watch": "slurm_hooks.commands.watch:watch",
     "validate": "slurm_hooks.commands.validate:validate",

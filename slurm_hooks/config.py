@@ -69,6 +69,16 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "kmsg": (str, "/dev/kmsg"),
         "poll_interval": (_Num, 0.5),
     },
+    "notify": {
+        "syslog": (bool, False),
+        "outbox": (str, ""),
+        "settle": (_Num, 2.0),
+        "reminder_after": (_Num, 14400.0),
+        "timeout": (_Num, 5.0),
+        "retry_max": (_Num, 300.0),
+        "flush_timeout": (_Num, 5.0),
+        "webhook": (list, ()),
+    },
 }
 
 _ENUMS = {
@@ -135,6 +145,9 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("slurm", "timeout"): _POSITIVE,
     ("dcgm", "timeout"): _POSITIVE,
     ("watch", "poll_interval"): _POSITIVE,
+    ("notify", "timeout"): _POSITIVE,
+    ("notify", "retry_max"): _POSITIVE,
+    ("notify", "flush_timeout"): _POSITIVE,
     ("expect", "gpus"): _Range(0, 1024),
     ("expect", "pcie_gen"): _Range(1, 10),
     ("expect", "pcie_width"): _Range(1, 32),
@@ -236,6 +249,7 @@ def parse(text: str, path: str | None = "<string>") -> Config:
                 where.fail(name, key, f"must be one of {', '.join(allowed)}, not {values[key]!r}")
         sections[name] = SimpleNamespace(**values)
     _check_together(sections, raw, where)
+    sections["notify"].webhook = _check_webhooks(raw.get("notify", {}).get("webhook", ()), where)
     default_expect = Expectations(**vars(sections["expect"]))
     _check_temperatures(default_expect, raw.get("expect", {}), "expect", where)
     groups = []
@@ -306,10 +320,44 @@ def _check_temperatures(expect: Expectations, table: dict, section: str, where: 
                                  f"{expect.temp_fail_c}: the warning must come first")
 
 
+#: ``[[notify.webhook]]`` keys -> (accepted type, default); ``url`` is required.
+WEBHOOK_KEYS: dict[str, tuple[Any, Any]] = {"url": (str, None), "format": (str, "json"), "name": (str, "")}
+WEBHOOK_FORMATS = ("slack", "json")
+
+
+def _check_webhooks(tables: Any, where: _Locator) -> tuple[dict[str, str], ...]:
+    """Each ``[[notify.webhook]]`` table: an http(s) url and a known format; errors name the table's line."""
+    out = []
+    for n, table in enumerate(tables):
+        at = where.nth_table_line("notify.webhook", n)
+
+        def fail(message: str, key: str | None = None, at: int | None = at, n: int = n) -> None:
+            raise ConfigError(message, where.path, where.key_line_after(at, key) if key else at,
+                              f"[[notify.webhook]] #{n + 1}" + (f" {key}" if key else ""))
+
+        if not isinstance(table, dict):
+            fail("must be a table: [[notify.webhook]] with url = \"https://...\"")
+        for key, value in table.items():
+            if key not in WEBHOOK_KEYS:
+                fail(f"unknown key (known: {', '.join(sorted(WEBHOOK_KEYS))})", key)
+            if not isinstance(value, str):
+                fail(f"expected a string, got {type(value).__name__} {value!r}", key)
+        values = {k: table.get(k, default) for k, (_, default) in WEBHOOK_KEYS.items()}
+        if not values["url"]:
+            fail("needs a url (url = \"https://hooks.slack.com/services/...\")")
+        if not re.match(r"^https?://[^/\s]+", values["url"]):
+            fail(f"must be an http:// or https:// URL, not {values['url']!r}", "url")
+        if values["format"] not in WEBHOOK_FORMATS:
+            fail(f"must be one of {', '.join(WEBHOOK_FORMATS)}, not {values['format']!r}", "format")
+        out.append(values)
+    return tuple(out)
+
+
 def _type_name(accepted: Any) -> str:
     if accepted is _Num:
         return "a number"
-    return {str: "a string", int: "an integer", bool: "true or false"}.get(accepted, str(accepted))
+    return {str: "a string", int: "an integer", bool: "true or false", list: "a list of tables"}.get(
+        accepted, str(accepted))
 
 
 def _toml_error(text: str) -> tuple[str, int | None]:
@@ -350,6 +398,29 @@ class _Locator:
                 if current == parent and m.group(1) == child:
                     return no
         return header_line
+
+    def nth_table_line(self, name: str, n: int) -> int | None:
+        """Line of the ``n``-th ``[[name]]`` header (0-based)."""
+        seen = -1
+        for no, line in enumerate(self.lines, 1):
+            if re.match(rf"^\s*\[\[\s*{re.escape(name)}\s*\]\]", line):
+                seen += 1
+                if seen == n:
+                    return no
+        return None
+
+    def key_line_after(self, start: int | None, key: str) -> int | None:
+        """Line of ``key =`` in the table whose header is on line ``start``."""
+        if start is None:
+            return None
+        for no in range(start + 1, len(self.lines) + 1):
+            line = self.lines[no - 1]
+            if self._HEADER.match(line) or line.lstrip().startswith("[["):
+                break
+            m = self._KEY.match(line)
+            if m and m.group(1) == key:
+                return no
+        return start
 
     def fail(self, section: str, key: str | None, message: str) -> None:
         label = f"[{section}] {key}" if key else f"[{section}]"

@@ -31,6 +31,7 @@ import jinja2
 
 import slurm_hooks
 from slurm_hooks import fsutil
+from slurm_hooks.accounting import Accounting
 from slurm_hooks.errors import CommandError, SlurmHooksError
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command
@@ -87,6 +88,8 @@ class Settings:
     min_job_age: int = 300
     requeue_grace: float = 3.0
     up_timeout: float = 60.0
+    #: Also a private MariaDB and slurmdbd (slurm_hooks.accounting).
+    accounting: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= PORT_BLOCK - 1:
@@ -256,6 +259,7 @@ class Testbed:
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
             "slurm_bin_dir": BIN,
+            "accounting_lines": Accounting(self.state_dir).slurm_conf_lines(self.munge_socket) if s.accounting else [],
         }
 
     def _render(self, template: str, dest: str, ctx: dict, mode: int = 0o644) -> None:
@@ -308,6 +312,8 @@ class Testbed:
                          f"--log-file={self.path('log', 'munged.log')}", f"--seed-file={self.path('munge', 'seed')}"],
                         env, "munged")
         if not self._alive("slurmctld"):
+            if self.settings.accounting:  # slurmctld registers with slurmdbd as it starts
+                Accounting(self.state_dir, self.progress).start(CLUSTER, self.munge_socket, self.env())
             self.progress("starting slurmctld")
             # -c: a fresh cluster every time: no jobs or node states from before the last `down`.
             self._start(["slurmctld", "-c", "-f", self.slurm_conf], env, "slurmctld")
@@ -387,6 +393,7 @@ class Testbed:
     def down(self, timeout: float = 15.0) -> list[int]:
         """Stop every daemon of this testbed and the jobs they run. Returns the pids stopped."""
         _require_root("testbed down")
+        Accounting(self.state_dir, self.progress).stop()
         victims = self._our_processes()
         if not victims:
             self.progress(f"testbed not running in {self.state_dir}")

@@ -28,13 +28,15 @@ def testbed() -> None:
               help="HealthCheckInterval (s).")
 @click.option("--requeue-grace", default=3.0, show_default=True, type=click.FloatRange(0),
               help="[remediation] requeue_grace written to the testbed's config (s).")
+@click.option("--accounting", is_flag=True, help="Also run slurmdbd on a private MariaDB (installed when missing).")
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
-       requeue_grace: float) -> None:
+       requeue_grace: float, accounting: bool) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
     from slurm_hooks.testbed import Settings, Testbed
 
     settings = Settings(nodes=nodes, gpus=gpus, hooks=hooks, kill_wait=kill_wait,
-                        health_check_interval=health_check_interval, requeue_grace=requeue_grace)
+                        health_check_interval=health_check_interval, requeue_grace=requeue_grace,
+                        accounting=accounting)
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))

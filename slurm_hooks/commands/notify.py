@@ -1,0 +1,59 @@
+"""``slurm-hooks notify``: deliver what the audit log has to tell (webhooks, syslog)."""
+
+from __future__ import annotations
+
+import click
+
+from slurm_hooks.commands.options import config_option, json_option
+
+
+@click.group()
+def notify() -> None:
+    """Notifications from the audit log ([notify] in the config)."""
+
+
+@notify.command()
+@config_option
+@click.option("--timeout", type=click.FloatRange(min=0.1), metavar="S",
+              help="Return within S seconds (default: [notify] flush_timeout).")
+@json_option
+def flush(config_path: str | None, timeout: float | None, as_json: bool) -> None:
+    """Read new audit records into the outbox and deliver what can be delivered now."""
+    import json
+
+    from slurm_hooks import config as config_mod
+    from slurm_hooks.notify import Notifier, Settings
+
+    cfg = config_mod.load(config_path)
+    settings = Settings.from_config(cfg)
+    if not settings.destinations:
+        click.echo("notify: no receiver configured ([notify] syslog or [[notify.webhook]]); nothing to do")
+        return
+    result = Notifier(settings).flush(float(timeout if timeout is not None else cfg.notify.flush_timeout))
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        busy = " (another notifier holds the outbox: left to it)" if result["busy"] else ""
+        click.echo(f"notify: {result['queued']} queued, {result['sent']} sent, {result['waiting']} waiting{busy}")
+
+
+@notify.command()
+@config_option
+def status(config_path: str | None) -> None:
+    """Messages waiting in the outbox, and the ones a receiver refused."""
+    from slurm_hooks import config as config_mod
+    from slurm_hooks.notify import Outbox, Settings, pending
+
+    settings = Settings.from_config(config_mod.load(config_path))
+    box = Outbox(settings.dir)
+    waiting = pending(box.entries())
+    click.echo(f"outbox {box.box}: {len(waiting)} waiting")
+    for line in waiting:
+        click.echo(f"  {line}")
+    refused = Outbox(settings.dir)
+    refused.box = box.failed
+    failed = pending(refused.entries())
+    if failed:
+        click.echo(f"refused, kept in {box.failed}: {len(failed)}")
+        for line in failed:
+            click.echo(f"  {line}")

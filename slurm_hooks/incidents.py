@@ -1,0 +1,325 @@
+"""Incidents from the audit log: the node taken out, what for, what was done, when it came back.
+
+One incident is one time a node was taken out of service by us: it opens at our
+drain, gathers what every hook wrote about it (the alerts that led to it, the
+jobs requeued, a later drain with a harsher action), and closes when the node is
+back in service (our resume after a passing check, or an admin's resume that the
+health check acknowledged). Several hooks seeing one fault make one incident.
+
+Records are grouped per node with :func:`slurm_hooks.events.incidents` (the same
+grouping ``slurm-hooks events`` shows); a :class:`Tracker` carries what is still
+open from one batch of records to the next, so the notifier can feed it the log a
+few lines at a time and the fleet report all at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from slurm_hooks import events
+
+#: Harmless to most disruptive, as in :class:`slurm_hooks.models.Action`.
+ACTIONS = ("none", "warn", "drain", "reset", "reboot", "replace")
+_REASON_ACTION = re.compile(r"\[(\w+)\]\s*$")
+_XID = re.compile(r"\bXID (\d+)\b")
+_TAKE_OUT_RESULTS = ("ok", "already")
+
+
+def action_rank(action: str | None) -> int:
+    return ACTIONS.index(action) if action in ACTIONS else 0
+
+
+def incident_id(node: str, ts: float) -> str:
+    """Stable and readable: the node and the time of the drain, to the millisecond."""
+    stamp = datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"{node}-{stamp}.{int(round(ts * 1000)) % 1000:03d}Z"
+
+
+@dataclass
+class Finding:
+    check: str
+    message: str
+    action: str = ""
+    severity: str = ""
+    gpu: int | None = None
+    uuid: str = ""
+    serial: str = ""
+    xid: int | None = None
+
+    @property
+    def gpu_key(self) -> str | None:
+        """A GPU's identity across nodes and repairs: serial, else UUID; ``None`` for the node."""
+        return self.serial or self.uuid or None
+
+
+@dataclass
+class Job:
+    job_id: str
+    user: str = ""
+    requeued_at: float | None = None
+    #: Made eligible again on a healthy node (our ``start_now``); Slurm starts it about a second later.
+    restarted_at: float | None = None
+
+
+@dataclass
+class Incident:
+    id: str
+    node: str
+    #: The first record of the run that ended in our drain (the first alert: when it was seen).
+    first_seen: float
+    #: Our drain.
+    opened_at: float
+    reason: str = ""
+    action: str = "drain"
+    contexts: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    jobs: dict[str, Job] = field(default_factory=dict)
+    #: (ts, action) of each later drain with a harsher action.
+    escalations: list[list[Any]] = field(default_factory=list)
+    resolved_at: float | None = None
+    resolved_by: str = ""
+    #: What has been told about it (the notifier's bookkeeping; the report ignores it).
+    told: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def open(self) -> bool:
+        return self.resolved_at is None
+
+    @property
+    def time_to_drain(self) -> float:
+        return max(0.0, self.opened_at - self.first_seen)
+
+    @property
+    def mttr(self) -> float | None:
+        """Seconds from the drain until the node was back in service; ``None`` while open."""
+        return None if self.resolved_at is None else max(0.0, self.resolved_at - self.opened_at)
+
+    @property
+    def time_to_job_running(self) -> float | None:
+        """Seconds from the drain until the first requeued job was made to start elsewhere; ``None`` without one."""
+        starts = [j.restarted_at for j in self.jobs.values() if j.restarted_at is not None]
+        return None if not starts else max(0.0, min(starts) - self.opened_at)
+
+    def gpus(self) -> list[Finding]:
+        """One finding per GPU named (the first one seen for it)."""
+        out: dict[tuple, Finding] = {}
+        for f in self.findings:
+            if f.gpu is not None or f.gpu_key:
+                out.setdefault((f.gpu, f.gpu_key), f)
+        return list(out.values())
+
+    def main_finding(self) -> Finding | None:
+        """The finding behind the harshest action (the first such one)."""
+        if not self.findings:
+            return None
+        return max(self.findings, key=lambda f: action_rank(f.action))  # max keeps the first of equals
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Incident:
+        data = dict(data)
+        data["findings"] = [Finding(**f) for f in data.get("findings", [])]
+        data["jobs"] = {k: Job(**v) for k, v in data.get("jobs", {}).items()}
+        return cls(**data)
+
+
+def takes_out(r: dict[str, Any]) -> bool:
+    """Our drain of the node (done now, or found done by an earlier run of ours)."""
+    return r.get("kind") == "action" and r.get("action") == "drain" and r.get("result") in _TAKE_OUT_RESULTS
+
+
+def resolution(r: dict[str, Any]) -> str:
+    """Who put the node back in service, when this record says so; "" otherwise."""
+    if r.get("kind") != "action" or r.get("result") != "ok":
+        return ""
+    if r.get("action") == "resume":
+        return "slurm-hooks"
+    if r.get("action") == "ack-xids":
+        return "admin"
+    return ""
+
+
+def reason_action(reason: str) -> str:
+    m = _REASON_ACTION.search(reason or "")
+    return m.group(1) if m and m.group(1) in ACTIONS else "drain"
+
+
+def finding_of(r: dict[str, Any]) -> Finding:
+    message = str(r.get("message") or "")
+    m = _XID.search(message)
+    xid = r.get("xid")
+    return Finding(
+        check=str(r.get("check") or ""), message=message, action=str(r.get("action") or ""),
+        severity=str(r.get("severity") or ""), gpu=r.get("gpu"),
+        uuid=str(r.get("uuid") or r.get("gpu_uuid") or ""), serial=str(r.get("serial") or r.get("gpu_serial") or ""),
+        xid=int(xid) if isinstance(xid, int) else (int(m.group(1)) if m else None),
+    )
+
+
+class Tracker:
+    """Turns audit records into incidents, batch after batch.
+
+    ``open`` holds the incident of each node still out of service; ``pending`` the
+    alerts of each node not yet followed by a drain (they lead to the next one).
+    ``closed`` collects incidents as they close; the caller empties it.
+    """
+
+    def __init__(self, open_: dict[str, Incident] | None = None, pending: dict[str, list[dict]] | None = None):
+        self.open: dict[str, Incident] = open_ or {}
+        self.pending: dict[str, list[dict]] = pending or {}
+        self.closed: list[Incident] = []
+
+    def feed(self, records: Iterable[dict[str, Any]]) -> None:
+        fresh = [r for r in records if r.get("node") and isinstance(r.get("ts"), (int, float))]
+        if not fresh:
+            return
+        carried = [r for rs in self.pending.values() for r in rs]
+        self.pending = {}
+        batch = events.select(carried + fresh)
+        for run in events.incidents(batch):
+            self._apply(run)
+        last = max(float(r["ts"]) for r in batch)
+        for node in list(self.pending):
+            kept = [r for r in self.pending[node] if last - float(r["ts"]) <= events.INCIDENT_GAP_S]
+            if kept:
+                self.pending[node] = kept[-50:]
+            else:
+                del self.pending[node]
+
+    def _apply(self, run: list[dict[str, Any]]) -> None:
+        node = str(run[0]["node"])
+        inc = self.open.get(node)
+        waiting: list[dict[str, Any]] = []
+        for r in run:
+            if inc is None:
+                if takes_out(r):
+                    ts = float(r["ts"])
+                    inc = Incident(id=incident_id(node, ts), node=node, first_seen=float((waiting or [r])[0]["ts"]),
+                                   opened_at=ts, reason=str(r.get("reason") or ""),
+                                   action=reason_action(str(r.get("reason") or "")))
+                    self.open[node] = inc
+                    for w in waiting:
+                        _absorb(inc, w)
+                    waiting = []
+                    _absorb(inc, r)
+                elif r.get("kind") in ("alert", "watch"):
+                    waiting.append(r)
+                continue
+            who = resolution(r)
+            if who:
+                inc.resolved_at, inc.resolved_by = float(r["ts"]), who
+                self.closed.append(self.open.pop(node))
+                inc = None
+                continue
+            _absorb(inc, r)
+        if waiting:
+            self.pending.setdefault(node, []).extend(waiting)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"open": {n: i.to_dict() for n, i in self.open.items()}, "pending": self.pending}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tracker:
+        return cls({n: Incident.from_dict(i) for n, i in data.get("open", {}).items()},
+                   {n: list(rs) for n, rs in data.get("pending", {}).items()})
+
+
+def _absorb(inc: Incident, r: dict[str, Any]) -> None:
+    kind, ts = r.get("kind"), float(r["ts"])
+    context = r.get("context") or ("watch" if kind == "watch" else "")
+    if context and context not in inc.contexts:
+        inc.contexts.append(str(context))
+    if kind == "alert":
+        f = finding_of(r)
+        if not any((g.check, g.gpu, g.message) == (f.check, f.gpu, f.message) for g in inc.findings):
+            inc.findings.append(f)
+        if r.get("job") is not None:
+            _job(inc, r.get("job"), r)
+    elif kind == "watch" and r.get("xid") is not None:
+        if r.get("gpu") is not None:
+            for f in inc.findings:
+                if f.gpu == r.get("gpu") and f.xid is None:
+                    f.xid = int(r["xid"])
+        for job_id in r.get("requeued") or []:
+            _job(inc, job_id, r).requeued_at = _job(inc, job_id, r).requeued_at or ts
+    elif kind == "action":
+        action, result = r.get("action"), r.get("result")
+        if action == "drain" and result == "ok":
+            harsher = reason_action(str(r.get("reason") or ""))
+            if action_rank(harsher) > action_rank(inc.action):
+                inc.escalations.append([ts, harsher])
+                inc.action, inc.reason = harsher, str(r.get("reason") or inc.reason)
+        elif action == "requeue" and result in ("ok", "already"):
+            for job_id in r.get("jobs") or [r.get("target")]:
+                job = _job(inc, job_id, r)
+                job.requeued_at = job.requeued_at or ts
+        elif action in ("start_now", "release") and result == "ok":
+            for job_id in r.get("jobs") or [r.get("target")]:
+                job = _job(inc, job_id, r)
+                if action == "start_now":
+                    job.restarted_at = job.restarted_at or ts
+
+
+def _job(inc: Incident, job_id: Any, r: dict[str, Any]) -> Job:
+    key = str(job_id)
+    job = inc.jobs.setdefault(key, Job(key))
+    users = r.get("users")
+    user = users.get(key) if isinstance(users, dict) else r.get("user")
+    if user and not job.user:
+        job.user = str(user)
+    return job
+
+
+def summary(inc: Incident) -> dict[str, Any]:
+    """The incident as a notification's JSON and the fleet report carry it."""
+    f = inc.main_finding()
+    return {
+        "incident": inc.id,
+        "node": inc.node,
+        "gpus": [{"index": g.gpu, "uuid": g.uuid or None, "serial": g.serial or None} for g in inc.gpus()],
+        "finding": None if f is None else {"check": f.check, "message": f.message, "xid": f.xid,
+                                           "severity": f.severity or None},
+        "scope": "gpu" if inc.gpus() else "node",
+        "action": inc.action,
+        "urgency": "high" if action_rank(inc.action) >= action_rank("reboot") else "normal",
+        "reason": inc.reason,
+        "seen_by": list(inc.contexts),
+        "jobs": [{"job_id": j.job_id, "user": j.user or None} for j in inc.jobs.values() if j.requeued_at is not None],
+        "time_to_job_running_s": None if inc.time_to_job_running is None else round(inc.time_to_job_running, 3),
+        "opened_at": utc(inc.opened_at),
+        "resolved_at": utc(inc.resolved_at) if inc.resolved_at is not None else None,
+        "resolved_by": inc.resolved_by or None,
+        "time_to_drain_s": round(inc.time_to_drain, 3),
+        "out_of_service_s": None if inc.mttr is None else round(inc.mttr, 3),
+    }
+
+
+def utc(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build(records: Iterable[dict[str, Any]]) -> list[Incident]:
+    """Every incident in these records, closed and open, oldest first."""
+    tracker = Tracker()
+    tracker.feed(records)
+    out = tracker.closed + list(tracker.open.values())
+    out.sort(key=lambda i: i.opened_at)
+    return out
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``12m 05s``, ``3h 02m``, ``2d 4h``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"

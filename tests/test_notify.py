@@ -1,0 +1,465 @@
+"""Notifications from the audit log: one message per incident, delivered through an outbox.
+
+The receiver is a real HTTP server on 127.0.0.1 (an ephemeral port, in a thread);
+records are written with the real AuditLog. The last tests run the whole story on
+the real Slurm testbed: XID 79 under a job, the watcher drains, a notifier thread
+(as the watcher daemon runs it) posts one message, and one more when the node is back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from slurm_hooks import config
+from slurm_hooks.audit import AuditLog
+from slurm_hooks.errors import ConfigError
+from slurm_hooks.notify import Notifier, Settings
+from slurm_hooks.probes import sim
+
+
+class Receiver:
+    """A webhook receiver: keeps every request; ``fail_next`` answers that many with 503; ``stop``/``start``
+    take it off and back on the same port (connection refused in between)."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.fail_next = 0
+        self.port = 0
+        self.server: ThreadingHTTPServer | None = None
+        self.start()
+
+    def start(self) -> None:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                owner.requests.append({"path": self.path, "headers": dict(self.headers), "body": json.loads(body),
+                                       "at": time.time()})
+                code = 200
+                if owner.fail_next > 0:
+                    owner.fail_next -= 1
+                    code = 503
+                self.send_response(code)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        assert self.server is not None
+        self.server.shutdown()
+        self.server.server_close()
+        self.server = None
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def bodies(self, path: str = "/hook") -> list[dict]:
+        return [r["body"] for r in self.requests if r["path"] == path]
+
+    def delivered(self, path: str = "/hook") -> list[dict]:
+        """What a receiver that dedupes on Idempotency-Key keeps."""
+        seen, out = set(), []
+        for r in self.requests:
+            key = r["headers"].get("Idempotency-Key")
+            if r["path"] == path and key not in seen:
+                seen.add(key)
+                out.append(r["body"])
+        return out
+
+
+@pytest.fixture
+def receiver():
+    rx = Receiver()
+    yield rx
+    if rx.server is not None:
+        rx.stop()
+
+
+class Clock:
+    def __init__(self):
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+@pytest.fixture
+def setup(tmp_path, receiver):
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    clock = Clock()
+
+    def notifier(**kw) -> Notifier:
+        hooks = kw.pop("webhooks", ({"url": receiver.url(), "format": "json", "name": "test"},))
+        s = Settings(audit=log.path, dir=str(tmp_path / "notify"), webhooks=hooks,
+                     settle=kw.pop("settle", 0.0), timeout=2.0, retry_max=5.0,
+                     **{k: v for k, v in kw.items() if k not in ("send", "syslog_send")})
+        return Notifier(s, send=kw.pop("send", None), syslog=kw.pop("syslog_send", None), clock=clock,
+                        log=lambda m: None)
+
+    return log, clock, notifier
+
+
+def xid79(log: AuditLog, node: str = "n1", gpu: int = 3, jobs=(12,), drain_result: str = "ok",
+          context: str = "watch", user: str | None = "alice") -> None:
+    """What the hooks write for XID 79 under a job: alert, drain, requeue per job, the watcher's summary."""
+    log.write("alert", node=node, context=context, gpu=gpu, check="xid", severity="fail", action="replace",
+              message="XID 79 (GPU has fallen off the bus)", uuid=f"GPU-{node}-{gpu}", serial=f"SN{gpu}")
+    log.write("action", node=node, action="drain", target=node, result=drain_result, duration_s=0.01,
+              reason=f"slurm-hooks: XID 79 on GPU {gpu} [replace]")
+    for j in jobs:
+        extra = {"user": user} if user else {}
+        log.write("action", node=node, action="requeue", target=str(j), result="ok", duration_s=0.01, jobs=[j], **extra)
+    if context == "watch":
+        log.write("watch", node=node, xid=79, gpu=gpu, event=f"b:{gpu}:79:1", drained=True, requeued=list(jobs),
+                  failed=[], duration_s=0.1)
+
+
+def resume(log: AuditLog, node: str = "n1") -> None:
+    log.write("action", node=node, action="resume", target=node, result="ok", duration_s=0.01,
+              reason="slurm-hooks: XID 79 on GPU 3 [replace]")
+
+
+# --- one message per incident -------------------------------------------------------
+
+
+def test_several_hooks_seeing_one_xid_make_exactly_one_message(setup, receiver):
+    log, _, notifier = setup
+    xid79(log, context="watch")
+    xid79(log, context="check", jobs=(), drain_result="already")
+    xid79(log, context="epilog", jobs=(), drain_result="already")
+    n = notifier()
+    assert n.flush(5)["sent"] == 1
+    assert n.flush(5)["sent"] == 0
+    [msg] = receiver.bodies()
+    assert msg["kind"] == "opened"
+    assert msg["node"] == "n1"
+    assert msg["gpus"] == [{"index": 3, "uuid": "GPU-n1-3", "serial": "SN3"}]
+    assert msg["finding"]["check"] == "xid" and msg["finding"]["xid"] == 79
+    assert msg["action"] == "replace" and msg["urgency"] == "high" and msg["scope"] == "gpu"
+    assert msg["jobs"] == [{"job_id": "12", "user": "alice"}]
+    assert msg["seen_by"] == ["watch", "check", "epilog"]
+    assert msg["incident"].startswith("n1-")
+    text = msg["text"]
+    assert "n1 drained [replace]: XID 79 (GPU has fallen off the bus) on GPU 3 (GPU-n1-3, serial SN3)" in text
+    assert "12 (alice)" in text and msg["incident"] in text
+    assert "http" not in text
+
+
+def test_an_alert_that_takes_no_node_out_is_not_an_incident(setup, receiver):
+    log, _, notifier = setup
+    log.write("alert", node="n1", context="check", gpu=0, check="thermal", severity="warn", action="warn",
+              message="GPU at 88 C")
+    assert notifier().flush(5)["sent"] == 0
+    assert receiver.requests == []
+
+
+def test_two_nodes_make_two_incidents_and_a_new_drain_after_resume_a_new_one(setup, receiver):
+    log, _, notifier = setup
+    xid79(log, node="n1")
+    xid79(log, node="n2", gpu=5)
+    n = notifier()
+    n.flush(5)
+    resume(log, "n1")
+    xid79(log, node="n1", gpu=3)
+    n.flush(5)
+    kinds = [(m["node"], m["kind"]) for m in receiver.bodies()]
+    assert sorted(kinds[:2]) == [("n1", "opened"), ("n2", "opened")]
+    assert kinds[2:] == [("n1", "resolved"), ("n1", "opened")]
+    assert len({m["incident"] for m in receiver.bodies() if m["kind"] == "opened"}) == 3
+
+
+def test_the_message_waits_for_the_requeues_that_follow_the_drain(setup, receiver):
+    log, clock, notifier = setup
+    n = notifier(settle=30.0)
+    log.write("action", node="n1", action="drain", target="n1", result="ok", duration_s=0.01,
+              reason="slurm-hooks: XID 79 on GPU 3 [replace]")
+    assert n.flush(5)["sent"] == 0  # within the settle time: more may come
+    log.write("action", node="n1", action="requeue", target="7", result="ok", duration_s=0.01, jobs=[7])
+    clock.offset = 31
+    assert n.flush(5)["sent"] == 1
+    [msg] = receiver.bodies()
+    assert msg["jobs"] == [{"job_id": "7", "user": None}]
+    assert "jobs requeued: 7" in msg["text"]
+
+
+# --- follow-ups ------------------------------------------------------------------------
+
+
+def test_back_in_service_says_how_long_it_took(setup, receiver):
+    log, _, notifier = setup
+    xid79(log)
+    n = notifier()
+    n.flush(5)
+    time.sleep(0.05)
+    resume(log)
+    assert n.flush(5)["sent"] == 1
+    opened, back = receiver.bodies()
+    assert back["kind"] == "resolved" and back["incident"] == opened["incident"]
+    assert back["resolved_by"] == "slurm-hooks"
+    assert 0 < back["out_of_service_s"] < 5
+    assert back["text"].startswith("n1 back in service after 0s (resumed by slurm-hooks after a passing check)")
+
+
+def test_an_admin_resume_acknowledged_by_the_check_closes_the_incident(setup, receiver):
+    log, _, notifier = setup
+    xid79(log)
+    log.write("action", node="n1", action="ack-xids", target="n1", result="ok", duration_s=0.0,
+              detail="node resumed by an admin after our drain; 1 XID event(s) acknowledged")
+    notifier().flush(5)
+    assert [m["kind"] for m in receiver.bodies()] == ["opened", "resolved"]
+    assert receiver.bodies()[1]["resolved_by"] == "admin"
+    assert "by an admin" in receiver.bodies()[1]["text"]
+
+
+def test_a_harsher_drain_is_an_escalation_message(setup, receiver):
+    log, _, notifier = setup
+    log.write("action", node="n1", action="drain", target="n1", result="ok", duration_s=0.01,
+              reason="slurm-hooks: XID 48 on GPU 1 [reset]")
+    n = notifier()
+    n.flush(5)
+    log.write("action", node="n1", action="drain", target="n1", result="ok", duration_s=0.01,
+              reason="slurm-hooks: XID 48 on GPU 1; XID 79 on GPU 1 [replace]")
+    log.write("action", node="n1", action="drain", target="n1", result="ok", duration_s=0.01,
+              reason="slurm-hooks: XID 48 on GPU 1 [reset]")  # not harsher: folded in
+    n.flush(5)
+    n.flush(5)
+    kinds = [(m["kind"], m["action"]) for m in receiver.bodies()]
+    assert kinds == [("opened", "reset"), ("escalated", "replace")]
+    assert receiver.bodies()[1]["text"].startswith("n1 escalated to [replace]: XID 48 on GPU 1; XID 79 on GPU 1")
+
+
+def test_an_incident_still_open_gets_one_reminder_per_period(setup, receiver):
+    log, clock, notifier = setup
+    xid79(log)
+    n = notifier(reminder_after=3600.0)
+    n.flush(5)
+    clock.offset = 3700
+    n.flush(5)
+    n.flush(5)
+    clock.offset = 7300
+    n.flush(5)
+    kinds = [m["kind"] for m in receiver.bodies()]
+    assert kinds == ["opened", "reminder", "reminder"]
+    assert "still out of service after 1h 01m" in receiver.bodies()[1]["text"]
+
+
+def test_a_breaker_trip_in_the_bridge_is_told(setup, receiver):
+    log, _, notifier = setup
+    log.write("bridge_breaker_tripped", level="critical", node="k8s-node-3", slurm_node="n3",
+              reason="3 nodes taken within 600 s (limit 2)",
+              message="no new nodes will be taken until `slurm-hooks bridge reset-breaker` or the window passes")
+    notifier().flush(5)
+    [msg] = receiver.bodies()
+    assert msg["kind"] == "breaker" and msg["node"] == "n3" and msg["kube_node"] == "k8s-node-3"
+    assert "circuit breaker tripped" in msg["text"] and "3 nodes taken" in msg["text"]
+
+
+# --- delivery -------------------------------------------------------------------------------
+
+
+def test_receiver_down_then_up_every_message_arrives_once(setup, receiver, tmp_path):
+    log, clock, notifier = setup
+    receiver.stop()
+    xid79(log)
+    n = notifier()
+    assert n.flush(5)["sent"] == 0
+    [queued] = os.listdir(tmp_path / "notify" / "outbox")
+    assert stat.S_IMODE(os.stat(tmp_path / "notify" / "outbox" / queued).st_mode) == 0o600
+    resume(log)
+    assert n.flush(5)["sent"] == 0  # still backing off
+    receiver.start()  # same port
+    clock.offset = 60  # past the backoff
+    restarted = notifier()  # and a restart in between loses nothing
+    assert restarted.flush(5)["sent"] == 2
+    assert restarted.flush(5)["sent"] == 0
+    assert [m["kind"] for m in receiver.bodies()] == ["opened", "resolved"]
+    assert os.listdir(tmp_path / "notify" / "outbox") == []
+
+
+def test_a_request_answered_with_an_error_is_retried_with_the_same_idempotency_key(setup, receiver):
+    log, clock, notifier = setup
+    receiver.fail_next = 1  # the receiver got it, but answered 503
+    xid79(log)
+    n = notifier()
+    n.flush(5)
+    clock.offset = 10
+    n.flush(5)
+    keys = [r["headers"]["Idempotency-Key"] for r in receiver.requests]
+    assert len(keys) == 2 and keys[0] == keys[1] == receiver.bodies()[0]["id"]
+    assert len(receiver.delivered()) == 1
+
+
+def test_a_message_delivered_before_a_crash_is_not_sent_again(setup, receiver, tmp_path):
+    log, _, notifier = setup
+    xid79(log)
+    n = notifier()
+    n.collect()
+    box = tmp_path / "notify" / "outbox"
+    [name] = os.listdir(box)
+    saved = (box / name).read_bytes()
+    assert n.flush(5)["sent"] == 1
+    (box / name).write_bytes(saved)  # as if the process died after sending, before removing the file
+    assert notifier().flush(5)["sent"] == 0
+    assert len(receiver.requests) == 1
+    assert os.listdir(box) == []
+
+
+def test_a_rotated_log_is_read_from_its_start(setup, receiver):
+    log, _, notifier = setup
+    xid79(log, node="n1")
+    n = notifier()
+    n.flush(5)
+    os.rename(log.path, log.path + ".1")
+    xid79(log, node="n2")
+    n.flush(5)
+    assert [m["node"] for m in receiver.bodies()] == ["n1", "n2"]
+
+
+def test_a_refused_message_is_kept_aside_not_retried_forever(setup, receiver, tmp_path):
+    log, clock, notifier = setup
+    # A 404 (a webhook deleted on the receiver's side) is a permanent refusal.
+    n = notifier(send=lambda url, body, headers, timeout: 404)
+    xid79(log)
+    n.flush(5)
+    clock.offset = 100
+    n.flush(5)
+    assert os.listdir(tmp_path / "notify" / "outbox") == []
+    assert len(os.listdir(tmp_path / "notify" / "failed")) == 1
+
+
+def test_slack_and_json_receivers_each_get_their_shape(setup, receiver):
+    log, _, notifier = setup
+    hooks = ({"url": receiver.url("/slack"), "format": "slack", "name": ""},
+             {"url": receiver.url("/json"), "format": "json", "name": ""})
+    xid79(log)
+    notifier(webhooks=hooks).flush(5)
+    [slack] = receiver.bodies("/slack")
+    [plain] = receiver.bodies("/json")
+    assert set(slack) == {"text", "blocks"}
+    assert slack["text"].startswith(":rotating_light: n1 drained [replace]")
+    assert slack["blocks"][0] == {"type": "section", "text": {"type": "mrkdwn", "text": slack["text"]}}
+    assert {"type": "mrkdwn", "text": "*Node*\nn1"} in slack["blocks"][1]["fields"]
+    assert plain["node"] == "n1" and plain["kind"] == "opened" and plain["text"] in slack["text"]
+    assert all(r["headers"]["Content-Type"] == "application/json" for r in receiver.requests)
+
+
+def test_syslog_gets_one_line_per_message(setup, receiver):
+    log, _, notifier = setup
+    lines = []
+    n = notifier(syslog=True, webhooks=(), syslog_send=lambda priority, text: lines.append((priority, text)))
+    xid79(log)
+    resume(log)
+    n.flush(5)
+    import syslog
+
+    assert [p for p, _ in lines] == [syslog.LOG_CRIT, syslog.LOG_NOTICE]
+    assert lines[0][1].startswith("n1 drained [replace]") and lines[1][1].startswith("n1 back in service")
+
+
+def test_the_first_run_over_an_old_log_does_not_announce_old_incidents(setup, receiver, tmp_path):
+    log, clock, notifier = setup
+    xid79(log)
+    clock.offset = 2 * 86400  # the notifier is installed two days later
+    n = notifier(reminder_after=0.0)
+    n.flush(5)
+    resume(log)
+    n.flush(5)
+    assert receiver.requests == []
+
+
+def test_flush_from_the_cli_delivers_and_says_what_it_did(tmp_path, receiver):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[log]\naudit = "{tmp_path}/audit.jsonl"\n[state]\ndir = "{tmp_path}/state"\n'
+                   f'[notify]\nsettle = 0\n[[notify.webhook]]\nurl = "{receiver.url()}"\nformat = "slack"\n')
+    xid79(AuditLog(str(tmp_path / "audit.jsonl")))
+    out = subprocess.run([sys.executable, "-m", "slurm_hooks", "notify", "flush", "--config", str(cfg),
+                          "--timeout", "5"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "notify: 1 queued, 1 sent, 0 waiting"
+    assert len(receiver.bodies()) == 1
+
+
+def test_a_webhook_table_with_a_mistake_names_its_line(tmp_path):
+    text = '[notify]\nsyslog = true\n\n[[notify.webhook]]\nurl = "https://a"\n\n[[notify.webhook]]\nurl = "hooks.slack.com/x"\n'
+    with pytest.raises(ConfigError) as err:
+        config.parse(text, "c.toml")
+    assert str(err.value) == ("c.toml:8: [[notify.webhook]] #2 url: must be an http:// or https:// URL, "
+                              "not 'hooks.slack.com/x'")
+    with pytest.raises(ConfigError, match=r"c.toml:3: \[\[notify.webhook\]\] #1 format: must be one of slack, json"):
+        config.parse('[[notify.webhook]]\nurl = "http://x"\nformat = "teams"\n', "c.toml")
+    ok = config.parse('[[notify.webhook]]\nurl = "http://x"\n')
+    assert ok.notify.webhook == ({"url": "http://x", "format": "json", "name": ""},)
+
+
+# --- on the real testbed ---------------------------------------------------------------------
+
+
+@pytest.mark.slurm
+def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbed, receiver, tmp_path):
+    tb = hooked_testbed
+    n = Notifier(Settings(audit=tb.audit_log, dir=str(tmp_path / "notify"),
+                          webhooks=({"url": receiver.url(), "format": "json", "name": ""},), settle=1.0),
+                 log=lambda m: None)
+    stop = threading.Event()
+    thread = threading.Thread(target=n.run, args=(stop,), kwargs={"poll": 0.2}, daemon=True)
+    thread.start()
+    watcher = subprocess.Popen([sys.executable, "-m", "slurm_hooks", "watch", "--node", "n1"], env=tb.env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        job = tb.sbatch("#!/bin/sh\nsleep 300\n", "--gres=gpu:1", "-w", "n1")
+        tb.wait_job(job, timeout=30)
+        deadline = time.monotonic() + 10
+        while not any(r.get("message") == "watcher started" for r in tb.audit_events()):
+            assert time.monotonic() < deadline, "watcher did not start"
+            time.sleep(0.05)
+        sim.inject(tb.sim_dir, "n1", 0, xid=79)
+        tb.wait_node("n1", lambda x: x.drained and x.reason.startswith("slurm-hooks:"), timeout=5, interval=0.02)
+        drained_at = time.time()
+        deadline = time.monotonic() + 10
+        while not receiver.bodies():
+            assert time.monotonic() < deadline, "no message"
+            time.sleep(0.05)
+        [msg] = receiver.bodies()
+        assert receiver.requests[0]["at"] - drained_at < 5.0
+        assert msg["kind"] == "opened" and msg["node"] == "n1" and msg["gpus"][0]["index"] == 0
+        assert msg["finding"]["xid"] == 79 and msg["action"] == "replace"
+        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"]}]
+        # Mended: the health check judges the node again and resumes its own drain.
+        sim.clear(tb.sim_dir, "n1")
+        tb.cancel_all()
+        watcher.terminate()
+        watcher.wait(10)
+        check = subprocess.run([sys.executable, "-m", "slurm_hooks", "check", "--node", "n1"], env=tb.env,
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+        deadline = time.monotonic() + 10
+        while len(receiver.bodies()) < 2:
+            assert time.monotonic() < deadline, f"no back-in-service message: {receiver.bodies()}"
+            time.sleep(0.05)
+        time.sleep(1.0)
+        kinds = [m["kind"] for m in receiver.bodies()]
+        assert kinds == ["opened", "resolved"]
+        assert receiver.bodies()[1]["incident"] == msg["incident"]
+        assert receiver.bodies()[1]["out_of_service_s"] > 0
+    finally:
+        stop.set()
+        thread.join(10)
+        if watcher.poll() is None:
+            watcher.terminate()
+            watcher.wait(10)

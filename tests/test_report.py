@@ -1,0 +1,130 @@
+"""The fleet report from audit logs: counts, repair times, RMA candidates, and its three renderings."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from slurm_hooks import report
+from slurm_hooks.report import html, slurmdb, text
+
+NOW = time.time()
+DAY = 86400.0
+
+
+def incident(node: str, gpu: int, xid: int, t: float, back: float | None, jobs=(), serial: str = "") -> list[dict]:
+    """The records the hooks write for one XID: alert, drain, requeue and start_now per job, resume."""
+    recs = [{"ts": t, "kind": "alert", "node": node, "context": "watch", "gpu": gpu, "check": "xid",
+             "severity": "fail", "action": "replace", "message": f"XID {xid} (test)", "serial": serial},
+            {"ts": t + 0.5, "kind": "action", "node": node, "action": "drain", "target": node, "result": "ok",
+             "reason": f"slurm-hooks: XID {xid} on GPU {gpu} [replace]"}]
+    for j in jobs:
+        recs.append({"ts": t + 0.6, "kind": "action", "node": node, "action": "requeue", "target": str(j),
+                     "result": "ok", "jobs": [j]})
+        recs.append({"ts": t + 2.5, "kind": "action", "node": node, "action": "start_now", "target": str(j),
+                     "result": "ok", "jobs": [j]})
+    if back is not None:
+        recs.append({"ts": t + 0.5 + back, "kind": "action", "node": node, "action": "resume", "target": node,
+                     "result": "ok"})
+    return recs
+
+
+@pytest.fixture
+def records() -> list[dict]:
+    return (incident("n1", 3, 79, NOW - 20 * DAY, 3600, jobs=(11,), serial="S-3")
+            + incident("n1", 3, 79, NOW - 10 * DAY, 7200, jobs=(12, 13), serial="S-3")
+            + incident("n2", 0, 48, NOW - 5 * DAY, 600)
+            + incident("n3", 1, 94, NOW - 1 * DAY, None)
+            + incident("n4", 0, 79, NOW - 40 * DAY, 60))  # outside --since 30d
+
+
+def test_counts_repair_times_and_rma_candidates(records):
+    rep = report.build(records, NOW - 30 * DAY, NOW)
+    s = rep["summary"]
+    assert (s["incidents"], s["open"], s["nodes"], s["jobs_requeued"]) == (4, 1, 3, 3)
+    assert s["mttr"] == {"count": 3, "median_s": 3600.0, "p90_s": pytest.approx(6480.0)}
+    assert s["time_to_drain"]["median_s"] == 0.5
+    assert s["time_to_job_running"] == {"count": 2, "median_s": 2.0, "p90_s": 2.0}
+    assert s["gpu_hours_lost"] is None and "needs accounting" in s["gpu_hours_lost_how"]
+    nodes = {n["node"]: n for n in rep["nodes"]}
+    assert set(nodes) == {"n1", "n2", "n3"}
+    assert (nodes["n1"]["incidents"], nodes["n1"]["mttr_seconds"]) == (2, 5400.0)
+    assert nodes["n3"]["mttr_seconds"] is None and nodes["n3"]["open"] == 1
+    assert nodes["n1"]["gpus"] == [{"gpu": "S-3", "node": "n1", "index": 3, "uuid": None, "serial": "S-3",
+                                    "incidents": [i["incident"] for i in rep["incidents"][:2]]}]
+    assert rep["repeat_offenders"] == ["n1"]
+    assert [r["gpu"] for r in rep["rma_candidates"]] == ["S-3"]
+    assert "came back after the node was repaired" in rep["rma_candidates"][0]["why"][0]
+    assert rep["by_finding"] == {"XID 79": 2, "XID 48": 1, "XID 94": 1}
+    assert sum(p["incidents"] for p in rep["trend"]["points"]) == 4 and rep["trend"]["bucket"] == "day"
+    assert {"incidents", "nodes", "rma_candidates"} <= set(rep)
+
+
+def test_a_gpu_failing_three_times_unrepaired_is_an_rma_candidate_too():
+    recs = []
+    for k in range(3):  # resumed after the first two, still out after the third
+        recs += incident("n5", 2, 79, NOW - (9 - k) * DAY, None if k == 2 else 60, serial="S-9")
+    rep = report.build(recs, NOW - 30 * DAY, NOW)
+    [cand] = rep["rma_candidates"]
+    assert cand["incidents"] == 3 and "3 incidents in the window" in cand["why"]
+
+
+def test_percentile_interpolates_like_numpy():
+    assert report.percentile([1, 2, 3, 4], 0.9) == pytest.approx(3.7)
+    assert report.percentile([5], 0.9) == 5
+    assert report.percentile([], 0.9) is None
+
+
+def test_accounting_incidents_fill_what_no_audit_log_here_saw(records):
+    events = slurmdb.parse_events(
+        "n9|2026-11-01T10:00:00|2026-11-01T11:30:00|DRAIN|slurm-hooks: XID 79 on GPU 4 [replace]|root(0)\n"
+        "n9|2026-11-01T11:30:00|2026-11-01T12:00:00|DRAIN|slurm-hooks: XID 79 on GPU 4; XID 48 on GPU 1 [replace]|root(0)\n"
+        "n8|2026-11-02T10:00:00|Unknown|DRAIN|someone else's drain|alice(1000)\n")
+    runs = slurmdb.parse_runs("77|bob|REQUEUED|2026-11-01T08:00:00|2026-11-01T10:00:01|n9|"
+                              "billing=4,cpu=4,gres/gpu=4,node=1|\n"
+                              "77|bob|RUNNING|2026-11-01T10:00:30|Unknown|n1|billing=4,cpu=4,gres/gpu=4,node=1|"
+                              "slurm-hooks: requeued from n9\n")
+    since = events[0].start - DAY
+    rep = report.build([], since, since + 3 * DAY, events, runs)
+    [inc] = rep["incidents"]
+    assert (inc["node"], inc["out_of_service_s"], inc["seen_by"]) == ("n9", 7200.0, ["accounting"])
+    assert inc["gpus"][0]["index"] == 4
+    assert rep["summary"]["gpu_hours_lost"] == pytest.approx(4 * (2 + 1 / 3600), abs=0.001)
+    assert runs[1].admin_comment == "slurm-hooks: requeued from n9"
+
+
+def test_terminal_table_names_nodes_and_repair_times(records):
+    lines = text.render(report.build(records, NOW - 30 * DAY, NOW))
+    body = "\n".join(lines)
+    assert re.search(r"^back in service\s+1h 00m\s+1h 48m\s+3$", body, re.M)
+    assert re.search(r"^n1\s+2\s+0\s+1h 30m\s+XID 79 x2$", body, re.M)
+    assert "n1 GPU 3 (serial S-3): 2 incidents" in body
+
+
+def test_html_is_one_file_with_charts_and_no_url(records):
+    records[0]["message"] = "XID 79 <b>see https://example.invalid/x</b>"
+    page = html.render(report.build(records, NOW - 30 * DAY, NOW))
+    assert page.count("<svg") == 3
+    assert "<script" not in page and "<link" not in page and "@import" not in page and "url(" not in page
+    outside_data = page.replace("see https://example.invalid/x", "")
+    assert "http" not in outside_data
+    assert "&lt;b&gt;see" in page  # data is escaped, never markup
+
+
+def test_report_cli_json_html_and_a_bad_since(records, tmp_path):
+    log = tmp_path / "audit.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = subprocess.run([sys.executable, "-m", "slurm_hooks", "report", "--audit", str(log), "--no-accounting",
+                          "--json", "--html", str(tmp_path / "r.html")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert [n["node"] for n in rep["nodes"]] == ["n1", "n2", "n3"]
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+    bad = subprocess.run([sys.executable, "-m", "slurm_hooks", "report", "--audit", str(log), "--since", "soon"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--since" in bad.stderr
