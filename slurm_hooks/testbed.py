@@ -276,7 +276,7 @@ class Testbed:
             "config": shlex.quote(self.config_path),
             "slurm_conf": shlex.quote(self.slurm_conf),
             "pythonpath": shlex.quote(package_parent),
-            "python": shlex.quote(os.path.realpath(sys.executable)),
+            "python": shlex.quote(hook_interpreter()),
         }
         dest = self.path("bin", hook)
         self._render("hook.sh.j2", dest, ctx, mode=0o755)
@@ -645,6 +645,15 @@ def parse_version(text: str) -> tuple[int, int]:
 
 
 # --- small process and file helpers ------------------------------------------------
+
+
+def hook_interpreter() -> str:
+    """The interpreter the hook wrappers run: this one, as it was invoked.
+
+    A virtualenv's ``bin/python`` is a symlink to the base interpreter, and only the
+    unresolved path finds the venv (its ``pyvenv.cfg``) and so click and slurm_hooks.
+    """
+    return os.path.abspath(sys.executable)
 
 
 def _require_root(what: str) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import shlex
 import stat
+import subprocess
 import sys
 import time
 
 import pytest
 
 from slurm_hooks.runner import run_command
-from slurm_hooks.testbed import MARKER, Settings, Testbed, TestbedError, missing_programs, parse_version
+from slurm_hooks.testbed import HOOKS, MARKER, Settings, Testbed, TestbedError, missing_programs, parse_version
 
 pytestmark = pytest.mark.slurm
 
@@ -89,6 +91,22 @@ def test_hooks_are_wired_in_as_absolute_root_owned_wrappers(hooked_testbed):
         # Slurm gives hooks no PATH: the wrapper must find python and slurm_hooks on its own.
         out = run_command([path, "--help"], 30, env={"SLURMD_NODENAME": "n1"})
         assert "Usage:" in out.stdout and command in out.stdout
+
+
+def test_hook_wrappers_run_the_virtualenvs_interpreter_which_finds_its_packages_without_help(hooked_testbed):
+    # A venv's bin/python links to the base interpreter, which may lack click and slurm_hooks;
+    # run isolated (-I: no PYTHONPATH, as the detached job follower runs), only the venv's
+    # own interpreter finds them.
+    for hook in HOOKS:
+        with open(os.path.join(hooked_testbed.state_dir, "bin", hook), encoding="utf-8") as fh:
+            exec_line = next(line for line in fh if line.startswith("exec "))
+        python = shlex.split(exec_line)[1]
+        assert python == os.path.abspath(sys.executable), exec_line
+        if sys.prefix != sys.base_prefix:  # in a virtualenv, as ./scripts/test runs
+            assert python.startswith(os.path.join(sys.prefix, "")), (python, sys.prefix)
+        res = subprocess.run([python, "-I", "-c", "import click, slurm_hooks"], env={}, cwd="/",
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
 
 
 def test_batch_job_completes_with_slurm_hooks_as_prolog_and_epilog(hooked_testbed):
