@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import stat
 import subprocess
 import sys
@@ -74,6 +75,25 @@ def test_reset_clears_jobs_drains_and_injected_faults(testbed):
     assert [(n.state, n.reason) for n in testbed.slurm.nodes()] == [("IDLE", ""), ("IDLE", "")]
     assert testbed.slurm.jobs_on_node("n1") == []
     assert sim.read(testbed.sim_dir, "n1")["gpus"][3]["xids"] == []
+
+
+def test_reset_waits_out_the_hooks_and_leaves_every_node_idle_without_a_reason(testbed):
+    from slurm_hooks.probes import sim
+
+    testbed.set_hooks(True)
+    job = testbed.sbatch("#!/bin/sh\nsleep 300\n", "-w", "n1", "--gres=gpu:8")
+    testbed.wait_job(job, ["RUNNING"])
+    sim.inject(testbed.sim_dir, "n1", 3, xid=79)  # the epilog of the cancelled job would drain n1
+    testbed.scontrol("update", "NodeName=n2", "State=DOWN", "Reason=PSU swap by bob")
+    testbed.reset()
+    assert [(n.name, n.state, n.reason) for n in testbed.slurm.nodes()] == [("n1", "IDLE", ""), ("n2", "IDLE", "")]
+    assert testbed.tb._unclean(testbed.slurm) == {}
+    assert testbed.audit_events() == []
+    for node in ("n1", "n2"):  # nothing left over (GPU faults, XID history) for the next check to act on
+        check = run_command([os.path.join(testbed.state_dir, "bin", "healthcheck")], 60,
+                            env={"SLURMD_NODENAME": node}, check=False)
+        assert check.returncode == 0, check.stderr
+    assert [(n.state, n.reason) for n in testbed.slurm.nodes()] == [("IDLE", ""), ("IDLE", "")]
 
 
 def test_hooks_are_wired_in_as_absolute_root_owned_wrappers(hooked_testbed):
@@ -152,6 +172,52 @@ def test_second_testbed_starts_beside_the_first_and_down_leaves_nothing_running(
     assert _processes_mentioning(other.state_dir) == []
     # the session's cluster is untouched
     assert testbed.status().up
+
+
+def _pid_of(tb: Testbed, label: str) -> int:
+    with open(tb._pidfile(label), encoding="ascii") as fh:
+        return int(fh.read())
+
+
+def test_up_brings_back_a_testbed_whose_slurmd_died(tmp_path):
+    tb = Testbed(str(tmp_path / "tb"), Settings(nodes=2, hooks=False, kill_wait=1))
+    try:
+        tb.up()
+        dead = _pid_of(tb, "slurmd n1")
+        os.kill(dead, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _running(dead) and time.monotonic() < deadline:  # a signal is delivered, not obeyed at once
+            time.sleep(0.05)
+        said: list[str] = []
+        tb.progress = said.append
+        status = tb.up()
+        assert status.up and all(status.daemons.values()), (status.daemons, status.error, said)
+        assert [(n.name, n.state) for n in status.nodes] == [("n1", "IDLE"), ("n2", "IDLE")]
+        assert any("only partly up" in line and "slurmd n1" in line for line in said), said
+    finally:
+        tb.down()
+
+
+def test_up_restarts_a_testbed_whose_daemons_run_but_a_node_never_answers(tmp_path):
+    # After a failed start, every pid file can name a live daemon while a node is not
+    # registered: `up` must not call that "already up".
+    tb = Testbed(str(tmp_path / "tb"), Settings(nodes=2, hooks=False, kill_wait=1, slurmd_timeout=5,
+                                                 message_timeout=2))
+    stopped = None
+    try:
+        tb.up()
+        stopped = _pid_of(tb, "slurmd n1")
+        os.kill(stopped, signal.SIGSTOP)
+        tb.wait_node("n1", lambda n: "NOT_RESPONDING" in n.flags, timeout=60, interval=0.5)
+        status = tb.status()
+        assert not status.up and "n1 not registered or not responding" in status.error, status
+        status = tb.up()
+        assert status.up and [(n.name, n.state) for n in status.nodes] == [("n1", "IDLE"), ("n2", "IDLE")]
+        assert not _running(stopped)
+    finally:
+        if stopped and _running(stopped):
+            os.kill(stopped, signal.SIGCONT)
+        tb.down()
 
 
 def test_down_of_a_testbed_that_is_not_running_is_a_no_op(tmp_path):
