@@ -427,7 +427,8 @@ class Testbed:
             children.setdefault(info[0], []).append(pid)
             with contextlib.suppress(OSError):
                 with open(f"/proc/{pid}/environ", "rb") as fh:
-                    if marker in fh.read().split(b"\0"):
+                    # Same root only: a testbed in a chroot (fresh-root) has our state dir's name too.
+                    if marker in fh.read().split(b"\0") and _same_root(pid):
                         roots.add(pid)
         found: set[int] = set()
         todo = list(roots)
@@ -809,6 +810,15 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
         return int(rest[1]), int(rest[19]), rest[0]
     except (IndexError, ValueError):
         return None
+
+
+def _same_root(pid: int) -> bool:
+    """The process sees the same ``/`` as we do (it is not in a chroot, nor are we outside its)."""
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/")
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
 
 
 def _same_process(pid: int, start: int) -> bool:

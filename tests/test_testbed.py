@@ -220,6 +220,28 @@ def test_up_restarts_a_testbed_whose_daemons_run_but_a_node_never_answers(tmp_pa
         tb.down()
 
 
+def test_a_testbed_in_a_chroot_with_the_same_state_dir_name_is_not_ours(tmp_path):
+    # fresh-root runs `./scripts/demo` in a chroot that shares our /proc: its daemons carry the
+    # marker of the default state dir, and the `down` of a testbed out here must leave them alone.
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+    state_dir = str(tmp_path / "tb")
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    env = {MARKER: state_dir}
+    sleeper = "import os, sys, time\nif sys.argv[1:]: os.chroot(sys.argv[1])\nprint('ok', flush=True)\ntime.sleep(60)"
+    inside = subprocess.Popen([sys.executable, "-c", sleeper, str(jail)], env=env, stdout=subprocess.PIPE)
+    outside = subprocess.Popen([sys.executable, "-c", sleeper], env=env, stdout=subprocess.PIPE)
+    try:
+        assert inside.stdout.readline() == b"ok\n" and outside.stdout.readline() == b"ok\n"
+        ours = {pid for pid, _ in Testbed(state_dir)._our_processes()}
+        assert outside.pid in ours and inside.pid not in ours, ours
+    finally:
+        for proc in (inside, outside):
+            proc.kill()
+            proc.wait()
+
+
 def test_down_of_a_testbed_that_is_not_running_is_a_no_op(tmp_path):
     assert Testbed(str(tmp_path)).down() == []
 
