@@ -604,6 +604,13 @@ class Testbed:
             if time.monotonic() > deadline:
                 raise TestbedError(f"testbed not clean {timeout:g}s into reset: "
                                    f"{'; '.join(unclean.values())}")
+            if self._stale_reasons(slurm) and set(unclean) <= set(self.node_names):
+                # Slurm 23.11+ keeps a resumed node's reason and refuses to clear it on an IDLE
+                # node: only a fresh controller (slurmctld -c) forgets it.
+                self.progress(f"restarting the cluster to clear stale node reasons: {'; '.join(unclean.values())}")
+                self.down()
+                self.up()
+                continue
             for name in unclean:
                 if name in self.node_names:
                     with contextlib.suppress(SlurmHooksError):
@@ -616,6 +623,12 @@ class Testbed:
         _mkdir(self.hooks_state_dir, 0o700)
         with contextlib.suppress(FileNotFoundError):
             os.truncate(self.audit_log, 0)
+
+    def _stale_reasons(self, slurm: ScontrolSlurm) -> list[str]:
+        """Nodes IDLE, not drained, yet with a reason (left by a resume on newer Slurm)."""
+        with contextlib.suppress(SlurmHooksError):
+            return [n.name for n in slurm.nodes() if n.state.upper() == "IDLE" and n.reason]
+        return []
 
     def _unclean(self, slurm: ScontrolSlurm) -> dict[str, str]:
         """What keeps the cluster from being clean, by node name (or "jobs", "hooks", "slurmctld").
