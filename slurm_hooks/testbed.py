@@ -430,6 +430,12 @@ class Testbed:
                     # Same root only: a testbed in a chroot (fresh-root) has our state dir's name too.
                     if marker in fh.read().split(b"\0") and _same_root(pid):
                         roots.add(pid)
+                        continue
+                # Newer slurmd's (24.11) start slurmstepd with a clean environment, detached:
+                # it is ours when it holds a file under our state dir (its spool socket).
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if fh.read().startswith(b"slurmstepd:") and self._holds_our_file(pid) and _same_root(pid):
+                        roots.add(pid)
         found: set[int] = set()
         todo = list(roots)
         while todo:
@@ -444,6 +450,15 @@ class Testbed:
             if info is not None:
                 out.add((pid, info[1]))
         return out
+
+    def _holds_our_file(self, pid: int) -> bool:
+        prefix = os.path.join(self.state_dir, "")
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                        return True
+        return False
 
     # -- status
 
