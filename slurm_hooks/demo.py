@@ -46,10 +46,11 @@ class Milestones:
     times: dict[str, float] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)
 
-    def mark(self, name: str, detail: str = "") -> bool:
+    def mark(self, name: str, detail: str = "", at: float | None = None) -> bool:
+        """Record ``name`` as seen at ``at`` (``time.time()``; now by default), once."""
         if name in self.times:
             return False
-        self.times[name] = time.time() - self.injected
+        self.times[name] = (time.time() if at is None else at) - self.injected
         self.details[name] = detail
         return True
 
@@ -171,39 +172,43 @@ def _follow(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeou
     seen_lines = len(_tail(out))
     last_step = None
 
-    def show(name: str, detail: str) -> None:
-        if ms.mark(name, detail):
+    def show(name: str, detail: str, at: float) -> None:
+        if ms.mark(name, detail, at):
             say(f"  +{ms.times[name]:6.2f}s  {name:<24} {detail}")
 
     while time.monotonic() < deadline:
+        # One poll, read against the order things happen (output, then job, then node), is one
+        # instant: whatever shows in an earlier read has its causes in the later ones, so every
+        # milestone seen in this poll gets the same time and their order holds.
+        lines = _tail(out)
         try:
-            node = slurm.node(bad)
             job = slurm.job(job_id)
+            node = slurm.node(bad)
         except SlurmHooksError as exc:
             say(f"  (slurm: {exc})")
             time.sleep(0.2)
             continue
+        now = time.time()
         if node.drained and node.reason.startswith(REASON_PREFIX):
-            show("node drained", f"{bad}: {node.reason}")
-        lines = _tail(out)
+            show("node drained", f"{bad}: {node.reason}", now)
+        state = job.state.upper()
+        if job.restarts >= 1 and state.startswith("PENDING"):
+            show("job requeued", f"job {job_id} PENDING ({job.reason or 'requeued'})", now)
+        if job.restarts >= 1 and state.startswith("RUNNING") and job.nodes and job.nodes != bad:
+            show("job running again", f"job {job_id} RUNNING on {job.nodes} (restart {job.restarts})", now)
         for ln in lines[seen_lines:]:
             if ln.startswith("signal"):
-                show("job got SIGTERM", ln)
+                show("job got SIGTERM", ln, now)
             m = _RESUMED.search(ln)
             if m:
-                show("resumed from checkpoint", f"step {m.group(1)} (restart {m.group(2)}) on {m.group(3)}")
+                show("resumed from checkpoint", f"step {m.group(1)} (restart {m.group(2)}) on {m.group(3)}", now)
             s = _STEP.match(ln)
             if s:
                 last_step = int(s.group(1))
         seen_lines = len(lines)
-        state = job.state.upper()
-        if job.restarts >= 1 and state.startswith("PENDING"):
-            show("job requeued", f"job {job_id} PENDING ({job.reason or 'requeued'})")
-        if job.restarts >= 1 and state.startswith("RUNNING") and job.nodes and job.nodes != bad:
-            show("job running again", f"job {job_id} RUNNING on {job.nodes} (restart {job.restarts})")
         if "resumed from checkpoint" in ms.times and "node drained" in ms.times and last_step is not None \
                 and "job running again" in ms.times:
-            show("training continues", f"step {last_step}")
+            show("training continues", f"step {last_step}", now)
             return
         time.sleep(0.1)
     missing = [m for m in ("node drained", "job running again", "resumed from checkpoint") if m not in ms.times]

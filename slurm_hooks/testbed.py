@@ -195,7 +195,9 @@ class Testbed:
             self.last_up_seconds = time.monotonic() - started
             return self.status()
         if any(pid for pid in current.daemons.values()):
-            self.progress("testbed partly up, or up with another layout: stopping it first")
+            dead = [label for label, pid in current.daemons.items() if not pid]
+            why = "; ".join(filter(None, [f"not running: {', '.join(dead)}" if dead else "", current.error]))
+            self.progress(f"testbed only partly up ({why}): stopping it to start afresh")
             self.down()
         self.progress(f"preparing {self.state_dir}")
         self._prepare()
@@ -280,7 +282,7 @@ class Testbed:
             "config": shlex.quote(self.config_path),
             "slurm_conf": shlex.quote(self.slurm_conf),
             "pythonpath": shlex.quote(package_parent),
-            "python": shlex.quote(os.path.realpath(sys.executable)),
+            "python": shlex.quote(hook_interpreter()),
         }
         dest = self.path("bin", hook)
         self._render("hook.sh.j2", dest, ctx, mode=0o755)
@@ -432,7 +434,14 @@ class Testbed:
             children.setdefault(info[0], []).append(pid)
             with contextlib.suppress(OSError):
                 with open(f"/proc/{pid}/environ", "rb") as fh:
-                    if marker in fh.read().split(b"\0"):
+                    # Same root only: a testbed in a chroot (fresh-root) has our state dir's name too.
+                    if marker in fh.read().split(b"\0") and _same_root(pid):
+                        roots.add(pid)
+                        continue
+                # Newer slurmd's (24.11) start slurmstepd with a clean environment, detached:
+                # it is ours when it holds a file under our state dir (its spool socket).
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if fh.read().startswith(b"slurmstepd:") and self._holds_our_file(pid) and _same_root(pid):
                         roots.add(pid)
         found: set[int] = set()
         todo = list(roots)
@@ -449,9 +458,19 @@ class Testbed:
                 out.add((pid, info[1]))
         return out
 
+    def _holds_our_file(self, pid: int) -> bool:
+        prefix = os.path.join(self.state_dir, "")
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                        return True
+        return False
+
     # -- status
 
     def status(self) -> Status:
+        """Up: every daemon runs and every node is registered with slurmctld and responding."""
         daemons = {label: self._pid(label) for label in self._labels()}
         up = all(daemons.values())
         nodes: list[NodeInfo] = []
@@ -461,6 +480,13 @@ class Testbed:
                 nodes = self.slurm(timeout=5).nodes()
             except SlurmHooksError as exc:
                 error, up = str(exc), False
+            else:
+                known = {n.name: n for n in nodes}
+                missing = [f"{name} not known to slurmctld" if name not in known else
+                           f"{name} not registered or not responding ({known[name].state})"
+                           for name in self.node_names if name not in known or not _registered(known[name])]
+                if missing:
+                    error, up = "; ".join(missing), False
         return Status(self.state_dir, up, daemons, nodes, error)
 
     def _labels(self) -> list[str]:
@@ -575,25 +601,96 @@ class Testbed:
             raise TestbedError(f"jobs still queued {timeout:g}s after scancel")
 
     def reset(self, timeout: float = 30.0) -> None:
-        """Back to a clean cluster: no jobs, every node IDLE with no reason, healthy GPUs, empty logs."""
+        """Back to a clean cluster: no jobs, every node IDLE with no reason, healthy GPUs, empty logs.
+
+        Returns only once that holds with no hook of ours still running, so no check
+        started before the reset (on a GPU still faulty then) can drain a node after it.
+        TestbedError, with what is still unclean, when that takes longer than ``timeout``.
+        """
         for label in self._labels():
             if not self._alive(label):
                 self.progress(f"restarting {label}")
                 self._start_daemons()
                 break
-        self.cancel_all(timeout)
-        slurm = self.slurm()
-        for node in slurm.nodes():
-            if node.state.upper() != "IDLE" or node.reason:
-                with contextlib.suppress(SlurmHooksError):
-                    self.scontrol("update", f"NodeName={node.name}", "State=RESUME")
+        # Healthy GPUs and no hook state first: a hook that runs from here on finds nothing to drain.
         for name in self.node_names:
             sim.init(self.sim_dir, name, self.settings.gpus)
-        with contextlib.suppress(FileNotFoundError):
-            os.truncate(self.audit_log, 0)
+        self._clear_hook_state()
+        self.cancel_all(timeout)
+        slurm = self.slurm(timeout=5)
+        deadline = time.monotonic() + timeout
+        while True:
+            unclean = self._unclean(slurm)
+            if not unclean:
+                break
+            if time.monotonic() > deadline:
+                raise TestbedError(f"testbed not clean {timeout:g}s into reset: "
+                                   f"{'; '.join(unclean.values())}")
+            if self._stale_reasons(slurm) and set(unclean) <= set(self.node_names):
+                # Slurm 23.11+ keeps a resumed node's reason and refuses to clear it on an IDLE
+                # node: only a fresh controller (slurmctld -c) forgets it.
+                self.progress(f"restarting the cluster to clear stale node reasons: {'; '.join(unclean.values())}")
+                self.down()
+                self.up()
+                continue
+            for name in unclean:
+                if name in self.node_names:
+                    with contextlib.suppress(SlurmHooksError):
+                        self.scontrol("update", f"NodeName={name}", "State=RESUME")
+            time.sleep(0.2)
+        self._clear_hook_state()  # again: what a hook that ran during the reset wrote
+
+    def _clear_hook_state(self) -> None:
         shutil.rmtree(self.hooks_state_dir, ignore_errors=True)
         _mkdir(self.hooks_state_dir, 0o700)
-        self.wait_ready(timeout)
+        with contextlib.suppress(FileNotFoundError):
+            os.truncate(self.audit_log, 0)
+
+    def _stale_reasons(self, slurm: ScontrolSlurm) -> list[str]:
+        """Nodes IDLE, not drained, yet with a reason (left by a resume on newer Slurm)."""
+        with contextlib.suppress(SlurmHooksError):
+            return [n.name for n in slurm.nodes() if n.state.upper() == "IDLE" and n.reason]
+        return []
+
+    def _unclean(self, slurm: ScontrolSlurm) -> dict[str, str]:
+        """What keeps the cluster from being clean, by node name (or "jobs", "hooks", "slurmctld").
+
+        Clean: every node IDLE without a reason, no job, no hook of ours running.
+        """
+        try:
+            nodes = {n.name: n for n in slurm.nodes()}
+            jobs = self._queue()
+        except SlurmHooksError as exc:
+            return {"slurmctld": f"slurmctld: {exc}"}
+        out = {}
+        for name in self.node_names:
+            node = nodes.get(name)
+            if node is None:
+                out[name] = f"{name} not known to slurmctld"
+            elif node.state.upper() != "IDLE" or node.reason:
+                out[name] = f"{name} {node.state}" + (f" ({node.reason})" if node.reason else "")
+        if jobs:
+            out["jobs"] = f"jobs {', '.join(jobs)}"
+        hooks = self._hook_runs()
+        if hooks:
+            out["hooks"] = f"hooks still running (pids {', '.join(map(str, hooks))})"
+        return out
+
+    def _queue(self) -> list[str]:
+        """Every job slurmctld still holds (completing ones too), as "ID:STATE"."""
+        out = run_command([os.path.join(BIN, "squeue"), "-h", "-o", "%i:%T"], 10, env=self.env()).stdout
+        return out.split()
+
+    def _hook_runs(self) -> list[int]:
+        """Pids of slurm-hooks programs our slurmd's are running (prolog, epilog, health check)."""
+        config = self.config_path.encode()
+        found = []
+        for pid, _ in self._our_processes():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if config in fh.read().split(b"\0"):
+                        found.append(pid)
+        return sorted(found)
 
     def stop_controller(self, timeout: float = 15.0) -> None:
         """Stop slurmctld alone (an outage): slurmd's and running jobs carry on without it."""
@@ -681,6 +778,15 @@ def parse_version(text: str) -> tuple[int, int]:
 # --- small process and file helpers ------------------------------------------------
 
 
+def hook_interpreter() -> str:
+    """The interpreter the hook wrappers run: this one, as it was invoked.
+
+    A virtualenv's ``bin/python`` is a symlink to the base interpreter, and only the
+    unresolved path finds the venv (its ``pyvenv.cfg``) and so click and slurm_hooks.
+    """
+    return os.path.abspath(sys.executable)
+
+
 def _require_root(what: str) -> None:
     if os.geteuid() != 0:
         raise TestbedError(f"{what} needs root (it starts slurmctld/slurmd and makes device nodes)")
@@ -705,6 +811,12 @@ def _log_grew(path: str, offset: int, marks: tuple[bytes, ...]) -> bool:
     except OSError:
         return False
     return any(mark in new for mark in marks)
+
+
+def _registered(node: NodeInfo) -> bool:
+    """slurmd has registered and answers pings ("*" marks a node that does not), whatever an admin set."""
+    return "*" not in node.state and node.base_state not in ("UNKNOWN", "FUTURE") \
+        and not ({"NOT_RESPONDING", "POWERED_DOWN"} & node.flags)
 
 
 def _responding(node: NodeInfo) -> bool:
@@ -760,6 +872,15 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
         return int(rest[1]), int(rest[19]), rest[0]
     except (IndexError, ValueError):
         return None
+
+
+def _same_root(pid: int) -> bool:
+    """The process sees the same ``/`` as we do (it is not in a chroot, nor are we outside its)."""
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/")
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
 
 
 def _same_process(pid: int, start: int) -> bool:

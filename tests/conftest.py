@@ -95,8 +95,8 @@ def testbed(tmp_path_factory) -> SlurmTestbed:
 @pytest.fixture
 def clean_testbed(testbed: SlurmTestbed) -> SlurmTestbed:
     """The cluster restored to a clean state, with slurm-hooks not wired in."""
+    testbed.set_hooks(False)  # first: no hook of the last test's may drain a node after the reset
     testbed.reset()
-    testbed.set_hooks(False)
     return testbed
 
 

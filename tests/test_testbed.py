@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import stat
+import subprocess
 import sys
 import time
 
 import pytest
 
 from slurm_hooks.runner import run_command
-from slurm_hooks.testbed import MARKER, Settings, Testbed, TestbedError, missing_programs, parse_version
+from slurm_hooks.testbed import HOOKS, MARKER, Settings, Testbed, TestbedError, missing_programs, parse_version
 
 pytestmark = pytest.mark.slurm
 
@@ -74,6 +77,25 @@ def test_reset_clears_jobs_drains_and_injected_faults(testbed):
     assert sim.read(testbed.sim_dir, "n1")["gpus"][3]["xids"] == []
 
 
+def test_reset_waits_out_the_hooks_and_leaves_every_node_idle_without_a_reason(testbed):
+    from slurm_hooks.probes import sim
+
+    testbed.set_hooks(True)
+    job = testbed.sbatch("#!/bin/sh\nsleep 300\n", "-w", "n1", "--gres=gpu:8")
+    testbed.wait_job(job, ["RUNNING"])
+    sim.inject(testbed.sim_dir, "n1", 3, xid=79)  # the epilog of the cancelled job would drain n1
+    testbed.scontrol("update", "NodeName=n2", "State=DOWN", "Reason=PSU swap by bob")
+    testbed.reset()
+    assert [(n.name, n.state, n.reason) for n in testbed.slurm.nodes()] == [("n1", "IDLE", ""), ("n2", "IDLE", "")]
+    assert testbed.tb._unclean(testbed.slurm) == {}
+    assert testbed.audit_events() == []
+    for node in ("n1", "n2"):  # nothing left over (GPU faults, XID history) for the next check to act on
+        check = run_command([os.path.join(testbed.state_dir, "bin", "healthcheck")], 60,
+                            env={"SLURMD_NODENAME": node}, check=False)
+        assert check.returncode == 0, check.stderr
+    assert [(n.state, n.reason) for n in testbed.slurm.nodes()] == [("IDLE", ""), ("IDLE", "")]
+
+
 def test_hooks_are_wired_in_as_absolute_root_owned_wrappers(hooked_testbed):
     tb = hooked_testbed
     bin_dir = os.path.join(tb.state_dir, "bin")
@@ -89,6 +111,22 @@ def test_hooks_are_wired_in_as_absolute_root_owned_wrappers(hooked_testbed):
         # Slurm gives hooks no PATH: the wrapper must find python and slurm_hooks on its own.
         out = run_command([path, "--help"], 30, env={"SLURMD_NODENAME": "n1"})
         assert "Usage:" in out.stdout and command in out.stdout
+
+
+def test_hook_wrappers_run_the_virtualenvs_interpreter_which_finds_its_packages_without_help(hooked_testbed):
+    # A venv's bin/python links to the base interpreter, which may lack click and slurm_hooks;
+    # run isolated (-I: no PYTHONPATH, as the detached job follower runs), only the venv's
+    # own interpreter finds them.
+    for hook in HOOKS:
+        with open(os.path.join(hooked_testbed.state_dir, "bin", hook), encoding="utf-8") as fh:
+            exec_line = next(line for line in fh if line.startswith("exec "))
+        python = shlex.split(exec_line)[1]
+        assert python == os.path.abspath(sys.executable), exec_line
+        if sys.prefix != sys.base_prefix:  # in a virtualenv, as ./scripts/test runs
+            assert python.startswith(os.path.join(sys.prefix, "")), (python, sys.prefix)
+        res = subprocess.run([python, "-I", "-c", "import click, slurm_hooks"], env={}, cwd="/",
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
 
 
 def test_batch_job_completes_with_slurm_hooks_as_prolog_and_epilog(hooked_testbed):
@@ -134,6 +172,74 @@ def test_second_testbed_starts_beside_the_first_and_down_leaves_nothing_running(
     assert _processes_mentioning(other.state_dir) == []
     # the session's cluster is untouched
     assert testbed.status().up
+
+
+def _pid_of(tb: Testbed, label: str) -> int:
+    with open(tb._pidfile(label), encoding="ascii") as fh:
+        return int(fh.read())
+
+
+def test_up_brings_back_a_testbed_whose_slurmd_died(tmp_path):
+    tb = Testbed(str(tmp_path / "tb"), Settings(nodes=2, hooks=False, kill_wait=1))
+    try:
+        tb.up()
+        dead = _pid_of(tb, "slurmd n1")
+        os.kill(dead, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _running(dead) and time.monotonic() < deadline:  # a signal is delivered, not obeyed at once
+            time.sleep(0.05)
+        said: list[str] = []
+        tb.progress = said.append
+        status = tb.up()
+        assert status.up and all(status.daemons.values()), (status.daemons, status.error, said)
+        assert [(n.name, n.state) for n in status.nodes] == [("n1", "IDLE"), ("n2", "IDLE")]
+        assert any("only partly up" in line and "slurmd n1" in line for line in said), said
+    finally:
+        tb.down()
+
+
+def test_up_restarts_a_testbed_whose_daemons_run_but_a_node_never_answers(tmp_path):
+    # After a failed start, every pid file can name a live daemon while a node is not
+    # registered: `up` must not call that "already up".
+    tb = Testbed(str(tmp_path / "tb"), Settings(nodes=2, hooks=False, kill_wait=1, slurmd_timeout=5,
+                                                 message_timeout=2))
+    stopped = None
+    try:
+        tb.up()
+        stopped = _pid_of(tb, "slurmd n1")
+        os.kill(stopped, signal.SIGSTOP)
+        tb.wait_node("n1", lambda n: "NOT_RESPONDING" in n.flags, timeout=60, interval=0.5)
+        status = tb.status()
+        assert not status.up and "n1 not registered or not responding" in status.error, status
+        status = tb.up()
+        assert status.up and [(n.name, n.state) for n in status.nodes] == [("n1", "IDLE"), ("n2", "IDLE")]
+        assert not _running(stopped)
+    finally:
+        if stopped and _running(stopped):
+            os.kill(stopped, signal.SIGCONT)
+        tb.down()
+
+
+def test_a_testbed_in_a_chroot_with_the_same_state_dir_name_is_not_ours(tmp_path):
+    # fresh-root runs `./scripts/demo` in a chroot that shares our /proc: its daemons carry the
+    # marker of the default state dir, and the `down` of a testbed out here must leave them alone.
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+    state_dir = str(tmp_path / "tb")
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    env = {MARKER: state_dir}
+    sleeper = "import os, sys, time\nif sys.argv[1:]: os.chroot(sys.argv[1])\nprint('ok', flush=True)\ntime.sleep(60)"
+    inside = subprocess.Popen([sys.executable, "-c", sleeper, str(jail)], env=env, stdout=subprocess.PIPE)
+    outside = subprocess.Popen([sys.executable, "-c", sleeper], env=env, stdout=subprocess.PIPE)
+    try:
+        assert inside.stdout.readline() == b"ok\n" and outside.stdout.readline() == b"ok\n"
+        ours = {pid for pid, _ in Testbed(state_dir)._our_processes()}
+        assert outside.pid in ours and inside.pid not in ours, ours
+    finally:
+        for proc in (inside, outside):
+            proc.kill()
+            proc.wait()
 
 
 def test_down_of_a_testbed_that_is_not_running_is_a_no_op(tmp_path):

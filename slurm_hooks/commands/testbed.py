@@ -63,7 +63,7 @@ def status(state_dir: str) -> int:
     for label, pid in st.daemons.items():
         click.echo(f"  {label:<12} {'pid ' + str(pid) if pid else 'not running'}")
     if st.error:
-        click.echo(f"  slurmctld: {st.error}")
+        click.echo(f"  not up: {st.error}")
     for node in st.nodes:
         line = f"  {node.name:<6} {node.state:<16} {node.gres}"
         if node.reason:
