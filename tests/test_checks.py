@@ -1,4 +1,4 @@
-"""Every check family through ``engine.run``, fed captured-style NVML snapshots.
+"""Every check family through ``engine.run`` (snapshot, then ``engine.judge``), fed captured-style NVML snapshots.
 
 The probe is a stand-in that returns one loaded fixture; everything after it
 (job GPU selection, contexts, deadline, crash handling, the drain reason) is
@@ -58,7 +58,7 @@ def run(snap: NodeSnapshot | str, expect: Expectations = H100, context: Context 
     if isinstance(snap, str):
         snap = load(snap)
     kw.setdefault("deadline_s", 10.0)
-    return engine.run(SnapshotProbe(snap), snap.node, expect, context, **kw)
+    return engine.run(SnapshotProbe(snap), snap.node, engine.JudgeRequest(expect, context, **kw))
 
 
 def problems(report) -> list[Finding]:
@@ -483,7 +483,7 @@ class RaisingProbe:
 
 
 def test_a_probe_that_raises_gives_one_fail_finding():
-    report = engine.run(RaisingProbe(), "gpu017", H100, Context.CHECK, deadline_s=5)
+    report = engine.run(RaisingProbe(), "gpu017", engine.JudgeRequest(H100, Context.CHECK, deadline_s=5))
     assert report.findings == (
         Finding("gpu-probe", Severity.FAIL, Action.DRAIN, "cannot read GPUs: RuntimeError: NVML_ERROR_DRIVER_NOT_LOADED",
                 None, "GPU probe failed"),
@@ -512,7 +512,7 @@ def test_a_probe_that_hangs_past_probe_timeout_is_a_fail_did_not_answer():
     probe = HangingProbe()
     started = time.monotonic()
     try:
-        report = engine.run(probe, "gpu017", H100, Context.PROLOG, deadline_s=30, probe_timeout_s=0.2)
+        report = engine.run(probe, "gpu017", engine.JudgeRequest(H100, Context.PROLOG, deadline_s=30, probe_timeout_s=0.2))
     finally:
         probe.release.set()
     assert time.monotonic() - started < 5
@@ -525,7 +525,7 @@ def test_a_probe_that_hangs_past_probe_timeout_is_a_fail_did_not_answer():
 def test_a_probe_that_hangs_for_the_whole_deadline_is_one_did_not_answer_finding():
     probe = HangingProbe()
     try:
-        report = engine.run(probe, "gpu017", H100, Context.CHECK, deadline_s=0.3)  # probe timeout = deadline
+        report = engine.run(probe, "gpu017", engine.JudgeRequest(H100, Context.CHECK, deadline_s=0.3))  # probe timeout = deadline
     finally:
         probe.release.set()
     [f] = report.findings
