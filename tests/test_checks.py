@@ -20,6 +20,7 @@ from slurm_hooks.checks import REGISTRY, Check, for_context
 from slurm_hooks.models import (
     Action,
     Context,
+    DcgmResult,
     Expectations,
     Finding,
     GpuProcess,
@@ -597,3 +598,22 @@ def test_actions_are_ordered_from_harmless_to_most_disruptive():
     order = [Action.NONE, Action.WARN, Action.DRAIN, Action.RESET, Action.REBOOT, Action.REPLACE]
     assert sorted(Action, key=lambda a: a.rank) == order
     assert [a.takes_node_out for a in order] == [False, False, True, True, True, True]
+
+
+def test_the_report_names_the_checks_that_ran():
+    names = [c.name for c in for_context(Context.CHECK)]
+    assert run("h100-healthy.json").checks_run == ("gpu-probe", *(n for n in names if n != "dcgm"))  # no diag run
+    diag = DcgmResult(1, True, True, (), "")
+    with_diag = run("h100-healthy.json", expect=dataclasses.replace(H100, dcgm_level_check=1),
+                    dcgm=lambda level, timeout: diag)
+    assert with_diag.checks_run == ("gpu-probe", *names)
+    assert run(NodeSnapshot("gpu017", "nvml", error="NVML down")).checks_run == ("gpu-probe",)
+
+
+def test_if_idle_judges_what_is_left_on_every_gpu_apart_from_the_verdict():
+    snap = replace_gpu(load("h100-healthy.json"), 6, processes=(GpuProcess(4242, 1024, "python3"),))
+    report = run(snap, context=Context.CHECK, if_idle=True)
+    assert report.healthy and "leftover" not in {f.check for f in report.findings}
+    assert [(f.check, f.gpu, f.message) for f in report.if_idle] == [
+        ("leftover", 6, "1 process(es) left after the job (pid 4242)")]
+    assert run(snap, context=Context.CHECK).if_idle == ()
