@@ -1,12 +1,14 @@
-"""Probe once, run every check for the context, never raise, respect one deadline."""
+"""Gather, then judge: take one snapshot within the deadline (:func:`take_snapshot`), run every
+check of a :class:`JudgeRequest` on it (:func:`judge`); never raise, respect one deadline."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
-from typing import Callable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 from slurm_hooks import checks as registry
 from slurm_hooks.models import (
@@ -22,6 +24,9 @@ from slurm_hooks.models import (
     XidEvent,
 )
 from slurm_hooks.probes import Probe
+
+if TYPE_CHECKING:
+    from slurm_hooks.xid_catalog import XidInfo
 
 DcgmRunner = Callable[[int, float], DcgmResult]
 
@@ -97,16 +102,6 @@ def snapshot_xids(snap: NodeSnapshot) -> list[XidEvent]:
     return list(out.values())
 
 
-def _history(lookup, snap: NodeSnapshot) -> dict[str, tuple[str, int, float]]:
-    """Earlier XIDs on this node (for escalation); an unreadable history counts as none."""
-    if lookup is None:
-        return {}
-    try:
-        return dict(lookup(snap))
-    except Exception:
-        return {}
-
-
 def dcgm_level(context: Context, expect: Expectations, job_failed: bool = False) -> int:
     """Quick in the prolog (launch path), deeper in the epilog of a job that failed."""
     level = {
@@ -119,64 +114,120 @@ def dcgm_level(context: Context, expect: Expectations, job_failed: bool = False)
     return level
 
 
-def run(
-    probe: Probe,
-    node: str,
-    expect: Expectations,
-    context: Context,
-    *,
-    deadline_s: float,
-    probe_timeout_s: float | None = None,
-    gpus: Sequence[int | str] | None = None,
-    baseline: NodeSnapshot | None = None,
-    xid_history: Callable[[NodeSnapshot], dict[str, tuple[str, int, float]]] | None = None,
-    dcgm: DcgmRunner | None = None,
-    acked_xids: frozenset[str] = frozenset(),
-    job_failed: bool = False,
-    on_check_error: Action = Action.DRAIN,
-    checks: Sequence[registry.Check] | None = None,
-) -> Report:
-    start = time.monotonic()
-    deadline = start + deadline_s
-    snap = take_snapshot(probe, node, min(probe_timeout_s or deadline_s, deadline_s))
+@dataclass(frozen=True)
+class JudgeRequest:
+    """What to judge a snapshot for, and with what: one value for every caller (the health
+    check, the prolog and epilog, the watcher, the tests)."""
+
+    expect: Expectations
+    context: Context
+    #: Seconds the probe and the checks may take together, counted from ``started``.
+    deadline_s: float
+    #: Longest the probe may take (``None``: the deadline); :func:`run` uses it.
+    probe_timeout_s: float | None = None
+    #: ``time.monotonic()`` when the run began (before the probe): the deadline and the report's
+    #: duration count from it. ``None``: when :func:`judge` is called.
+    started: float | None = None
+    #: The job's GPUs (indexes, or ``GPU-`` UUIDs); ``None``: every GPU.
+    gpus: tuple[int | str, ...] | None = None
+    #: The prolog's snapshot of the same job (the epilog's "new during the job").
+    baseline: NodeSnapshot | None = None
+    #: XID events recorded by earlier runs, as :meth:`XidState.recorded` gives them.
+    xid_history: Mapping[str, tuple[str, int, float]] = field(default_factory=dict)
+    acked_xids: frozenset[str] = frozenset()
+    #: Where the XID check looks a code up (``None``: NVIDIA's catalogue); the watcher passes
+    #: the entry it already looked up for its event.
+    xid_lookup: Callable[[int], XidInfo | None] | None = None
+    dcgm: DcgmRunner | None = None
+    job_failed: bool = False
+    on_check_error: Action = Action.DRAIN
+    #: The checks to run (``None``: the registry's for the context).
+    checks: tuple[registry.Check, ...] | None = None
+    #: Also judge every GPU as an idle node's (leftover processes or memory), kept apart in
+    #: :attr:`Report.if_idle`: the health check resumes a node Slurm says is idle only if empty.
+    if_idle: bool = False
+
+    def __post_init__(self) -> None:
+        if self.gpus is not None:
+            object.__setattr__(self, "gpus", tuple(self.gpus))
+        if self.checks is not None:
+            object.__setattr__(self, "checks", tuple(self.checks))
+
+
+#: The check that :attr:`JudgeRequest.if_idle` runs.
+IDLE_CHECK = "leftover"
+
+
+def run(probe: Probe, node: str, request: JudgeRequest) -> Report:
+    """Take a snapshot within the request's deadline, then judge it."""
+    if request.started is None:
+        request = dataclasses.replace(request, started=time.monotonic())
+    timeout = min(request.probe_timeout_s or request.deadline_s, request.deadline_s)
+    return judge(take_snapshot(probe, node, timeout), request)
+
+
+def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
+    """Run every check of the request on a snapshot already taken; never raises. The report
+    names the checks that ran."""
+    start = time.monotonic() if request.started is None else request.started
+    deadline = start + request.deadline_s
+    context, expect = request.context, request.expect
     if snap.error is not None:
         # One finding for a node we could not read, not one per check.
         failed = Finding(PROBE_FAILED, Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}",
                          summary="GPU probe failed")
-        return Report(node, context, (failed,), time.monotonic() - start, snap)
+        return Report(snap.node, context, (failed,), time.monotonic() - start, snap, checks_run=(PROBE_FAILED,))
     dcgm_result = None
-    level = dcgm_level(context, expect, job_failed)
-    if dcgm is not None and level > 0:
+    level = dcgm_level(context, expect, request.job_failed)
+    if request.dcgm is not None and level > 0:
         remaining = deadline - time.monotonic()
         try:
-            dcgm_result = dcgm(level, max(remaining - 1.0, 1.0))
+            dcgm_result = request.dcgm(level, max(remaining - 1.0, 1.0))
         except Exception as exc:
             dcgm_result = DcgmResult(level, True, False, (), f"dcgmi failed: {exc}")
-    selected, missing = (None, []) if gpus is None else select_gpus(snap, gpus)
+    selected, missing = (None, []) if request.gpus is None else select_gpus(snap, request.gpus)
     inp = CheckInput(
         snapshot=snap,
         expect=expect,
         context=context,
         gpus=selected,
-        baseline=baseline,
-        xid_history=_history(xid_history, snap),
+        baseline=request.baseline,
+        xid_history=dict(request.xid_history),
         dcgm=dcgm_result,
-        acked_xids=acked_xids,
+        acked_xids=request.acked_xids,
         now=time.time(),
+        xid_lookup=request.xid_lookup,
     )
     findings = [Finding("gpu-count", Severity.FAIL, Action.REBOOT, f"job GPU {token} is not visible on this node",
                         summary=f"GPU {token} missing") for token in missing]
-    for check in checks if checks is not None else registry.for_context(context):
+    ran = [PROBE_FAILED]
+    for check in request.checks if request.checks is not None else registry.for_context(context):
         if time.monotonic() > deadline:
-            findings.append(Finding(check.name, Severity.FAIL, on_check_error,
-                                    f"not run: deadline of {deadline_s:g}s passed", summary="health check deadline"))
+            findings.append(Finding(check.name, Severity.FAIL, request.on_check_error,
+                                    f"not run: deadline of {request.deadline_s:g}s passed",
+                                    summary="health check deadline"))
             continue
-        try:
-            findings.extend(check.fn(inp))
-        except Exception as exc:
-            findings.append(Finding(check.name, Severity.FAIL, on_check_error,
-                                    f"check crashed: {type(exc).__name__}: {exc}", summary=f"check {check.name} crashed"))
-    return Report(node, context, tuple(findings), time.monotonic() - start, snap)
+        # Without a diagnostic result the dcgm check looks at nothing: it did not judge the node.
+        if check.name not in ran and (check.name != "dcgm" or dcgm_result is not None):
+            ran.append(check.name)
+        findings.extend(_run_check(check, inp, request.on_check_error))
+    if_idle: tuple[Finding, ...] = ()
+    if request.if_idle:
+        idle = next(c for c in registry.REGISTRY if c.name == IDLE_CHECK)
+        if_idle = tuple(_run_check(idle, dataclasses.replace(inp, gpus=None), request.on_check_error))
+    return Report(snap.node, context, tuple(findings), time.monotonic() - start, snap,
+                  checks_run=tuple(ran), if_idle=if_idle)
+
+
+def _run_check(check: registry.Check, inp: CheckInput, on_error: Action) -> list[Finding]:
+    """What the check finds; one that crashes keeps what it found before, and fails."""
+    found: list[Finding] = []
+    try:
+        found.extend(check.fn(inp))
+    except Exception as exc:
+        found.append(Finding(check.name, Severity.FAIL, on_error, f"check crashed: {type(exc).__name__}: {exc}",
+                             summary=f"check {check.name} crashed"))
+    return found
 
 
 def drain_summary(report: Report) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Callable
 
 
 class Severity(str, Enum):
@@ -256,6 +256,8 @@ class CheckInput:
     #: Result of a DCGM diagnostic run by the engine, when one was run.
     dcgm: DcgmResult | None = None
     now: float = 0.0
+    #: Where the XID check looks a code up (``None``: NVIDIA's catalogue, ``xid_catalog.lookup``).
+    xid_lookup: Callable[[int], Any] | None = None
 
     def selected(self) -> tuple[GpuSnapshot, ...]:
         if self.gpus is None:
@@ -280,6 +282,11 @@ class Report:
     findings: tuple[Finding, ...]
     duration_s: float
     snapshot: NodeSnapshot | None = None
+    #: Names of the checks the engine ran (``gpu-probe`` first: the snapshot could be read).
+    checks_run: tuple[str, ...] = ()
+    #: What the leftover check finds on every GPU, when asked (``JudgeRequest.if_idle``): faults
+    #: only on a node with no job, so not part of the verdict.
+    if_idle: tuple[Finding, ...] = ()
 
     @property
     def healthy(self) -> bool:

@@ -30,104 +30,198 @@ MAX_EVENTS = 2000
 MAX_SEEN = 5000
 
 
+#: What a file looked like when read (device, inode, size, mtime, ctime); ABSENT for no file.
+Stamp = tuple
+ABSENT: Stamp = ("absent",)
+
+
 class XidHistory:
-    def __init__(self, path: str):
+    """The history file. :meth:`load` reads it once into an :class:`XidState` that answers every
+    question of a run and writes its changes once; the other methods are one-shot conveniences.
+
+    ``opener`` opens the file for reading (``open``; a seam for tests that count reads).
+    """
+
+    def __init__(self, path: str, opener: Callable[..., Any] = open):
         self.path = path
+        self._opener = opener
+
+    def load(self) -> XidState:
+        """Read the file once. An unreadable one loads as empty, with ``error`` saying why (saving
+        it then tries the write, which says so again)."""
+        try:
+            state, stamp = self._read()
+        except PermanentError as exc:
+            return XidState(self, _empty(), None, str(exc))
+        return XidState(self, state, stamp)
 
     def recorded(self) -> dict[str, tuple[str, int, float]]:
-        """Every event kept: key -> (GPU identity, code, when recorded); ``CheckInput.xid_history``."""
-        return {e["key"]: (e["id"], e["code"], e["t"]) for e in self._read()["events"]}
+        return self.load().recorded()
 
     def record(self, events: Iterable[XidEvent], now: float | None = None) -> list[XidEvent]:
-        """Remember ``events`` (once per key); returns the ones not recorded before."""
-        now = time.time() if now is None else now
-        events = list(events)
-        try:
-            known = {e["key"] for e in self._read()["events"]}
-        except PermanentError:
-            known = set()  # unreadable: the write below says why
-        if known and all(event.key in known for event in events):
-            return []  # the usual case on a node with an old XID in its log: no write, no fsync
-        new: list[XidEvent] = []
-
-        def change(state: dict[str, Any]) -> None:
-            known = {e["key"] for e in state["events"]}
-            for event in events:
-                if event.key not in known:
-                    known.add(event.key)
-                    new.append(event)
-                    state["events"].append({"key": event.key, "code": event.code, "gpu": event.gpu,
-                                            "id": event.gpu_id, "t": now})
-
-        self._update(change, now)
+        state = self.load()
+        new = state.record(events, now)
+        state.save()
         return new
 
     def seen(self, key: str) -> bool:
-        """Whether an action was already taken on the event with this key."""
-        return key in self._read()["seen"]
+        return self.load().seen(key)
 
     def mark_seen(self, keys: Iterable[str], now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        keys = list(keys)
-
-        def change(state: dict[str, Any]) -> None:
-            for key in keys:
-                state["seen"].setdefault(key, now)
-
-        self._update(change, now)
+        state = self.load()
+        state.mark_seen(keys, now)
+        state.save()
 
     def acked(self) -> frozenset[str]:
-        """Keys of events an admin has dealt with: the XID check ignores them."""
-        return frozenset(self._read()["acked"])
+        return self.load().acked()
 
     def ack(self, keys: Iterable[str], now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        keys = list(keys)
+        state = self.load()
+        state.ack(keys, now)
+        state.save()
 
-        def change(state: dict[str, Any]) -> None:
-            for key in keys:
-                state["acked"].setdefault(key, now)
-
-        self._update(change, now)
-
-    def _read(self) -> dict[str, Any]:
-        state = _parse(self._load())
+    def _read(self) -> tuple[dict[str, Any], Stamp]:
+        text, stamp = self._load()
+        state = _parse(text)
         if state is None:
             try:
                 with fsutil.locked(self.path):
-                    state = self._load_or_reset()
+                    state, stamp = self._load_or_reset()
             except OSError as exc:
                 raise PermanentError(f"cannot reset XID history {self.path}: {exc.strerror or exc}") from None
-        return state
+        return state, stamp
 
-    def _update(self, change: Callable[[dict[str, Any]], None], now: float) -> None:
+    def _write(self, state: dict[str, Any], stamp: Stamp | None,
+               changes: list[Callable[[dict[str, Any]], None]], now: float) -> tuple[dict[str, Any], Stamp]:
+        """Under the lock: ``changes`` applied to the file as it is now. Unchanged since it was read
+        (same stamp), that is ``state``, which already holds them; else the file is read again."""
         try:
             with fsutil.locked(self.path):
-                state = self._load_or_reset()
-                change(state)
+                if stamp is None or _stamp(self.path) != stamp:
+                    state, _ = self._load_or_reset()
+                    for change in changes:
+                        change(state)
                 _prune(state, now)
                 fsutil.atomic_write(self.path, json.dumps(state, separators=(",", ":")), mode=0o600)
+                return state, _stamp(self.path)
         except OSError as exc:
             raise PermanentError(f"cannot write XID history {self.path}: {exc.strerror or exc}") from None
 
-    def _load(self) -> str | None:
+    def _load(self) -> tuple[str | None, Stamp]:
         try:
-            with open(self.path, encoding="utf-8", errors="replace") as fh:
-                return fh.read()  # undecodable bytes: a corrupt file, set aside like any other
+            with self._opener(self.path, encoding="utf-8", errors="replace") as fh:
+                stamp = _stamp_of(os.fstat(fh.fileno()))
+                return fh.read(), stamp  # undecodable bytes: a corrupt file, set aside like any other
         except FileNotFoundError:
-            return None
+            return None, ABSENT
         except OSError as exc:
             raise PermanentError(f"cannot read XID history {self.path}: {exc.strerror or exc}") from None
 
-    def _load_or_reset(self) -> dict[str, Any]:
+    def _load_or_reset(self) -> tuple[dict[str, Any], Stamp]:
         """Call with the lock held: a corrupt file goes aside as ``.corrupt``."""
-        text = self._load()
+        text, stamp = self._load()
         state = _parse(text)
         if state is None:
             with contextlib.suppress(FileNotFoundError):
                 os.replace(self.path, self.path + ".corrupt")
-            state = _empty()
-        return state
+            state, stamp = _empty(), ABSENT
+        return state, stamp
+
+
+class XidState:
+    """This node's XID history as one run read it: questions are answered from memory, changes
+    are kept until :meth:`save` writes them, once, merged with whatever another process (the
+    health check, the watcher) wrote meanwhile."""
+
+    def __init__(self, history: XidHistory, state: dict[str, Any], stamp: Stamp | None, error: str | None = None):
+        self.history = history
+        #: Why the file could not be read (it then loads as empty), else ``None``.
+        self.error = error
+        self._state = state
+        self._stamp = stamp
+        self._changes: list[Callable[[dict[str, Any]], None]] = []
+        self._now: float | None = None
+
+    def recorded(self) -> dict[str, tuple[str, int, float]]:
+        """Every event kept: key -> (GPU identity, code, when recorded); ``CheckInput.xid_history``."""
+        return {e["key"]: (e["id"], e["code"], e["t"]) for e in self._state["events"]}
+
+    def seen(self, key: str) -> bool:
+        """Whether an action was already taken on the event with this key."""
+        return key in self._state["seen"]
+
+    def acked(self) -> frozenset[str]:
+        """Keys of events an admin has dealt with: the XID check ignores them."""
+        return frozenset(self._state["acked"])
+
+    def record(self, events: Iterable[XidEvent], now: float | None = None) -> list[XidEvent]:
+        """Remember ``events`` (once per key); returns the ones not recorded before."""
+        now = time.time() if now is None else now
+        known = {e["key"] for e in self._state["events"]}
+        fresh: dict[str, XidEvent] = {}
+        for event in events:
+            if event.key not in known:
+                fresh.setdefault(event.key, event)
+        new = list(fresh.values())
+        if new:  # the usual case on a node with an old XID in its log: nothing to write
+            self._change(lambda state: _add_events(state, new, now), now)
+        return new
+
+    def mark_seen(self, keys: Iterable[str], now: float | None = None) -> None:
+        self._mark("seen", keys, now)
+
+    def ack(self, keys: Iterable[str], now: float | None = None) -> None:
+        self._mark("acked", keys, now)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self._changes)
+
+    def save(self) -> None:
+        """Write the changes made since the last save (nothing to do when there are none), pruned
+        as of the latest change. Raises :class:`PermanentError` when the file cannot be written;
+        the changes stay."""
+        if not self._changes:
+            return
+        now = time.time() if self._now is None else self._now
+        self._state, self._stamp = self.history._write(self._state, self._stamp, self._changes, now)
+        self._changes = []
+
+    def _mark(self, section: str, keys: Iterable[str], now: float | None) -> None:
+        now = time.time() if now is None else now
+        keys = [k for k in keys if k not in self._state[section]]
+        if keys:
+            self._change(lambda state: _add_keys(state[section], keys, now), now)
+
+    def _change(self, change: Callable[[dict[str, Any]], None], now: float) -> None:
+        change(self._state)
+        self._changes.append(change)
+        self._now = now
+
+
+def _add_events(state: dict[str, Any], events: list[XidEvent], now: float) -> None:
+    known = {e["key"] for e in state["events"]}
+    for event in events:
+        if event.key not in known:
+            known.add(event.key)
+            state["events"].append({"key": event.key, "code": event.code, "gpu": event.gpu,
+                                    "id": event.gpu_id, "t": now})
+
+
+def _add_keys(section: dict[str, float], keys: list[str], now: float) -> None:
+    for key in keys:
+        section.setdefault(key, now)
+
+
+def _stamp(path: str) -> Stamp:
+    try:
+        return _stamp_of(os.stat(path))
+    except FileNotFoundError:
+        return ABSENT
+
+
+def _stamp_of(st: os.stat_result) -> Stamp:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _empty() -> dict[str, Any]:

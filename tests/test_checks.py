@@ -1,4 +1,4 @@
-"""Every check family through ``engine.run``, fed captured-style NVML snapshots.
+"""Every check family through ``engine.run`` (snapshot, then ``engine.judge``), fed captured-style NVML snapshots.
 
 The probe is a stand-in that returns one loaded fixture; everything after it
 (job GPU selection, contexts, deadline, crash handling, the drain reason) is
@@ -20,6 +20,7 @@ from slurm_hooks.checks import REGISTRY, Check, for_context
 from slurm_hooks.models import (
     Action,
     Context,
+    DcgmResult,
     Expectations,
     Finding,
     GpuProcess,
@@ -58,7 +59,7 @@ def run(snap: NodeSnapshot | str, expect: Expectations = H100, context: Context 
     if isinstance(snap, str):
         snap = load(snap)
     kw.setdefault("deadline_s", 10.0)
-    return engine.run(SnapshotProbe(snap), snap.node, expect, context, **kw)
+    return engine.run(SnapshotProbe(snap), snap.node, engine.JudgeRequest(expect, context, **kw))
 
 
 def problems(report) -> list[Finding]:
@@ -483,7 +484,7 @@ class RaisingProbe:
 
 
 def test_a_probe_that_raises_gives_one_fail_finding():
-    report = engine.run(RaisingProbe(), "gpu017", H100, Context.CHECK, deadline_s=5)
+    report = engine.run(RaisingProbe(), "gpu017", engine.JudgeRequest(H100, Context.CHECK, deadline_s=5))
     assert report.findings == (
         Finding("gpu-probe", Severity.FAIL, Action.DRAIN, "cannot read GPUs: RuntimeError: NVML_ERROR_DRIVER_NOT_LOADED",
                 None, "GPU probe failed"),
@@ -512,7 +513,7 @@ def test_a_probe_that_hangs_past_probe_timeout_is_a_fail_did_not_answer():
     probe = HangingProbe()
     started = time.monotonic()
     try:
-        report = engine.run(probe, "gpu017", H100, Context.PROLOG, deadline_s=30, probe_timeout_s=0.2)
+        report = engine.run(probe, "gpu017", engine.JudgeRequest(H100, Context.PROLOG, deadline_s=30, probe_timeout_s=0.2))
     finally:
         probe.release.set()
     assert time.monotonic() - started < 5
@@ -525,7 +526,7 @@ def test_a_probe_that_hangs_past_probe_timeout_is_a_fail_did_not_answer():
 def test_a_probe_that_hangs_for_the_whole_deadline_is_one_did_not_answer_finding():
     probe = HangingProbe()
     try:
-        report = engine.run(probe, "gpu017", H100, Context.CHECK, deadline_s=0.3)  # probe timeout = deadline
+        report = engine.run(probe, "gpu017", engine.JudgeRequest(H100, Context.CHECK, deadline_s=0.3))  # probe timeout = deadline
     finally:
         probe.release.set()
     [f] = report.findings
@@ -597,3 +598,22 @@ def test_actions_are_ordered_from_harmless_to_most_disruptive():
     order = [Action.NONE, Action.WARN, Action.DRAIN, Action.RESET, Action.REBOOT, Action.REPLACE]
     assert sorted(Action, key=lambda a: a.rank) == order
     assert [a.takes_node_out for a in order] == [False, False, True, True, True, True]
+
+
+def test_the_report_names_the_checks_that_ran():
+    names = [c.name for c in for_context(Context.CHECK)]
+    assert run("h100-healthy.json").checks_run == ("gpu-probe", *(n for n in names if n != "dcgm"))  # no diag run
+    diag = DcgmResult(1, True, True, (), "")
+    with_diag = run("h100-healthy.json", expect=dataclasses.replace(H100, dcgm_level_check=1),
+                    dcgm=lambda level, timeout: diag)
+    assert with_diag.checks_run == ("gpu-probe", *names)
+    assert run(NodeSnapshot("gpu017", "nvml", error="NVML down")).checks_run == ("gpu-probe",)
+
+
+def test_if_idle_judges_what_is_left_on_every_gpu_apart_from_the_verdict():
+    snap = replace_gpu(load("h100-healthy.json"), 6, processes=(GpuProcess(4242, 1024, "python3"),))
+    report = run(snap, context=Context.CHECK, if_idle=True)
+    assert report.healthy and "leftover" not in {f.check for f in report.findings}
+    assert [(f.check, f.gpu, f.message) for f in report.if_idle] == [
+        ("leftover", 6, "1 process(es) left after the job (pid 4242)")]
+    assert run(snap, context=Context.CHECK).if_idle == ()

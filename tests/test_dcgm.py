@@ -269,8 +269,8 @@ class OneGpuProbe:
 def test_engine_runs_the_diag_at_the_contexts_level(tmp_path, exit_code, healthy):
     doc = PASS_3X if healthy else json.dumps(FAIL_4X)
     runner = make_runner(fake_dcgmi(tmp_path, doc, exit_code=exit_code))
-    report = engine.run(OneGpuProbe(), "n1", Expectations(dcgm_level_epilog=2), Context.EPILOG, deadline_s=20,
-                        dcgm=runner)
+    report = engine.run(OneGpuProbe(), "n1", engine.JudgeRequest(Expectations(dcgm_level_epilog=2), Context.EPILOG,
+                                                              deadline_s=20, dcgm=runner))
     assert (tmp_path / "argv").read_text().split() == ["diag", "-r", "2", "-j"]
     assert report.healthy is healthy
     assert [f.check for f in report.findings if f.severity is Severity.FAIL] == ([] if healthy else ["dcgm"])

@@ -652,7 +652,7 @@ def test_epilog_returns_1_when_it_could_not_drain(t):
 
 def test_remediate_drain_can_be_called_with_a_report_directly(t):
     inject(t, 4, pcie_width=8)
-    report = healthcheck.evaluate(t.w, healthcheck.Context.CHECK)
+    report = healthcheck.judge(t.w, healthcheck.Context.CHECK, acknowledge=False)
     outcome = Outcome()
     remediate.drain(t.w, report, outcome, job="42")
     assert outcome.ok and outcome.drained

@@ -29,7 +29,7 @@ def snapshot(sim_dir, node="n1"):
 
 
 def findings(sim_dir, node="n1", context=Context.CHECK, expect=H100):
-    report = engine.run(sim.SimProbe(sim_dir, node), node, expect, context, deadline_s=10)
+    report = engine.run(sim.SimProbe(sim_dir, node), node, engine.JudgeRequest(expect, context, deadline_s=10))
     return [f for f in report.findings if f.severity is not Severity.OK]
 
 

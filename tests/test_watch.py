@@ -130,6 +130,52 @@ def test_watcher_drains_and_requeues_on_a_critical_xid_and_acts_once(wiring):
     assert len(slurm.called("drain")) == 1
 
 
+class CountingProbe:
+    """The node's own probe, counting the snapshots taken."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.snapshots = inner, inner.name, 0
+
+    def snapshot(self):
+        self.snapshots += 1
+        return self.inner.snapshot()
+
+
+def test_an_xid79_goes_from_the_watcher_to_the_drain_with_one_snapshot_one_lookup_one_history_read(wiring):
+    import dataclasses
+
+    from slurm_hooks import xid_catalog
+    from slurm_hooks.hooks import healthcheck
+    from slurm_hooks.models import XidEvent
+    from slurm_hooks.xid_history import XidHistory
+
+    w, slurm = wiring
+    path = healthcheck.xid_history(w).path
+    earlier = XidEvent(code=31, gpu=1, ts=1.0, source="sim", seq=99)
+    XidHistory(path).record([earlier])  # the history holds something to read
+    sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
+    [event] = SimSource(w.config.gpu.sim_dir, "n1", 0.1).backlog()
+    reads, lookups = [], []
+
+    def opener(name, *args, **kwargs):
+        reads.append(name)
+        return open(name, *args, **kwargs)
+
+    def catalog(code):
+        lookups.append(code)
+        return xid_catalog.lookup(code)
+
+    probe = CountingProbe(w.probe())
+    w = dataclasses.replace(w, probe_override=probe)
+    watcher = Watcher(w, ListSource(), log=lambda m: None, history=XidHistory(path, opener=opener), catalog=catalog)
+    watcher.handle(event)
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3 [replace]"
+    assert slurm.called("requeue") == [("requeue", 7)]
+    assert (reads, lookups, probe.snapshots) == ([path], [79], 1)
+    after = XidHistory(path).load()  # one write kept both: the event recorded, and marked seen
+    assert set(after.recorded()) == {earlier.key, event.key} and after.seen(event.key)
+
+
 def test_watcher_leaves_the_node_alone_for_an_application_xid(wiring):
     w, slurm = wiring
     sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=13)

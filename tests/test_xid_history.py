@@ -174,3 +174,54 @@ def test_recording_only_known_events_does_not_rewrite_the_file(tmp_path):
     before = (tmp_path / "h.json").stat().st_mtime_ns
     assert h.record([event], now=2000.0) == []
     assert (tmp_path / "h.json").stat().st_mtime_ns == before
+
+
+def test_a_loaded_history_answers_from_memory_and_saves_its_changes_once(path):
+    XidHistory(path).record([ev(31, 1)], now=NOW)
+    reads = []
+
+    def opener(name, *args, **kwargs):
+        reads.append(name)
+        return open(name, *args, **kwargs)
+
+    state = XidHistory(path, opener=opener).load()
+    assert state.record([ev(31, 1), ev(79, 2)], now=NOW) == [ev(79, 2)]
+    state.mark_seen([ev(79, 2).key], now=NOW)
+    state.ack([ev(31, 1).key], now=NOW)
+    assert state.seen(ev(79, 2).key) and state.acked() == {ev(31, 1).key}
+    assert set(state.recorded()) == {ev(31, 1).key, ev(79, 2).key}
+    assert not XidHistory(path).seen(ev(79, 2).key)  # nothing written yet
+    written = os.stat(path).st_ino
+    state.save()
+    assert os.stat(path).st_ino != written  # one write...
+    assert reads == [path]  # ...and the file, unchanged since it was read, is not read again
+    again = XidHistory(path).load()
+    assert again.seen(ev(79, 2).key) and again.acked() == {ev(31, 1).key}
+    assert set(again.recorded()) == {ev(31, 1).key, ev(79, 2).key}
+    written = os.stat(path).st_ino
+    again.save()  # nothing changed: no write
+    assert os.stat(path).st_ino == written
+
+
+def test_saving_keeps_what_another_process_wrote_since_the_load(path):
+    mine, theirs = XidHistory(path).load(), XidHistory(path).load()
+    mine.record([ev(79, 1)], now=NOW)
+    mine.mark_seen([ev(79, 1).key], now=NOW)
+    theirs.record([ev(48, 2)], now=NOW)
+    theirs.ack(["sim:5:3:48"], now=NOW)
+    theirs.save()
+    mine.save()
+    merged = XidHistory(path).load()
+    assert set(merged.recorded()) == {ev(79, 1).key, ev(48, 2).key}
+    assert merged.seen(ev(79, 1).key) and merged.acked() == {"sim:5:3:48"}
+
+
+def test_an_unreadable_history_loads_empty_and_says_why(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    state = XidHistory(str(blocker / "xid-history.json")).load()
+    assert state.error and "cannot read XID history" in state.error
+    assert state.recorded() == {} and not state.seen("k") and state.acked() == frozenset()
+    state.mark_seen(["k"])
+    with pytest.raises(PermanentError):
+        state.save()

@@ -50,7 +50,7 @@ def _judge(inp: CheckInput, gpu: int | None, ident: str, events: Iterable[XidEve
 
 
 def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: int) -> Finding:
-    info = lookup(code)
+    info = (inp.xid_lookup or lookup)(code)
     if info is None:
         action, severity, what = Action.WARN, Severity.WARN, "unknown XID"
     else:

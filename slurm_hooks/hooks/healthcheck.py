@@ -18,7 +18,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from slurm_hooks import engine, pending
 from slurm_hooks.errors import SlurmHooksError, TransientError
@@ -26,13 +26,18 @@ from slurm_hooks.hooks import remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, XidEvent
-from slurm_hooks.xid_history import XidHistory
+from slurm_hooks.xid_history import XidHistory, XidState
+
+if TYPE_CHECKING:
+    from slurm_hooks.xid_catalog import XidInfo
 
 
 def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, follow: str = "detached",
-        events: Sequence[XidEvent] = (), retry: bool = False) -> tuple[Report, Outcome]:
+        events: Sequence[XidEvent] = (), retry: bool = False, history: XidState | None = None,
+        xid_lookup: Callable[[int], XidInfo | None] | None = None) -> tuple[Report, Outcome]:
     """Judge the node and act. ``events``: XIDs a source delivered (the watcher's NVML event)
     that the probe may not see, e.g. when the kernel log is unreadable in a container.
+    ``history`` and ``xid_lookup``: see :func:`judge`.
 
     A pending action left by an earlier run is finished on the way: its events are judged
     with this run's, and acting on the verdict settles it (done, superseded, or retried later).
@@ -43,7 +48,7 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     earlier = None if dry_run else pending.load(w.config.state.dir, w.node)
     if earlier is not None:
         events = (*events, *_events(earlier))
-    report = judge(w, context, events=events, acknowledge=not dry_run)
+    report = judge(w, context, events=events, acknowledge=not dry_run, history=history, xid_lookup=xid_lookup)
     outcome = Outcome()
     if not dry_run:
         if not retry:
@@ -92,23 +97,60 @@ def _events(rec: pending.Pending) -> list[XidEvent]:
 
 
 def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequence[XidEvent] = (),
-          **kw) -> Report:
-    """:func:`evaluate`, then, if we drained this node before and an admin has resumed it since,
-    acknowledge the XIDs we drained for and judge again: in every context, so that the first
-    job after the resume is not refused for what the admin has mended."""
-    snap = None
-    if events:
-        snap = _with_events(engine.take_snapshot(w.probe(), w.node, float(w.config.gpu.probe_timeout)), events)
-    report = evaluate(w, context, snapshot=snap, **kw)
-    if acknowledge and report.drain_findings() and _admin_resumed(w, report):
-        report = evaluate(w, context, snapshot=report.snapshot, **kw)
+          gpus: list[str] | None = None, baseline: NodeSnapshot | None = None, job_failed: bool = False,
+          history: XidState | None = None, xid_lookup: Callable[[int], XidInfo | None] | None = None) -> Report:
+    """Take one snapshot (with ``events`` a source delivered) and judge it; then, if we drained this
+    node before and an admin has resumed it since, acknowledge the XIDs we drained for and judge
+    the same snapshot again: in every context, so that the first job after the resume is not
+    refused for what the admin has mended.
+
+    ``history``: this node's XID history as the caller loaded it (the watcher, which also marks
+    its event seen), saved by the caller; without one it is loaded here and saved once.
+    ``xid_lookup``: where the XID check looks codes up (the watcher's, which has looked one up).
+    """
+    started = time.monotonic()
+    state = xid_history(w).load() if history is None else history
+    request = _request(w, context, state, started=started, gpus=gpus, baseline=baseline, job_failed=job_failed,
+                       xid_lookup=xid_lookup)
+    snap = engine.take_snapshot(w.probe(), w.node, min(float(w.config.gpu.probe_timeout), request.deadline_s))
+    report = engine.judge(_with_events(snap, events), request)
+    if report.snapshot is not None and report.snapshot.error is None:
+        state.record(engine.snapshot_xids(report.snapshot))
+    if acknowledge and report.drain_findings() and _admin_resumed(w, report, state):
+        report = engine.judge(report.snapshot, _request(w, context, state, gpus=gpus, baseline=baseline,
+                                                        job_failed=job_failed, xid_lookup=xid_lookup))
+    if history is None:
+        _save(state)
     return report
+
+
+def _request(w: Wiring, context: Context, state: XidState, **kw: Any) -> engine.JudgeRequest:
+    cfg = w.config
+    expect = cfg.expectations_for(w.node)
+    return engine.JudgeRequest(
+        expect, context,
+        deadline_s=_check_budget(w),
+        probe_timeout_s=float(cfg.gpu.probe_timeout),
+        xid_history=state.recorded(),
+        acked_xids=state.acked(),
+        dcgm=_dcgm_runner(w, context, expect, kw.get("job_failed", False)),
+        on_check_error=Action(cfg.check.on_check_error),
+        if_idle=context is Context.CHECK,  # what resume_if_ours looks at on an idle node
+        **kw,
+    )
+
+
+def _save(state: XidState) -> None:
+    try:
+        state.save()
+    except SlurmHooksError as exc:
+        print(f"slurm-hooks: {exc}", file=sys.stderr)
 
 
 def _with_events(snap: NodeSnapshot, events: Sequence[XidEvent]) -> NodeSnapshot:
     """Add delivered XIDs the snapshot lacks: not the same event (key), nor, from another source
     (NVML's event for a line the kernel log holds), the same code on the same GPU."""
-    if snap.error is not None:
+    if snap.error is not None or not events:
         return snap
     present = engine.snapshot_xids(snap)
     keys = {x.key for x in present}
@@ -129,13 +171,14 @@ def _with_events(snap: NodeSnapshot, events: Sequence[XidEvent]) -> NodeSnapshot
     return dataclasses.replace(snap, gpus=gpus, node_xids=snap.node_xids + tuple(node_level))
 
 
-def _admin_resumed(w: Wiring, report: Report) -> bool:
+def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
     """We drained this node for some XIDs and an admin has resumed it: those XIDs are dealt with.
 
     They stay in the kernel log until the next reboot; acknowledging exactly the
     events we drained for keeps a mended node from being drained again for them,
     while any newer XID still drains. Faults that are state (ECC counts, a lost
-    GPU, remapping) are judged afresh as always.
+    GPU, remapping) are judged afresh as always. The acknowledgement is written at
+    once: a node whose history cannot be written stays drained rather than forget it.
     """
     drained_for = remediate.drained_for(w)
     if drained_for is None or report.snapshot is None:
@@ -145,7 +188,8 @@ def _admin_resumed(w: Wiring, report: Report) -> bool:
             return False
         keys = sorted(set(drained_for) & set(_keys(report.snapshot)))
         if keys:
-            xid_history(w).ack(keys)
+            state.ack(keys)
+            state.save()
             w.audit.write("action", node=w.node, action="ack-xids", target=w.node, result="ok", duration_s=0.0,
                           detail=f"node resumed by an admin after our drain; {len(keys)} XID event(s) acknowledged")
     except SlurmHooksError as exc:
@@ -153,47 +197,6 @@ def _admin_resumed(w: Wiring, report: Report) -> bool:
         return False
     remediate.forget_drain(w)
     return True
-
-
-class _Fixed:
-    """A probe that returns a snapshot already taken (re-judging without probing twice)."""
-
-    def __init__(self, snap: NodeSnapshot):
-        self.name, self.snap = snap.backend, snap
-
-    def snapshot(self) -> NodeSnapshot:
-        return self.snap
-
-
-def evaluate(w: Wiring, context: Context, gpus: list[str] | None = None, baseline=None,
-             snapshot: NodeSnapshot | None = None, job_failed: bool = False) -> Report:
-    cfg = w.config
-    expect = cfg.expectations_for(w.node)
-    history = xid_history(w)
-    try:
-        acked = history.acked()
-    except SlurmHooksError:
-        acked = frozenset()
-    report = engine.run(
-        _Fixed(snapshot) if snapshot is not None else w.probe(), w.node, expect, context,
-        deadline_s=_check_budget(w),
-        probe_timeout_s=float(cfg.gpu.probe_timeout),
-        gpus=gpus,
-        baseline=baseline,
-        xid_history=lambda snap: history.recorded(),
-        dcgm=_dcgm_runner(w, context, expect, job_failed),
-        job_failed=job_failed,
-        acked_xids=acked,
-        on_check_error=Action(cfg.check.on_check_error),
-    )
-    if report.snapshot is not None:
-        events = engine.snapshot_xids(report.snapshot)
-        if events:
-            try:
-                history.record(events)
-            except SlurmHooksError as exc:
-                print(f"slurm-hooks: {exc}", file=sys.stderr)
-    return report
 
 
 def _check_budget(w: Wiring) -> float:

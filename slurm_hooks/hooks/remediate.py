@@ -16,13 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from slurm_hooks import checks as registry
 from slurm_hooks import fsutil, hostlist
-from slurm_hooks.checks import processes
-from slurm_hooks.engine import PROBE_FAILED, dcgm_level, drain_summary, snapshot_xids
+from slurm_hooks.engine import drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.models import CheckInput, Context, Report, Severity
+from slurm_hooks.models import Report, Severity
 from slurm_hooks.slurm import JobInfo, format_reason, job_ref, may_drain, may_resume
 
 if TYPE_CHECKING:
@@ -452,19 +450,14 @@ def _not_rejudged(w: Wiring, record: dict, report: Report, info) -> str:
     if judged != info.reason:
         return (f"drained for {info.reason!r}, but our record is of a drain for {judged!r}: this check did "
                 "not judge the newer drain; resume by hand (scontrol update State=RESUME) once mended")
-    expect = w.config.expectations_for(w.node)
-    ran = {c.name for c in registry.for_context(report.context)} | {PROBE_FAILED}
-    if dcgm_level(report.context, expect) <= 0:
-        ran.discard("dcgm")
     leftovers = {"leftover", "busy"} & set(record.get("checks", ()))
-    missing = sorted(set(record.get("checks", ())) - ran - leftovers)
+    missing = sorted(set(record.get("checks", ())) - set(report.checks_run) - leftovers)
     if missing:
         return (f"drained for {', '.join(missing)}, which the periodic check does not run: "
                 "resume by hand (scontrol update State=RESUME) once mended")
-    snap = report.snapshot
-    if snap is not None and info.base_state in ("IDLE", "DRAINED", "DOWN"):
+    if report.snapshot is not None and info.base_state in ("IDLE", "DRAINED", "DOWN"):
         # An idle node's GPUs should be empty: what is on them now is left over.
-        left = list(processes.check_leftovers(CheckInput(snap, expect, Context.EPILOG)))
+        left = report.if_idle
         if left:
             return "still " + "; ".join(f.message for f in left[:3]) + " on an idle node"
     return ""

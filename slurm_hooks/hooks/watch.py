@@ -15,13 +15,17 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from slurm_hooks import pending, xid_catalog
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, XidEvent
+
+if TYPE_CHECKING:
+    from slurm_hooks.xid_catalog import XidInfo
+    from slurm_hooks.xid_history import XidHistory
 
 OnEvent = Callable[[XidEvent], None]
 
@@ -158,11 +162,17 @@ RETRY_POLL_S = 1.0
 
 
 class Watcher:
+    """``history`` (this node's XID history) and ``catalog`` (the XID catalogue's lookup) are
+    seams for tests; each event reads the history once, looks its code up once, and goes
+    through the engine at most once."""
+
     def __init__(self, w: Wiring, source: Source, log: Callable[[str], None] | None = None,
-                 retry_poll: float = RETRY_POLL_S):
+                 retry_poll: float = RETRY_POLL_S, history: XidHistory | None = None,
+                 catalog: Callable[[int], XidInfo | None] = xid_catalog.lookup):
         self.w = w
         self.source = source
-        self.history = healthcheck.xid_history(w)
+        self.history = history if history is not None else healthcheck.xid_history(w)
+        self.catalog = catalog
         self.log = log or _to_stderr
         self.retry_poll = retry_poll
         self._lock = threading.Lock()
@@ -170,23 +180,29 @@ class Watcher:
     def handle(self, event: XidEvent) -> None:
         """Act on one event unless it was acted on before (by this or an earlier run)."""
         with self._lock:
-            try:
-                if self.history.seen(event.key) or event.key in self.history.acked():
-                    return
-            except SlurmHooksError as exc:
-                self.log(f"slurm-hooks watch: {exc}")
-            info = xid_catalog.lookup(event.code)
+            state = self.history.load()
+            if state.error:
+                self.log(f"slurm-hooks watch: {state.error}")
+            if state.seen(event.key) or event.key in state.acked():
+                return
+            info = self.catalog(event.code)
             action = info.action if info else Action.WARN
             where = f"GPU {event.gpu}" if event.gpu is not None else (event.pci_bus_id or "node")
             self.log(f"slurm-hooks watch: XID {event.code} on {where} -> {action.value}")
             if action.takes_node_out:
                 started = time.monotonic()
-                report, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread", events=[event])
+
+                def lookup(code: int) -> XidInfo | None:
+                    return info if code == event.code else self.catalog(code)
+
+                report, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread", events=[event],
+                                                  history=state, xid_lookup=lookup)
                 self.w.audit.write("watch", node=self.w.node, xid=event.code, gpu=event.gpu, event=event.key,
                                    drained=outcome.drained, requeued=outcome.requeued, failed=outcome.failed,
                                    duration_s=round(time.monotonic() - started, 4))
+            state.mark_seen([event.key])
             try:
-                self.history.mark_seen([event.key])
+                state.save()  # the events judged and this one seen, in one write
             except SlurmHooksError as exc:
                 self.log(f"slurm-hooks watch: {exc}")
 
