@@ -18,6 +18,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from test_e2e_slurm import TRAP_JOB, wait_started
 
 from slurm_hooks import config
 from slurm_hooks.audit import AuditLog
@@ -422,13 +423,15 @@ def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbe
     watcher = subprocess.Popen([sys.executable, "-m", "slurm_hooks", "watch", "--node", "n1"], env=tb.env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        job = tb.sbatch("#!/bin/sh\nsleep 300\n", "--gres=gpu:1", "-w", "n1")
-        tb.wait_job(job, timeout=30)
+        job = tb.sbatch(TRAP_JOB, "--gres=gpu:1", "-w", "n1")
+        # Under the job: its batch script runs. (A job shows RUNNING while its prolog still runs; an XID
+        # then is the prolog's to find, and the prolog refuses the job instead of our requeueing it.)
+        _, gpu = wait_started(tb, job, timeout=30)
         deadline = time.monotonic() + 10
         while not any(r.get("message") == "watcher started" for r in tb.audit_events()):
             assert time.monotonic() < deadline, "watcher did not start"
             time.sleep(0.05)
-        sim.inject(tb.sim_dir, "n1", 0, xid=79)
+        sim.inject(tb.sim_dir, "n1", gpu, xid=79)
         tb.wait_node("n1", lambda x: x.drained and x.reason.startswith("slurm-hooks:"), timeout=5, interval=0.02)
         drained_at = time.time()
         deadline = time.monotonic() + 10
@@ -437,7 +440,7 @@ def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbe
             time.sleep(0.05)
         [msg] = receiver.bodies()
         assert receiver.requests[0]["at"] - drained_at < 5.0
-        assert msg["kind"] == "opened" and msg["node"] == "n1" and msg["gpus"][0]["index"] == 0
+        assert msg["kind"] == "opened" and msg["node"] == "n1" and msg["gpus"][0]["index"] == gpu
         assert msg["finding"]["xid"] == 79 and msg["action"] == "replace"
         assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"]}]
         # Mended: the health check judges the node again and resumes its own drain.
