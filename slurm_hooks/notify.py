@@ -99,10 +99,13 @@ def _gpu_words(f: incidents.Finding) -> str:
 
 
 def _jobs_words(inc: Incident) -> str:
-    jobs = [j for j in inc.jobs.values() if j.requeued_at is not None]
-    if not jobs:
-        return "no job requeued"
-    return "jobs requeued: " + ", ".join(j.job_id + (f" ({j.user})" if j.user else "") for j in jobs)
+    def named(how: str) -> str:
+        return ", ".join(j.job_id + (f" ({j.user})" if j.user else "") for j in inc.jobs.values() if j.how == how)
+
+    words = [f"{label}: {jobs}" for label, jobs in (("jobs requeued", named("requeued")),
+                                                   ("jobs refused at start (Slurm requeues them)", named("refused")))
+             if jobs]
+    return "; ".join(words) or "no job requeued"
 
 
 def _what(inc: Incident) -> str:

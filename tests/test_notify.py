@@ -153,7 +153,7 @@ def test_several_hooks_seeing_one_xid_make_exactly_one_message(setup, receiver):
     assert msg["gpus"] == [{"index": 3, "uuid": "GPU-n1-3", "serial": "SN3"}]
     assert msg["finding"]["check"] == "xid" and msg["finding"]["xid"] == 79
     assert msg["action"] == "replace" and msg["urgency"] == "high" and msg["scope"] == "gpu"
-    assert msg["jobs"] == [{"job_id": "12", "user": "alice"}]
+    assert msg["jobs"] == [{"job_id": "12", "user": "alice", "how": "requeued"}]
     assert msg["seen_by"] == ["watch", "check", "epilog"]
     assert msg["incident"].startswith("n1-")
     text = msg["text"]
@@ -195,8 +195,33 @@ def test_the_message_waits_for_the_requeues_that_follow_the_drain(setup, receive
     clock.offset = 31
     assert n.flush(5)["sent"] == 1
     [msg] = receiver.bodies()
-    assert msg["jobs"] == [{"job_id": "7", "user": None}]
+    assert msg["jobs"] == [{"job_id": "7", "user": None, "how": "requeued"}]
     assert "jobs requeued: 7" in msg["text"]
+
+
+def test_a_job_the_prolog_refused_is_named_as_refused_not_as_no_job(setup, receiver):
+    log, _, notifier = setup
+    log.write("alert", node="n1", context="prolog", gpu=0, check="xid", severity="fail", action="replace",
+              message="XID 79 (GPU has fallen off the bus)", job="5")
+    log.write("action", node="n1", action="drain", target="n1", result="ok", duration_s=0.01,
+              reason="slurm-hooks: XID 79 on GPU 0 [replace]", job="5", context="prolog")
+    log.write("action", node="n1", action="requeue", target="5", result="skipped", duration_s=0.0, jobs=["5"],
+              detail="job is COMPLETING (it ended, or a requeue is already under way)")  # the watcher, a moment later
+    notifier().flush(5)
+    [msg] = receiver.bodies()
+    assert msg["jobs"] == [{"job_id": "5", "user": None, "how": "refused"}]
+    assert "jobs refused at start (Slurm requeues them): 5" in msg["text"] and "no job requeued" not in msg["text"]
+
+
+def test_the_watcher_starting_is_not_the_first_sight_of_a_fault(setup, receiver):
+    log, _, notifier = setup
+    log.write("watch", node="n1", message="watcher started")
+    time.sleep(0.3)
+    xid79(log, context="check", jobs=())
+    notifier().flush(5)
+    [msg] = receiver.bodies()
+    assert msg["seen_by"] == ["check"]
+    assert msg["time_to_drain_s"] < 0.25
 
 
 # --- follow-ups ------------------------------------------------------------------------
@@ -442,7 +467,7 @@ def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbe
         assert receiver.requests[0]["at"] - drained_at < 5.0
         assert msg["kind"] == "opened" and msg["node"] == "n1" and msg["gpus"][0]["index"] == gpu
         assert msg["finding"]["xid"] == 79 and msg["action"] == "replace"
-        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"]}]
+        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"], "how": "requeued"}]
         # Mended: the health check judges the node again and resumes its own drain.
         sim.clear(tb.sim_dir, "n1")
         tb.cancel_all()

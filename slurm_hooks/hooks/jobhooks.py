@@ -97,7 +97,7 @@ def _drain(w: Wiring, report: Report, jid: str | None) -> Outcome:
     A drain that fails for a transient reason stays pending for the next run."""
     remediate.record_alerts(w, report, job=jid)
     outcome = Outcome()
-    healthcheck.take_out(w, report, outcome, follow="none", requeue=False, job=jid)
+    healthcheck.take_out(w, report, outcome, follow="none", requeue=False, job=jid, context=report.context.value)
     _print(report)
     return outcome
 
