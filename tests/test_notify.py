@@ -18,11 +18,16 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from fakes.config import sim_config
+from fakes.slurm import FakeSlurm
 from test_e2e_slurm import TRAP_JOB, wait_started
 
 from slurm_hooks import config
 from slurm_hooks.audit import AuditLog
 from slurm_hooks.errors import ConfigError
+from slurm_hooks.hooks import healthcheck
+from slurm_hooks.hooks.watch import SimSource, Watcher
+from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.notify import Notifier, Settings
 from slurm_hooks.probes import sim
 
@@ -431,6 +436,108 @@ def test_a_webhook_table_with_a_mistake_names_its_line(tmp_path):
         config.parse('[[notify.webhook]]\nurl = "http://x"\nformat = "teams"\n', "c.toml")
     ok = config.parse('[[notify.webhook]]\nurl = "http://x"\n')
     assert ok.notify.webhook == ({"url": "http://x", "format": "json", "name": ""},)
+
+
+# --- who delivers: the watcher's thread, else the health check ------------------------------
+
+
+@pytest.fixture
+def node(tmp_path, receiver):
+    """A sim node n1 (8 GPUs, job 12 of alice on it) in FakeSlurm, with [notify] posting to the receiver."""
+    def make(notify: str = f'settle = 1.0\n[[notify.webhook]]\nurl = "{receiver.url()}"\n'):
+        cfg = sim_config(tmp_path, f"[expect]\ngpus = 8\n[notify]\n{notify}")
+        sim.init(cfg.gpu.sim_dir, "n1", 8)
+        slurm = FakeSlurm()
+        slurm.add_node("n1", "MIXED")
+        slurm.add_job(12, "n1")
+        return Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+
+    return make
+
+
+def test_the_watcher_runs_a_notifier_thread_that_posts_the_incident(node, receiver):
+    w = node()
+    sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
+    watcher = Watcher(w, SimSource(w.config.gpu.sim_dir, "n1", 0.05), log=lambda m: None)
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not receiver.bodies():
+            assert time.monotonic() < deadline, "the watcher's notifier posted nothing"
+            time.sleep(0.05)
+        assert "notify" in [t.name for t in threading.enumerate()]
+        assert Notifier(Settings.from_config(w.config)).delivering()
+    finally:
+        stop.set()
+        thread.join(5)
+    [msg] = receiver.bodies()
+    assert msg["kind"] == "opened" and msg["gpus"][0]["index"] == 3
+    assert msg["jobs"] == [{"job_id": "12", "user": None, "how": "requeued"}]
+    deadline = time.monotonic() + 5
+    while Notifier(Settings.from_config(w.config)).delivering():  # a clean stop takes its heartbeat away
+        assert time.monotonic() < deadline, "the heartbeat outlived the watcher"
+        time.sleep(0.05)
+
+
+def test_a_watcher_without_receivers_starts_no_notifier(node):
+    w = node(notify="")
+    assert Watcher(w, SimSource(w.config.gpu.sim_dir, "n1", 0.05), log=lambda m: None).start_notifier(
+        threading.Event()) is None
+
+
+def test_the_health_check_tells_its_own_drain_when_no_watcher_delivers(node, receiver):
+    w = node()
+    sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.drained and outcome.requeued == ["12"]
+    # It waited out the 1 s settle (its own requeue was written already) instead of leaving the
+    # message to its next run minutes later.
+    [msg] = receiver.bodies()
+    assert msg["kind"] == "opened" and msg["jobs"] == [{"job_id": "12", "user": None, "how": "requeued"}]
+    healthcheck.run(w, follow="none")  # the node is still bad: no second message
+    assert len(receiver.bodies()) == 1
+
+
+def test_the_health_check_leaves_delivery_to_a_live_watcher(node, receiver, tmp_path):
+    w = node()
+    n = Notifier(Settings.from_config(w.config))
+    n._beat()  # the watcher's notifier made a pass a moment ago
+    sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.drained
+    assert receiver.requests == []
+    assert not os.path.exists(n.state_path)  # not even read into the outbox: the watcher's to do
+
+
+def test_the_health_check_flushes_only_within_its_deadline(node, receiver):
+    w = node()
+    sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
+    w.deadline = time.monotonic() + 1.2  # less left than the margin and the least flush need
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.drained  # remediation first, always
+    assert receiver.requests == []
+    w.deadline = None  # the next run, with its own deadline: nothing was lost
+    healthcheck.run(w, follow="none")
+    assert [m["kind"] for m in receiver.bodies()] == ["opened"]
+
+
+def test_has_work_is_true_only_for_something_new_queued_or_open(setup, receiver):
+    log, clock, notifier = setup
+    n = notifier()
+    assert not n.has_work()  # no log yet
+    xid79(log)
+    assert n.has_work()
+    n.flush(5)
+    assert n.has_work()  # open: a reminder or the back-in-service message may be due
+    resume(log)
+    n.flush(5)
+    assert not n.has_work()
+    receiver.stop()
+    log.write("bridge_breaker_tripped", node="k1", slurm_node="n1", reason="3 nodes taken")
+    n.flush(5)
+    assert n.has_work()  # waiting in the outbox
 
 
 # --- on the real testbed ---------------------------------------------------------------------

@@ -208,9 +208,24 @@ class Watcher:
                 rec = None
             stop.wait(min(rec.wait_s(), self.retry_poll) if rec else self.retry_poll)
 
+    def start_notifier(self, stop: threading.Event) -> threading.Thread | None:
+        """Deliver what the audit log has to tell ([notify]) from a daemon thread, when a receiver
+        is configured; the health check then leaves delivery to it."""
+        from slurm_hooks.notify import Notifier
+        from slurm_hooks.notify import Settings as NotifySettings
+
+        ns = NotifySettings.from_config(self.w.config)
+        if not ns.destinations:
+            return None
+        notifier = Notifier(ns, log=lambda msg: self.log(f"slurm-hooks watch: notify: {msg}"))
+        thread = threading.Thread(target=notifier.run, args=(stop,), name="notify", daemon=True)
+        thread.start()
+        return thread
+
     def run(self, stop: threading.Event) -> None:
         self.w.audit.write("watch", node=self.w.node, message="watcher started")
         threading.Thread(target=self._retry_loop, args=(stop,), name="pending-retry", daemon=True).start()
+        self.start_notifier(stop)
         try:
             for event in self.source.backlog():
                 self.handle(event)
