@@ -368,19 +368,35 @@ class Notifier:
             except Exception as exc:  # noqa: BLE001 - a notifier bug must not stop the watcher
                 self._say_once(f"pass failed: {type(exc).__name__}: {exc}")
             stop.wait(poll)
-        with contextlib.suppress(OSError):
-            os.unlink(self.heartbeat_path)
+        self.stopped()
 
     def _beat(self) -> None:
         os.makedirs(self.s.dir, mode=0o700, exist_ok=True)
         fsutil.atomic_write(self.heartbeat_path, f"{os.getpid()}\n", mode=0o600, durable=False)
 
+    def stopped(self) -> None:
+        """No more passes from this process: take the heartbeat away (the health check delivers again)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.heartbeat_path)
+
     def delivering(self) -> bool:
-        """A watcher's notifier made a pass within :data:`HEARTBEAT_S` (it will deliver what is new)."""
+        """A live process's notifier made a pass within :data:`HEARTBEAT_S` (it will deliver what is new)."""
         try:
-            return time.time() - os.stat(self.heartbeat_path).st_mtime < HEARTBEAT_S
-        except OSError:
+            with open(self.heartbeat_path, encoding="utf-8") as fh:
+                if time.time() - os.fstat(fh.fileno()).st_mtime >= HEARTBEAT_S:
+                    return False
+                pid = int(fh.read(32).strip() or 0)
+        except (OSError, ValueError):
             return False
+        if pid <= 0:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False  # killed without a clean stop
+        except PermissionError:
+            pass  # alive, someone else's
+        return True
 
     @contextlib.contextmanager
     def _turn(self, wait: float):

@@ -15,13 +15,16 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from slurm_hooks import pending, xid_catalog
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, XidEvent
+
+if TYPE_CHECKING:
+    from slurm_hooks.notify import Notifier
 
 OnEvent = Callable[[XidEvent], None]
 
@@ -208,7 +211,7 @@ class Watcher:
                 rec = None
             stop.wait(min(rec.wait_s(), self.retry_poll) if rec else self.retry_poll)
 
-    def start_notifier(self, stop: threading.Event) -> threading.Thread | None:
+    def start_notifier(self, stop: threading.Event) -> Notifier | None:
         """Deliver what the audit log has to tell ([notify]) from a daemon thread, when a receiver
         is configured; the health check then leaves delivery to it."""
         from slurm_hooks.notify import Notifier
@@ -218,14 +221,20 @@ class Watcher:
         if not ns.destinations:
             return None
         notifier = Notifier(ns, log=lambda msg: self.log(f"slurm-hooks watch: notify: {msg}"))
-        thread = threading.Thread(target=notifier.run, args=(stop,), name="notify", daemon=True)
-        thread.start()
-        return thread
+        threading.Thread(target=notifier.run, args=(stop,), name="notify", daemon=True).start()
+        return notifier
 
     def run(self, stop: threading.Event) -> None:
         self.w.audit.write("watch", node=self.w.node, message="watcher started")
         threading.Thread(target=self._retry_loop, args=(stop,), name="pending-retry", daemon=True).start()
-        self.start_notifier(stop)
+        notifier = self.start_notifier(stop)
+        try:
+            self._watch(stop)
+        finally:
+            if notifier is not None:
+                notifier.stopped()  # the process ends with its daemon threads: say so before
+
+    def _watch(self, stop: threading.Event) -> None:
         try:
             for event in self.source.backlog():
                 self.handle(event)
