@@ -270,6 +270,9 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
         remediate.requeue_jobs(ww, outcome, follow=follow)
         if seen.transient(since=before):
             left = ["requeue"]
+        # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its
+        # failure is a warning, never a pending requeue).
+        remediate.annotate_jobs(w, outcome.requeued, f"requeued from {w.node}, {engine.drain_summary(report)}")
     if earlier is not None and not requeue and "requeue" in earlier.steps:
         left.append("requeue")  # this run (a prolog, an epilog) does not requeue: the next one will
     _settle(w, report, outcome, earlier, left, seen.last_error())
