@@ -21,13 +21,16 @@ from slurm_hooks.probes import sim
 from slurm_hooks.slurm import ADMIN_COMMENT_MAX, join_admin_comment
 from slurm_hooks.slurm.scontrol import parse_admin_comment
 
-SHOW_JOB = """JobId=7 JobName=train
-   UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A
-   WorkDir=/home/alice
-   AdminComment=site: budget 42; slurm-hooks: requeued from n2, XID 48 on GPU 1, 2026-11-30T08:00Z 
-   Comment=user note 
-   StdErr=/home/alice/7.out
-"""
+#: ``scontrol show job`` as 22.05 prints it: a free-text value ends in one space.
+SHOW_JOB = "\n".join([
+    "JobId=7 JobName=train",
+    "   UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A",
+    "   WorkDir=/home/alice",
+    "   AdminComment=site: budget 42; slurm-hooks: requeued from n2, XID 48 on GPU 1, 2026-11-30T08:00Z ",
+    "   Comment=user note ",
+    "   StdErr=/home/alice/7.out",
+    "",
+])
 
 
 def test_the_admin_comment_is_read_from_scontrol_show_job():
