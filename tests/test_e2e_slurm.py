@@ -202,8 +202,10 @@ def test_hostile_job_name_and_comment_change_nothing(hooked_testbed, tmp_path):
     assert tb.slurm.job(job).name == again.name  # the name went through untouched
 
 
-def test_hanging_scontrol_is_bounded_and_audited(hooked_testbed, tmp_path):
-    tb = hooked_testbed
+def test_hanging_scontrol_is_bounded_and_audited(clean_testbed, tmp_path):
+    # Hooks off: slurmd's own HealthCheckProgram (every 30 s, with the real scontrol) would drain n1
+    # for the injected XID if it fired during the test, and the last assertion would fail (seen once).
+    tb = clean_testbed
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     hang = fake_bin / "scontrol"
