@@ -139,9 +139,10 @@ class PyslurmSlurm:
         items = loaded.values() if hasattr(loaded, "values") else loaded
         return [job for job in map(_job_info, items) if job.active and job.runs_on(name)]
 
-    def _array_cli(self) -> Any:
+    def _array_cli(self, what: str = "address one task of a job array") -> Any:
+        """The scontrol backend this one delegates to (arrays; AdminComment, kept in one place)."""
         if self.cli is None:
-            raise SlurmCommandFailed("pyslurm backend cannot address one task of a job array without scontrol")
+            raise SlurmCommandFailed(f"pyslurm backend cannot {what} without scontrol")
         return self.cli
 
     def _act(self, what: str, ref: int | str, *args: Any) -> None:
@@ -163,6 +164,12 @@ class PyslurmSlurm:
 
     def start_now(self, ref: int | str) -> None:
         self._act("start_now", ref)
+
+    def admin_comment(self, ref: int | str) -> str:
+        return self._array_cli("read an AdminComment").admin_comment(_ref(ref))
+
+    def set_admin_comment(self, ref: int | str, text: str) -> None:
+        self._array_cli("set an AdminComment").set_admin_comment(_ref(ref), text)
 
     def signal(self, ref: int | str, signal: str) -> None:
         """Like ``scancel --full``: the batch script, its children and all steps."""

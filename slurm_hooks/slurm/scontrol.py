@@ -17,7 +17,15 @@ from collections.abc import Mapping, Sequence
 
 from slurm_hooks.errors import CommandError, PermanentError, SlurmHooksError, TransientError
 from slurm_hooks.runner import Runner, run_command
-from slurm_hooks.slurm import ACTIVE_JOB_STATES, JobInfo, NodeInfo, job_ref, may_drain, may_resume
+from slurm_hooks.slurm import (
+    ACTIVE_JOB_STATES,
+    ADMIN_COMMENT_MAX,
+    JobInfo,
+    NodeInfo,
+    job_ref,
+    may_drain,
+    may_resume,
+)
 
 
 class SlurmUnavailable(TransientError):
@@ -201,6 +209,27 @@ SQUEUE_JOB_FORMAT = ("JobID:|,ArrayJobID:|,ArrayTaskID:|,HetJobID:|,State:|,Node
 #: The same without the name, for output in which some name broke a line.
 SQUEUE_JOB_FORMAT_NO_NAME = SQUEUE_JOB_FORMAT.replace("Name:|,", "")
 _SQUEUE_FIXED = SQUEUE_JOB_FORMAT.split(",").index("Name:|")
+
+
+_SHOW_KEY = re.compile(r"^ {3}[A-Za-z][A-Za-z0-9/:_]*=")
+
+
+def parse_admin_comment(text: str) -> str:
+    """AdminComment of the first job in ``scontrol show job`` output: ``   AdminComment=<text> `` on its
+    own line (absent when there is none); a value holding newlines runs on until the next key line."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("   AdminComment="):
+            value = [line[len("   AdminComment="):]]
+            for more in lines[i + 1:]:
+                if _SHOW_KEY.match(more) or more.startswith("JobId=") or not more.strip():
+                    break
+                value.append(more)
+            joined = "\n".join(value)
+            return joined[:-1] if joined.endswith(" ") else joined
+        if i and line.startswith("JobId="):
+            break  # the next job's record
+    return ""
 
 
 class _BadLine(ValueError):
@@ -561,6 +590,17 @@ class ScontrolSlurm:
     def start_now(self, ref: int | str) -> None:
         """Make a PENDING job eligible at once (issue it after the requeue has landed)."""
         self._run("scontrol", "update", f"JobId={self._job_arg(ref)}", "StartTime=now")
+
+    def admin_comment(self, ref: int | str) -> str:
+        """From ``scontrol show job`` (squeue has no AdminComment field in 22.05)."""
+        arg = self._job_arg(ref)
+        return parse_admin_comment(self._run("scontrol", "show", "job", arg))
+
+    def set_admin_comment(self, ref: int | str, text: str) -> None:
+        """``scontrol update JobId=<ref> AdminComment=<text>``, the text as one argv element."""
+        if "\n" in text or len(text) > ADMIN_COMMENT_MAX:
+            raise SlurmCommandFailed(f"job {ref}: refusing a multi-line AdminComment or one over {ADMIN_COMMENT_MAX}")
+        self._run("scontrol", "update", f"JobId={self._job_arg(ref)}", f"AdminComment={text}")
 
     def signal(self, ref: int | str, signal: str) -> None:
         """Send ``signal`` to the batch script, its children and every step.

@@ -31,6 +31,8 @@ class FakeSlurm:
         self._jobs: dict[int, JobInfo] = {}
         self._scripts: dict[int, list[dict]] = {}
         self._failures: dict[tuple[str, object], SlurmHooksError] = {}
+        #: AdminComment by job id ("" when none), as scontrol show job has it.
+        self.admin_comments: dict[int, str] = {}
         self.calls: list[tuple] = []
 
     # --- test set-up -------------------------------------------------------------
@@ -184,3 +186,11 @@ class FakeSlurm:
     def signal(self, ref: int | str, signal: str) -> None:
         self._call("signal", ref, signal)
         self._job(ref)
+
+    def admin_comment(self, ref: int | str) -> str:
+        self._call("admin_comment", ref)
+        return self.admin_comments.get(self._job(ref).job_id, "")
+
+    def set_admin_comment(self, ref: int | str, text: str) -> None:
+        self._call("set_admin_comment", ref, text)
+        self.admin_comments[self._job(ref).job_id] = text
