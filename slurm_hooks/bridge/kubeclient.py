@@ -1,8 +1,9 @@
-"""The :class:`~.api.KubeApi` of the official ``kubernetes`` client: the only module importing it.
+"""The :class:`~.api.KubeApi` of the official ``kubernetes`` client.
 
 ``kubernetes`` 37 (pinned to the major: it moved to pydantic models and changed
-exceptions and return types) is imported lazily, inside :func:`connect` and
-:class:`KubeClient`, so ``import slurm_hooks.bridge.kubeclient`` costs nothing.
+exceptions and return types) is imported lazily, inside :class:`KubeClient` and
+:mod:`.credentials` (which :func:`connect` uses to load the credentials), so
+``import slurm_hooks.bridge.kubeclient`` costs nothing.
 
 Every call goes through :meth:`KubeClient._request`: one timeout per request
 (``_request_timeout``), bounded retries with exponential backoff for transient
@@ -331,28 +332,7 @@ def connect(
     ``in_cluster=None`` means: in-cluster when the service-account environment
     is there (``KUBERNETES_SERVICE_HOST``), the kubeconfig otherwise.
     """
-    import os
+    from slurm_hooks.bridge import credentials
 
-    try:
-        from kubernetes import client, config
-    except ImportError:
-        from slurm_hooks.errors import PermanentError
-
-        raise PermanentError("the bridge needs the kubernetes client, which is not installed here: "
-                             "pip install 'slurm-hooks[k8s]' (Python 3.10+), in the bridge's own environment") from None
-
-    configuration = client.Configuration()
-    try:
-        if url:
-            configuration.host = url.rstrip("/")
-        elif in_cluster or (in_cluster is None and not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST")):
-            config.load_incluster_config(client_configuration=configuration)
-        else:
-            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-    except config.ConfigException as exc:
-        raise KubePermanent(f"cannot load Kubernetes credentials: {exc}") from None
-    except OSError as exc:
-        raise KubePermanent(f"cannot read kubeconfig: {exc}") from None
-    # Our own retry loop decides; urllib3's silent connection retries would multiply it.
-    configuration.retries = False
-    return KubeClient(client.ApiClient(configuration), **options)
+    api_client, _ = credentials.load(kubeconfig, context, url=url, in_cluster=in_cluster)
+    return KubeClient(api_client, **options)
