@@ -164,7 +164,8 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("expect", "dcgm_level_after_failure"): _DCGM_LEVEL,
 }
 _GROUP_KEYS = {"nodes": (str, None), **SCHEMA["expect"]}
-#: Sections other modules own (the bridge); validated by them, kept raw here.
+#: Sections kept raw by :func:`parse` and validated on demand against :data:`BRIDGE_SCHEMA`
+#: (:meth:`Config.bridge_values`), so that a bridge typo never fails a node's health check.
 OPEN_SECTIONS = ("bridge",)
 
 
