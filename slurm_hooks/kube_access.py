@@ -1,7 +1,7 @@
 """Can the bridge's credentials do what the bridge does? Asked with SelfSubjectAccessReview.
 
 The only module of ``slurm-hooks validate`` that touches Kubernetes, and it imports the
-client (and the bridge's credential loader, :mod:`slurm_hooks.bridge.credentials`) inside its
+client (and the bridge's credential loader, :func:`slurm_hooks.bridge.kubeclient.load_credentials`) inside its
 functions: the import costs ~0.35 s and the client is installed only where the bridge runs.
 """
 
@@ -63,7 +63,7 @@ def review(api_client: Any, permissions: Sequence[Permission] = REQUIRED, namesp
     from kubernetes import client as k8s_client
     from kubernetes.client.exceptions import ApiException
 
-    from slurm_hooks.bridge.credentials import CredentialsError
+    from slurm_hooks.bridge.kubeclient import CredentialsError
 
     api = k8s_client.AuthorizationV1Api(api_client)
     verdicts = []

@@ -533,9 +533,9 @@ def check_paths(cfg: Config) -> list[Result]:
 def check_bridge(cfg: Config) -> list[Result]:
     """Kubernetes credentials load and allow every verb the bridge uses."""
     from slurm_hooks import kube_access
-    from slurm_hooks.bridge import credentials, rbac
+    from slurm_hooks.bridge import kubeclient, rbac
     from slurm_hooks.bridge import settings as bridge_settings
-    from slurm_hooks.bridge.credentials import CredentialsError, KubeClientMissing
+    from slurm_hooks.bridge.kubeclient import CredentialsError, KubeClientMissing
 
     check = "kube-access"
     try:
@@ -543,7 +543,7 @@ def check_bridge(cfg: Config) -> list[Result]:
     except ConfigError as exc:
         return [config_failure("bridge-config", exc)]
     try:
-        client, source = credentials.load(settings.kubeconfig or None, settings.context or None)
+        client, source = kubeclient.load_credentials(settings.kubeconfig or None, settings.context or None)
     except KubeClientMissing:
         return [Result(check, Status.WARN, "kubernetes client not installed (bridge environment only)",
                        "run validate where the bridge runs, or pip install 'slurm-hooks[k8s]'")]
