@@ -86,7 +86,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
             _step(w, "drain", w.node, "skipped", started, reason=reason,
                   detail=f"already drained by someone else: {info.reason!r}", **extra)
             return
-        w.slurm.drain(w.node, reason)
+        w.slurm.drain(w.node, reason, current=info)
     except SlurmHooksError as exc:
         outcome.failed.append(f"drain: {exc}")
         _step(w, "drain", w.node, "failed", started, reason=reason, error=str(exc), **extra)

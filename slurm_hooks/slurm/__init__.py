@@ -150,7 +150,9 @@ class Slurm(Protocol):
 
     def nodes(self) -> list[NodeInfo]: ...
 
-    def drain(self, name: str, reason: str) -> None: ...
+    def drain(self, name: str, reason: str, *, current: NodeInfo | None = None) -> None:
+        """Drain unless someone else's reason is on the node; ``current``: the node just read (no second read)."""
+        ...
 
     def drained_count(self, reason: str) -> int:
         """How many nodes are drained (or down) with exactly this reason."""

@@ -21,16 +21,17 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_drain, may_resume
-from slurm_hooks.slurm.scontrol import (
+from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_resume
+from slurm_hooks.slurm.errors import (
     ReasonNotOurs,
     SlurmCommandFailed,
     SlurmNotFound,
     SlurmTimeout,
     SlurmUnavailable,
-    call_timeout,
+    check_drain,
     classify_message,
 )
+from slurm_hooks.slurm.scontrol import call_timeout
 
 
 class PyslurmSlurm:
@@ -100,12 +101,9 @@ class PyslurmSlurm:
         items = loaded.values() if hasattr(loaded, "values") else loaded
         return [_node_info(n) for n in items]
 
-    def drain(self, name: str, reason: str) -> None:
-        current = self.node(name)
-        if not may_drain(current):
-            raise ReasonNotOurs(current, "drain")
-        if not reason or "\n" in reason:
-            raise SlurmCommandFailed(f"{name}: refusing to drain with an empty or multi-line reason")
+    def drain(self, name: str, reason: str, *, current: NodeInfo | None = None) -> None:
+        """As :meth:`.scontrol.ScontrolSlurm.drain`: ``current`` saves reading the node again."""
+        check_drain(current if current is not None and current.name == name else self.node(name), reason)
         changes = self.ps.Node(state="DRAIN", reason=reason)
         self._call(f"drain {name}", self.ps.Node(name).modify, changes)
 

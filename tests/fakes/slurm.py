@@ -125,7 +125,7 @@ class FakeSlurm:
         self._call("nodes")
         return list(self._nodes.values())
 
-    def drain(self, name: str, reason: str) -> None:
+    def drain(self, name: str, reason: str, *, current: NodeInfo | None = None) -> None:
         self._call("drain", name, reason)
         node = self._node(name)
         flags = [f for f in node.state.split("+") if f not in ("DRAIN",)]
