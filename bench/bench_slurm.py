@@ -21,8 +21,8 @@ import sys
 import tempfile
 import time
 
+from slurm_hooks.lab.testbed import Settings, Testbed
 from slurm_hooks.probes import sim
-from slurm_hooks.testbed import Settings, Testbed
 
 STAMP_JOB = "#!/bin/sh\necho \"start $(date +%s.%N) restart=${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME\"\n{body}\n"
 

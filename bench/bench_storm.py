@@ -27,9 +27,9 @@ import sys
 import tempfile
 import time
 
+from slurm_hooks.lab.testbed import BIN, Settings, Testbed
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command
-from slurm_hooks.testbed import BIN, Settings, Testbed
 
 #: A job that checkpoints for {checkpoint} seconds on SIGTERM, then exits.
 JOB = "#!/bin/sh\ntrap 'sleep {checkpoint}; exit 0' TERM\nwhile true; do sleep 0.2; done\n"

@@ -4,7 +4,7 @@
 Prints ``step N`` after each step, saves a checkpoint every ``--every`` steps
 and when SIGTERM arrives, and on start resumes from the newest checkpoint,
 printing ``resumed from step N (restart R)`` with R from SLURM_JOB_RESTART_COUNT.
-After a SIGTERM save it exits 75 (see slurm_hooks.training.EXIT_REQUEUE).
+After a SIGTERM save it exits 75 (see slurm_hooks.lab.training.EXIT_REQUEUE).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import sys
 import time
 
 try:
-    from slurm_hooks.training import EXIT_REQUEUE, Checkpointer, install_sigterm_handler, restart_count
+    from slurm_hooks.lab.training import EXIT_REQUEUE, Checkpointer, install_sigterm_handler, restart_count
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-    from slurm_hooks.training import EXIT_REQUEUE, Checkpointer, install_sigterm_handler, restart_count
+    from slurm_hooks.lab.training import EXIT_REQUEUE, Checkpointer, install_sigterm_handler, restart_count
 
 
 def default_dir() -> str:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from slurm_hooks import hostlist
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.models import Action, Expectations
+from slurm_hooks.slurm import hostlist
 
 if sys.version_info >= (3, 11):
     import tomllib

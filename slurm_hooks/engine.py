@@ -26,7 +26,7 @@ from slurm_hooks.models import (
 from slurm_hooks.probes import Probe
 
 if TYPE_CHECKING:
-    from slurm_hooks.xid_catalog import XidInfo
+    from slurm_hooks.xid.catalog import XidInfo
 
 DcgmRunner = Callable[[int, float], DcgmResult]
 

@@ -2,7 +2,7 @@
 
 The Slurm testbed is one real cluster per test session: slurmctld, two slurmd's
 (``n1``, ``n2``, ``gpu:8`` each, simulated GPUs) and a private munged, brought up
-by :mod:`slurm_hooks.testbed` in a temporary directory with short timers and
+by :mod:`slurm_hooks.lab.testbed` in a temporary directory with short timers and
 taken down at the end. It needs root; on a fresh Debian machine it installs
 slurmctld, slurmd, slurm-client and munge with apt-get first.
 
@@ -25,7 +25,7 @@ import os
 
 import pytest
 
-from slurm_hooks.testbed import Settings, Testbed
+from slurm_hooks.lab.testbed import Settings, Testbed
 
 #: Short timers for fast tests; everything else as `slurm-hooks testbed up`.
 TESTBED_SETTINGS = Settings(
@@ -47,7 +47,7 @@ class SlurmTestbed:
     ``config_path`` (the slurm-hooks config.toml), ``env`` (a full environment
     with SLURM_CONF and SLURM_HOOKS_CONFIG), ``slurm`` (a ScontrolSlurm),
     ``nodes``, ``sim_dir``, ``audit_log``; every other attribute is the
-    :class:`~slurm_hooks.testbed.Testbed`'s own: ``sbatch``, ``wait_job``,
+    :class:`~slurm_hooks.lab.testbed.Testbed`'s own: ``sbatch``, ``wait_job``,
     ``wait_node``, ``job_output``, ``scontrol``, ``cancel_all``, ``reset``,
     ``set_hooks``.
     """

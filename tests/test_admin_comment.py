@@ -13,10 +13,10 @@ import pytest
 from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 
-from slurm_hooks.audit import AuditLog
 from slurm_hooks.errors import TransientError
 from slurm_hooks.hooks import healthcheck, jobhooks, remediate
 from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.slurm import ADMIN_COMMENT_MAX, join_admin_comment
 from slurm_hooks.slurm.scontrol import parse_admin_comment

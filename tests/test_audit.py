@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from slurm_hooks.audit import AuditLog
+from slurm_hooks.observe.audit import AuditLog
 
 
 def lines(path) -> list[str]:
@@ -110,7 +110,7 @@ def test_a_lock_held_by_another_process_does_not_block_the_write(tmp_path, capsy
     import sys
     import time
 
-    from slurm_hooks import audit
+    from slurm_hooks.observe import audit
 
     log = AuditLog(str(tmp_path / "audit.jsonl"))
     first = log.write("alert", node="n1")
@@ -140,7 +140,7 @@ def test_a_hung_fsync_is_abandoned_within_the_bound(tmp_path, capsys, monkeypatc
     import threading
     import time
 
-    from slurm_hooks import audit
+    from slurm_hooks.observe import audit
 
     release = threading.Event()
     monkeypatch.setattr(audit.os, "fsync", lambda fd: release.wait(30))  # a log filesystem that stopped answering

@@ -12,8 +12,8 @@ pytest.importorskip("kubernetes")
 from kube.doubles import FakeSlurm, controlled_by, read_audit  # noqa: E402
 from kube.emulator import node, pdb_429, pod  # noqa: E402
 
-from slurm_hooks.audit import AuditLog  # noqa: E402
 from slurm_hooks.bridge.reconciler import Reconciler  # noqa: E402
+from slurm_hooks.observe.audit import AuditLog  # noqa: E402
 from slurm_hooks.slurm import NodeInfo  # noqa: E402
 
 pytestmark = pytest.mark.k8s

@@ -22,9 +22,9 @@ pytest.importorskip("kubernetes")
 from kube.doubles import controlled_by  # noqa: E402
 from kube.emulator import node, pod  # noqa: E402
 
-from slurm_hooks.audit import AuditLog  # noqa: E402
 from slurm_hooks.bridge.reconciler import Reconciler, slurm_busy, slurm_healthy  # noqa: E402
 from slurm_hooks.bridge.settings import BridgeSettings  # noqa: E402
+from slurm_hooks.observe.audit import AuditLog  # noqa: E402
 from slurm_hooks.probes import sim  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.k8s]
@@ -131,7 +131,7 @@ def twelve(tmp_path_factory):
         pytest.skip("the Slurm testbed needs root")
     from conftest import TESTBED_SETTINGS
 
-    from slurm_hooks.testbed import Testbed
+    from slurm_hooks.lab.testbed import Testbed
 
     tb = Testbed(str(tmp_path_factory.mktemp("testbed12")), dataclasses.replace(TESTBED_SETTINGS, nodes=12))
     try:
@@ -185,7 +185,7 @@ def slow(tmp_path_factory):
         pytest.skip("the Slurm testbed needs root")
     from conftest import TESTBED_SETTINGS, SlurmTestbed
 
-    from slurm_hooks.testbed import Testbed
+    from slurm_hooks.lab.testbed import Testbed
 
     settings = dataclasses.replace(TESTBED_SETTINGS, kill_wait=30, requeue_grace=25.0)
     tb = Testbed(str(tmp_path_factory.mktemp("testbed-killwait")), settings)

@@ -14,7 +14,6 @@ import pytest
 from kube.doubles import FakeSlurm, controlled_by, read_audit
 from kube.memory import InMemoryKube
 
-from slurm_hooks.audit import AuditLog
 from slurm_hooks.bridge.api import Eviction, Resource
 from slurm_hooks.bridge.drain import Drainer, protection
 from slurm_hooks.bridge.ownership import Ownership
@@ -22,6 +21,7 @@ from slurm_hooks.bridge.reconciler import Reconciler
 from slurm_hooks.bridge.replace import CREATED_FOR_ANNOTATION, KarpenterBackend, TemplateBackend
 from slurm_hooks.bridge.settings import BreakerSettings, parse
 from slurm_hooks.errors import ConfigError
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import NodeInfo
 from slurm_hooks.slurm.scontrol import SlurmUnavailable
 

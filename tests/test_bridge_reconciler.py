@@ -9,7 +9,6 @@ import pytest
 from kube.doubles import FakeSlurm, controlled_by, read_audit
 from kube.memory import InMemoryKube
 
-from slurm_hooks.audit import AuditLog
 from slurm_hooks.bridge.api import OWNER_LABEL, Eviction, KubeTransient, Resource
 from slurm_hooks.bridge.ownership import Ownership
 from slurm_hooks.bridge.reconciler import Reconciler, trigger
@@ -17,6 +16,7 @@ from slurm_hooks.bridge.replace import CapiBackend, KarpenterBackend, TemplateBa
 from slurm_hooks.bridge.settings import BreakerSettings
 from slurm_hooks.errors import CommandTimeout
 from slurm_hooks.models import Action
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import NodeInfo
 
 pytest_plugins = ["kube.fixtures"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fakes.config import write_sim_config
 
-from slurm_hooks import events as ev
+from slurm_hooks.observe import events as ev
 
 T0 = 1764412800.0  # 2025-11-29 10:40:00 UTC
 

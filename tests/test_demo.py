@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from slurm_hooks import demo
+from slurm_hooks.lab import demo
 from slurm_hooks.slurm import JobInfo, NodeInfo
 
 

@@ -233,9 +233,9 @@ def test_hanging_scontrol_is_bounded_and_audited(clean_testbed, tmp_path):
 
 
 def _wiring(tb, node: str):
-    from slurm_hooks.audit import AuditLog
     from slurm_hooks.config import load
     from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.observe.audit import AuditLog
 
     cfg = load(tb.config_path)
     return Wiring(cfg, node, AuditLog(cfg.log.audit), slurm_override=tb.slurm)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_hooks import hostlist
+from slurm_hooks.slurm import hostlist
 
 
 @pytest.mark.parametrize("expr, hosts", [

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from slurm_hooks import metrics
 from slurm_hooks.models import Action, Context, Finding, GpuSnapshot, NodeSnapshot, Report, Severity
+from slurm_hooks.observe import metrics
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')

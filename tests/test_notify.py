@@ -23,12 +23,12 @@ from fakes.slurm import FakeSlurm
 from test_e2e_slurm import TRAP_JOB, wait_started
 
 from slurm_hooks import config
-from slurm_hooks.audit import AuditLog
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.hooks.watch import SimSource, Watcher
 from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.notify import Notifier, Settings
+from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.observe.notify import Notifier, Settings
 from slurm_hooks.probes import sim
 
 

@@ -17,12 +17,13 @@ import pytest
 from fakes.config import sim_config, write_sim_config
 from fakes.slurm import FakeSlurm
 
-from slurm_hooks import config, events, pending
-from slurm_hooks.audit import AuditLog
+from slurm_hooks import config, pending
 from slurm_hooks.errors import PermanentError
 from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.hooks.watch import SimSource, Watcher
 from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.observe import events
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.slurm.scontrol import ScontrolSlurm, SlurmUnavailable
 

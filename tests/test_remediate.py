@@ -15,12 +15,12 @@ from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks import config
-from slurm_hooks.audit import AuditLog
 from slurm_hooks.errors import PermanentError, TransientError
 from slurm_hooks.hooks import healthcheck, jobhooks, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import NodeSnapshot, snapshot_from_dict
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 
 XID79_REASON = "slurm-hooks: XID 79 on GPU 3 [replace]"
@@ -664,10 +664,10 @@ def test_remediate_drain_can_be_called_with_a_report_directly(t):
 def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
     from fakes.slurm import FakeSlurm
 
-    from slurm_hooks.audit import AuditLog
     from slurm_hooks.errors import PermanentError
     from slurm_hooks.hooks import remediate
     from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.observe.audit import AuditLog
 
     cfg = sim_config(tmp_path)
     slurm = FakeSlurm()
@@ -687,8 +687,8 @@ def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
 def _guard_wiring(tmp_path, expect_gpus: int, already: int):
     from fakes.slurm import FakeSlurm
 
-    from slurm_hooks.audit import AuditLog
     from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.observe.audit import AuditLog
 
     cfg = sim_config(tmp_path, f"[expect]\ngpus = {expect_gpus}")
     sim.init(cfg.gpu.sim_dir, "n9", 8)

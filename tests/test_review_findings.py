@@ -19,11 +19,11 @@ from fakes import FakeNvml
 from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 
-from slurm_hooks.audit import AuditLog
 from slurm_hooks.hooks import healthcheck, jobhooks, remediate
 from slurm_hooks.hooks.watch import Watcher
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import XidEvent
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.nvml import NvmlProbe
 from slurm_hooks.slurm import NodeInfo

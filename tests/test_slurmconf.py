@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from slurm_hooks import slurmconf
-from slurm_hooks.slurmconf import SlurmConfError
+from slurm_hooks.preflight import slurmconf
+from slurm_hooks.preflight.slurmconf import SlurmConfError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "slurmconf")
 MAIN = os.path.join(FIXTURES, "slurm.conf")

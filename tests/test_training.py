@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from slurm_hooks import training
-from slurm_hooks.training import EXIT_REQUEUE, Checkpointer
+from slurm_hooks.lab import training
+from slurm_hooks.lab.training import EXIT_REQUEUE, Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from slurm_hooks import validate
+from slurm_hooks import preflight as validate
 from slurm_hooks.cli import main
 from slurm_hooks.probes import sim
 
@@ -569,7 +569,7 @@ def test_bridge_without_kubernetes_client_warns(cluster):
 
 
 def test_validate_does_not_import_kubernetes_without_a_bridge_section(cluster):
-    code = ("import sys\nfrom slurm_hooks import validate\n"
+    code = ("import sys\nfrom slurm_hooks import preflight as validate\n"
             f"validate.run({cluster.config!r}, {cluster.slurm_conf!r}, 'n1')\n"
             "assert 'kubernetes' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -11,10 +11,10 @@ from fakes import FakeNvml
 from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 
-from slurm_hooks.audit import AuditLog
 from slurm_hooks.errors import ProbeError
 from slurm_hooks.hooks.watch import FirstWorking, SimSource, Watcher
 from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.nvml_errors import NotSupported
 from slurm_hooks.probes.nvml_events import NvmlEventSource
@@ -144,10 +144,10 @@ class CountingProbe:
 def test_an_xid79_goes_from_the_watcher_to_the_drain_with_one_snapshot_one_lookup_one_history_read(wiring):
     import dataclasses
 
-    from slurm_hooks import xid_catalog
     from slurm_hooks.hooks import healthcheck
     from slurm_hooks.models import XidEvent
-    from slurm_hooks.xid_history import XidHistory
+    from slurm_hooks.xid import catalog as xid_catalog
+    from slurm_hooks.xid.history import XidHistory
 
     w, slurm = wiring
     path = healthcheck.xid_history(w).path

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from slurm_hooks import xid_catalog
 from slurm_hooks.models import Action, Severity
-from slurm_hooks.xid_catalog import CATALOG, lookup
+from slurm_hooks.xid import catalog as xid_catalog
+from slurm_hooks.xid.catalog import CATALOG, lookup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSV = os.path.join(ROOT, "tests", "fixtures", "xid", "xid-catalog.csv")
@@ -109,7 +109,7 @@ def test_generator_refuses_an_unmapped_bucket(tmp_path):
 def test_generator_writes_the_module_it_renders(tmp_path):
     if not os.path.exists(CSV):
         pytest.skip("catalogue CSV not present")
-    out = tmp_path / "xid_catalog.py"
+    out = tmp_path / "catalog.py"
     assert _generator().main([CSV, "-o", str(out)]) == 0
     namespace: dict = {}
     exec(compile(out.read_text(encoding="utf-8"), str(out), "exec"), namespace)
@@ -117,8 +117,8 @@ def test_generator_writes_the_module_it_renders(tmp_path):
 
 
 def test_import_is_cheap():
-    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import slurm_hooks.xid_catalog"],
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import slurm_hooks.xid.catalog"],
                          capture_output=True, text=True, cwd=ROOT, check=True).stderr
-    line = next(line for line in out.splitlines() if line.rstrip().endswith("slurm_hooks.xid_catalog"))
+    line = next(line for line in out.splitlines() if line.rstrip().endswith("slurm_hooks.xid.catalog"))
     self_us = int(line.split("|")[0].split(":")[1])
     assert self_us < 50_000, line

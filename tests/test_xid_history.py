@@ -8,10 +8,10 @@ import stat
 
 import pytest
 
-from slurm_hooks import xid_history
 from slurm_hooks.errors import PermanentError
 from slurm_hooks.models import XidEvent
-from slurm_hooks.xid_history import XidHistory
+from slurm_hooks.xid import history as xid_history
+from slurm_hooks.xid.history import XidHistory
 
 NOW = 1_750_000_000.0
 DAY = 86400.0
@@ -166,7 +166,7 @@ def test_unwritable_location_raises_a_one_line_error(tmp_path):
 
 def test_recording_only_known_events_does_not_rewrite_the_file(tmp_path):
     from slurm_hooks.models import XidEvent
-    from slurm_hooks.xid_history import XidHistory
+    from slurm_hooks.xid.history import XidHistory
 
     h = XidHistory(str(tmp_path / "h.json"))
     event = XidEvent(79, gpu=3, ts=41.0, source="kmsg", seq=7)

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Generate ``slurm_hooks/xid_catalog.py`` from NVIDIA's XID catalogue (CSV).
+"""Generate ``slurm_hooks/xid/catalog.py`` from NVIDIA's XID catalogue (CSV).
 
 The catalogue is data, not ``if`` chains: NVIDIA's resolution buckets are turned
 into our actions by one small table (BUCKET_ACTIONS) plus the curated
 OVERRIDES, and the result is written as plain literals so that importing it on
 every health check run costs next to nothing.
 
-    python tools/gen_xid_table.py [CSV] [-o slurm_hooks/xid_catalog.py]
+    python tools/gen_xid_table.py [CSV] [-o slurm_hooks/xid/catalog.py]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CSV = os.path.join(REPO, "tests", "fixtures", "xid", "xid-catalog.csv")
-DEFAULT_OUT = os.path.join(REPO, "slurm_hooks", "xid_catalog.py")
+DEFAULT_OUT = os.path.join(REPO, "slurm_hooks", "xid", "catalog.py")
 SOURCE = ("NVIDIA's XID catalogue as shipped in\nNVSentinel's Xid-Catalog.xlsx "
           "(file last changed 2025-10-17, commit e5419d11b222)")
 

@@ -1,11 +1,11 @@
 """Prometheus text for node_exporter's textfile collector: the breaker and the last pass.
 
-Formatted and written by :mod:`slurm_hooks.metrics`, the node side's writer.
+Formatted and written by :mod:`slurm_hooks.observe.metrics`, the node side's writer.
 """
 
 from __future__ import annotations
 
-from slurm_hooks.metrics import exposition, sample, write_textfile
+from slurm_hooks.observe.metrics import exposition, sample, write_textfile
 
 FILENAME = "slurm_hooks_bridge.prom"
 

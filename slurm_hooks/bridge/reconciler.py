@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from slurm_hooks.audit import AuditLog
 from slurm_hooks.bridge import metrics
 from slurm_hooks.bridge.api import (
     OWNER_ANNOTATION,
@@ -56,6 +55,7 @@ from slurm_hooks.bridge.settings import BridgeSettings
 from slurm_hooks.bridge.state import StateStore
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import NodeInfo, Slurm, parse_reason
 
 COMPONENT = "slurm-hooks-bridge"

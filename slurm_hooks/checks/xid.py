@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from slurm_hooks.models import Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
-from slurm_hooks.xid_catalog import lookup
+from slurm_hooks.xid.catalog import lookup
 
 
 def check_xids(inp: CheckInput) -> Iterator[Finding]:

@@ -17,9 +17,9 @@ import time
 import click
 
 from slurm_hooks import config as config_mod
-from slurm_hooks.audit import AuditLog
 from slurm_hooks.commands.options import config_option
 from slurm_hooks.errors import EXIT_OK, EXIT_UNAVAILABLE
+from slurm_hooks.observe.audit import AuditLog
 
 
 def _settings(config_path: str | None, **overrides):

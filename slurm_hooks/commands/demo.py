@@ -12,7 +12,7 @@ import click
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for each phase.")
 def demo(state_dir: str, keep: bool, timeout: float) -> int:
     """A local cluster, a training job, XID 79 under it, and the recovery, live."""
-    from slurm_hooks import demo as demo_mod
+    from slurm_hooks.lab import demo as demo_mod
 
     ms = demo_mod.run(state_dir, keep=keep, say=lambda line: click.echo(line), timeout=timeout)
     ok = all(k in ms.times for k in ("node drained", "job running again", "resumed from checkpoint"))

@@ -17,8 +17,8 @@ from slurm_hooks.commands.options import config_option, json_option
 def events(config_path: str | None, node: str | None, since: str | None, as_json: bool) -> None:
     """Show alerts and remediations, grouped into incidents."""
     from slurm_hooks import config as config_mod
-    from slurm_hooks import events as ev
-    from slurm_hooks.audit import AuditLog
+    from slurm_hooks.observe import events as ev
+    from slurm_hooks.observe.audit import AuditLog
 
     cfg = config_mod.load(config_path)
     try:

@@ -22,7 +22,7 @@ def flush(config_path: str | None, timeout: float | None, as_json: bool) -> None
     import json
 
     from slurm_hooks import config as config_mod
-    from slurm_hooks.notify import Notifier, Settings
+    from slurm_hooks.observe.notify import Notifier, Settings
 
     cfg = config_mod.load(config_path)
     settings = Settings.from_config(cfg)
@@ -42,7 +42,7 @@ def flush(config_path: str | None, timeout: float | None, as_json: bool) -> None
 def status(config_path: str | None) -> None:
     """Messages waiting in the outbox, and the ones a receiver refused."""
     from slurm_hooks import config as config_mod
-    from slurm_hooks.notify import Outbox, Settings, pending
+    from slurm_hooks.observe.notify import Outbox, Settings, pending
 
     settings = Settings.from_config(config_mod.load(config_path))
     box = Outbox(settings.dir)

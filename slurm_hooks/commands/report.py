@@ -24,8 +24,9 @@ def report(config_path: str | None, since: str, audit_path: str | None, accounti
     import time
 
     from slurm_hooks import config as config_mod
-    from slurm_hooks import events, fsutil
+    from slurm_hooks import fsutil
     from slurm_hooks import report as rep_mod
+    from slurm_hooks.observe import events
     from slurm_hooks.report import html, text
     from slurm_hooks.report.slurmdb import AccountingUnavailable, SlurmDb
 

@@ -7,9 +7,9 @@ import json
 import click
 
 from slurm_hooks import config as config_mod
-from slurm_hooks import nodename
 from slurm_hooks.commands.options import config_option, json_option, node_option
 from slurm_hooks.probes import sim as simstate
+from slurm_hooks.slurm import nodename
 
 _dir_option = click.option("--sim-dir", metavar="DIR", help="Overrides [gpu] sim_dir.")
 

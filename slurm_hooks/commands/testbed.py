@@ -6,7 +6,7 @@ import shlex
 
 import click
 
-from slurm_hooks.testbed import DEFAULT_STATE_DIR
+from slurm_hooks.lab.testbed import DEFAULT_STATE_DIR
 
 _state_dir_option = click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, metavar="DIR",
                                  help="Where the cluster keeps its config, spool, logs and sim GPUs.")
@@ -32,7 +32,7 @@ def testbed() -> None:
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
        requeue_grace: float, accounting: bool) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
-    from slurm_hooks.testbed import Settings, Testbed
+    from slurm_hooks.lab.testbed import Settings, Testbed
 
     settings = Settings(nodes=nodes, gpus=gpus, hooks=hooks, kill_wait=kill_wait,
                         health_check_interval=health_check_interval, requeue_grace=requeue_grace,
@@ -46,7 +46,7 @@ def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, healt
 @_state_dir_option
 def down(state_dir: str) -> None:
     """Stop every daemon and job of the cluster."""
-    from slurm_hooks.testbed import Testbed
+    from slurm_hooks.lab.testbed import Testbed
 
     Testbed(state_dir, progress=click.echo).down()
 
@@ -55,7 +55,7 @@ def down(state_dir: str) -> None:
 @_state_dir_option
 def status(state_dir: str) -> int:
     """Daemons, nodes and their states. Exit 0 when up, 3 when not."""
-    from slurm_hooks.testbed import Testbed
+    from slurm_hooks.lab.testbed import Testbed
 
     tb = Testbed(state_dir)
     st = tb.status()
@@ -78,7 +78,7 @@ def status(state_dir: str) -> int:
 @_state_dir_option
 def env(state_dir: str) -> None:
     """Print the shell exports that point Slurm and slurm-hooks at the cluster."""
-    from slurm_hooks.testbed import Testbed
+    from slurm_hooks.lab.testbed import Testbed
 
     for key, value in Testbed(state_dir).exports().items():
         click.echo(f"export {key}={shlex.quote(value)}")

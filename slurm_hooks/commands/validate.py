@@ -17,8 +17,8 @@ from slurm_hooks.commands.options import config_option, json_output, node
 @node("Judge GPUs and Gres for this node (default: $SLURMD_NODENAME or short hostname).")
 def validate(config_path: str | None, slurm_conf: str | None, as_json: bool, node: str | None) -> int:
     """Check slurm.conf, our config, the GPUs, scontrol and (with [bridge]) Kubernetes access."""
-    from slurm_hooks import nodename
-    from slurm_hooks import validate as preflight
+    from slurm_hooks import preflight
+    from slurm_hooks.slurm import nodename
 
     results = preflight.run(config_path, slurm_conf, nodename.resolve(node))
     if as_json:

@@ -26,10 +26,10 @@ from slurm_hooks.hooks import remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, XidEvent
-from slurm_hooks.xid_history import XidHistory, XidState
+from slurm_hooks.xid.history import XidHistory, XidState
 
 if TYPE_CHECKING:
-    from slurm_hooks.xid_catalog import XidInfo
+    from slurm_hooks.xid.catalog import XidInfo
 
 
 def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, follow: str = "detached",
@@ -76,7 +76,7 @@ def notify_flush(w: Wiring) -> dict[str, int] | None:
     if budget < MIN_FLUSH_S:
         return None
     try:
-        from slurm_hooks.notify import Notifier, Settings
+        from slurm_hooks.observe.notify import Notifier, Settings
 
         notifier = Notifier(Settings.from_config(w.config),
                             log=lambda msg: print(f"slurm-hooks check: notify: {msg}", file=sys.stderr))
@@ -398,7 +398,7 @@ def _dcgm_runner(w: Wiring, context: Context, expect, job_failed: bool = False) 
 def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
     if not w.config.metrics.textfile_dir:
         return
-    from slurm_hooks import metrics
+    from slurm_hooks.observe import metrics
 
     done = ["drain"] * int(outcome.drained) + ["requeue"] * len(outcome.requeued) + ["resume"] * int(outcome.resumed)
     waiting = pending.load(w.config.state.dir, w.node)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from slurm_hooks import REASON_PREFIX, fsutil, hostlist
+from slurm_hooks import REASON_PREFIX, fsutil
 from slurm_hooks.engine import drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
@@ -25,6 +25,7 @@ from slurm_hooks.slurm import (
     ADMIN_COMMENT_MAX,
     JobInfo,
     format_reason,
+    hostlist,
     job_ref,
     join_admin_comment,
     may_drain,

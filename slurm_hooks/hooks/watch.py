@@ -17,16 +17,17 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from slurm_hooks import pending, xid_catalog
+from slurm_hooks import pending
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, XidEvent
+from slurm_hooks.xid import catalog as xid_catalog
 
 if TYPE_CHECKING:
-    from slurm_hooks.notify import Notifier
-    from slurm_hooks.xid_catalog import XidInfo
-    from slurm_hooks.xid_history import XidHistory
+    from slurm_hooks.observe.notify import Notifier
+    from slurm_hooks.xid.catalog import XidInfo
+    from slurm_hooks.xid.history import XidHistory
 
 OnEvent = Callable[[XidEvent], None]
 
@@ -228,8 +229,8 @@ class Watcher:
     def start_notifier(self, stop: threading.Event) -> Notifier | None:
         """Deliver what the audit log has to tell ([notify]) from a daemon thread, when a receiver
         is configured; the health check then leaves delivery to it."""
-        from slurm_hooks.notify import Notifier
-        from slurm_hooks.notify import Settings as NotifySettings
+        from slurm_hooks.observe.notify import Notifier
+        from slurm_hooks.observe.notify import Settings as NotifySettings
 
         ns = NotifySettings.from_config(self.w.config)
         if not ns.destinations:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import config as config_mod
-from slurm_hooks import nodename
-from slurm_hooks.audit import AuditLog
+from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.slurm import nodename
 
 if TYPE_CHECKING:
     from slurm_hooks.config import Config

@@ -1,7 +1,7 @@
 """The fleet report: which nodes and GPUs keep failing, and how long repairs take.
 
 Sources: audit logs (one file, or a directory of per-node logs on shared storage),
-made into incidents by :mod:`slurm_hooks.incidents`; and, where slurmdbd is
+made into incidents by :mod:`slurm_hooks.observe.incidents`; and, where slurmdbd is
 reachable, Slurm's accounting (:mod:`slurm_hooks.report.slurmdb`): node drain
 history for incidents no audit log here saw and for when a node came back, and the
 runs of requeued jobs for the GPU-hours they lost.
@@ -20,9 +20,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from slurm_hooks import incidents
-from slurm_hooks.audit import AuditLog
-from slurm_hooks.incidents import Finding, Incident
+from slurm_hooks.observe import incidents
+from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.observe.incidents import Finding, Incident
 from slurm_hooks.report.slurmdb import OUR_PREFIX, JobRun, NodeEvent
 
 #: An accounting drain event this close to an audit drain on the same node is the same incident.

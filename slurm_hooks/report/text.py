@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurm_hooks.incidents import duration
+from slurm_hooks.observe.incidents import duration
 
 
 def _d(seconds: float | None) -> str:

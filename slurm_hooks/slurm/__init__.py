@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from slurm_hooks import REASON_PREFIX, hostlist
+from slurm_hooks import REASON_PREFIX
 from slurm_hooks.models import Action
+from slurm_hooks.slurm import hostlist
 
 
 @dataclass(frozen=True)

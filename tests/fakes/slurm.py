@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from slurm_hooks import hostlist
 from slurm_hooks.errors import PermanentError, SlurmHooksError
-from slurm_hooks.slurm import JobInfo, NodeInfo
+from slurm_hooks.slurm import JobInfo, NodeInfo, hostlist
 
 _ON_NODE = ("RUNNING", "CONFIGURING", "COMPLETING")
 _DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")

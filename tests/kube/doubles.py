@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurm_hooks.audit import AuditLog
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import JobInfo, NodeInfo
 
 

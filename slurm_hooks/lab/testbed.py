@@ -31,8 +31,8 @@ import jinja2
 
 import slurm_hooks
 from slurm_hooks import fsutil
-from slurm_hooks.accounting import Accounting
 from slurm_hooks.errors import CommandError, SlurmHooksError
+from slurm_hooks.lab.accounting import Accounting
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command
 from slurm_hooks.slurm import JobInfo, NodeInfo, quirks
@@ -90,7 +90,7 @@ class Settings:
     min_job_age: int = 300
     requeue_grace: float = 3.0
     up_timeout: float = 60.0
-    #: Also a private MariaDB and slurmdbd (slurm_hooks.accounting).
+    #: Also a private MariaDB and slurmdbd (slurm_hooks.lab.accounting).
     accounting: bool = False
 
     def __post_init__(self) -> None:

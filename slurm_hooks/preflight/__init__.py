@@ -2,7 +2,7 @@
 
 Each check returns :class:`Result` lines (PASS, WARN or FAIL, what was found, how
 to fix it, and where: ``file:line`` when a setting is to blame). The slurm.conf
-checks are pure functions of a parsed :class:`~slurm_hooks.slurmconf.SlurmConf`
+checks are pure functions of a parsed :class:`~slurm_hooks.preflight.slurmconf.SlurmConf`
 and our config; the environment checks (GPU probe, scontrol, directories,
 Kubernetes access) look at the machine. :func:`run` calls them all.
 """
@@ -19,10 +19,10 @@ from enum import Enum
 from typing import Any, Callable
 
 from slurm_hooks import config as config_mod
-from slurm_hooks import slurmconf
 from slurm_hooks.config import Config
 from slurm_hooks.errors import CommandError, CommandTimeout, ConfigError, TransientError
-from slurm_hooks.slurmconf import SlurmConf
+from slurm_hooks.preflight import slurmconf
+from slurm_hooks.preflight.slurmconf import SlurmConf
 
 
 class Status(str, Enum):
@@ -532,7 +532,7 @@ def check_paths(cfg: Config) -> list[Result]:
 
 def check_bridge(cfg: Config) -> list[Result]:
     """Kubernetes credentials load and allow every verb the bridge uses."""
-    from slurm_hooks import kube_access
+    from slurm_hooks.bridge import access as kube_access
     from slurm_hooks.bridge import kubeclient, rbac
     from slurm_hooks.bridge import settings as bridge_settings
     from slurm_hooks.bridge.kubeclient import CredentialsError, KubeClientMissing

@@ -3,7 +3,7 @@
 Nothing here is on the path of a drain. The hooks write the audit log as they
 always do; a :class:`Notifier` (a thread of ``slurm-hooks watch``, or a short
 ``slurm-hooks notify flush``) reads what is new from a saved cursor, turns
-incidents into messages (:mod:`slurm_hooks.incidents`: one per incident, a
+incidents into messages (:mod:`slurm_hooks.observe.incidents`: one per incident, a
 follow-up when the node is back or the action escalates, a reminder while it
 stays out), writes each message to an on-disk outbox, and delivers the outbox
 with retries, exponential backoff and a timeout per request.
@@ -31,8 +31,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_hooks import fsutil, incidents
-from slurm_hooks.incidents import Incident, duration
+from slurm_hooks import fsutil
+from slurm_hooks.observe import incidents
+from slurm_hooks.observe.incidents import Incident, duration
 
 #: At most this much of the log is read per pass (a huge backlog is taken in steps).
 READ_CHUNK = 4 << 20

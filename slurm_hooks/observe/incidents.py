@@ -6,7 +6,7 @@ jobs requeued, a later drain with a harsher action), and closes when the node is
 back in service (our resume after a passing check, or an admin's resume that the
 health check acknowledged). Several hooks seeing one fault make one incident.
 
-Records are grouped per node with :func:`slurm_hooks.events.incidents` (the same
+Records are grouped per node with :func:`slurm_hooks.observe.events.incidents` (the same
 grouping ``slurm-hooks events`` shows); a :class:`Tracker` carries what is still
 open from one batch of records to the next, so the notifier can feed it the log a
 few lines at a time and the fleet report all at once.
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from slurm_hooks import events
+from slurm_hooks.observe import events
 
 #: Harmless to most disruptive, as in :class:`slurm_hooks.models.Action`.
 ACTIONS = ("none", "warn", "drain", "reset", "reboot", "replace")

@@ -22,8 +22,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from slurm_hooks import hostlist
 from slurm_hooks.errors import ConfigError
+from slurm_hooks.slurm import hostlist
 
 ENV_VAR = "SLURM_CONF"
 #: Tried in order when neither --slurm-conf nor SLURM_CONF names a file. The last

@@ -18,12 +18,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from slurm_hooks import REASON_PREFIX, events
-from slurm_hooks.audit import AuditLog
+from slurm_hooks import REASON_PREFIX
 from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.observe import events
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import Spawned, run_command, spawn_detached
-from slurm_hooks.testbed import Settings, Testbed
 
 Say = Callable[[str], None]
 
@@ -55,7 +56,7 @@ class Milestones:
 
 
 def find_train_script() -> str:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.path.join(here, "examples", "train.py")
     if not os.path.exists(path):
         raise DemoError(f"examples/train.py not found next to the package ({path}): run the demo from a checkout")
