@@ -1,8 +1,9 @@
 """Can the bridge's credentials do what the bridge does? Asked with SelfSubjectAccessReview.
 
-The only module of ``slurm-hooks validate`` that touches Kubernetes, and it imports the
-client (and the bridge's credential loader, :func:`slurm_hooks.bridge.kubeclient.load_credentials`) inside its
-functions: the import costs ~0.35 s and the client is installed only where the bridge runs.
+What ``slurm-hooks validate`` asks Kubernetes. The client comes from
+:mod:`slurm_hooks.bridge.kubeclient` (the only module importing ``kubernetes``, lazily:
+the import costs ~0.35 s and the client is installed only where the bridge runs), as do the
+credentials (:func:`~slurm_hooks.bridge.kubeclient.load_credentials`).
 """
 
 from __future__ import annotations
@@ -60,11 +61,9 @@ class Verdict:
 def review(api_client: Any, permissions: Sequence[Permission] = REQUIRED, namespace: str = "",
            timeout: float = 10.0) -> list[Verdict]:
     """One SelfSubjectAccessReview per permission; namespace "" asks for all namespaces."""
-    from kubernetes import client as k8s_client
-    from kubernetes.client.exceptions import ApiException
+    from slurm_hooks.bridge.kubeclient import CredentialsError, client_module
 
-    from slurm_hooks.bridge.kubeclient import CredentialsError
-
+    k8s_client, ApiException = client_module()
     api = k8s_client.AuthorizationV1Api(api_client)
     verdicts = []
     for perm in permissions:

@@ -96,6 +96,17 @@ def _kubeconfig_paths(kubeconfig: str | None) -> list[str]:
     return paths or [os.path.expanduser("~/.kube/config")]
 
 
+def client_module() -> tuple[Any, type[Exception]]:
+    """(``kubernetes.client``, its ``ApiException``), imported now: for :mod:`slurm_hooks.bridge.access`,
+    whose access reviews are the one API call outside :class:`KubeClient`."""
+    try:
+        from kubernetes import client as k8s_client
+        from kubernetes.client.exceptions import ApiException
+    except ImportError:
+        raise KubeClientMissing(MISSING) from None
+    return k8s_client, ApiException
+
+
 def load_credentials(kubeconfig: str | None = None, context: str | None = None, *, url: str | None = None,
                      in_cluster: bool | None = None) -> tuple[Any, str]:
     """(``kubernetes.client.ApiClient``, where the credentials came from).
