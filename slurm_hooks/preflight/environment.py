@@ -1,0 +1,172 @@
+"""The environment checks: our config loads, the GPU probe answers, scontrol reaches slurmctld,
+the directories we write are writable, and (with a [bridge] section) the Kubernetes credentials
+allow what the bridge does."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from slurm_hooks import config as config_mod
+from slurm_hooks.config import Config
+from slurm_hooks.errors import CommandError, CommandTimeout, ConfigError, TransientError
+from slurm_hooks.preflight import slurmconf
+from slurm_hooks.preflight.results import Result, Status
+
+# --- our config and the machine -----------------------------------------------------------
+
+
+def config_failure(check: str, exc: ConfigError) -> Result:
+    """A ConfigError as a FAIL line: where = file:line, message starts with the key."""
+    where = f"{exc.path or '<config>'}{':' + str(exc.line) if exc.line is not None else ''}"
+    prefix = where + (f": {exc.key}" if exc.key else "") + ": "
+    text = str(exc)
+    message = text[len(where) + 2:] if text.startswith(prefix) else text
+    fix = f"edit {exc.path}" + (f" line {exc.line}" if exc.line is not None else "")
+    if exc.key:
+        fix += f" ({exc.key})"
+    return Result(check, Status.FAIL, message, fix, where)
+
+
+def load_config(path: str | None) -> tuple[Config | None, list[Result]]:
+    check = "config"
+    try:
+        cfg = config_mod.load(path)
+    except ConfigError as exc:
+        return None, [config_failure(check, exc)]
+    if cfg.path is None:
+        resolved, _ = config_mod.resolve_path(path)
+        return cfg, [Result(check, Status.WARN, f"no config at {resolved}: running on defaults",
+                            f"create {resolved} (or pass --config / set {config_mod.ENV_VAR})", resolved)]
+    return cfg, [Result(check, Status.PASS, "loaded", "", cfg.path)]  # a deadline slurmd kills is a config error
+
+
+def check_gpus(cfg: Config, node: str) -> list[Result]:
+    from slurm_hooks import engine, probes
+
+    backend = cfg.gpu.backend
+    try:
+        probe = probes.from_config(cfg, node)
+    except ImportError as exc:
+        return [Result("gpu-backend", Status.FAIL, f"{backend} backend cannot load: {exc}",
+                       "pip install nvidia-ml-py on GPU nodes (or [gpu] backend = \"sim\" for rehearsals)", cfg.path or "")]
+    snap = engine.take_snapshot(probe, node, float(cfg.gpu.probe_timeout))
+    if snap.error is not None:
+        fix = (f"slurm-hooks sim init --node {node}" if backend == "sim"
+               else "check the driver with nvidia-smi; the NVML library must be loadable by root")
+        return [Result("gpu-backend", Status.FAIL, f"{backend}: {snap.error}", fix)]
+    out = [Result("gpu-backend", Status.PASS,
+                  f"{backend}: {len(snap.gpus)} GPU(s){', driver ' + snap.driver_version if snap.driver_version else ''}")]
+    expected = cfg.expectations_for(node).gpus
+    group = cfg.group_for(node)
+    if expected is None:
+        out.append(Result("gpu-count", Status.WARN,
+                          f"no GPU count expected for {node} (group {group}): a GPU missing at boot goes unnoticed",
+                          f"set gpus = {len(snap.gpus)} in [expect] or in the node's [groups.<name>]", cfg.path or ""))
+    elif expected != len(snap.gpus):
+        out.append(Result("gpu-count", Status.FAIL, f"{node} has {len(snap.gpus)} GPU(s), group {group} expects {expected}",
+                          "find the missing GPU (nvidia-smi, lspci) or correct gpus in the config", cfg.path or ""))
+    else:
+        out.append(Result("gpu-count", Status.PASS, f"{node} has the {expected} GPU(s) group {group} expects"))
+    return out
+
+
+def check_scontrol(cfg: Config, slurm_conf_path: str | None = None, runner: Callable[..., Any] | None = None) -> list[Result]:
+    from slurm_hooks.runner import run_command
+
+    run = runner or run_command
+    check = "scontrol"
+    scontrol = os.path.join(cfg.slurm.bin_dir, "scontrol")
+    env = None
+    if slurm_conf_path:
+        env = {**os.environ, slurmconf.ENV_VAR: os.path.abspath(slurm_conf_path)}
+    timeout = float(cfg.slurm.timeout)
+    try:
+        done = run([scontrol, "ping"], timeout, check=False, env=env)
+    except CommandTimeout:
+        return [Result(check, Status.FAIL, f"`{scontrol} ping` did not answer within {timeout:g} s",
+                       "is slurmctld up and reachable (SlurmctldHost, firewall, munge)?")]
+    except CommandError as exc:
+        return [Result(check, Status.FAIL, f"cannot run {scontrol}: {exc.stderr or exc}",
+                       "set [slurm] bin_dir to the directory that holds scontrol", cfg.path or "")]
+    text = (done.stdout + done.stderr).strip().splitlines()
+    if done.returncode != 0:
+        last = text[-1] if text else f"exit {done.returncode}"
+        return [Result(check, Status.FAIL, f"`{scontrol} ping` exited {done.returncode}: {last}",
+                       "start slurmctld, check munge and that SLURM_CONF names this cluster")]
+    return [Result(check, Status.PASS, f"`{scontrol} ping`: {text[0] if text else 'ok'}")]
+
+
+def writable_dir(path: str) -> tuple[bool, str]:
+    """Whether this process could create files in ``path`` (making it if needed); never writes."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        return False, f"{probe} exists and is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return False, f"{probe} is not writable by uid {os.geteuid()}"
+    if probe != os.path.abspath(path):
+        return True, f"will be created under {probe}"
+    return True, "writable"
+
+
+def check_paths(cfg: Config) -> list[Result]:
+    out = []
+    audit = cfg.log.audit
+    ok, why = writable_dir(os.path.dirname(os.path.abspath(audit)))
+    if ok and os.path.exists(audit) and not os.access(audit, os.W_OK):
+        ok, why = False, f"{audit} exists and is not writable"
+    out.append(Result("audit-log", Status.PASS if ok else Status.FAIL, f"[log] audit = {audit}: {why}",
+                      "" if ok else f"create {os.path.dirname(audit)} writable by root, or change [log] audit",
+                      "" if ok else cfg.path or ""))
+    for check, section, key in (("state-dir", "state", "dir"), ("metrics-dir", "metrics", "textfile_dir")):
+        path = getattr(getattr(cfg, section), key)
+        if not path:
+            continue
+        ok, why = writable_dir(path)
+        out.append(Result(check, Status.PASS if ok else Status.FAIL, f"[{section}] {key} = {path}: {why}",
+                          "" if ok else f"create {path} writable by root, or change [{section}] {key}",
+                          "" if ok else cfg.path or ""))
+    return out
+
+
+def check_bridge(cfg: Config) -> list[Result]:
+    """Kubernetes credentials load and allow every verb the bridge uses."""
+    from slurm_hooks.bridge import access as kube_access
+    from slurm_hooks.bridge import kubeclient, rbac
+    from slurm_hooks.bridge import settings as bridge_settings
+    from slurm_hooks.bridge.kubeclient import CredentialsError, KubeClientMissing
+
+    check = "kube-access"
+    try:
+        settings = bridge_settings.from_config(cfg)
+    except ConfigError as exc:
+        return [config_failure("bridge-config", exc)]
+    try:
+        client, source = kubeclient.load_credentials(settings.kubeconfig or None, settings.context or None)
+    except KubeClientMissing:
+        return [Result(check, Status.WARN, "kubernetes client not installed (bridge environment only)",
+                       "run validate where the bridge runs, or pip install 'slurm-hooks[k8s]'")]
+    except CredentialsError as exc:
+        return [Result(check, Status.FAIL, str(exc),
+                       "set [bridge] kubeconfig, or run in a pod with a service account token")]
+    try:
+        needed = kube_access.REQUIRED
+        if settings.replace.backend != "template":  # a template's API group is known only to `render`
+            needed = kube_access.permissions_for(rbac.rules(settings.replace))
+        verdicts = kube_access.review(client, needed)
+    except TransientError as exc:
+        return [Result(check, Status.FAIL, f"{source}: {exc}", "is the API server reachable from here?")]
+    except CredentialsError as exc:
+        return [Result(check, Status.FAIL, f"{source}: {exc}", "renew the token or client certificate")]
+    finally:
+        kube_access.close(client)
+    denied = [v for v in verdicts if not v.allowed]
+    if denied:
+        return [Result(check, Status.FAIL, f"{source}: not allowed to {v.permission}{': ' + v.reason if v.reason else ''}",
+                       f"grant it in the bridge's ClusterRole: {v.permission.rule()}") for v in denied]
+    return [Result(check, Status.PASS, f"{source}: all {len(verdicts)} permissions the bridge needs are allowed")]

@@ -1,0 +1,366 @@
+"""The slurm.conf checks: pure functions of a parsed :class:`~slurm_hooks.preflight.slurmconf.SlurmConf`
+and our config (HealthCheckProgram, Prolog and Epilog, the scheduling settings the hooks rely on)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import stat
+
+from slurm_hooks.config import Config
+from slurm_hooks.preflight import slurmconf
+from slurm_hooks.preflight.results import Result, Status
+from slurm_hooks.preflight.slurmconf import SlurmConf
+
+# --- programs: HealthCheckProgram, Prolog, Epilog ---------------------------------------
+
+#: slurm.conf key -> (check name, our subcommand, an example wrapper path).
+PROGRAMS = (
+    ("HealthCheckProgram", "health-check-program", "check", "/etc/slurm/healthcheck/slurm-hooks-check"),
+    ("Prolog", "prolog", "prolog", "/etc/slurm/prolog.d/50-slurm-hooks"),
+    ("Epilog", "epilog", "epilog", "/etc/slurm/epilog.d/50-slurm-hooks"),
+)
+_MAX_SCRIPT = 256 * 1024
+_OURS = re.compile(r"slurm[-_]hooks")
+_SETS_PATH = re.compile(r"^\s*(export\s+)?PATH=|\benv\b.*\bPATH=|os\.environ\[.PATH.\]\s*=")
+
+
+def find_invocation(text: str, subcommand: str) -> tuple[str, bool] | None:
+    """(program word, script sets PATH) when ``text`` runs ``slurm-hooks <subcommand>``."""
+    sets_path = any(_SETS_PATH.search(line) for line in text.splitlines())
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or not _OURS.search(line):
+            continue
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            words = line.split()
+        for i, word in enumerate(words):
+            if os.path.basename(word) in ("slurm-hooks", "slurm_hooks") or (
+                    word == "slurm_hooks" and i > 0 and words[i - 1] == "-m"):
+                if subcommand not in words[i + 1:]:
+                    continue
+                program = words[i - 2] if word == "slurm_hooks" and i >= 2 and words[i - 1] == "-m" else word
+                env_path = any(w.startswith("PATH=") for w in words[:i])
+                return program, sets_path or env_path
+    return None
+
+
+def _mode_problems(path: str, st: os.stat_result) -> list[tuple[str, str]]:
+    problems = []
+    if not stat.S_ISREG(st.st_mode):
+        problems.append(("is not a regular file", "point it at a script file"))
+        return problems
+    mode = stat.S_IMODE(st.st_mode)
+    if not mode & 0o111:
+        problems.append((f"is not executable (mode {mode:04o}): slurmd cannot run it", f"chmod 755 {path}"))
+    if mode & 0o022:
+        problems.append((f"is writable by group or others (mode {mode:04o}): whoever can write it runs code as root",
+                         f"chmod go-w {path}"))
+    parent = os.path.dirname(path) or "."
+    try:
+        pmode = stat.S_IMODE(os.stat(parent).st_mode)
+    except OSError:
+        pmode = 0
+    if pmode & 0o002:
+        problems.append((f"lives in world-writable {parent} (mode {pmode:04o}): anyone can replace it",
+                         f"chmod o-w {parent}, or move the script to a root-owned directory"))
+    return problems
+
+
+def _read_script(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(_MAX_SCRIPT)
+    except OSError:
+        return ""
+    if b"\0" in data:
+        return ""  # a binary cannot be told which subcommand to run
+    return data.decode("utf-8", errors="replace")
+
+
+def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, example: str) -> list[Result]:
+    """The program slurmd runs for ``key`` exists, is safe to run as root and calls us."""
+    wanted = f"slurm-hooks {subcommand}"
+    fix_new = (f"{key}={example}, a root-owned mode-755 script that runs "
+               f"`exec /usr/local/bin/{wanted}` (absolute path: slurmd gives it no PATH)")
+    e = conf.entry(key)
+    if e is None or not e.value:
+        return [Result(check, Status.FAIL, f"{key} is not set: slurmd never runs `{wanted}`", fix_new, conf.path)]
+    target = conf.resolve(e.value)
+    is_glob = any(c in target for c in "*?[")
+    if is_glob:
+        import glob
+
+        files = sorted(p for p in glob.glob(target) if not os.path.isdir(p))
+        if not files:
+            return [Result(check, Status.FAIL, f"{e} matches no file", fix_new.replace(example, e.value), e.where)]
+    else:
+        files = [target]
+    out: list[Result] = []
+    found: list[tuple[str, tuple[str, bool]]] = []
+    inspected = []
+    for path in files:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            out.append(Result(check, Status.FAIL, f"{e}: {path} does not exist", fix_new.replace(example, path), e.where))
+            continue
+        except OSError as exc:
+            out.append(Result(check, Status.FAIL, f"{e}: cannot stat {path}: {exc.strerror}", "", e.where))
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            out.append(Result(check, Status.FAIL, f"{e}: {path} is a directory; slurmd runs files, not directories",
+                              f"{key}={e.value.rstrip('/')}/* (a glob runs every script in it)", e.where))
+            continue
+        inspected.append(path)
+        for what, fix in _mode_problems(path, st):
+            out.append(Result(check, Status.FAIL, f"{path} {what}", fix, e.where))
+        inv = find_invocation(_read_script(path), subcommand)
+        if inv is not None:
+            found.append((path, inv))
+    if inspected and not found:
+        shown = ", ".join(inspected) if len(inspected) <= 3 else f"{len(inspected)} files"
+        fix = (f"add a script to {os.path.dirname(target)} that runs `exec /usr/local/bin/{wanted}`" if is_glob
+               else f"make {inspected[0]} run `exec /usr/local/bin/{wanted}` (or {fix_new})")
+        out.append(Result(check, Status.FAIL, f"{e}: {shown} does not run `{wanted}`", fix, e.where))
+    for path, (program, sets_path) in found:
+        if "/" not in program and not sets_path:
+            out.append(Result(check, Status.WARN,
+                              f"{path} calls `{program}` by bare name, but slurmd runs {key} without PATH",
+                              f"use the absolute path, e.g. `exec {shutil_which(program)} {subcommand}`", e.where))
+    if not out:
+        names = "" if not is_glob else f" ({', '.join(p for p, _ in found)})"
+        out.append(Result(check, Status.PASS, f"{e} runs `{wanted}`{names}", "", e.where))
+    return out
+
+
+def shutil_which(program: str) -> str:
+    import shutil
+
+    return shutil.which(program) or f"/usr/local/bin/{program}"
+
+
+# --- scheduling settings ------------------------------------------------------------------
+
+
+def _seconds(conf: SlurmConf, check: str, key: str, default: float | None) -> tuple[float | None, Result | None]:
+    e = conf.entry(key)
+    if e is None:
+        return default, None
+    try:
+        return slurmconf.parse_duration(e.value), None
+    except ValueError as exc:
+        return None, Result(check, Status.FAIL, f"{e}: {exc}", f"{key}=<seconds>", e.where)
+
+
+def check_health_check_interval(conf: SlurmConf) -> list[Result]:
+    check = "health-check-interval"
+    value, err = _seconds(conf, check, "HealthCheckInterval", 0)
+    if err:
+        return [err]
+    where = conf.where("HealthCheckInterval")
+    shown = str(conf.entry("HealthCheckInterval") or "HealthCheckInterval unset (default 0)")
+    if not value:
+        return [Result(check, Status.FAIL, f"{shown}: slurmd never runs HealthCheckProgram on its own",
+                       "HealthCheckInterval=300 (NHC's and the field's usual 5 minutes)", where)]
+    if value > 1800:
+        return [Result(check, Status.WARN, f"{shown}: a repaired node waits up to {value:g} s to be re-checked and resumed",
+                       "HealthCheckInterval=300", where)]
+    return [Result(check, Status.PASS, f"{shown}: every {value:g} s", "", where)]
+
+
+_ALL_NODE_STATES = ("ALLOC", "ANY", "CYCLE", "IDLE", "NONDRAINED_IDLE", "MIXED", "START_ONLY")
+
+
+def check_health_check_node_state(conf: SlurmConf) -> list[Result]:
+    check = "health-check-node-state"
+    e = conf.entry("HealthCheckNodeState")
+    where = conf.where("HealthCheckNodeState")
+    if e is None:
+        return [Result(check, Status.PASS, "HealthCheckNodeState unset (default ANY): drained idle nodes are re-checked", "", where)]
+    states = {s.upper() for s in conf.list("HealthCheckNodeState")}
+    unknown = states - set(_ALL_NODE_STATES)
+    if unknown:
+        return [Result(check, Status.FAIL, f"{e}: unknown state(s) {', '.join(sorted(unknown))}",
+                       f"use some of {', '.join(_ALL_NODE_STATES)}; ANY is what slurm-hooks needs", where)]
+    states.discard("CYCLE")
+    if not states or "ANY" in states:
+        return [Result(check, Status.PASS, f"{e}: drained idle nodes are re-checked", "", where)]
+    why = ("the check then runs only when slurmd starts" if "START_ONLY" in states
+           else "NONDRAINED_IDLE skips exactly the nodes we drained" if "NONDRAINED_IDLE" in states and "IDLE" not in states
+           else "drained idle nodes are never checked")
+    if "IDLE" not in states or "START_ONLY" in states:
+        return [Result(check, Status.FAIL,
+                       f"{e}: {why}, so a node slurm-hooks drained is never re-checked and stays drained after repair",
+                       "HealthCheckNodeState=ANY (or add IDLE: a drained node with no jobs is IDLE+DRAIN; "
+                       "ALLOC/MIXED cover only busy nodes and NONDRAINED_IDLE leaves drained ones out)", where)]
+    if not {"ALLOC", "MIXED"} & states:
+        return [Result(check, Status.WARN, f"{e}: busy nodes are not checked between prolog and epilog",
+                       "HealthCheckNodeState=ANY, or run `slurm-hooks watch` on every node", where)]
+    return [Result(check, Status.PASS, f"{e}: drained idle nodes are re-checked", "", where)]
+
+
+def check_kill_wait(conf: SlurmConf, cfg: Config) -> list[Result]:
+    check = "kill-wait"
+    value, err = _seconds(conf, check, "KillWait", 30)
+    if err:
+        return [err]
+    grace = float(cfg.remediation.requeue_grace)
+    where = conf.where("KillWait")
+    shown = str(conf.entry("KillWait") or "KillWait unset (default 30)")
+    if value < grace:
+        return [Result(check, Status.WARN,
+                       f"{shown} is shorter than [remediation] requeue_grace = {grace:g} s: a requeued job is "
+                       f"SIGKILLed {max(value, 5):g} s after SIGTERM, before the {grace:g} s it was given to checkpoint",
+                       f"KillWait={int(grace + 0.999)} in slurm.conf, or requeue_grace = {value:g} in {cfg.path or 'the config'}",
+                       where)]
+    return [Result(check, Status.PASS, f"{shown} >= requeue_grace {grace:g} s", "", where)]
+
+
+def check_prolog_epilog_timeout(conf: SlurmConf, cfg: Config) -> list[Result]:
+    check = "prolog-epilog-timeout"
+    deadline = float(cfg.check.deadline)
+    suggest = max(120, int(deadline) + 30)
+    keys = [k for k in ("PrologEpilogTimeout", "PrologTimeout", "EpilogTimeout") if k in conf]
+    if not keys:
+        return [Result(check, Status.WARN,
+                       "PrologEpilogTimeout is not set: a prolog or epilog that hangs holds the job and the node forever",
+                       f"PrologEpilogTimeout={suggest} (above [check] deadline = {deadline:g} s)", conf.path)]
+    out = []
+    for key in keys:
+        value, err = _seconds(conf, check, key, None)
+        if err:
+            out.append(err)
+        elif value is not None and value < deadline:
+            out.append(Result(check, Status.WARN,
+                              f"{conf.entry(key)} is shorter than [check] deadline = {deadline:g} s: slurmd kills a slow "
+                              "prolog/epilog and drains the node as `Prolog error`, a reason we never clear",
+                              f"{key}={suggest}, or lower [check] deadline", conf.where(key)))
+        else:
+            out.append(Result(check, Status.PASS, f"{conf.entry(key)}", "", conf.where(key)))
+    return out
+
+
+def check_job_requeue(conf: SlurmConf, cfg: Config) -> list[Result]:
+    check = "job-requeue"
+    e = conf.entry("JobRequeue")
+    where = conf.where("JobRequeue")
+    if e is None:
+        return [Result(check, Status.PASS, "JobRequeue unset (default 1): batch jobs can be requeued", "", where)]
+    if e.value.strip() == "1":
+        return [Result(check, Status.PASS, f"{e}: batch jobs can be requeued", "", where)]
+    if not cfg.remediation.requeue:
+        return [Result(check, Status.PASS, f"{e} ([remediation] requeue = false)", "", where)]
+    return [Result(check, Status.WARN,
+                   f"{e}: only jobs submitted with --requeue can be requeued; the others die with a bad node",
+                   "JobRequeue=1 (users can still opt out with --no-requeue)", where)]
+
+
+def check_nohold_on_prolog_fail(conf: SlurmConf) -> list[Result]:
+    check = "nohold-on-prolog-fail"
+    e = conf.entry("SchedulerParameters")
+    where = conf.where("SchedulerParameters")
+    params = conf.scheduler_parameters()
+    if "nohold_on_prolog_fail" in params:
+        return [Result(check, Status.PASS, "SchedulerParameters has nohold_on_prolog_fail", "", where)]
+    current = e.value if e is not None else ""
+    fix = f"SchedulerParameters={current + ',' if current else ''}nohold_on_prolog_fail"
+    return [Result(check, Status.WARN,
+                   "SchedulerParameters lacks nohold_on_prolog_fail: a job whose prolog failed on a bad GPU is requeued "
+                   "HELD and waits until someone runs `scontrol release`", fix, where)]
+
+
+def check_gres(conf: SlurmConf, cfg: Config, node: str | None) -> list[Result]:
+    check = "gres"
+    out = []
+    types = [t.lower() for t in conf.list("GresTypes")]
+    if "gpu" not in types:
+        e = conf.entry("GresTypes")
+        current = e.value if e is not None else ""
+        out.append(Result(check, Status.FAIL, f"{e or 'GresTypes unset'}: gpu is not a GRES type, so jobs cannot ask for GPUs",
+                          f"GresTypes={current + ',' if current else ''}gpu", conf.where("GresTypes")))
+    gpu_nodes = [r for r in conf.nodes if r.gpus]
+    if not gpu_nodes:
+        out.append(Result(check, Status.FAIL, "no NodeName= line has gpu in its Gres=",
+                          "add Gres=gpu:<count> to the GPU nodes' NodeName= lines (and a gres.conf)", conf.path))
+    mine = conf.nodes_named(node) if node else []
+    if mine:
+        rec = mine[-1]
+        expected = cfg.expectations_for(node).gpus
+        if not rec.gpus:
+            out.append(Result(check, Status.FAIL, f"NodeName={rec.name} (this node, {node}) has no gpu Gres",
+                              f"add Gres=gpu:{expected or '<count>'} to that line", rec.where))
+        elif expected is not None and rec.gpus != expected:
+            out.append(Result(check, Status.WARN,
+                              f"NodeName={rec.name} Gres={rec.get('gres')} offers {rec.gpus} GPU(s) but group "
+                              f"{cfg.group_for(node)} expects {expected}",
+                              f"make Gres=gpu:{expected} or set gpus = {rec.gpus} for the group", rec.where))
+    if not out:
+        where = mine[-1].where if mine else conf.where("GresTypes")
+        detail = f"; {node} has gpu:{mine[-1].gpus}" if mine else f"; {len(gpu_nodes)} node line(s) with GPUs"
+        out.append(Result(check, Status.PASS, f"GresTypes includes gpu{detail}", "", where))
+    return out
+
+
+def check_controller_failover(conf: SlurmConf, cfg: Config) -> list[Result]:
+    """Our Slurm call timeout lets scontrol reach a backup controller that has taken over.
+
+    scontrol fails over by itself (Slurm's ``_open_controller``): it tries each
+    SlurmctldHost in order; a controller whose host is down costs up to TCPTimeout
+    to connect, and the one that answers takes up to MessageTimeout to reply. So
+    with N controllers and the first N-1 away, one call needs up to
+    ``MessageTimeout + (N - 1) x TCPTimeout``; a shorter ``[slurm] timeout`` kills
+    scontrol before it reaches the backup, and every drain fails for as long as
+    the primary is down. (While the backup is still taking over, up to
+    SlurmctldTimeout, no controller answers: those actions wait as pending ones.)
+    """
+    check = "controller-failover"
+    hosts = conf.controllers()
+    where = hosts[0].where if hosts else conf.path
+    message, err = _seconds(conf, check, "MessageTimeout", 10)
+    if err:
+        return [err]
+    tcp, err = _seconds(conf, check, "TCPTimeout", 2)
+    if err:
+        return [err]
+    takeover, err = _seconds(conf, check, "SlurmctldTimeout", 120)
+    if err:
+        return [err]
+    ours = float(cfg.slurm.timeout)
+    n = max(len(hosts), 1)
+    need = message + (n - 1) * tcp
+    formula = f"MessageTimeout {message:g} s" + (f" + {n - 1} x TCPTimeout {tcp:g} s" if n > 1 else "")
+    if ours < need:
+        what = (f"{n} controllers: a call that reaches the last of them needs up to {formula} = {need:g} s"
+                if n > 1 else f"one controller: a slow answer may take up to {formula}")
+        return [Result(check, Status.WARN,
+                       f"[slurm] timeout = {ours:g} s is shorter than a failover: {what}, so scontrol is killed "
+                       "before Slurm's own failover reaches a controller that answers",
+                       f"timeout = {int(need) + 2} in [slurm] of {cfg.path or 'the config'} "
+                       f"(and keep [check] deadline = {cfg.check.deadline:g} s above it)", where)]
+    if n == 1:
+        return [Result(check, Status.PASS,
+                       f"one controller ({hosts[0].value if hosts else 'none set'}): while it is away, drains and "
+                       "requeues wait as pending actions and are retried when it is back", "", where)]
+    return [Result(check, Status.PASS,
+                   f"{n} controllers: [slurm] timeout = {ours:g} s covers {formula} = {need:g} s; during a takeover "
+                   f"(up to SlurmctldTimeout {takeover:g} s) actions wait as pending ones", "", where)]
+
+
+def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Result]:
+    """Every slurm.conf check, in the order an admin reads them."""
+    out: list[Result] = []
+    for key, check, sub, example in PROGRAMS:
+        out += check_program(conf, key, check, sub, example)
+    out += check_health_check_interval(conf)
+    out += check_health_check_node_state(conf)
+    out += check_kill_wait(conf, cfg)
+    out += check_prolog_epilog_timeout(conf, cfg)
+    out += check_job_requeue(conf, cfg)
+    out += check_nohold_on_prolog_fail(conf)
+    out += check_gres(conf, cfg, node)
+    out += check_controller_failover(conf, cfg)
+    return out
