@@ -38,7 +38,7 @@ if [ -x "$BIN/slurm-hooks" ]; then CLI=("$BIN/slurm-hooks"); else CLI=("$PY" -m 
 
 echo "== real-GPU tests"
 # -p no:kmock: kmock's pytest plugin needs pytest-asyncio, which the [test] extra does not pull in.
-"$PY" -m pytest -p no:kmock -p no:cacheprovider -m gpu tests/test_nvml_real.py -q -rs \
+"$PY" -m pytest -p no:kmock -p no:cacheprovider -m gpu tests/probes/test_nvml_real.py -q -rs \
     --junitxml="$OUT/pytest-gpu.xml" || status=1
 
 echo "== probe: median of 20 in-process snapshots"

@@ -1,7 +1,7 @@
 """Pending actions: remediation that failed for a transient reason is finished by the next run.
 
 Simulated GPUs and the shared in-memory Slurm (tests/fakes/slurm.py); the same on the
-real testbed with slurmctld stopped is in tests/test_e2e_pending.py.
+real testbed with slurmctld stopped is in tests/hooks/test_e2e_pending.py.
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ import math
 import os
 
 import pytest
+from paths import FIXTURES as TEST_FIXTURES
 
 from slurm_hooks.preflight import slurmconf
 from slurm_hooks.preflight.slurmconf import SlurmConfError
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "slurmconf")
+FIXTURES = os.path.join(TEST_FIXTURES, "slurmconf")
 MAIN = os.path.join(FIXTURES, "slurm.conf")
 
 

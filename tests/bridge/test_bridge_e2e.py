@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from paths import ROOT
 
 pytest.importorskip("kmock")
 pytest.importorskip("kubernetes")
@@ -30,7 +31,6 @@ from slurm_hooks.probes import sim  # noqa: E402
 pytestmark = [pytest.mark.slurm, pytest.mark.k8s]
 pytest_plugins = ["kube.fixtures"]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAINT = "slurm-hooks.io/gpu-unhealthy"
 
 

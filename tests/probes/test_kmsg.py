@@ -7,12 +7,13 @@ import threading
 import time
 
 import pytest
+from paths import FIXTURES as TEST_FIXTURES
 
 from slurm_hooks.errors import ProbeError
 from slurm_hooks.models import XidEvent
 from slurm_hooks.probes import kmsg
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "kmsg")
+FIXTURES = os.path.join(TEST_FIXTURES, "kmsg")
 DMESG_T = os.path.join(FIXTURES, "dmesg-with-xid-119.log")
 DEV_KMSG = os.path.join(FIXTURES, "dev-kmsg-nvswitch.log")
 

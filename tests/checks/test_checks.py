@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import FIXTURES
 
 from slurm_hooks import engine
 from slurm_hooks.checks import REGISTRY, Check, for_context
@@ -32,7 +33,7 @@ from slurm_hooks.models import (
 )
 from slurm_hooks.slurm import format_reason, parse_reason
 
-SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
+SNAPSHOTS = Path(FIXTURES) / "snapshots"
 
 H100 = Expectations(gpus=8, model="H100", pcie_gen=5, pcie_width=16, nvlinks=18, fabric_manager=True)
 A100 = Expectations(gpus=8, model="A100", pcie_gen=4, pcie_width=16, nvlinks=12)

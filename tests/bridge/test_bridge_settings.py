@@ -6,6 +6,7 @@ import os
 import textwrap
 
 import pytest
+from paths import ROOT
 
 from slurm_hooks import config as config_mod
 from slurm_hooks.bridge import settings as settings_mod
@@ -13,7 +14,7 @@ from slurm_hooks.bridge.settings import BridgeSettings
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.models import Action
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "conf", "bridge.example.toml")
+EXAMPLE = os.path.join(ROOT, "conf", "bridge.example.toml")
 
 
 def load(tmp_path, text: str) -> BridgeSettings:

@@ -11,11 +11,11 @@ import sys
 import time
 
 import pytest
+from paths import ROOT
 
 from slurm_hooks.lab import training
 from slurm_hooks.lab.training import EXIT_REQUEUE, Checkpointer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
 SBATCH = os.path.join(ROOT, "examples", "train.sbatch")
 

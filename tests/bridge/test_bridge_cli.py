@@ -10,11 +10,10 @@ import textwrap
 
 import pytest
 import yaml
+from paths import ROOT
 
 from slurm_hooks import config as config_mod
 from slurm_hooks.bridge import settings as settings_mod
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, env=None, timeout=60):

@@ -1,6 +1,6 @@
 """The job says why: a line in its AdminComment when we requeue it or the prolog refuses it.
 
-The adapter is FakeSlurm here; tests/test_e2e_slurm.py reads the line back from the real
+The adapter is FakeSlurm here; tests/hooks/test_e2e_slurm.py reads the line back from the real
 slurmctld (``scontrol show job``), with an AdminComment set before kept.
 """
 

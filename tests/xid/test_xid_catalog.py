@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 import pytest
+from paths import ROOT
 
 from slurm_hooks.models import Action, Severity
 from slurm_hooks.xid import catalog as xid_catalog
 from slurm_hooks.xid.catalog import CATALOG, lookup
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSV = os.path.join(ROOT, "tests", "fixtures", "xid", "xid-catalog.csv")
 
 

@@ -10,12 +10,12 @@ import os
 import pynvml
 import pytest
 from fakes import FakeLink, FakeNvml
+from paths import FIXTURES
 
 from slurm_hooks.models import GpuProcess, GpuSnapshot, snapshot_from_dict, snapshot_to_dict
 from slurm_hooks.probes import nvml_errors
 from slurm_hooks.probes.nvml import NvmlProbe
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 GIB = 1024**3
 
 
