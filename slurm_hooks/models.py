@@ -256,7 +256,7 @@ class CheckInput:
     #: Result of a DCGM diagnostic run by the engine, when one was run.
     dcgm: DcgmResult | None = None
     now: float = 0.0
-    #: Where the XID check looks a code up (``None``: NVIDIA's catalogue, ``xid_catalog.lookup``).
+    #: Where the XID check looks a code up (``None``: NVIDIA's catalogue, ``xid.catalog.lookup``).
     xid_lookup: Callable[[int], Any] | None = None
 
     def selected(self) -> tuple[GpuSnapshot, ...]:

@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from slurm_hooks.runner import run_command, spawn_detached
 
 
@@ -75,3 +77,13 @@ def test_stop_ends_a_helper_that_ignores_sigterm_and_its_children(tmp_path):
         time.sleep(0.05)
     else:
         raise AssertionError("the helper's child outlived stop()")
+
+
+def test_run_command_returns_at_its_timeout_even_if_a_descendant_left_the_process_group():
+    from slurm_hooks.errors import CommandTimeout
+    from slurm_hooks.runner import run_command
+
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout):
+        run_command(["/bin/sh", "-c", "setsid sleep 4 & sleep 4"], 0.5)
+    assert time.monotonic() - started < 2.0

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
+import pytest
+
 from slurm_hooks.bridge.breaker import CircuitBreaker
 from slurm_hooks.bridge.settings import BreakerSettings
 from slurm_hooks.bridge.state import BreakerState, StateStore
+from slurm_hooks.observe.audit import AuditLog
 
 T0 = 1_700_000_000.0
 
@@ -91,3 +96,31 @@ def test_corrupt_or_missing_state_file_starts_empty(tmp_path):
     path.write_text("{not json")
     assert StateStore(str(path)).load() == BreakerState()
     assert StateStore("").load() == BreakerState()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="the bridge needs Python 3.10+")
+def test_breaker_bounds_the_nodes_held_not_only_the_rate(tmp_path):
+    from kube.doubles import Clock
+    from kube.doubles import FakeSlurm as BridgeSlurm
+    from kube.memory import InMemoryKube
+
+    from slurm_hooks.bridge.api import OWNER_SELECTOR
+    from slurm_hooks.bridge.reconciler import Reconciler
+    from slurm_hooks.bridge.settings import BridgeSettings
+
+    clock = Clock()
+    kube = InMemoryKube()
+    slurm = BridgeSlurm()
+    for i in range(50):
+        name = f"gpu{i:03d}"
+        kube.add_node(name)
+        slurm.set(name, "IDLE+DRAIN", "slurm-hooks: 8 of 9 GPUs visible [reboot]")  # one typo in [expect] gpus
+    settings = BridgeSettings(state_file=str(tmp_path / "bridge-state.json"), drain_pass_budget=1.0)
+    bridge = Reconciler(slurm, kube, settings, audit=AuditLog(str(tmp_path / "audit.jsonl")), clock=clock,
+                        monotonic=clock, sleep=clock.sleep)
+    limit = bridge.run_pass().breaker_limit
+    for _ in range(8):  # eighty minutes of a controller nobody is watching
+        clock.advance(settings.breaker.window + 1)
+        bridge.run_pass()
+    held = kube.list_nodes(OWNER_SELECTOR)
+    assert len(held) <= limit, f"{len(held)} of 50 nodes cordoned and drained (cap per window {limit})"

@@ -29,3 +29,15 @@ def sim_config(tmp_path: Path, extra: str = ""):
     from slurm_hooks import config
 
     return config.load(str(write_sim_config(tmp_path, extra)))
+
+
+def nvml_wiring(tmp_path: Path, slurm, nvml, kmsg_path):
+    """A node ``n1`` expecting 8 GPUs, read by the real NVML probe over ``nvml`` (a FakeNvml)
+    and the kernel log at ``kmsg_path``, acting on ``slurm`` (a FakeSlurm)."""
+    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.observe.audit import AuditLog
+    from slurm_hooks.probes.nvml import NvmlProbe
+
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n")
+    probe = NvmlProbe("n1", kmsg_path=str(kmsg_path), nvml=nvml)
+    return Wiring(cfg, "n1", AuditLog(cfg.log.audit), probe_override=probe, slurm_override=slurm)

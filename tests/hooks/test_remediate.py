@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from types import SimpleNamespace
 
+import pynvml
 import pytest
-from fakes.config import sim_config
+from fakes import FakeNvml
+from fakes.config import nvml_wiring, sim_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks import config
 from slurm_hooks.errors import PermanentError, TransientError
 from slurm_hooks.hooks import healthcheck, jobhooks, remediate
 from slurm_hooks.hooks.remediate import Outcome
+from slurm_hooks.hooks.watch import Watcher
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import NodeSnapshot, snapshot_from_dict
 from slurm_hooks.observe.audit import AuditLog
@@ -34,7 +38,7 @@ def t(tmp_path):
     slurm = FakeSlurm()
     slurm.add_node("n1", "IDLE")
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
-    return SimpleNamespace(w=w, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit)
+    return SimpleNamespace(w=w, cfg=cfg, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit, tmp=tmp_path)
 
 
 def inject(t, gpu, **fault):
@@ -781,3 +785,106 @@ def test_jobs_a_live_follower_is_following_are_left_to_it(t):
     t.slurm.job_states(101, ["COMPLETING"], restarts=1)
     remediate.follow_jobs(t.w, ["101"], "thread")  # the watcher's way: this process owns the record
     assert remediate.finish_followed(t.w) == {}  # not {"101": "timed out"}: nothing looked at
+
+
+# --- from the review: root code, races with the watcher, admin drains and resumes -----------------
+
+ALL_GPUS = "0,1,2,3,4,5,6,7"
+
+
+def test_detached_follower_does_not_import_code_from_the_current_directory(tmp_path):
+    # Once fixed, the real follower runs: no Slurm binaries and the shortest follow time keep it cheap.
+    cfg = sim_config(tmp_path, f'[slurm]\nbin_dir = "{tmp_path}/no-bin"\n[remediation]\nrequeue_grace = 0.0\n')
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit))
+    evil = tmp_path / "cwd"
+    (evil / "slurm_hooks").mkdir(parents=True)
+    proof = tmp_path / "planted-code-ran"
+    (evil / "slurm_hooks" / "__init__.py").write_text("")
+    (evil / "slurm_hooks" / "__main__.py").write_text(f"open({str(proof)!r}, 'w').write('root')\n")
+    before = os.getcwd()
+    os.chdir(evil)  # an admin running `slurm-hooks check` from /tmp, or slurmd's log dir owned by SlurmUser
+    try:
+        remediate.follow_jobs(w, [4242], "detached")
+    finally:
+        os.chdir(before)
+    deadline = time.monotonic() + 10
+    while not proof.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not proof.exists()
+
+
+class ProbeRacedByWatcher:
+    """The sim probe; right after it took its (healthy) snapshot, an XID 79 arrives and the watcher acts."""
+
+    name = "sim"
+
+    def __init__(self, t):
+        self.t, self.fired = t, False
+
+    def snapshot(self):
+        snap = sim.SimProbe(self.t.sim_dir, "n1").snapshot()
+        if not self.fired:
+            self.fired = True
+            sim.inject(self.t.sim_dir, "n1", 3, xid=79)
+            watch_wiring = Wiring(self.t.cfg, "n1", self.t.w.audit, slurm_override=self.t.slurm)
+            [event] = [e for g in sim.SimProbe(self.t.sim_dir, "n1").snapshot().gpus for e in g.xids]
+            Watcher(watch_wiring, source=None, log=lambda m: None).handle(event)
+        return snap
+
+
+def test_health_check_does_not_resume_a_drain_the_watcher_made_during_the_check(t):
+    check_wiring = Wiring(t.cfg, "n1", t.w.audit, probe_override=ProbeRacedByWatcher(t), slurm_override=t.slurm)
+    healthcheck.run(check_wiring, follow="none")
+    assert t.slurm.called("drain"), "the watcher drained the node during the check"
+    node = t.slurm.peek("n1")
+    assert node.drained and node.reason == "slurm-hooks: XID 79 on GPU 3 [replace]"
+
+
+def test_nvml_library_mismatch_does_not_requeue_running_jobs(tmp_path):
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "MIXED")
+    slurm.add_job(7, "n1")
+    nvml = FakeNvml.healthy(8).fail("nvmlInit", code=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    w = nvml_wiring(tmp_path, slurm, nvml, tmp_path / "kmsg")
+    healthcheck.run(w, follow="none")
+    assert slurm.called("requeue") == []
+
+
+@pytest.mark.parametrize("state", ["DOWN", "IDLE+FAIL"])
+def test_admin_down_or_fail_reason_is_never_overwritten(t, state):
+    t.slurm.set_node("n1", state=state, reason="PSU swap, do not touch - bob")
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    healthcheck.run(t.w, follow="none")
+    assert t.slurm.peek("n1").reason == "PSU swap, do not touch - bob"
+
+
+@pytest.mark.slurm
+def test_admin_down_node_stays_down_on_real_slurm(hooked_testbed):
+    tb = hooked_testbed
+    reason = "PSU swap, do not touch - bob"
+    tb.scontrol("update", "NodeName=n1", "State=DOWN", f"Reason={reason}")
+    sim.inject(tb.sim_dir, "n1", 3, xid=79)
+    w = Wiring.load(tb.config_path, "n1", slurm_override=tb.slurm)
+    healthcheck.run(w, follow="none")
+    first = tb.slurm.node("n1")
+    sim.clear(tb.sim_dir, "n1")  # the GPU is fixed; the admin's maintenance is not over
+    healthcheck.run(w, follow="none")
+    node = tb.slurm.node("n1")
+    assert node.reason == reason and "DOWN" in node.state.upper(), (
+        f"after the fault: {first.state} {first.reason!r}; after the fix: {node.state} {node.reason!r}")
+
+
+def test_admin_resume_after_our_drain_is_not_undone_by_the_next_prolog(t):
+    sim.inject(t.sim_dir, "n1", 3, xid=119)  # GSP timeout: the admin resets the GPU and resumes, no reboot
+    healthcheck.run(t.w, follow="none")
+    assert t.slurm.peek("n1").drained
+    t.slurm.resume("n1")
+    rc = jobhooks.prolog(t.w, {"SLURM_JOB_GPUS": ALL_GPUS})  # the first job after the resume
+    assert rc == 0 and not t.slurm.peek("n1").drained
+
+
+def test_our_drain_is_resumed_when_mended_even_without_the_local_marker(t):
+    t.slurm.set_node("n1", state="IDLE+DRAIN", reason="slurm-hooks: GPU 3 at 96 C [drain]")
+    assert not os.path.exists(t.w.drained_marker())
+    healthcheck.run(t.w, follow="none")  # every GPU healthy now
+    assert not t.slurm.peek("n1").drained

@@ -8,12 +8,13 @@ import time
 import pynvml
 import pytest
 from fakes import FakeNvml
-from fakes.config import sim_config
+from fakes.config import nvml_wiring, sim_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks.errors import ProbeError
 from slurm_hooks.hooks.watch import FirstWorking, SimSource, Watcher
 from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.models import XidEvent
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.nvml_errors import NotSupported
@@ -324,3 +325,14 @@ def test_a_burst_of_xid119_lines_drains_for_a_reset_not_a_replacement(nvml_node)
     healthcheck.run(w)
     assert slurm.peek("n1").reason == "slurm-hooks: XID 119 on GPU 2 [reset]"
     assert [code for _, code, _ in healthcheck.xid_history(w).recorded().values()] == [119]
+
+
+def test_watcher_drains_on_a_critical_nvml_xid_event_even_when_the_kernel_log_is_unreadable(tmp_path):
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "MIXED")
+    w = nvml_wiring(tmp_path, slurm, FakeNvml.healthy(8), tmp_path / "no-kmsg-in-this-container")
+    event = XidEvent(79, gpu=2, ts=time.time(), message="NVML XID event", source="nvml", seq=1_700_000_000_000_000)
+    watcher = Watcher(w, source=None, log=lambda m: None)
+    watcher.handle(event)
+    assert watcher.history.seen(event.key)  # it will never be looked at again
+    assert slurm.peek("n1").drained

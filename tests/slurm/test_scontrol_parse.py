@@ -314,3 +314,13 @@ def test_json_node_shapes_of_2302_and_older_parsers():
 def test_json_that_is_not_a_node_list_is_a_permanent_error(text):
     with pytest.raises(SlurmCommandFailed):
         parse_node_json(text)
+
+
+def test_a_job_name_cannot_spoof_the_job_state_or_node_list():
+    # Fixed by reading jobs from squeue fields Slurm writes itself, the user's name last.
+    from slurm_hooks.slurm.scontrol import parse_squeue_job
+
+    name = "x UserId=nobody(65534) JobState=COMPLETED NodeList=elsewhere Requeue=0|COMPLETED|elsewhere|0"
+    job = parse_squeue_job(f"77|77|N/A|N/A|RUNNING|n1|1|0|1|4294901759|None|{name}|77")
+    assert (job.state, job.nodes, job.requeue) == ("RUNNING", "n1", True)
+    assert job.name == name

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from types import SimpleNamespace
 
@@ -17,7 +18,7 @@ import pytest
 from slurm_hooks.errors import ConfigError, PermanentError, TransientError
 from slurm_hooks.models import Action
 from slurm_hooks.runner import run_command
-from slurm_hooks.slurm import format_reason
+from slurm_hooks.slurm import NodeInfo, format_reason
 from slurm_hooks.slurm.factory import from_config, usable_pyslurm, versions_match
 from slurm_hooks.slurm.scontrol import (
     ReasonNotOurs,
@@ -431,3 +432,7 @@ def test_the_slurm_version_is_asked_once_and_2205_keeps_the_one_line_output(clea
     slurm.nodes()
     assert sum(1 for argv in seen if "--version" in argv) == 1
     assert not any("--json" in argv for argv in seen)
+
+
+def test_a_plain_state_is_its_own_base_state():
+    assert sys.version_info >= (3, 9) and NodeInfo("n1", "IDLE").base_state == "IDLE"

@@ -7,8 +7,12 @@ import os
 import stat
 
 import pytest
+from fakes import FakeNvml
+from fakes.config import nvml_wiring
+from fakes.slurm import FakeSlurm
 
 from slurm_hooks.errors import PermanentError
+from slurm_hooks.hooks import healthcheck
 from slurm_hooks.models import XidEvent
 from slurm_hooks.xid import history as xid_history
 from slurm_hooks.xid.history import XidHistory
@@ -225,3 +229,23 @@ def test_an_unreadable_history_loads_empty_and_says_why(tmp_path):
     state.mark_seen(["k"])
     with pytest.raises(PermanentError):
         state.save()
+
+
+def kmsg_xid(seq: int, usec: int, code: int = 119, bus: str = "0000:48:00") -> str:
+    return f"4,{seq},{usec},-;NVRM: Xid (PCI:{bus}): {code}, pid=2024, name=python, Timeout waiting for GSP\n"
+
+
+def test_an_xid_after_a_reboot_is_not_hidden_by_an_acknowledged_one_from_the_previous_boot(tmp_path):
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "IDLE")
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(kmsg_xid(1234, 41_000_000))  # boot 1: XID 119 on GPU 3 (PCI 48)
+    w = nvml_wiring(tmp_path, slurm, FakeNvml.healthy(8), kmsg)
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").drained
+    slurm.resume("n1")  # the admin reset the GPU and resumed the node
+    healthcheck.run(w, follow="none")  # acknowledges the event
+    assert not slurm.peek("n1").drained
+    kmsg.write_text(kmsg_xid(1234, 39_500_000))  # boot 2: the same fault at driver load, same record number
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").drained
