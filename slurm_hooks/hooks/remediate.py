@@ -62,7 +62,7 @@ def _step(w: Wiring, action: str, target: str, result: str, started: float, **fi
 def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     """Drain this node with ``slurm-hooks: <what broke> [<action>]`` unless someone else owns it."""
     started = time.monotonic()
-    reason = format_reason(drain_summary(report), report.worst_action)
+    reason = drain_reason(report)
     try:
         info = w.slurm.node(w.node)
         if info.drained and info.reason == reason:
@@ -88,6 +88,11 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     _step(w, "drain", w.node, "ok", started, reason=reason, **extra)
 
 
+def drain_reason(report: Report) -> str:
+    """``slurm-hooks: <what broke> [<action>]``, with ``, at job end`` when no finding is urgent."""
+    return format_reason(drain_summary(report), report.worst_action, at_job_end=not report.urgent())
+
+
 def _config_suspected(w: Wiring, report: Report, reason: str, started: float, extra: dict) -> bool:
     """Every drain-worthy finding is judged against a configured value, and that many nodes
     are already drained for exactly it: a wrong value in [expect]/[groups] fails every node
@@ -105,8 +110,11 @@ def _config_suspected(w: Wiring, report: Report, reason: str, started: float, ex
     return True
 
 
-def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
+def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached", gpus: frozenset[int] | None = None) -> None:
     """Requeue exactly the jobs on this node, each once, then make them eligible at once elsewhere.
+
+    ``gpus``: only the jobs whose allocation on this node holds one of these GPU indexes
+    (Slurm's GRES IDX); a job whose GPUs Slurm does not say counts as touched. ``None``: all.
 
     Each job is addressed by :attr:`JobInfo.ref`: one task of an array as
     ``<array id>_<task id>`` (the array's id alone would requeue every task), a
@@ -126,13 +134,13 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
         outcome.failed.append(f"list jobs: {exc}")
         _step(w, "requeue", w.node, "failed", started, error=f"cannot list jobs: {exc}")
         return
-    done: set[str] = set()
-    for job in jobs:
+    for job, held, touched in touched_jobs(w, jobs, gpus):
         ref = job.ref
-        if ref in done:
-            continue  # another component of the same heterogeneous job
-        done.add(ref)
         t0 = time.monotonic()
+        if not touched:
+            _step(w, "requeue", ref, "spared", t0, jobs=[ref], gpus=list(held or ()),
+                  detail=f"runs on GPU {_fmt(held or ())}, not on the faulty GPU {_fmt(gpus or ())}: left to run")
+            continue
         why_not = _not_requeued(job)
         if why_not:
             result, level, detail = why_not
@@ -152,6 +160,32 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
         _step(w, "requeue", ref, "ok", t0, jobs=[ref])
     if outcome.requeued:
         follow_jobs(w, outcome.requeued, follow)
+
+
+def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None
+                 ) -> list[tuple[JobInfo, tuple[int, ...] | None, bool]]:
+    """Each job once (a het job's components are one job), with the GPU indexes it holds on this
+    node (``None``: not asked, or Slurm did not say) and whether a fault on ``gpus`` touches it
+    (``None``: a node-wide fault touches every job)."""
+    out: list[tuple[JobInfo, tuple[int, ...] | None, bool]] = []
+    done: set[str] = set()
+    for job in jobs:
+        if job.ref in done:
+            continue
+        done.add(job.ref)
+        held: tuple[int, ...] | None = None
+        if gpus is not None:
+            try:
+                held = w.slurm.job_gpus(job.ref, w.node)
+            except SlurmHooksError:
+                held = None  # cannot tell: count it as touched rather than leave it on a bad GPU
+        touched = gpus is None or held is None or bool(set(held) & gpus)
+        out.append((job, held, touched))
+    return out
+
+
+def _fmt(gpus: Iterable[int]) -> str:
+    return ",".join(str(g) for g in sorted(gpus)) or "-"
 
 
 def _not_requeued(job: JobInfo) -> tuple[str, str, str] | None:
