@@ -101,7 +101,10 @@ class Severities:
     overrides: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def rule(self, key: str) -> Rule:
-        base = default_rule(key)
+        return self.over(key, default_rule(key))
+
+    def over(self, key: str, base: Rule) -> Rule:
+        """``base`` (the row's default) with the admin's override of ``key`` laid over it."""
         over = self.overrides.get(key)
         if not over:
             return base

@@ -10,7 +10,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Callable
 
-from slurm_hooks.checks import dcgm, ecc, fabric, gpus, nvlink, pcie, persistence, processes, recovery, remap, thermal, xid
+from slurm_hooks.checks import (
+    dcgm,
+    ecc,
+    fabric,
+    gpus,
+    nvlink,
+    pcie,
+    persistence,
+    processes,
+    recovery,
+    remap,
+    thermal,
+    xid,
+)
 from slurm_hooks.models import CheckInput, Context, Finding
 
 CheckFn = Callable[[CheckInput], Iterable[Finding]]

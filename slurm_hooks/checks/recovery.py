@@ -12,15 +12,14 @@ from collections.abc import Iterator
 
 from slurm_hooks.models import Action, CheckInput, Finding, Severity
 
-#: NVML's value (``nvmlGpuRecoveryAction_t``) -> our name for it.
-RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
-
-#: Verdict -> (severity rule, action, what to say).
+#: Verdict (the NVML probe's name for the value, ``nvmlGpuRecoveryAction_t``) -> (severity rule, action, what to say).
 VERDICTS: dict[str, tuple[str, Action, str]] = {
     "gpu_reset": ("driver-reset", Action.RESET, "GPU reset required"),
     "node_reboot": ("driver-reboot", Action.REBOOT, "node reboot required"),
     "drain_p2p": ("driver-drain-p2p", Action.DRAIN, "drain P2P"),
     "drain_and_reset": ("driver-drain-and-reset", Action.RESET, "drain and reset"),
+    "bus_reset": ("driver-reset", Action.RESET, "bus reset required"),
+    "system_reboot": ("driver-reboot", Action.REBOOT, "system reboot required"),
 }
 
 #: How XID 154's text names the new action ("... changed from 0x0 (None) to 0x2 (Node Reboot Required)").
