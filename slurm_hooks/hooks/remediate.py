@@ -20,7 +20,7 @@ from slurm_hooks import fsutil, hostlist
 from slurm_hooks.engine import drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.models import Report, Severity
+from slurm_hooks.models import Context, Report, Scope, Severity, Urgency
 from slurm_hooks.slurm import JobInfo, format_reason, job_ref, may_drain, may_resume
 
 if TYPE_CHECKING:
@@ -181,6 +181,29 @@ def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None
                 held = None  # cannot tell: count it as touched rather than leave it on a bad GPU
         touched = gpus is None or held is None or bool(set(held) & gpus)
         out.append((job, held, touched))
+    return out
+
+
+def explain(w: Wiring, report: Report) -> list[dict[str, Any]]:
+    """Per finding: its scope, urgency, action and the jobs acting on it would requeue, without
+    acting (one squeue, and one ``scontrol -d show job`` per job for a GPU-scope fault)."""
+    jobs: list[JobInfo] | None = None
+    error = ""
+    out = []
+    for f in report.findings:
+        entry = {**f.to_dict(), "acts": f.acts, "requeues": []}
+        if f.acts and f.urgency is Urgency.NOW and report.context in (Context.CHECK, Context.WATCH):
+            if jobs is None:
+                try:
+                    jobs = w.slurm.jobs_on_node(w.node)
+                except SlurmHooksError as exc:
+                    jobs, error = [], str(exc)
+            gpus = None if f.scope is Scope.NODE or f.gpu is None else frozenset({f.gpu})
+            entry["requeues"] = [job.ref for job, _, touched in touched_jobs(w, jobs, gpus)
+                                 if touched and _not_requeued(job) is None]
+            if error:
+                entry["error"] = f"cannot list jobs: {error}"
+        out.append(entry)
     return out
 
 
