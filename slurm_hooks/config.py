@@ -291,7 +291,10 @@ def _check_severity(table: dict, where: _Locator) -> Severities:
     overrides: dict[str, dict[str, str]] = {}
     for kind, rows in table.items():
         if kind not in ("xid", "check"):
-            where.fail(f"severity.{kind}", None, "unknown table (known: [severity.xid.<code>], [severity.check.<rule>])")
+            first = next(iter(rows), None) if isinstance(rows, dict) else None
+            at = f"severity.{kind}" if first is None or where.line_of(f"severity.{kind}", None) else \
+                f"severity.{kind}.{first}"
+            where.fail(at, None, "unknown table (known: [severity.xid.<code>], [severity.check.<rule>])")
         if not isinstance(rows, dict):
             where.fail(f"severity.{kind}", None, "must be a table of tables, e.g. [severity.xid.79]")
         for name, row in rows.items():
