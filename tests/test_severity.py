@@ -120,7 +120,10 @@ def test_job_gpu_indexes_from_literal_scontrol_lines(text, node, want):
 def test_nvml_recovery_action_read_where_the_driver_has_it_and_absent_is_no_error():
     fake = FakeNvml.healthy(gpus=2)
     snap = NvmlProbe("n1", kmsg_path="/nonexistent", nvml=fake).snapshot()
-    assert [g.recovery_action for g in snap.gpus] == [None, None] and not any(g.errors for g in snap.gpus)
+    assert [g.recovery_action for g in snap.gpus] == ["none", "none"]
+    fake.set(0, recovery_action=None)  # a driver before 565: the field is unknown
+    snap = NvmlProbe("n1", kmsg_path="/nonexistent", nvml=fake).snapshot()
+    assert snap.gpus[0].recovery_action is None and not snap.gpus[0].errors
     fake.set(1, recovery_action=2)
     snap = NvmlProbe("n1", kmsg_path="/nonexistent", nvml=fake).snapshot()
     assert snap.gpus[1].recovery_action == "node_reboot"

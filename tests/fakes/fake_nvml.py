@@ -369,5 +369,5 @@ def healthy_gpu(index: int, model: str = "NVIDIA H100 80GB HBM3") -> dict[str, A
         "processes": [],
         "memory_used": 4 * 1024**2 + 512 * 1024**2,
         "memory_total": memory,
-        "recovery_action": None,  # a driver before 565 does not know field 230
+        "recovery_action": 0,  # NONE (driver 570 knows field 230; None: a driver before 565)
     }
