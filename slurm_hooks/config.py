@@ -17,7 +17,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from slurm_hooks.errors import ConfigError
-from slurm_hooks.models import Action, Expectations
+from slurm_hooks.models import Action, Expectations, Scope, Urgency
+from slurm_hooks.severity import CHECK_RULES, OVERRIDE_KEYS, Severities, xid_rule_key
 from slurm_hooks.slurm import hostlist
 
 if sys.version_info >= (3, 11):
@@ -183,6 +184,8 @@ class Config:
     groups: tuple[Group, ...]
     default_expect: Expectations
     raw: dict[str, Any]
+    #: The severity table with ``[severity.xid.<code>]`` / ``[severity.check.<rule>]`` overrides.
+    severities: Severities = Severities()
     #: Where each key was written: errors found later (the ``[bridge]`` section) still name the line.
     where: _Locator | None = field(default=None, repr=False, compare=False)
 
@@ -247,11 +250,11 @@ def parse(text: str, path: str | None = "<string>") -> Config:
     where = _Locator(text, path)
     sections: dict[str, SimpleNamespace] = {}
     for name, table in raw.items():
-        if name in SCHEMA or name in OPEN_SECTIONS or name == "groups":
+        if name in SCHEMA or name in OPEN_SECTIONS or name in ("groups", "severity"):
             if not isinstance(table, dict):
                 where.fail(name, None, "must be a table")
         else:
-            where.fail(name, None, f"unknown section (known: {', '.join(sorted([*SCHEMA, 'groups', *OPEN_SECTIONS]))})")
+            where.fail(name, None, f"unknown section (known: {', '.join(sorted([*SCHEMA, 'groups', 'severity', *OPEN_SECTIONS]))})")
     for name, keys in SCHEMA.items():
         values = _check_table(raw.get(name, {}), keys, name, where)
         for (sec, key), allowed in _ENUMS.items():
@@ -282,7 +285,48 @@ def parse(text: str, path: str | None = "<string>") -> Config:
         groups.append(Group(gname, values.pop("nodes"), expect))
     for name in OPEN_SECTIONS:
         sections[name] = SimpleNamespace(**raw.get(name, {}))
-    return Config(path, sections, tuple(groups), default_expect, raw, where)
+    severities = _check_severity(raw.get("severity", {}), where)
+    return Config(path, sections, tuple(groups), default_expect, raw, where=where, severities=severities)
+
+
+#: ``[severity.*.*]`` key -> the values it takes.
+_SEVERITY_VALUES = {"scope": tuple(s.value for s in Scope), "urgency": tuple(u.value for u in Urgency),
+                    "action": tuple(a.value for a in Action)}
+#: XID codes are 1..this (NVIDIA's catalogue stops in the 100s; room for newer drivers).
+MAX_XID = 999
+
+
+def _check_severity(table: dict, where: _Locator) -> Severities:
+    """``[severity.xid.<code>]`` and ``[severity.check.<rule>]`` tables of scope/urgency/action."""
+    overrides: dict[str, dict[str, str]] = {}
+    for kind, rows in table.items():
+        if kind not in ("xid", "check"):
+            first = next(iter(rows), None) if isinstance(rows, dict) else None
+            at = f"severity.{kind}" if first is None or where.line_of(f"severity.{kind}", None) else \
+                f"severity.{kind}.{first}"
+            where.fail(at, None, "unknown table (known: [severity.xid.<code>], [severity.check.<rule>])")
+        if not isinstance(rows, dict):
+            where.fail(f"severity.{kind}", None, "must be a table of tables, e.g. [severity.xid.79]")
+        for name, row in rows.items():
+            section = f"severity.{kind}.{name}"
+            if kind == "xid":
+                if not (name.isdigit() and 1 <= int(name) <= MAX_XID):
+                    where.fail(section, None, f"XID must be a number 1..{MAX_XID}, not {name!r}")
+                key = xid_rule_key(int(name))
+            else:
+                if name not in CHECK_RULES:
+                    where.fail(section, None, f"unknown check rule (known: {', '.join(sorted(CHECK_RULES))})")
+                key = name
+            if not isinstance(row, dict):
+                where.fail(section, None, f"must be a table: [{section}] with {' / '.join(OVERRIDE_KEYS)} = ...")
+            for field_name, value in row.items():
+                allowed = _SEVERITY_VALUES.get(field_name)
+                if allowed is None:
+                    where.fail(section, field_name, f"unknown key (known: {', '.join(OVERRIDE_KEYS)})")
+                if value not in allowed:
+                    where.fail(section, field_name, f"must be one of {', '.join(allowed)}, not {value!r}")
+            overrides[key] = dict(row)
+    return Severities(overrides)
 
 
 def _check_table(table: dict, keys: dict, section: str, where: _Locator, skip: tuple[str, ...] = ()) -> dict:

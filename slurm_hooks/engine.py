@@ -24,6 +24,8 @@ from slurm_hooks.models import (
     XidEvent,
 )
 from slurm_hooks.probes import Probe
+from slurm_hooks.severity import DEFAULT as DEFAULT_SEVERITIES
+from slurm_hooks.severity import Severities
 
 if TYPE_CHECKING:
     from slurm_hooks.xid.catalog import XidInfo
@@ -146,6 +148,8 @@ class JudgeRequest:
     #: Also judge every GPU as an idle node's (leftover processes or memory), kept apart in
     #: :attr:`Report.if_idle`: the health check resumes a node Slurm says is idle only if empty.
     if_idle: bool = False
+    #: The severity table with the admin's overrides (scope and urgency of every finding).
+    severities: Severities = DEFAULT_SEVERITIES
 
     def __post_init__(self) -> None:
         if self.gpus is not None:
@@ -153,6 +157,9 @@ class JudgeRequest:
         if self.checks is not None:
             object.__setattr__(self, "checks", tuple(self.checks))
 
+
+#: The severity rule of a check that crashed or was not run for want of time.
+CHECK_ERROR = "check-error"
 
 #: The check that :attr:`JudgeRequest.if_idle` runs.
 IDLE_CHECK = "leftover"
@@ -174,8 +181,8 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
     context, expect = request.context, request.expect
     if snap.error is not None:
         # One finding for a node we could not read, not one per check.
-        failed = Finding(PROBE_FAILED, Severity.FAIL, Action.DRAIN, f"cannot read GPUs: {snap.error}",
-                         summary="GPU probe failed")
+        failed = request.severities.apply(Finding(PROBE_FAILED, Severity.FAIL, Action.DRAIN,
+                                                  f"cannot read GPUs: {snap.error}", summary="GPU probe failed"))
         return Report(snap.node, context, (failed,), time.monotonic() - start, snap, checks_run=(PROBE_FAILED,))
     dcgm_result = None
     level = dcgm_level(context, expect, request.job_failed)
@@ -205,7 +212,7 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
         if time.monotonic() > deadline:
             findings.append(Finding(check.name, Severity.FAIL, request.on_check_error,
                                     f"not run: deadline of {request.deadline_s:g}s passed",
-                                    summary="health check deadline"))
+                                    summary="health check deadline", rule=CHECK_ERROR))
             continue
         # Without a diagnostic result the dcgm check looks at nothing: it did not judge the node.
         if check.name not in ran and (check.name != "dcgm" or dcgm_result is not None):
@@ -215,8 +222,9 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
     if request.if_idle:
         idle = next(c for c in registry.REGISTRY if c.name == IDLE_CHECK)
         if_idle = tuple(_run_check(idle, dataclasses.replace(inp, gpus=None), request.on_check_error))
-    return Report(snap.node, context, tuple(findings), time.monotonic() - start, snap,
-                  checks_run=tuple(ran), if_idle=if_idle)
+    graded = tuple(request.severities.apply(f) for f in findings)
+    return Report(snap.node, context, graded, time.monotonic() - start, snap,
+                  checks_run=tuple(ran), if_idle=tuple(request.severities.apply(f) for f in if_idle))
 
 
 def _run_check(check: registry.Check, inp: CheckInput, on_error: Action) -> list[Finding]:
@@ -226,7 +234,7 @@ def _run_check(check: registry.Check, inp: CheckInput, on_error: Action) -> list
         found.extend(check.fn(inp))
     except Exception as exc:
         found.append(Finding(check.name, Severity.FAIL, on_error, f"check crashed: {type(exc).__name__}: {exc}",
-                             summary=f"check {check.name} crashed"))
+                             summary=f"check {check.name} crashed", rule=CHECK_ERROR))
     return found
 
 

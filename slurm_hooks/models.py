@@ -41,6 +41,22 @@ class Action(str, Enum):
 _ACTION_ORDER = list(Action)
 
 
+class Scope(str, Enum):
+    """Which jobs a fault touches: those on its GPU, or every job on the node."""
+
+    GPU = "gpu"
+    NODE = "node"
+
+
+class Urgency(str, Enum):
+    """When a fault is acted on: at once (the job cannot go on, or its results are wrong), when the
+    running jobs end (degrading hardware: drain, requeue nothing), or never (record it)."""
+
+    NOW = "now"
+    JOB_END = "job-end"
+    WATCH = "watch"
+
+
 class Context(str, Enum):
     """Where the engine runs; some checks only make sense in one context."""
 
@@ -142,6 +158,9 @@ class GpuSnapshot:
     throttle_reasons: tuple[str, ...] | None = None
     persistence_mode: bool | None = None
     fabric_state: str | None = None
+    #: The driver's own verdict (NVML field 230, driver >= 565): "none", "gpu_reset", "node_reboot",
+    #: "drain_p2p", "drain_and_reset"; ``None`` where the driver does not say.
+    recovery_action: str | None = None
     processes: tuple[GpuProcess, ...] = ()
     memory_used_mib: int | None = None
     #: Field name -> why it could not be read (garbled answer, NVML error, ...).
@@ -186,6 +205,22 @@ class Finding:
     #: PCIe, NVLinks), not against what the hardware says of itself. A wrong value in the
     #: config fails every node alike; the drain guard watches for that (remediate.drain).
     config_based: bool = False
+    #: Which jobs the fault touches and when it is acted on: set by the engine from the severity
+    #: table (:mod:`slurm_hooks.severity`), keyed by :attr:`rule`.
+    scope: Scope = Scope.NODE
+    urgency: Urgency = Urgency.NOW
+    #: The severity table's key for this finding: ``xid.79``, or a check's rule (``row-remap``,
+    #: ``row-remap-failure``); "" means the check's name.
+    rule: str = ""
+
+    @property
+    def rule_key(self) -> str:
+        return self.rule or self.check
+
+    @property
+    def acts(self) -> bool:
+        """Drain or worse, and not merely watched: this finding takes the node out."""
+        return self.action.takes_node_out and self.urgency is not Urgency.WATCH
 
     def line(self) -> str:
         where = f"gpu{self.gpu}" if self.gpu is not None else "node"
@@ -195,6 +230,8 @@ class Finding:
         d = dataclasses.asdict(self)
         d["severity"] = self.severity.value
         d["action"] = self.action.value
+        d["scope"] = self.scope.value
+        d["urgency"] = self.urgency.value
         return d
 
     @classmethod
@@ -207,6 +244,9 @@ class Finding:
             gpu=d.get("gpu"),
             summary=d.get("summary", ""),
             config_based=bool(d.get("config_based", False)),
+            scope=Scope(d.get("scope", Scope.NODE.value)),
+            urgency=Urgency(d.get("urgency", Urgency.NOW.value)),
+            rule=d.get("rule", ""),
         )
 
 
@@ -294,10 +334,29 @@ class Report:
 
     @property
     def worst_action(self) -> Action:
-        return max((f.action for f in self.findings), key=lambda a: a.rank, default=Action.NONE)
+        """The worst action of the findings that take the node out; without any, of every finding."""
+        pool = self.drain_findings() or self.findings
+        return max((f.action for f in pool), key=lambda a: a.rank, default=Action.NONE)
 
     def drain_findings(self) -> tuple[Finding, ...]:
-        return tuple(f for f in self.findings if f.action.takes_node_out)
+        """Findings that take the node out (drain or worse, urgency not ``watch``)."""
+        return tuple(f for f in self.findings if f.acts)
+
+    def urgent(self) -> bool:
+        """Some finding must be acted on now; otherwise the running jobs may finish."""
+        return any(f.urgency is Urgency.NOW for f in self.drain_findings())
+
+    def requeue_gpus(self) -> frozenset[int] | None:
+        """Whose jobs a now-fault touches: ``None`` every job on the node (a node-scope fault, or
+        one tied to no GPU), else the GPU indexes whose jobs go (empty: no job is requeued)."""
+        gpus: set[int] = set()
+        for f in self.drain_findings():
+            if f.urgency is not Urgency.NOW:
+                continue
+            if f.scope is Scope.NODE or f.gpu is None:
+                return None
+            gpus.add(f.gpu)
+        return frozenset(gpus)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -306,6 +365,7 @@ class Report:
             "healthy": self.healthy,
             "action": self.worst_action.value,
             "duration_s": round(self.duration_s, 4),
+            "urgency": (Urgency.NOW if self.urgent() else Urgency.JOB_END).value if self.drain_findings() else "",
             "findings": [f.to_dict() for f in self.findings],
         }
 

@@ -67,6 +67,28 @@ OVERRIDES = {
     169: "reset",  # SEC2 micro-controller halt, no bucket yet; as its sibling 62 (PMU halt)
 }
 
+# NVIDIA's "Immediate Action" bucket -> how soon we act (for an XID that acts at all): at once
+# when the GPU cannot go on or its results are wrong; when the running jobs end when it needs
+# a person (firmware, support, a cable) but keeps computing correctly.
+BUCKET_URGENCY = {
+    "RESET_GPU": "now",
+    "RESTART_BM": "now",
+    "RESTART_VM": "now",
+    "WORKFLOW_XID_48": "now",
+    "WORKFLOW_NVLINK_ERR": "now",
+    "WORKFLOW_NVLINK5_ERR": "now",
+    "UPDATE_SWFW": "job-end",
+    "CONTACT_SUPPORT": "job-end",
+    "CHECK_MECHANICALS": "job-end",
+}
+
+# Curated: degrading, not failing (the row remap is recorded; the error rate is rising): the node
+# is drained (where the action says so) and its jobs finish.
+URGENCY_OVERRIDES = {63: "job-end", 92: "job-end"}
+
+# The "Investigatory Action" column: a fabric manager restart touches every GPU of the node.
+NODE_SCOPE_HINTS = ("RESTART_FM",)
+
 # Newer XIDs without a bucket yet, and "Unused" ones: worth telling an admin, not acting on.
 DEFAULT_ACTION = "warn"
 
@@ -88,6 +110,21 @@ def action_for(code: int, description: str, immediate: str) -> str:
     if description == "Unused":
         return DEFAULT_ACTION
     return BUCKET_ACTIONS.get(immediate, DEFAULT_ACTION)
+
+
+def urgency_for(code: int, immediate: str, action: str) -> str:
+    """``watch`` for an XID that does not act; else the curated or the bucket's urgency ("now"
+    for a bucket without one: an XID we act on is worth acting on at once)."""
+    if code in URGENCY_OVERRIDES:
+        return URGENCY_OVERRIDES[code]
+    if action in ("none", "warn"):
+        return "watch"
+    return BUCKET_URGENCY.get(immediate, "now")
+
+
+def scope_for(investigatory: str) -> str:
+    """An XID names one GPU: its jobs are the ones touched, unless the remedy is the node's."""
+    return "node" if any(hint in investigatory for hint in NODE_SCOPE_HINTS) else "gpu"
 
 
 def read_catalog(path: str) -> list[tuple[int, str, str, str, str, str]]:
@@ -123,7 +160,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slurm_hooks.models import Action, Severity
+from slurm_hooks.models import Action, Scope, Severity, Urgency
 
 
 @dataclass(frozen=True)
@@ -137,16 +174,24 @@ class XidInfo:
     investigatory: str
     action: Action
     severity: Severity
+    #: Which jobs it touches and how soon (from the buckets above; see tools/gen_xid_table.py).
+    scope: Scope = Scope.GPU
+    urgency: Urgency = Urgency.NOW
 
 
 def lookup(code: int) -> XidInfo | None:
     return CATALOG.get(code)
 
 
-_A, _S = Action, Severity
+_A, _S, _G, _N = Action, Severity, Scope.GPU, Scope.NODE
+_NOW, _END, _WATCH = Urgency.NOW, Urgency.JOB_END, Urgency.WATCH
 
 CATALOG: dict[int, XidInfo] = {{
 '''
+
+
+_SCOPES = {"gpu": "_G", "node": "_N"}
+_URGENCIES = {"now": "_NOW", "job-end": "_END", "watch": "_WATCH"}
 
 
 def _q(text: str) -> str:
@@ -158,7 +203,8 @@ def render(path: str) -> str:
     lines = [HEADER.format(source=SOURCE)]
     for code, mnemonic, description, immediate, investigatory, action in read_catalog(path):
         lines.append(f"    {code}: XidInfo({code}, {_q(mnemonic)}, {_q(description)}, {_q(immediate)}, {_q(investigatory)}, "
-                     f"_A.{_ACTION_ENUM[action]}, _S.{severity(action)}),\n")
+                     f"_A.{_ACTION_ENUM[action]}, _S.{severity(action)}, {_SCOPES[scope_for(investigatory)]}, "
+                     f"{_URGENCIES[urgency_for(code, immediate, action)]}),\n")
     lines.append("}\n")
     return "".join(lines)
 

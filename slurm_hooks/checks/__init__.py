@@ -10,7 +10,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Callable
 
-from slurm_hooks.checks import dcgm, ecc, fabric, gpus, nvlink, pcie, persistence, processes, remap, thermal, xid
+from slurm_hooks.checks import (
+    dcgm,
+    ecc,
+    fabric,
+    gpus,
+    nvlink,
+    pcie,
+    persistence,
+    processes,
+    recovery,
+    remap,
+    thermal,
+    xid,
+)
 from slurm_hooks.models import CheckInput, Context, Finding
 
 CheckFn = Callable[[CheckInput], Iterable[Finding]]
@@ -32,6 +45,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("gpu-model", gpus.check_model, frozenset({Context.CHECK, Context.PROLOG})),
     Check("probe", gpus.check_probe_errors),
     Check("xid", xid.check_xids),
+    Check("recovery-action", recovery.check_recovery_action),
     Check("ecc", ecc.check_uncorrectable),
     Check("retired-pages", remap.check_retired_pages),
     Check("row-remap", remap.check_row_remap),

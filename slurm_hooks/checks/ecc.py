@@ -20,4 +20,4 @@ def check_uncorrectable(inp: CheckInput) -> Iterator[Finding]:
         if limit_agg is not None and agg is not None and agg > limit_agg:
             yield Finding("ecc", Severity.FAIL, Action.REPLACE,
                           f"{agg} aggregate uncorrectable ECC errors (max {limit_agg})", gpu.index,
-                          f"ECC aggregate {agg} on GPU {gpu.index}")
+                          f"ECC aggregate {agg} on GPU {gpu.index}", rule="ecc-aggregate")

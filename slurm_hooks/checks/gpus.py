@@ -26,7 +26,7 @@ def check_lost(inp: CheckInput) -> Iterator[Finding]:
                           gpu.index, f"GPU {gpu.index} lost")
         elif gpu.needs_reset:
             yield Finding("gpu-lost", Severity.FAIL, Action.RESET, "GPU needs a reset (NVML_ERROR_RESET_REQUIRED)",
-                          gpu.index, f"GPU {gpu.index} needs reset")
+                          gpu.index, f"GPU {gpu.index} needs reset", rule="gpu-reset-required")
 
 
 def check_model(inp: CheckInput) -> Iterator[Finding]:

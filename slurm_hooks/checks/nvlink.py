@@ -27,11 +27,11 @@ def check_links(inp: CheckInput) -> Iterator[Finding]:
             if link.crc_errors is not None and link.crc_errors > exp.nvlink_crc_max:
                 yield Finding("nvlink", Severity.WARN, Action.WARN,
                               f"NVLink {link.link}: {link.crc_errors} CRC errors (max {exp.nvlink_crc_max})", gpu.index,
-                              f"NVLink CRC errors on GPU {gpu.index}")
+                              f"NVLink CRC errors on GPU {gpu.index}", rule="nvlink-errors")
             if link.replay_errors is not None and link.replay_errors > exp.nvlink_replay_max:
                 yield Finding("nvlink", Severity.WARN, Action.WARN,
                               f"NVLink {link.link}: {link.replay_errors} replay errors (max {exp.nvlink_replay_max})",
-                              gpu.index, f"NVLink replay errors on GPU {gpu.index}")
+                              gpu.index, f"NVLink replay errors on GPU {gpu.index}", rule="nvlink-errors")
 
 
 def _fmt(links: list[int]) -> str:

@@ -12,7 +12,7 @@ def check_row_remap(inp: CheckInput) -> Iterator[Finding]:
         if gpu.row_remap_failure:
             yield Finding("row-remap", Severity.FAIL, Action.REPLACE,
                           "row remapping failed: no spare rows left (RMA candidate)", gpu.index,
-                          f"row remap failure on GPU {gpu.index}")
+                          f"row remap failure on GPU {gpu.index}", rule="row-remap-failure")
         elif gpu.row_remap_pending:
             yield Finding("row-remap", Severity.FAIL, Action.RESET,
                           "row remapping pending: GPU reset needed to apply it", gpu.index,

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from slurm_hooks.checks.recovery import verdict_finding, verdict_from_text
 from slurm_hooks.models import Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
 from slurm_hooks.xid.catalog import lookup
+
+#: "GPU Recovery Action Changed": informational, but its text names the driver's new verdict.
+RECOVERY_XID = 154
 
 
 def check_xids(inp: CheckInput) -> Iterator[Finding]:
@@ -44,9 +48,13 @@ def _judge(inp: CheckInput, gpu: int | None, ident: str, events: Iterable[XidEve
         by_code.setdefault(e.code, {})[e.key] = e
     for code in sorted(by_code):
         current = by_code[code]
-        new = sum(1 for key in current if key not in known)
+        new = [e for key, e in current.items() if key not in known]
         if new:
-            yield _finding(inp, gpu, code, new, _occurrences(inp, ident, code, current))
+            yield _finding(inp, gpu, code, len(new), _occurrences(inp, ident, code, current))
+        if code == RECOVERY_XID and new:
+            verdict = verdict_from_text(new[-1].message)
+            if verdict not in (None, "none"):
+                yield verdict_finding("xid", verdict, gpu, f"XID {code}")
 
 
 def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: int) -> Finding:
@@ -64,7 +72,7 @@ def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: i
     elif current > 1:
         message += f", {current} times"
     summary = f"XID {code} on GPU {gpu}" if gpu is not None else f"XID {code} on node"
-    return Finding("xid", severity, action, message, gpu, summary)
+    return Finding("xid", severity, action, message, gpu, summary, rule=f"xid.{code}")
 
 
 def _occurrences(inp: CheckInput, ident: str, code: int, current: dict[str, XidEvent]) -> int:

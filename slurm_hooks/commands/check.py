@@ -15,13 +15,18 @@ from slurm_hooks.models import Severity
 @node_option
 @json_option
 @dry_run_option
-def check(config_path: str | None, node: str | None, as_json: bool, dry_run: bool) -> int:
-    """Check this node's GPUs; drain and requeue on a fault (unless --dry-run)."""
-    from slurm_hooks.hooks import healthcheck
+@click.option("--explain", is_flag=True,
+              help="Act on nothing; show per finding its scope, urgency, action and the jobs it would requeue.")
+def check(config_path: str | None, node: str | None, as_json: bool, dry_run: bool, explain: bool) -> int:
+    """Check this node's GPUs; drain and requeue on a fault (unless --dry-run or --explain)."""
+    from slurm_hooks.hooks import healthcheck, remediate
     from slurm_hooks.hooks.wiring import Wiring
 
     w = Wiring.load(config_path, node)
-    report, outcome = healthcheck.run(w, dry_run=dry_run)
+    report, outcome = healthcheck.run(w, dry_run=dry_run or explain)
+    if explain:
+        print_explained(report, remediate.explain(w, report), as_json)
+        return 0 if report.healthy else 1
     print_report(report, as_json, outcome=None if dry_run else outcome)
     return 0 if report.healthy else 1
 
@@ -43,3 +48,23 @@ def print_report(report, as_json: bool, outcome=None) -> None:
         if outcome.guarded:
             click.echo("slurm-hooks: not drained: the same configured expectation fails on many nodes; "
                        "check [expect]/[groups] (see the audit log)", err=True)
+
+
+def print_explained(report, entries: list[dict], as_json: bool) -> None:
+    if as_json:
+        data = report.to_dict()
+        data["findings"] = entries
+        click.echo(json.dumps(data, indent=None))
+        return
+    for e in entries:
+        if e["severity"] == Severity.OK.value:
+            continue
+        where = f"gpu{e['gpu']}" if e["gpu"] is not None else "node"
+        if not e["acts"]:
+            effect = "no action"
+        elif e["urgency"] == "now":
+            effect = "drain now, requeue " + (", ".join(e["requeues"]) or "no job")
+        else:
+            effect = "drain, requeue nothing (remedy at job end)"
+        click.echo(f"{where} {e['check']}: {e['message']}: scope {e['scope']}, urgency {e['urgency']}, "
+                   f"action {e['action']} -> {effect}" + (f" ({e['error']})" if e.get("error") else ""))

@@ -48,6 +48,8 @@ def init(node: str | None, gpus: int, model: str, config_path: str | None, sim_d
 @click.option("--temp", type=click.IntRange(0, 150), metavar="C", help="Temperature in Celsius.")
 @click.option("--process", type=click.IntRange(1), metavar="PID", help="Leave a process on the GPU.")
 @click.option("--nvlink-down", type=click.IntRange(0, 63), metavar="LINK", help="Take one NVLink down.")
+@click.option("--recovery-action", type=click.Choice(["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"]),
+              help="The driver's verdict (NVML's GPU recovery action).")
 @config_option
 @_dir_option
 def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None, **fault) -> None:

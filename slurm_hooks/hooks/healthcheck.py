@@ -162,6 +162,7 @@ def _request(w: Wiring, context: Context, state: XidState, **kw: Any) -> engine.
         deadline_s=_check_budget(w),
         probe_timeout_s=float(cfg.gpu.probe_timeout),
         xid_history=state.recorded(),
+        severities=cfg.severities,
         acked_xids=state.acked(),
         dcgm=_dcgm_runner(w, context, expect, kw.get("job_failed", False)),
         on_check_error=Action(cfg.check.on_check_error),
@@ -247,21 +248,22 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         return
     if report.drain_findings():
         if w.config.check.drain:
-            # Requeued onto a node that still takes jobs, a job could land right back here; and a
-            # node we could not read at all says nothing about its running jobs' GPUs.
-            gpu_fault = any(f.check != engine.PROBE_FAILED for f in report.drain_findings())
-            requeue = (w.config.remediation.requeue and gpu_fault
+            # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU,
+            # or every job for a node-wide one); the rest run to their end on the drained node.
+            gpus = report.requeue_gpus()
+            requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus))
                        and report.context in (Context.CHECK, Context.WATCH))
-            take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier)
+            take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus)
     elif report.healthy and report.context is Context.CHECK:
         remediate.resume_if_ours(w, outcome, report)
     _metrics(w, report, outcome)
 
 
 def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeue: bool,
-             earlier: pending.Pending | None = None, **extra: Any) -> None:
-    """Drain, then requeue the node's jobs: most urgent first, each Slurm call bounded by
-    what is left of the run's deadline. What fails for a transient reason stays pending."""
+             earlier: pending.Pending | None = None, gpus: frozenset[int] | None = None, **extra: Any) -> None:
+    """Drain, then requeue the node's jobs (``gpus``: only those on these GPUs): most urgent first,
+    each Slurm call bounded by what is left of the run's deadline. What fails for a transient
+    reason stays pending."""
     seen = _SlurmErrors(w.slurm)
     ww = dataclasses.replace(w, slurm_override=seen)
     remediate.drain(ww, report, outcome, **extra)
@@ -270,7 +272,7 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
         left = ["drain", "requeue"] if requeue else ["drain"]
     elif requeue and outcome.node_out:
         before = len(seen.errors)
-        remediate.requeue_jobs(ww, outcome, follow=follow)
+        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus)
         if seen.transient(since=before):
             left = ["requeue"]
         # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its
@@ -351,9 +353,7 @@ def _settle(w: Wiring, report: Report, outcome: Outcome, earlier: pending.Pendin
     if left:
         snap = report.snapshot
         events = [dataclasses.asdict(x) for x in engine.snapshot_xids(snap)] if snap is not None else []
-        from slurm_hooks.slurm import format_reason
-
-        reason = format_reason(engine.drain_summary(report), report.worst_action)
+        reason = remediate.drain_reason(report)
         try:
             rec = pending.record_failure(state, w.node, steps=left, context=report.context.value, reason=reason,
                                          events=events, error=error, earlier=earlier)

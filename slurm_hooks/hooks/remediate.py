@@ -20,7 +20,7 @@ from slurm_hooks import REASON_PREFIX, fsutil
 from slurm_hooks.engine import drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.models import Report, Severity
+from slurm_hooks.models import Context, Report, Scope, Severity, Urgency
 from slurm_hooks.slurm import (
     ADMIN_COMMENT_MAX,
     JobInfo,
@@ -71,7 +71,7 @@ def _step(w: Wiring, action: str, target: str, result: str, started: float, **fi
 def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     """Drain this node with ``slurm-hooks: <what broke> [<action>]`` unless someone else owns it."""
     started = time.monotonic()
-    reason = format_reason(drain_summary(report), report.worst_action)
+    reason = drain_reason(report)
     try:
         info = w.slurm.node(w.node)
         if info.drained and info.reason == reason:
@@ -97,6 +97,11 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     _step(w, "drain", w.node, "ok", started, reason=reason, **extra)
 
 
+def drain_reason(report: Report) -> str:
+    """``slurm-hooks: <what broke> [<action>]``, with ``, at job end`` when no finding is urgent."""
+    return format_reason(drain_summary(report), report.worst_action, at_job_end=not report.urgent())
+
+
 def _config_suspected(w: Wiring, report: Report, reason: str, started: float, extra: dict) -> bool:
     """Every drain-worthy finding is judged against a configured value, and that many nodes
     are already drained for exactly it: a wrong value in [expect]/[groups] fails every node
@@ -114,8 +119,11 @@ def _config_suspected(w: Wiring, report: Report, reason: str, started: float, ex
     return True
 
 
-def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
+def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached", gpus: frozenset[int] | None = None) -> None:
     """Requeue exactly the jobs on this node, each once, then make them eligible at once elsewhere.
+
+    ``gpus``: only the jobs whose allocation on this node holds one of these GPU indexes
+    (Slurm's GRES IDX); a job whose GPUs Slurm does not say counts as touched. ``None``: all.
 
     Each job is addressed by :attr:`JobInfo.ref`: one task of an array as
     ``<array id>_<task id>`` (the array's id alone would requeue every task), a
@@ -135,13 +143,13 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
         outcome.failed.append(f"list jobs: {exc}")
         _step(w, "requeue", w.node, "failed", started, error=f"cannot list jobs: {exc}")
         return
-    done: set[str] = set()
-    for job in jobs:
+    for job, held, touched in touched_jobs(w, jobs, gpus):
         ref = job.ref
-        if ref in done:
-            continue  # another component of the same heterogeneous job
-        done.add(ref)
         t0 = time.monotonic()
+        if not touched:
+            _step(w, "requeue", ref, "spared", t0, jobs=[ref], gpus=list(held or ()),
+                  detail=f"runs on GPU {_fmt(held or ())}, not on the faulty GPU {_fmt(gpus or ())}: left to run")
+            continue
         why_not = _not_requeued(job)
         if why_not:
             result, level, detail = why_not
@@ -161,6 +169,55 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
         _step(w, "requeue", ref, "ok", t0, jobs=[ref])
     if outcome.requeued:
         follow_jobs(w, outcome.requeued, follow)
+
+
+def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None
+                 ) -> list[tuple[JobInfo, tuple[int, ...] | None, bool]]:
+    """Each job once (a het job's components are one job), with the GPU indexes it holds on this
+    node (``None``: not asked, or Slurm did not say) and whether a fault on ``gpus`` touches it
+    (``None``: a node-wide fault touches every job)."""
+    out: list[tuple[JobInfo, tuple[int, ...] | None, bool]] = []
+    done: set[str] = set()
+    for job in jobs:
+        if job.ref in done:
+            continue
+        done.add(job.ref)
+        held: tuple[int, ...] | None = None
+        if gpus is not None:
+            try:
+                held = w.slurm.job_gpus(job.ref, w.node)
+            except SlurmHooksError:
+                held = None  # cannot tell: count it as touched rather than leave it on a bad GPU
+        touched = gpus is None or held is None or bool(set(held) & gpus)
+        out.append((job, held, touched))
+    return out
+
+
+def explain(w: Wiring, report: Report) -> list[dict[str, Any]]:
+    """Per finding: its scope, urgency, action and the jobs acting on it would requeue, without
+    acting (one squeue, and one ``scontrol -d show job`` per job for a GPU-scope fault)."""
+    jobs: list[JobInfo] | None = None
+    error = ""
+    out = []
+    for f in report.findings:
+        entry = {**f.to_dict(), "acts": f.acts, "requeues": []}
+        if f.acts and f.urgency is Urgency.NOW and report.context in (Context.CHECK, Context.WATCH):
+            if jobs is None:
+                try:
+                    jobs = w.slurm.jobs_on_node(w.node)
+                except SlurmHooksError as exc:
+                    jobs, error = [], str(exc)
+            gpus = None if f.scope is Scope.NODE or f.gpu is None else frozenset({f.gpu})
+            entry["requeues"] = [job.ref for job, _, touched in touched_jobs(w, jobs, gpus)
+                                 if touched and _not_requeued(job) is None]
+            if error:
+                entry["error"] = f"cannot list jobs: {error}"
+        out.append(entry)
+    return out
+
+
+def _fmt(gpus: Iterable[int]) -> str:
+    return ",".join(str(g) for g in sorted(gpus)) or "-"
 
 
 #: An AdminComment is written only with at least this much of the run's deadline left.

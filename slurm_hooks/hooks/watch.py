@@ -21,7 +21,8 @@ from slurm_hooks import pending
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.models import Action, Context, XidEvent
+from slurm_hooks.models import Action, Context, Urgency, XidEvent
+from slurm_hooks.severity import UNKNOWN_XID, Rule, xid_rule_key
 from slurm_hooks.xid import catalog as xid_catalog
 
 if TYPE_CHECKING:
@@ -188,10 +189,11 @@ class Watcher:
             if state.seen(event.key) or event.key in state.acked():
                 return
             info = self.catalog(event.code)
-            action = info.action if info else Action.WARN
+            rule = self._rule(event, info)
+            action = rule.action or Action.WARN
             where = f"GPU {event.gpu}" if event.gpu is not None else (event.pci_bus_id or "node")
-            self.log(f"slurm-hooks watch: XID {event.code} on {where} -> {action.value}")
-            if action.takes_node_out:
+            self.log(f"slurm-hooks watch: XID {event.code} on {where} -> {action.value} ({rule.urgency.value})")
+            if action.takes_node_out and rule.urgency is not Urgency.WATCH:
                 started = time.monotonic()
 
                 def lookup(code: int) -> XidInfo | None:
@@ -207,6 +209,18 @@ class Watcher:
                 state.save()  # the events judged and this one seen, in one write
             except SlurmHooksError as exc:
                 self.log(f"slurm-hooks watch: {exc}")
+
+    def _rule(self, event: XidEvent, info: XidInfo | None) -> Rule:
+        """The event's row of the severity table, with the admin's override; XID 154 takes the
+        driver's verdict its text names."""
+        from slurm_hooks.checks.recovery import VERDICTS, verdict_from_text
+        from slurm_hooks.checks.xid import RECOVERY_XID
+
+        severities = self.w.config.severities
+        if event.code == RECOVERY_XID and verdict_from_text(event.message) in VERDICTS:
+            return severities.rule(VERDICTS[verdict_from_text(event.message)][0])
+        base = Rule(info.scope, info.urgency, info.action) if info is not None else UNKNOWN_XID
+        return severities.over(xid_rule_key(event.code), base)
 
     def retry_pending(self) -> str | None:
         """Finish the node's pending action if its retry is due (see :func:`healthcheck.finish_pending`)."""

@@ -284,6 +284,7 @@ def _read_fields(r: _GpuReader, out: dict[str, Any]) -> None:
     put("throttle_reasons", _throttle(r))
     put("persistence_mode", ask("persistence_mode", "nvmlDeviceGetPersistenceMode", check=_flag))
     put("fabric_state", _fabric_state(r))
+    put("recovery_action", _recovery_action(r))
 
     procs = ask("processes", ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
                 check=_processes)
@@ -336,6 +337,43 @@ def _throttle(r: _GpuReader) -> Any:
     known = sum(bit for bit, _ in CLOCK_EVENT_REASONS)
     names += [f"unknown_0x{1 << b:x}" for b in range(64) if mask & ~known & (1 << b)]
     return tuple(names)
+
+
+#: NVML's GPU recovery action field (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, driver >= 565).
+RECOVERY_ACTION_FIELD = 230
+#: Its values (``nvmlGpuRecoveryAction_t``) as DESIGN.md gives them; the binding's names win.
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
+
+
+def _recovery_action(r: _GpuReader) -> Any:
+    """The driver's verdict on this GPU (:data:`RECOVERY_ACTIONS`, judged by checks/recovery.py);
+    absent (old driver, old binding, field unknown) is no error: the field stays ``None``."""
+    field = getattr(r.nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", RECOVERY_ACTION_FIELD)
+    try:
+        values = r.call("nvmlDeviceGetFieldValues", [field])
+    except nvml_errors.NvmlError:
+        return _MISSING
+    try:
+        value = values[0]
+        if int(value.nvmlReturn) != 0:
+            return _MISSING  # the driver does not know the field: it has no verdict to give
+        code = int(value.value.uiVal)
+    except (IndexError, AttributeError, TypeError, ValueError) as exc:
+        r.errors.append(("recovery_action", f"garbled answer from nvmlDeviceGetFieldValues: {exc}"))
+        return _MISSING
+    return _recovery_names(r.nvml).get(code, f"unknown ({code})")
+
+
+def _recovery_names(nvml: Any) -> dict[int, str]:
+    """Value -> name: the binding's own names where it has them (bindings disagree on 5..7)."""
+    names = dict(RECOVERY_ACTIONS)
+    prefix = "NVML_GPU_RECOVERY_ACTION_"
+    for attr in dir(nvml):
+        if attr.startswith(prefix):
+            value = getattr(nvml, attr, None)
+            if isinstance(value, int):
+                names[value] = attr[len(prefix):].lower()
+    return names
 
 
 def _fabric_state(r: _GpuReader) -> Any:

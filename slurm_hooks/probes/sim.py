@@ -64,6 +64,7 @@ def healthy_gpu(index: int, node: str, model: str) -> dict[str, Any]:
         "throttle_reasons": [],
         "persistence_mode": True,
         "fabric_state": "completed" if links else None,
+        "recovery_action": "none",
         "processes": [],
         "memory_used_mib": 0,
         "errors": [],
@@ -148,6 +149,8 @@ def inject(sim_dir: str, node: str, gpu: int, **fault: Any) -> dict[str, Any]:
             entry["row_remap_pending"] = True
         if fault.get("row_remap_failure"):
             entry["row_remap_failure"] = True
+        if fault.get("recovery_action") is not None:
+            entry["recovery_action"] = str(fault["recovery_action"])
         if fault.get("lost"):
             entry["lost"] = True
         if fault.get("pcie_width") is not None:

@@ -171,6 +171,10 @@ class Slurm(Protocol):
         """Every job asked for that Slurm still knows, in one query (missing ones are left out)."""
         ...
 
+    def job_gpus(self, ref: int | str, node: str) -> tuple[int, ...] | None:
+        """The GPU indexes (Slurm's GRES IDX) the job holds on ``node``; ``None`` when unknown."""
+        ...
+
     def requeue(self, ref: int | str) -> None: ...
 
     def release(self, ref: int | str) -> None: ...
@@ -222,17 +226,21 @@ def may_resume(node: NodeInfo) -> bool:
     return node.drained and node.ours
 
 
-_ACTION_TAG = re.compile(r"\s\[({})\]$".format("|".join(a.value for a in Action)))
+#: What follows the action in the bracket of a drain for a fault that waits for the running jobs.
+AT_JOB_END = "at job end"
+_ACTION_TAG = re.compile(r"\s\[({})(?P<end>, {})?\]$".format("|".join(a.value for a in Action), AT_JOB_END))
 
 
-def format_reason(summary: str, action: Action, limit: int = 120) -> str:
-    """``slurm-hooks: XID 79 on GPU 3 [replace]``: what broke, then what it needs.
+def format_reason(summary: str, action: Action, limit: int = 120, at_job_end: bool = False) -> str:
+    """``slurm-hooks: XID 79 on GPU 3 [replace]``: what broke, then what it needs;
+    ``slurm-hooks: row remap pending on GPU 6 [reset, at job end]`` when the remedy waits
+    for the running jobs to end (nothing was requeued for it).
 
     The bracketed action is how the bridge, which sees only Slurm's node state,
     knows whether a node needs a reboot or a replacement.
     """
     summary = "".join(ch if ch.isprintable() else " " for ch in summary).strip()
-    tag = f" [{action.value}]"
+    tag = f" [{action.value}, {AT_JOB_END}]" if at_job_end else f" [{action.value}]"
     room = limit - len(REASON_PREFIX) - 1 - len(tag)
     if len(summary) > room:
         summary = summary[: room - 3].rstrip() + "..."
@@ -248,3 +256,9 @@ def parse_reason(reason: str) -> tuple[str, Action | None] | None:
     if not m:
         return body, None
     return body[: m.start()].strip(), Action(m.group(1))
+
+
+def waits_for_job_end(reason: str) -> bool:
+    """Whether our drain reason says the remedy waits for the running jobs (``[reset, at job end]``)."""
+    m = _ACTION_TAG.search(reason) if reason.startswith(REASON_PREFIX) else None
+    return bool(m and m.group("end"))

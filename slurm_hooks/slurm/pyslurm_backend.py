@@ -137,6 +137,11 @@ class PyslurmSlurm:
         items = loaded.values() if hasattr(loaded, "values") else loaded
         return [job for job in map(_job_info, items) if job.active and job.runs_on(name)]
 
+    def job_gpus(self, ref: int | str, node: str) -> tuple[int, ...] | None:
+        """From ``scontrol -d show job`` (pyslurm's GRES detail differs between its versions);
+        ``None`` (unknown: the job counts as touched) without the scontrol backend."""
+        return self.cli.job_gpus(ref, node) if self.cli is not None else None
+
     def _array_cli(self, what: str = "address one task of a job array") -> Any:
         """The scontrol backend this one delegates to (arrays; AdminComment, kept in one place)."""
         if self.cli is None:

@@ -18,7 +18,16 @@ from collections.abc import Mapping, Sequence
 
 from slurm_hooks.errors import CommandError, SlurmHooksError
 from slurm_hooks.runner import Runner, run_command
-from slurm_hooks.slurm import ACTIVE_JOB_STATES, ADMIN_COMMENT_MAX, JobInfo, NodeInfo, job_ref, may_resume, quirks
+from slurm_hooks.slurm import (
+    ACTIVE_JOB_STATES,
+    ADMIN_COMMENT_MAX,
+    JobInfo,
+    NodeInfo,
+    hostlist,
+    job_ref,
+    may_resume,
+    quirks,
+)
 from slurm_hooks.slurm.errors import (
     ReasonNotOurs,
     SlurmCommandFailed,
@@ -226,6 +235,50 @@ def parse_squeue_jobs(text: str, named: bool = True) -> list[JobInfo] | None:
         seen.add(job.job_id)
         jobs.append(job)
     return jobs
+
+
+#: One node's share of a job in ``scontrol -d show job``: ``Nodes=n1 CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)``.
+_JOB_NODE_GRES = re.compile(r"(?:^|\s)Nodes=(?P<nodes>\S+)\s+(?:\S+=\S*\s+)*?GRES=(?P<gres>\S*)")
+#: One GPU entry of such a GRES value: ``gpu:2(IDX:0-1,3)``, ``gpu:a100:1(IDX:5)``.
+_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^:(),\s]+)*\(IDX:(?P<idx>[^)]*)\)")
+
+
+def parse_job_gpus(text: str, node: str) -> tuple[int, ...] | None:
+    """The GPU indexes ``node`` holds for a job, from ``scontrol -d [-o] show job`` output;
+    ``None`` when the output does not say (no detail line for the node, ``IDX:N/A``, garbled).
+
+    Every detail line for the node counts (a het job's components, each its own record): a job
+    name that imitates one can only add indexes, so at worst its own job is requeued."""
+    found: set[int] = set()
+    said = False
+    for m in _JOB_NODE_GRES.finditer(text):
+        try:
+            here = node in hostlist.expand(m.group("nodes"))
+        except ValueError:
+            continue
+        if not here:
+            continue
+        for g in _GPU_IDX.finditer(m.group("gres")):
+            indexes = _index_list(g.group("idx"))
+            if indexes is None:
+                return None
+            found.update(indexes)
+            said = True
+    return tuple(sorted(found)) if said else None
+
+
+def _index_list(text: str) -> list[int] | None:
+    """``0-1,3`` -> [0, 1, 3]; ``None`` for anything else (``N/A``)."""
+    out: list[int] = []
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            return None
+        first, last = int(low), int(high) if sep else int(low)
+        if last < first or last > 1023:
+            return None
+        out.extend(range(first, last + 1))
+    return out
 
 
 # --- ``scontrol --json`` (Slurm 23.02 and later) ----------------------------------------------
@@ -464,6 +517,12 @@ class ScontrolSlurm:
         """Jobs holding the node (running, completing, configuring, suspended), in one squeue call."""
         listed = self._squeue("-w", self._node_arg(name), "-t", ",".join(ACTIVE_JOB_STATES))
         return [job for job in listed if job.active and (not job.nodes or job.runs_on(name))]
+
+    def job_gpus(self, ref: int | str, node: str) -> tuple[int, ...] | None:
+        """The GPU indexes the job holds on ``node`` (``scontrol -d show job``: ``GRES=gpu:2(IDX:0-1)``);
+        ``None`` when Slurm does not say."""
+        return parse_job_gpus(self._run("scontrol", "-d", "-o", "show", "job", self._job_arg(ref)),
+                              self._node_arg(node))
 
     def requeue(self, ref: int | str) -> None:
         """``scontrol requeue``: SIGTERM, KillWait, SIGKILL, then PENDING (held back 121 s unless start_now).

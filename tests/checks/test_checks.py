@@ -27,7 +27,9 @@ from slurm_hooks.models import (
     GpuProcess,
     NodeSnapshot,
     NvLink,
+    Scope,
     Severity,
+    Urgency,
     snapshot_from_dict,
     snapshot_to_dict,
 )
@@ -124,7 +126,8 @@ def test_busy_gpu_with_downclocked_pcie_gen_warns():
 def test_xid79_on_gpu3_fails_with_replace_and_names_the_gpu():
     report = run("h100-xid79-gpu3.json")
     assert report.findings == (
-        Finding("xid", Severity.FAIL, Action.REPLACE, "XID 79 (GPU has fallen off the bus)", 3, "XID 79 on GPU 3"),
+        Finding("xid", Severity.FAIL, Action.REPLACE, "XID 79 (GPU has fallen off the bus)", 3, "XID 79 on GPU 3",
+                scope=Scope.GPU, urgency=Urgency.NOW, rule="xid.79"),
     )
     assert report.findings[0].line() == "gpu3 xid: XID 79 (GPU has fallen off the bus) -> replace"
     assert not report.healthy
@@ -296,7 +299,7 @@ def test_lost_gpu5_asks_for_replacement_and_nothing_else_about_it():
     report = run("h100-gpu5-lost.json")
     assert report.findings == (
         Finding("gpu-lost", Severity.FAIL, Action.REPLACE, "GPU is lost (fell off the bus or stopped answering)", 5,
-                "GPU 5 lost"),
+                "GPU 5 lost", scope=Scope.GPU, urgency=Urgency.NOW),
     )
 
 
@@ -331,7 +334,7 @@ def test_garbled_temperature_on_gpu2_is_a_probe_warning_not_a_thermal_verdict():
     assert report.findings == (
         Finding("probe", Severity.WARN, Action.WARN,
                 "could not read temperature_c: garbled answer from nvmlDeviceGetTemperature: 4294967295 outside 0..150",
-                2, "GPU 2 temperature_c unreadable"),
+                2, "GPU 2 temperature_c unreadable", scope=Scope.GPU, urgency=Urgency.WATCH),
     )
     assert report.healthy
 
@@ -488,7 +491,7 @@ def test_a_probe_that_raises_gives_one_fail_finding():
     report = engine.run(RaisingProbe(), "gpu017", engine.JudgeRequest(H100, Context.CHECK, deadline_s=5))
     assert report.findings == (
         Finding("gpu-probe", Severity.FAIL, Action.DRAIN, "cannot read GPUs: RuntimeError: NVML_ERROR_DRIVER_NOT_LOADED",
-                None, "GPU probe failed"),
+                None, "GPU probe failed", scope=Scope.NODE, urgency=Urgency.JOB_END),
     )
 
 

@@ -92,7 +92,8 @@ def test_check_json_has_findings_healthy_and_action(conf):
     data = json.loads(r.stdout)
     assert (data["node"], data["context"], data["healthy"], data["action"]) == ("n1", "check", False, "replace")
     assert data["findings"] == [{"check": "xid", "severity": "fail", "action": "replace", "gpu": 3,
-                                 "message": "XID 79 (GPU has fallen off the bus)", "summary": "XID 79 on GPU 3", "config_based": False}]
+                                 "message": "XID 79 (GPU has fallen off the bus)", "summary": "XID 79 on GPU 3", "config_based": False,
+                                     "scope": "gpu", "urgency": "now", "rule": "xid.79"}]
     assert "remediation" not in data  # a dry run did nothing
 
 

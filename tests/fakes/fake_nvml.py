@@ -58,6 +58,7 @@ GPU_KEYS = {
     "processes": "list of (pid, used bytes or None, name)",
     "memory_used": "nvmlDeviceGetMemoryInfo().used (bytes)",
     "memory_total": "nvmlDeviceGetMemoryInfo().total (bytes)",
+    "recovery_action": "nvmlDeviceGetFieldValues([NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]) uiVal; None: field unknown",
 }
 
 #: Functions that name no GPU: errors for them are set with ``gpu=None``.
@@ -310,6 +311,24 @@ class FakeNvml:
         info.status = gpu["fabric_status"]
         return pynvml.NVML_SUCCESS
 
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> list:
+        """Per field, its own return code as NVML gives it: a field the driver does not know
+        answers NOT_SUPPORTED inside an otherwise successful call (``recovery_action`` None)."""
+        gpu = self._gpu("nvmlDeviceGetFieldValues", handle)
+        out = []
+        for field_id in field_ids:
+            value = pynvml.c_nvmlFieldValue_t()
+            value.fieldId = field_id
+            answer = gpu.get("recovery_action") if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION else None
+            if answer is None:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            else:
+                value.nvmlReturn = pynvml.NVML_SUCCESS
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = answer
+            out.append(value)
+        return out
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list:
         procs = self._answer(self._gpu("nvmlDeviceGetComputeRunningProcesses", handle), "processes")
         if not isinstance(procs, list):
@@ -350,4 +369,5 @@ def healthy_gpu(index: int, model: str = "NVIDIA H100 80GB HBM3") -> dict[str, A
         "processes": [],
         "memory_used": 4 * 1024**2 + 512 * 1024**2,
         "memory_total": memory,
+        "recovery_action": 0,  # NONE (driver 570 knows field 230; None: a driver before 565)
     }

@@ -30,6 +30,7 @@ class FakeSlurm:
         self._jobs: dict[int, JobInfo] = {}
         self._scripts: dict[int, list[dict]] = {}
         self._failures: dict[tuple[str, object], SlurmHooksError] = {}
+        self._job_gpus: dict[str, tuple[int, ...] | None] = {}
         #: AdminComment by job id ("" when none), as scontrol show job has it.
         self.admin_comments: dict[int, str] = {}
         self.calls: list[tuple] = []
@@ -148,6 +149,14 @@ class FakeSlurm:
             step = script.pop(0) if len(script) > 1 else script[0]
             job = self._update(job, **step)
         return job
+
+    def job_gpus(self, ref: int | str, node: str) -> tuple[int, ...] | None:
+        """What ``set_job_gpus`` said (``None``: unknown, as for a job Slurm gives no IDX for)."""
+        self._call("job_gpus", ref, node)
+        return self._job_gpus.get(str(ref))
+
+    def set_job_gpus(self, job_id: int | str, gpus: tuple[int, ...] | None) -> None:
+        self._job_gpus[str(job_id)] = gpus
 
     def job(self, ref: int | str) -> JobInfo:
         self._call("job", ref)

@@ -254,14 +254,17 @@ def test_an_array_task_on_the_bad_node_is_requeued_alone_even_the_one_carrying_t
     base = next(j for j in tasks if j.job_id == array)  # Slurm gives one task the array's own id
     bad = base.nodes
     assert {j.nodes for j in tasks} == {"n1", "n2"}, tasks
-    sim.inject(tb.sim_dir, bad, 0, xid=79)
+    # The fault is on a GPU of the task carrying the array's id: only that task goes (GPU scope),
+    # addressed as <array>_<task>, not by the id that names every task.
+    sim.inject(tb.sim_dir, bad, tb.slurm.job_gpus(base.ref, bad)[0], xid=79)
     assert healthcheck(tb, bad).returncode == 1
-    assert [r["target"] for r in actions(tb, "requeue") if r["result"] == "ok"] == \
-        sorted(j.ref for j in tasks if j.nodes == bad)
+    assert [r["target"] for r in actions(tb, "requeue") if r["result"] == "ok"] == [base.ref]
+    assert [r["target"] for r in actions(tb, "requeue") if r["result"] == "spared"] == \
+        [j.ref for j in tasks if j.nodes == bad and j.ref != base.ref]
     time.sleep(1.0)
     for task in tasks:
         now = tb.slurm.job(task.ref)
-        if task.nodes == bad:
+        if task.ref == base.ref:
             assert now.restarts == 1, now
         else:
             assert (now.base_state, now.nodes, now.restarts) == ("RUNNING", task.nodes, 0), now

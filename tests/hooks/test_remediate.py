@@ -660,7 +660,7 @@ def test_remediate_drain_can_be_called_with_a_report_directly(t):
     outcome = Outcome()
     remediate.drain(t.w, report, outcome, job="42")
     assert outcome.ok and outcome.drained
-    assert t.slurm.peek("n1").reason == "slurm-hooks: PCIe x8 on GPU 4 [drain]"
+    assert t.slurm.peek("n1").reason == "slurm-hooks: PCIe x8 on GPU 4 [drain, at job end]"
     [drain] = records(t, "action", action="drain")
     assert drain["job"] == "42"
 

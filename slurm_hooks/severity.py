@@ -1,0 +1,150 @@
+"""The severity table: for every finding, which jobs it touches (scope) and how soon (urgency).
+
+One table, keyed by a finding's rule: ``xid.<code>`` rows come from NVIDIA's catalogue (the
+generated :mod:`slurm_hooks.xid.catalog`, its "immediate" and "investigatory" columns), the
+checks' rows are :data:`CHECK_RULES`. An admin overrides any row in config::
+
+    [severity.xid.79]
+    urgency = "job-end"
+    [severity.check.row-remap]
+    urgency = "now"
+    action = "reset"
+
+- scope ``gpu``: only the jobs whose allocation holds the finding's GPU; ``node``: every job
+  on the node (a finding tied to no GPU is always ``node``).
+- urgency ``now``: drain and requeue the touched jobs at once; ``job-end``: drain, requeue
+  nothing, the remedy waits for the node to empty; ``watch``: record it, act on nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from slurm_hooks.models import Action, Finding, Scope, Severity, Urgency
+
+_G, _N = Scope.GPU, Scope.NODE
+_NOW, _END, _WATCH = Urgency.NOW, Urgency.JOB_END, Urgency.WATCH
+
+
+@dataclass(frozen=True)
+class Rule:
+    scope: Scope
+    urgency: Urgency
+    #: What the finding suggests (the check's own action; ``None``: it varies per finding).
+    action: Action | None = None
+
+
+#: Rule -> default. The action column is the check's own (documented here; a test keeps them equal);
+#: a config override of ``action`` replaces it.
+CHECK_RULES: dict[str, Rule] = {
+    # The node could not be read: nothing new lands, but its running jobs may be fine.
+    "gpu-probe": Rule(_N, _END, Action.DRAIN),
+    # Fewer GPUs than expected: one took the bus (or the node) with it.
+    "gpu-count": Rule(_N, _NOW, Action.REBOOT),
+    # One lost GPU is its jobs' loss; a lost bus shows as several lost GPUs or a short count.
+    "gpu-lost": Rule(_G, _NOW, Action.REPLACE),
+    "gpu-reset-required": Rule(_G, _NOW, Action.RESET),
+    "gpu-model": Rule(_N, _END, Action.DRAIN),
+    "probe": Rule(_G, _WATCH, Action.WARN),
+    "ecc": Rule(_G, _NOW, Action.RESET),
+    "ecc-aggregate": Rule(_G, _END, Action.REPLACE),
+    "retired-pages": Rule(_G, _END, Action.RESET),
+    "row-remap": Rule(_G, _END, Action.RESET),
+    "row-remap-failure": Rule(_G, _NOW, Action.REPLACE),
+    "pcie": Rule(_G, _END, Action.DRAIN),
+    "nvlink": Rule(_G, _END, Action.RESET),
+    "nvlink-errors": Rule(_G, _END, Action.WARN),
+    "thermal": Rule(_G, _END, Action.DRAIN),
+    "throttle": Rule(_G, _END, Action.WARN),
+    "persistence": Rule(_G, _WATCH, Action.WARN),
+    "fabric": Rule(_N, _NOW, Action.DRAIN),
+    "leftover": Rule(_G, _NOW, Action.DRAIN),
+    "busy": Rule(_G, _NOW, Action.DRAIN),
+    "dcgm": Rule(_G, _NOW, None),
+    # The driver's own verdict (NVML's GPU recovery action, XID 154).
+    "driver-reset": Rule(_G, _NOW, Action.RESET),
+    "driver-reboot": Rule(_N, _NOW, Action.REBOOT),
+    "driver-drain-p2p": Rule(_G, _END, Action.DRAIN),
+    "driver-drain-and-reset": Rule(_G, _END, Action.RESET),
+    "driver-unknown": Rule(_G, _WATCH, Action.WARN),
+    # A check that crashed or ran out of time says nothing about the jobs.
+    "check-error": Rule(_N, _END, None),
+}
+
+#: A rule nobody wrote down: act as hard as before the table existed.
+FALLBACK = Rule(_N, _NOW, None)
+#: An XID the catalogue does not know.
+UNKNOWN_XID = Rule(_G, _WATCH, Action.WARN)
+
+OVERRIDE_KEYS = ("scope", "urgency", "action")
+
+
+def xid_rule_key(code: int) -> str:
+    return f"xid.{code}"
+
+
+def default_rule(key: str) -> Rule:
+    if key.startswith("xid."):
+        from slurm_hooks.xid.catalog import lookup
+
+        info = lookup(int(key[4:])) if key[4:].isdigit() else None
+        return UNKNOWN_XID if info is None else Rule(info.scope, info.urgency, info.action)
+    return CHECK_RULES.get(key, FALLBACK)
+
+
+@dataclass(frozen=True)
+class Severities:
+    """The table with an admin's overrides: rule key -> {"scope"|"urgency"|"action": value}."""
+
+    overrides: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def rule(self, key: str) -> Rule:
+        return self.over(key, default_rule(key))
+
+    def over(self, key: str, base: Rule) -> Rule:
+        """``base`` (the row's default) with the admin's override of ``key`` laid over it."""
+        over = self.overrides.get(key)
+        if not over:
+            return base
+        return Rule(Scope(over["scope"]) if "scope" in over else base.scope,
+                    Urgency(over["urgency"]) if "urgency" in over else base.urgency,
+                    Action(over["action"]) if "action" in over else base.action)
+
+    def apply(self, finding: Finding) -> Finding:
+        """The finding with its row's scope and urgency (and the admin's action, if one is set)."""
+        key = finding.rule_key
+        rule = self.rule(key)
+        scope = rule.scope if finding.gpu is not None else Scope.NODE
+        changes: dict = {"scope": scope, "urgency": rule.urgency}
+        action = self.overrides.get(key, {}).get("action")
+        if action is not None and finding.severity is not Severity.OK:
+            changes["action"] = Action(action)
+            changes["severity"] = Severity.FAIL if changes["action"].takes_node_out else Severity.WARN
+        return dataclasses.replace(finding, **changes)
+
+
+DEFAULT = Severities()
+
+
+def table(severities: Severities = DEFAULT) -> list[tuple[str, Rule]]:
+    """Every row that acts or may act: the checks', then the XIDs that are not merely watched."""
+    from slurm_hooks.xid.catalog import CATALOG
+
+    rows = [(key, severities.rule(key)) for key in CHECK_RULES]
+    for code in sorted(CATALOG):
+        key = xid_rule_key(code)
+        rule = severities.rule(key)
+        if rule.urgency is not Urgency.WATCH or (rule.action is not None and rule.action.takes_node_out):
+            rows.append((key, rule))
+    return rows
+
+
+def markdown_table(severities: Severities = DEFAULT) -> str:
+    """The README's table of defaults (``tools/gen_severity_table.py`` writes it there)."""
+    lines = ["| rule | scope | urgency | action |", "|---|---|---|---|"]
+    for key, rule in table(severities):
+        action = rule.action.value if rule.action is not None else "per finding"
+        lines.append(f"| `{key}` | {rule.scope.value} | {rule.urgency.value} | {action} |")
+    return "\n".join(lines) + "\n"
