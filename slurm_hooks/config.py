@@ -58,6 +58,19 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "requeue": (bool, True),
         "requeue_grace": (_Num, 120.0),
     },
+    "repair": {
+        "enabled": (bool, True),
+        "reset": (bool, True),
+        "reboot": (bool, True),
+        "window": (_Num, 86400.0),
+        "attempts": (int, 1),
+        "reboot_timeout": (_Num, 900.0),
+        "reset_timeout": (_Num, 60.0),
+        "dcgm_level": (int, 2),
+        "nvidia_smi": (str, "/usr/bin/nvidia-smi"),
+        "systemctl": (str, "/usr/bin/systemctl"),
+        "services": (list, []),
+    },
     "dcgm": {
         "dcgmi": (str, "/usr/bin/dcgmi"),
         "timeout": (_Num, 30.0),
@@ -148,6 +161,11 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("notify", "timeout"): _POSITIVE,
     ("notify", "retry_max"): _POSITIVE,
     ("notify", "flush_timeout"): _POSITIVE,
+    ("repair", "window"): _POSITIVE,
+    ("repair", "attempts"): _Range(1, 10),
+    ("repair", "reboot_timeout"): _POSITIVE,
+    ("repair", "reset_timeout"): _POSITIVE,
+    ("repair", "dcgm_level"): _DCGM_LEVEL,
     ("expect", "gpus"): _Range(0, 1024),
     ("expect", "pcie_gen"): _Range(1, 10),
     ("expect", "pcie_width"): _Range(1, 32),
@@ -249,6 +267,9 @@ def parse(text: str, path: str | None = "<string>") -> Config:
                 where.fail(name, key, f"must be one of {', '.join(allowed)}, not {values[key]!r}")
         sections[name] = SimpleNamespace(**values)
     _check_together(sections, raw, where)
+    services = sections["repair"].services
+    if not all(isinstance(x, str) and x.strip() and not x.startswith("-") for x in services):
+        where.fail("repair", "services", f"must be a list of service names, got {services!r}")
     sections["notify"].webhook = _check_webhooks(raw.get("notify", {}).get("webhook", ()), where)
     default_expect = Expectations(**vars(sections["expect"]))
     _check_temperatures(default_expect, raw.get("expect", {}), "expect", where)
@@ -356,7 +377,7 @@ def _check_webhooks(tables: Any, where: _Locator) -> tuple[dict[str, str], ...]:
 def _type_name(accepted: Any) -> str:
     if accepted is _Num:
         return "a number"
-    return {str: "a string", int: "an integer", bool: "true or false", list: "a list of tables"}.get(
+    return {str: "a string", int: "an integer", bool: "true or false", list: "a list"}.get(
         accepted, str(accepted))
 
 

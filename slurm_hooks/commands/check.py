@@ -23,6 +23,10 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
     w = Wiring.load(config_path, node)
     report, outcome = healthcheck.run(w, dry_run=dry_run)
     print_report(report, as_json, outcome=None if dry_run else outcome)
+    if dry_run and not as_json:
+        plan = healthcheck.repair_plan(w, report)
+        if plan:
+            click.echo(plan)
     return 0 if report.healthy else 1
 
 

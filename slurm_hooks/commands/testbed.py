@@ -84,5 +84,28 @@ def env(state_dir: str) -> None:
         click.echo(f"export {key}={shlex.quote(value)}")
 
 
+@testbed.command("reboot-program", hidden=True)
+@_state_dir_option
+def reboot_program(state_dir: str) -> None:
+    """The testbed's RebootProgram (slurmd runs it, with no arguments)."""
+    from slurm_hooks.testbed import Testbed
+
+    click.echo(Testbed(state_dir).reboot_program())
+
+
+@testbed.command("reboot-node", hidden=True)
+@_state_dir_option
+@click.option("--node", required=True)
+@click.option("--slurmd-pid", required=True, type=click.IntRange(2))
+def reboot_node(state_dir: str, node: str, slurmd_pid: int) -> None:
+    """The detached half of a testbed reboot: sim reboot, then slurmd again with a new boot time."""
+    from slurm_hooks.runner import signal_ready
+    from slurm_hooks.testbed import Testbed
+
+    signal_ready()
+    Testbed(state_dir).reboot_node(node, slurmd_pid)
+    click.echo(f"{node}: rebooted")
+
+
 def _exports(tb) -> str:
     return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in tb.exports().items())
