@@ -348,8 +348,7 @@ class Testbed:
         # slurmctld takes the reboot as done only for a BootTime (whole seconds) after its request:
         # the new boot is at least a second younger than the request, whatever the rounding.
         time.sleep(REBOOT_SETTLE_S)
-        with open("/proc/uptime", encoding="ascii") as fh:
-            up = int(float(fh.read().split()[0]))
+        up = int(_host_uptime())
         argv = ["/usr/bin/unshare", "--time", "--boottime", f"-{up}",
                 os.path.join(SBIN, "slurmd"), "-N", node, "-f", self.slurm_conf]
         try:
@@ -892,6 +891,21 @@ def _registered(node: NodeInfo) -> bool:
 
 def _responding(node: NodeInfo) -> bool:
     return node.base_state not in ("DOWN", "UNKNOWN", "FUTURE") and not ({"NOT_RESPONDING", "POWERED_DOWN"} & node.flags)
+
+
+def _host_uptime() -> float:
+    """Seconds since the machine booted, also from inside a time namespace (an earlier testbed
+    reboot's slurmd runs in one, and so does everything it starts): the offsets of a new time
+    namespace count from the machine's clocks, not from ours."""
+    with open("/proc/uptime", encoding="ascii") as fh:
+        up = float(fh.read().split()[0])
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/timens_offsets", encoding="ascii") as fh:
+            for line in fh:
+                parts = line.split()
+                if parts and parts[0] == "boottime":
+                    up -= int(parts[1]) + int(parts[2]) / 1e9
+    return up
 
 
 def slurmd_ancestor(pid: int) -> tuple[int, str, list[bytes]] | None:

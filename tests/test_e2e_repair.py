@@ -61,14 +61,15 @@ def _sim(tb, node="n1"):
     return sim.read(tb.sim_dir, node)
 
 
-def _wait(pred, timeout, what):
+def _wait(pred, timeout, what, tb=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = pred()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"not within {timeout}s: {what}")
+    seen = f"; n1 {tb.slurm().node('n1')}; repairs {_repairs(tb)}" if tb is not None else ""
+    raise AssertionError(f"not within {timeout}s: {what}{seen}")
 
 
 def test_row_remap_pending_on_idle_node_is_reset_checked_and_back_idle_without_reboot(tb):
@@ -87,9 +88,9 @@ def test_row_remap_pending_on_idle_node_is_reset_checked_and_back_idle_without_r
 
 def test_xid79_on_idle_node_is_rebooted_through_slurm_checked_and_back_idle(tb):
     sim.inject(tb.sim_dir, "n1", 0, xid=79)
-    _wait(lambda: ("repair-reboot", "start") in _repairs(tb), 20, "a reboot request")
+    _wait(lambda: ("repair-reboot", "start") in _repairs(tb), 20, "a reboot request", tb)
     assert "REBOOT" in tb.slurm().node("n1").state.upper() or _sim(tb).get("boots", 0) == 1
-    _wait(lambda: ("repair-reboot", "ok") in _repairs(tb), 40, "the rebooted node checked healthy")
+    _wait(lambda: ("repair-reboot", "ok") in _repairs(tb), 40, "the rebooted node checked healthy", tb)
     node = tb.wait_node("n1", lambda n: n.state.upper() == "IDLE" and not n.reason, timeout=10)
     assert node.state.upper() == "IDLE"
     assert _sim(tb)["boots"] == 1
@@ -100,7 +101,7 @@ def test_xid79_on_idle_node_is_rebooted_through_slurm_checked_and_back_idle(tb):
 
 def test_dead_gpu_climbs_reset_then_reboot_then_replace_and_stops(tb):
     sim.inject(tb.sim_dir, "n1", 5, row_remap_pending=True, cleared_by="never")
-    _wait(lambda: ("repair-replace", "ok") in _repairs(tb), 60, "the GPU given up on ([replace])")
+    _wait(lambda: ("repair-replace", "ok") in _repairs(tb), 60, "the GPU given up on ([replace])", tb)
     assert _repairs(tb)[:4] == [("repair-reset", "start"), ("repair-reset", "failed"),
                                 ("repair-reboot", "start"), ("repair-reboot", "failed")]
     node = tb.slurm().node("n1")
