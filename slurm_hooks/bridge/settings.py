@@ -45,6 +45,19 @@ class ReplaceSettings:
 
 
 @dataclass(frozen=True)
+class RebootSettings:
+    """How a node drained ``[reboot]`` is asked to reboot. ``none``: like ``[replace]`` (the
+    replacement backend); ``template``: a custom resource rendered from a jinja2 template (an
+    NVSentinel RebootNode, a medik8s SelfNodeRemediation); ``annotation``: an annotation on the node."""
+
+    backend: str = "none"
+    template: str = ""
+    plural: str = ""
+    annotation: str = "slurm-hooks.io/reboot-requested"
+    cancel_on_recovery: bool = True
+
+
+@dataclass(frozen=True)
 class BridgeSettings:
     interval: float = 30.0
     #: Actions in our drain reason (``[replace]``) that mean "cordon, drain, replace".
@@ -77,6 +90,7 @@ class BridgeSettings:
     nodes: dict[str, str] = field(default_factory=dict)
     breaker: BreakerSettings = BreakerSettings()
     replace: ReplaceSettings = ReplaceSettings()
+    reboot: RebootSettings = RebootSettings()
 
 
 _TOP: dict[str, tuple[Any, Any]] = {
@@ -113,7 +127,15 @@ _REPLACE: dict[str, tuple[Any, Any]] = {
     "plural": (str, ""),
     "cancel_on_recovery": (bool, True),
 }
-_SUBTABLES = ("breaker", "replace", "nodes")
+_REBOOT: dict[str, tuple[Any, Any]] = {
+    "backend": (str, "none"),
+    "template": (str, ""),
+    "plural": (str, ""),
+    "annotation": (str, "slurm-hooks.io/reboot-requested"),
+    "cancel_on_recovery": (bool, True),
+}
+REBOOT_BACKENDS = ("none", "template", "annotation")
+_SUBTABLES = ("breaker", "replace", "reboot", "nodes")
 
 
 def _type_name(accepted: Any) -> str:
@@ -173,6 +195,7 @@ def parse(raw: dict, where: _Locator | None = None) -> BridgeSettings:
     top = _check(raw, _TOP, "bridge", where, skip=_SUBTABLES)
     breaker = _check(raw.get("breaker", {}), _BREAKER, "bridge.breaker", where)
     replace = _check(raw.get("replace", {}), _REPLACE, "bridge.replace", where)
+    reboot = _check(raw.get("reboot", {}), _REBOOT, "bridge.reboot", where)
 
     actions = []
     known = [a.value for a in Action]
@@ -208,6 +231,17 @@ def parse(raw: dict, where: _Locator | None = None) -> BridgeSettings:
             where.fail("bridge.replace", "plural", "backend = \"template\" needs the resource's plural name")
         _check_template(replace["template"], where)
 
+    if reboot["backend"] not in REBOOT_BACKENDS:
+        where.fail("bridge.reboot", "backend", f"must be one of {', '.join(REBOOT_BACKENDS)}, not {reboot['backend']!r}")
+    if reboot["backend"] == "template":
+        if not reboot["template"]:
+            where.fail("bridge.reboot", "template", "backend = \"template\" needs a template path")
+        if not reboot["plural"]:
+            where.fail("bridge.reboot", "plural", "backend = \"template\" needs the resource's plural name")
+        _check_template(reboot["template"], where, "bridge.reboot")
+    if reboot["backend"] == "annotation" and "/" not in reboot["annotation"]:
+        where.fail("bridge.reboot", "annotation", f"must be a prefixed key (example.org/name), not {reboot['annotation']!r}")
+
     nodes = raw.get("nodes", {})
     for key, value in nodes.items():
         if not isinstance(value, str) or not value:
@@ -218,22 +252,23 @@ def parse(raw: dict, where: _Locator | None = None) -> BridgeSettings:
         nodes=dict(nodes),
         breaker=BreakerSettings(**breaker),
         replace=ReplaceSettings(**replace),
+        reboot=RebootSettings(**reboot),
     )
 
 
-def _check_template(path: str, where: _Locator) -> None:
+def _check_template(path: str, where: _Locator, section: str = "bridge.replace") -> None:
     import jinja2
 
     try:
         with open(path, encoding="utf-8") as fh:
             source = fh.read()
     except OSError as exc:
-        where.fail("bridge.replace", "template", f"cannot read {path}: {exc.strerror}")
+        where.fail(section, "template", f"cannot read {path}: {exc.strerror}")
         return
     try:
         jinja2.Environment(undefined=jinja2.StrictUndefined).parse(source)
     except jinja2.TemplateSyntaxError as exc:
-        where.fail("bridge.replace", "template", f"{path}:{exc.lineno}: {exc.message}")
+        where.fail(section, "template", f"{path}:{exc.lineno}: {exc.message}")
 
 
 def with_overrides(settings: BridgeSettings, **changes: Any) -> BridgeSettings:
