@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
-from slurm_hooks.runner import run_command
+from slurm_hooks.runner import run_command, spawn_detached
 
 PACKAGES = ("mariadb-server", "slurmdbd")
 PROGRAMS = {"/usr/sbin/mariadbd": "mariadb-server", "/usr/bin/mariadb-install-db": "mariadb-server",
@@ -127,17 +127,14 @@ class Accounting:
             except CommandError as exc:
                 raise AccountingError(f"mariadb-install-db failed: {exc}") from None
         self.progress("starting MariaDB")
-        import subprocess  # a daemon that does not fork by itself: started detached, stopped by its pid file
-
+        # A daemon that does not fork by itself: started detached, stopped by its pid file.
         argv = ["/usr/sbin/mariadbd", "--no-defaults", "--user=root", f"--datadir={data}", f"--socket={self.socket}",
                 f"--port={port}", "--bind-address=127.0.0.1", f"--pid-file={self.path('run', 'mariadbd.pid')}",
                 f"--log-error={self.path('log', 'mariadbd.log')}", "--skip-name-resolve",
                 "--innodb-buffer-pool-size=64M"]
-        try:
-            subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True, close_fds=True, cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/bin"})
-        except OSError as exc:
-            raise AccountingError(f"mariadbd did not start: {exc.strerror}") from None
+        spawned = spawn_detached(argv, env={"PATH": "/usr/sbin:/usr/bin:/bin"}, cwd="/")
+        if not spawned.started:
+            raise AccountingError(f"mariadbd did not start: {spawned.error}")
         self._wait(lambda: os.path.exists(self.socket) and self._sql_ok(), 60,
                    f"MariaDB not answering on {self.socket}{self._tail('mariadbd')}")
 

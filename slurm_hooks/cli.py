@@ -1,4 +1,4 @@
-"""Command line. Errors become exit codes and messages in :func:`slurm_hooks.entry.guard`.
+"""Command line. Errors become exit codes and messages in :func:`slurm_hooks.errors.guard`.
 
 Subcommands are imported lazily so that ``slurm-hooks check`` (run on every
 node every few minutes) and the prolog never pay for the bridge's imports.
@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from slurm_hooks.entry import EXIT_USAGE, guard
+from slurm_hooks.errors import EXIT_USAGE, guard
 
 #: name -> "module:attribute" of a click command.
 COMMANDS = {

@@ -6,18 +6,19 @@ Every error names the file, the line and the key, so that a typo is found by
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 from slurm_hooks import hostlist
 from slurm_hooks.errors import ConfigError
-from slurm_hooks.models import Expectations
+from slurm_hooks.models import Action, Expectations
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -69,7 +70,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "dcgm_level": (int, 2),
         "nvidia_smi": (str, "/usr/bin/nvidia-smi"),
         "systemctl": (str, "/usr/bin/systemctl"),
-        "services": (list, []),
+        "services": (tuple, ()),
     },
     "dcgm": {
         "dcgmi": (str, "/usr/bin/dcgmi"),
@@ -101,18 +102,20 @@ _ENUMS = {
 }
 
 
+#: ``[expect]``'s accepted types, declared; its defaults are :class:`Expectations`' own.
+_EXPECT_TYPES: dict[str, Any] = {
+    "gpus": int, "model": str, "pcie_gen": int, "pcie_width": int, "nvlinks": int,
+    "temp_warn_c": int, "temp_fail_c": int,
+    "ecc_uncorrectable_volatile_max": int, "ecc_uncorrectable_aggregate_max": int,
+    "nvlink_crc_max": int, "nvlink_replay_max": int,
+    "persistence_mode": bool, "fabric_manager": bool,
+    "xid_repeat_count": int, "xid_repeat_window_s": int,
+    "dcgm_level_prolog": int, "dcgm_level_epilog": int, "dcgm_level_check": int, "dcgm_level_after_failure": int,
+}
+
+
 def _expect_schema() -> dict[str, tuple[Any, Any]]:
-    out = {}
-    for f in dataclasses.fields(Expectations):
-        typ = f.type if isinstance(f.type, str) else str(f.type)
-        if "bool" in typ:
-            accepted: Any = bool
-        elif typ.startswith("str"):
-            accepted = str
-        else:
-            accepted = int
-        out[f.name] = (accepted, f.default)
-    return out
+    return {f.name: (_EXPECT_TYPES[f.name], f.default) for f in dataclasses.fields(Expectations)}
 
 
 SCHEMA["expect"] = _expect_schema()
@@ -179,7 +182,8 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("expect", "dcgm_level_after_failure"): _DCGM_LEVEL,
 }
 _GROUP_KEYS = {"nodes": (str, None), **SCHEMA["expect"]}
-#: Sections other modules own (the bridge); validated by them, kept raw here.
+#: Sections kept raw by :func:`parse` and validated on demand against :data:`BRIDGE_SCHEMA`
+#: (:meth:`Config.bridge_values`), so that a bridge typo never fails a node's health check.
 OPEN_SECTIONS = ("bridge",)
 
 
@@ -197,6 +201,8 @@ class Config:
     groups: tuple[Group, ...]
     default_expect: Expectations
     raw: dict[str, Any]
+    #: Where each key was written: errors found later (the ``[bridge]`` section) still name the line.
+    where: _Locator | None = field(default=None, repr=False, compare=False)
 
     def __getattr__(self, name: str) -> SimpleNamespace:
         try:
@@ -210,6 +216,10 @@ class Config:
             if hostlist.matches(group.nodes, node):
                 return group.expect
         return self.default_expect
+
+    def bridge_values(self) -> dict[str, dict[str, Any]]:
+        """The ``[bridge]`` section validated against :data:`BRIDGE_SCHEMA`; see :func:`check_bridge`."""
+        return check_bridge(self.raw.get("bridge", {}) or {}, self.where or _Locator("", self.path))
 
     def group_for(self, node: str) -> str:
         for group in self.groups:
@@ -261,7 +271,11 @@ def parse(text: str, path: str | None = "<string>") -> Config:
         else:
             where.fail(name, None, f"unknown section (known: {', '.join(sorted([*SCHEMA, 'groups', *OPEN_SECTIONS]))})")
     for name, keys in SCHEMA.items():
-        values = _check_table(raw.get(name, {}), keys, name, where)
+        table = raw.get(name, {})
+        if any(accepted is tuple and isinstance(table.get(k), list) for k, (accepted, _) in keys.items()):
+            table = {k: tuple(v) if keys.get(k, (None,))[0] is tuple and isinstance(v, list) else v
+                     for k, v in table.items()}  # TOML gives a list; the value kept is a tuple
+        values = _check_table(table, keys, name, where)
         for (sec, key), allowed in _ENUMS.items():
             if sec == name and values[key] not in allowed:
                 where.fail(name, key, f"must be one of {', '.join(allowed)}, not {values[key]!r}")
@@ -293,14 +307,16 @@ def parse(text: str, path: str | None = "<string>") -> Config:
         groups.append(Group(gname, values.pop("nodes"), expect))
     for name in OPEN_SECTIONS:
         sections[name] = SimpleNamespace(**raw.get(name, {}))
-    return Config(path, sections, tuple(groups), default_expect, raw)
+    return Config(path, sections, tuple(groups), default_expect, raw, where)
 
 
-def _check_table(table: dict, keys: dict, section: str, where: _Locator) -> dict:
+def _check_table(table: dict, keys: dict, section: str, where: _Locator, skip: tuple[str, ...] = ()) -> dict:
     values = {}
     for key, value in table.items():
+        if key in skip:
+            continue
         if key not in keys:
-            where.fail(section, key, f"unknown key (known: {', '.join(sorted(keys))})")
+            where.fail(section, key, f"unknown key (known: {', '.join(sorted([*keys, *skip]))})")
         accepted, _ = keys[key]
         if isinstance(value, bool) and accepted is not bool:
             ok = False
@@ -374,11 +390,173 @@ def _check_webhooks(tables: Any, where: _Locator) -> tuple[dict[str, str], ...]:
     return tuple(out)
 
 
+# --- [bridge] ------------------------------------------------------------------------
+#
+# The bridge's section is declared here with the rest, but validated on demand (by the bridge
+# and by ``validate``), never on the node side's path: a typo in it must stop the bridge, not
+# fail the health check of every node that shares the file.
+
+#: table -> key -> (accepted types, default). ``tuple`` means a TOML list (of strings).
+BRIDGE_SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
+    "bridge": {
+        "interval": (_Num, 30.0),
+        #: Actions in our drain reason (``[replace]``) that mean "cordon, drain, replace".
+        "trigger_actions": (tuple, ("reboot", "replace")),
+        "mapping": (str, "auto"),
+        "slinky_namespace": (str, "slurm"),
+        "taint_key": (str, "slurm-hooks.io/gpu-unhealthy"),
+        "condition_type": (str, "GpuHealthy"),
+        "event_namespace": (str, "default"),
+        #: A pod carrying this label (or annotation) = "true" opts its node out of drain and replacement.
+        "opt_out_label": (str, "slurm-hooks.io/do-not-remediate"),
+        "drain": (bool, True),
+        #: Longest wait, from the take, for Slurm's jobs to leave the node before its pods are
+        #: evicted and the replacement is requested anyway; 0 = wait for ever. The default is
+        #: KillWait (120 s recommended) + [remediation] requeue_grace (120 s) + a minute.
+        "max_job_wait": (_Num, 300.0),
+        #: kubectl drain --force: also evict pods that no controller would recreate.
+        "drain_force": (bool, False),
+        #: kubectl drain --delete-emptydir-data: also evict pods with emptyDir volumes (their data is lost).
+        "drain_delete_emptydir_data": (bool, False),
+        "drain_timeout": (_Num, 600.0),
+        #: Seconds one pass may spend retrying blocked evictions on one node before moving on.
+        "drain_pass_budget": (_Num, 30.0),
+        "request_timeout": (_Num, 10.0),
+        "retries": (int, 3),
+        "state_file": (str, "/var/lib/slurm-hooks/bridge-state.json"),
+        "kubeconfig": (str, ""),
+        "context": (str, ""),
+    },
+    "bridge.breaker": {
+        #: At most this share of all nodes may be taken by the bridge in one window...
+        "max_percent": (_Num, 20.0),
+        #: ...and at most this many, whichever is smaller (never below one node).
+        "max_nodes": (int, 10),
+        #: Sliding window, seconds; a tripped breaker also stays open this long.
+        "window": (_Num, 600.0),
+    },
+    "bridge.replace": {
+        "backend": (str, "condition"),
+        "karpenter_version": (str, "v1"),
+        "capi_version": (str, "v1beta1"),
+        #: backend = "template": a jinja2 template rendering one object (YAML or JSON).
+        "template": (str, ""),
+        #: backend = "template": the resource's plural name, needed for its URL.
+        "plural": (str, ""),
+        #: backend = "template" / "capi": withdraw the request when the node recovers first.
+        "cancel_on_recovery": (bool, True),
+    },
+    #: How a node drained ``[reboot]`` is asked to reboot: ``none`` (like ``[replace]``, through the
+    #: replacement backend), ``template`` (a custom resource: NVSentinel RebootNode, medik8s
+    #: SelfNodeRemediation), ``annotation`` (an annotation on the node).
+    "bridge.reboot": {
+        "backend": (str, "none"),
+        "template": (str, ""),
+        "plural": (str, ""),
+        "annotation": (str, "slurm-hooks.io/reboot-requested"),
+        "cancel_on_recovery": (bool, True),
+    },
+}
+#: ``[bridge.nodes]``: Slurm node name -> Kubernetes node name, for bare metal where they differ.
+BRIDGE_SUBTABLES = ("breaker", "replace", "reboot", "nodes")
+BRIDGE_ENUMS = {
+    ("bridge", "mapping"): ("auto", "slinky", "name"),
+    ("bridge.replace", "backend"): ("condition", "karpenter", "capi", "template"),
+    ("bridge.reboot", "backend"): ("none", "template", "annotation"),
+}
+#: The actions ``trigger_actions`` may name (:class:`slurm_hooks.models.Action` values).
+_ACTIONS = tuple(a.value for a in Action)
+
+
+def bridge_default(table: str, key: str) -> Any:
+    """The one default of ``[table] key`` in :data:`BRIDGE_SCHEMA`."""
+    return BRIDGE_SCHEMA[table][key][1]
+
+
+def check_bridge(raw: dict, where: _Locator | None = None) -> dict[str, dict[str, Any]]:
+    """``[bridge]``'s tables (``bridge``, ``bridge.breaker``, ``bridge.replace``, ``bridge.nodes``) with
+    defaults filled in; a bad value raises :class:`ConfigError` naming file, line and key."""
+    where = copy.copy(where or _Locator("", None))
+    where.header_fallback = True  # a key left at its default is blamed on its table's header
+    fail = where.fail
+
+    for name in BRIDGE_SUBTABLES:
+        if name in raw and not isinstance(raw[name], dict):
+            fail(f"bridge.{name}", None, "must be a table")
+    top = dict(raw)
+    if isinstance(top.get("trigger_actions"), list):  # TOML gives a list; the value kept is a tuple
+        top["trigger_actions"] = tuple(top["trigger_actions"])
+    tables = {"bridge": top}
+    tables.update({f"bridge.{n}": raw.get(n, {}) for n in ("breaker", "replace", "reboot")})
+    values = {}
+    for table, keys in BRIDGE_SCHEMA.items():
+        skip = BRIDGE_SUBTABLES if table == "bridge" else ()
+        values[table] = _check_table(tables[table], keys, table, where, skip)
+    for (table, key), allowed in BRIDGE_ENUMS.items():
+        if values[table][key] not in allowed:
+            fail(table, key, f"must be one of {', '.join(allowed)}, not {values[table][key]!r}")
+
+    top = values["bridge"]
+    for item in top["trigger_actions"]:
+        if item not in _ACTIONS:
+            fail("bridge", "trigger_actions", f"unknown action {item!r} (known: {', '.join(_ACTIONS)})")
+    if not top["trigger_actions"]:
+        fail("bridge", "trigger_actions", "must name at least one action (e.g. [\"replace\"])")
+    for key in ("interval", "request_timeout", "drain_timeout"):
+        if top[key] <= 0:
+            fail("bridge", key, f"must be greater than 0, got {top[key]!r}")
+    for key in ("taint_key", "condition_type", "opt_out_label", "event_namespace"):
+        if not top[key]:
+            fail("bridge", key, "must not be empty")
+
+    breaker = values["bridge.breaker"]
+    if not 0 < breaker["max_percent"] <= 100:
+        fail("bridge.breaker", "max_percent", f"must be in (0, 100], got {breaker['max_percent']!r}")
+    if breaker["max_nodes"] < 1:
+        fail("bridge.breaker", "max_nodes", "must be at least 1 (the breaker cannot be switched off)")
+    if breaker["window"] <= 0:
+        fail("bridge.breaker", "window", f"must be greater than 0, got {breaker['window']!r}")
+
+    for table in ("bridge.replace", "bridge.reboot"):
+        chosen = values[table]
+        if chosen["backend"] == "template":
+            if not chosen["template"]:
+                fail(table, "template", "backend = \"template\" needs a template path")
+            if not chosen["plural"]:
+                fail(table, "plural", "backend = \"template\" needs the resource's plural name")
+            _check_template(chosen["template"], fail, table)
+    if values["bridge.reboot"]["backend"] == "annotation" and "/" not in values["bridge.reboot"]["annotation"]:
+        fail("bridge.reboot", "annotation", "must be a prefixed key (example.org/name), not "
+                                            f"{values['bridge.reboot']['annotation']!r}")
+
+    nodes = raw.get("nodes", {})
+    for key, value in nodes.items():
+        if not isinstance(value, str) or not value:
+            fail("bridge.nodes", key, f"expected a Kubernetes node name, got {value!r}")
+    values["bridge.nodes"] = dict(nodes)
+    return values
+
+
+def _check_template(path: str, fail: Any, table: str = "bridge.replace") -> None:
+    import jinja2  # the bridge's dependency; never imported on the node side's path
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            source = fh.read()
+    except OSError as exc:
+        fail(table, "template", f"cannot read {path}: {exc.strerror}")
+        return
+    try:
+        jinja2.Environment(undefined=jinja2.StrictUndefined).parse(source)
+    except jinja2.TemplateSyntaxError as exc:
+        fail(table, "template", f"{path}:{exc.lineno}: {exc.message}")
+
+
 def _type_name(accepted: Any) -> str:
     if accepted is _Num:
         return "a number"
-    return {str: "a string", int: "an integer", bool: "true or false", list: "a list"}.get(
-        accepted, str(accepted))
+    return {str: "a string", int: "an integer", bool: "true or false", list: "a list of tables",
+            tuple: "a list"}.get(accepted, str(accepted))
 
 
 def _toml_error(text: str) -> tuple[str, int | None]:
@@ -394,9 +572,11 @@ class _Locator:
     _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
     _KEY = re.compile(r"^\s*\"?([A-Za-z0-9_.-]+)\"?\s*=")
 
-    def __init__(self, text: str, path: str | None):
+    def __init__(self, text: str, path: str | None, header_fallback: bool = False):
         self.lines = text.splitlines()
         self.path = path
+        #: Blame a key that is not written on its table's header line (else: no line).
+        self.header_fallback = header_fallback
 
     def line_of(self, section: str, key: str | None) -> int | None:
         current, header_line = "", None
@@ -444,5 +624,8 @@ class _Locator:
         return start
 
     def fail(self, section: str, key: str | None, message: str) -> None:
+        line = self.line_of(section, key)
+        if line is None and key is not None and self.header_fallback:
+            line = self.line_of(section, None)
         label = f"[{section}] {key}" if key else f"[{section}]"
-        raise ConfigError(message, self.path, self.line_of(section, key), label)
+        raise ConfigError(message, self.path, line, label)

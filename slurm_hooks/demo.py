@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from slurm_hooks import REASON_PREFIX, events
 from slurm_hooks.audit import AuditLog
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.probes import sim
-from slurm_hooks.runner import run_command
+from slurm_hooks.runner import Spawned, run_command, spawn_detached
 from slurm_hooks.testbed import Settings, Testbed
 
 Say = Callable[[str], None]
@@ -99,13 +98,11 @@ def run(state_dir: str, keep: bool = False, say: Say = print, steps_before_fault
         _summary(ms, say)
         return ms
     finally:
-        for proc in watchers:
-            proc.terminate()
-        for proc in watchers:
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for watcher in watchers:
+            if watcher.proc is not None:
+                watcher.proc.terminate()
+        for watcher in watchers:
+            watcher.stop(5)
         if keep:
             say(f"cluster left up (--keep): SLURM_CONF={tb.slurm_conf} SLURM_HOOKS_CONFIG={tb.config_path}; "
                 "`slurm-hooks testbed down` stops it")
@@ -115,14 +112,16 @@ def run(state_dir: str, keep: bool = False, say: Say = print, steps_before_fault
             tb.down()
 
 
-def _start_watchers(tb: Testbed, say: Say) -> list[subprocess.Popen]:
+def _start_watchers(tb: Testbed, say: Say) -> list[Spawned]:
     procs = []
     for node in tb.node_names:
-        log = open(tb.path("log", f"watch-{node}.log"), "ab")
-        procs.append(subprocess.Popen([sys.executable, "-m", "slurm_hooks", "watch", "--node", node],
-                                      env=tb.env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                      start_new_session=True))
-        log.close()
+        spawned = spawn_detached([sys.executable, "-m", "slurm_hooks", "watch", "--node", node], env=tb.env(),
+                                 cwd=None, output=tb.path("log", f"watch-{node}.log"))
+        if not spawned.started:
+            for started in procs:
+                started.stop()
+            raise DemoError(f"XID watcher for {node}: {spawned.error}")
+        procs.append(spawned)
     say(f"  XID watcher running on {', '.join(tb.node_names)}")
     return procs
 

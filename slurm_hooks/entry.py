@@ -8,11 +8,13 @@ for exactly those forms this module runs the hook without importing click
 
 from __future__ import annotations
 
-import os
 import sys
-from typing import Callable
 
-EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL = 0, 1, 2, 3, 4
+# Exit codes and ``guard`` live with the errors they map (the click CLI uses them without importing
+# this module, so ``entry`` -> ``cli`` is the only edge between the two); named here too for callers.
+from slurm_hooks.errors import EXIT_INTERNAL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_UNHEALTHY, EXIT_USAGE, guard
+
+__all__ = ["EXIT_INTERNAL", "EXIT_OK", "EXIT_UNAVAILABLE", "EXIT_UNHEALTHY", "EXIT_USAGE", "guard", "main"]
 
 _FAST = ("prolog", "epilog")
 _FAST_OPTIONS = ("--config", "--node")
@@ -49,34 +51,3 @@ def _run_hook(hook: str, config_path: str | None, node: str | None) -> int:
 
     run = jobhooks.prolog if hook == "prolog" else jobhooks.epilog
     return run(Wiring.load(config_path, node))
-
-
-def guard(fn: Callable[[], int | None]) -> int:
-    """Run ``fn``; turn every error into one line on stderr and a defined exit code."""
-    from slurm_hooks.errors import ConfigError, SlurmHooksError, TransientError
-
-    try:
-        rc = fn()
-    except ConfigError as exc:
-        return _fail(f"config error: {exc}", EXIT_USAGE)
-    except TransientError as exc:
-        return _fail(str(exc), EXIT_UNAVAILABLE)
-    except SlurmHooksError as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # a bug of ours: one line for the admin, the traceback on request
-        if os.environ.get("SLURM_HOOKS_DEBUG"):
-            raise
-        where = exc.__traceback__
-        while where is not None and where.tb_next is not None:
-            where = where.tb_next
-        loc = f" at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
-        return _fail(f"internal error: {type(exc).__name__}: {exc}{loc} (set SLURM_HOOKS_DEBUG=1 for the traceback)",
-                     EXIT_INTERNAL)
-    return rc if isinstance(rc, int) else EXIT_OK
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"slurm-hooks: {message}", file=sys.stderr)
-    return code

@@ -1,6 +1,11 @@
-"""Error hierarchy. Only the CLI turns these into exit codes and messages."""
+"""Error hierarchy, and what an error means to the process: :func:`guard` (used only by the
+entry point and the CLI) turns these into exit codes and one-line messages."""
 
 from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
 
 
 class SlurmHooksError(Exception):
@@ -49,3 +54,37 @@ class CommandError(SlurmHooksError):
 
 class CommandTimeout(CommandError, TransientError):
     pass
+
+
+# --- what an error means to the process: exit codes, and one line on stderr ----------------------
+
+EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL = 0, 1, 2, 3, 4
+
+
+def guard(fn: Callable[[], int | None]) -> int:
+    """Run ``fn``; turn every error into one line on stderr and a defined exit code."""
+    try:
+        rc = fn()
+    except ConfigError as exc:
+        return _fail(f"config error: {exc}", EXIT_USAGE)
+    except TransientError as exc:
+        return _fail(str(exc), EXIT_UNAVAILABLE)
+    except SlurmHooksError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug of ours: one line for the admin, the traceback on request
+        if os.environ.get("SLURM_HOOKS_DEBUG"):
+            raise
+        where = exc.__traceback__
+        while where is not None and where.tb_next is not None:
+            where = where.tb_next
+        loc = f" at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
+        return _fail(f"internal error: {type(exc).__name__}: {exc}{loc} (set SLURM_HOOKS_DEBUG=1 for the traceback)",
+                     EXIT_INTERNAL)
+    return rc if isinstance(rc, int) else EXIT_OK
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"slurm-hooks: {message}", file=sys.stderr)
+    return code

@@ -63,6 +63,13 @@ class Job:
     requeued_at: float | None = None
     #: Made eligible again on a healthy node (our ``start_now``); Slurm starts it about a second later.
     restarted_at: float | None = None
+    #: Refused by the prolog (Slurm requeues it: it never ran here).
+    refused_at: float | None = None
+
+    @property
+    def how(self) -> str:
+        """"requeued" (by us, from under the fault), "refused" (at its start), or "" (only named)."""
+        return "requeued" if self.requeued_at is not None else "refused" if self.refused_at is not None else ""
 
 
 @dataclass
@@ -208,7 +215,7 @@ class Tracker:
                         _absorb(inc, w)
                     waiting = []
                     _absorb(inc, r)
-                elif r.get("kind") in ("alert", "watch"):
+                elif _evidence(r):
                     waiting.append(r)
                 continue
             who = resolution(r)
@@ -230,10 +237,15 @@ class Tracker:
                    {n: list(rs) for n, rs in data.get("pending", {}).items()})
 
 
+def _evidence(r: dict[str, Any]) -> bool:
+    """An alert, or the watcher's account of an XID (not its "watcher started")."""
+    return r.get("kind") == "alert" or (r.get("kind") == "watch" and r.get("xid") is not None)
+
+
 def _absorb(inc: Incident, r: dict[str, Any]) -> None:
     kind, ts = r.get("kind"), float(r["ts"])
     context = r.get("context") or ("watch" if kind == "watch" else "")
-    if context and context not in inc.contexts:
+    if context and context not in inc.contexts and (kind != "watch" or _evidence(r)):
         inc.contexts.append(str(context))
     if kind == "alert":
         f = finding_of(r)
@@ -250,6 +262,9 @@ def _absorb(inc: Incident, r: dict[str, Any]) -> None:
             _job(inc, job_id, r).requeued_at = _job(inc, job_id, r).requeued_at or ts
     elif kind == "action":
         action, result = r.get("action"), r.get("result")
+        if takes_out(r) and r.get("context") == "prolog" and r.get("job") is not None:
+            job = _job(inc, r["job"], r)  # the prolog exits 1: Slurm requeues the job
+            job.refused_at = job.refused_at or ts
         if action == "drain" and result == "ok":
             harsher = reason_action(str(r.get("reason") or ""))
             if action_rank(harsher) > action_rank(inc.action):
@@ -290,7 +305,7 @@ def summary(inc: Incident) -> dict[str, Any]:
         "urgency": "high" if action_rank(inc.action) >= action_rank("reboot") else "normal",
         "reason": inc.reason,
         "seen_by": list(inc.contexts),
-        "jobs": [{"job_id": j.job_id, "user": j.user or None} for j in inc.jobs.values() if j.requeued_at is not None],
+        "jobs": [{"job_id": j.job_id, "user": j.user or None, "how": j.how} for j in inc.jobs.values() if j.how],
         "time_to_job_running_s": None if inc.time_to_job_running is None else round(inc.time_to_job_running, 3),
         "opened_at": utc(inc.opened_at),
         "resolved_at": utc(inc.resolved_at) if inc.resolved_at is not None else None,

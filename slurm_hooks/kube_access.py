@@ -1,26 +1,17 @@
 """Can the bridge's credentials do what the bridge does? Asked with SelfSubjectAccessReview.
 
-The only module of ``slurm-hooks validate`` that touches Kubernetes, and it
-imports the client inside its functions: the import costs ~0.35 s and the
-client is installed only where the bridge runs.
+The only module of ``slurm-hooks validate`` that touches Kubernetes, and it imports the
+client (and the bridge's credential loader, :func:`slurm_hooks.bridge.kubeclient.load_credentials`) inside its
+functions: the import costs ~0.35 s and the client is installed only where the bridge runs.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_hooks.errors import SlurmHooksError, TransientError
-
-
-class KubeClientMissing(ImportError):
-    """The ``kubernetes`` package is not installed here (node-side environments)."""
-
-
-class CredentialsError(SlurmHooksError):
-    """No usable credentials, or the API server rejected them (401/403 on the review itself)."""
+from slurm_hooks.errors import TransientError
 
 
 @dataclass(frozen=True)
@@ -66,37 +57,13 @@ class Verdict:
     reason: str = ""
 
 
-def load_client(kubeconfig: str | None = None, context: str | None = None, retries: int = 1) -> tuple[Any, str]:
-    """(ApiClient, where the credentials came from): the kubeconfig named, else the
-    pod's service account, else $KUBECONFIG / ~/.kube/config."""
-    try:
-        from kubernetes import client as k8s_client
-        from kubernetes import config as k8s_config
-    except ImportError as exc:
-        raise KubeClientMissing(str(exc)) from None
-    configuration = k8s_client.Configuration()
-    configuration.retries = retries
-    try:
-        if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=configuration)
-            source = "in-cluster service account"
-        else:
-            path = kubeconfig or os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
-            if not os.path.exists(path):
-                raise CredentialsError(f"kubeconfig {path} not found and not running in a pod")
-            k8s_config.load_kube_config(config_file=path, context=context, client_configuration=configuration,
-                                        persist_config=False)
-            source = f"kubeconfig {path}" + (f" (context {context})" if context else "")
-    except k8s_config.ConfigException as exc:
-        raise CredentialsError(str(exc)) from None
-    return k8s_client.ApiClient(configuration), source
-
-
 def review(api_client: Any, permissions: Sequence[Permission] = REQUIRED, namespace: str = "",
            timeout: float = 10.0) -> list[Verdict]:
     """One SelfSubjectAccessReview per permission; namespace "" asks for all namespaces."""
     from kubernetes import client as k8s_client
     from kubernetes.client.exceptions import ApiException
+
+    from slurm_hooks.bridge.kubeclient import CredentialsError
 
     api = k8s_client.AuthorizationV1Api(api_client)
     verdicts = []

@@ -77,7 +77,7 @@ def write(textfile_dir: str, node: str, report: Report | None, *, state_dir: str
             if pending is not None:
                 state.setdefault("pending", {})[node] = int(pending)
             fsutil.atomic_write(state_path, json.dumps(state, sort_keys=True), mode=0o644)
-            fsutil.atomic_write(prom_path, render(state), mode=0o644)
+            write_textfile(textfile_dir, PROM_FILE, render(state))
     except OSError as exc:
         print(f"slurm-hooks: metrics not written to {prom_path}: {exc}", file=sys.stderr)
         return None
@@ -140,33 +140,53 @@ def render(state: dict[str, Any]) -> str:
     runs = [(node, context, c) for node, by_context in state["runs"].items() for context, c in by_context.items()]
     for node, context, c in sorted(runs, key=lambda r: (r[0], r[1])):
         base = {"node": node, "context": context}
-        samples["slurm_hooks_check_status"].append(_sample("slurm_hooks_check_status", base, 1 if c["healthy"] else 0))
+        samples["slurm_hooks_check_status"].append(sample("slurm_hooks_check_status", base, 1 if c["healthy"] else 0))
         for check, severity, n in c["findings"]:
             labels = {**base, "check": check, "severity": severity}
-            samples["slurm_hooks_findings"].append(_sample("slurm_hooks_findings", labels, n))
+            samples["slurm_hooks_findings"].append(sample("slurm_hooks_findings", labels, n))
         for index, ok in c["gpus"]:
-            samples["slurm_hooks_gpu_healthy"].append(_sample("slurm_hooks_gpu_healthy", {**base, "gpu": str(index)}, ok))
+            samples["slurm_hooks_gpu_healthy"].append(sample("slurm_hooks_gpu_healthy", {**base, "gpu": str(index)}, ok))
         samples["slurm_hooks_last_run_timestamp_seconds"].append(
-            _sample("slurm_hooks_last_run_timestamp_seconds", base, c["timestamp"]))
+            sample("slurm_hooks_last_run_timestamp_seconds", base, c["timestamp"]))
         samples["slurm_hooks_last_run_duration_seconds"].append(
-            _sample("slurm_hooks_last_run_duration_seconds", base, c["duration"]))
+            sample("slurm_hooks_last_run_duration_seconds", base, c["duration"]))
     for node in sorted(state["remediations"]):
         for action, n in sorted(state["remediations"][node].items()):
             samples["slurm_hooks_remediations_total"].append(
-                _sample("slurm_hooks_remediations_total", {"node": node, "action": action}, n))
+                sample("slurm_hooks_remediations_total", {"node": node, "action": action}, n))
     pending = state.get("pending") if isinstance(state.get("pending"), dict) else {}
     for node in sorted(pending):
         samples["slurm_hooks_pending_actions"].append(
-            _sample("slurm_hooks_pending_actions", {"node": node}, int(pending[node])))
+            sample("slurm_hooks_pending_actions", {"node": node}, int(pending[node])))
+    return exposition((name, kind, text, samples[name]) for name, kind, text in FAMILIES)
+
+
+# --- the one Prometheus text formatter and textfile writer (the node side's and the bridge's) ----
+
+
+def exposition(families: Iterable[tuple[str, str, str, Iterable[str]]]) -> str:
+    """Prometheus text: for each (name, type, help, samples as :func:`sample` gives them) a HELP, a
+    TYPE and its samples, in the order given."""
     lines = []
-    for name, kind, text in FAMILIES:
+    for name, kind, text, samples in families:
         lines.append(f"# HELP {name} {_escape_help(text)}")
         lines.append(f"# TYPE {name} {kind}")
-        lines.extend(samples[name])
+        lines.extend(samples)
     return "\n".join(lines) + "\n"
 
 
-def _sample(name: str, labels: dict[str, str], value: float) -> str:
+def write_textfile(directory: str, filename: str, text: str) -> str:
+    """Replace ``<directory>/<filename>`` atomically: node_exporter must never read half a file, and the
+    temp file does not end in ``.prom``. Raises OSError; returns the path."""
+    path = os.path.join(directory, filename)
+    fsutil.atomic_write(path, text, mode=0o644)
+    return path
+
+
+def sample(name: str, labels: dict[str, str], value: float) -> str:
+    """One sample line; no braces when there are no labels."""
+    if not labels:
+        return f"{name} {format_value(value)}"
     inner = ",".join(f'{k}="{escape_label(str(v))}"' for k, v in labels.items())
     return f"{name}{{{inner}}} {format_value(value)}"
 

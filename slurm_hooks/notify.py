@@ -42,6 +42,8 @@ BACKFILL_S = 3600.0
 LEDGER_SIZE = 5000
 BACKOFF_FIRST_S = 1.0
 POLL_S = 1.0
+#: The watcher's notifier touches its heartbeat at each pass; older than this, nobody delivers.
+HEARTBEAT_S = 30.0
 
 Sender = Callable[[str, bytes, dict, float], int]
 SyslogSender = Callable[[int, str], None]
@@ -99,10 +101,13 @@ def _gpu_words(f: incidents.Finding) -> str:
 
 
 def _jobs_words(inc: Incident) -> str:
-    jobs = [j for j in inc.jobs.values() if j.requeued_at is not None]
-    if not jobs:
-        return "no job requeued"
-    return "jobs requeued: " + ", ".join(j.job_id + (f" ({j.user})" if j.user else "") for j in jobs)
+    def named(how: str) -> str:
+        return ", ".join(j.job_id + (f" ({j.user})" if j.user else "") for j in inc.jobs.values() if j.how == how)
+
+    words = [f"{label}: {jobs}" for label, jobs in (("jobs requeued", named("requeued")),
+                                                   ("jobs refused at start (Slurm requeues them)", named("refused")))
+             if jobs]
+    return "; ".join(words) or "no job requeued"
 
 
 def _what(inc: Incident) -> str:
@@ -306,24 +311,56 @@ class Notifier:
         self.log = log or (lambda msg: print(f"slurm-hooks notify: {msg}", file=sys.stderr, flush=True))
         self.outbox = Outbox(settings.dir)
         self.state_path = os.path.join(settings.dir, "cursor.json")
+        self.heartbeat_path = os.path.join(settings.dir, "delivering")
         self._said: set[str] = set()
+        #: When the next held-back message (an incident within its settle time) becomes due (clock time).
+        self._settling: float | None = None
 
     # -- one pass
 
-    def flush(self, timeout: float) -> dict[str, int]:
-        """Read what is new and deliver what is due, within ``timeout`` seconds (the health check's call)."""
+    def flush(self, timeout: float, wait_settle: bool = False) -> dict[str, int]:
+        """Read what is new and deliver what is due, within ``timeout`` seconds (the health check's call).
+
+        ``wait_settle``: an incident that opened a moment ago is announced only once its settle time
+        has passed; wait for that (and read again) when it ends with at least half of ``timeout`` left
+        for delivery, so that a health check with no watcher tells its own drain now, not at its next run.
+        """
         deadline = time.monotonic() + timeout
         with self._turn(timeout) as mine:
             if not mine:
                 return {"queued": 0, "sent": 0, "waiting": len(self.outbox.entries()), "busy": 1}
+            self._settling = None
             queued = self.collect()
+            if wait_settle and self._settling is not None:
+                wait = self._settling - self.clock()
+                if 0 < wait <= (deadline - time.monotonic()) / 2:
+                    time.sleep(wait)
+                    queued += self.collect()
             sent = self.deliver(deadline)
         return {"queued": queued, "sent": sent, "waiting": len(self.outbox.entries()), "busy": 0}
 
+    def has_work(self) -> bool:
+        """Cheap (a listing, a stat, a small file): something waits in the outbox, the audit log grew or
+        was replaced since the cursor, or an incident is open (a follow-up or a reminder may be due)."""
+        with contextlib.suppress(OSError):
+            if any(n.endswith(".json") and not n.startswith(".") for n in os.listdir(self.outbox.box)):
+                return True
+        try:
+            st = os.stat(self.s.audit)
+        except OSError:
+            return False
+        state = self._load_state()
+        cursor = state.get("cursor") or {}
+        if cursor.get("inode") != st.st_ino or int(cursor.get("offset", 0)) != st.st_size:
+            return True
+        return bool((state.get("tracker") or {}).get("open"))
+
     def run(self, stop: threading.Event, poll: float = POLL_S) -> None:
-        """The watcher daemon's loop: a pass every ``poll`` seconds until ``stop`` is set; never raises."""
+        """The watcher daemon's loop: a pass every ``poll`` seconds until ``stop`` is set; never raises.
+        Each pass touches the heartbeat (:meth:`delivering`); a clean stop removes it."""
         while not stop.is_set():
             try:
+                self._beat()
                 with self._turn(0.0) as mine:
                     if mine:
                         self.collect()
@@ -331,6 +368,35 @@ class Notifier:
             except Exception as exc:  # noqa: BLE001 - a notifier bug must not stop the watcher
                 self._say_once(f"pass failed: {type(exc).__name__}: {exc}")
             stop.wait(poll)
+        self.stopped()
+
+    def _beat(self) -> None:
+        os.makedirs(self.s.dir, mode=0o700, exist_ok=True)
+        fsutil.atomic_write(self.heartbeat_path, f"{os.getpid()}\n", mode=0o600, durable=False)
+
+    def stopped(self) -> None:
+        """No more passes from this process: take the heartbeat away (the health check delivers again)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.heartbeat_path)
+
+    def delivering(self) -> bool:
+        """A live process's notifier made a pass within :data:`HEARTBEAT_S` (it will deliver what is new)."""
+        try:
+            with open(self.heartbeat_path, encoding="utf-8") as fh:
+                if time.time() - os.fstat(fh.fileno()).st_mtime >= HEARTBEAT_S:
+                    return False
+                pid = int(fh.read(32).strip() or 0)
+        except (OSError, ValueError):
+            return False
+        if pid <= 0:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False  # killed without a clean stop
+        except PermissionError:
+            pass  # alive, someone else's
+        return True
 
     @contextlib.contextmanager
     def _turn(self, wait: float):
@@ -387,6 +453,8 @@ class Notifier:
             told.setdefault("escalated", [a for _, a in inc.escalations])
         if not told.get("opened"):
             if inc.open and now < inc.opened_at + self.s.settle:
+                due = inc.opened_at + self.s.settle
+                self._settling = due if self._settling is None else min(self._settling, due)
                 return out  # let the hooks finish writing (requeued jobs) before the one message
             out.append(compose(inc, "opened", now))
             told["opened"] = True

@@ -105,6 +105,16 @@ class Spawned:
     def started(self) -> bool:
         return self.proc is not None and not self.error
 
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM the helper, wait up to ``timeout`` s, then kill its process group."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.proc)
+
 
 def spawn_detached(
     argv: Sequence[str],

@@ -35,8 +35,10 @@ from slurm_hooks.accounting import Accounting
 from slurm_hooks.errors import CommandError, SlurmHooksError
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command, spawn_detached
-from slurm_hooks.slurm import JobInfo, NodeInfo
-from slurm_hooks.slurm.scontrol import ScontrolSlurm, SlurmNotFound
+from slurm_hooks.slurm import JobInfo, NodeInfo, quirks
+from slurm_hooks.slurm.errors import SlurmNotFound
+from slurm_hooks.slurm.scontrol import ScontrolSlurm
+from slurm_hooks.slurm.version import parse_version
 
 DEFAULT_STATE_DIR = "/var/lib/slurm-hooks/testbed"
 CLUSTER = "shtest"
@@ -261,7 +263,7 @@ class Testbed:
             "munge_socket": self.munge_socket,
             "ctld_port": self._ports["slurmctld"],
             "nodes": [{"name": n, "port": self._ports[n]} for n in s.node_names],
-            "cgroup_disabled": slurm_version() >= (24, 5),  # CgroupPlugin=disabled exists from 24.05
+            "cgroup_disabled": quirks.cgroup_disabled(slurm_version()),
             "sim_dir": self.sim_dir,
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
@@ -833,16 +835,11 @@ def slurm_version() -> tuple[int, int]:
     global _VERSION
     if _VERSION is None:
         out = run_command([os.path.join(SBIN, "slurmd"), "-V"], 10).stdout
-        _VERSION = parse_version(out)
+        version = parse_version(out)
+        if version is None:
+            raise TestbedError(f"cannot read a Slurm version from {out.strip()!r}")
+        _VERSION = version
     return _VERSION
-
-
-def parse_version(text: str) -> tuple[int, int]:
-    for word in text.replace("-", " ").split():
-        parts = word.split(".")
-        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-            return int(parts[0]), int(parts[1])
-    raise TestbedError(f"cannot read a Slurm version from {text.strip()!r}")
 
 
 # --- small process and file helpers ------------------------------------------------

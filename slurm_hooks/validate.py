@@ -533,39 +533,31 @@ def check_paths(cfg: Config) -> list[Result]:
 def check_bridge(cfg: Config) -> list[Result]:
     """Kubernetes credentials load and allow every verb the bridge uses."""
     from slurm_hooks import kube_access
+    from slurm_hooks.bridge import kubeclient, rbac
+    from slurm_hooks.bridge import settings as bridge_settings
+    from slurm_hooks.bridge.kubeclient import CredentialsError, KubeClientMissing
 
     check = "kube-access"
-    kubeconfig = getattr(cfg.bridge, "kubeconfig", None) or None
-    context = getattr(cfg.bridge, "context", None) or None
     try:
-        from slurm_hooks.bridge import settings as bridge_settings
-    except ImportError:
-        bridge_settings = None  # a node-side install without the bridge package
-    if bridge_settings is not None:
-        try:
-            settings = bridge_settings.from_config(cfg)
-        except ConfigError as exc:
-            return [config_failure("bridge-config", exc)]
-        kubeconfig, context = settings.kubeconfig or None, settings.context or None
+        settings = bridge_settings.from_config(cfg)
+    except ConfigError as exc:
+        return [config_failure("bridge-config", exc)]
     try:
-        client, source = kube_access.load_client(kubeconfig, context)
-    except kube_access.KubeClientMissing:
+        client, source = kubeclient.load_credentials(settings.kubeconfig or None, settings.context or None)
+    except KubeClientMissing:
         return [Result(check, Status.WARN, "kubernetes client not installed (bridge environment only)",
                        "run validate where the bridge runs, or pip install 'slurm-hooks[k8s]'")]
-    except kube_access.CredentialsError as exc:
-        return [Result(check, Status.FAIL, f"no Kubernetes credentials: {exc}",
+    except CredentialsError as exc:
+        return [Result(check, Status.FAIL, str(exc),
                        "set [bridge] kubeconfig, or run in a pod with a service account token")]
     try:
         needed = kube_access.REQUIRED
-        if bridge_settings is not None:
-            from slurm_hooks.bridge import rbac
-
-            if settings.replace.backend != "template":  # a template's API group is known only to `render`
-                needed = kube_access.permissions_for(rbac.rules(settings.replace))
+        if settings.replace.backend != "template":  # a template's API group is known only to `render`
+            needed = kube_access.permissions_for(rbac.rules(settings.replace))
         verdicts = kube_access.review(client, needed)
     except TransientError as exc:
         return [Result(check, Status.FAIL, f"{source}: {exc}", "is the API server reachable from here?")]
-    except kube_access.CredentialsError as exc:
+    except CredentialsError as exc:
         return [Result(check, Status.FAIL, f"{source}: {exc}", "renew the token or client certificate")]
     finally:
         kube_access.close(client)

@@ -115,6 +115,34 @@ def test_xid79_mid_job_drains_sigterms_requeues_and_runs_on_healthy_node_within_
     assert [r["result"] for r in actions(tb, "start_now")] == ["ok"]
 
 
+def test_a_requeued_job_says_why_in_its_admin_comment_and_keeps_the_one_it_had(hooked_testbed):
+    tb = hooked_testbed
+    job = tb.sbatch(TRAP_JOB, "--gres=gpu:1", "--requeue", "--open-mode=append")
+    bad, gpu = wait_started(tb, job)
+    # `sbatch --admin-comment` needs an admin: root sets one, as a site's tooling would.
+    subprocess.run([os.path.join(tb.slurm.bin_dir, "scontrol"), "update", f"JobId={job}",
+                    "AdminComment=site: project X; budget 42"], env=tb.env, check=True, timeout=10)
+    sim.inject(tb.sim_dir, bad, gpu, xid=79)
+    res = healthcheck(tb, bad)
+    assert res.returncode == 1, res.stderr
+    assert [r["result"] for r in actions(tb, "requeue")] == ["ok"]
+    shown = subprocess.run([os.path.join(tb.slurm.bin_dir, "scontrol"), "show", "job", str(job)], env=tb.env,
+                           capture_output=True, text=True, timeout=10, check=True).stdout
+    [line] = [x.strip() for x in shown.splitlines() if x.strip().startswith("AdminComment=")]
+    assert line.startswith(f"AdminComment=site: project X; budget 42; slurm-hooks: requeued from {bad}, "
+                           f"XID 79 on GPU {gpu}, "), line
+    assert [r["result"] for r in actions(tb, "annotate")] == ["ok"]
+    wait_running_elsewhere(tb, job, bad, timeout=15)  # and the requeue went on as before
+
+
+def test_a_job_the_prolog_refuses_says_why_in_its_admin_comment(hooked_testbed):
+    tb = hooked_testbed
+    sim.inject(tb.sim_dir, "n1", 3, xid=79)
+    job = tb.sbatch(TRAP_JOB, "--gres=gpu:8", "--nodes=1")
+    wait_running_elsewhere(tb, job, "n1", timeout=15)
+    assert tb.slurm.admin_comment(job).startswith("slurm-hooks: refused by the prolog on n1, XID 79 on GPU 3, ")
+
+
 def test_leftover_process_after_a_job_makes_the_epilog_drain(hooked_testbed):
     tb = hooked_testbed
     job = tb.sbatch(TRAP_JOB, "--gres=gpu:1")
@@ -175,7 +203,8 @@ def test_hostile_job_name_and_comment_change_nothing(hooked_testbed, tmp_path):
 
 
 def test_hanging_scontrol_is_bounded_and_audited(clean_testbed, tmp_path):
-    # Hooks off: slurmd's own periodic health check would see the injected XID and drain n1 for real.
+    # Hooks off: slurmd's own HealthCheckProgram (every 30 s, with the real scontrol) would drain n1
+    # for the injected XID if it fired during the test, and the last assertion would fail (seen once).
     tb = clean_testbed
     assert not tb.slurm.node("n1").drained
     fake_bin = tmp_path / "bin"

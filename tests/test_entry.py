@@ -41,3 +41,13 @@ def test_guard_maps_errors_to_exit_codes_and_one_line(capsys):
     assert lines[0] == "slurm-hooks: config error: /etc/c.toml:3: [gpu] x: bad key"
     assert lines[3].startswith("slurm-hooks: internal error: ZeroDivisionError: x at test_entry.py:")
     assert len(lines) == 4
+
+
+def test_the_click_cli_does_not_import_the_entry_point_back():
+    # entry -> cli is the one edge (for everything but the hooks' fast path); no cycle.
+    import subprocess
+    import sys
+
+    code = "import sys, slurm_hooks.cli; print('slurm_hooks.entry' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"

@@ -271,3 +271,15 @@ def test_pending_actions_are_counted_per_node_until_cleared(dirs):
     assert value(fam, "slurm_hooks_pending_actions", node="n2") == 1
     fam = read(metrics.write(textfile, "n1", None, state_dir=state, pending=0))
     assert value(fam, "slurm_hooks_pending_actions", node="n1") == 0
+
+
+def test_the_bridge_writes_through_the_same_formatter_and_keeps_full_precision(tmp_path):
+    from slurm_hooks.bridge import metrics as bridge_metrics
+
+    path = bridge_metrics.write(str(tmp_path), {"slurm_hooks_bridge_last_pass_timestamp_seconds": 1700000000.25,
+                                                "slurm_hooks_bridge_detached_nodes": 2})
+    text = open(path).read()
+    assert "slurm_hooks_bridge_last_pass_timestamp_seconds 1700000000.25\n" in text  # not 1.7e+09
+    assert "# HELP slurm_hooks_bridge_detached_nodes Owned nodes no Slurm node maps to any more" in text
+    assert [f for f in os.listdir(tmp_path)] == ["slurm_hooks_bridge.prom"]
+    assert oct(os.stat(path).st_mode & 0o777) == "0o644"

@@ -18,10 +18,16 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from fakes.config import sim_config
+from fakes.slurm import FakeSlurm
+from test_e2e_slurm import TRAP_JOB, wait_started
 
 from slurm_hooks import config
 from slurm_hooks.audit import AuditLog
 from slurm_hooks.errors import ConfigError
+from slurm_hooks.hooks import healthcheck
+from slurm_hooks.hooks.watch import SimSource, Watcher
+from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.notify import Notifier, Settings
 from slurm_hooks.probes import sim
 
@@ -152,7 +158,7 @@ def test_several_hooks_seeing_one_xid_make_exactly_one_message(setup, receiver):
     assert msg["gpus"] == [{"index": 3, "uuid": "GPU-n1-3", "serial": "SN3"}]
     assert msg["finding"]["check"] == "xid" and msg["finding"]["xid"] == 79
     assert msg["action"] == "replace" and msg["urgency"] == "high" and msg["scope"] == "gpu"
-    assert msg["jobs"] == [{"job_id": "12", "user": "alice"}]
+    assert msg["jobs"] == [{"job_id": "12", "user": "alice", "how": "requeued"}]
     assert msg["seen_by"] == ["watch", "check", "epilog"]
     assert msg["incident"].startswith("n1-")
     text = msg["text"]
@@ -194,8 +200,33 @@ def test_the_message_waits_for_the_requeues_that_follow_the_drain(setup, receive
     clock.offset = 31
     assert n.flush(5)["sent"] == 1
     [msg] = receiver.bodies()
-    assert msg["jobs"] == [{"job_id": "7", "user": None}]
+    assert msg["jobs"] == [{"job_id": "7", "user": None, "how": "requeued"}]
     assert "jobs requeued: 7" in msg["text"]
+
+
+def test_a_job_the_prolog_refused_is_named_as_refused_not_as_no_job(setup, receiver):
+    log, _, notifier = setup
+    log.write("alert", node="n1", context="prolog", gpu=0, check="xid", severity="fail", action="replace",
+              message="XID 79 (GPU has fallen off the bus)", job="5")
+    log.write("action", node="n1", action="drain", target="n1", result="ok", duration_s=0.01,
+              reason="slurm-hooks: XID 79 on GPU 0 [replace]", job="5", context="prolog")
+    log.write("action", node="n1", action="requeue", target="5", result="skipped", duration_s=0.0, jobs=["5"],
+              detail="job is COMPLETING (it ended, or a requeue is already under way)")  # the watcher, a moment later
+    notifier().flush(5)
+    [msg] = receiver.bodies()
+    assert msg["jobs"] == [{"job_id": "5", "user": None, "how": "refused"}]
+    assert "jobs refused at start (Slurm requeues them): 5" in msg["text"] and "no job requeued" not in msg["text"]
+
+
+def test_the_watcher_starting_is_not_the_first_sight_of_a_fault(setup, receiver):
+    log, _, notifier = setup
+    log.write("watch", node="n1", message="watcher started")
+    time.sleep(0.3)
+    xid79(log, context="check", jobs=())
+    notifier().flush(5)
+    [msg] = receiver.bodies()
+    assert msg["seen_by"] == ["check"]
+    assert msg["time_to_drain_s"] < 0.25
 
 
 # --- follow-ups ------------------------------------------------------------------------
@@ -407,28 +438,133 @@ def test_a_webhook_table_with_a_mistake_names_its_line(tmp_path):
     assert ok.notify.webhook == ({"url": "http://x", "format": "json", "name": ""},)
 
 
+# --- who delivers: the watcher's thread, else the health check ------------------------------
+
+
+@pytest.fixture
+def node(tmp_path, receiver):
+    """A sim node n1 (8 GPUs, job 12 of alice on it) in FakeSlurm, with [notify] posting to the receiver."""
+    def make(notify: str = f'settle = 1.0\n[[notify.webhook]]\nurl = "{receiver.url()}"\n'):
+        cfg = sim_config(tmp_path, f"[expect]\ngpus = 8\n[notify]\n{notify}")
+        sim.init(cfg.gpu.sim_dir, "n1", 8)
+        slurm = FakeSlurm()
+        slurm.add_node("n1", "MIXED")
+        slurm.add_job(12, "n1")
+        return Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+
+    return make
+
+
+def test_the_watcher_runs_a_notifier_thread_that_posts_the_incident(node, receiver):
+    w = node()
+    sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
+    watcher = Watcher(w, SimSource(w.config.gpu.sim_dir, "n1", 0.05), log=lambda m: None)
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not receiver.bodies():
+            assert time.monotonic() < deadline, "the watcher's notifier posted nothing"
+            time.sleep(0.05)
+        assert "notify" in [t.name for t in threading.enumerate()]
+        assert Notifier(Settings.from_config(w.config)).delivering()
+    finally:
+        stop.set()
+        thread.join(5)
+    [msg] = receiver.bodies()
+    assert msg["kind"] == "opened" and msg["gpus"][0]["index"] == 3
+    assert msg["jobs"] == [{"job_id": "12", "user": None, "how": "requeued"}]
+    deadline = time.monotonic() + 5
+    while Notifier(Settings.from_config(w.config)).delivering():  # a clean stop takes its heartbeat away
+        assert time.monotonic() < deadline, "the heartbeat outlived the watcher"
+        time.sleep(0.05)
+
+
+def test_a_watcher_without_receivers_starts_no_notifier(node):
+    w = node(notify="")
+    assert Watcher(w, SimSource(w.config.gpu.sim_dir, "n1", 0.05), log=lambda m: None).start_notifier(
+        threading.Event()) is None
+
+
+def test_the_health_check_tells_its_own_drain_when_no_watcher_delivers(node, receiver):
+    w = node()
+    sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.drained and outcome.requeued == ["12"]
+    # It waited out the 1 s settle (its own requeue was written already) instead of leaving the
+    # message to its next run minutes later.
+    [msg] = receiver.bodies()
+    assert msg["kind"] == "opened" and msg["jobs"] == [{"job_id": "12", "user": None, "how": "requeued"}]
+    healthcheck.run(w, follow="none")  # the node is still bad: no second message
+    assert len(receiver.bodies()) == 1
+
+
+def test_the_health_check_leaves_delivery_to_a_live_watcher(node, receiver, tmp_path):
+    w = node()
+    n = Notifier(Settings.from_config(w.config))
+    n._beat()  # the watcher's notifier made a pass a moment ago
+    sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.drained
+    assert receiver.requests == []
+    assert not os.path.exists(n.state_path)  # not even read into the outbox: the watcher's to do
+
+
+def test_the_health_check_flushes_only_within_its_deadline(node, receiver):
+    w = node()
+    sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
+    w.deadline = time.monotonic() + 1.2  # less left than the margin and the least flush need
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.drained  # remediation first, always
+    assert receiver.requests == []
+    w.deadline = None  # the next run, with its own deadline: nothing was lost
+    healthcheck.run(w, follow="none")
+    assert [m["kind"] for m in receiver.bodies()] == ["opened"]
+
+
+def test_has_work_is_true_only_for_something_new_queued_or_open(setup, receiver):
+    log, clock, notifier = setup
+    n = notifier()
+    assert not n.has_work()  # no log yet
+    xid79(log)
+    assert n.has_work()
+    n.flush(5)
+    assert n.has_work()  # open: a reminder or the back-in-service message may be due
+    resume(log)
+    n.flush(5)
+    assert not n.has_work()
+    receiver.stop()
+    log.write("bridge_breaker_tripped", node="k1", slurm_node="n1", reason="3 nodes taken")
+    n.flush(5)
+    assert n.has_work()  # waiting in the outbox
+
+
 # --- on the real testbed ---------------------------------------------------------------------
 
 
 @pytest.mark.slurm
 def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbed, receiver, tmp_path):
+    """The watcher's own notifier thread tells the drain; with the watcher gone, the health check's
+    short flush tells the node back in service."""
     tb = hooked_testbed
-    n = Notifier(Settings(audit=tb.audit_log, dir=str(tmp_path / "notify"),
-                          webhooks=({"url": receiver.url(), "format": "json", "name": ""},), settle=1.0),
-                 log=lambda m: None)
-    stop = threading.Event()
-    thread = threading.Thread(target=n.run, args=(stop,), kwargs={"poll": 0.2}, daemon=True)
-    thread.start()
-    watcher = subprocess.Popen([sys.executable, "-m", "slurm_hooks", "watch", "--node", "n1"], env=tb.env,
+    cfg = tmp_path / "config.toml"
+    with open(tb.config_path, encoding="utf-8") as fh:
+        cfg.write_text(fh.read() + f'\n[notify]\nsettle = 1.0\noutbox = "{tmp_path}/notify"\n'
+                                   f'[[notify.webhook]]\nurl = "{receiver.url()}"\n')
+    env = {**tb.env, "SLURM_HOOKS_CONFIG": str(cfg)}
+    watcher = subprocess.Popen([sys.executable, "-m", "slurm_hooks", "watch", "--node", "n1"], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        job = tb.sbatch("#!/bin/sh\nsleep 300\n", "--gres=gpu:1", "-w", "n1")
-        tb.wait_job(job, timeout=30)
+        job = tb.sbatch(TRAP_JOB, "--gres=gpu:1", "-w", "n1")
+        # Under the job: its batch script runs. (A job shows RUNNING while its prolog still runs; an XID
+        # then is the prolog's to find, and the prolog refuses the job instead of our requeueing it.)
+        _, gpu = wait_started(tb, job, timeout=30)
         deadline = time.monotonic() + 10
         while not any(r.get("message") == "watcher started" for r in tb.audit_events()):
             assert time.monotonic() < deadline, "watcher did not start"
             time.sleep(0.05)
-        sim.inject(tb.sim_dir, "n1", 0, xid=79)
+        sim.inject(tb.sim_dir, "n1", gpu, xid=79)
         tb.wait_node("n1", lambda x: x.drained and x.reason.startswith("slurm-hooks:"), timeout=5, interval=0.02)
         drained_at = time.time()
         deadline = time.monotonic() + 10
@@ -437,29 +573,23 @@ def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbe
             time.sleep(0.05)
         [msg] = receiver.bodies()
         assert receiver.requests[0]["at"] - drained_at < 5.0
-        assert msg["kind"] == "opened" and msg["node"] == "n1" and msg["gpus"][0]["index"] == 0
+        assert msg["kind"] == "opened" and msg["node"] == "n1" and msg["gpus"][0]["index"] == gpu
         assert msg["finding"]["xid"] == 79 and msg["action"] == "replace"
-        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"]}]
-        # Mended: the health check judges the node again and resumes its own drain.
+        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"], "how": "requeued"}]
+        # Mended: the health check judges the node again, resumes its own drain, and (no watcher
+        # delivering any more) tells it itself within its run.
         sim.clear(tb.sim_dir, "n1")
         tb.cancel_all()
         watcher.terminate()
         watcher.wait(10)
-        check = subprocess.run([sys.executable, "-m", "slurm_hooks", "check", "--node", "n1"], env=tb.env,
+        check = subprocess.run([sys.executable, "-m", "slurm_hooks", "check", "--node", "n1"], env=env,
                                capture_output=True, text=True, timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr
-        deadline = time.monotonic() + 10
-        while len(receiver.bodies()) < 2:
-            assert time.monotonic() < deadline, f"no back-in-service message: {receiver.bodies()}"
-            time.sleep(0.05)
-        time.sleep(1.0)
         kinds = [m["kind"] for m in receiver.bodies()]
-        assert kinds == ["opened", "resolved"]
+        assert kinds == ["opened", "resolved"], check.stderr
         assert receiver.bodies()[1]["incident"] == msg["incident"]
         assert receiver.bodies()[1]["out_of_service_s"] > 0
     finally:
-        stop.set()
-        thread.join(10)
         if watcher.poll() is None:
             watcher.terminate()
             watcher.wait(10)

@@ -53,3 +53,25 @@ def test_a_helper_that_never_says_it_runs_is_stopped_at_the_bound(tmp_path):
     spawned = spawn_detached([sys.executable, helper], ready_timeout=0.5)
     assert not spawned.started and "not ready after 0.5s" in spawned.error
     assert spawned.proc.wait(timeout=5) != 0  # killed, not left to act on its own
+
+
+def test_stop_ends_a_helper_that_ignores_sigterm_and_its_children(tmp_path):
+    # The demo's watchers are stopped this way: SIGTERM, a bounded wait, then the whole group killed.
+    helper = _ready_helper(tmp_path, "import signal, subprocess\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                     "from slurm_hooks.runner import signal_ready\n"
+                                     f"child = subprocess.Popen(['sleep', '60'])\nopen({str(tmp_path / 'child')!r}, 'w')"
+                                     ".write(str(child.pid))\nsignal_ready()\ntime.sleep(60)")
+    spawned = spawn_detached([sys.executable, helper], ready_timeout=5)
+    assert spawned.started, spawned.error
+    child = int((tmp_path / "child").read_text())
+    spawned.stop(timeout=0.5)
+    assert spawned.proc.wait(timeout=5) == -9
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the helper's child outlived stop()")

@@ -1,4 +1,4 @@
-"""``scontrol -o show node|job`` lines -> NodeInfo / JobInfo.
+"""``scontrol -o show node`` lines and ``squeue -O`` records -> NodeInfo / JobInfo.
 
 The 22.05 lines were captured from the testbed (Debian 12, Slurm 22.05.8). The
 24.11-style lines were written from Slurm's ``slurm_sprint_node_table`` /
@@ -18,7 +18,6 @@ from slurm_hooks.slurm import may_drain, may_resume, parse_reason
 from slurm_hooks.slurm.scontrol import (
     SlurmCommandFailed,
     parse_fields,
-    parse_job_line,
     parse_node_json,
     parse_node_line,
     parse_squeue_job,
@@ -73,49 +72,6 @@ NODE_DOWN_NOT_RESPONDING_2205 = (
     "Comment=" + SLINKY_COMMENT
 )
 
-JOB_RUNNING_TWO_NODES_2205 = (
-    "JobId=9 JobName=train llama=405b step 2 UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 "
-    "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 "
-    "BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:02 TimeLimit=UNLIMITED TimeMin=N/A "
-    "SubmitTime=2026-11-29T21:27:07 EligibleTime=2026-11-29T21:27:07 AccrueTime=2026-11-29T21:27:07 "
-    "StartTime=2026-11-29T21:27:11 EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 "
-    "LastSchedEval=2026-11-29T21:27:11 Scheduler=Main Partition=gpu AllocNode:Sid=localhost:5223 "
-    "ReqNodeList=(null) ExcNodeList=(null) NodeList=n[1-2] BatchHost=n1 NumNodes=2 NumCPUs=2 NumTasks=2 "
-    "CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=2,node=2,billing=2 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* "
-    "CoreSpec=* MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
-    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=(null) WorkDir=/tmp/tb1/jobs "
-    "Comment=" + SLINKY_COMMENT + "  StdErr=/tmp/tb1/jobs/slurm-9.out StdIn=/dev/null "
-    "StdOut=/tmp/tb1/jobs/slurm-9.out Power= TresPerNode=gres:gpu:8 "
-)
-
-JOB_REQUEUED_PENDING_2205 = (
-    "JobId=13 JobName=ckpt job UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901757 Nice=0 "
-    "Account=(null) QOS=(null) JobState=PENDING Reason=BeginTime Dependency=(null) Requeue=1 Restarts=1 "
-    "BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED TimeMin=N/A "
-    "SubmitTime=2026-11-29T21:27:19 EligibleTime=2026-11-29T21:29:20 AccrueTime=2026-11-29T21:29:20 "
-    "StartTime=2026-11-29T21:29:20 EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 "
-    "LastSchedEval=2026-11-29T21:27:19 Scheduler=Main Partition=gpu AllocNode:Sid=localhost:5223 "
-    "ReqNodeList=(null) ExcNodeList=(null) NodeList= NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 "
-    "ReqB:S:C:T=0:0:*:* TRES=cpu=1,mem=8000M,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
-    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 OverSubscribe=OK "
-    "Contiguous=0 Licenses=(null) Network=(null) Command=(null) WorkDir=/tmp/tb1/jobs "
-    "StdErr=/tmp/tb1/jobs/slurm-13.out StdIn=/dev/null StdOut=/tmp/tb1/jobs/slurm-13.out Power= "
-)
-
-JOB_ARRAY_TASK_2205 = (
-    "JobId=12 ArrayJobId=10 ArrayTaskId=2 JobName=arr UserId=root(0) GroupId=root(0) MCS_label=N/A "
-    "Priority=4294901758 Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) "
-    "Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:01 TimeLimit=UNLIMITED TimeMin=N/A "
-    "SubmitTime=2026-11-29T21:27:13 EligibleTime=2026-11-29T21:27:13 AccrueTime=Unknown "
-    "StartTime=2026-11-29T21:27:13 EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 "
-    "LastSchedEval=2026-11-29T21:27:13 Scheduler=Main Partition=gpu AllocNode:Sid=localhost:5223 "
-    "ReqNodeList=(null) ExcNodeList=(null) NodeList=n1 BatchHost=n1 NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 "
-    "ReqB:S:C:T=0:0:*:* TRES=cpu=1,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
-    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 OverSubscribe=OK "
-    "Contiguous=0 Licenses=(null) Network=(null) Command=(null) WorkDir=/tmp/tb1/jobs "
-    "StdErr=/tmp/tb1/jobs/slurm-10_2.out StdIn=/dev/null StdOut=/tmp/tb1/jobs/slurm-10_2.out Power= "
-)
-
 # --- newer Slurm (24.11 field set and order), written from its source --------------------
 
 NODE_2411_DRAINED_BY_US = (
@@ -143,24 +99,6 @@ NODE_2411_OPERATOR_DRAIN_WITH_FUTURE_FIELD = (
     "CfgTRES=cpu=96,mem=1M,billing=96 AllocTRES=cpu=96 CurrentWatts=n/a AveWatts=n/a "
     "Reason=slurm-operator: Node is cordoned (k8s node k8s-node-2) [slurm@2025-12-01T00:00:01]"
 )
-
-JOB_2411_PENDING_HELD_AFTER_PROLOG_FAILURE = (
-    "JobId=4242 JobName=x; touch /tmp/pwned Comment=evil UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A "
-    "Priority=0 Nice=0 Account=ml QOS=normal JobState=PENDING Reason=launch_failed_requeued_held "
-    "Dependency=(null) Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:00 "
-    "TimeLimit=2-00:00:00 TimeMin=N/A SubmitTime=2025-01-01T00:00:00 EligibleTime=Unknown "
-    "AccrueTime=Unknown StartTime=Unknown EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 "
-    "LastSchedEval=2025-01-01T00:00:05 Scheduler=Main Partition=gpu AllocNode:Sid=login1:4242 "
-    "ReqNodeList=(null) ExcNodeList=(null) NodeList= SchedNodeList=gpu[001-004] NumNodes=4-4 NumCPUs=384 "
-    "NumTasks=32 CPUs/Task=12 ReqB:S:C:T=0:0:*:* ReqTRES=cpu=384,mem=8000G,node=4,billing=384,gres/gpu=32 "
-    "Socks/Node=* NtasksPerN:B:S:C=8:0:*:* CoreSpec=* MinCPUsNode=96 MinMemoryNode=2000G MinTmpDiskNode=0 "
-    "Features=(null) DelayBoot=00:00:00 OverSubscribe=NO Contiguous=0 Licenses=(null) LicensesAlloc=(null) "
-    "Network=(null) Command=/home/alice/train.sh --lr=3e-4 WorkDir=/home/alice/run 1 "
-    "AdminComment=moved from gpu017 Comment={\"ckpt\":\"s3://b/x\"} StdErr=/home/alice/run 1/%j.err "
-    "StdIn=/dev/null StdOut=/home/alice/run 1/%j.out TresPerNode=gres/gpu:8 TresPerTask=cpu=12 "
-    "MailUser=alice@example.org MailType=END,FAIL Container= ContainerID= OOMKillStep=0"
-)
-
 
 # --- nodes ---------------------------------------------------------------------------------
 
@@ -245,47 +183,6 @@ def test_node_line_missing_name_or_state_is_a_permanent_error():
     with pytest.raises(SlurmCommandFailed) as err:
         parse_node_line("Node nX not found")
     assert isinstance(err.value, PermanentError)
-
-
-# --- jobs ----------------------------------------------------------------------------------
-
-
-def test_running_two_node_job_with_spaces_and_equals_in_its_name():
-    job = parse_job_line(JOB_RUNNING_TWO_NODES_2205)
-    assert job.job_id == 9
-    assert job.name == "train llama=405b step 2"
-    assert (job.state, job.nodes, job.reason) == ("RUNNING", "n[1-2]", "None")
-    assert job.requeue and job.batch and job.restarts == 0
-    assert json.loads(job.extra["Comment"])["podName"] == "slurm-worker-gpu-0"
-    assert job.extra["UserId"] == "root(0)"
-    assert job.extra["TresPerNode"] == "gres:gpu:8"
-
-
-def test_requeued_job_is_pending_on_begin_time_with_one_restart_and_no_nodes():
-    job = parse_job_line(JOB_REQUEUED_PENDING_2205)
-    assert (job.job_id, job.name, job.state, job.reason) == (13, "ckpt job", "PENDING", "BeginTime")
-    assert job.restarts == 1 and job.nodes == ""
-    assert job.extra["EligibleTime"] == "2026-11-29T21:29:20"
-
-
-def test_array_task_line_keeps_its_own_job_id():
-    job = parse_job_line(JOB_ARRAY_TASK_2205)
-    assert job.job_id == 12
-    assert job.extra["ArrayJobId"] == "10" and job.extra["ArrayTaskId"] == "2"
-
-
-def test_hostile_job_text_from_2411_stays_inside_its_fields():
-    job = parse_job_line(JOB_2411_PENDING_HELD_AFTER_PROLOG_FAILURE)
-    assert job.name == "x; touch /tmp/pwned Comment=evil"
-    assert job.reason == "launch_failed_requeued_held"
-    assert job.state == "PENDING" and job.restarts == 1
-    assert job.extra["Command"] == "/home/alice/train.sh --lr=3e-4"
-    assert job.extra["WorkDir"] == "/home/alice/run 1"
-    assert job.extra["AdminComment"] == "moved from gpu017"
-    assert json.loads(job.extra["Comment"]) == {"ckpt": "s3://b/x"}
-    assert job.extra["StdOut"] == "/home/alice/run 1/%j.out"
-    assert job.extra["SchedNodeList"] == "gpu[001-004]"
-    assert job.extra["OOMKillStep"] == "0"
 
 
 def test_generic_split_does_not_take_tres_items_for_keys():

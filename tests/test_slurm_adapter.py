@@ -49,6 +49,26 @@ def test_drain_with_our_prefix_sets_the_reason(clean_testbed):
 
 
 @pytest.mark.slurm
+def test_a_drain_given_the_node_just_read_reads_it_no_second_time(clean_testbed):
+    tb = clean_testbed
+    seen: list[tuple[str, ...]] = []
+
+    def recording(argv, timeout, **kw):
+        seen.append(tuple(argv[1:]))
+        return run_command(argv, timeout, **kw)
+
+    slurm = ScontrolSlurm(timeout=10, runner=recording, env={"SLURM_CONF": tb.slurm_conf})
+    slurm.drain("n1", OUR_REASON, current=slurm.node("n1"))
+    assert [a for a in seen if "show" in a] == [("-o", "show", "node", "n1")]  # remediation's one read
+    assert slurm.node("n1").reason == OUR_REASON
+    admin_drain(tb, "n2", "bad DIMM")
+    seen.clear()
+    with pytest.raises(ReasonNotOurs):
+        slurm.drain("n2", OUR_REASON, current=slurm.node("n2"))
+    assert [a for a in seen if "update" in a] == [] and tb.slurm.node("n2").reason == "bad DIMM"
+
+
+@pytest.mark.slurm
 def test_redrain_of_our_own_node_replaces_our_reason(clean_testbed):
     slurm = clean_testbed.slurm
     slurm.drain("n1", OUR_REASON)

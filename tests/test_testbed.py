@@ -13,7 +13,8 @@ import time
 import pytest
 
 from slurm_hooks.runner import run_command
-from slurm_hooks.testbed import HOOKS, MARKER, Settings, Testbed, TestbedError, missing_programs, parse_version
+from slurm_hooks.slurm.version import parse_version
+from slurm_hooks.testbed import HOOKS, MARKER, Settings, Testbed, TestbedError, missing_programs
 
 pytestmark = pytest.mark.slurm
 

@@ -537,6 +537,14 @@ def test_bridge_api_server_unreachable_fails(cluster):
     assert r.status is validate.Status.FAIL and "cannot reach the API server" in r.message
 
 
+def test_bridge_kubeconfig_that_is_missing_fails_naming_it(cluster):
+    pytest.importorskip("kubernetes")
+    cluster.write_config(GOOD_CONFIG + '\n[bridge]\nkubeconfig = "/nonexistent/kc"\n')
+    r = only(cluster.run(), "kube-access")
+    assert r.status is validate.Status.FAIL
+    assert "cannot load Kubernetes credentials: kubeconfig /nonexistent/kc not found" in r.message
+
+
 def test_bridge_section_typo_fails_naming_file_line_and_key(cluster):
     pytest.importorskip("slurm_hooks.bridge.settings")
     cluster.write_config(GOOD_CONFIG + '\n[bridge]\nkubconfig = "/etc/kube.conf"\n')

@@ -1,8 +1,9 @@
 """The :class:`~.api.KubeApi` of the official ``kubernetes`` client: the only module importing it.
 
 ``kubernetes`` 37 (pinned to the major: it moved to pydantic models and changed
-exceptions and return types) is imported lazily, inside :func:`connect` and
-:class:`KubeClient`, so ``import slurm_hooks.bridge.kubeclient`` costs nothing.
+exceptions and return types) is imported lazily, inside :func:`load_credentials`
+and :class:`KubeClient`, so ``import slurm_hooks.bridge.kubeclient`` costs nothing.
+:func:`load_credentials` is the one credential loader: the bridge's and ``validate``'s.
 
 Every call goes through :meth:`KubeClient._request`: one timeout per request
 (``_request_timeout``), bounded retries with exponential backoff for transient
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import time
 from typing import Any, Callable
 
@@ -29,6 +31,7 @@ from slurm_hooks.bridge.api import (
     Obj,
     Resource,
 )
+from slurm_hooks.errors import PermanentError
 
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
@@ -68,6 +71,67 @@ def _retry_after(exc: Any) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
+
+
+# -- credentials: the one loader -----------------------------------------------------------
+
+
+class KubeClientMissing(PermanentError):
+    """The ``kubernetes`` package is not installed here (node-side environments)."""
+
+
+class CredentialsError(KubePermanent):
+    """No usable credentials, or the API server rejected them (401/403)."""
+
+
+MISSING = ("the bridge needs the kubernetes client, which is not installed here: "
+           "pip install 'slurm-hooks[k8s]' (Python 3.10+), in the bridge's own environment")
+
+
+def _kubeconfig_paths(kubeconfig: str | None) -> list[str]:
+    if kubeconfig:
+        return [kubeconfig]
+    env = os.environ.get("KUBECONFIG", "")
+    paths = [os.path.expanduser(p) for p in env.split(os.pathsep) if p]
+    return paths or [os.path.expanduser("~/.kube/config")]
+
+
+def load_credentials(kubeconfig: str | None = None, context: str | None = None, *, url: str | None = None,
+                     in_cluster: bool | None = None) -> tuple[Any, str]:
+    """(``kubernetes.client.ApiClient``, where the credentials came from).
+
+    An explicit ``url`` (tests: no credentials), else in-cluster (``in_cluster``, or ``None`` and the
+    pod's service-account environment is there and no kubeconfig is named), else the kubeconfig
+    named, else $KUBECONFIG / ~/.kube/config. urllib3 does not retry: the caller's own loop decides
+    (the bridge's :class:`~slurm_hooks.bridge.kubeclient.KubeClient`), so retries never multiply.
+    """
+    try:
+        from kubernetes import client as k8s_client
+        from kubernetes import config as k8s_config
+    except ImportError:
+        raise KubeClientMissing(MISSING) from None
+    configuration = k8s_client.Configuration()
+    try:
+        if url:
+            configuration.host = url.rstrip("/")
+            source = f"API server {configuration.host}"
+        elif in_cluster or (in_cluster is None and not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST")):
+            k8s_config.load_incluster_config(client_configuration=configuration)
+            source = "in-cluster service account"
+        else:
+            paths = _kubeconfig_paths(kubeconfig)
+            if not any(os.path.exists(p) for p in paths):
+                raise CredentialsError(f"cannot load Kubernetes credentials: kubeconfig {paths[0]} not found "
+                                       "and not running in a pod")
+            k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration,
+                                        persist_config=False)
+            source = f"kubeconfig {kubeconfig or os.pathsep.join(paths)}" + (f" (context {context})" if context else "")
+    except k8s_config.ConfigException as exc:
+        raise CredentialsError(f"cannot load Kubernetes credentials: {exc}") from None
+    except OSError as exc:
+        raise CredentialsError(f"cannot read kubeconfig: {exc}") from None
+    configuration.retries = False
+    return k8s_client.ApiClient(configuration), source
 
 
 class KubeClient:
@@ -331,28 +395,5 @@ def connect(
     ``in_cluster=None`` means: in-cluster when the service-account environment
     is there (``KUBERNETES_SERVICE_HOST``), the kubeconfig otherwise.
     """
-    import os
-
-    try:
-        from kubernetes import client, config
-    except ImportError:
-        from slurm_hooks.errors import PermanentError
-
-        raise PermanentError("the bridge needs the kubernetes client, which is not installed here: "
-                             "pip install 'slurm-hooks[k8s]' (Python 3.10+), in the bridge's own environment") from None
-
-    configuration = client.Configuration()
-    try:
-        if url:
-            configuration.host = url.rstrip("/")
-        elif in_cluster or (in_cluster is None and not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST")):
-            config.load_incluster_config(client_configuration=configuration)
-        else:
-            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-    except config.ConfigException as exc:
-        raise KubePermanent(f"cannot load Kubernetes credentials: {exc}") from None
-    except OSError as exc:
-        raise KubePermanent(f"cannot read kubeconfig: {exc}") from None
-    # Our own retry loop decides; urllib3's silent connection retries would multiply it.
-    configuration.retries = False
-    return KubeClient(client.ApiClient(configuration), **options)
+    api_client, _ = load_credentials(kubeconfig, context, url=url, in_cluster=in_cluster)
+    return KubeClient(api_client, **options)

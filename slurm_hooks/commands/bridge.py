@@ -19,7 +19,7 @@ import click
 from slurm_hooks import config as config_mod
 from slurm_hooks.audit import AuditLog
 from slurm_hooks.commands.options import config_option
-from slurm_hooks.entry import EXIT_OK, EXIT_UNAVAILABLE
+from slurm_hooks.errors import EXIT_OK, EXIT_UNAVAILABLE
 
 
 def _settings(config_path: str | None, **overrides):

@@ -81,7 +81,7 @@ def render_all(
     if config_text is None:
         config_text = _bridge_config(slinky_namespace, "condition")
     cfg = config_mod.parse(config_text, "<bridge config>")
-    settings = settings_mod.parse(cfg.raw.get("bridge", {}))
+    settings = settings_mod.from_config(cfg)
     if settings.replace.backend == "template" and not template_group:
         raise ConfigError("backend \"template\" needs --template-group (the API group of the rendered resource)")
     name = "slurm-hooks-bridge"

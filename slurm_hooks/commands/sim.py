@@ -8,11 +8,10 @@ import click
 
 from slurm_hooks import config as config_mod
 from slurm_hooks import nodename
+from slurm_hooks.commands.options import config_option, json_option, node_option
 from slurm_hooks.probes import sim as simstate
 
-_config_option = click.option("--config", "config_path", metavar="PATH", help="Config file (default /etc/slurm-hooks/config.toml).")
 _dir_option = click.option("--sim-dir", metavar="DIR", help="Overrides [gpu] sim_dir.")
-_node_option = click.option("--node", metavar="NAME", help="Node name (default: SLURMD_NODENAME or short hostname).")
 
 
 def _sim_dir(config_path: str | None, sim_dir: str | None) -> str:
@@ -25,10 +24,10 @@ def sim() -> None:
 
 
 @sim.command()
-@_node_option
+@node_option
 @click.option("--gpus", default=8, show_default=True, type=click.IntRange(1, 64))
 @click.option("--model", default="H100", show_default=True, type=click.Choice(sorted(simstate.MODELS)))
-@_config_option
+@config_option
 @_dir_option
 def init(node: str | None, gpus: int, model: str, config_path: str | None, sim_dir: str | None) -> None:
     """Create NODE with healthy GPUs (replaces any earlier state)."""
@@ -38,7 +37,7 @@ def init(node: str | None, gpus: int, model: str, config_path: str | None, sim_d
 
 
 @sim.command()
-@_node_option
+@node_option
 @click.option("--gpu", "gpu", required=True, type=click.IntRange(0, 63), help="GPU index.")
 @click.option("--xid", type=click.IntRange(1, 1000), help="Record an XID event.")
 @click.option("--ecc-uncorrectable", type=click.IntRange(1), metavar="K", help="Add K uncorrectable ECC errors.")
@@ -52,7 +51,7 @@ def init(node: str | None, gpus: int, model: str, config_path: str | None, sim_d
 @click.option("--cleared-by", type=click.Choice(simstate.CLEARED_BY),
               help="What mends it: a GPU reset, a reboot, or never (a dead GPU). Default: NVIDIA's catalogue "
                    "(reset-class XIDs and a pending row remap: reset; XID 79 and a lost GPU: reboot).")
-@_config_option
+@config_option
 @_dir_option
 def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None, cleared_by: str | None,
            **fault) -> None:
@@ -70,9 +69,9 @@ def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | N
 
 
 @sim.command()
-@_node_option
+@node_option
 @click.option("--gpu", "gpu", required=True, type=click.IntRange(0, 63), help="GPU index.")
-@_config_option
+@config_option
 @_dir_option
 def reset(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None) -> None:
     """Reset one simulated GPU, as nvidia-smi --gpu-reset would (exit 1 when it does not come back)."""
@@ -86,8 +85,8 @@ def reset(node: str | None, gpu: int, config_path: str | None, sim_dir: str | No
 
 
 @sim.command()
-@_node_option
-@_config_option
+@node_option
+@config_option
 @_dir_option
 def reboot(node: str | None, config_path: str | None, sim_dir: str | None) -> None:
     """Reboot a simulated node: new boot id, empty kernel log, faults a reboot mends gone."""
@@ -97,9 +96,9 @@ def reboot(node: str | None, config_path: str | None, sim_dir: str | None) -> No
 
 
 @sim.command()
-@_node_option
+@node_option
 @click.option("--gpu", "gpu", type=click.IntRange(0, 63), help="Only this GPU (default: all).")
-@_config_option
+@config_option
 @_dir_option
 def clear(node: str | None, gpu: int | None, config_path: str | None, sim_dir: str | None) -> None:
     """Make simulated GPUs healthy again."""
@@ -109,9 +108,9 @@ def clear(node: str | None, gpu: int | None, config_path: str | None, sim_dir: s
 
 
 @sim.command()
-@_node_option
-@click.option("--json", "as_json", is_flag=True)
-@_config_option
+@node_option
+@json_option
+@config_option
 @_dir_option
 def show(node: str | None, as_json: bool, config_path: str | None, sim_dir: str | None) -> None:
     """Show the simulated state of NODE."""

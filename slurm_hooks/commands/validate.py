@@ -6,15 +6,15 @@ import json
 
 import click
 
+from slurm_hooks.commands.options import config_option, json_output, node
+
 
 @click.command()
-@click.option("--config", "config_path", metavar="PATH",
-              help="Config file (default: $SLURM_HOOKS_CONFIG or /etc/slurm-hooks/config.toml).")
+@config_option
 @click.option("--slurm-conf", "slurm_conf", metavar="PATH",
               help="slurm.conf to judge (default: $SLURM_CONF, then /etc/slurm/slurm.conf and the configless caches).")
-@click.option("--json", "as_json", is_flag=True, help="A JSON list of {check, status, message, fix, where}.")
-@click.option("--node", metavar="NAME",
-              help="Judge GPUs and Gres for this node (default: $SLURMD_NODENAME or short hostname).")
+@json_output("A JSON list of {check, status, message, fix, where}.")
+@node("Judge GPUs and Gres for this node (default: $SLURMD_NODENAME or short hostname).")
 def validate(config_path: str | None, slurm_conf: str | None, as_json: bool, node: str | None) -> int:
     """Check slurm.conf, our config, the GPUs, scontrol and (with [bridge]) Kubernetes access."""
     from slurm_hooks import nodename

@@ -56,7 +56,37 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
             remediate.record_alerts(w, report)
         act(w, report, outcome, follow=follow, earlier=earlier)
         remediate.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
+        if context is Context.CHECK and not retry:
+            notify_flush(w)
     return report, outcome
+
+
+#: The health check's flush keeps this much of the run's deadline unspent, and needs at least MIN_FLUSH_S.
+FLUSH_MARGIN_S = 1.0
+MIN_FLUSH_S = 0.5
+
+
+def notify_flush(w: Wiring) -> dict[str, int] | None:
+    """After remediation, deliver what the audit log has to tell when no watcher does ([notify]):
+    only with a receiver configured, no watcher's notifier alive, and something new or open;
+    bounded by [notify] flush_timeout and what is left of the run's deadline. Never raises."""
+    n = w.config.notify
+    if not (n.webhook or n.syslog):
+        return None  # nothing configured: not even an import
+    budget = min(float(n.flush_timeout), w.time_left(float(n.flush_timeout)) - FLUSH_MARGIN_S)
+    if budget < MIN_FLUSH_S:
+        return None
+    try:
+        from slurm_hooks.notify import Notifier, Settings
+
+        notifier = Notifier(Settings.from_config(w.config),
+                            log=lambda msg: print(f"slurm-hooks check: notify: {msg}", file=sys.stderr))
+        if notifier.delivering() or not notifier.has_work():
+            return None
+        return notifier.flush(budget, wait_settle=True)
+    except Exception as exc:  # noqa: BLE001 - telling must never fail the check
+        print(f"slurm-hooks check: notify flush failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
 
 
 #: A pending action is retried only with at least this much of the run's deadline left.
@@ -241,8 +271,9 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
 
 
 def _repair(w: Wiring, report: Report, outcome: Outcome, own_job: str = "") -> bool:
-    """The repair ladder's turn (:mod:`slurm_hooks.hooks.repair`); True when it holds the node."""
-    if not w.config.repair.enabled:
+    """The repair ladder's turn (:mod:`slurm_hooks.hooks.repair`); True when it holds the node.
+    Off with ``[check] drain = false`` too: a node side that may not drain repairs nothing."""
+    if not (w.config.repair.enabled and w.config.check.drain):
         return False
     from slurm_hooks.hooks import repair
 
@@ -289,6 +320,9 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
         remediate.requeue_jobs(ww, outcome, follow=follow)
         if seen.transient(since=before):
             left = ["requeue"]
+        # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its
+        # failure is a warning, never a pending requeue).
+        remediate.annotate_jobs(w, outcome.requeued, f"requeued from {w.node}, {engine.drain_summary(report)}")
     if earlier is not None and not requeue and "requeue" in earlier.steps:
         left.append("requeue")  # this run (a prolog, an epilog) does not requeue: the next one will
     _settle(w, report, outcome, earlier, left, seen.last_error())

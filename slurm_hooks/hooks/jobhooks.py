@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Callable
 
 from slurm_hooks import fsutil
-from slurm_hooks.engine import parse_gpu_list
+from slurm_hooks.engine import drain_summary, parse_gpu_list
 from slurm_hooks.hooks import healthcheck, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
@@ -73,6 +73,7 @@ def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
     if jid:
         # The job is requeued once this prolog exits: no point in waiting for it here.
         remediate.follow_jobs(w, [jid], "detached", fallback=False)
+        remediate.annotate_jobs(w, [jid], f"refused by the prolog on {w.node}, {drain_summary(report)}")
     return 1
 
 
@@ -99,7 +100,7 @@ def _drain(w: Wiring, report: Report, jid: str | None) -> Outcome:
     A drain that fails for a transient reason stays pending for the next run."""
     remediate.record_alerts(w, report, job=jid)
     outcome = Outcome()
-    healthcheck.take_out(w, report, outcome, follow="none", requeue=False, job=jid)
+    healthcheck.take_out(w, report, outcome, follow="none", requeue=False, job=jid, context=report.context.value)
     _print(report)
     return outcome
 

@@ -16,12 +16,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from slurm_hooks import fsutil, hostlist
+from slurm_hooks import REASON_PREFIX, fsutil, hostlist
 from slurm_hooks.engine import drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Report, Severity
-from slurm_hooks.slurm import JobInfo, format_reason, job_ref, may_drain, may_resume
+from slurm_hooks.slurm import (
+    ADMIN_COMMENT_MAX,
+    JobInfo,
+    format_reason,
+    job_ref,
+    join_admin_comment,
+    may_drain,
+    may_resume,
+)
 
 if TYPE_CHECKING:
     from slurm_hooks.runner import Spawned
@@ -80,7 +88,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
             _step(w, "drain", w.node, "skipped", started, reason=reason,
                   detail=f"already drained by someone else: {info.reason!r}", **extra)
             return
-        w.slurm.drain(w.node, reason)
+        w.slurm.drain(w.node, reason, current=info)
     except SlurmHooksError as exc:
         outcome.failed.append(f"drain: {exc}")
         _step(w, "drain", w.node, "failed", started, reason=reason, error=str(exc), **extra)
@@ -154,6 +162,42 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached") -> None:
         _step(w, "requeue", ref, "ok", t0, jobs=[ref])
     if outcome.requeued:
         follow_jobs(w, outcome.requeued, follow)
+
+
+#: An AdminComment is written only with at least this much of the run's deadline left.
+ANNOTATE_MIN_S = 1.0
+#: What one line says at most (many findings make a long summary).
+ANNOTATE_WHAT_MAX = 200
+
+
+def annotate_jobs(w: Wiring, refs: Iterable[str], what: str) -> None:
+    """Tell each job's owner why: append ``slurm-hooks: <what>, <UTC minute>`` to its AdminComment
+    (``scontrol show job``, ``sacct -o AdminComment``), keeping what is there.
+
+    Called once the requeue (or the prolog's refusal) is done, and never in its way: each call is
+    bounded by what is left of the run's deadline, and a failure is a warning in the audit log.
+    Pass an adapter that does not count failures toward a pending requeue.
+    """
+    what = what if len(what) <= ANNOTATE_WHAT_MAX else what[: ANNOTATE_WHAT_MAX - 3].rstrip() + "..."
+    line = f"{REASON_PREFIX} {what}, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}"
+    for ref in refs:
+        t0 = time.monotonic()
+        if w.time_left(ANNOTATE_MIN_S) < ANNOTATE_MIN_S:
+            _step(w, "annotate", ref, "skipped", t0, jobs=[ref], level="warning", comment=line,
+                  detail="too little of the run's deadline left to write the job's AdminComment")
+            continue
+        try:
+            joined = join_admin_comment(w.slurm.admin_comment(ref), line)
+            if joined is None:
+                _step(w, "annotate", ref, "skipped", t0, jobs=[ref], level="warning", comment=line,
+                      detail=f"no room in the job's AdminComment (at most {ADMIN_COMMENT_MAX} characters) "
+                             "without cutting what others wrote")
+                continue
+            w.slurm.set_admin_comment(ref, joined)
+        except SlurmHooksError as exc:
+            _step(w, "annotate", ref, "failed", t0, jobs=[ref], level="warning", comment=line, error=str(exc))
+            continue
+        _step(w, "annotate", ref, "ok", t0, jobs=[ref], comment=line)
 
 
 def _not_requeued(job: JobInfo) -> tuple[str, str, str] | None:

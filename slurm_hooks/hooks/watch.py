@@ -24,6 +24,7 @@ from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, XidEvent
 
 if TYPE_CHECKING:
+    from slurm_hooks.notify import Notifier
     from slurm_hooks.xid_catalog import XidInfo
     from slurm_hooks.xid_history import XidHistory
 
@@ -224,9 +225,30 @@ class Watcher:
                 rec = None
             stop.wait(min(rec.wait_s(), self.retry_poll) if rec else self.retry_poll)
 
+    def start_notifier(self, stop: threading.Event) -> Notifier | None:
+        """Deliver what the audit log has to tell ([notify]) from a daemon thread, when a receiver
+        is configured; the health check then leaves delivery to it."""
+        from slurm_hooks.notify import Notifier
+        from slurm_hooks.notify import Settings as NotifySettings
+
+        ns = NotifySettings.from_config(self.w.config)
+        if not ns.destinations:
+            return None
+        notifier = Notifier(ns, log=lambda msg: self.log(f"slurm-hooks watch: notify: {msg}"))
+        threading.Thread(target=notifier.run, args=(stop,), name="notify", daemon=True).start()
+        return notifier
+
     def run(self, stop: threading.Event) -> None:
         self.w.audit.write("watch", node=self.w.node, message="watcher started")
         threading.Thread(target=self._retry_loop, args=(stop,), name="pending-retry", daemon=True).start()
+        notifier = self.start_notifier(stop)
+        try:
+            self._watch(stop)
+        finally:
+            if notifier is not None:
+                notifier.stopped()  # the process ends with its daemon threads: say so before
+
+    def _watch(self, stop: threading.Event) -> None:
         try:
             for event in self.source.backlog():
                 self.handle(event)

@@ -150,7 +150,9 @@ class Slurm(Protocol):
 
     def nodes(self) -> list[NodeInfo]: ...
 
-    def drain(self, name: str, reason: str) -> None: ...
+    def drain(self, name: str, reason: str, *, current: NodeInfo | None = None) -> None:
+        """Drain unless someone else's reason is on the node; ``current``: the node just read (no second read)."""
+        ...
 
     def drained_count(self, reason: str) -> int:
         """How many nodes are drained (or down) with exactly this reason."""
@@ -180,6 +182,37 @@ class Slurm(Protocol):
     def start_now(self, ref: int | str) -> None: ...
 
     def signal(self, ref: int | str, signal: str) -> None: ...
+
+    def admin_comment(self, ref: int | str) -> str:
+        """The job's AdminComment ("" when none)."""
+        ...
+
+    def set_admin_comment(self, ref: int | str, text: str) -> None:
+        """Replace the job's AdminComment with ``text`` (Slurm has no append: read, join, write)."""
+        ...
+
+
+#: Slurm refuses a longer comment at submission ("parameter too long", 22.05); an update takes
+#: more, but what we write stays within what a submission may carry.
+ADMIN_COMMENT_MAX = 1024
+ADMIN_COMMENT_SEP = "; "
+
+
+def join_admin_comment(existing: str, line: str, limit: int = ADMIN_COMMENT_MAX) -> str | None:
+    """``existing`` with ``line`` appended (``; ``), within ``limit``. What others wrote is kept
+    whole; our own older lines go first when room is short. ``None``: no room without cutting theirs."""
+    line = " ".join(line.split())
+    parts = [p for p in (existing or "").split(ADMIN_COMMENT_SEP) if p.strip()]
+    if line in parts:
+        return existing  # said already (a retried run)
+    while True:
+        joined = ADMIN_COMMENT_SEP.join([*parts, line])
+        if len(joined) <= limit:
+            return joined
+        ours = next((i for i, p in enumerate(parts) if p.startswith(REASON_PREFIX)), None)
+        if ours is None:
+            return None
+        del parts[ours]
 
 
 def may_drain(node: NodeInfo) -> bool:

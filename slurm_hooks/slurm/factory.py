@@ -11,13 +11,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from slurm_hooks.errors import CommandError, ConfigError
 from slurm_hooks.runner import Runner, run_command
 from slurm_hooks.slurm import Slurm
+from slurm_hooks.slurm.version import parse_version
 
 
 def from_config(config: Any, runner: Runner | None = None, env: Mapping[str, str] | None = None) -> Slurm:
@@ -62,8 +62,8 @@ def usable_pyslurm(bin_dir: str = "/usr/bin", runner: Runner | None = None,
 
 def versions_match(pyslurm_version: str, slurm_version_text: str) -> tuple[bool, str]:
     """pyslurm X.Y.* goes with Slurm X.Y.* only (``slurm 22.05.8``, ``slurm-wlm 23.11.4``)."""
-    py = _major_minor(pyslurm_version)
-    sl = _major_minor(slurm_version_text)
+    py = parse_version(pyslurm_version)
+    sl = parse_version(slurm_version_text)
     if py is None:
         return False, f"pyslurm reports no usable version ({pyslurm_version!r})"
     if sl is None:
@@ -73,10 +73,3 @@ def versions_match(pyslurm_version: str, slurm_version_text: str) -> tuple[bool,
                        "(pyslurm X.Y works only with Slurm X.Y)")
     return True, ""
 
-
-_VERSION = re.compile(r"(?<![\d.])(\d{2})\.(\d{1,2})(?:\.\d+)?")
-
-
-def _major_minor(text: str) -> tuple[int, int] | None:
-    m = _VERSION.search(text or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None

@@ -21,16 +21,17 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_drain, may_resume
-from slurm_hooks.slurm.scontrol import (
+from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_resume
+from slurm_hooks.slurm.errors import (
     ReasonNotOurs,
     SlurmCommandFailed,
     SlurmNotFound,
     SlurmTimeout,
     SlurmUnavailable,
-    call_timeout,
+    check_drain,
     classify_message,
 )
+from slurm_hooks.slurm.scontrol import call_timeout
 
 
 class PyslurmSlurm:
@@ -100,12 +101,9 @@ class PyslurmSlurm:
         items = loaded.values() if hasattr(loaded, "values") else loaded
         return [_node_info(n) for n in items]
 
-    def drain(self, name: str, reason: str) -> None:
-        current = self.node(name)
-        if not may_drain(current):
-            raise ReasonNotOurs(current, "drain")
-        if not reason or "\n" in reason:
-            raise SlurmCommandFailed(f"{name}: refusing to drain with an empty or multi-line reason")
+    def drain(self, name: str, reason: str, *, current: NodeInfo | None = None) -> None:
+        """As :meth:`.scontrol.ScontrolSlurm.drain`: ``current`` saves reading the node again."""
+        check_drain(current if current is not None and current.name == name else self.node(name), reason)
         changes = self.ps.Node(state="DRAIN", reason=reason)
         self._call(f"drain {name}", self.ps.Node(name).modify, changes)
 
@@ -143,9 +141,10 @@ class PyslurmSlurm:
         items = loaded.values() if hasattr(loaded, "values") else loaded
         return [job for job in map(_job_info, items) if job.active and job.runs_on(name)]
 
-    def _array_cli(self) -> Any:
+    def _array_cli(self, what: str = "address one task of a job array") -> Any:
+        """The scontrol backend this one delegates to (arrays; AdminComment, kept in one place)."""
         if self.cli is None:
-            raise SlurmCommandFailed("pyslurm backend cannot address one task of a job array without scontrol")
+            raise SlurmCommandFailed(f"pyslurm backend cannot {what} without scontrol")
         return self.cli
 
     def _act(self, what: str, ref: int | str, *args: Any) -> None:
@@ -167,6 +166,12 @@ class PyslurmSlurm:
 
     def start_now(self, ref: int | str) -> None:
         self._act("start_now", ref)
+
+    def admin_comment(self, ref: int | str) -> str:
+        return self._array_cli("read an AdminComment").admin_comment(_ref(ref))
+
+    def set_admin_comment(self, ref: int | str, text: str) -> None:
+        self._array_cli("set an AdminComment").set_admin_comment(_ref(ref), text)
 
     def signal(self, ref: int | str, signal: str) -> None:
         """Like ``scancel --full``: the batch script, its children and all steps."""

@@ -1,7 +1,8 @@
 """Slurm through its command line: ``scontrol``, ``squeue``, ``scancel``.
 
-The portable backend: ``scontrol -o show node|job`` prints one line per record
-on every Slurm version we support (22.05 and later), and the commands take
+The portable backend: ``scontrol -o show node`` prints one line per node on every
+Slurm version we support (22.05 and later; ``--json`` where it exists), jobs are read
+from ``squeue -O`` fields Slurm writes itself, and the commands take
 argv lists, so nothing read from Slurm (a job name, a comment) ever reaches a
 shell. Every call has a timeout; failures become the project's typed errors.
 """
@@ -15,42 +16,22 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 
-from slurm_hooks.errors import CommandError, PermanentError, SlurmHooksError, TransientError
+from slurm_hooks.errors import CommandError, SlurmHooksError
 from slurm_hooks.runner import Runner, run_command
-from slurm_hooks.slurm import ACTIVE_JOB_STATES, JobInfo, NodeInfo, job_ref, may_drain, may_resume
+from slurm_hooks.slurm import ACTIVE_JOB_STATES, ADMIN_COMMENT_MAX, JobInfo, NodeInfo, job_ref, may_resume, quirks
+from slurm_hooks.slurm.errors import (
+    ReasonNotOurs,
+    SlurmCommandFailed,
+    SlurmNotFound,
+    SlurmTimeout,
+    SlurmUnavailable,
+    check_drain,
+    classify_message,
+)
+from slurm_hooks.slurm.version import parse_version
 
-
-class SlurmUnavailable(TransientError):
-    """The controller did not answer (down, restarting, or too slow)."""
-
-
-class SlurmTimeout(SlurmUnavailable):
-    """A Slurm command ran past its timeout and was killed."""
-
-
-class SlurmCommandFailed(PermanentError):
-    """Slurm refused the request; retrying the same request will not help."""
-
-    def __init__(self, message: str, argv: list[str] | None = None, stderr: str = ""):
-        self.argv, self.stderr = argv or [], stderr
-        super().__init__(message)
-
-
-class SlurmNotFound(SlurmCommandFailed):
-    """No such node or job (a finished job is forgotten after MinJobAge)."""
-
-
-class ReasonNotOurs(PermanentError):
-    """Another party's drain reason is on the node: we neither overwrite nor resume it.
-
-    Callers record it ("not drained: already drained by someone else with
-    reason X") rather than treat it as a failure of the health check.
-    """
-
-    def __init__(self, node: NodeInfo, wanted: str):
-        self.node, self.reason, self.wanted = node, node.reason, wanted
-        verb = "drained" if wanted == "drain" else "resumed"
-        super().__init__(f"{node.name}: not {verb}: already drained by someone else with reason {node.reason!r}")
+__all__ = ["ReasonNotOurs", "ScontrolSlurm", "SlurmCommandFailed", "SlurmNotFound", "SlurmTimeout",
+           "SlurmUnavailable", "classify_message"]
 
 
 # --- parsing ``scontrol -o show`` lines --------------------------------------
@@ -62,42 +43,16 @@ _KEY = re.compile(r"(?:^|(?<= ))([A-Za-z][A-Za-z0-9_:/.\-]*)=")
 
 #: ``Reason=<text> [user@time]``: the bracket (Slurm's) closes the reason whatever its
 #: text holds, and any key may follow it, even one this parser has never heard of
-#: (25.05 added ``TLSCertTokenSet``, 25.11 ``Parameters``); without a bracket (no
+#: (later Slurm versions add keys: :data:`.quirks.NODE_KEYS_ADDED`); without a bracket (no
 #: reason time) only the next known key ends the reason.
 _REASON_BRACKETED = (r"(?:^|(?<= ))Reason=(?P<text>.*?) \[(?P<user>[^\[\]@ ]*)@(?P<time>[^\[\]]*)\]"
                      r"(?= [A-Za-z][A-Za-z0-9_:/.\-]*=| *$)")
 _REASON_BARE = r"(?:^|(?<= ))Reason=(?P<text>.*?)(?= (?:%s)=| *$)"
 
-NODE_KEYS = frozenset(
-    """NodeName Arch CpuBind CoresPerSocket CPUAlloc CPUEfctv CPUTot CPULoad AvailableFeatures ActiveFeatures
-    Features Gres GresDrain GresUsed NodeAddr NodeHostName BcastAddr Port Version OS RealMemory AllocMem FreeMem
-    Sockets Boards CoreSpecCount CPUSpecList MemSpecLimit RestrictedCoresPerGPU State ThreadsPerCore TmpDisk
-    Weight Owner MCS_label NextState Partitions BootTime SlurmdStartTime LastBusyTime ResumeAfterTime CfgTRES
-    AllocTRES CapWatts CurrentWatts AveWatts LowestJoules ConsumedJoules ExtSensorsJoules ExtSensorsWatts
-    ExtSensorsTemp Reason Comment Extra InstanceId InstanceType ReservationName Topology TopologyQuality
-    CertFlags TLSCertExpiration TLSCertTokenSet TLSCertLastRenewal Parameters""".split()
-)
+#: Every key any supported Slurm prints for a node (which version added which: :mod:`.quirks`).
+NODE_KEYS = quirks.NODE_KEYS
 #: Node fields whose values are free text (may hold spaces and ``=``).
 NODE_FREE_TEXT = frozenset({"OS", "Reason", "Comment", "Extra", "AvailableFeatures", "ActiveFeatures"})
-
-JOB_KEYS = frozenset(
-    """JobId ArrayJobId ArrayTaskId ArrayTaskThrottle HetJobId HetJobOffset HetJobIdSet JobName UserId GroupId
-    MCS_label Priority Nice Account QOS WCKey JobState Reason Dependency Requeue Restarts BatchFlag Reboot
-    ExitCode DerivedExitCode RunTime TimeLimit TimeMin SubmitTime EligibleTime AccrueTime StartTime EndTime
-    Deadline PreemptEligibleTime PreemptTime SuspendTime SecsPreSuspend LastSchedEval Scheduler Partition
-    AllocNode:Sid ReqNodeList ExcNodeList NodeList SchedNodeList BatchHost StepMgr NumNodes NumCPUs NumTasks
-    CPUs/Task ReqB:S:C:T ReqTRES AllocTRES TRES Socks/Node NtasksPerN:B:S:C CoreSpec ThreadSpec MinCPUsNode
-    MinMemoryNode MinMemoryCPU MinTmpDiskNode Features ClusterFeatures Prefer DelayBoot Reservation OverSubscribe
-    Contiguous Licenses LicensesAlloc Network Command WorkDir AdminComment SystemComment Comment Extra StdErr
-    StdIn StdOut Power CpusPerTres MemPerTres TresBind TresFreq TresPerJob TresPerNode TresPerSocket TresPerTask
-    NtasksPerTRES MailUser MailType CpuFreqMin CpuFreqMax CpuFreqGov Switches Wait4Switch BurstBuffer
-    BurstBufferState Container ContainerID KillOInInvalidDependent SelinuxContext ResvPort SegmentSize
-    OOMKillStep""".split()
-)
-JOB_FREE_TEXT = frozenset(
-    {"JobName", "Command", "WorkDir", "AdminComment", "SystemComment", "Comment", "Extra", "StdErr", "StdIn",
-     "StdOut", "Features", "Dependency", "MailUser"}
-)
 
 _NULLS = ("(null)", "N/A")
 _NODE_KEY_ALT = "|".join(re.escape(k) for k in sorted(NODE_KEYS - {"Reason"}))
@@ -105,17 +60,12 @@ _NODE_REASON_BRACKETED = re.compile(_REASON_BRACKETED)
 _NODE_REASON_BARE = re.compile(_REASON_BARE % _NODE_KEY_ALT)
 
 
-#: Free-text fields that Slurm always follows with one fixed key: only that key ends them.
-FIXED_FOLLOWER = {"JobName": "UserId"}
-
-
 def parse_fields(line: str, known: frozenset[str], free_text: frozenset[str]) -> dict[str, str]:
     """Split one ``scontrol -o`` line into ``{key: value}``.
 
     A value runs to the next ``Key=``. Inside a free-text value only a key Slurm
-    is known to print ends it (for a job name: only ``UserId=``, which always
-    follows it), so ``Reason=gpu=3 is bad`` and fields added by a newer Slurm
-    both parse. The first occurrence of a key wins.
+    is known to print ends it, so ``Comment=gpu=3 is bad`` and fields added by a
+    newer Slurm both parse. The first occurrence of a key wins.
     """
     line = line.rstrip("\n")
     fields: dict[str, str] = {}
@@ -124,8 +74,6 @@ def parse_fields(line: str, known: frozenset[str], free_text: frozenset[str]) ->
     for m in _KEY.finditer(line):
         name = m.group(1)
         if key is not None and key in free_text and name not in known:
-            continue
-        if key in FIXED_FOLLOWER and name != FIXED_FOLLOWER[key]:
             continue
         if key is not None:
             fields.setdefault(key, line[start : m.start()].rstrip(" "))
@@ -165,30 +113,6 @@ def parse_node_line(line: str) -> NodeInfo:
     )
 
 
-def parse_job_line(line: str) -> JobInfo:
-    """One ``scontrol -o show job`` line -> :class:`JobInfo`."""
-    fields = parse_fields(line, JOB_KEYS, JOB_FREE_TEXT)
-    if "JobId" not in fields or "JobState" not in fields:
-        raise SlurmCommandFailed(f"not a scontrol job line: {line[:120]!r}")
-    try:
-        job_id = int(fields["JobId"])
-        restarts = int(fields.get("Restarts") or 0)
-    except ValueError:
-        raise SlurmCommandFailed(f"bad JobId/Restarts in scontrol job line: {line[:120]!r}") from None
-    own = ("JobId", "JobName", "JobState", "NodeList", "Requeue", "BatchFlag", "Restarts", "Reason")
-    return JobInfo(
-        job_id=job_id,
-        name=fields.get("JobName", ""),
-        state=fields["JobState"],
-        nodes=_clean(fields.get("NodeList")),
-        requeue=fields.get("Requeue", "1") == "1",
-        batch=fields.get("BatchFlag", "1") == "1",
-        restarts=restarts,
-        reason=_clean(fields.get("Reason")),
-        extra={k: v for k, v in fields.items() if k not in own},
-    )
-
-
 #: ``squeue -O`` fields, ``|``-separated, for every job read. All but one are tokens Slurm
 #: makes (ids, state, node list, flags, counts, its reason codes); the job name, which the
 #: user writes and may fill with ``|``, ``JobState=...`` or a newline, comes second to last,
@@ -201,6 +125,27 @@ SQUEUE_JOB_FORMAT = ("JobID:|,ArrayJobID:|,ArrayTaskID:|,HetJobID:|,State:|,Node
 #: The same without the name, for output in which some name broke a line.
 SQUEUE_JOB_FORMAT_NO_NAME = SQUEUE_JOB_FORMAT.replace("Name:|,", "")
 _SQUEUE_FIXED = SQUEUE_JOB_FORMAT.split(",").index("Name:|")
+
+
+_SHOW_KEY = re.compile(r"^ {3}[A-Za-z][A-Za-z0-9/:_]*=")
+
+
+def parse_admin_comment(text: str) -> str:
+    """AdminComment of the first job in ``scontrol show job`` output: ``   AdminComment=<text> `` on its
+    own line (absent when there is none); a value holding newlines runs on until the next key line."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("   AdminComment="):
+            value = [line[len("   AdminComment="):]]
+            for more in lines[i + 1:]:
+                if _SHOW_KEY.match(more) or more.startswith("JobId=") or not more.strip():
+                    break
+                value.append(more)
+            joined = "\n".join(value)
+            return joined[:-1] if joined.endswith(" ") else joined
+        if i and line.startswith("JobId="):
+            break  # the next job's record
+    return ""
 
 
 class _BadLine(ValueError):
@@ -324,30 +269,6 @@ def _node_from_json(raw: dict) -> NodeInfo:
 
 # --- the backend ----------------------------------------------------------------
 
-_UNAVAILABLE = (
-    "unable to contact slurm controller",
-    "socket timed out",
-    "zero bytes were transmitted or received",
-    "slurm backup controller in standby mode",
-    "slurmctld is not responding",
-    "communication connection failure",
-    "connection refused",
-    "resource temporarily unavailable",
-    "munge",
-)
-_NOT_FOUND = ("invalid job id", "invalid node name", "not found", "no nodes in the system")
-
-
-def classify_message(text: str) -> str | None:
-    """``"unavailable"`` (retry later), ``"not_found"``, or None for Slurm's error text."""
-    low = text.lower()
-    if any(s in low for s in _UNAVAILABLE):
-        return "unavailable"
-    if any(s in low for s in _NOT_FOUND):
-        return "not_found"
-    return None
-
-
 #: A call is not started with less time than this left before its run's deadline.
 MIN_CALL_S = 0.5
 
@@ -445,14 +366,12 @@ class ScontrolSlurm:
                 text = self._run("scontrol", "--version")
             except SlurmHooksError:
                 return None  # asked again next time: a failed call says nothing about the version
-            m = re.search(r"(\d+)\.(\d+)", text)
-            _VERSIONS[key] = (int(m.group(1)), int(m.group(2))) if m else None
+            _VERSIONS[key] = parse_version(text)
         return _VERSIONS[key]
 
     def _json(self) -> bool:
-        """``scontrol --json`` exists from 23.02; older Slurm (the 22.05 testbed) keeps the ``-o`` lines."""
-        version = self.version()
-        return version is not None and version >= (23, 2)
+        """``scontrol --json`` where this Slurm has it (:func:`.quirks.scontrol_json`), else the ``-o`` lines."""
+        return quirks.scontrol_json(self.version())
 
     # -- nodes
 
@@ -484,18 +403,16 @@ class ScontrolSlurm:
                 total += int(count)
         return total
 
-    def drain(self, name: str, reason: str) -> None:
+    def drain(self, name: str, reason: str, *, current: NodeInfo | None = None) -> None:
         """Drain with ``reason`` unless another party's reason is on the node.
 
-        Raises :class:`ReasonNotOurs` (carrying the node and its reason) when it
-        leaves the node alone. Read-then-update: an admin racing us within the
-        same second can still lose their reason; Slurm offers no compare-and-set.
+        ``current``: the node as the caller has just read it (one ``show node`` per drain);
+        read here when not given. Raises :class:`ReasonNotOurs` (carrying the node and its
+        reason) when it leaves the node alone (:func:`.errors.check_drain`). Read-then-update:
+        an admin racing us within the same second can still lose their reason; Slurm offers
+        no compare-and-set.
         """
-        current = self.node(name)
-        if not may_drain(current):
-            raise ReasonNotOurs(current, "drain")
-        if not reason or "\n" in reason:
-            raise SlurmCommandFailed(f"{name}: refusing to drain with an empty or multi-line reason")
+        check_drain(current if current is not None and current.name == name else self.node(name), reason)
         self._run("scontrol", "update", f"NodeName={self._node_arg(name)}", "State=DRAIN", f"Reason={reason}")
 
     def resume(self, name: str) -> None:
@@ -519,11 +436,7 @@ class ScontrolSlurm:
         check set, and the node takes jobs whatever the check found)."""
         if nextstate not in ("DOWN", "RESUME"):
             raise SlurmCommandFailed(f"{name}: nextstate must be DOWN or RESUME, not {nextstate!r}")
-        current = self.node(name)
-        if not may_drain(current):
-            raise ReasonNotOurs(current, "reboot")
-        if not reason or "\n" in reason:
-            raise SlurmCommandFailed(f"{name}: refusing to reboot with an empty or multi-line reason")
+        check_drain(self.node(name), reason)  # the same gate as a drain: never over someone else's reason
         self._run("scontrol", "reboot", "ASAP", f"nextstate={nextstate}", f"reason={reason}", self._node_arg(name))
 
     # -- jobs
@@ -576,6 +489,17 @@ class ScontrolSlurm:
     def start_now(self, ref: int | str) -> None:
         """Make a PENDING job eligible at once (issue it after the requeue has landed)."""
         self._run("scontrol", "update", f"JobId={self._job_arg(ref)}", "StartTime=now")
+
+    def admin_comment(self, ref: int | str) -> str:
+        """From ``scontrol show job`` (squeue has no AdminComment field in 22.05)."""
+        arg = self._job_arg(ref)
+        return parse_admin_comment(self._run("scontrol", "show", "job", arg))
+
+    def set_admin_comment(self, ref: int | str, text: str) -> None:
+        """``scontrol update JobId=<ref> AdminComment=<text>``, the text as one argv element."""
+        if "\n" in text or len(text) > ADMIN_COMMENT_MAX:
+            raise SlurmCommandFailed(f"job {ref}: refusing a multi-line AdminComment or one over {ADMIN_COMMENT_MAX}")
+        self._run("scontrol", "update", f"JobId={self._job_arg(ref)}", f"AdminComment={text}")
 
     def signal(self, ref: int | str, signal: str) -> None:
         """Send ``signal`` to the batch script, its children and every step.

@@ -31,6 +31,8 @@ class FakeSlurm:
         self._jobs: dict[int, JobInfo] = {}
         self._scripts: dict[int, list[dict]] = {}
         self._failures: dict[tuple[str, object], SlurmHooksError] = {}
+        #: AdminComment by job id ("" when none), as scontrol show job has it.
+        self.admin_comments: dict[int, str] = {}
         self.calls: list[tuple] = []
 
     # --- test set-up -------------------------------------------------------------
@@ -123,7 +125,7 @@ class FakeSlurm:
         self._call("nodes")
         return list(self._nodes.values())
 
-    def drain(self, name: str, reason: str) -> None:
+    def drain(self, name: str, reason: str, *, current: NodeInfo | None = None) -> None:
         self._call("drain", name, reason)
         node = self._node(name)
         flags = [f for f in node.state.split("+") if f not in ("DRAIN",)]
@@ -132,7 +134,8 @@ class FakeSlurm:
     def resume(self, name: str) -> None:
         self._call("resume", name)
         node = self._node(name)
-        flags = [f for f in node.state.split("+") if f not in ("DRAIN", "DRAINED", "DRAINING")]
+        # Slurm's RESUME also brings a DOWN node back (IDLE once it answers).
+        flags = [f for f in node.state.split("+") if f not in ("DRAIN", "DRAINED", "DRAINING", "DOWN")]
         self._nodes[name] = dataclasses.replace(node, state="+".join(flags) or "IDLE", reason="")
 
     def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
@@ -192,3 +195,11 @@ class FakeSlurm:
     def signal(self, ref: int | str, signal: str) -> None:
         self._call("signal", ref, signal)
         self._job(ref)
+
+    def admin_comment(self, ref: int | str) -> str:
+        self._call("admin_comment", ref)
+        return self.admin_comments.get(self._job(ref).job_id, "")
+
+    def set_admin_comment(self, ref: int | str, text: str) -> None:
+        self._call("set_admin_comment", ref, text)
+        self.admin_comments[self._job(ref).job_id] = text
