@@ -96,6 +96,9 @@ class Settings:
     up_timeout: float = 60.0
     #: Also a private MariaDB and slurmdbd (slurm_hooks.accounting).
     accounting: bool = False
+    #: The repair ladder ([repair] enabled in the testbed's config.toml). Off by default, so that
+    #: a drained node stays drained for the tests and demos that look at it.
+    repair: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= PORT_BLOCK - 1:

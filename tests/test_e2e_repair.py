@@ -19,7 +19,7 @@ from slurm_hooks.testbed import Settings, Testbed
 
 pytestmark = pytest.mark.slurm
 
-SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=2, requeue_grace=3.0)
+SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=2, requeue_grace=3.0, repair=True)
 
 
 @pytest.fixture(scope="module")
