@@ -60,6 +60,19 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "requeue": (bool, True),
         "requeue_grace": (_Num, 120.0),
     },
+    "repair": {
+        "enabled": (bool, True),
+        "reset": (bool, True),
+        "reboot": (bool, True),
+        "window": (_Num, 86400.0),
+        "attempts": (int, 1),
+        "reboot_timeout": (_Num, 900.0),
+        "reset_timeout": (_Num, 60.0),
+        "dcgm_level": (int, 2),
+        "nvidia_smi": (str, "/usr/bin/nvidia-smi"),
+        "systemctl": (str, "/usr/bin/systemctl"),
+        "services": (tuple, ()),
+    },
     "dcgm": {
         "dcgmi": (str, "/usr/bin/dcgmi"),
         "timeout": (_Num, 30.0),
@@ -152,6 +165,11 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("notify", "timeout"): _POSITIVE,
     ("notify", "retry_max"): _POSITIVE,
     ("notify", "flush_timeout"): _POSITIVE,
+    ("repair", "window"): _POSITIVE,
+    ("repair", "attempts"): _Range(1, 10),
+    ("repair", "reboot_timeout"): _POSITIVE,
+    ("repair", "reset_timeout"): _POSITIVE,
+    ("repair", "dcgm_level"): _DCGM_LEVEL,
     ("expect", "gpus"): _Range(0, 1024),
     ("expect", "pcie_gen"): _Range(1, 10),
     ("expect", "pcie_width"): _Range(1, 32),
@@ -256,12 +274,19 @@ def parse(text: str, path: str | None = "<string>") -> Config:
         else:
             where.fail(name, None, f"unknown section (known: {', '.join(sorted([*SCHEMA, 'groups', 'severity', *OPEN_SECTIONS]))})")
     for name, keys in SCHEMA.items():
-        values = _check_table(raw.get(name, {}), keys, name, where)
+        table = raw.get(name, {})
+        if any(accepted is tuple and isinstance(table.get(k), list) for k, (accepted, _) in keys.items()):
+            table = {k: tuple(v) if keys.get(k, (None,))[0] is tuple and isinstance(v, list) else v
+                     for k, v in table.items()}  # TOML gives a list; the value kept is a tuple
+        values = _check_table(table, keys, name, where)
         for (sec, key), allowed in _ENUMS.items():
             if sec == name and values[key] not in allowed:
                 where.fail(name, key, f"must be one of {', '.join(allowed)}, not {values[key]!r}")
         sections[name] = SimpleNamespace(**values)
     _check_together(sections, raw, where)
+    services = sections["repair"].services
+    if not all(isinstance(x, str) and x.strip() and not x.startswith("-") for x in services):
+        where.fail("repair", "services", f"must be a list of service names, got {services!r}")
     sections["notify"].webhook = _check_webhooks(raw.get("notify", {}).get("webhook", ()), where)
     default_expect = Expectations(**vars(sections["expect"]))
     _check_temperatures(default_expect, raw.get("expect", {}), "expect", where)
@@ -465,12 +490,23 @@ BRIDGE_SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         #: backend = "template" / "capi": withdraw the request when the node recovers first.
         "cancel_on_recovery": (bool, True),
     },
+    #: How a node drained ``[reboot]`` is asked to reboot: ``none`` (like ``[replace]``, through the
+    #: replacement backend), ``template`` (a custom resource: NVSentinel RebootNode, medik8s
+    #: SelfNodeRemediation), ``annotation`` (an annotation on the node).
+    "bridge.reboot": {
+        "backend": (str, "none"),
+        "template": (str, ""),
+        "plural": (str, ""),
+        "annotation": (str, "slurm-hooks.io/reboot-requested"),
+        "cancel_on_recovery": (bool, True),
+    },
 }
 #: ``[bridge.nodes]``: Slurm node name -> Kubernetes node name, for bare metal where they differ.
-BRIDGE_SUBTABLES = ("breaker", "replace", "nodes")
+BRIDGE_SUBTABLES = ("breaker", "replace", "reboot", "nodes")
 BRIDGE_ENUMS = {
     ("bridge", "mapping"): ("auto", "slinky", "name"),
     ("bridge.replace", "backend"): ("condition", "karpenter", "capi", "template"),
+    ("bridge.reboot", "backend"): ("none", "template", "annotation"),
 }
 #: The actions ``trigger_actions`` may name (:class:`slurm_hooks.models.Action` values).
 _ACTIONS = tuple(a.value for a in Action)
@@ -495,7 +531,7 @@ def check_bridge(raw: dict, where: _Locator | None = None) -> dict[str, dict[str
     if isinstance(top.get("trigger_actions"), list):  # TOML gives a list; the value kept is a tuple
         top["trigger_actions"] = tuple(top["trigger_actions"])
     tables = {"bridge": top}
-    tables.update({f"bridge.{n}": raw.get(n, {}) for n in ("breaker", "replace")})
+    tables.update({f"bridge.{n}": raw.get(n, {}) for n in ("breaker", "replace", "reboot")})
     values = {}
     for table, keys in BRIDGE_SCHEMA.items():
         skip = BRIDGE_SUBTABLES if table == "bridge" else ()
@@ -525,13 +561,17 @@ def check_bridge(raw: dict, where: _Locator | None = None) -> dict[str, dict[str
     if breaker["window"] <= 0:
         fail("bridge.breaker", "window", f"must be greater than 0, got {breaker['window']!r}")
 
-    replace = values["bridge.replace"]
-    if replace["backend"] == "template":
-        if not replace["template"]:
-            fail("bridge.replace", "template", "backend = \"template\" needs a template path")
-        if not replace["plural"]:
-            fail("bridge.replace", "plural", "backend = \"template\" needs the resource's plural name")
-        _check_template(replace["template"], fail)
+    for table in ("bridge.replace", "bridge.reboot"):
+        chosen = values[table]
+        if chosen["backend"] == "template":
+            if not chosen["template"]:
+                fail(table, "template", "backend = \"template\" needs a template path")
+            if not chosen["plural"]:
+                fail(table, "plural", "backend = \"template\" needs the resource's plural name")
+            _check_template(chosen["template"], fail, table)
+    if values["bridge.reboot"]["backend"] == "annotation" and "/" not in values["bridge.reboot"]["annotation"]:
+        fail("bridge.reboot", "annotation", "must be a prefixed key (example.org/name), not "
+                                            f"{values['bridge.reboot']['annotation']!r}")
 
     nodes = raw.get("nodes", {})
     for key, value in nodes.items():
@@ -541,19 +581,19 @@ def check_bridge(raw: dict, where: _Locator | None = None) -> dict[str, dict[str
     return values
 
 
-def _check_template(path: str, fail: Any) -> None:
+def _check_template(path: str, fail: Any, table: str = "bridge.replace") -> None:
     import jinja2  # the bridge's dependency; never imported on the node side's path
 
     try:
         with open(path, encoding="utf-8") as fh:
             source = fh.read()
     except OSError as exc:
-        fail("bridge.replace", "template", f"cannot read {path}: {exc.strerror}")
+        fail(table, "template", f"cannot read {path}: {exc.strerror}")
         return
     try:
         jinja2.Environment(undefined=jinja2.StrictUndefined).parse(source)
     except jinja2.TemplateSyntaxError as exc:
-        fail("bridge.replace", "template", f"{path}:{exc.lineno}: {exc.message}")
+        fail(table, "template", f"{path}:{exc.lineno}: {exc.message}")
 
 
 def _type_name(accepted: Any) -> str:

@@ -50,7 +50,7 @@ from slurm_hooks.bridge.breaker import CircuitBreaker
 from slurm_hooks.bridge.drain import Drainer, opt_out
 from slurm_hooks.bridge.mapping import NodeMapper
 from slurm_hooks.bridge.ownership import Ownership
-from slurm_hooks.bridge.replace import Backend, ReplacementError, Target, make_backend
+from slurm_hooks.bridge.replace import Backend, ReplacementError, Target, make_backend, make_reboot_backend
 from slurm_hooks.bridge.settings import BridgeSettings
 from slurm_hooks.bridge.state import StateStore
 from slurm_hooks.errors import SlurmHooksError
@@ -176,6 +176,7 @@ class Reconciler:
         *,
         audit: AuditLog | None = None,
         backend: Backend | None = None,
+        reboot_backend: Backend | None = None,
         store: StateStore | None = None,
         dry_run: bool = False,
         metrics_dir: str = "",
@@ -188,6 +189,7 @@ class Reconciler:
         self.settings = settings
         self.audit = audit
         self.backend = backend or make_backend(settings.replace)
+        self.reboot_backend = reboot_backend or make_reboot_backend(settings.reboot)
         self.store = store if store is not None else StateStore(settings.state_file)
         self.dry_run = dry_run
         self.metrics_dir = metrics_dir
@@ -467,11 +469,18 @@ class Reconciler:
         if not record.replacement:
             target = Target(node=node, slurm_node=record.slurm_node, reason=record.reason,
                             summary=summary, action=Action(record.action), take=_take_id(record))
-            record.replacement = self.backend.request(self.kube, target, dry_run=self.dry_run) or self.backend.name
-            record.backend = self.backend.name
+            backend = self._backend_for(target.action)
+            record.replacement = backend.request(self.kube, target, dry_run=self.dry_run) or backend.name
+            record.backend = backend.name
             res.replaced.append(kname)
-            self._audit("bridge_replace", node=kname, slurm_node=record.slurm_node, backend=self.backend.name,
-                        requested=record.replacement)
+            self._audit("bridge_replace", node=kname, slurm_node=record.slurm_node, backend=backend.name,
+                        requested=record.replacement, action=target.action.value)
+
+    def _backend_for(self, action: Action) -> Backend:
+        """``[reboot]``: the reboot backend when one is configured; else the replacement backend."""
+        if action is Action.REBOOT and self.reboot_backend is not None:
+            return self.reboot_backend
+        return self.backend
 
     def _jobs_gone(self, kname: str, record: Ownership, res: PassResult, sn: NodeInfo | None) -> bool:
         """True once the node may be drained: Slurm has no job on it, or ``max_job_wait`` has passed.
@@ -552,8 +561,9 @@ class Reconciler:
     def _restore(self, node: Obj, record: Ownership, res: PassResult) -> None:
         kname = name_of(node)
         undone: list[str] = []
-        if record.replacement and record.backend == self.backend.name:
-            withdrawn = self.backend.cancel(self.kube, node, record.replacement, dry_run=self.dry_run)
+        asked = next((b for b in (self.backend, self.reboot_backend) if b is not None and b.name == record.backend), None)
+        if record.replacement and asked is not None:
+            withdrawn = asked.cancel(self.kube, node, record.replacement, dry_run=self.dry_run)
             if withdrawn:
                 undone.append(withdrawn)
         if record.condition:

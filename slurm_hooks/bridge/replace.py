@@ -15,6 +15,13 @@
   never one that already existed when the backend was asked.
 
 Each ``request`` is idempotent: run twice, it asks once.
+
+A node drained ``[reboot]`` (the node side's repair ladder asks Slurm for a reboot; on
+Kubernetes the reboot is a request too) goes to a reboot backend when one is configured
+(``[bridge.reboot]``): ``template`` (an NVSentinel ``RebootNode``, cluster-scoped with
+``spec.nodeName``, or a medik8s ``SelfNodeRemediation``) or ``annotation`` (an annotation
+on the node, for a reboot daemon that watches for it). Without one, ``[reboot]`` is
+handled like ``[replace]``.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slurm_hooks.bridge.api import KubeApi, Obj, Resource, annotations_of, name_of
-from slurm_hooks.bridge.settings import ReplaceSettings
+from slurm_hooks.bridge.settings import RebootSettings, ReplaceSettings
 from slurm_hooks.errors import ConfigError, PermanentError
 from slurm_hooks.models import Action
 
@@ -139,11 +146,36 @@ class CapiBackend:
         return f"machine/{namespace}/{machine} annotation removed"
 
 
+class AnnotationRebootBackend:
+    """A reboot request as an annotation on the node (value: the take); removed on recovery."""
+
+    name = "reboot-annotation"
+    condition_is_request = False
+
+    def __init__(self, key: str = "slurm-hooks.io/reboot-requested", cancel_on_recovery: bool = True):
+        self.key = key
+        self.cancel_on_recovery = cancel_on_recovery
+
+    def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
+        value = target.take or "1"
+        if annotations_of(target.node).get(self.key) == value:
+            return f"node/{target.name} annotated {self.key}={value} (already)"
+        kube.patch_node(target.name, {"metadata": {"annotations": {self.key: value}}}, dry_run=dry_run)
+        return f"node/{target.name} annotated {self.key}={value}"
+
+    def cancel(self, kube: KubeApi, node: Obj, ref: str, *, dry_run: bool = False) -> str | None:
+        if not self.cancel_on_recovery or self.key not in annotations_of(node):
+            return None
+        kube.patch_node(name_of(node), {"metadata": {"annotations": {self.key: None}}}, dry_run=dry_run)
+        return f"node/{name_of(node)} annotation {self.key} removed"
+
+
 class TemplateBackend:
     name = "template"
     condition_is_request = False
 
-    def __init__(self, template_path: str, plural: str, cancel_on_recovery: bool = True):
+    def __init__(self, template_path: str, plural: str, cancel_on_recovery: bool = True, name: str = "template"):
+        self.name = name
         import jinja2
 
         try:
@@ -263,3 +295,12 @@ def make_backend(settings: ReplaceSettings) -> Backend:
     if settings.backend == "template":
         return TemplateBackend(settings.template, settings.plural, settings.cancel_on_recovery)
     return ConditionBackend()
+
+
+def make_reboot_backend(settings: RebootSettings) -> Backend | None:
+    """The backend for ``[reboot]`` drains; ``None``: the replacement backend takes them."""
+    if settings.backend == "template":
+        return TemplateBackend(settings.template, settings.plural, settings.cancel_on_recovery, name="reboot-template")
+    if settings.backend == "annotation":
+        return AnnotationRebootBackend(settings.annotation, settings.cancel_on_recovery)
+    return None

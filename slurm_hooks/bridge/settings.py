@@ -53,6 +53,21 @@ class ReplaceSettings:
     cancel_on_recovery: bool = _replace("cancel_on_recovery")
 
 
+def _reboot(key: str) -> Any:
+    return bridge_default("bridge.reboot", key)
+
+
+@dataclass(frozen=True)
+class RebootSettings:
+    """``[bridge.reboot]``: how a node drained ``[reboot]`` is asked to reboot."""
+
+    backend: str = _reboot("backend")
+    template: str = _reboot("template")
+    plural: str = _reboot("plural")
+    annotation: str = _reboot("annotation")
+    cancel_on_recovery: bool = _reboot("cancel_on_recovery")
+
+
 @dataclass(frozen=True)
 class BridgeSettings:
     """``[bridge]``."""
@@ -80,13 +95,15 @@ class BridgeSettings:
     nodes: dict[str, str] = field(default_factory=dict)
     breaker: BreakerSettings = BreakerSettings()
     replace: ReplaceSettings = ReplaceSettings()
+    reboot: RebootSettings = RebootSettings()
 
 
 def _view(values: dict[str, dict[str, Any]]) -> BridgeSettings:
     top = dict(values["bridge"])
     top["trigger_actions"] = tuple(Action(a) for a in top["trigger_actions"])
     return BridgeSettings(**top, nodes=values["bridge.nodes"], breaker=BreakerSettings(**values["bridge.breaker"]),
-                          replace=ReplaceSettings(**values["bridge.replace"]))
+                          replace=ReplaceSettings(**values["bridge.replace"]),
+                          reboot=RebootSettings(**values["bridge.reboot"]))
 
 
 def from_config(cfg: Config) -> BridgeSettings:

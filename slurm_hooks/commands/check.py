@@ -28,6 +28,10 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
         print_explained(report, remediate.explain(w, report), as_json)
         return 0 if report.healthy else 1
     print_report(report, as_json, outcome=None if dry_run else outcome)
+    if dry_run and not as_json:
+        plan = healthcheck.repair_plan(w, report)
+        if plan:
+            click.echo(plan)
     return 0 if report.healthy else 1
 
 

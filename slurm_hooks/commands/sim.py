@@ -50,18 +50,51 @@ def init(node: str | None, gpus: int, model: str, config_path: str | None, sim_d
 @click.option("--nvlink-down", type=click.IntRange(0, 63), metavar="LINK", help="Take one NVLink down.")
 @click.option("--recovery-action", type=click.Choice(["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"]),
               help="The driver's verdict (NVML's GPU recovery action).")
+@click.option("--cleared-by", type=click.Choice(simstate.CLEARED_BY),
+              help="What mends it: a GPU reset, a reboot, or never (a dead GPU). Default: NVIDIA's catalogue "
+                   "(reset-class XIDs and a pending row remap: reset; XID 79 and a lost GPU: reboot).")
 @config_option
 @_dir_option
-def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None, **fault) -> None:
+def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None, cleared_by: str | None,
+           **fault) -> None:
     """Inject a fault on one simulated GPU."""
     if not any(v is not None and v is not False for v in fault.values()):
         raise click.UsageError("name a fault: --xid, --ecc-uncorrectable, --row-remap-pending, --row-remap-failure, "
                                "--lost, --pcie-width, --temp, --process or --nvlink-down")
     node = nodename.resolve(node)
-    simstate.inject(_sim_dir(config_path, sim_dir), node, gpu, **fault)
+    state = simstate.inject(_sim_dir(config_path, sim_dir), node, gpu, cleared_by=cleared_by, **fault)
+    mends = simstate.gpu_entry(state, gpu).get("cleared_by", {})
     what = ", ".join(f"{k.replace('_', '-')}={v}" if v is not True else k.replace("_", "-")
                      for k, v in fault.items() if v is not None and v is not False)
-    click.echo(f"{node} gpu{gpu}: injected {what}")
+    by = sorted({mends[name] for name in simstate.fault_names(fault) if name in mends})
+    click.echo(f"{node} gpu{gpu}: injected {what}" + (f" (cleared by: {', '.join(by)})" if by else ""))
+
+
+@sim.command()
+@node_option
+@click.option("--gpu", "gpu", required=True, type=click.IntRange(0, 63), help="GPU index.")
+@config_option
+@_dir_option
+def reset(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None) -> None:
+    """Reset one simulated GPU, as nvidia-smi --gpu-reset would (exit 1 when it does not come back)."""
+    node = nodename.resolve(node)
+    try:
+        simstate.reset(_sim_dir(config_path, sim_dir), node, gpu)
+    except simstate.ResetFailed as exc:
+        click.echo(f"slurm-hooks: {exc}", err=True)
+        raise SystemExit(1) from None
+    click.echo(f"{node} gpu{gpu}: reset")
+
+
+@sim.command()
+@node_option
+@config_option
+@_dir_option
+def reboot(node: str | None, config_path: str | None, sim_dir: str | None) -> None:
+    """Reboot a simulated node: new boot id, empty kernel log, faults a reboot mends gone."""
+    node = nodename.resolve(node)
+    state = simstate.reboot(_sim_dir(config_path, sim_dir), node)
+    click.echo(f"{node}: rebooted (boot {state['boot']})")
 
 
 @sim.command()

@@ -29,14 +29,16 @@ def testbed() -> None:
 @click.option("--requeue-grace", default=3.0, show_default=True, type=click.FloatRange(0),
               help="[remediation] requeue_grace written to the testbed's config (s).")
 @click.option("--accounting", is_flag=True, help="Also run slurmdbd on a private MariaDB (installed when missing).")
+@click.option("--repair/--no-repair", default=False, show_default=True,
+              help="Turn the repair ladder on in the testbed's config (reset -> reboot -> replace).")
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
-       requeue_grace: float, accounting: bool) -> None:
+       requeue_grace: float, accounting: bool, repair: bool) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
     from slurm_hooks.lab.testbed import Settings, Testbed
 
     settings = Settings(nodes=nodes, gpus=gpus, hooks=hooks, kill_wait=kill_wait,
                         health_check_interval=health_check_interval, requeue_grace=requeue_grace,
-                        accounting=accounting)
+                        accounting=accounting, repair=repair)
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))
@@ -82,6 +84,29 @@ def env(state_dir: str) -> None:
 
     for key, value in Testbed(state_dir).exports().items():
         click.echo(f"export {key}={shlex.quote(value)}")
+
+
+@testbed.command("reboot-program", hidden=True)
+@_state_dir_option
+def reboot_program(state_dir: str) -> None:
+    """The testbed's RebootProgram (slurmd runs it, with no arguments)."""
+    from slurm_hooks.testbed import Testbed
+
+    click.echo(Testbed(state_dir).reboot_program())
+
+
+@testbed.command("reboot-node", hidden=True)
+@_state_dir_option
+@click.option("--node", required=True)
+@click.option("--slurmd-pid", required=True, type=click.IntRange(2))
+def reboot_node(state_dir: str, node: str, slurmd_pid: int) -> None:
+    """The detached half of a testbed reboot: sim reboot, then slurmd again with a new boot time."""
+    from slurm_hooks.runner import signal_ready
+    from slurm_hooks.testbed import Testbed
+
+    signal_ready()
+    Testbed(state_dir).reboot_node(node, slurmd_pid)
+    click.echo(f"{node}: rebooted")
 
 
 def _exports(tb) -> str:

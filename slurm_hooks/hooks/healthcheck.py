@@ -15,6 +15,7 @@ the watcher's retry loop included, finishes or drops as superseded.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -128,7 +129,8 @@ def _events(rec: pending.Pending) -> list[XidEvent]:
 
 def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequence[XidEvent] = (),
           gpus: list[str] | None = None, baseline: NodeSnapshot | None = None, job_failed: bool = False,
-          history: XidState | None = None, xid_lookup: Callable[[int], XidInfo | None] | None = None) -> Report:
+          history: XidState | None = None, xid_lookup: Callable[[int], XidInfo | None] | None = None,
+          dcgm_level: int = 0) -> Report:
     """Take one snapshot (with ``events`` a source delivered) and judge it; then, if we drained this
     node before and an admin has resumed it since, acknowledge the XIDs we drained for and judge
     the same snapshot again: in every context, so that the first job after the resume is not
@@ -137,11 +139,16 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
     ``history``: this node's XID history as the caller loaded it (the watcher, which also marks
     its event seen), saved by the caller; without one it is loaded here and saved once.
     ``xid_lookup``: where the XID check looks codes up (the watcher's, which has looked one up).
+    ``dcgm_level``: at least this deep a DCGM diag (the check after a repair).
     """
     started = time.monotonic()
     state = xid_history(w).load() if history is None else history
     request = _request(w, context, state, started=started, gpus=gpus, baseline=baseline, job_failed=job_failed,
                        xid_lookup=xid_lookup)
+    if dcgm_level > request.expect.dcgm_level_check and context is Context.CHECK:
+        expect = dataclasses.replace(request.expect, dcgm_level_check=dcgm_level)
+        request = dataclasses.replace(request, expect=expect,
+                                      dcgm=_dcgm_runner(w, context, expect, job_failed))
     snap = engine.take_snapshot(w.probe(), w.node, min(float(w.config.gpu.probe_timeout), request.deadline_s))
     report = engine.judge(_with_events(snap, events), request)
     if report.snapshot is not None and report.snapshot.error is None:
@@ -246,6 +253,9 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
     if earlier is not None and not _still_to_do(w, earlier, report, outcome):
         _metrics(w, report, outcome)
         return
+    if report.context is Context.CHECK and _repair(w, report, outcome):
+        _metrics(w, report, outcome)  # a repair holds the node: it neither drains nor resumes it here
+        return
     if report.drain_findings():
         if w.config.check.drain:
             # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU,
@@ -254,9 +264,46 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
             requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus))
                        and report.context in (Context.CHECK, Context.WATCH))
             take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus)
+            if outcome.drained and report.context is Context.CHECK:
+                _repair(w, report, outcome)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
         remediate.resume_if_ours(w, outcome, report)
     _metrics(w, report, outcome)
+
+
+def _repair(w: Wiring, report: Report, outcome: Outcome, own_job: str = "") -> bool:
+    """The repair ladder's turn (:mod:`slurm_hooks.hooks.repair`); True when it holds the node.
+    Off with ``[check] drain = false`` too: a node side that may not drain repairs nothing."""
+    if not (w.config.repair.enabled and w.config.check.drain):
+        return False
+    from slurm_hooks.hooks import repair
+
+    def rejudge(dcgm_level: int) -> Report:
+        return judge(w, Context.CHECK, acknowledge=False, dcgm_level=dcgm_level)
+
+    return repair.step(w, report, outcome, rejudge, own_job=own_job)
+
+
+def repair_after_job(w: Wiring, job: str | None) -> Outcome | None:
+    """The epilog of a job on a node we drained: judge the whole node and let the ladder climb,
+    once no other job is on it. Only a ``stat`` when we have not drained the node."""
+    if not w.config.repair.enabled or not os.path.exists(w.drained_marker()):
+        return None
+    report = judge(w, Context.CHECK, acknowledge=False)
+    outcome = Outcome()
+    _repair(w, report, outcome, own_job=job or "")
+    _metrics(w, report, outcome)
+    return outcome
+
+
+def repair_plan(w: Wiring, report: Report) -> str:
+    """What ``--dry-run`` says the ladder would do ("" for nothing)."""
+    if not w.config.repair.enabled or not report.drain_findings():
+        return ""
+    from slurm_hooks.hooks import repair
+
+    p = repair.plan(w, report)
+    return p.text(w.node) if p is not None else ""
 
 
 def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeue: bool,
@@ -401,5 +448,6 @@ def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
     from slurm_hooks.observe import metrics
 
     done = ["drain"] * int(outcome.drained) + ["requeue"] * len(outcome.requeued) + ["resume"] * int(outcome.resumed)
+    done += [f"repair-{r.split(':')[0]}" for r in outcome.repairs if not r.endswith(":start")]
     waiting = pending.load(w.config.state.dir, w.node)
     metrics.record(w.config, w.node, report, remediations=done, pending=len(waiting.steps) if waiting else 0)

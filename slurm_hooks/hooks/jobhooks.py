@@ -86,8 +86,10 @@ def _epilog(w: Wiring, env: Mapping[str, str]) -> int:
     report = healthcheck.judge(w, Context.EPILOG, gpus=gpus, baseline=baseline, job_failed=failed)
     if not report.drain_findings():
         _print(report)
+        healthcheck.repair_after_job(w, jid)  # the last job off a node we drained: the ladder may climb
         return 0
     outcome = _drain(w, report, jid)
+    healthcheck.repair_after_job(w, jid)
     # Our drain carries the reason; if it could not be written, a non-zero exit
     # makes Slurm drain the node itself ("Epilog error"), so nothing is lost.
     return 0 if outcome.drained else 1

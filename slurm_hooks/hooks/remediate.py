@@ -49,6 +49,8 @@ class Outcome:
     resumed: bool = False
     #: What became of a pending action in this run: "retry", "done", "superseded", "dropped" or "".
     pending: str = ""
+    #: Repair rungs taken in this run, as "<rung>:<result>" (hooks.repair).
+    repairs: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -76,7 +78,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
         info = w.slurm.node(w.node)
         if info.drained and info.reason == reason:
             outcome.drained = outcome.node_out = True
-            _write_marker(w, reason, report)  # an earlier drain may have landed after its scontrol timed out
+            write_marker(w, reason, report)  # an earlier drain may have landed after its scontrol timed out
             _step(w, "drain", w.node, "already", started, reason=reason, **extra)
             return
         if _config_suspected(w, report, reason, started, extra):
@@ -93,7 +95,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
         _step(w, "drain", w.node, "failed", started, reason=reason, error=str(exc), **extra)
         return
     outcome.drained = outcome.node_out = True
-    _write_marker(w, reason, report)
+    write_marker(w, reason, report)
     _step(w, "drain", w.node, "ok", started, reason=reason, **extra)
 
 
@@ -589,12 +591,16 @@ def forget_drain(w: Wiring) -> None:
     _remove(w.drained_marker())
 
 
-def _write_marker(w: Wiring, reason: str, report: Report) -> None:
-    """Remember that we drained this node: when, why, and for which XID events and checks."""
-    snap = report.snapshot
-    keys = sorted({x.key for x in snapshot_xids(snap)}) if snap else []
-    record = {"ts": time.time(), "reason": reason, "xids": keys, "context": report.context.value,
-              "checks": sorted({f.check for f in report.drain_findings()})}
+def write_marker(w: Wiring, reason: str, report: Report | None) -> None:
+    """Remember that we drained this node: when, why, and for which XID events and checks
+    (``report`` None: a new reason for the same drain, as the repair's reboot gives it)."""
+    if report is None:
+        record = {**(read_marker(w) or {}), "ts": time.time(), "reason": reason}
+    else:
+        snap = report.snapshot
+        keys = sorted({x.key for x in snapshot_xids(snap)}) if snap else []
+        record = {"ts": time.time(), "reason": reason, "xids": keys, "context": report.context.value,
+                  "checks": sorted({f.check for f in report.drain_findings()})}
     try:
         fsutil.atomic_write(w.drained_marker(), json.dumps(record), mode=0o600)
     except OSError as exc:

@@ -34,7 +34,7 @@ from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
 from slurm_hooks.lab.accounting import Accounting
 from slurm_hooks.probes import sim
-from slurm_hooks.runner import run_command
+from slurm_hooks.runner import run_command, spawn_detached
 from slurm_hooks.slurm import JobInfo, NodeInfo, quirks
 from slurm_hooks.slurm.errors import SlurmNotFound
 from slurm_hooks.slurm.scontrol import ScontrolSlurm
@@ -65,6 +65,8 @@ HOOKS = ("healthcheck", "prolog", "epilog")
 HOOK_COMMAND = {"healthcheck": "check", "prolog": "prolog", "epilog": "epilog"}
 
 Progress = Callable[[str], None]
+#: How long a testbed reboot waits before the new boot begins (see Testbed.reboot_node).
+REBOOT_SETTLE_S = 2.0
 
 
 class TestbedError(SlurmHooksError):
@@ -88,10 +90,15 @@ class Settings:
     slurmd_timeout: int = 10
     message_timeout: int = 5
     min_job_age: int = 300
+    #: How long slurmctld waits for a node asked to reboot (`scontrol reboot`) to come back.
+    resume_timeout: int = 60
     requeue_grace: float = 3.0
     up_timeout: float = 60.0
     #: Also a private MariaDB and slurmdbd (slurm_hooks.lab.accounting).
     accounting: bool = False
+    #: The repair ladder ([repair] enabled in the testbed's config.toml). Off by default, so that
+    #: a drained node stays drained for the tests and demos that look at it.
+    repair: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= PORT_BLOCK - 1:
@@ -239,6 +246,7 @@ class Testbed:
         self._render("config.toml.j2", self.config_path, ctx)
         for hook in HOOKS:
             self._write_hook(hook)
+        self._write_reboot_program()
         for name in s.node_names:
             if not os.path.exists(sim.state_path(self.sim_dir, name)):
                 sim.init(self.sim_dir, name, s.gpus)
@@ -289,6 +297,71 @@ class Testbed:
         dest = self.path("bin", hook)
         self._render("hook.sh.j2", dest, ctx, mode=0o755)
         os.chown(dest, 0, 0)
+
+    def _write_reboot_program(self) -> None:
+        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
+        ctx = {"pythonpath": shlex.quote(package_parent), "python": shlex.quote(hook_interpreter()),
+               "state_dir": shlex.quote(self.state_dir)}
+        dest = self.path("bin", "reboot")
+        self._render("reboot.sh.j2", dest, ctx, mode=0o755)
+        os.chown(dest, 0, 0)
+
+    # -- reboots
+
+    def reboot_program(self) -> str:
+        """What RebootProgram does: find the node from the slurmd that runs us, and hand its reboot
+        to a detached helper (slurmd is stopped by it). Idempotent: slurmd runs this again every few
+        seconds until the node is back. Returns what it did, one line."""
+        found = slurmd_ancestor(os.getpid())
+        if found is None:
+            return "no slurmd among my ancestors: not rebooting anything"
+        pid, node, cmdline = found
+        if node not in self.node_names or self.state_dir.encode() not in b"\0".join(cmdline):
+            return f"slurmd {pid} (node {node!r}) is not one of this testbed's: not rebooting it"
+        marker = self.path("run", f"rebooting-{node}")
+        with fsutil.locked(marker):
+            with contextlib.suppress(OSError, ValueError):
+                with open(marker, encoding="ascii") as fh:
+                    helper = int(fh.read().strip() or 0)
+                if helper > 0 and _stat(helper) is not None and _stat(helper)[2] != "Z":
+                    return f"{node}: reboot already under way (helper {helper})"
+            argv = [hook_interpreter(), "-m", "slurm_hooks", "testbed", "reboot-node", "--state-dir", self.state_dir,
+                    "--node", node, "--slurmd-pid", str(pid)]
+            env = self._daemon_env()
+            env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
+            spawned = spawn_detached(argv, env=env, output=self.path("log", f"reboot-{node}.log"))
+            if not spawned.started or spawned.proc is None:
+                return f"{node}: reboot helper did not start: {spawned.error}"
+            fsutil.atomic_write(marker, str(spawned.proc.pid), mode=0o644)
+        return f"{node}: rebooting (helper {spawned.proc.pid})"
+
+    def reboot_node(self, node: str, slurmd_pid: int, timeout: float = 15.0) -> None:
+        """The reboot itself: the node's simulated GPUs reboot, its slurmd stops, and starts again
+        in a new time namespace whose boot time is now, so that slurmctld sees BootTime move and
+        completes the reboot (a plain restart leaves the node "reboot issued" until ResumeTimeout)."""
+        label = f"slurmd {node}"
+        if node not in self.node_names:
+            raise TestbedError(f"no node {node!r} in this testbed ({', '.join(self.node_names)})")
+        sim.reboot(self.sim_dir, node)
+        if self._pid(label) == slurmd_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(slurmd_pid, signal.SIGTERM)
+            if not _wait(lambda: not self._alive(label), timeout):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slurmd_pid, signal.SIGKILL)
+                _wait(lambda: not self._alive(label), 5)
+        # slurmctld takes the reboot as done only for a BootTime (whole seconds) after its request:
+        # the new boot is at least a second younger than the request, whatever the rounding.
+        time.sleep(REBOOT_SETTLE_S)
+        up = int(_host_uptime())
+        argv = ["/usr/bin/unshare", "--time", "--boottime", f"-{up}",
+                os.path.join(SBIN, "slurmd"), "-N", node, "-f", self.slurm_conf]
+        try:
+            run_command(argv, 30, env=self._daemon_env())
+        except CommandError as exc:
+            raise TestbedError(f"{label} did not start again after the reboot: {exc}{self._log_tail(label)}") from None
+        if not _wait(lambda: self._alive(label), 10):
+            raise TestbedError(f"{label} started again but wrote no live pid file{self._log_tail(label)}")
 
     def _pick_ports(self) -> dict[str, int]:
         names = ["slurmctld", *self.node_names]
@@ -818,6 +891,41 @@ def _registered(node: NodeInfo) -> bool:
 
 def _responding(node: NodeInfo) -> bool:
     return node.base_state not in ("DOWN", "UNKNOWN", "FUTURE") and not ({"NOT_RESPONDING", "POWERED_DOWN"} & node.flags)
+
+
+def _host_uptime() -> float:
+    """Seconds since the machine booted, also from inside a time namespace (an earlier testbed
+    reboot's slurmd runs in one, and so does everything it starts): the offsets of a new time
+    namespace count from the machine's clocks, not from ours."""
+    with open("/proc/uptime", encoding="ascii") as fh:
+        up = float(fh.read().split()[0])
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/timens_offsets", encoding="ascii") as fh:
+            for line in fh:
+                parts = line.split()
+                if parts and parts[0] == "boottime":
+                    up -= int(parts[1]) + int(parts[2]) / 1e9
+    return up
+
+
+def slurmd_ancestor(pid: int) -> tuple[int, str, list[bytes]] | None:
+    """(pid, node, cmdline) of the nearest ``slurmd -N <node>`` among ``pid``'s ancestors; ``None``
+    when there is none (a detached child is re-parented to PID 1)."""
+    seen = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        info = _stat(pid)
+        if info is None:
+            return None
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read().split(b"\0")
+            if cmdline and os.path.basename(cmdline[0]) == b"slurmd" and b"-N" in cmdline:
+                at = cmdline.index(b"-N")
+                if at + 1 < len(cmdline) and cmdline[at + 1]:
+                    return pid, cmdline[at + 1].decode(errors="replace"), cmdline
+        pid = info[0]
+    return None
 
 
 def _replace(settings: Settings, **changes) -> Settings:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import SimStateError
-from slurm_hooks.models import GpuSnapshot, NodeSnapshot, XidEvent, gpu_from_dict
+from slurm_hooks.models import Action, GpuSnapshot, NodeSnapshot, XidEvent, gpu_from_dict
 
 STATE_VERSION = 1
 
@@ -83,6 +83,7 @@ def init(sim_dir: str, node: str, gpus: int = 8, model: str = "H100") -> dict[st
         "driver_version": "sim-570.0",
         # Event numbers keep growing across re-inits, so an event key is never reused.
         "seq": _next_seq_base(sim_dir, node),
+        "boot": _new_boot(),
         "gpus": [healthy_gpu(i, node, model) for i in range(gpus)],
     }
     path = state_path(sim_dir, node)
@@ -130,18 +131,69 @@ def gpu_entry(state: dict[str, Any], index: int) -> dict[str, Any]:
     raise SimStateError(f"node {state.get('node')!r} has no GPU {index} (has {len(state['gpus'])})")
 
 
-def inject(sim_dir: str, node: str, gpu: int, **fault: Any) -> dict[str, Any]:
-    """Apply one or more faults to one GPU. Keys as the ``sim inject`` options."""
+#: Keys of a GPU entry that are the simulation's own, not what NVML would report.
+SIM_ONLY = frozenset({"cleared_by", "resets"})
+
+#: What mends a fault: a GPU reset, a reboot of the node, or nothing (a dead GPU).
+CLEARED_BY = ("reset", "reboot", "never")
+
+#: Default per injected state (not XIDs: see :func:`default_cleared_by`), after NVIDIA's catalogue:
+#: a pending row remap or a volatile ECC count is applied or cleared by a GPU reset; a GPU off the
+#: bus or a link that trained narrow needs the node rebooted; a failed remap is the hardware.
+STATE_CLEARED_BY = {
+    "ecc_uncorrectable": "reset", "row_remap_pending": "reset", "row_remap_failure": "never",
+    "lost": "reboot", "pcie_width": "reboot", "temp": "reset", "process": "reset", "nvlink_down": "reset",
+}
+
+
+def default_cleared_by(fault: str) -> str:
+    """``xid:<code>`` by the catalogue's immediate action (RESET_GPU: a reset; RESTART_BM/VM: a
+    reboot; otherwise a reset for a reset-class XID, else a reboot); a state by STATE_CLEARED_BY."""
+    if not fault.startswith("xid:"):
+        return STATE_CLEARED_BY.get(fault, "reboot")
+    from slurm_hooks.xid_catalog import lookup
+
+    info = lookup(int(fault[4:]))
+    if info is None:
+        return "reboot"
+    if info.immediate.startswith("RESET_GPU"):
+        return "reset"
+    if info.immediate.startswith("RESTART_"):
+        return "reboot"
+    return "reset" if info.action is Action.RESET else "reboot"
+
+
+def _new_boot() -> str:
+    return uuidlib.uuid4().hex[:12]
+
+
+def _add_xid(state: dict[str, Any], entry: dict[str, Any], code: int, message: str = "injected by slurm-hooks sim") -> None:
+    state["seq"] = int(state.get("seq", 0)) + 1
+    entry["xids"].append(
+        {"code": int(code), "gpu": entry["index"], "uuid": entry.get("uuid", ""),
+         "pci_bus_id": entry["pci_bus_id"], "ts": time.time(), "boot": state.get("boot", ""),
+         "message": message, "source": "sim", "seq": state["seq"]}
+    )
+
+
+def fault_names(fault: dict[str, Any]) -> list[str]:
+    names = [f"xid:{int(fault['xid'])}"] if fault.get("xid") is not None else []
+    return names + [k for k in STATE_CLEARED_BY if fault.get(k) is not None and fault.get(k) is not False]
+
+
+def inject(sim_dir: str, node: str, gpu: int, cleared_by: str | None = None, **fault: Any) -> dict[str, Any]:
+    """Apply one or more faults to one GPU. Keys as the ``sim inject`` options; ``cleared_by``:
+    which repair mends them (reset, reboot, never; default per fault: :func:`default_cleared_by`)."""
+    if cleared_by is not None and cleared_by not in CLEARED_BY:
+        raise SimStateError(f"--cleared-by must be one of {', '.join(CLEARED_BY)}, not {cleared_by!r}")
 
     def change(state: dict[str, Any]) -> None:
         entry = gpu_entry(state, gpu)
+        mends = entry.setdefault("cleared_by", {})
+        for name in fault_names(fault):
+            mends[name] = cleared_by or default_cleared_by(name)
         if fault.get("xid") is not None:
-            state["seq"] = int(state.get("seq", 0)) + 1
-            entry["xids"].append(
-                {"code": int(fault["xid"]), "gpu": gpu, "uuid": entry.get("uuid", ""),
-                 "pci_bus_id": entry["pci_bus_id"], "ts": time.time(),
-                 "message": "injected by slurm-hooks sim", "source": "sim", "seq": state["seq"]}
-            )
+            _add_xid(state, entry, int(fault["xid"]))
         if fault.get("ecc_uncorrectable") is not None:
             entry["ecc_volatile_uncorrectable"] = int(entry.get("ecc_volatile_uncorrectable") or 0) + fault["ecc_uncorrectable"]
             entry["ecc_aggregate_uncorrectable"] = int(entry.get("ecc_aggregate_uncorrectable") or 0) + fault["ecc_uncorrectable"]
@@ -171,6 +223,68 @@ def inject(sim_dir: str, node: str, gpu: int, **fault: Any) -> dict[str, Any]:
     return update(sim_dir, node, change)
 
 
+class ResetFailed(SimStateError):
+    """The simulated GPU did not come back from its reset (it is off the bus)."""
+
+
+def _mend(entry: dict[str, Any], healthy: dict[str, Any], name: str) -> None:
+    """Put one fault's fields back to ``healthy`` (an XID's log line stays: only a reboot clears the log)."""
+    fields = {"ecc_uncorrectable": ("ecc_volatile_uncorrectable",), "process": ("processes", "memory_used_mib"),
+              "temp": ("temperature_c",), "nvlink_down": ("nvlinks",)}.get(name, (name,))
+    for key in fields:
+        if not name.startswith("xid:"):
+            entry[key] = healthy[key]
+
+
+def reset(sim_dir: str, node: str, gpu: int) -> dict[str, Any]:
+    """What ``nvidia-smi --gpu-reset`` does to a simulated GPU: faults a reset mends are gone (their
+    XID lines stay in the log); a dead GPU's XIDs come back at once (a new event); a lost GPU does
+    not come back from a reset (:class:`ResetFailed`)."""
+
+    def change(state: dict[str, Any]) -> None:
+        entry = gpu_entry(state, gpu)
+        mends = entry.setdefault("cleared_by", {})
+        if entry.get("lost") and mends.get("lost", "reboot") != "reset":
+            raise ResetFailed(f"{node} GPU {gpu}: reset failed: the GPU is lost (off the bus)")
+        healthy = healthy_gpu(entry["index"], node, state.get("model", "H100"))
+        for name, by in sorted(mends.items()):
+            if by == "reset":
+                _mend(entry, healthy, name)
+                del mends[name]
+            elif by == "never" and name.startswith("xid:"):
+                _add_xid(state, entry, int(name[4:]), "came back after a GPU reset (slurm-hooks sim)")
+        entry["resets"] = int(entry.get("resets", 0)) + 1
+
+    return update(sim_dir, node, change)
+
+
+def reboot(sim_dir: str, node: str) -> dict[str, Any]:
+    """What a reboot does to the node's simulated GPUs: a new boot (new kernel-log keys), an empty
+    kernel log, every fault a reset or a reboot mends gone; a dead GPU's faults come back."""
+
+    def change(state: dict[str, Any]) -> None:
+        state["boot"] = _new_boot()
+        model = state.get("model", "H100")
+        for entry in state["gpus"]:
+            healthy = healthy_gpu(entry["index"], node, model)
+            entry["xids"] = []
+            mends = entry.setdefault("cleared_by", {})
+            for name, by in sorted(mends.items()):
+                if by != "never":
+                    _mend(entry, healthy, name)
+                    del mends[name]
+                elif name.startswith("xid:"):
+                    _add_xid(state, entry, int(name[4:]), "came back after a reboot (slurm-hooks sim)")
+        state["boots"] = int(state.get("boots", 0)) + 1
+
+    return update(sim_dir, node, change)
+
+
+def boot_id(sim_dir: str, node: str) -> str:
+    """The simulated node's boot id ("" for state written before boots were simulated)."""
+    return str(read(sim_dir, node).get("boot", ""))
+
+
 def clear(sim_dir: str, node: str, gpu: int | None = None) -> dict[str, Any]:
     """Put one GPU (or all) back to healthy, keeping identity and the event counter."""
 
@@ -195,7 +309,7 @@ class SimProbe:
     def snapshot(self) -> NodeSnapshot:
         try:
             state = read(self.sim_dir, self.node)
-            gpus = tuple(gpu_from_dict(g) for g in state["gpus"])
+            gpus = tuple(gpu_from_dict({k: v for k, v in g.items() if k not in SIM_ONLY}) for g in state["gpus"])
         except SimStateError as exc:
             return NodeSnapshot(self.node, self.name, taken_at=time.time(), error=str(exc))
         except (TypeError, ValueError, KeyError) as exc:

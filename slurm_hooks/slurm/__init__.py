@@ -161,6 +161,11 @@ class Slurm(Protocol):
 
     def resume(self, name: str) -> None: ...
 
+    def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
+        """``scontrol reboot ASAP nextstate=<nextstate> reason=<reason> <name>``: drained at once,
+        rebooted through RebootProgram once idle. Only a node that carries no one else's reason."""
+        ...
+
     def jobs_on_node(self, name: str) -> list[JobInfo]: ...
 
     def job(self, job_id: int | str) -> JobInfo:
@@ -219,6 +224,11 @@ def may_drain(node: NodeInfo) -> bool:
     """Drain unless the node carries someone else's reason: an admin's DRAIN, DOWN or FAIL,
     or Slurm's own (``Not responding``, ``Prolog error``). Ours we may replace."""
     return not node.reason or node.ours
+
+
+def reboot_pending(node: NodeInfo) -> bool:
+    """Slurm has a reboot of this node requested or under way (``REBOOT_REQUESTED``, ``REBOOT_ISSUED``)."""
+    return any(flag.startswith("REBOOT") for flag in node.flags)
 
 
 def may_resume(node: NodeInfo) -> bool:

@@ -115,6 +115,10 @@ class PyslurmSlurm:
             raise ReasonNotOurs(current, "resume")
         self._call(f"resume {name}", self.ps.Node(name).modify, self.ps.Node(state="RESUME"))
 
+    def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
+        """pyslurm has no reboot request that takes a reason: scontrol does it."""
+        self._array_cli().reboot(name, reason, nextstate)
+
     # -- jobs
 
     def job(self, job_id: int | str) -> JobInfo:

@@ -481,6 +481,17 @@ class ScontrolSlurm:
             raise ReasonNotOurs(current, "resume")
         self._run("scontrol", "update", f"NodeName={self._node_arg(name)}", "State=RESUME")
 
+    def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
+        """``scontrol reboot ASAP nextstate=... reason=... <node>``; the reason is one argv element.
+
+        ``nextstate=DOWN``: after the reboot the node stays out until the health check passes on
+        it (verified on 22.05: with RESUME, registration clears a drain that the start-up health
+        check set, and the node takes jobs whatever the check found)."""
+        if nextstate not in ("DOWN", "RESUME"):
+            raise SlurmCommandFailed(f"{name}: nextstate must be DOWN or RESUME, not {nextstate!r}")
+        check_drain(self.node(name), reason)  # the same gate as a drain: never over someone else's reason
+        self._run("scontrol", "reboot", "ASAP", f"nextstate={nextstate}", f"reason={reason}", self._node_arg(name))
+
     # -- jobs
 
     def _squeue(self, *selection: str) -> list[JobInfo]:

@@ -186,3 +186,51 @@ def test_template_backend_over_http_leaves_an_object_that_was_there(two_nodes, k
     assert sorted(reconciler.run_pass().restored) == ["n1", "n2"]
     assert server.get(plural, "n1", "medik8s")["spec"] == {"by": "admin"}  # was there: kept
     assert server.get(plural, "n2", "medik8s") is None  # ours: withdrawn
+
+
+REBOOT79 = "slurm-hooks: XID 79 on GPU 3 [reboot]"
+
+
+def test_reboot_backend_over_http_creates_a_rebootnode_for_reboot_and_replaces_on_replace(
+        two_nodes, kube_client, bridge_settings, tmp_path):
+    from slurm_hooks.bridge.replace import CREATED_FOR_ANNOTATION
+    from slurm_hooks.bridge.settings import RebootSettings
+
+    server = two_nodes
+    plural = "janitor.dgxc.nvidia.com/v1alpha1/rebootnodes"
+    server.kmock.resources[plural] = {}
+    tpl = tmp_path / "rebootnode.yaml.j2"
+    tpl.write_text("apiVersion: janitor.dgxc.nvidia.com/v1alpha1\nkind: RebootNode\n"
+                   "metadata:\n  name: slurm-hooks-{{ node }}\nspec:\n  nodeName: {{ node }}\n  force: false\n")
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", REBOOT79), NodeInfo("n2", "IDLE+DRAIN", XID79))
+    settings = dataclasses.replace(
+        bridge_settings, breaker=dataclasses.replace(bridge_settings.breaker, max_percent=100),
+        reboot=RebootSettings(backend="template", template=str(tpl), plural="rebootnodes"))
+    reconciler = bridge(slurm, kube_client, settings, tmp_path)
+    assert sorted(reconciler.run_pass().replaced) == ["n1", "n2"]
+    made = server.get(plural, "slurm-hooks-n1")
+    assert made["spec"] == {"nodeName": "n1", "force": False}
+    assert made["metadata"]["annotations"][CREATED_FOR_ANNOTATION].startswith("n1/")
+    assert server.get(plural, "slurm-hooks-n2") is None  # [replace] goes to the replacement backend
+    n2 = server.get("v1/nodes", "n2")
+    assert [c["status"] for c in n2["status"]["conditions"] if c["type"] == "GpuHealthy"] == ["False"]
+    audit = [r for r in read_audit(tmp_path / "audit.jsonl") if r.get("kind") == "bridge_replace"]
+    assert {r["node"]: r["backend"] for r in audit} == {"n1": "reboot-template", "n2": "condition"}
+    slurm.resume("n1")  # the node side checked the rebooted node healthy
+    assert reconciler.run_pass().restored == ["n1"]
+    assert server.get(plural, "slurm-hooks-n1") is None  # our request, withdrawn
+
+
+def test_reboot_annotation_backend_over_http_annotates_and_removes(two_nodes, kube_client, bridge_settings, tmp_path):
+    from slurm_hooks.bridge.settings import RebootSettings
+
+    server = two_nodes
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", REBOOT79), NodeInfo("n2", "IDLE"))
+    settings = dataclasses.replace(bridge_settings, reboot=RebootSettings(backend="annotation"))
+    reconciler = bridge(slurm, kube_client, settings, tmp_path)
+    assert reconciler.run_pass().replaced == ["n1"]
+    ann = server.get("v1/nodes", "n1")["metadata"]["annotations"]
+    assert ann["slurm-hooks.io/reboot-requested"]
+    slurm.resume("n1")
+    assert reconciler.run_pass().restored == ["n1"]
+    assert "slurm-hooks.io/reboot-requested" not in (server.get("v1/nodes", "n1")["metadata"].get("annotations") or {})

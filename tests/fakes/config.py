@@ -6,8 +6,13 @@ from pathlib import Path
 
 
 def write_sim_config(tmp_path: Path, extra: str = "") -> Path:
-    """``config.toml`` in ``tmp_path`` with the sim backend; ``extra`` is appended TOML."""
+    """``config.toml`` in ``tmp_path`` with the sim backend; ``extra`` is appended TOML.
+
+    The repair ladder is off unless ``extra`` has a ``[repair]`` table: these tests are of
+    detection, drain and resume; the ladder's own are in test_repair.py and test_e2e_repair.py."""
     path = Path(tmp_path) / "config.toml"
+    if "[repair]" not in extra:
+        extra = f"{extra}\n[repair]\nenabled = false\n"
     path.write_text(f"""\
 [gpu]
 backend = "sim"

@@ -134,8 +134,17 @@ class FakeSlurm:
     def resume(self, name: str) -> None:
         self._call("resume", name)
         node = self._node(name)
-        flags = [f for f in node.state.split("+") if f not in ("DRAIN", "DRAINED", "DRAINING")]
+        # Slurm's RESUME also brings a DOWN node back (IDLE once it answers).
+        flags = [f for f in node.state.split("+") if f not in ("DRAIN", "DRAINED", "DRAINING", "DOWN")]
         self._nodes[name] = dataclasses.replace(node, state="+".join(flags) or "IDLE", reason="")
+
+    def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
+        """Slurm's ``reboot ASAP``: drained with the reason and a reboot requested."""
+        self._call("reboot", name, reason, nextstate)
+        node = self._node(name)
+        flags = [f for f in node.state.split("+") if f not in ("DRAIN", "REBOOT_REQUESTED")]
+        self._nodes[name] = dataclasses.replace(node, state="+".join([*flags, "DRAIN", "REBOOT_REQUESTED"]),
+                                                reason=reason)
 
     def jobs_on_node(self, name: str) -> list[JobInfo]:
         self._call("jobs_on_node", name)

@@ -372,7 +372,7 @@ def test_a_multi_node_job_requeued_by_the_other_nodes_run_is_not_requeued_again(
 
 def test_requeue_disabled_in_config_leaves_jobs_alone(t, tmp_path):
     cfg = config.parse(f'[gpu]\nbackend = "sim"\nsim_dir = "{t.sim_dir}"\n[state]\ndir = "{tmp_path}/s"\n'
-                       '[remediation]\nrequeue = false\n')
+                       '[remediation]\nrequeue = false\n[repair]\nenabled = false\n')
     w = Wiring(cfg, "n1", t.audit, slurm_override=t.slurm)
     t.slurm.add_job(101, "n1")
     inject(t, 3, xid=79)

@@ -279,9 +279,9 @@ def test_cli_init_inject_show_clear(sim_dir):
     assert (r.returncode, r.stdout, r.stderr) == (0, "n1: 4 simulated A100 GPUs\n", "")
 
     r = cli("inject", "--node", "n1", "--gpu", "3", "--xid", "79", "--sim-dir", sim_dir)
-    assert (r.returncode, r.stdout) == (0, "n1 gpu3: injected xid=79\n")
+    assert (r.returncode, r.stdout) == (0, "n1 gpu3: injected xid=79 (cleared by: reboot)\n")
     r = cli("inject", "--node", "n1", "--gpu", "1", "--row-remap-pending", "--temp", "91", "--sim-dir", sim_dir)
-    assert (r.returncode, r.stdout) == (0, "n1 gpu1: injected row-remap-pending, temp=91\n")
+    assert (r.returncode, r.stdout) == (0, "n1 gpu1: injected row-remap-pending, temp=91 (cleared by: reset)\n")
 
     r = cli("show", "--node", "n1", "--sim-dir", sim_dir)
     assert r.returncode == 0
@@ -326,7 +326,7 @@ def test_cli_inject_without_a_fault_is_a_usage_error(sim_dir):
 def test_cli_can_take_down_nvlink_0(sim_dir):
     sim.init(sim_dir, "n1")
     r = cli("inject", "--node", "n1", "--gpu", "1", "--nvlink-down", "0", "--sim-dir", sim_dir)
-    assert (r.returncode, r.stdout) == (0, "n1 gpu1: injected nvlink-down=0\n")
+    assert (r.returncode, r.stdout) == (0, "n1 gpu1: injected nvlink-down=0 (cleared by: reset)\n")
     assert sim.read(sim_dir, "n1")["gpus"][1]["nvlinks"][0]["active"] is False
 
 

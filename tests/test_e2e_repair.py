@@ -1,0 +1,145 @@
+"""The repair ladder on the real testbed: GPU reset, reboot through Slurm, replace.
+
+A cluster of its own (one module): the health check every 2 s, so that a repair is
+driven the way a site runs it (Slurm's HealthCheckProgram), and the testbed's
+RebootProgram, which reboots the simulated node and restarts its slurmd with a new
+boot time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from slurm_hooks.probes import sim
+from slurm_hooks.testbed import Settings, Testbed
+
+pytestmark = pytest.mark.slurm
+
+SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=2, requeue_grace=3.0, repair=True)
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root")
+    tb = Testbed(str(tmp_path_factory.mktemp("repairbed")), SETTINGS)
+    try:
+        tb.up()
+    except BaseException:
+        tb.down()
+        raise
+    try:
+        yield tb
+    finally:
+        tb.down()
+
+
+@pytest.fixture
+def tb(bed):
+    bed.reset()
+    return bed
+
+
+def _records(tb, action=None):
+    try:
+        with open(tb.audit_log, encoding="utf-8") as fh:
+            recs = [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [r for r in recs if action is None or r.get("action") == action]
+
+
+def _repairs(tb):
+    return [(r["action"], r["result"]) for r in _records(tb) if str(r.get("action", "")).startswith("repair-")]
+
+
+def _sim(tb, node="n1"):
+    return sim.read(tb.sim_dir, node)
+
+
+def _wait(pred, timeout, what, tb=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    seen = f"; n1 {tb.slurm().node('n1')}; repairs {_repairs(tb)}" if tb is not None else ""
+    raise AssertionError(f"not within {timeout}s: {what}{seen}")
+
+
+def test_row_remap_pending_on_idle_node_is_reset_checked_and_back_idle_without_reboot(tb):
+    t0 = time.monotonic()
+    sim.inject(tb.sim_dir, "n1", 3, row_remap_pending=True)
+    _wait(lambda: ("repair-reset", "ok") in _repairs(tb), 30, "a GPU reset that checked healthy")
+    node = tb.wait_node("n1", lambda n: n.state.upper() == "IDLE" and not n.reason, timeout=30 - (time.monotonic() - t0))
+    assert node.state.upper() == "IDLE"
+    drains = [r for r in _records(tb, "drain") if r["result"] == "ok"]
+    assert drains and drains[0]["reason"] == "slurm-hooks: row remap pending on GPU 3 [reset]"
+    state = _sim(tb)
+    assert sim.gpu_entry(state, 3)["resets"] == 1 and not sim.gpu_entry(state, 3)["row_remap_pending"]
+    assert state.get("boots", 0) == 0, "no reboot"
+    assert not any(a == "repair-reboot" for a, _ in _repairs(tb))
+
+
+def test_xid79_on_idle_node_is_rebooted_through_slurm_checked_and_back_idle(tb):
+    sim.inject(tb.sim_dir, "n1", 0, xid=79)
+    _wait(lambda: ("repair-reboot", "start") in _repairs(tb), 20, "a reboot request", tb)
+    assert "REBOOT" in tb.slurm().node("n1").state.upper() or _sim(tb).get("boots", 0) == 1
+    _wait(lambda: ("repair-reboot", "ok") in _repairs(tb), 40, "the rebooted node checked healthy", tb)
+    node = tb.wait_node("n1", lambda n: n.state.upper() == "IDLE" and not n.reason, timeout=10)
+    assert node.state.upper() == "IDLE"
+    assert _sim(tb)["boots"] == 1
+    assert not any(a == "repair-reset" for a, _ in _repairs(tb)), "XID 79 starts at the reboot"
+    reboot = next(r for r in _records(tb, "repair-reboot") if r["result"] == "start")
+    assert reboot["reason"] == "slurm-hooks: XID 79 on GPU 0 [reboot]"
+
+
+def test_dead_gpu_climbs_reset_then_reboot_then_replace_and_stops(tb):
+    sim.inject(tb.sim_dir, "n1", 5, row_remap_pending=True, cleared_by="never")
+    _wait(lambda: ("repair-replace", "ok") in _repairs(tb), 60, "the GPU given up on ([replace])", tb)
+    assert _repairs(tb)[:4] == [("repair-reset", "start"), ("repair-reset", "failed"),
+                                ("repair-reboot", "start"), ("repair-reboot", "failed")]
+    node = tb.slurm().node("n1")
+    assert node.drained and node.reason == "slurm-hooks: row remap pending on GPU 5 [replace]"
+    with open(os.path.join(tb.hooks_state_dir, "rma.json"), encoding="utf-8") as fh:
+        rma = json.load(fh)["gpus"]
+    gpu = sim.gpu_entry(_sim(tb), 5)
+    assert [(e["uuid"], e["serial"], e["pci_bus_id"]) for e in rma] == [(gpu["uuid"], gpu["serial"], gpu["pci_bus_id"])]
+    assert [a["rung"] for a in rma[0]["history"]] == ["reset", "reboot", "replace"]
+    time.sleep(8)  # four more health checks: no further reset or reboot
+    assert _sim(tb)["boots"] == 1 and gpu["resets"] == 1
+    assert tb.slurm().node("n1").reason == "slurm-hooks: row remap pending on GPU 5 [replace]"
+    assert len(_repairs(tb)) == 5
+
+
+def test_node_with_a_running_job_is_not_repaired_before_the_job_ends(tb):
+    # --no-requeue: the job stays on the drained node until it ends (as a job-end drain keeps it).
+    job = tb.sbatch("#!/bin/sh\nsleep 30\n", "-w", "n1", "--no-requeue", "--gres=gpu:1")
+    tb.wait_job(job, ("RUNNING",), timeout=20)
+    sim.inject(tb.sim_dir, "n1", 2, row_remap_pending=True)
+    tb.wait_node("n1", lambda n: n.drained, timeout=10)
+    time.sleep(5)  # health checks ran on the drained node with the job on it
+    assert _repairs(tb) == []
+    assert sim.gpu_entry(_sim(tb), 2).get("resets", 0) == 0
+    from slurm_hooks.runner import run_command
+
+    run_command(["/usr/bin/scancel", str(job)], 10, env=tb.env())
+    _wait(lambda: ("repair-reset", "ok") in _repairs(tb), 30, "the reset once the job left")
+    tb.wait_node("n1", lambda n: n.state.upper() == "IDLE" and not n.reason, timeout=15)
+
+
+def test_admin_drain_is_never_repaired(tb):
+    tb.scontrol("update", "NodeName=n1", "State=DRAIN", "Reason=admin: bad fan")
+    sim.inject(tb.sim_dir, "n1", 1, row_remap_pending=True)
+    sim.inject(tb.sim_dir, "n1", 4, xid=79)
+    time.sleep(6)
+    assert _repairs(tb) == []
+    state = _sim(tb)
+    assert state.get("boots", 0) == 0 and sim.gpu_entry(state, 1).get("resets", 0) == 0
+    node = tb.slurm().node("n1")
+    assert node.drained and node.reason == "admin: bad fan"

@@ -1,0 +1,196 @@
+"""The repair ladder's decisions, with simulated GPUs and the shared fake Slurm.
+
+What Slurm itself does (the reboot, the node coming back) is in test_e2e_repair.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+from fakes.config import sim_config
+from fakes.slurm import FakeSlurm
+
+from slurm_hooks import config
+from slurm_hooks.audit import AuditLog
+from slurm_hooks.hooks import healthcheck, repair
+from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.models import Action, Finding, Severity
+from slurm_hooks.probes import sim
+from slurm_hooks.probes.gpureset import NvidiaSmiReset, ResetFailed
+
+
+@pytest.fixture
+def t(tmp_path):
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n[repair]\nenabled = true\n")
+    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "IDLE")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    return SimpleNamespace(w=w, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit)
+
+
+def rungs(t):
+    return [(r["action"], r["result"]) for r in t.audit.read() if str(r.get("action", "")).startswith("repair-")]
+
+
+@pytest.mark.parametrize("finding,rung", [
+    (Finding("row-remap", Severity.FAIL, Action.RESET, "row remapping pending", 2), "reset"),
+    (Finding("xid", Severity.FAIL, Action.REPLACE, "XID 79 (GPU has fallen off the bus)", 0), "reboot"),
+    (Finding("xid", Severity.FAIL, Action.REPLACE, "XID 79 (x), 3rd time in 24h -> hardware", 0), "replace"),
+    (Finding("gpu-lost", Severity.FAIL, Action.REPLACE, "GPU is lost", 0), "reboot"),
+    (Finding("gpu-count", Severity.FAIL, Action.REBOOT, "7 GPUs visible, 8 expected"), "reboot"),
+    (Finding("row-remap", Severity.FAIL, Action.REPLACE, "row remapping failed", 1), "replace"),
+    (Finding("gpu-model", Severity.FAIL, Action.DRAIN, "model 'A100', expected 'H100'", 1), None),
+])
+def test_each_finding_starts_at_the_rung_of_its_action(finding, rung):
+    assert repair.start_rung(finding) == rung
+
+
+def test_row_remap_pending_on_an_idle_node_is_reset_and_resumed_in_one_run(t):
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    report, outcome = healthcheck.run(t.w, follow="none")
+    assert outcome.drained and outcome.resumed and outcome.repairs == ["reset:ok"]
+    assert t.slurm.peek("n1").state == "IDLE" and t.slurm.called("reboot") == []
+    assert rungs(t) == [("repair-reset", "start"), ("repair-reset", "ok")]
+    assert sim.gpu_entry(sim.read(t.sim_dir, "n1"), 3)["resets"] == 1
+
+
+def test_a_failed_reset_climbs_to_a_reboot_through_slurm_with_nextstate_down(t):
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True, cleared_by="reboot")
+    _, outcome = healthcheck.run(t.w, follow="none")
+    assert outcome.repairs == ["reset:failed", "reboot:start"]
+    assert t.slurm.called("reboot") == [("reboot", "n1", "slurm-hooks: row remap pending on GPU 3 [reboot]", "DOWN")]
+    # While the reboot is pending, later checks leave the node to Slurm: no drain, no resume, no second reboot.
+    _, again = healthcheck.run(t.w, follow="none")
+    assert again.repairs == [] and len(t.slurm.called("reboot")) == 1 and not again.resumed
+    assert t.slurm.peek("n1").reason == "slurm-hooks: row remap pending on GPU 3 [reboot]"
+
+
+def test_after_the_reboot_a_healthy_check_resumes_the_node_that_came_back_down(t):
+    sim.inject(t.sim_dir, "n1", 0, xid=79)
+    healthcheck.run(t.w, follow="none")
+    assert len(t.slurm.called("reboot")) == 1
+    sim.reboot(t.sim_dir, "n1")
+    t.slurm.set_node("n1", state="DOWN", reason="slurm-hooks: XID 79 on GPU 0 [reboot] : reboot issued : reboot complete")
+    _, outcome = healthcheck.run(t.w, follow="none")
+    assert outcome.repairs == ["reboot:ok"] and outcome.resumed
+    assert t.slurm.peek("n1").state == "IDLE" and not t.slurm.peek("n1").reason
+
+
+def test_a_fault_that_survives_the_reboot_is_tagged_replace_and_put_on_the_rma_list_once(t):
+    sim.inject(t.sim_dir, "n1", 0, xid=79, cleared_by="never")
+    healthcheck.run(t.w, follow="none")
+    sim.reboot(t.sim_dir, "n1")
+    t.slurm.set_node("n1", state="DOWN", reason="slurm-hooks: XID 79 on GPU 0 [reboot] : reboot issued : reboot complete")
+    _, outcome = healthcheck.run(t.w, follow="none")
+    assert outcome.repairs == ["reboot:failed", "replace:ok"]
+    assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 0 [replace]"
+    entries = repair.read_rma(os.path.join(t.w.config.state.dir, "rma.json"))
+    gpu = sim.gpu_entry(sim.read(t.sim_dir, "n1"), 0)
+    assert [(e["uuid"], e["serial"], e["pci_bus_id"]) for e in entries] == [(gpu["uuid"], gpu["serial"], gpu["pci_bus_id"])]
+    for _ in range(3):  # no reboot loop
+        _, later = healthcheck.run(t.w, follow="none")
+        assert later.repairs == []
+    assert len(t.slurm.called("reboot")) == 1
+    assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 0 [replace]"
+
+
+def test_a_fault_back_on_the_same_gpu_within_the_window_starts_one_rung_higher(t):
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    healthcheck.run(t.w, follow="none")
+    assert t.slurm.peek("n1").state == "IDLE"
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    _, outcome = healthcheck.run(t.w, follow="none")
+    assert outcome.repairs == ["reboot:start"]  # no second reset within the window
+
+
+def test_turning_the_reset_rung_off_starts_a_reset_class_fault_at_the_reboot(t, tmp_path):
+    cfg = config.parse(f'[gpu]\nbackend = "sim"\nsim_dir = "{t.sim_dir}"\n[state]\ndir = "{tmp_path}/s"\n'
+                       '[repair]\nreset = false\n')
+    w = Wiring(cfg, "n1", t.audit, slurm_override=t.slurm)
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.repairs == ["reboot:start"]
+
+
+def test_a_node_with_a_running_job_is_drained_but_not_repaired(t):
+    t.slurm.add_job(7, "n1")
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    _, outcome = healthcheck.run(t.w, follow="none")
+    assert outcome.drained and outcome.repairs == []
+
+
+def test_someone_elses_drain_is_never_repaired(t):
+    t.slurm.set_node("n1", state="IDLE+DRAIN", reason="admin: swap fan")
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    _, outcome = healthcheck.run(t.w, follow="none")
+    assert outcome.repairs == [] and t.slurm.called("reboot") == []
+    assert sim.gpu_entry(sim.read(t.sim_dir, "n1"), 3).get("resets", 0) == 0
+
+
+def test_a_repair_under_way_elsewhere_holds_the_node(t):
+    import fcntl
+
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    os.makedirs(t.w.config.state.dir, exist_ok=True)
+    fd = os.open(t.w.state_path("repair-n1.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        _, outcome = healthcheck.run(t.w, follow="none")
+    finally:
+        os.close(fd)
+    assert outcome.drained and outcome.repairs == []
+
+
+def test_dry_run_says_what_the_ladder_would_do(t, capsys):
+    from click.testing import CliRunner
+
+    from slurm_hooks.commands.check import check
+
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    res = CliRunner().invoke(check, ["--config", t.w.config.path, "--node", "n1", "--dry-run"])
+    assert "n1: repair would reset GPU(s) 3 (row remap pending on GPU 3: starts at reset)" in res.output
+
+
+def test_nvidia_smi_reset_turns_persistence_off_and_restores_services_even_when_the_reset_fails():
+    from slurm_hooks.errors import CommandError
+    from slurm_hooks.runner import Completed
+
+    calls = []
+
+    def runner(argv, timeout):
+        calls.append(list(argv))
+        if "--gpu-reset" in argv:
+            raise CommandError(list(argv), 1, "", "GPU 00000000:18:00.0 is in use")
+        return Completed(tuple(argv), 0, "", "")
+
+    backend = NvidiaSmiReset("/usr/bin/nvidia-smi", "/usr/bin/systemctl", ["nvidia-dcgm"], 30, runner=runner)
+    with pytest.raises(ResetFailed, match="GPU 2"):
+        backend.reset([2])
+    assert calls == backend.argv_plan([2]) == [
+        ["/usr/bin/systemctl", "stop", "nvidia-dcgm"], ["/usr/bin/nvidia-smi", "-i", "2", "-pm", "0"],
+        ["/usr/bin/nvidia-smi", "--gpu-reset", "-i", "2"], ["/usr/bin/nvidia-smi", "-i", "2", "-pm", "1"],
+        ["/usr/bin/systemctl", "start", "nvidia-dcgm"]]
+
+
+def test_repair_config_errors_name_file_line_and_key(tmp_path):
+    from slurm_hooks.errors import ConfigError
+
+    path = tmp_path / "c.toml"
+    path.write_text("[repair]\nattempts = 0\n")
+    with pytest.raises(ConfigError, match="attempts"):
+        config.load(str(path))
+    path.write_text("[repair]\nservices = [\"-rf\"]\n")
+    with pytest.raises(ConfigError, match=r"c.toml:2.*services"):
+        config.load(str(path))
+
+
+def test_sim_state_round_trips_json(t):
+    sim.inject(t.sim_dir, "n1", 1, lost=True)
+    with pytest.raises(sim.ResetFailed):
+        sim.reset(t.sim_dir, "n1", 1)
+    state = sim.reboot(t.sim_dir, "n1")
+    assert not sim.gpu_entry(state, 1)["lost"] and json.dumps(state)
