@@ -90,7 +90,7 @@ def env(state_dir: str) -> None:
 @_state_dir_option
 def reboot_program(state_dir: str) -> None:
     """The testbed's RebootProgram (slurmd runs it, with no arguments)."""
-    from slurm_hooks.testbed import Testbed
+    from slurm_hooks.lab.testbed import Testbed
 
     click.echo(Testbed(state_dir).reboot_program())
 
@@ -101,8 +101,8 @@ def reboot_program(state_dir: str) -> None:
 @click.option("--slurmd-pid", required=True, type=click.IntRange(2))
 def reboot_node(state_dir: str, node: str, slurmd_pid: int) -> None:
     """The detached half of a testbed reboot: sim reboot, then slurmd again with a new boot time."""
+    from slurm_hooks.lab.testbed import Testbed
     from slurm_hooks.runner import signal_ready
-    from slurm_hooks.testbed import Testbed
 
     signal_ready()
     Testbed(state_dir).reboot_node(node, slurmd_pid)

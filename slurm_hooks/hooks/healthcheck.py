@@ -25,9 +25,9 @@ from slurm_hooks import engine, pending
 from slurm_hooks.errors import SlurmHooksError, TransientError
 from slurm_hooks.hooks import remediate
 from slurm_hooks.hooks.remediate import Outcome
-from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.hooks.wiring import Wiring, xid_history
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, XidEvent
-from slurm_hooks.xid.history import XidHistory, XidState
+from slurm_hooks.xid.history import XidState
 
 if TYPE_CHECKING:
     from slurm_hooks.xid.catalog import XidInfo
@@ -427,11 +427,6 @@ def _close(w: Wiring, earlier: pending.Pending, result: str, detail: str) -> Non
     w.audit.write("action", node=w.node, action="pending", target=w.node, result=result,
                   steps=list(earlier.steps), attempt=earlier.attempts + 1, pending=earlier.id,
                   duration_s=round(time.time() - earlier.created, 4), detail=detail)
-
-
-def xid_history(w: Wiring) -> XidHistory:
-    """This node's XID history, shared with the watcher."""
-    return XidHistory(w.state_path(f"xid-history-{w.node}.json"))
 
 
 def _dcgm_runner(w: Wiring, context: Context, expect, job_failed: bool = False) -> Callable | None:

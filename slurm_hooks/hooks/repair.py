@@ -188,7 +188,8 @@ def _climb(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, state:
 def _reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, state: dict[str, Any],
            resetter: GpuResetter | None) -> bool:
     """Rung 1; True when the node is healthy again (and resumed)."""
-    from slurm_hooks.hooks import healthcheck, remediate
+    from slurm_hooks.hooks import remediate
+    from slurm_hooks.hooks.wiring import xid_history
 
     backend = resetter or _resetter(w)
     indexes = sorted(i for i, _ in p.gpus if i is not None)
@@ -201,7 +202,7 @@ def _reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, state: dict[s
         detail = str(exc)
     else:
         # The reset cleared what the XIDs we drained for reported; they stay in the kernel log.
-        history = healthcheck.xid_history(w).load()
+        history = xid_history(w).load()
         history.ack(remediate.drained_for(w) or [])
         with contextlib.suppress(SlurmHooksError):
             history.save()

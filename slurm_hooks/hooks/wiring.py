@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_hooks import config as config_mod
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import nodename
+from slurm_hooks.xid.history import XidHistory
 
 if TYPE_CHECKING:
     from slurm_hooks.config import Config
@@ -75,3 +76,8 @@ class Wiring:
     def drained_marker(self) -> str:
         """Present while this node is drained by us: the health check then looks at Slurm."""
         return self.state_path(f"drained-{self.node}")
+
+
+def xid_history(w: Wiring) -> XidHistory:
+    """This node's XID history, shared with the watcher."""
+    return XidHistory(w.state_path(f"xid-history-{w.node}.json"))

@@ -151,7 +151,7 @@ def default_cleared_by(fault: str) -> str:
     reboot; otherwise a reset for a reset-class XID, else a reboot); a state by STATE_CLEARED_BY."""
     if not fault.startswith("xid:"):
         return STATE_CLEARED_BY.get(fault, "reboot")
-    from slurm_hooks.xid_catalog import lookup
+    from slurm_hooks.xid.catalog import lookup
 
     info = lookup(int(fault[4:]))
     if info is None:

@@ -14,10 +14,10 @@ from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks import config
-from slurm_hooks.audit import AuditLog
 from slurm_hooks.hooks import healthcheck, repair
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Finding, Severity
+from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import NvidiaSmiReset, ResetFailed
 

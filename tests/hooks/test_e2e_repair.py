@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from slurm_hooks.lab.testbed import Settings, Testbed
 from slurm_hooks.probes import sim
-from slurm_hooks.testbed import Settings, Testbed
 
 pytestmark = pytest.mark.slurm
 
