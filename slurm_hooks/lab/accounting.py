@@ -162,6 +162,21 @@ class Accounting:
         except AccountingError:
             return False
 
+    def wait_registered(self, cluster: str, env: Mapping[str, str], timeout: float = 30.0) -> None:
+        """Until slurmctld has registered with slurmdbd (the cluster row has its control port).
+
+        Before that, node events sent by slurmctld were seen to go missing: a drain right after
+        ``up`` never reached ``sacctmgr show event``."""
+        def registered() -> bool:
+            try:
+                out = run_command(["/usr/bin/sacctmgr", "-n", "-P", "show", "cluster", cluster, "format=ControlPort"],
+                                  10, env=env).stdout
+            except CommandError:
+                return False
+            return any(line.strip() not in ("", "0") for line in out.splitlines())
+
+        self._wait(registered, timeout, f"slurmctld has not registered with slurmdbd (cluster {cluster})")
+
     def _answers(self, env: Mapping[str, str]) -> bool:
         try:
             run_command(["/usr/bin/sacctmgr", "-n", "show", "cluster"], 10, env=env)

@@ -213,6 +213,8 @@ class Testbed:
         self._start_daemons()
         self.progress("waiting for nodes to register")
         self.wait_ready(self.settings.up_timeout)
+        if self.settings.accounting:
+            Accounting(self.state_dir, self.progress).wait_registered(CLUSTER, self.env())
         self.last_up_seconds = time.monotonic() - started
         self.progress(f"testbed up: {', '.join(self.node_names)} with gpu:{self.settings.gpus} "
                       f"in {self.last_up_seconds:.1f}s (SLURM_CONF={self.slurm_conf})")

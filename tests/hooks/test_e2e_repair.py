@@ -79,7 +79,7 @@ def test_row_remap_pending_on_idle_node_is_reset_checked_and_back_idle_without_r
     node = tb.wait_node("n1", lambda n: n.state.upper() == "IDLE" and not n.reason, timeout=30 - (time.monotonic() - t0))
     assert node.state.upper() == "IDLE"
     drains = [r for r in _records(tb, "drain") if r["result"] == "ok"]
-    assert drains and drains[0]["reason"] == "slurm-hooks: row remap pending on GPU 3 [reset]"
+    assert drains and drains[0]["reason"] == "slurm-hooks: row remap pending on GPU 3 [reset, at job end]"
     state = _sim(tb)
     assert sim.gpu_entry(state, 3)["resets"] == 1 and not sim.gpu_entry(state, 3)["row_remap_pending"]
     assert state.get("boots", 0) == 0, "no reboot"
