@@ -4,8 +4,11 @@ Brings up the testbed (2 nodes, 8 simulated GPUs each, slurm-hooks wired in as
 HealthCheckProgram, Prolog and Epilog), starts the XID watcher on each node,
 submits a checkpointing training job, injects XID 79 on the job's GPU, and
 reports each milestone live as Slurm shows it: drained, requeued, running
-again on the healthy node, resumed from its checkpoint. Ends with the audit
-log's timeline and the durations beside published field numbers.
+again on the healthy node, resumed from its checkpoint. Then, with the job gone
+from it, the repair ladder takes the drained node back by itself (XID 79 starts at
+the reboot: ``scontrol reboot`` through the testbed's RebootProgram, a check on the
+new boot, resumed). Ends with the audit log's timeline and the durations beside
+published field numbers.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ Say = Callable[[str], None]
 
 #: Crusoe AutoClusters, as presented: node replaced in ~5 min, downtime under 15 min.
 FIELD_NUMBERS = {"node replaced": 300.0, "total downtime": 900.0}
+
+#: Slurm's HealthCheckInterval on the demo's cluster: the check on the new boot that puts the
+#: rebooted node back in service runs at most this long after the reboot.
+HEALTH_CHECK_INTERVAL = 5
 
 _GPUS = re.compile(r"GPUs (\S+)")
 _RESUMED = re.compile(r"resumed from step (\d+) \(restart (\d+)\) on (\S+)")
@@ -65,17 +72,14 @@ def find_train_script() -> str:
 
 def run(state_dir: str, keep: bool = False, say: Say = print, steps_before_fault: int = 8,
         timeout: float = 120.0) -> Milestones:
-    tb = Testbed(state_dir, Settings(nodes=2, kill_wait=10, requeue_grace=10.0, health_check_interval=30),
+    tb = Testbed(state_dir, Settings(nodes=2, kill_wait=10, requeue_grace=10.0, health_check_interval=HEALTH_CHECK_INTERVAL,
+                                     repair=True),
                  progress=lambda m: say(f"  {m}"))
     say("== 1. a local Slurm cluster with 2 nodes x 8 simulated H100s, slurm-hooks wired in")
     tb.up()
-    for node in tb.node_names:
-        sim.init(tb.sim_dir, node, tb.settings.gpus)
-    slurm = tb.slurm()
-    for node in tb.node_names:
-        info = slurm.node(node)
-        if info.drained and info.ours:
-            slurm.resume(node)
+    # A clean cluster each run: healthy GPUs, no jobs, and no hook state left from an earlier run
+    # (the ladder would count an earlier run's reboot as the fault coming back, and replace).
+    tb.reset()
     watchers = _start_watchers(tb, say)
     job_id = None
     try:
@@ -91,8 +95,11 @@ def run(state_dir: str, keep: bool = False, say: Say = print, steps_before_fault
         say(f"== 3. XID 79 (GPU has fallen off the bus) on {node} GPU {gpu}, under the running job")
         ms.injected = time.time()
         sim.inject(tb.sim_dir, node, gpu, xid=79)
-        _follow(tb, job_id, node, out, ms, timeout, say)
-        say("== 4. the incident, as the audit log tells it (slurm-hooks events)")
+        repair = _RepairWatch(tb, node, ms, say)
+        _follow(tb, job_id, node, out, ms, timeout, say, also=repair.poll)
+        say(f"== 4. the job has moved on: the repair ladder takes {node} back by itself (XID 79: reboot)")
+        repair.follow(timeout)
+        say("== 5. the incident, as the audit log tells it (slurm-hooks events)")
         records = events.select(AuditLog(tb.audit_log).read(), node=node, since=ms.injected - 1)
         for line in events.render(events.incidents(records)):
             say(f"  {line}")
@@ -166,15 +173,16 @@ def _wait_running(tb: Testbed, job_id: int, out: str, steps: int, timeout: float
     raise DemoError(f"job {job_id} did not reach {steps} steps within {timeout:g}s (see {out})")
 
 
-def _follow(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeout: float, say: Say) -> None:
+def _follow(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeout: float, say: Say,
+            also: Callable[[float], object] | None = None) -> None:
+    """Follow the job's recovery; ``also``: one more look in each poll, at that poll's time."""
     slurm = tb.slurm()
     deadline = time.monotonic() + timeout
     seen_lines = len(_tail(out))
     last_step = None
 
     def show(name: str, detail: str, at: float) -> None:
-        if ms.mark(name, detail, at):
-            say(f"  +{ms.times[name]:6.2f}s  {name:<24} {detail}")
+        _show(ms, say, name, detail, at)
 
     while time.monotonic() < deadline:
         # One poll, read against the order things happen (output, then job, then node), is one
@@ -206,6 +214,13 @@ def _follow(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeou
             if s:
                 last_step = int(s.group(1))
         seen_lines = len(lines)
+        if also is not None:
+            try:
+                also(now)
+            except DemoError:
+                raise
+            except SlurmHooksError as exc:
+                say(f"  (slurm: {exc})")
         if "resumed from checkpoint" in ms.times and "node drained" in ms.times and last_step is not None \
                 and "job running again" in ms.times:
             show("training continues", f"step {last_step}", now)
@@ -216,12 +231,71 @@ def _follow(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeou
                     f"{tb.audit_log})")
 
 
+def _show(ms: Milestones, say: Say, name: str, detail: str, at: float) -> None:
+    if ms.mark(name, detail, at):
+        say(f"  +{ms.times[name]:6.2f}s  {name:<24} {detail}")
+
+
+class _RepairWatch:
+    """The milestones of the repair, on the demo's clock: the ladder's reboot requested (its audit
+    record), the node rebooted (the simulated node's boot count), the new boot checked healthy
+    (the rung's result), the node back in service (IDLE, no reason). Polled from the first look
+    after the fault on (the epilog of the job's last step on the node may climb at once)."""
+
+    def __init__(self, tb: Testbed, bad: str, ms: Milestones, say: Say):
+        self.tb, self.bad, self.ms, self.say = tb, bad, ms, say
+        self.audit = AuditLog(tb.audit_log)
+
+    def poll(self, now: float | None = None) -> bool:
+        """One look; True once the node is back in service. Read against the order things happen
+        (node, then the sim's boots, then the audit log), as in _follow: one poll is one instant."""
+        node = self.tb.slurm().node(self.bad)
+        boots = sim.read(self.tb.sim_dir, self.bad).get("boots", 0)
+        reboots = [r for r in self.audit.read() if r.get("node") == self.bad and r.get("action") == "repair-reboot"
+                   and float(r.get("ts", 0)) >= self.ms.injected - 1]
+        now = time.time() if now is None else now
+        ms, say, bad = self.ms, self.say, self.bad
+        for rec in reboots:
+            if rec.get("result") == "failed":
+                raise DemoError(f"the reboot of {bad} failed: {rec.get('detail', '')} (see {self.tb.audit_log})")
+            _show(ms, say, "reboot requested", f"{bad}: {rec.get('reason', '')}", now)
+        if boots >= 1:
+            _show(ms, say, "node rebooted", f"{bad}: boot {boots}", now)
+        for rec in reboots:
+            if rec.get("result") == "ok":
+                _show(ms, say, "checked healthy", f"{bad}: {rec.get('detail', '')}", now)
+        if "checked healthy" in ms.times and node.state.upper() == "IDLE" and not node.reason:
+            _show(ms, say, "back in service", f"{bad}: {node.state}", now)
+        return "back in service" in ms.times
+
+    def follow(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.poll():
+                    return
+            except SlurmHooksError as exc:
+                if isinstance(exc, DemoError):
+                    raise
+                self.say(f"  (slurm: {exc})")
+            time.sleep(0.2)
+        missing = [m for m in ("reboot requested", "node rebooted", "checked healthy", "back in service")
+                   if m not in self.ms.times]
+        raise DemoError(f"{self.bad} not back in service after {timeout:g}s: no {', '.join(missing)} "
+                        f"(see {self.tb.audit_log})")
+
+
 def _summary(ms: Milestones, say: Say) -> None:
-    say("== 5. how long it took")
-    for name in ("node drained", "job requeued", "job running again", "resumed from checkpoint"):
+    say("== 6. how long it took")
+    for name in ("node drained", "job requeued", "job running again", "resumed from checkpoint",
+                 "reboot requested", "node rebooted", "back in service"):
         if name in ms.times:
             say(f"  XID -> {name:<24} {ms.times[name]:6.2f} s")
     down = ms.times.get("job running again")
     if down is not None:
         say(f"  field numbers (Crusoe AutoClusters): node replaced ~{FIELD_NUMBERS['node replaced'] / 60:.0f} min, "
             f"total downtime < {FIELD_NUMBERS['total downtime'] / 60:.0f} min; here the job lost {down:.1f} s")
+    back = ms.times.get("back in service")
+    if back is not None:
+        say(f"  the node: back in service {back:.1f} s after the fault, by itself (reboot through Slurm, "
+            f"checked on the new boot; HealthCheckInterval={HEALTH_CHECK_INTERVAL} s)")
