@@ -165,8 +165,9 @@ class Accounting:
     def wait_registered(self, cluster: str, env: Mapping[str, str], timeout: float = 30.0) -> None:
         """Until slurmctld has registered with slurmdbd (the cluster row has its control port).
 
-        Before that, node events sent by slurmctld were seen to go missing: a drain right after
-        ``up`` never reached ``sacctmgr show event``."""
+        The report reads the cluster from slurmdbd, so ``up`` is not done before this. (A drain right
+        after ``up`` that never reached ``sacctmgr show event`` was not this but the cold-start event
+        of the same second: see ``Testbed.up``.)"""
         def registered() -> bool:
             try:
                 out = run_command(["/usr/bin/sacctmgr", "-n", "-P", "show", "cluster", cluster, "format=ControlPort"],

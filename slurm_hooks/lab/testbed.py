@@ -215,6 +215,11 @@ class Testbed:
         self.wait_ready(self.settings.up_timeout)
         if self.settings.accounting:
             Accounting(self.state_dir, self.progress).wait_registered(CLUSTER, self.env())
+            # A clean slurmctld logs a "cold-start" event for every node in slurmdbd as it starts.
+            # slurmdbd keys node events by node and start time in whole seconds, and a second event
+            # in the same second only reopens that row: a drain right after `up` was lost. Every
+            # cold-start row is older than now, so from the next whole second on, events are new rows.
+            time.sleep(1.0 - time.time() % 1.0 + 0.01)
         self.last_up_seconds = time.monotonic() - started
         self.progress(f"testbed up: {', '.join(self.node_names)} with gpu:{self.settings.gpus} "
                       f"in {self.last_up_seconds:.1f}s (SLURM_CONF={self.slurm_conf})")
