@@ -37,8 +37,10 @@ def accounted(tmp_path_factory):
 
 
 def _accounting_live(tb: Testbed, timeout: float = 30.0) -> None:
-    """Right after `up`, slurmctld may not be talking to slurmdbd yet, and a node event sent then
-    went missing now and then: drain n2 with a reason of the test's own until slurmdbd shows it."""
+    """The accounting path works end to end before the incidents the test counts: drain n2 with a
+    reason of the test's own and wait until slurmdbd shows it. (A drain in the same second as
+    slurmctld's cold-start event for the node was overwritten in slurmdbd: `up` now steps into
+    the next second first.)"""
     env = tb.env()
     subprocess.run(["/usr/bin/scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=test: accounting warm-up"],
                    env=env, check=True, timeout=30)
