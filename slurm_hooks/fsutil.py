@@ -47,3 +47,20 @@ def locked(path: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def try_locked(lock: str, dir_mode: int = 0o755) -> Iterator[bool]:
+    """Try an exclusive flock on ``lock`` without waiting: yields False when another process holds
+    it. The kernel drops the lock when its holder dies, so a crash never leaves it taken."""
+    os.makedirs(os.path.dirname(os.path.abspath(lock)), mode=dir_mode, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

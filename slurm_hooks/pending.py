@@ -15,11 +15,10 @@ act or drop the record as superseded) lives in :mod:`slurm_hooks.hooks`.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from slurm_hooks import fsutil
@@ -132,19 +131,7 @@ def record_failure(state_dir: str, node: str, *, steps: Iterable[str], context: 
     return rec
 
 
-@contextlib.contextmanager
-def claimed(state_dir: str, node: str) -> Iterator[bool]:
+def claimed(state_dir: str, node: str) -> contextlib.AbstractContextManager[bool]:
     """Try to be the one finishing this node's pending action: yields False when another
     process (the watcher, a health check) is at it right now. Never blocks."""
-    lock = path(state_dir, node) + ".lock"
-    os.makedirs(os.path.dirname(lock), mode=0o755, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
+    return fsutil.try_locked(path(state_dir, node) + ".lock")

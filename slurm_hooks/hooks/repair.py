@@ -25,13 +25,12 @@ across reboots. Every rung is an audit record (start, result, duration) and a me
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -387,21 +386,9 @@ def _attempt(state: dict[str, Any], rung: str, p: Plan, started: float, result: 
                               "summary": p.summary})
 
 
-@contextlib.contextmanager
-def _locked(w: Wiring) -> Iterator[bool]:
+def _locked(w: Wiring) -> contextlib.AbstractContextManager[bool]:
     """One repair per node at a time: an flock, which the kernel drops when its holder dies."""
-    path = w.state_path(f"repair-{w.node}.lock")
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
+    return fsutil.try_locked(w.state_path(f"repair-{w.node}.lock"), dir_mode=0o700)
 
 
 # -- helpers -------------------------------------------------------------------
