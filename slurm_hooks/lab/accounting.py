@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
+from slurm_hooks.lab import packages
 from slurm_hooks.runner import run_command, spawn_detached
 
 PACKAGES = ("mariadb-server", "slurmdbd")
@@ -241,30 +242,12 @@ class Accounting:
 
 
 def missing_programs() -> list[str]:
-    return [p for p in PROGRAMS if not os.access(p, os.X_OK)]
+    return packages.missing(PROGRAMS)
 
 
 def ensure_packages(progress: Progress | None = None) -> None:
-    """apt-get install MariaDB and slurmdbd when missing (root only)."""
-    missing = missing_programs()
-    if not missing:
-        return
-    apt = shutil.which("apt-get") or "/usr/bin/apt-get"
-    if os.geteuid() != 0 or not os.access(apt, os.X_OK):
-        raise AccountingError(f"missing {', '.join(missing)}: install {' '.join(PACKAGES)} (apt-get, as root)")
-    (progress or (lambda m: None))(f"installing {' '.join(PACKAGES)} with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = [apt, "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    try:
-        run_command(install, 900, env=env)
-    except CommandError:
-        run_command([apt, "update", "-q"], 300, env=env, check=False)
-        try:
-            run_command(install, 900, env=env)
-        except CommandError as exc:
-            raise AccountingError(f"apt-get install {' '.join(PACKAGES)} failed: {exc}") from None
-    if missing_programs():
-        raise AccountingError(f"installed {' '.join(PACKAGES)} but still missing {', '.join(missing_programs())}")
+    """apt-get install MariaDB and slurmdbd when a program is missing (root only)."""
+    packages.ensure(PROGRAMS, PACKAGES, AccountingError, progress)
 
 
 def _port_free(port: int) -> bool:

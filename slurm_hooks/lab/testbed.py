@@ -32,6 +32,7 @@ import jinja2
 import slurm_hooks
 from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
+from slurm_hooks.lab import packages
 from slurm_hooks.lab.accounting import Accounting
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command, spawn_detached
@@ -806,35 +807,12 @@ class Testbed:
 
 
 def missing_programs() -> list[str]:
-    return [prog for prog in PROGRAMS if not os.access(prog, os.X_OK)]
+    return packages.missing(PROGRAMS)
 
 
 def ensure_packages(progress: Progress | None = None) -> None:
     """apt-get install the Slurm and munge packages when a program is missing (root only)."""
-    missing = missing_programs()
-    if not missing:
-        return
-    packages = sorted({PROGRAMS[p] for p in missing})
-    if os.geteuid() != 0:
-        raise TestbedError(f"Slurm is not installed (missing {', '.join(missing)}); run as root to install "
-                           f"{' '.join(PACKAGES)} with apt-get, or install them yourself")
-    apt = shutil.which("apt-get") or "/usr/bin/apt-get"
-    if not os.access(apt, os.X_OK):
-        raise TestbedError(f"missing {', '.join(missing)} and no apt-get to install {' '.join(packages)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = [apt, "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    (progress or (lambda m: None))(f"installing {' '.join(PACKAGES)} with apt-get")
-    try:
-        run_command(install, 900, env=env)
-    except CommandError:
-        run_command([apt, "update", "-q"], 300, env=env, check=False)
-        try:
-            run_command(install, 900, env=env)
-        except CommandError as exc:
-            raise TestbedError(f"apt-get install {' '.join(PACKAGES)} failed: {exc}") from None
-    still = missing_programs()
-    if still:
-        raise TestbedError(f"installed {' '.join(PACKAGES)} but still missing {', '.join(still)}")
+    packages.ensure(PROGRAMS, PACKAGES, TestbedError, progress)
 
 
 _VERSION: tuple[int, int] | None = None
