@@ -56,7 +56,10 @@ OVERRIDES = {
     63: "none",  # row remap recorded; NVML's row-remap state says whether a reset is due
     64: "replace",  # row remap failure: RMA candidate
     74: "reset",  # NVLink error; repeats escalate to hardware
-    79: "replace",  # GPU has fallen off the bus
+    # GPU has fallen off the bus: NVIDIA says reboot the node first (RESTART_BM); the repair
+    # ladder escalates to replace only when it survives a reboot or recurs. A [replace] here
+    # would let the Kubernetes bridge replace a node the ladder is about to reboot.
+    79: "reboot",
     92: "warn",  # high single-bit ECC rate
     94: "none",  # contained ECC: restart the app
     95: "reset",  # uncontained ECC
