@@ -28,7 +28,7 @@ from slurm_hooks.probes import sim
 from slurm_hooks.slurm.scontrol import ScontrolSlurm, SlurmUnavailable
 
 DOWN = SlurmUnavailable("scontrol: slurm_load_node error: Unable to contact slurm controller (connect failure)")
-XID79_REASON = "slurm-hooks: XID 79 on GPU 3 [replace]"
+XID79_REASON = "slurm-hooks: XID 79 on GPU 3 [reboot]"
 
 
 @pytest.fixture
@@ -216,7 +216,7 @@ def test_the_watcher_retries_in_the_background_and_keeps_judging_new_events(t):
     finally:
         stop.set()
         runner.join(5)
-    assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3; XID 48 on GPU 5 [replace]"
+    assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3; XID 48 on GPU 5 [reboot]"
     assert t.slurm.called("requeue") == [("requeue", 7)]
     results = [r["result"] for r in pending_records(t)]
     assert results[0] == "queued" and results[-1] == "done"

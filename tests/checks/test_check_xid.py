@@ -44,9 +44,9 @@ def test_healthy_gpus_give_no_findings():
     assert run(node(gpu(0), gpu(1))) == []
 
 
-def test_xid79_suggests_replace_and_names_the_gpu():
+def test_xid79_suggests_a_reboot_and_names_the_gpu():
     [f] = run(node(gpu(0), gpu(3, xid(79))))
-    assert f.line() == "gpu3 xid: XID 79 (GPU has fallen off the bus) -> replace"
+    assert f.line() == "gpu3 xid: XID 79 (GPU has fallen off the bus) -> reboot"
     assert f.summary == "XID 79 on GPU 3"
     assert (f.check, f.severity, f.gpu) == ("xid", Severity.FAIL, 3)
 
@@ -99,7 +99,7 @@ def test_node_level_xid_without_gpu_index_is_reported_for_the_node():
     [f] = run(node(gpu(0), node_xids=(xid(79, gpu=None),)), gpus=(0,))
     assert f.gpu is None
     assert f.summary == "XID 79 on node"
-    assert f.line() == "node xid: XID 79 (GPU has fallen off the bus) -> replace"
+    assert f.line() == "node xid: XID 79 (GPU has fallen off the bus) -> reboot"
 
 
 def test_third_xid119_in_24h_escalates_reset_to_replace():
@@ -171,7 +171,7 @@ def test_same_code_again_during_the_job_is_new_in_the_epilog():
 def test_baseline_is_ignored_outside_the_epilog():
     snap = node(gpu(3, xid(79)))
     [f] = run(snap, context=Context.PROLOG, baseline=snap)
-    assert f.action is Action.REPLACE
+    assert f.action is Action.REBOOT
 
 
 # --- escalation counts events, per GPU -------------------------------------------------------

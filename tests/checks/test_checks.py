@@ -123,15 +123,15 @@ def test_busy_gpu_with_downclocked_pcie_gen_warns():
 # --- one fault family each ----------------------------------------------------
 
 
-def test_xid79_on_gpu3_fails_with_replace_and_names_the_gpu():
+def test_xid79_on_gpu3_fails_with_reboot_and_names_the_gpu():
     report = run("h100-xid79-gpu3.json")
     assert report.findings == (
-        Finding("xid", Severity.FAIL, Action.REPLACE, "XID 79 (GPU has fallen off the bus)", 3, "XID 79 on GPU 3",
+        Finding("xid", Severity.FAIL, Action.REBOOT, "XID 79 (GPU has fallen off the bus)", 3, "XID 79 on GPU 3",
                 scope=Scope.GPU, urgency=Urgency.NOW, rule="xid.79"),
     )
-    assert report.findings[0].line() == "gpu3 xid: XID 79 (GPU has fallen off the bus) -> replace"
+    assert report.findings[0].line() == "gpu3 xid: XID 79 (GPU has fallen off the bus) -> reboot"
     assert not report.healthy
-    assert report.worst_action is Action.REPLACE
+    assert report.worst_action is Action.REBOOT
 
 
 def test_xid79_drain_reason_is_slurm_hooks_prefix_summary_and_action():
@@ -139,8 +139,8 @@ def test_xid79_drain_reason_is_slurm_hooks_prefix_summary_and_action():
     summary = engine.drain_summary(report)
     reason = format_reason(summary, report.worst_action)
     assert summary == "XID 79 on GPU 3"
-    assert reason == "slurm-hooks: XID 79 on GPU 3 [replace]"
-    assert parse_reason(reason) == ("XID 79 on GPU 3", Action.REPLACE)
+    assert reason == "slurm-hooks: XID 79 on GPU 3 [reboot]"
+    assert parse_reason(reason) == ("XID 79 on GPU 3", Action.REBOOT)
 
 
 def test_uncorrectable_ecc_on_gpu5_asks_for_a_reset():
@@ -454,7 +454,7 @@ def _xid_check():
 def test_a_check_that_raises_becomes_a_fail_finding_and_the_others_still_run():
     report = run("h100-xid79-gpu3.json", checks=[Check("boom", _boom), _xid_check()])
     assert [(f.check, f.severity, f.action) for f in report.findings] == [
-        ("boom", Severity.FAIL, Action.DRAIN), ("xid", Severity.FAIL, Action.REPLACE)]
+        ("boom", Severity.FAIL, Action.DRAIN), ("xid", Severity.FAIL, Action.REBOOT)]
     assert report.findings[0].message == "check crashed: RuntimeError: field 'ecc' is not a number"
     assert report.findings[0].summary == "check boom crashed"
 
@@ -557,7 +557,7 @@ def test_drain_summary_lists_the_worst_first():
     report = run(snap)
     assert engine.drain_summary(report) == "XID 79 on GPU 3; PCIe x8 on GPU 4"
     assert format_reason(engine.drain_summary(report), report.worst_action) == \
-        "slurm-hooks: XID 79 on GPU 3; PCIe x8 on GPU 4 [replace]"
+        "slurm-hooks: XID 79 on GPU 3; PCIe x8 on GPU 4 [reboot]"
 
 
 def test_drain_summary_leaves_out_warnings():

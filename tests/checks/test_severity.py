@@ -75,7 +75,7 @@ def test_config_override_changes_urgency_scope_and_action():
 def test_watch_urgency_takes_nothing_out():
     sev = Severities({"xid.79": {"urgency": "watch"}})
     report = run("h100-xid79-gpu3.json", severities=sev)
-    assert report.findings and not report.drain_findings() and report.worst_action is Action.REPLACE
+    assert report.findings and not report.drain_findings() and report.worst_action is Action.REBOOT
 
 
 @pytest.mark.parametrize("text, line, what", [

@@ -58,7 +58,7 @@ def test_xid79_on_gpu3_exits_1_and_names_gpu_xid_and_action(conf):
     sim(conf, "init", "--node", "n1", "--gpus", "8")
     sim(conf, "inject", "--node", "n1", "--gpu", "3", "--xid", "79")
     r = slurm_hooks("check", "--dry-run", "--config", str(conf))
-    assert (r.returncode, r.stdout, r.stderr) == (1, "gpu3 xid: XID 79 (GPU has fallen off the bus) -> replace\n", "")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "gpu3 xid: XID 79 (GPU has fallen off the bus) -> reboot\n", "")
 
 
 def test_check_reads_the_config_from_the_env_var(conf):
@@ -90,8 +90,8 @@ def test_check_json_has_findings_healthy_and_action(conf):
     r = slurm_hooks("check", "--dry-run", "--json", "--config", str(conf))
     assert r.returncode == 1
     data = json.loads(r.stdout)
-    assert (data["node"], data["context"], data["healthy"], data["action"]) == ("n1", "check", False, "replace")
-    assert data["findings"] == [{"check": "xid", "severity": "fail", "action": "replace", "gpu": 3,
+    assert (data["node"], data["context"], data["healthy"], data["action"]) == ("n1", "check", False, "reboot")
+    assert data["findings"] == [{"check": "xid", "severity": "fail", "action": "reboot", "gpu": 3,
                                  "message": "XID 79 (GPU has fallen off the bus)", "summary": "XID 79 on GPU 3", "config_based": False,
                                      "scope": "gpu", "urgency": "now", "rule": "xid.79"}]
     assert "remediation" not in data  # a dry run did nothing
@@ -318,7 +318,7 @@ def test_events_after_a_real_check_shows_its_alert(conf, tmp_path):
     r = slurm_hooks("events", "--node", "n1", "--config", str(conf))
     lines = r.stdout.splitlines()
     assert lines[0].startswith("incident on n1 at ")
-    assert "alert   gpu3 xid: XID 79 (GPU has fallen off the bus) -> replace" in lines[1]
+    assert "alert   gpu3 xid: XID 79 (GPU has fallen off the bus) -> reboot" in lines[1]
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -27,7 +27,7 @@ from slurm_hooks.models import NodeSnapshot, snapshot_from_dict
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 
-XID79_REASON = "slurm-hooks: XID 79 on GPU 3 [replace]"
+XID79_REASON = "slurm-hooks: XID 79 on GPU 3 [reboot]"
 SOCKET_TIMEOUT = TransientError("slurm_update error: Socket timed out on send/recv operation")
 
 
@@ -97,7 +97,7 @@ def test_a_new_fault_replaces_our_own_older_reason(t):
     drained_by_us(t)
     inject(t, 5, ecc_uncorrectable=2)
     check(t)
-    assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3; ECC uncorrectable 2 on GPU 5 [replace]"
+    assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3; ECC uncorrectable 2 on GPU 5 [reboot]"
 
 
 def test_drain_disabled_in_config_records_alerts_and_calls_no_slurm(t, tmp_path):
@@ -588,7 +588,7 @@ def test_prolog_on_a_bad_job_gpu_drains_and_returns_1(t, capsys):
     assert t.slurm.called("requeue") == []  # Slurm requeues a job whose prolog failed
     [alert] = records(t, "alert")
     assert (alert["context"], alert["gpu"], alert["check"]) == ("prolog", 3, "xid")
-    assert "slurm-hooks prolog: gpu3 xid: XID 79 (GPU has fallen off the bus) -> replace" in capsys.readouterr().err
+    assert "slurm-hooks prolog: gpu3 xid: XID 79 (GPU has fallen off the bus) -> reboot" in capsys.readouterr().err
 
 
 def test_prolog_finds_the_bad_gpu_by_its_uuid(t):
@@ -725,7 +725,7 @@ def test_the_guard_lets_the_first_nodes_drain(tmp_path):
 def test_the_guard_never_holds_back_a_fault_the_hardware_reports_itself(tmp_path):
     w, slurm = _guard_wiring(tmp_path, expect_gpus=8, already=0)
     for i in range(5):
-        slurm.add_node(f"x{i}", "IDLE+DRAIN", "slurm-hooks: XID 79 on GPU 3 [replace]")
+        slurm.add_node(f"x{i}", "IDLE+DRAIN", "slurm-hooks: XID 79 on GPU 3 [reboot]")
     sim.inject(w.config.gpu.sim_dir, "n9", 3, xid=79)
     _, outcome = healthcheck.run(w, follow="none")
     assert outcome.drained and not outcome.guarded
@@ -837,7 +837,7 @@ def test_health_check_does_not_resume_a_drain_the_watcher_made_during_the_check(
     healthcheck.run(check_wiring, follow="none")
     assert t.slurm.called("drain"), "the watcher drained the node during the check"
     node = t.slurm.peek("n1")
-    assert node.drained and node.reason == "slurm-hooks: XID 79 on GPU 3 [replace]"
+    assert node.drained and node.reason == "slurm-hooks: XID 79 on GPU 3 [reboot]"
 
 
 def test_nvml_library_mismatch_does_not_requeue_running_jobs(tmp_path):

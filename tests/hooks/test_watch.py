@@ -122,7 +122,7 @@ def test_watcher_drains_and_requeues_on_a_critical_xid_and_acts_once(wiring):
     [event] = SimSource(w.config.gpu.sim_dir, "n1", 0.1).backlog()
     watcher = Watcher(w, ListSource(), log=lambda m: None)
     watcher.handle(event)
-    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3 [replace]"
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3 [reboot]"
     assert slurm.called("requeue") == [("requeue", 7)]
     watcher.handle(event)  # delivered again (a restart, a second source): nothing more happens
     assert len(slurm.called("drain")) == 1 and len(slurm.called("requeue")) == 1
@@ -170,7 +170,7 @@ def test_an_xid79_goes_from_the_watcher_to_the_drain_with_one_snapshot_one_looku
     w = dataclasses.replace(w, probe_override=probe)
     watcher = Watcher(w, ListSource(), log=lambda m: None, history=XidHistory(path, opener=opener), catalog=catalog)
     watcher.handle(event)
-    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3 [replace]"
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3 [reboot]"
     assert slurm.called("requeue") == [("requeue", 7)]
     assert (reads, lookups, probe.snapshots) == ([path], [79], 1)
     after = XidHistory(path).load()  # one write kept both: the event recorded, and marked seen
@@ -244,7 +244,7 @@ def test_a_kernel_log_xid_is_one_finding_on_its_gpu_under_one_key(nvml_node):
     assert (event.gpu, event.uuid) == (2, fake.gpus[2]["uuid"])
     watcher = Watcher(w, ListSource(), log=lambda m: None)
     watcher.handle(event)
-    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 2 [replace]"
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 2 [reboot]"
     report = healthcheck.judge(w, healthcheck.Context.CHECK, acknowledge=False)
     assert [f.summary for f in report.drain_findings()] == ["XID 79 on GPU 2"]
     assert healthcheck._keys(report.snapshot) == [event.key]
@@ -256,7 +256,7 @@ def test_after_an_admin_resumes_neither_the_check_nor_the_watchers_backlog_drain
 
     w, slurm, log, fake = nvml_node
     healthcheck.run(w)  # the health check finds the XID first (the watcher was down)
-    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 2 [replace]"
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 2 [reboot]"
     slurm.resume("n1")  # the admin replaced the GPU's cable, reset it, resumed the node
     report, _ = healthcheck.run(w)
     assert report.drain_findings() == () and slurm.peek("n1").reason == ""

@@ -106,7 +106,7 @@ def test_inject_xid_records_an_event_with_a_rising_sequence(sim_dir):
     assert xids[0].pci_bus_id == snapshot(sim_dir).gpu(3).pci_bus_id
     assert xids[0].key != xids[1].key
     [f] = findings(sim_dir)
-    assert f.line() == "gpu3 xid: XID 79 (GPU has fallen off the bus), 2 times -> replace"
+    assert f.line() == "gpu3 xid: XID 79 (GPU has fallen off the bus), 2 times -> reboot"
 
 
 @pytest.mark.parametrize("fault, context, check, action, gpu", [
