@@ -66,7 +66,7 @@ def xid79_on_n1_drains_it(tb):
     result = check(tb, "n1")
     assert result.returncode == 1, result.stdout + result.stderr
     n1 = tb.wait_node("n1", drained_by_us, timeout=15)
-    assert "XID 79" in n1.reason and n1.reason.endswith(("[replace]", "[reboot]"))
+    assert "XID 79" in n1.reason and n1.reason.endswith("[reboot]")
 
 
 def test_xid79_drain_then_recovery_round_trip(cluster, bridge):

@@ -595,7 +595,7 @@ def test_findings_and_reports_survive_json():
     report = run("h100-xid79-gpu3.json")
     data = json.loads(json.dumps(report.to_dict()))
     assert [Finding.from_dict(f) for f in data["findings"]] == list(report.findings)
-    assert (data["healthy"], data["action"], data["context"]) == (False, "replace", "check")
+    assert (data["healthy"], data["action"], data["context"]) == (False, "reboot", "check")
 
 
 def test_actions_are_ordered_from_harmless_to_most_disruptive():

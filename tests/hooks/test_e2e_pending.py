@@ -77,7 +77,7 @@ def assert_finished_after_return(tb, job, where, back_at):
                                                  f"10 s after the return; audit: {tb.audit_events()}")
         time.sleep(0.1)
     node = tb.slurm.node(where)
-    assert node.drained and node.reason == "slurm-hooks: XID 79 on GPU 0 [replace]", node
+    assert node.drained and node.reason == "slurm-hooks: XID 79 on GPU 0 [reboot]", node
     assert pending.load(tb.hooks_state_dir, where) is None
     results = [r["result"] for r in tb.audit_events() if r.get("action") == "pending"]
     assert results[0] == "queued" and results[-1] == "done", results

@@ -64,13 +64,13 @@ def test_xid79_on_one_jobs_gpu_requeues_that_job_alone_and_the_other_runs_on(hoo
     sim.inject(tb.sim_dir, "n1", gpu, xid=79)
     shown = explain(tb, "n1")  # acts on nothing
     [xid] = [f for f in shown["findings"] if f["check"] == "xid"]
-    assert (xid["scope"], xid["urgency"], xid["action"], xid["requeues"]) == ("gpu", "now", "replace", [str(hit)])
+    assert (xid["scope"], xid["urgency"], xid["action"], xid["requeues"]) == ("gpu", "now", "reboot", [str(hit)])
     assert not tb.slurm.node("n1").drained
     detected = time.monotonic()
     res = healthcheck(tb, "n1")
     assert res.returncode == 1, res.stderr
     node = tb.slurm.node("n1")
-    assert drained_by_us(node) and node.reason == f"slurm-hooks: XID 79 on GPU {gpu} [replace]", node
+    assert drained_by_us(node) and node.reason == f"slurm-hooks: XID 79 on GPU {gpu} [reboot]", node
     again = wait_running_elsewhere(tb, hit, "n1", timeout=10)
     assert time.monotonic() - detected < 10
     assert (again.nodes, again.restarts) == ("n2", 1)
@@ -118,7 +118,7 @@ def test_config_making_xid79_job_end_leaves_its_job_running(hooked_testbed, over
     sim.inject(tb.sim_dir, "n1", gpu, xid=79)
     res = healthcheck(tb, "n1")
     assert res.returncode == 1, res.stderr
-    assert tb.slurm.node("n1").reason == f"slurm-hooks: XID 79 on GPU {gpu} [replace, at job end]"
+    assert tb.slurm.node("n1").reason == f"slurm-hooks: XID 79 on GPU {gpu} [reboot, at job end]"
     time.sleep(2)
     job = tb.slurm.job(hit)
     assert (job.base_state, job.nodes, job.restarts) == ("RUNNING", "n1", 0), job

@@ -197,7 +197,7 @@ def test_hostile_job_name_and_comment_change_nothing(hooked_testbed, tmp_path):
     again = wait_running_elsewhere(tb, job, where, timeout=10)
     assert again.restarts == 1
     node = tb.slurm.node(where)
-    assert node.reason == f"slurm-hooks: XID 79 on GPU {gpu} [replace]", node
+    assert node.reason == f"slurm-hooks: XID 79 on GPU {gpu} [reboot]", node
     assert not canary.exists()
     assert tb.slurm.job(job).name == again.name  # the name went through untouched
 
@@ -345,7 +345,7 @@ def _requeue_on_bad_node(tb):
     job = tb.sbatch(TRAP_JOB, "--gres=gpu:1", "--requeue", "--open-mode=append")
     bad, gpu = wait_started(tb, job)
     sim.inject(tb.sim_dir, bad, gpu, xid=79)
-    tb.slurm.drain(bad, f"slurm-hooks: XID 79 on GPU {gpu} [replace]")
+    tb.slurm.drain(bad, f"slurm-hooks: XID 79 on GPU {gpu} [reboot]")
     w = _wiring(tb, bad)
     outcome = remediate.Outcome()
     remediate.requeue_jobs(w, outcome, follow="none")

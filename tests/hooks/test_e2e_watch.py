@@ -34,7 +34,7 @@ def test_watcher_drains_within_2s_of_an_injected_xid79(watcher):
     injected = time.monotonic()
     node = tb.wait_node("n1", lambda n: n.drained and n.reason.startswith("slurm-hooks:"), timeout=5, interval=0.02)
     took = time.monotonic() - injected
-    assert node.reason == "slurm-hooks: XID 79 on GPU 6 [replace]"
+    assert node.reason == "slurm-hooks: XID 79 on GPU 6 [reboot]"
     assert took < 2.0, took
 
 

@@ -77,7 +77,7 @@ def test_xid79_on_gpu3_drains_with_our_reason_and_writes_the_audit(t):
     assert t.slurm.called("drain") == [("drain", "n1", XID79_REASON)]
     [alert] = records(t, "alert")
     assert (alert["node"], alert["context"], alert["gpu"], alert["check"], alert["action"]) == (
-        "n1", "check", 3, "xid", "replace")
+        "n1", "check", 3, "xid", "reboot")
     assert alert["message"] == "XID 79 (GPU has fallen off the bus)"
     [drain] = records(t, "action", action="drain")
     assert (drain["target"], drain["result"], drain["reason"]) == ("n1", "ok", XID79_REASON)
