@@ -47,8 +47,9 @@ if TYPE_CHECKING:
 
 RUNGS = ("reset", "reboot", "replace")
 _RUNG_ACTION = {"reset": Action.RESET, "reboot": Action.REBOOT, "replace": Action.REPLACE}
-#: XIDs whose catalogue entry says "replace" but whose first remedy is a reboot (NVIDIA's
-#: immediate action RESTART_BM): the GPU fell off the bus.
+#: XIDs whose first remedy is a reboot (NVIDIA's immediate action RESTART_BM): the GPU fell
+#: off the bus. The catalogue gives XID 79 ``reboot`` itself; this keeps a finding that says
+#: ``replace`` for it without being an escalation ("-> hardware") at the reboot rung.
 _REBOOT_FIRST_XIDS = frozenset({79})
 _XID = re.compile(r"^XID (\d+) ")
 VERSION = 1

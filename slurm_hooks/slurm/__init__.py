@@ -242,7 +242,7 @@ _ACTION_TAG = re.compile(r"\s\[({})(?P<end>, {})?\]$".format("|".join(a.value fo
 
 
 def format_reason(summary: str, action: Action, limit: int = 120, at_job_end: bool = False) -> str:
-    """``slurm-hooks: XID 79 on GPU 3 [replace]``: what broke, then what it needs;
+    """``slurm-hooks: XID 79 on GPU 3 [reboot]``: what broke, then what it needs;
     ``slurm-hooks: row remap pending on GPU 6 [reset, at job end]`` when the remedy waits
     for the running jobs to end (nothing was requeued for it).
 

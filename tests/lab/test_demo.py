@@ -56,7 +56,7 @@ class _World:
         return JobInfo(job_id, "train-demo", "RUNNING", nodes="n2", restarts=1)
 
     def node(self, name: str) -> NodeInfo:
-        return NodeInfo(name, "IDLE+DRAIN", reason="slurm-hooks: XID 79 on GPU 0 [replace]")
+        return NodeInfo(name, "IDLE+DRAIN", reason="slurm-hooks: XID 79 on GPU 0 [reboot]")
 
 
 def test_milestones_seen_in_one_poll_keep_the_order_they_happened_in(tmp_path):
