@@ -246,7 +246,7 @@ def test_bridge_waits_out_the_checkpoint_then_evicts_slurmd_last_and_replaces(sl
         result = check(tb, bad)  # drains, requeues (SIGTERM), follows the job to a healthy node
         assert result.returncode == 1, result.stdout + result.stderr
         drained = tb.slurm.node(bad)
-        assert drained_by_us(drained) and drained.reason.endswith("[replace]")
+        assert drained_by_us(drained) and drained.reason.endswith("[reboot]")  # no reboot backend: replaced
         mark(f"slurm-hooks check: {bad} drained ({drained.state}), job {job} requeued")
         sigterm = output_line(tb, job, "sigterm", 15)
         mark(f"job {job} got SIGTERM on {bad}: checkpointing for 20 s", float(sigterm["at"]))
