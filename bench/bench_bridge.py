@@ -24,7 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
-from kube.doubles import FakeSlurm  # noqa: E402
+from fakes.slurm import FakeSlurm  # noqa: E402
 
 from slurm_hooks.bridge.reconciler import Reconciler  # noqa: E402
 from slurm_hooks.bridge.settings import BreakerSettings, BridgeSettings  # noqa: E402
@@ -63,9 +63,9 @@ def three_passes(kube, slurm: FakeSlurm, settings: BridgeSettings, calls) -> lis
     results = []
     for label in ("first pass (50 bad)", "steady state", "recovery"):
         if label == "recovery":
-            for name, info in list(slurm.by_name.items()):
+            for info in slurm.nodes():
                 if info.drained:
-                    slurm.resume(name)
+                    slurm.resume(info.name)
         before = dict(calls())
         t0 = time.perf_counter()
         res = bridge.run_pass()

@@ -100,8 +100,8 @@ def test_corrupt_or_missing_state_file_starts_empty(tmp_path):
 
 @pytest.mark.skipif(sys.version_info < (3, 10), reason="the bridge needs Python 3.10+")
 def test_breaker_bounds_the_nodes_held_not_only_the_rate(tmp_path):
+    from fakes.slurm import FakeSlurm as BridgeSlurm
     from kube.doubles import Clock
-    from kube.doubles import FakeSlurm as BridgeSlurm
     from kube.memory import InMemoryKube
 
     from slurm_hooks.bridge.api import OWNER_SELECTOR
@@ -114,7 +114,7 @@ def test_breaker_bounds_the_nodes_held_not_only_the_rate(tmp_path):
     for i in range(50):
         name = f"gpu{i:03d}"
         kube.add_node(name)
-        slurm.set(name, "IDLE+DRAIN", "slurm-hooks: 8 of 9 GPUs visible [reboot]")  # one typo in [expect] gpus
+        slurm.add_node(name, "IDLE+DRAIN", "slurm-hooks: 8 of 9 GPUs visible [reboot]")  # one typo in [expect] gpus
     settings = BridgeSettings(state_file=str(tmp_path / "bridge-state.json"), drain_pass_budget=1.0)
     bridge = Reconciler(slurm, kube, settings, audit=AuditLog(str(tmp_path / "audit.jsonl")), clock=clock,
                         monotonic=clock, sleep=clock.sleep)

@@ -9,7 +9,8 @@ import pytest
 pytest.importorskip("kmock")
 pytest.importorskip("kubernetes")
 
-from kube.doubles import FakeSlurm, controlled_by, read_audit  # noqa: E402
+from fakes.slurm import FakeSlurm  # noqa: E402
+from kube.doubles import controlled_by, read_audit  # noqa: E402
 from kube.emulator import node, pdb_429, pod  # noqa: E402
 
 from slurm_hooks.bridge.reconciler import Reconciler  # noqa: E402

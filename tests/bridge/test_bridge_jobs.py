@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from kube.doubles import FakeSlurm, controlled_by, read_audit
+from fakes.slurm import FakeSlurm
+from kube.doubles import controlled_by, read_audit
 from kube.memory import InMemoryKube
 
 from slurm_hooks.bridge.api import Eviction, Resource
@@ -67,13 +68,13 @@ def records(audit_path, kind):
 
 def job_running_on_n1(slurm, job=4711):
     """n1 drained by slurm-hooks while a requeued job is still checkpointing on it."""
-    slurm.set("n1", "MIXED+DRAIN", XID79)
-    slurm.jobs["n1"] = [job]
+    slurm.add_node("n1", "MIXED+DRAIN", XID79)
+    slurm.place_jobs("n1", [job])
 
 
 def job_left_n1(slurm):
-    slurm.set("n1", "IDLE+DRAIN", XID79)
-    slurm.jobs["n1"] = []
+    slurm.add_node("n1", "IDLE+DRAIN", XID79)
+    slurm.place_jobs("n1", [])
 
 
 # -- wait for the jobs --------------------------------------------------------------------------------
@@ -138,15 +139,15 @@ def test_other_backends_set_the_condition_at_once_but_request_only_when_the_jobs
 ])
 def test_drained_means_not_draining_and_no_job_listing_it(
         slurm, cluster, bridge_settings, clock, audit_path, state, jobs):
-    slurm.set("n1", state, XID79)
-    slurm.jobs["n1"] = jobs
+    slurm.add_node("n1", state, XID79)
+    slurm.place_jobs("n1", jobs)
     res = make(slurm, cluster, bridge_settings, clock, audit_path).run_pass()
     assert res.waiting == {"n1": [str(j) for j in jobs]} and cluster.evicted == []
 
 
 def test_down_and_drained_node_without_jobs_is_drained_in_the_same_pass(
         slurm, cluster, bridge_settings, clock, audit_path):
-    slurm.set("n1", "DOWN+DRAIN", XID79)
+    slurm.add_node("n1", "DOWN+DRAIN", XID79)
     res = make(slurm, cluster, bridge_settings, clock, audit_path).run_pass()
     assert res.taken == res.drained == res.replaced == ["n1"] and not res.waiting
     assert not records(audit_path, "bridge_waiting_for_jobs") and not records(audit_path, "bridge_jobs_gone")
@@ -186,12 +187,12 @@ def test_default_wait_is_longer_than_the_checkpoint_grace():
 
 def test_slurm_unable_to_list_jobs_means_no_drain_this_pass(slurm, cluster, bridge_settings, clock, audit_path):
     slurm.drain("n1", XID79)
-    slurm.jobs_error = SlurmUnavailable("squeue: slurmctld not responding")
+    slurm.fail("jobs_on_node", SlurmUnavailable("squeue: slurmctld not responding"))
     bridge = make(slurm, cluster, bridge_settings, clock, audit_path)
     res = bridge.run_pass()
     assert res.taken == ["n1"] and cluster.evicted == [] and not res.replaced
     assert res.errors and "cannot list the jobs on Slurm node n1" in res.errors[0][1]
-    slurm.jobs_error = None
+    slurm.fail("jobs_on_node", None)
     res = bridge.run_pass()
     assert res.drained == ["n1"] and not res.errors
 
@@ -203,11 +204,11 @@ def test_a_node_no_slurm_node_maps_to_any_more_is_not_waited_for(kube, bridge_se
     kube.add_node("k8s-b")
     kube.add_pod("job", "k8s-a", "jobs", **controlled_by())
     slurm = FakeSlurm(NodeInfo("gpu-0", "MIXED+DRAIN", XID79, json.dumps({"node": "k8s-a"})))
-    slurm.jobs["gpu-0"] = [7]
+    slurm.place_jobs("gpu-0", [7])
     bridge = make(slurm, kube, bridge_settings, clock, audit_path)
     assert bridge.run_pass().waiting == {"k8s-a": ["7"]}
     # the slurmd pod was deleted by someone and came back on k8s-b: no Slurm job is on k8s-a
-    slurm.set("gpu-0", "MIXED+DRAIN", XID79, json.dumps({"node": "k8s-b"}))
+    slurm.add_node("gpu-0", "MIXED+DRAIN", XID79, json.dumps({"node": "k8s-b"}))
     res = bridge.run_pass()
     assert res.drained == ["k8s-a"] and kube.evicted == ["jobs/job"]
     assert Ownership.of(kube.nodes["k8s-a"]).released == "no Slurm node"
@@ -406,7 +407,7 @@ def test_a_node_that_recovers_while_waiting_is_given_back_without_any_eviction(
     job_running_on_n1(slurm)
     bridge = make(slurm, cluster, bridge_settings, clock, audit_path)
     bridge.run_pass()
-    slurm.set("n1", "MIXED", "")  # an admin resumed it; the job kept running
+    slurm.add_node("n1", "MIXED", "")  # an admin resumed it; the job kept running
     res = bridge.run_pass()
     assert res.restored == ["n1"] and cluster.evicted == []
     assert "unschedulable" not in cluster.nodes["n1"]["spec"] and cluster.condition("n1") is None

@@ -6,7 +6,8 @@ import dataclasses
 import json
 
 import pytest
-from kube.doubles import FakeSlurm, controlled_by, read_audit
+from fakes.slurm import FakeSlurm
+from kube.doubles import controlled_by, read_audit
 from kube.memory import InMemoryKube
 
 from slurm_hooks.bridge.api import OWNER_LABEL, Eviction, KubeTransient, Resource
@@ -160,7 +161,7 @@ def test_drain_reason_overwritten_by_slinky_operator_still_finishes_the_job(
     cluster.eviction_script["jobs/job-n1"] = [Eviction.BLOCKED] * 50
     bridge = make(slurm, cluster, dataclasses.replace(bridge_settings, drain_pass_budget=1), clock, audit_path)
     assert bridge.run_pass().pending == ["n1"]
-    slurm.set("n1", "IDLE+DRAIN", "slurm-operator: node cordoned")
+    slurm.add_node("n1", "IDLE+DRAIN", "slurm-operator: node cordoned")
     cluster.eviction_script.clear()
     res = bridge.run_pass()
     assert res.drained == ["n1"] and res.replaced == ["n1"] and not res.restored
@@ -173,7 +174,7 @@ def test_slinky_pod_moved_to_a_new_node_leaves_the_bad_machine_cordoned(kube, br
     slurm = FakeSlurm(NodeInfo("gpu-0", "IDLE+DRAIN", XID79, comment))
     bridge = make(slurm, kube, bridge_settings, clock, audit_path)
     assert bridge.run_pass().taken == ["k8s-a"]
-    slurm.set("gpu-0", "IDLE", "", json.dumps({"namespace": "slurm", "podName": "gpu-0", "node": "k8s-b"}))
+    slurm.add_node("gpu-0", "IDLE", "", json.dumps({"namespace": "slurm", "podName": "gpu-0", "node": "k8s-b"}))
     res = bridge.run_pass()
     assert not res.restored and res.detached == ["k8s-a"]
     assert kube.nodes["k8s-a"]["spec"]["unschedulable"] is True
@@ -182,7 +183,7 @@ def test_slinky_pod_moved_to_a_new_node_leaves_the_bad_machine_cordoned(kube, br
 
 @pytest.mark.parametrize("reason", ["slurm-hooks: XID 48 on GPU 1 [reset]", "Kill task failed", ""])
 def test_drains_that_do_not_ask_for_replacement_are_left_alone(slurm, cluster, bridge_settings, clock, audit_path, reason):
-    slurm.set("n1", "IDLE+DRAIN", reason)
+    slurm.add_node("n1", "IDLE+DRAIN", reason)
     res = make(slurm, cluster, bridge_settings, clock, audit_path).run_pass()
     assert not res.acted and cluster.mutations() == 0
 
@@ -473,13 +474,13 @@ def test_api_server_down_at_the_start_of_a_pass(slurm, cluster, bridge_settings,
 
 
 def test_slurm_unreachable_aborts_the_pass(slurm, cluster, bridge_settings, clock, audit_path):
-    slurm.error = CommandTimeout(["scontrol", "show", "node"], None, "", "", timed_out=True)
+    slurm.fail("nodes", CommandTimeout(["scontrol", "show", "node"], None, "", "", timed_out=True))
     res = make(slurm, cluster, bridge_settings, clock, audit_path).run_pass()
     assert "cannot read Slurm node states" in res.aborted and cluster.mutations() == 0
 
 
 def test_missing_kubernetes_node_is_reported_once(slurm, cluster, bridge_settings, clock, audit_path):
-    slurm.set("gpu-x", "IDLE+DRAIN", XID79)
+    slurm.add_node("gpu-x", "IDLE+DRAIN", XID79)
     bridge = make(slurm, cluster, bridge_settings, clock, audit_path)
     bridge.run_pass()
     bridge.run_pass()

@@ -11,6 +11,13 @@ call. Real-Slurm behaviour is tested against the local testbed, not here::
     slurm.fail("drain", TransientError("slurm_update error: Socket timed out"))
     ...
     assert slurm.calls == [("node", "n1"), ("drain", "n1", "slurm-hooks: ... [replace]")]
+
+The Kubernetes bridge's tests build it from nodes, the way ``scontrol show node`` lists them
+(the Slinky operator's JSON in ``comment``), and place jobs by node::
+
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79), NodeInfo("n2", "IDLE"))
+    slurm.place_jobs("n1", [4711])
+    slurm.fail("nodes", CommandTimeout(...))
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ _DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
 
 
 class FakeSlurm:
-    def __init__(self) -> None:
-        self._nodes: dict[str, NodeInfo] = {}
+    def __init__(self, *nodes: NodeInfo) -> None:
+        self._nodes: dict[str, NodeInfo] = {n.name: n for n in nodes}
         self._jobs: dict[int, JobInfo] = {}
         self._scripts: dict[int, list[dict]] = {}
         self._failures: dict[tuple[str, object], SlurmHooksError] = {}
@@ -37,8 +44,9 @@ class FakeSlurm:
 
     # --- test set-up -------------------------------------------------------------
 
-    def add_node(self, name: str, state: str = "IDLE", reason: str = "") -> NodeInfo:
-        self._nodes[name] = NodeInfo(name, state, reason)
+    def add_node(self, name: str, state: str = "IDLE", reason: str = "", comment: str = "") -> NodeInfo:
+        """Add the node, or replace it whole (``comment``: the Slinky operator's JSON, as the bridge reads it)."""
+        self._nodes[name] = NodeInfo(name, state, reason, comment)
         return self._nodes[name]
 
     def add_job(self, job_id: int, node: str, state: str = "RUNNING", *, batch: bool = True, requeue: bool = True,
@@ -46,6 +54,13 @@ class FakeSlurm:
         """``ids``: array_job_id/array_task_id for an array task, het_job_id for a het component."""
         self._jobs[job_id] = JobInfo(job_id, name, state, node, requeue, batch, restarts, reason, **ids)
         return self._jobs[job_id]
+
+    def place_jobs(self, node: str, job_ids: list[int]) -> None:
+        """Exactly these jobs run on ``node`` now (named ``job<id>``); the ones there before are gone."""
+        for job_id in [j.job_id for j in self._jobs.values() if j.nodes == node]:
+            del self._jobs[job_id]
+        for job_id in job_ids:
+            self.add_job(job_id, node, name=f"job{job_id}")
 
     def job_states(self, job_id: int, states: list[str], **fields) -> None:
         """What ``job(job_id)`` answers on its next calls, one state per call; the last one stays.
@@ -78,6 +93,11 @@ class FakeSlurm:
 
     def called(self, method: str) -> list[tuple]:
         return [c for c in self.calls if c[0] == method]
+
+    @property
+    def job_calls(self) -> list[str]:
+        """The nodes ``jobs_on_node`` was asked about, in order."""
+        return [c[1] for c in self.called("jobs_on_node")]
 
     # --- the Slurm protocol ----------------------------------------------------------
 
