@@ -787,7 +787,12 @@ class Testbed:
 
     def start_controller(self, timeout: float = 30.0) -> None:
         """Start slurmctld again after :meth:`stop_controller`, keeping its saved jobs and node
-        states (no ``-c``), and return once it answers."""
+        states (no ``-c``), and return once it answers and every slurmd responds to it again.
+
+        A restarted slurmctld takes the nodes it had not heard from as not responding until their
+        slurmd answers its ping: seconds in which no job can start anywhere. That is Slurm's own
+        return, not ours to time (seen: a job eligible on the healthy node still PENDING, "Nodes
+        required for job are DOWN...", 8 s after slurmctld answered)."""
         if not self._alive("slurmctld"):
             self._start(["slurmctld", "-f", self.slurm_conf], self._daemon_env(), "slurmctld")
         slurm = self.slurm(timeout=5)
@@ -801,6 +806,7 @@ class Testbed:
 
         if not _wait(answers, timeout, interval=0.1):
             raise TestbedError(f"slurmctld does not answer {timeout:g}s after start{self._log_tail('slurmctld')}")
+        self.wait_ready(timeout, idle=False)
 
 
 # --- packages ----------------------------------------------------------------
@@ -875,7 +881,9 @@ def _registered(node: NodeInfo) -> bool:
 
 
 def _responding(node: NodeInfo) -> bool:
-    return node.base_state not in ("DOWN", "UNKNOWN", "FUTURE") and not ({"NOT_RESPONDING", "POWERED_DOWN"} & node.flags)
+    """Registered and answering: scontrol marks a node that does not answer with ``*`` (``IDLE*``)."""
+    return (node.base_state not in ("DOWN", "UNKNOWN", "FUTURE") and "*" not in node.state
+            and not ({"NOT_RESPONDING", "POWERED_DOWN"} & node.flags))
 
 
 def _host_uptime() -> float:
