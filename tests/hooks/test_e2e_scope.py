@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from test_e2e_slurm import TRAP_JOB, actions, drained_by_us, healthcheck, wait_running_elsewhere, wait_started
+from hooks.test_e2e_slurm import TRAP_JOB, actions, drained_by_us, healthcheck, wait_running_elsewhere, wait_started
 
 from slurm_hooks.probes import sim
 

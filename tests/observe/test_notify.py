@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
-from test_e2e_slurm import TRAP_JOB, wait_started
+from hooks.test_e2e_slurm import TRAP_JOB, wait_started
 
 from slurm_hooks import config
 from slurm_hooks.errors import ConfigError
@@ -574,7 +574,7 @@ def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbe
         [msg] = receiver.bodies()
         assert receiver.requests[0]["at"] - drained_at < 5.0
         assert msg["kind"] == "opened" and msg["node"] == "n1" and msg["gpus"][0]["index"] == gpu
-        assert msg["finding"]["xid"] == 79 and msg["action"] == "replace"
+        assert msg["finding"]["xid"] == 79 and msg["action"] == "reboot"
         assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"], "how": "requeued"}]
         # Mended: the health check judges the node again, resumes its own drain, and (no watcher
         # delivering any more) tells it itself within its run.
