@@ -222,7 +222,8 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
     if drained_for is None or report.snapshot is None:
         return False
     try:
-        if w.slurm.node(w.node).drained:
+        info = w.slurm.node(w.node)
+        if info.drained:
             return False
         keys = sorted(set(drained_for) & set(_keys(report.snapshot)))
         if keys:
@@ -233,7 +234,11 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
     except SlurmHooksError as exc:
         print(f"slurm-hooks: {exc}", file=sys.stderr)
         return False
-    remediate.forget_drain(w)
+    try:
+        marker = remediate.load_marker(w)
+    except SlurmHooksError:
+        marker = None
+    remediate.let_go(w, marker, info)  # the reason Slurm >= 23.11 may keep is never ours again
     return True
 
 

@@ -490,7 +490,7 @@ class ScontrolSlurm:
         if nextstate not in ("DOWN", "RESUME"):
             raise SlurmCommandFailed(f"{name}: nextstate must be DOWN or RESUME, not {nextstate!r}")
         check_drain(self.node(name), reason)  # the same gate as a drain: never over someone else's reason
-        self._run("scontrol", "reboot", "ASAP", f"nextstate={nextstate}", f"reason={reason}", self._node_arg(name))
+        self._run("scontrol", *quirks.reboot_args(self.version(), self._node_arg(name), reason, nextstate))
 
     # -- jobs
 

@@ -96,7 +96,7 @@ def test_xid79_on_idle_node_is_rebooted_through_slurm_checked_and_back_idle(tb):
     assert _sim(tb)["boots"] == 1
     assert not any(a == "repair-reset" for a, _ in _repairs(tb)), "XID 79 starts at the reboot"
     reboot = next(r for r in _records(tb, "repair-reboot") if r["result"] == "start")
-    assert reboot["reason"] == "slurm-hooks: XID 79 on GPU 0 [reboot]"
+    assert reboot["reason"] == "slurm-hooks: XID 79 on GPU 0 [reboot 1/1]"
 
 
 def test_dead_gpu_climbs_reset_then_reboot_then_replace_and_stops(tb):
