@@ -31,6 +31,7 @@ from slurm_hooks.slurm import (
     job_ref,
     join_admin_comment,
     may_drain,
+    out_of_service,
     reboot_pending,
     split_reason,
 )
@@ -556,7 +557,7 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
     started = time.monotonic()
     try:
         info = w.slurm.node(w.node)
-        if not info.drained:
+        if not out_of_service(info):
             let_go(w, marker, info)
             return
         theirs = foreign(info)
@@ -616,7 +617,7 @@ def _recover_marker(w: Wiring) -> DrainMarker | None:
         info = w.slurm.node(w.node)
     except SlurmHooksError:
         return None
-    if not (info.drained and info.ours) or reboot_pending(info) or _released(w).covers(info):
+    if not (out_of_service(info) and info.ours) or reboot_pending(info) or _released(w).covers(info):
         return None
     text = split_reason(info.reason)[0]
     # What it was drained for is lost with the marker; the reason still says whether it was DCGM.

@@ -38,7 +38,7 @@ from slurm_hooks import fsutil
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import PermanentError, SlurmHooksError
 from slurm_hooks.hooks import remediate
-from slurm_hooks.models import Action, Finding, Report, gpu_identity
+from slurm_hooks.models import Action, Finding, Report, Urgency, gpu_identity
 from slurm_hooks.slurm import format_reason, parse_reason, reason_attempt, reboot_pending
 from slurm_hooks.slurm.errors import ReasonNotOurs
 
@@ -114,7 +114,11 @@ def plan(w: Wiring, report: Report, state: dict[str, Any] | None = None, now: fl
         top = max((a["rung"] for a in recent), key=RUNGS.index)
         higher = RUNGS[min(RUNGS.index(top) + 1, len(RUNGS) - 1)]
         if RUNGS.index(higher) > RUNGS.index(rung):
-            why = f"{drain_summary(report)}: back on the same GPU within {_span(cfg.window)} after a {top}"
+            if all(a.get("result") == "refused" for a in recent if a["rung"] == top):
+                why = (f"{drain_summary(report)}: {top} refused by Slurm (is RebootProgram set in slurm.conf?): "
+                       "a person must act")
+            else:
+                why = f"{drain_summary(report)}: back on the same GPU within {_span(cfg.window)} after a {top}"
             rung = higher
     skipped = []
     while rung != "replace":
@@ -261,7 +265,8 @@ def _reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resette
         return
     remediate.write_marker(w, reason, None)
     state["active"] = {"rung": "reboot", "t": time.time(), "boot": boot, "reason": reason, "why": p.why,
-                       "summary": p.summary, "gpus": [list(g) for g in p.gpus]}
+                       "summary": p.summary, "gpus": [list(g) for g in p.gpus],
+                       "findings": [[f.check, f.gpu] for f in report.drain_findings()] if report else []}
     save(w, state)
     outcome.repairs.append("reboot:start")
     _audit(w, "reboot", "start", time.monotonic() - t0, p, reason=reason,
@@ -350,6 +355,16 @@ def _replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, state: dict[s
            detail=f"{p.why}; drain stays for a person or the bridge; GPU(s) on the RMA list")
 
 
+def new_urgent(w: Wiring, report: Report) -> list[Finding]:
+    """Urgent findings that our pending reboot was not for (a new fault while the node waits for
+    its jobs to end): their jobs are requeued even though the repair holds the node."""
+    active = load(w).get("active")
+    if not active:
+        return []
+    known = {(c, g) for c, g in active.get("findings", [])}
+    return [f for f in report.drain_findings() if f.urgency is Urgency.NOW and (f.check, f.gpu) not in known]
+
+
 def _down(info: Any) -> bool:
     """DOWN with our reason: how our ``nextstate=DOWN`` reboot brings a node back."""
     return info.base_state == "DOWN" and info.ours
@@ -377,6 +392,13 @@ def _replace_ended(w: Wiring, report: Report, state: dict[str, Any], info: Any) 
     return True
 
 
+def _has_marker(w: Wiring) -> bool:
+    try:
+        return remediate.load_marker(w) is not None
+    except SlurmHooksError:
+        return True  # there, though unreadable: the state dir was not lost
+
+
 def _is_uuid(ident: str) -> bool:
     return ident.startswith(("GPU-", "MIG-"))
 
@@ -385,8 +407,8 @@ def _recall(w: Wiring, report: Report, state: dict[str, Any], info: Any) -> bool
     """With no attempt on record (the state dir was lost: a diskless node, a reimage), take the
     ladder's memory from Slurm's reason: ``[replace]`` waits for a person, ``[reboot 1/1]``
     counts as that many reboots of the GPUs now at fault. True when the node waits for a person."""
-    if state["attempts"]:
-        return False
+    if state["attempts"] or _has_marker(w):
+        return False  # the state dir is there: what it holds is the ladder's memory
     parsed = parse_reason(info.reason)
     if parsed is None:
         return False

@@ -278,9 +278,14 @@ def reboot_pending(node: NodeInfo) -> bool:
     return any(flag.startswith("REBOOT") for flag in node.flags)
 
 
+def out_of_service(node: NodeInfo) -> bool:
+    """Drained, or DOWN (how our ``nextstate=DOWN`` reboot brings a node back)."""
+    return node.drained or node.base_state == "DOWN"
+
+
 def may_resume(node: NodeInfo) -> bool:
-    """Resume only a node we drained ourselves."""
-    return node.drained and node.ours
+    """Resume only a node we took out ourselves (drained, or DOWN after our reboot)."""
+    return out_of_service(node) and node.ours
 
 
 #: What follows the action in the bracket of a drain for a fault that waits for the running jobs.

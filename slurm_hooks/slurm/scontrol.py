@@ -26,6 +26,7 @@ from slurm_hooks.slurm import (
     hostlist,
     job_ref,
     may_resume,
+    out_of_service,
     quirks,
 )
 from slurm_hooks.slurm.errors import (
@@ -475,7 +476,7 @@ class ScontrolSlurm:
         (an admin, ``Prolog error``, ``slurm-operator:``).
         """
         current = self.node(name)
-        if not current.drained:
+        if not out_of_service(current):
             return
         if not may_resume(current):
             raise ReasonNotOurs(current, "resume")

@@ -163,8 +163,11 @@ class FakeSlurm:
         self._nodes[name] = self.stamped(node, reason, state="+".join([*flags, "DRAIN"]))
 
     def resume(self, name: str) -> None:
+        """A node that is neither drained nor DOWN is left as it is (as the adapters do)."""
         self._call("resume", name)
         node = self._node(name)
+        if not (node.drained or node.base_state == "DOWN"):
+            return
         # Slurm's RESUME also brings a DOWN node back (IDLE once it answers).
         flags = [f for f in node.state.split("+") if f not in ("DRAIN", "DRAINED", "DRAINING", "DOWN")]
         self._nodes[name] = dataclasses.replace(node, state="+".join(flags) or "IDLE",
