@@ -38,6 +38,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "backend": (str, "nvml"),
         "sim_dir": (str, "/var/lib/slurm-hooks/sim"),
         "probe_timeout": (_Num, 20.0),
+        "gres_conf": (str, ""),
+        "gres_source": (str, "gres.conf"),
+        "slurmd": (str, "/usr/sbin/slurmd"),
     },
     "log": {
         "audit": (str, "/var/log/slurm-hooks/audit.jsonl"),
@@ -98,6 +101,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
 
 _ENUMS = {
     ("gpu", "backend"): ("nvml", "sim"),
+    ("gpu", "gres_source"): ("gres.conf", "slurmd"),
     ("check", "on_check_error"): ("drain", "warn"),
     ("slurm", "backend"): ("auto", "scontrol", "pyslurm"),
 }
