@@ -252,6 +252,8 @@ class Finding:
         d["action"] = self.action.value
         d["scope"] = self.scope.value
         d["urgency"] = self.urgency.value
+        if self.instance is None:
+            del d["instance"]  # a whole GPU's (or the node's) fault, as every finding was before MIG
         return d
 
     @classmethod

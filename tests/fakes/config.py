@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 #: Slurm's gres.conf of the test nodes: eight GPUs, GRES index K on /dev/nvidiaK (the sim's GPU K).
 GRES_CONF = "Name=gpu File=/dev/nvidia[0-7]\n"
 
