@@ -32,7 +32,8 @@ ENV_VAR = "SLURM_HOOKS_CONFIG"
 _Num = (int, float)
 
 #: section -> key -> (accepted types, default). The single source of defaults;
-#: conf/config.toml mirrors it and a test keeps the two equal.
+#: the example config (slurm_hooks/templates/install/config.toml, laid by `install`) mirrors it and a
+#: test keeps the two equal.
 SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     "gpu": {
         "backend": (str, "nvml"),

@@ -265,16 +265,15 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         _metrics(w, report, outcome)  # a repair holds the node: it neither drains nor resumes it here
         return
     if report.drain_findings():
-        if w.config.check.drain:
-            # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU,
-            # or every job for a node-wide one); the rest run to their end on the drained node.
-            gpus, instances = report.requeue_gpus(), report.requeue_instances()
-            requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus) or bool(instances))
-                       and report.context in (Context.CHECK, Context.WATCH))
-            take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus,
-                     instances=instances)
-            if outcome.drained and report.context is Context.CHECK:
-                _repair(w, report, outcome)  # an idle node climbs at once
+        # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU or
+        # MIG instance, or every job for a node-wide one); the rest run to their end on the drained node.
+        gpus, instances = report.requeue_gpus(), report.requeue_instances()
+        requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus) or bool(instances))
+                   and report.context in (Context.CHECK, Context.WATCH))
+        take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus,
+                 instances=instances)
+        if outcome.drained and report.context is Context.CHECK:
+            _repair(w, report, outcome)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
         remediate.resume_if_ours(w, outcome, report)
     _metrics(w, report, outcome)
@@ -320,7 +319,14 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
              instances: frozenset[tuple[int, int]] = frozenset(), **extra: Any) -> None:
     """Drain, then requeue the node's jobs (``gpus``: only those on these GPUs): most urgent first,
     each Slurm call bounded by what is left of the run's deadline. What fails for a transient
-    reason stays pending."""
+    reason stays pending. Monitor-only (``[check] drain = false``, for every caller: check, watcher,
+    prolog, epilog): audited as not acted on, and nothing done."""
+    if not w.config.check.drain:
+        remediate.not_acted(w, report, outcome, **extra)
+        if earlier is not None:
+            _close(w, earlier, "superseded", "monitor-only: [check] drain = false")
+            outcome.pending = "superseded"
+        return
     seen = _SlurmErrors(w.slurm)
     ww = dataclasses.replace(w, slurm_override=seen)
     remediate.drain(ww, report, outcome, **extra)

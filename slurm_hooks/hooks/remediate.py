@@ -52,6 +52,8 @@ class Outcome:
     pending: str = ""
     #: Repair rungs taken in this run, as "<rung>:<result>" (hooks.repair).
     repairs: list[str] = field(default_factory=list)
+    #: ``[check] drain = false``: a fault was found and audited, and not acted on.
+    monitor_only: bool = False
 
     @property
     def ok(self) -> bool:
@@ -59,6 +61,8 @@ class Outcome:
 
 
 def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
+    if not w.config.check.drain:
+        extra["monitor_only"] = True  # [check] drain = false: found, told, not acted on
     for f in report.findings:
         if f.severity is Severity.OK:
             continue
@@ -69,6 +73,13 @@ def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
 def _step(w: Wiring, action: str, target: str, result: str, started: float, **fields: Any) -> None:
     w.audit.write("action", node=w.node, action=action, target=target, result=result,
                   duration_s=round(time.monotonic() - started, 4), **fields)
+
+
+def not_acted(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
+    """Monitor-only (``[check] drain = false``): audit the drain we would have made, and make none."""
+    outcome.monitor_only = True
+    _step(w, "drain", w.node, "monitor-only", time.monotonic(), reason=drain_reason(report),
+          detail="not acted on: [check] drain = false", **extra)
 
 
 def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
