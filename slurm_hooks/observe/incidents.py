@@ -24,8 +24,11 @@ from slurm_hooks.observe import events
 
 #: Harmless to most disruptive, as in :class:`slurm_hooks.models.Action`.
 ACTIONS = ("none", "warn", "drain", "reset", "reboot", "replace")
-_REASON_ACTION = re.compile(r"\[(\w+)\]\s*$")
 _XID = re.compile(r"\bXID (\d+)\b")
+#: Our reason's action tag (``[reboot]``, ``[reboot 1/1]``, ``[reset, at job end]``), then any of
+#: Slurm's ``" : ..."`` suffixes (``reboot timed out``). Observe stands below the Slurm adapter, so
+#: this is the one regex that mirrors :func:`slurm_hooks.slurm.parse_reason`.
+_REASON_ACTION = re.compile(r"\[(\w+)(?: \d+/\d+)?(?:, at job end)?\](?: : [^\[\]]*)?\s*$")
 _TAKE_OUT_RESULTS = ("ok", "already")
 
 
@@ -153,6 +156,7 @@ def resolution(r: dict[str, Any]) -> str:
 
 
 def reason_action(reason: str) -> str:
+    """The action our reason names (``[reboot 1/1] : reboot timed out`` is a reboot); "drain" else."""
     m = _REASON_ACTION.search(reason or "")
     return m.group(1) if m and m.group(1) in ACTIONS else "drain"
 
