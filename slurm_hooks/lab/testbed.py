@@ -100,6 +100,9 @@ class Settings:
     #: The repair ladder ([repair] enabled in the testbed's config.toml). Off by default, so that
     #: a drained node stays drained for the tests and demos that look at it.
     repair: bool = False
+    #: RebootProgram in slurm.conf. Off (``testbed up --no-reboot-program``) as on sites that never
+    #: set one: ``scontrol reboot`` is then refused ("Unspecified error").
+    reboot_program: bool = True
     #: gres.conf's File= order, as device numbers (``--gres-order 7,6,...``): GRES index i is
     #: /dev/nvidia<gres_order[i]>, the sim GPU with that minor number. Empty: 0..gpus-1.
     gres_order: tuple[int, ...] = ()
