@@ -54,10 +54,11 @@ exit 0
 _WRAPPER = """#!/bin/sh
 # slurm-hooks testbed HealthCheckProgram: the real LBNL NHC from {src}, run from its tree.
 # slurmd gives it no PATH and only SLURMD_NODENAME; NHC's helpers need SLURM_CONF for sinfo/scontrol.
+# VERBOSE=1: NHC's log (log/nhc-<node>.log) shows every run and check.
 SLURM_CONF={slurm_conf}
 PYTHONPATH={pythonpath}
 export SLURM_CONF PYTHONPATH
-exec {driver} -c {conf} INCDIR={incdir} HELPERDIR={helpers} NHC_RM=slurm TIMEOUT={timeout} \\
+exec {driver} -c {conf} INCDIR={incdir} HELPERDIR={helpers} NHC_RM=slurm TIMEOUT={timeout} VERBOSE=1 \\
     HOSTNAME="$SLURMD_NODENAME" LOGFILE={logdir}/nhc-"$SLURMD_NODENAME".log PATH={path}
 """
 
