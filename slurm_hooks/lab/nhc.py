@@ -112,7 +112,7 @@ class NhcTree:
 
     @property
     def check_script(self) -> str:
-        """Where NHC finds ``check_slurm_hooks`` (a link to what install laid, or the file itself)."""
+        """Where NHC finds ``check_slurm_hooks``: a link to what ``slurm-hooks install`` laid."""
         return os.path.join(self.incdir, "slurm_hooks.nhc")
 
     def site_ok(self, node: str) -> str:
@@ -191,11 +191,3 @@ class NhcTree:
                                conf=q(self.conf), incdir=q(self.incdir), helpers=q(self.helpers), timeout=int(timeout),
                                logdir=q(logdir), path=q(f"{self.bin}:/sbin:/usr/sbin:/bin:/usr/bin"))
 
-
-def render_check(python: str, config: str) -> str:
-    """Our ``slurm_hooks.nhc`` for this interpreter and config (what ``install`` lays out)."""
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.PackageLoader("slurm_hooks", "templates/nhc"),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
-    return env.get_template("slurm_hooks.nhc.j2").render(python=python, config=config)

@@ -348,13 +348,25 @@ class Testbed:
             tree.prepare(self.syslog)
         except (OSError, nhc_lab.NhcError) as exc:
             raise TestbedError(f"cannot set up NHC from {self.settings.nhc}: {exc}") from None
-        script = self.path("share", "nhc", "slurm_hooks.nhc")
-        os.makedirs(os.path.dirname(script), mode=0o755, exist_ok=True)
-        fsutil.atomic_write(script, nhc_lab.render_check(hook_interpreter(), self.config_path), mode=0o644)
-        tree.link_check(script)
+        tree.link_check(self.install(hook_interpreter()))
         tree.write_conf(self.settings.nhc_check)
         for name in self.node_names:
             tree.site_fault(name, False)
+
+    @property
+    def install_prefix(self) -> str:
+        return self.path("install")
+
+    def install(self, python: str) -> str:
+        """``slurm-hooks install --prefix <state>/install`` for ``python`` (an interpreter that has
+        slurm-hooks, or, to rehearse a bad push, one that has not); returns the NHC check it laid."""
+        from slurm_hooks.install import apply, layout
+
+        inputs = layout.Inputs(prefix=self.install_prefix, python=python, config=self.config_path,
+                               state_dir=self.hooks_state_dir, audit=self.audit_log,
+                               scontrol=os.path.join(BIN, "scontrol"), env=(("SLURM_CONF", self.slurm_conf),))
+        apply.install(inputs, write_config=False)
+        return os.path.join(self.install_prefix, layout.NHC)
 
     def _switch_nhc(self) -> None:
         """On a running testbed, NHC (or slurm-hooks itself) as HealthCheckProgram as ``up`` was asked:

@@ -20,6 +20,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from slurm_hooks.config import Config
+from slurm_hooks.install import layout
 from slurm_hooks.preflight.results import Result, Status
 from slurm_hooks.preflight.slurmconf import SlurmConf
 from slurm_hooks.slurm import hostlist
@@ -37,7 +38,7 @@ START_S = 3
 SYSCONFIG_DIRS = ("/etc/default", "/etc/sysconfig")
 _DRIVER_MARK = re.compile(r"^\s*function\s+nhcmain_", re.MULTILINE)
 _DEFINES_CHECK = re.compile(rf"^\s*(function\s+{CHECK}\b|{CHECK}\s*\(\s*\))", re.MULTILINE)
-_BAKED = re.compile(r"^SLURM_HOOKS_NHC_(PYTHON|CONFIG)='((?:[^']|'\\'')*)'\s*$", re.MULTILINE)
+_BAKED = re.compile(r"^SLURM_HOOKS_HEALTHCHECK='((?:[^']|'\\'')*)'\s*$", re.MULTILINE)
 _MAX_READ = 1024 * 1024
 #: Hosts a node line may name before we stop expanding it to match host masks.
 _MAX_HOSTS = 100_000
@@ -296,31 +297,45 @@ def _conf_lines(conf: SlurmConf, lines: list[ConfLine], ours: list[ConfLine], no
 
 
 def _script(cfg: Config, setup: NhcSetup) -> list[Result]:
-    """Some ``*.nhc`` in NHC's INCDIR defines the check, with paths that exist on this node."""
+    """Some ``*.nhc`` in NHC's INCDIR defines the check, and the health check program it runs is there."""
     defining = [p for p in sorted(glob.glob(os.path.join(setup.incdir, "*.nhc"))) if _DEFINES_CHECK.search(_read(p))]
     if not defining:
         return [Result("nhc-script", Status.FAIL,
                        f"no *.nhc in NHC's scripts dir {setup.incdir} defines {CHECK}: NHC runs it as a command, "
                        "which fails, and NHC drains every node it runs on",
-                       f"ln -s <prefix>/share/nhc/slurm_hooks.nhc {setup.incdir}/ (laid out by "
-                       "`slurm-hooks install --prefix <prefix>`)", setup.incdir)]
+                       f"ln -s {os.path.join(layout.DEFAULT_PREFIX, layout.NHC)} {setup.incdir}/ (laid by "
+                       f"`{layout.install_command()}`)", setup.incdir)]
     path = defining[-1]
-    baked = {k: v.replace("'\\''", "'") for k, v in _BAKED.findall(_read(path))}
+    baked = _BAKED.search(_read(path))
+    program = baked.group(1).replace("'\\''", "'") if baked else ""
+    if program and not os.access(program, os.X_OK):
+        return [Result("nhc-script", Status.FAIL,
+                       f"{path} runs {program}, which is not there: {CHECK} says so in syslog and checks nothing",
+                       f"`{layout.install_command()}` (the prefix the NHC check was laid from)", path)]
     out = []
-    python = baked.get("PYTHON", "")
-    if python and not os.access(python, os.X_OK):
-        out.append(Result("nhc-script", Status.FAIL,
-                          f"{path} runs {python}, which is not there: {CHECK} logs that and checks nothing",
-                          "run `slurm-hooks install` again with the interpreter that has slurm-hooks", path))
-    config = baked.get("CONFIG", "")
+    config = _config_of(program) if program else ""
     if config and cfg.path and os.path.abspath(config) != os.path.abspath(cfg.path):
         out.append(Result("nhc-script", Status.WARN,
-                          f"{path} runs slurm-hooks with {config}, not {cfg.path} (what this validate judged)",
+                          f"{program} (run by {CHECK}) uses {config}, not {cfg.path} (what this validate judged)",
                           f"slurm-hooks validate --config {config}, or install again with --config {cfg.path}", path))
     if not out:
-        out.append(Result("nhc-script", Status.PASS, f"defines {CHECK}" + (f" (runs {python})" if python else ""),
+        out.append(Result("nhc-script", Status.PASS, f"defines {CHECK}" + (f", which runs {program}" if program else ""),
                           "", path))
     return out
+
+
+def _config_of(program: str) -> str:
+    """The ``--config`` the installed health check program passes (its line that runs ``slurm_hooks check``)."""
+    for raw in _read(program).splitlines():
+        if "slurm_hooks" not in raw or raw.lstrip().startswith("#"):
+            continue
+        try:
+            words = shlex.split(raw, comments=True)
+        except ValueError:
+            continue
+        if "check" in words and "--config" in words[:-1]:
+            return words[words.index("--config") + 1]
+    return ""
 
 
 def _timing(conf: SlurmConf, cfg: Config, setup: NhcSetup, lines: list[ConfLine], ours: list[ConfLine]) -> list[Result]:

@@ -18,6 +18,7 @@ import pytest
 from fakes.config import write_sim_config
 from paths import ROOT
 
+from slurm_hooks.install import apply, layout
 from slurm_hooks.lab import nhc
 from slurm_hooks.probes import sim
 
@@ -48,10 +49,12 @@ class NhcRun:
         self.tree.site_fault("n1", False)
 
     def install(self, python: str, config: str | None = None) -> None:
-        path = self.tmp / "share" / "slurm_hooks.nhc"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(nhc.render_check(python, config or self.config))
-        self.tree.link_check(str(path))
+        """`slurm-hooks install --prefix <tmp>/opt` for ``python``; its NHC check linked into INCDIR."""
+        self.prefix = str(self.tmp / "opt")
+        apply.install(layout.Inputs(prefix=self.prefix, python=python, config=config or self.config,
+                                    state_dir=str(self.tmp / "state"), audit=str(self.tmp / "audit.jsonl")),
+                      write_config=False)
+        self.tree.link_check(os.path.join(self.prefix, layout.NHC))
 
     def run(self, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess:
         env = {"SLURMD_NODENAME": "n1", "PYTHONPATH": ROOT}
@@ -129,43 +132,59 @@ def test_nhcs_own_site_check_still_fails_after_ours_passes(site):
     assert site.marked() == [f"mark-offline n1 check_file_test:  -e {site.tree.site_ok('n1')} returned 1."]
 
 
+def wrapper_said(site, code: int) -> None:
+    """The installed wrapper's one line (syslog and NHC's log) and its status file; nothing of ours on top."""
+    lines = site.syslog_lines()
+    assert len(lines) == 1, lines
+    assert f"slurm-hooks check could not run (exit {code}): the node stays in service" in lines[0]
+    assert site.syslog_lines("nhc[") == []
+    status = layout.read_status(str(site.tmp / "state"))
+    assert status["healthcheck"]["exit"] == str(code), status
+
+
 @pytest.mark.parametrize("mode", ["check_slurm_hooks", "check_slurm_hooks -r"])
-def test_interpreter_gone_passes_with_one_syslog_line(site, mode):
+def test_interpreter_gone_passes_with_the_wrappers_one_syslog_line(site, mode):
     site.tree.write_conf(mode)
     site.inject_xid79()
     site.install("/nonexistent/venv/bin/python3")
     r = site.run()
-    assert r.returncode == 0, r.stdout
-    assert site.marked() == ["mark-online n1"]
-    lines = site.syslog_lines()
-    assert len(lines) == 1, lines
-    assert "check_slurm_hooks on n1: cannot run /nonexistent/venv/bin/python3 (exit 127)" in lines[0]
-    assert site.syslog_lines("nhc[") == []
+    assert r.returncode == 0 and site.marked() == ["mark-online n1"], r.stdout
+    wrapper_said(site, 127)
 
 
-def test_package_not_importable_passes_with_one_syslog_line(site, tmp_path):
+def test_package_not_in_the_venv_passes_with_the_wrappers_one_syslog_line(site, tmp_path):
     venv = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site.tree.write_conf("check_slurm_hooks -r")
     site.inject_xid79()
     site.install(str(venv / "bin" / "python"))
-    r = site.run("PYTHONPATH=")
-    assert r.returncode == 0, r.stdout
-    lines = site.syslog_lines()
-    assert len(lines) == 1 and "slurm-hooks check failed (exit 1)" in lines[0]
-    assert "No module named slurm_hooks" in lines[0], lines
+    r = site.run()
+    assert r.returncode == 0 and site.marked() == ["mark-online n1"], r.stdout
+    wrapper_said(site, 1)
+    assert "No module named slurm_hooks" in r.stdout  # the wrapper's program's stderr, in NHC's log
 
 
-def test_a_config_typo_passes_with_one_syslog_line_naming_it(site, tmp_path):
+def test_a_config_typo_passes_with_the_wrappers_one_syslog_line(site, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[gpu]\nbackend = "nvlm"\n')
     site.tree.write_conf("check_slurm_hooks -r")
     site.inject_xid79()
     site.install(sys.executable, str(bad))
     r = site.run()
-    assert r.returncode == 0, r.stdout
+    assert r.returncode == 0 and site.marked() == ["mark-online n1"], r.stdout
+    wrapper_said(site, 2)
+    assert "bad.toml:2: [gpu] backend" in r.stdout
+
+
+def test_the_installed_program_gone_passes_with_our_one_syslog_line(site):
+    site.tree.write_conf("check_slurm_hooks -r")
+    site.inject_xid79()
+    os.unlink(os.path.join(site.prefix, "bin", "slurm-hooks-healthcheck"))
+    r = site.run()
+    assert r.returncode == 0 and site.marked() == ["mark-online n1"], r.stdout
     lines = site.syslog_lines()
-    assert len(lines) == 1 and "(exit 2)" in lines[0] and "bad.toml:2: [gpu] backend" in lines[0]
+    assert len(lines) == 1, lines
+    assert f"check_slurm_hooks on n1: cannot run {site.prefix}/bin/slurm-hooks-healthcheck (exit 127)" in lines[0]
 
 
 @pytest.mark.parametrize("line, said", [
@@ -209,7 +228,7 @@ def test_a_hung_run_is_killed_at_its_share_and_nhc_goes_on(site, tmp_path):
 
 def test_a_quote_in_a_reason_cannot_break_nhcs_eval(site, tmp_path):
     liar = tmp_path / "liar"
-    liar.write_text("#!/bin/sh\necho \"slurm-hooks-verdict: slurm-hooks: GPU 3's bus '; touch /tmp/x #\"\nexit 1\n")
+    liar.write_text("#!/bin/sh\necho \"slurm-hooks-verdict: slurm-hooks: GPU 3's bus '; touch /tmp/x #\"\nexit 99\n")
     liar.chmod(0o755)
     site.tree.write_conf("check_slurm_hooks -r")
     site.install(str(liar))

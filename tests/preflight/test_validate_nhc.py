@@ -12,6 +12,7 @@ from preflight.test_validate import Cluster, by_check, only
 
 from slurm_hooks import preflight as validate
 from slurm_hooks.cli import main
+from slurm_hooks.install import apply, layout
 from slurm_hooks.lab import nhc as lab_nhc
 from slurm_hooks.preflight import nhc
 
@@ -28,6 +29,7 @@ class NhcCluster(Cluster):
         os.makedirs(self.incdir)
         self.wrapper("-t 45")
         self.write_nhc_conf("* || check_slurm_hooks\n* || check_fs_mount_rw -f /\n")
+        self.prefix = str(root / "opt")
         self.install_check(sys.executable)
 
     def wrapper(self, args: str = "") -> None:
@@ -39,9 +41,14 @@ class NhcCluster(Cluster):
         with open(self.nhc_conf, "w") as fh:
             fh.write("# site checks\n" + text)
 
-    def install_check(self, python: str) -> None:
-        with open(os.path.join(self.incdir, "slurm_hooks.nhc"), "w") as fh:
-            fh.write(lab_nhc.render_check(python, self.config))
+    def install_check(self, python: str, config: str | None = None) -> None:
+        """`slurm-hooks install --prefix <root>/opt`, and its NHC check linked into NHC's scripts dir."""
+        apply.install(layout.Inputs(prefix=self.prefix, python=python, config=config or self.config,
+                                    state_dir=str(self.root / "state"), audit=str(self.root / "audit.jsonl")),
+                      write_config=False)
+        link = os.path.join(self.incdir, "slurm_hooks.nhc")
+        if not os.path.lexists(link):
+            os.symlink(os.path.join(self.prefix, layout.NHC), link)
 
 
 @pytest.fixture
@@ -137,15 +144,19 @@ def test_no_script_defining_the_check_fails_before_nhc_drains_every_node(site):
     assert r.status is FAIL and "drains every node" in r.message and "share/nhc/slurm_hooks.nhc" in r.fix
 
 
-def test_script_whose_interpreter_is_gone_fails(site):
-    site.install_check("/nonexistent/venv/bin/python3")
+def test_the_installed_health_check_it_runs_is_checked(site):
     r = only(site.run(), "nhc-script")
-    assert r.status is FAIL and "/nonexistent/venv/bin/python3" in r.message
+    assert r.status is PASS and f"runs {site.prefix}/bin/slurm-hooks-healthcheck" in r.message
 
 
-def test_script_with_another_config_warns(site, tmp_path):
-    with open(os.path.join(site.incdir, "slurm_hooks.nhc"), "w") as fh:
-        fh.write(lab_nhc.render_check(sys.executable, str(tmp_path / "other.toml")))
+def test_an_install_removed_from_under_the_nhc_check_fails(site):
+    os.unlink(os.path.join(site.prefix, "bin", "slurm-hooks-healthcheck"))
+    r = only(site.run(), "nhc-script")
+    assert r.status is FAIL and f"{site.prefix}/bin/slurm-hooks-healthcheck, which is not there" in r.message
+
+
+def test_an_install_with_another_config_warns(site, tmp_path):
+    site.install_check(sys.executable, str(tmp_path / "other.toml"))
     r = only(site.run(), "nhc-script")
     assert r.status is WARN and "other.toml" in r.message
 
@@ -204,8 +215,8 @@ def test_our_line_is_parsed_as_the_checks_getopts_reads_it(args, parsed):
     assert nhc.parse_args(args) == parsed
 
 
-def test_the_template_and_validate_agree_on_the_times():
-    text = lab_nhc.render_check("/p", "/c")
+def test_the_template_and_validate_agree_on_the_times(tmp_path):
+    text = layout.render(layout.Inputs(prefix="/p", python="/py", config="/c", state_dir="/s", audit="/a")).files[layout.NHC][0]
     assert f"SLURM_HOOKS_NHC_MIN={nhc.MIN_S}\n" in text
     assert f'RESERVE="${{SLURM_HOOKS_NHC_RESERVE:-{nhc.RESERVE_S}}}"' in text
     assert f'KILL="${{SLURM_HOOKS_NHC_KILL:-{nhc.SLURM_KILL_S}}}"' in text
