@@ -313,6 +313,20 @@ def _load(text: str, path: str) -> Obj:
     return data
 
 
+def template_groups(replace: ReplaceSettings, reboot: RebootSettings) -> dict[str, str]:
+    """The API group of each configured template backend's resource, read from its template rendered
+    for a placeholder node: what ``render`` grants and ``validate`` asks about (``{"replace": g, "reboot": g}``)."""
+    placeholder = Target(node={"metadata": {"name": "node", "uid": "uid", "labels": {}}, "spec": {"providerID": ""}},
+                         slurm_node="node", reason="slurm-hooks: placeholder [replace]", summary="placeholder",
+                         action=Action.REPLACE, take="0")
+    groups = {}
+    for key, chosen in (("replace", replace), ("reboot", reboot)):
+        if chosen.backend == "template" and chosen.template:
+            resource, _ = TemplateBackend(chosen.template, chosen.plural).render(placeholder)
+            groups[key] = resource.group
+    return groups
+
+
 def make_backend(settings: ReplaceSettings) -> Backend:
     if settings.backend == "karpenter":
         return KarpenterBackend(settings.karpenter_version)
