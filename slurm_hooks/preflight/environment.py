@@ -159,7 +159,38 @@ def check_paths(cfg: Config) -> list[Result]:
         out.append(Result(check, Status.PASS if ok else Status.FAIL, f"[{section}] {key} = {path}: {why}",
                           "" if ok else f"create {path} writable by root, or change [{section}] {key}",
                           "" if ok else cfg.path or ""))
+    fs = fs_type(cfg.state.dir)
+    if fs in VOLATILE_FS:
+        out.append(Result("state-dir-volatile", Status.WARN,
+                          f"[state] dir = {cfg.state.dir} is on {fs}: it is lost at every reboot, and with it our "
+                          "drain markers and the repair ladder's count (the ladder then reads what Slurm's reason "
+                          "keeps: [reboot n/m], [replace])",
+                          "[state] dir on a disk that survives a reboot (default /var/lib/slurm-hooks)",
+                          cfg.path or ""))
     return out
+
+
+#: File systems that do not survive a reboot.
+VOLATILE_FS = ("tmpfs", "ramfs")
+
+
+def fs_type(path: str, mounts: str = "/proc/mounts") -> str:
+    """The type of the file system that holds ``path`` (or would, once made); "" when unknown."""
+    target = os.path.abspath(path)
+    try:
+        with open(mounts, encoding="utf-8") as fh:
+            rows = [line.split() for line in fh]
+    except OSError:
+        return ""
+    best, kind = "", ""
+    for row in rows:
+        if len(row) < 3:
+            continue
+        point = row[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, row[2]
+    return kind
 
 
 def check_bridge(cfg: Config) -> list[Result]:
@@ -183,9 +214,14 @@ def check_bridge(cfg: Config) -> list[Result]:
         return [Result(check, Status.FAIL, str(exc),
                        "set [bridge] kubeconfig, or run in a pod with a service account token")]
     try:
-        needed = kube_access.REQUIRED
-        if settings.replace.backend != "template":  # a template's API group is known only to `render`
-            needed = kube_access.permissions_for(rbac.rules(settings.replace))
+        from slurm_hooks.bridge.leader import lease_namespace
+        from slurm_hooks.bridge.replace import ReplacementError, template_groups
+
+        try:
+            groups = template_groups(settings.replace, settings.reboot)
+        except (ReplacementError, ConfigError) as exc:
+            return [Result(check, Status.FAIL, str(exc), "fix the template: its apiVersion names the group to ask about")]
+        needed = kube_access.permissions_for(rbac.rules(settings, groups), lease_namespace(settings.lease_namespace))
         verdicts = kube_access.review(client, needed)
     except TransientError as exc:
         return [Result(check, Status.FAIL, f"{source}: {exc}", "is the API server reachable from here?")]
