@@ -23,13 +23,13 @@ from slurm_hooks.config import Config
 from slurm_hooks.install import layout
 from slurm_hooks.preflight.results import Result, Status
 from slurm_hooks.preflight.slurmconf import SlurmConf
-from slurm_hooks.slurm import hostlist
+from slurm_hooks.slurm import hostlist, quirks
 
 CHECK = "check_slurm_hooks"
 #: NHC's watchdog when nothing sets TIMEOUT.
 NHC_DEFAULT_TIMEOUT = 30
 #: slurmd kills the HealthCheckProgram after this long unless HealthCheckTimeout (26.05+) says otherwise.
-SLURM_KILL_S = 60
+SLURM_KILL_S = int(quirks.HEALTH_CHECK_KILL_S)
 #: What check_slurm_hooks keeps back of NHC's time for the checks after it and NHC's marking, what it
 #: needs at least to run at all, and what it gives Python to start (templates/nhc/slurm_hooks.nhc.j2).
 RESERVE_S = 5
@@ -340,8 +340,11 @@ def _config_of(program: str) -> str:
 
 def _timing(conf: SlurmConf, cfg: Config, setup: NhcSetup, lines: list[ConfLine], ours: list[ConfLine]) -> list[Result]:
     """NHC's watchdog ends before Slurm's kill, and our share of it holds a hung probe and a drain."""
-    kill = int(conf.seconds("HealthCheckTimeout", SLURM_KILL_S) or SLURM_KILL_S)
-    kill_from = "HealthCheckTimeout" if "HealthCheckTimeout" in conf else "Slurm's fixed limit"
+    # HealthCheckTimeout exists from 26.05 on: a slurm.conf that sets it is read by such a Slurm.
+    e = conf.entry("HealthCheckTimeout")
+    kill = int(quirks.health_check_kill_s(quirks.HEALTH_CHECK_TIMEOUT_SINCE if e is not None else None,
+                                          e.value if e is not None else None))
+    kill_from = "HealthCheckTimeout" if kill != SLURM_KILL_S else "Slurm's fixed limit"
     timeout = setup.timeout
     shown = f"NHC's TIMEOUT={timeout} s ({setup.timeout_from})"
 
