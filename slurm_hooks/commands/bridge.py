@@ -65,9 +65,12 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
         metrics_dir=cfg.metrics.textfile_dir,
     )
     stop = threading.Event()
+    notifier = _notifier(cfg, settings.state_file)
     if not once:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        if notifier is not None:
+            threading.Thread(target=notifier.run, args=(stop,), name="notify", daemon=True).start()
     rc = EXIT_OK
     try:
         while True:
@@ -83,12 +86,26 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
             _report(result, as_json)
             if once:
                 rc = EXIT_UNAVAILABLE if (result.aborted or result.errors) else EXIT_OK
+                if notifier is not None:
+                    notifier.flush(float(cfg.notify.flush_timeout))
                 break
             if stop.wait(settings.interval):
                 break
     finally:
         kube.close()
     ctx.exit(rc)
+
+
+def _notifier(cfg, state_file: str):
+    """The bridge tells its own news (breaker trips, replacements and reboots it asked for) through
+    [notify], as the nodes do; its outbox and cursor beside its state file, where a restart keeps them."""
+    from slurm_hooks.observe.notify import Notifier
+    from slurm_hooks.observe.notify import Settings as NotifySettings
+
+    ns = NotifySettings.from_config(cfg, os.path.join(os.path.dirname(os.path.abspath(state_file)), "notify"))
+    if not ns.configured:
+        return None
+    return Notifier(ns, log=lambda msg: click.echo(f"slurm-hooks bridge: notify: {msg}", err=True))
 
 
 def _report(result, as_json: bool) -> None:
