@@ -20,6 +20,7 @@ from slurm_hooks.errors import ConfigError
 from slurm_hooks.models import Action, Expectations, Scope, Urgency
 from slurm_hooks.severity import CHECK_RULES, OVERRIDE_KEYS, Severities, xid_rule_key
 from slurm_hooks.slurm import hostlist
+from slurm_hooks.urlsecret import URL, bad_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -432,51 +433,6 @@ DESTINATION_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
     "alertmanager": {**_URL_KEYS, "auth_file": (str, "")},
 }
 WEBHOOK_FORMATS = ("slack", "json")
-_URL = re.compile(r"^https?://[^/\s]+")
-
-
-def url_origin(url: str) -> str:
-    """What may be printed of a URL: its scheme and host (the path and query of a webhook are the secret)."""
-    scheme, sep, rest = (url or "").partition("://")
-    if not sep:
-        scheme, rest = "", url or ""
-    host = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1]
-    return f"{scheme[:10]}{sep}{host[:100]}"
-
-
-def _bad_url(url: str) -> str:
-    return (f"must be an http:// or https:// URL, got {url_origin(url)!r}... "
-            "(the rest is not shown: a webhook URL is a secret)")
-
-
-def holds_secret(table: dict[str, Any]) -> bool:
-    """A ``[[notify.*]]`` table with its URL written in the file itself."""
-    return bool(table.get("url"))
-
-
-def resolve_url(table: dict[str, Any], label: str, environ: dict[str, str] | None = None) -> str:
-    """The URL of a ``[[notify.*]]`` table, read from where it says; :class:`ConfigError` names the file
-    or the variable, never the URL."""
-    environ = os.environ if environ is None else environ
-    if table.get("url"):
-        url, where = table["url"], f"{label} url"
-    elif table.get("url_env"):
-        url, where = environ.get(table["url_env"], "").strip(), f"{label} url_env ${table['url_env']}"
-        if not url:
-            raise ConfigError(f"{where}: the variable is not set or empty")
-    else:
-        path = table.get("url_file", "")
-        try:
-            with open(path, encoding="utf-8") as fh:
-                url = fh.read(8192).strip()
-        except OSError as exc:
-            raise ConfigError(f"{label} url_file: cannot read: {exc.strerror}", path) from None
-        where = f"{label} url_file {path}"
-        if not url:
-            raise ConfigError(f"{where}: the file is empty")
-    if not _URL.match(url):
-        raise ConfigError(f"{where}: {_bad_url(url)}")
-    return url
 
 
 def _check_destinations(kind: str, tables: Any, where: _Locator) -> tuple[dict[str, str], ...]:
@@ -504,8 +460,8 @@ def _check_destinations(kind: str, tables: Any, where: _Locator) -> tuple[dict[s
         if len(given) != 1:
             fail("needs exactly one of url_file (a 0600 file holding the URL), url_env or url"
                  + (f", not {' and '.join(given)}" if given else ""))
-        if values["url"] and not _URL.match(values["url"]):
-            fail(_bad_url(values["url"]), "url")
+        if values["url"] and not URL.match(values["url"]):
+            fail(bad_url(values["url"]), "url")
         if kind == "webhook" and values["format"] not in WEBHOOK_FORMATS:
             fail(f"must be one of {', '.join(WEBHOOK_FORMATS)}, not {values['format']!r}", "format")
         out.append(values)

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
+
+from slurm_hooks.urlsecret import url_origin
 
 #: What the notifier makes (``Message.kind``). Reminders and Alertmanager re-posts are state, not
 #: news: only the latest one of an incident waits in the outbox.
@@ -29,6 +32,9 @@ SLACK_TEXT_MAX = 40000
 
 Sender = Callable[[str, bytes, dict, float], int]
 SyslogSender = Callable[[int, str], None]
+
+
+# --- sending ------------------------------------------------------------------------------------
 
 
 class DeliveryError(Exception):
@@ -83,10 +89,6 @@ def http_post(url: str, body: bytes, headers: dict, timeout: float) -> int:
 
 def _no_url(text: str) -> str:
     """An error text with any URL in it cut to its scheme and host."""
-    import re
-
-    from slurm_hooks.config import url_origin
-
     return re.sub(r"[a-z][a-z0-9+.-]*://\S+", lambda m: url_origin(m.group(0)), text)
 
 
@@ -144,8 +146,6 @@ class Syslog(Destination):
 
 class _Http(Destination):
     def __init__(self, table: dict[str, str], url: str | None, post: Sender | None, prefix: str):
-        from slurm_hooks.config import url_origin
-
         self.table, self.url, self.post = table, url, post or http_post
         self.name = _source_name(prefix, table)
         self.where = table.get("name") or (url_origin(url) if url else self.name)

@@ -116,8 +116,8 @@ class Settings:
                      problem: Callable[[str], None] | None = None) -> dict[str, Destination]:
         """Name -> receiver. A URL that cannot be read (its file, its variable) leaves the receiver in
         place without one: its messages wait, and ``problem`` hears why (never the URL)."""
-        from slurm_hooks.config import resolve_url
         from slurm_hooks.errors import ConfigError
+        from slurm_hooks.urlsecret import resolve_url
 
         def url_of(kind: str, n: int, table: dict[str, str]) -> str | None:
             try:

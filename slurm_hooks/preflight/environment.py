@@ -8,6 +8,7 @@ import os
 from typing import Any, Callable
 
 from slurm_hooks import config as config_mod
+from slurm_hooks import urlsecret
 from slurm_hooks.config import Config
 from slurm_hooks.errors import CommandError, CommandTimeout, ConfigError, TransientError
 from slurm_hooks.preflight import slurmconf
@@ -145,7 +146,7 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
     problems: list[str] = []
     for kind, n, table in tables:
         label = f"[[notify.{kind}]] #{n + 1}"
-        if config_mod.holds_secret(table) and cfg.path and os.stat(cfg.path).st_mode & 0o004:
+        if urlsecret.holds_secret(table) and cfg.path and os.stat(cfg.path).st_mode & 0o004:
             problems.append(f"{label} has its url written in {cfg.path}, which is readable by others "
                             f"(mode {os.stat(cfg.path).st_mode & 0o777:04o})")
         for key in ("url_file", "auth_file"):
@@ -154,7 +155,7 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
                 problems.append(f"{label} {key} {path} is readable by others "
                                 f"(mode {os.stat(path).st_mode & 0o777:04o})")
         try:
-            config_mod.resolve_url(table, label)
+            urlsecret.resolve_url(table, label)
             if table.get("auth_file"):
                 with open(table["auth_file"], encoding="utf-8"):
                     pass
