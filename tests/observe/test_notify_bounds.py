@@ -361,6 +361,5 @@ def test_render_out_writes_0600_and_gives_slinky_a_secret(tmp_path):
     assert "s3cr3t" in secret["stringData"]["config.toml"]
     assert not any("s3cr3t" in json.dumps(o) for o in values["extraObjects"] if o["kind"] == "ConfigMap")
     [vol] = [v for v in values["nodesets"]["slinky"]["podSpec"]["volumes"] if v["name"] == "slurm-hooks-config"]
-    [source] = [s["secret"] for s in vol["projected"]["sources"] if "secret" in s]
-    assert source["name"] == secret["metadata"]["name"]
-    assert source["items"] == [{"key": "config.toml", "path": "config.toml", "mode": 0o600}]
+    assert vol["secret"]["secretName"] == secret["metadata"]["name"]
+    assert vol["secret"]["items"] == [{"key": "config.toml", "path": "config.toml", "mode": 0o600}]
