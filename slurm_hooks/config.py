@@ -507,6 +507,14 @@ BRIDGE_SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "request_timeout": (_Num, 10.0),
         "retries": (int, 3),
         "state_file": (str, "/var/lib/slurm-hooks/bridge-state.json"),
+        #: One bridge acts: a coordination.k8s.io Lease; the breaker's state lives in it
+        #: (``false``: one process only, the breaker's state in ``state_file``).
+        "leader_election": (bool, True),
+        #: The Lease's namespace; "" = the pod's own namespace (in a cluster), else "default".
+        "lease_namespace": (str, ""),
+        "lease_name": (str, "slurm-hooks-bridge"),
+        #: Seconds without a renewal after which a standby bridge takes over.
+        "lease_duration": (_Num, 60.0),
         "kubeconfig": (str, ""),
         "context": (str, ""),
     },
@@ -585,7 +593,7 @@ def check_bridge(raw: dict, where: _Locator | None = None) -> dict[str, dict[str
             fail("bridge", "trigger_actions", f"unknown action {item!r} (known: {', '.join(_ACTIONS)})")
     if not top["trigger_actions"]:
         fail("bridge", "trigger_actions", "must name at least one action (e.g. [\"replace\"])")
-    for key in ("interval", "request_timeout", "drain_timeout"):
+    for key in ("interval", "request_timeout", "drain_timeout", "lease_duration"):
         if top[key] <= 0:
             fail("bridge", key, f"must be greater than 0, got {top[key]!r}")
     for key in ("taint_key", "condition_type", "opt_out_label", "event_namespace"):

@@ -95,8 +95,15 @@ def render_all(
         config_text = _bridge_config(slinky_namespace, "condition")
     cfg = config_mod.parse(config_text, "<bridge config>")
     settings = settings_mod.from_config(cfg)
-    if settings.replace.backend == "template" and not template_group:
-        raise ConfigError("backend \"template\" needs --template-group (the API group of the rendered resource)")
+    from slurm_hooks.bridge.replace import ReplacementError, template_groups
+
+    try:
+        groups = template_groups(settings.replace, settings.reboot)
+    except ReplacementError as exc:
+        raise ConfigError(str(exc)) from None
+    if template_group:  # an explicit --template-group wins for the replacement backend
+        groups["replace"] = template_group
+    all_rules = rbac.rules(settings, groups)
     name = "slurm-hooks-bridge"
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "slurm-hooks"}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
@@ -107,7 +114,10 @@ def render_all(
         "labels": labels,
         "selector": {"app.kubernetes.io/name": name},
         "backend": settings.replace.backend,
-        "rules": rbac.rules(settings.replace, template_group),
+        "rules": [r for r in all_rules if not r.namespaced],
+        "namespaced_rules": [r for r in all_rules if r.namespaced],
+        "replicas": 2 if settings.leader_election else 1,
+        "leader_election": settings.leader_election,
         "image": image,
         "sackd_image": sackd_image,
         "controller": controller,

@@ -250,9 +250,14 @@ def check_bridge(cfg: Config) -> list[Result]:
         return [Result(check, Status.FAIL, str(exc),
                        "set [bridge] kubeconfig, or run in a pod with a service account token")]
     try:
-        needed = kube_access.REQUIRED
-        if settings.replace.backend != "template":  # a template's API group is known only to `render`
-            needed = kube_access.permissions_for(rbac.rules(settings.replace))
+        from slurm_hooks.bridge.leader import lease_namespace
+        from slurm_hooks.bridge.replace import ReplacementError, template_groups
+
+        try:
+            groups = template_groups(settings.replace, settings.reboot)
+        except (ReplacementError, ConfigError) as exc:
+            return [Result(check, Status.FAIL, str(exc), "fix the template: its apiVersion names the group to ask about")]
+        needed = kube_access.permissions_for(rbac.rules(settings, groups), lease_namespace(settings.lease_namespace))
         verdicts = kube_access.review(client, needed)
     except TransientError as exc:
         return [Result(check, Status.FAIL, f"{source}: {exc}", "is the API server reachable from here?")]

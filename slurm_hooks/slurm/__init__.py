@@ -58,6 +58,11 @@ class NodeInfo:
     def reason_user(self) -> str:
         return str(self.extra.get("ReasonUser", "") or "")
 
+    @property
+    def extra_text(self) -> str:
+        """The node's ``Extra`` field (free text, settable with ``scontrol update Extra=``; Slurm 22.05+)."""
+        return str(self.extra.get("Extra") or "")
+
 
 #: Job states in which a job still holds (or is releasing) a node.
 ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING")
@@ -173,6 +178,10 @@ class Slurm(Protocol):
         ...
 
     def resume(self, name: str) -> None: ...
+
+    def set_node_extra(self, name: str, text: str) -> None:
+        """``scontrol update NodeName=<name> Extra=<text>``: never touches the state or the reason."""
+        ...
 
     def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
         """``scontrol reboot ASAP nextstate=<nextstate> reason=<reason> <name>``: drained at once,
