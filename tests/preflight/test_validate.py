@@ -184,7 +184,7 @@ def test_missing_health_check_program_fails_with_an_example_wrapper(cluster):
 
 
 def test_program_that_does_not_run_slurm_hooks_fails(cluster):
-    cluster.script("etc/healthcheck/slurm-hooks-check", "#!/bin/sh\n/usr/sbin/nhc\n")
+    cluster.script("etc/healthcheck/slurm-hooks-check", "#!/bin/sh\n/usr/local/sbin/site-health\n")
     r = only(cluster.run(), "health-check-program")
     assert r.status is validate.Status.FAIL
     assert "does not run `slurm-hooks check`" in r.message
@@ -521,7 +521,8 @@ def test_bridge_credentials_with_every_permission_pass(bridge_cluster):
     # exactly the ClusterRole `render` writes: nothing the bridge does not use (no watch, no get pods)
     assert sorted(server.seen) == sorted([("get", "nodes"), ("list", "nodes"), ("patch", "nodes"),
                                           ("patch", "nodes/status"), ("list", "pods"), ("create", "pods/eviction"),
-                                          ("create", "events")])
+                                          ("create", "events"), ("get", "leases"), ("create", "leases"),
+                                          ("update", "leases")])
 
 
 def test_bridge_missing_eviction_permission_fails_naming_the_rbac_rule(bridge_cluster):
