@@ -103,9 +103,13 @@ class Settings:
     #: gres.conf's File= order, as device numbers (``--gres-order 7,6,...``): GRES index i is
     #: /dev/nvidia<gres_order[i]>, the sim GPU with that minor number. Empty: 0..gpus-1.
     gres_order: tuple[int, ...] = ()
+    #: Shards of each GPU declared to Slurm (``--shards``, gres/shard, Slurm 22.05+); 0: none.
+    shards: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gres_order", tuple(int(m) for m in self.gres_order))
+        if not 0 <= self.shards <= 64:
+            raise TestbedError(f"--shards must be 0..64, got {self.shards}")
         if self.gres_order and sorted(self.gres_order) != list(range(self.gpus)):
             raise TestbedError(f"--gres-order must list 0..{self.gpus - 1} once each, got "
                                f"{','.join(map(str, self.gres_order))}")
