@@ -88,6 +88,17 @@ def unknown(why: str, source: str = "") -> GpuMap:
     return GpuMap((), source, why)
 
 
+def differences(a: GpuMap, b: GpuMap) -> list[str]:
+    """Where two maps of one node (gres.conf's and ``slurmd -G``'s) disagree, GRES index by index."""
+    out = []
+    for k in range(max(len(a.slots), len(b.slots))):
+        x, y = a.slot(k), b.slot(k)
+        gx, gy = (x.gpu, x.instance) if x else None, (y.gpu, y.instance) if y else None
+        if gx != gy:
+            out.append(f"GRES {k}: {x.file if x else 'absent'} vs {y.file if y else 'absent'}")
+    return out
+
+
 # --- building -----------------------------------------------------------------------------
 
 
@@ -160,10 +171,10 @@ def cache_path(w: Wiring) -> str:
     return w.state_path(f"gpumap-{w.node}.json")
 
 
-def _conf_path(w: Wiring) -> str:
+def _conf_path(w: Wiring, slurm_conf: str | None = None) -> str:
     from slurm_hooks.slurm.gres import default_path
 
-    return w.config.gpu.gres_conf or default_path()
+    return w.config.gpu.gres_conf or default_path(slurm_conf)
 
 
 def _signature(paths: Iterable[str]) -> list:
@@ -220,7 +231,7 @@ def current(w: Wiring, snap: NodeSnapshot) -> GpuMap:
             return GpuMap.from_dict(data["map"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    gmap, files = _read_slurm(w, snap)
+    gmap, files = read(w, snap)
     if ident is not None:
         record = {"version": CACHE_VERSION, "boot": _boot(), "gres_source": w.config.gpu.gres_source,
                   "conf": _signature(files), "gpus": ident, "map": gmap.to_dict()}
@@ -232,18 +243,22 @@ def current(w: Wiring, snap: NodeSnapshot) -> GpuMap:
     return gmap
 
 
-def _read_slurm(w: Wiring, snap: NodeSnapshot) -> tuple[GpuMap, list[str]]:
-    """Slurm's GPUs for this node, joined with the snapshot; and the files that were read."""
+def read(w: Wiring, snap: NodeSnapshot, source: str | None = None,
+         slurm_conf: str | None = None) -> tuple[GpuMap, list[str]]:
+    """Slurm's GPUs for this node (``source``: "gres.conf" or "slurmd", default ``[gpu]
+    gres_source``; gres.conf beside ``slurm_conf`` unless ``[gpu] gres_conf`` says), joined with
+    the snapshot, uncached; and the files that were read."""
     from slurm_hooks.slurm import gres
 
-    path = _conf_path(w)
-    if w.config.gpu.gres_source == "slurmd":
+    path = _conf_path(w, slurm_conf)
+    if (source or w.config.gpu.gres_source) == "slurmd":
         from slurm_hooks.errors import SlurmHooksError
         from slurm_hooks.runner import run_command
 
         argv = [w.config.gpu.slurmd, "-G", "-N", w.node]
+        env = {**os.environ, "SLURM_CONF": slurm_conf} if slurm_conf else None
         try:
-            out = run_command(argv, timeout=min(float(w.config.slurm.timeout), w.time_left(10.0)))
+            out = run_command(argv, timeout=min(float(w.config.slurm.timeout), w.time_left(10.0)), env=env)
         except SlurmHooksError as exc:
             return unknown(f"{' '.join(argv)} failed: {exc}", "slurmd -G"), [path]
         conf = gres.parse_slurmd_g(out.stdout + "\n" + out.stderr)
