@@ -36,14 +36,16 @@ def testbed() -> None:
                    "/dev/nvidia<Mi>, so Slurm's numbering differs from NVML's as on hand-written gres.conf.")
 @click.option("--shards", default=0, show_default=True, type=click.IntRange(0, 64),
               help="Declare this many gres/shard per GPU (jobs holding a share of a GPU).")
+@click.option("--mig", default=0, show_default=True, type=click.IntRange(0, 7),
+              help="MIG instances per simulated GPU, each declared to Slurm as its own GPU.")
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
-       requeue_grace: float, accounting: bool, repair: bool, gres_order: str | None, shards: int) -> None:
+       requeue_grace: float, accounting: bool, repair: bool, gres_order: str | None, shards: int, mig: int) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
     from slurm_hooks.lab.testbed import Settings, Testbed
 
     settings = Settings(nodes=nodes, gpus=gpus, hooks=hooks, kill_wait=kill_wait,
                         health_check_interval=health_check_interval, requeue_grace=requeue_grace,
-                        accounting=accounting, repair=repair, gres_order=_order(gres_order), shards=shards)
+                        accounting=accounting, repair=repair, gres_order=_order(gres_order), shards=shards, mig=mig)
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))

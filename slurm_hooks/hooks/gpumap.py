@@ -102,8 +102,11 @@ def differences(a: GpuMap, b: GpuMap) -> list[str]:
 # --- building -----------------------------------------------------------------------------
 
 
-def build(conf: GresConf, snap: NodeSnapshot, source: str = "") -> GpuMap:
-    """Join Slurm's GPUs with the snapshot's by device minor number."""
+def build(conf: GresConf, snap: NodeSnapshot, source: str = "",
+          mig_minors: dict[int, tuple[int, int]] | None = None) -> GpuMap:
+    """Join Slurm's GPUs with the snapshot's by device minor number. A MIG GRES names its GPU
+    instance by slurmd's UniqueId, or by its nvidia-cap file's minor in ``mig_minors`` (cap
+    minor -> (GPU minor, GPU instance id), :func:`parse_mig_minors`)."""
     from slurm_hooks.slurm.gres import device_minor
 
     source = source or conf.source
@@ -128,7 +131,7 @@ def build(conf: GresConf, snap: NodeSnapshot, source: str = "") -> GpuMap:
             continue
         instance, mig_uuid = None, ""
         if dev.mig:
-            instance, mig_uuid = _instance_of(dev.unique_id, g)
+            instance, mig_uuid = _instance_of(dev.unique_id, g, dev.files[1:], mig_minors or {})
             if instance is None:
                 problems.append(f"GRES {dev.index} is a MIG instance of GPU {g.index} that names no instance "
                                 f"({dev.unique_id or 'no UniqueId'})")
@@ -153,15 +156,47 @@ def _autodetected(snap: NodeSnapshot, source: str) -> GpuMap:
     return GpuMap(slots, source + " AutoDetect=nvml")
 
 
-def _instance_of(unique_id: str, gpu) -> tuple[int | None, str]:
-    """(GPU instance id, MIG UUID) of a MIG GRES on ``gpu`` from slurmd's UniqueId."""
+def _instance_of(unique_id: str, gpu, caps: Sequence[str], mig_minors: dict[int, tuple[int, int]]
+                 ) -> tuple[int | None, str]:
+    """(GPU instance id, MIG UUID) of a MIG GRES on ``gpu``: from slurmd's UniqueId, else from
+    its nvidia-cap files through the driver's mig-minors."""
+    from slurm_hooks.slurm.gres import device_minor
+
     old = _OLD_MIG.match(unique_id)
     if old:
         return int(old.group(2)), unique_id
     for m in gpu.mig:
-        if m.uuid.lower() == unique_id.lower():
+        if unique_id and m.uuid.lower() == unique_id.lower():
             return m.gi, m.uuid
+    for cap in caps:
+        minor = device_minor(cap)
+        found = mig_minors.get(minor) if minor is not None else None
+        if found is not None and found[0] == gpu.minor:
+            gi = found[1]
+            return gi, next((m.uuid for m in gpu.mig if m.gi == gi), "")
     return None, unique_id
+
+
+_MIG_MINOR = re.compile(r"^gpu(\d+)/gi(\d+)(?:/ci\d+)?/access\s+(\d+)$")
+
+
+def parse_mig_minors(text: str) -> dict[int, tuple[int, int]]:
+    """/proc/driver/nvidia-caps/mig-minors: cap minor -> (GPU minor, GPU instance id), for the
+    instances' and their compute instances' access files (Slurm's gpu_nvml.c reads it alike)."""
+    out = {}
+    for line in text.splitlines():
+        m = _MIG_MINOR.match(line.strip())
+        if m:
+            out[int(m.group(3))] = (int(m.group(1)), int(m.group(2)))
+    return out
+
+
+def _read_mig_minors(path: str) -> dict[int, tuple[int, int]]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return parse_mig_minors(fh.read())
+    except OSError:
+        return {}
 
 
 # --- the per-boot cache -------------------------------------------------------------------
@@ -262,11 +297,15 @@ def read(w: Wiring, snap: NodeSnapshot, source: str | None = None,
         except SlurmHooksError as exc:
             return unknown(f"{' '.join(argv)} failed: {exc}", "slurmd -G"), [path]
         conf = gres.parse_slurmd_g(out.stdout + "\n" + out.stderr)
-        return build(conf, snap, "slurmd -G"), [path]
+        minors = _read_mig_minors(w.config.gpu.mig_minors) if any(d.mig for d in conf.devices) else {}
+        return build(conf, snap, "slurmd -G", minors), [path]
     try:
         conf = gres.load(path, w.node)
     except gres.GresConfError as exc:
         return unknown(f"gres.conf unreadable: {exc}", f"gres.conf {path}"), [path]
+    if any(d.mig for d in conf.devices):
+        minors = w.config.gpu.mig_minors
+        return build(conf, snap, f"gres.conf {path}", _read_mig_minors(minors)), [*conf.files, minors]
     return build(conf, snap, f"gres.conf {path}"), list(conf.files)
 
 

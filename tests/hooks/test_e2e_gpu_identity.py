@@ -116,3 +116,71 @@ def test_prolog_refuses_a_job_whose_gres_index_names_the_bad_gpu(tb):
     node, _ = wait_started(tb, job, timeout=30, restart=1)
     assert node == "n2"
     assert tb.slurm.node("n1").reason == f"slurm-hooks: XID 79 on GPU {nvml_of(0)} [reboot]"
+
+
+# --- MIG: each of a GPU's instances is its own GRES index (`testbed up --mig 2`) -----------------
+
+
+@pytest.fixture(scope="module")
+def mig_testbed(tmp_path_factory):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root")
+    tb = Testbed(str(tmp_path_factory.mktemp("testbed-mig")),
+                 Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, requeue_grace=3.0, gres_order=REVERSE, mig=2))
+    try:
+        tb.up()
+    except BaseException:
+        tb.down()
+        raise
+    try:
+        yield SlurmTestbed(tb)
+    finally:
+        tb.down()
+
+
+@pytest.fixture
+def mtb(mig_testbed):
+    mig_testbed.set_hooks(True)
+    mig_testbed.reset()
+    return mig_testbed
+
+
+def mig_of(gres: int) -> tuple[int, int]:
+    """(NVML GPU, MIG GPU instance id) behind a GRES index: two instances per GPU, GPUs in reverse."""
+    return REVERSE[gres // 2], gres % 2 + 1
+
+
+def test_mig_indexed_prolog_never_drains_and_its_job_runs(mtb):
+    [(job, first)] = started_on_n1(mtb, ("--gres=gpu:13",))  # GRES 0..12: instances up to GPU 1's
+    assert first == 0 and mtb.slurm.job_gpus(job, "n1") == tuple(range(13))
+    assert not mtb.slurm.node("n1").drained
+    assert not [r for r in mtb.audit_events() if r.get("kind") in ("alert", "action")]
+
+
+def test_xid79_on_a_mig_gpu_requeues_the_jobs_on_all_its_instances_and_no_other(mtb):
+    placed = started_on_n1(mtb, ("--gres=gpu:1",), ("--gres=gpu:1",), ("--gres=gpu:1",))
+    on = {job: mig_of(gres) for job, gres in placed}
+    bad = on[placed[0][0]][0]
+    hit = [job for job, (gpu, _) in on.items() if gpu == bad]
+    spared = [job for job, (gpu, _) in on.items() if gpu != bad]
+    assert len(hit) == 2 and len(spared) == 1, on  # Slurm packs GRES 0, 1 (one GPU's two instances), 2
+    sim.inject(mtb.sim_dir, "n1", bad, xid=79)
+    assert healthcheck(mtb, "n1").returncode == 1
+    for job in hit:
+        assert wait_running_elsewhere(mtb, job, "n1", timeout=10).restarts == 1
+    info = mtb.slurm.job(spared[0])
+    assert (info.base_state, info.nodes, info.restarts) == ("RUNNING", "n1", 0), info
+
+
+def test_a_fault_of_one_mig_instance_requeues_that_instances_job_only(mtb):
+    placed = started_on_n1(mtb, ("--gres=gpu:1",), ("--gres=gpu:1",))
+    (gpu_a, gi_a), (gpu_b, gi_b) = (mig_of(gres) for _, gres in placed)
+    assert gpu_a == gpu_b and gi_a != gi_b
+    sim.inject(mtb.sim_dir, "n1", gpu_a, xid=95, instance=gi_a)  # the kernel line names GPU-I:<gi_a>
+    assert healthcheck(mtb, "n1").returncode == 1
+    assert mtb.slurm.node("n1").reason == f"slurm-hooks: XID 95 on GPU {gpu_a} instance {gi_a} [reset]"
+    assert wait_running_elsewhere(mtb, placed[0][0], "n1", timeout=10).restarts == 1
+    info = mtb.slurm.job(placed[1][0])
+    assert (info.base_state, info.nodes, info.restarts) == ("RUNNING", "n1", 0), info
