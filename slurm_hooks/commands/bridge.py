@@ -69,9 +69,12 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
         leader=elector.is_leader if elector is not None else None,
     )
     stop = threading.Event()
+    notifier = _notifier(cfg, settings.state_file)
     if not once:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        if notifier is not None:
+            threading.Thread(target=notifier.run, args=(stop,), name="notify", daemon=True).start()
 
     def failed(exc: Exception) -> None:
         click.echo(f"slurm-hooks bridge: pass failed: {type(exc).__name__}: {exc}", err=True)
@@ -95,6 +98,8 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
                        on_error=failed, on_leading=leading)
     finally:
         kube.close()
+    if once and notifier is not None:
+        notifier.flush(float(cfg.notify.flush_timeout))
     rc = EXIT_OK
     if once and result is not None and (result.aborted or result.errors):
         rc = EXIT_UNAVAILABLE
@@ -102,6 +107,18 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
         click.echo("slurm-hooks bridge: pass aborted: the API server cannot be reached", err=True)
         rc = EXIT_UNAVAILABLE
     ctx.exit(rc)
+
+
+def _notifier(cfg, state_file: str):
+    """The bridge tells its own news (breaker trips, replacements and reboots it asked for) through
+    [notify], as the nodes do; its outbox and cursor beside its state file, where a restart keeps them."""
+    from slurm_hooks.observe.notify import Notifier
+    from slurm_hooks.observe.notify import Settings as NotifySettings
+
+    ns = NotifySettings.from_config(cfg, os.path.join(os.path.dirname(os.path.abspath(state_file)), "notify"))
+    if not ns.configured:
+        return None
+    return Notifier(ns, log=lambda msg: click.echo(f"slurm-hooks bridge: notify: {msg}", err=True))
 
 
 def _lease_namespace(settings) -> str:

@@ -71,7 +71,7 @@ def notify_flush(w: Wiring) -> dict[str, int] | None:
     only with a receiver configured, no watcher's notifier alive, and something new or open;
     bounded by [notify] flush_timeout and what is left of the run's deadline. Never raises."""
     n = w.config.notify
-    if not (n.webhook or n.syslog):
+    if not (n.webhook or n.alertmanager or n.syslog):
         return None  # nothing configured: not even an import
     budget = min(float(n.flush_timeout), w.time_left(float(n.flush_timeout)) - FLUSH_MARGIN_S)
     if budget < MIN_FLUSH_S:
@@ -251,10 +251,10 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
 
 
 def _check_budget(w: Wiring) -> float:
-    """What probe and checks may take of the run's deadline: the rest is kept for the drain."""
-    deadline = float(w.config.check.deadline)
-    left = w.time_left(deadline)
-    return max(left - min(float(w.config.slurm.timeout), deadline / 4), 0.5)
+    """What probe and checks may take of the run's deadline: the rest (a Slurm call, at most a
+    quarter of what is left: a short run, such as one inside NHC, still probes) is kept for the drain."""
+    left = w.time_left(float(w.config.check.deadline))
+    return max(left - min(float(w.config.slurm.timeout), left / 4), 0.5)
 
 
 def _keys(snap: NodeSnapshot) -> list[str]:

@@ -83,9 +83,10 @@ def test_render_slinky_values_wire_hooks_health_check_and_mounts(tmp_path):
     mounts = {m["name"]: m["mountPath"] for m in values["nodesets"]["gpu"]["slurmd"]["volumeMounts"]}
     volumes = {v["name"] for v in values["nodesets"]["gpu"]["podSpec"]["volumes"]}
     assert mounts["slurm-hooks-config"] == "/etc/slurm-hooks" and set(mounts) == volumes
-    (cm,) = values["extraObjects"]
-    assert set(cm["data"]) == {"config.toml"}  # the programs come from `slurm-hooks install` in the image
-    config_mod.parse(cm["data"]["config.toml"])
+    (secret,) = values["extraObjects"]
+    assert secret["kind"] == "Secret"  # the config may hold a webhook URL
+    assert set(secret["stringData"]) == {"config.toml"}  # the programs come from `slurm-hooks install` in the image
+    config_mod.parse(secret["stringData"]["config.toml"])
 
 
 def test_render_to_stdout_and_a_bad_config_is_one_line(tmp_path):
@@ -224,3 +225,24 @@ def test_render_template_backend_may_get_its_resource_to_tell_its_own(tmp_path):
     extra = [r for r in role["rules"] if r["apiGroups"] != [""]]
     assert extra == [{"apiGroups": ["remediation.medik8s.io"], "resources": ["selfnoderemediations"],
                       "verbs": ["create", "get", "delete"]}]
+
+
+@pytest.mark.k8s
+def test_the_bridge_tells_the_replacement_it_asked_for_through_the_notifier(site):
+    from observe.test_notify import Receiver
+
+    rx = Receiver()
+    try:
+        with open(site["config"], "a", encoding="utf-8") as fh:
+            fh.write(f'[notify]\n[[notify.webhook]]\nurl = "{rx.url()}"\n')
+        os.chmod(site["config"], 0o600)
+        proc = run("bridge", "--config", site["config"], "--once", "--no-in-cluster")
+        assert proc.returncode == 0, proc.stderr
+        [msg] = rx.bodies()
+        assert msg["kind"] == "replace" and msg["node"] == "n1" and "asked for a replacement of node n1" in msg["text"]
+        # Kept beside the state file: a second run (a restart) tells nothing twice.
+        assert os.path.exists(site["tmp"] / "notify" / "delivered.json")
+        run("bridge", "--config", site["config"], "--once", "--no-in-cluster")
+        assert len(rx.bodies()) == 1
+    finally:
+        rx.stop()
