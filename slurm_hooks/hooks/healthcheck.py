@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from slurm_hooks import engine, pending
 from slurm_hooks.errors import SlurmHooksError, TransientError
-from slurm_hooks.hooks import remediate
+from slurm_hooks.hooks import follower, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring, xid_history
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, XidEvent
@@ -55,7 +55,7 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
         if not retry:
             remediate.record_alerts(w, report)
         act(w, report, outcome, follow=follow, earlier=earlier)
-        remediate.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
+        follower.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
         if context is Context.CHECK and not retry:
             notify_flush(w)
     return report, outcome
