@@ -48,7 +48,7 @@ def read_signal(w: Wiring, job: JobInfo) -> JobSignal | None:
             line = jobsignal.from_submit_line(w.slurm.submit_line(job.ref))
         except SlurmHooksError:
             line = None  # no slurmdbd, or it does not answer: the other sources still count
-    found = line or jobsignal.from_environment(environment_value(job.job_id, "SBATCH_SIGNAL")) \
+    found = line or jobsignal.from_environment(environment_value(job.job_id, "SBATCH_SIGNAL", w.node)) \
         or jobsignal.from_script(_script(w, job))
     return found or policy(w, job)
 
@@ -108,11 +108,14 @@ def read_head(path: str, limit: int) -> bytes | None:
         os.close(fd)
 
 
-def environment_value(job_id: int, key: str, proc: str = "/proc") -> str | None:
-    """``key`` in the environment of one of the job's processes on this node (``SLURM_JOB_ID``
-    names them); ``None`` when none runs here or none has it. Looks at PROC_SCAN_MAX processes
-    at most, ENVIRON_MAX_BYTES each."""
+def environment_value(job_id: int, key: str, node: str, proc: str = "/proc") -> str | None:
+    """``key`` in the environment of one of the job's processes on this node; ``None`` when none
+    runs here or none has it. A process is the job's when its ``SLURM_JOB_ID`` and
+    ``SLURMD_NODENAME`` say so (and its ``SLURM_CONF`` is ours, where we have one: several
+    clusters on one host, as the testbeds, reuse job ids). Looks at PROC_SCAN_MAX processes at
+    most, ENVIRON_MAX_BYTES each."""
     marker = f"SLURM_JOB_ID={job_id}".encode()
+    conf = os.environ.get("SLURM_CONF")
     try:
         pids = [p for p in os.listdir(proc) if p.isdigit()][:PROC_SCAN_MAX]
     except OSError:
@@ -121,7 +124,9 @@ def environment_value(job_id: int, key: str, proc: str = "/proc") -> str | None:
         data = read_head(os.path.join(proc, pid, "environ"), ENVIRON_MAX_BYTES)
         if not data or marker not in data:
             continue
-        if jobsignal.environ_value(data, "SLURM_JOB_ID") != str(job_id):
+        if jobsignal.environ_value(data, "SLURM_JOB_ID") != str(job_id) \
+                or jobsignal.environ_value(data, "SLURMD_NODENAME") != node \
+                or (conf and jobsignal.environ_value(data, "SLURM_CONF") not in (None, conf)):
             continue
         return jobsignal.environ_value(data, key)
     return None

@@ -202,7 +202,7 @@ def _signal_first(w: Wiring, job: JobInfo, fault_at: float) -> Followed | None:
               level="warning", error=str(exc), detail="could not send the job its checkpoint signal: requeued now")
         return None
     now = time.time()
-    _step(w, "signal", job.ref, "ok", t0, jobs=[job.ref], signal=sig.spec, source=sig.source.value, target=how,
+    _step(w, "signal", job.ref, "ok", t0, jobs=[job.ref], signal=sig.spec, source=sig.source.value, via=how,
           grace_s=round(grace, 3), detail=f"sent {sig.name} ({how}); up to {grace:g}s to checkpoint and requeue itself")
     return Followed(job.ref, w.node, Phase.GRACE, fault_at=fault_at, signal=sig.spec, source=sig.source.value,
                     signalled_at=now, grace_until=now + grace, restarts=job.restarts)
