@@ -71,20 +71,6 @@ class JobSignal:
         flags = ("R" if self.reservation else "") + ("B" if self.target is Target.BATCH else "")
         return f"{flags + ':' if flags else ''}{self.name}@{self.warn_s}"
 
-    def to_dict(self) -> dict:
-        return {"name": self.name, "warn_s": self.warn_s, "target": self.target.value,
-                "reservation": self.reservation, "source": self.source.value}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> JobSignal:
-        """The form :meth:`to_dict` wrote; ValueError for anything else."""
-        name = signal_name(str(data.get("name", "")))
-        warn = data.get("warn_s", DEFAULT_WARN_S)
-        if not isinstance(warn, int) or isinstance(warn, bool) or not 0 <= warn <= MAX_WARN_S:
-            raise ValueError(f"bad warn_s {warn!r}")
-        return cls(name, warn, Target(data.get("target", "steps")), bool(data.get("reservation", False)),
-                   Source(data.get("source", "script")))
-
 
 def signal_name(text: str) -> str:
     """``USR1`` for ``USR1``, ``SIGUSR1``, ``sigusr1`` or ``10``; ValueError for anything not in
