@@ -319,7 +319,9 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
         left = ["drain", "requeue"] if requeue else ["drain"]
     elif requeue and outcome.node_out:
         before = len(seen.errors)
-        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus)
+        snap = report.snapshot
+        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus,
+                               fault_at=snap.taken_at if snap is not None and snap.taken_at > 0 else None)
         if seen.transient(since=before):
             left = ["requeue"]
         # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its

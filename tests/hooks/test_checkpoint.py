@@ -191,3 +191,22 @@ def test_a_record_from_before_this_change_reads_as_requeued(t):
     with open(t.w.state_path("following", "n1@101"), "w") as fh:
         json.dump({"ref": "101", "node": "n1", "ts": time.time(), "pid": None}, fh)
     assert follower.read_record(t.w, "101").phase is Phase.REQUEUED
+
+
+def test_the_health_check_signals_first_and_the_incident_names_the_signal_and_the_self_requeue(t):
+    from slurm_hooks.hooks import healthcheck
+    from slurm_hooks.observe import incidents
+    from slurm_hooks.probes import sim
+
+    sim.init(t.w.config.gpu.sim_dir, "n1", 8)
+    t.slurm.scripts[101] = USR2_SCRIPT
+    sim.inject(t.w.config.gpu.sim_dir, "n1", 3, xid=79)
+    _, outcome = healthcheck.run(t.w, follow="none")
+    assert outcome.drained and outcome.signalled == ["101"] and t.slurm.called("requeue") == []
+    t.slurm.job_states(101, ["PENDING"], restarts=1, nodes="")
+    assert follower.finish_followed(t.w) == {"101": "ok"}
+    [inc] = incidents.build(t.w.audit.read())
+    [job] = incidents.summary(inc)["jobs"]
+    assert (job["job_id"], job["signal"], job["requeued_by"], job["checkpoint"]) == (
+        "101", "USR2@90", "self", "requeued itself")
+    assert 0 <= job["requeue_s"] < 5
