@@ -28,6 +28,7 @@ COMMANDS = {
     "demo": "slurm_hooks.commands.demo:demo",
     "bridge": "slurm_hooks.commands.bridge:bridge",
     "render": "slurm_hooks.commands.render:render",
+    "install": "slurm_hooks.commands.install:install",
     "follow-jobs": "slurm_hooks.commands.hooks:follow_jobs",
 }
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from slurm_hooks import engine, pending
 from slurm_hooks.errors import SlurmHooksError, TransientError
-from slurm_hooks.hooks import follower, remediate
+from slurm_hooks.hooks import follower, gpumap, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring, xid_history
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, XidEvent
@@ -150,12 +150,20 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
         request = dataclasses.replace(request, expect=expect,
                                       dcgm=_dcgm_runner(w, context, expect, job_failed))
     snap = engine.take_snapshot(w.probe(), w.node, min(float(w.config.gpu.probe_timeout), request.deadline_s))
+    if snap.error is None:
+        # Slurm's GPU numbers to NVML's (a cached map: one small read), for the job's GPUs here and
+        # for the requeue scope later in this run.
+        gmap = gpumap.current(w, snap)
+        if gpus is not None:
+            gpus, missing = gpumap.job_tokens(gmap, snap, gpus)
+            request = dataclasses.replace(request, gpus=None if gpus is None else tuple(gpus), missing=tuple(missing))
     report = engine.judge(_with_events(snap, events), request)
     if report.snapshot is not None and report.snapshot.error is None:
         state.record(engine.snapshot_xids(report.snapshot))
     if acknowledge and report.drain_findings() and _admin_resumed(w, report, state):
-        report = engine.judge(report.snapshot, _request(w, context, state, gpus=gpus, baseline=baseline,
-                                                        job_failed=job_failed, xid_lookup=xid_lookup))
+        report = engine.judge(report.snapshot, _request(w, context, state, gpus=request.gpus, baseline=baseline,
+                                                        job_failed=job_failed, xid_lookup=xid_lookup,
+                                                        missing=request.missing))
     if history is None:
         _save(state)
     return report
@@ -257,15 +265,15 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         _metrics(w, report, outcome)  # a repair holds the node: it neither drains nor resumes it here
         return
     if report.drain_findings():
-        if w.config.check.drain:
-            # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU,
-            # or every job for a node-wide one); the rest run to their end on the drained node.
-            gpus = report.requeue_gpus()
-            requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus))
-                       and report.context in (Context.CHECK, Context.WATCH))
-            take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus)
-            if outcome.drained and report.context is Context.CHECK:
-                _repair(w, report, outcome)  # an idle node climbs at once
+        # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU or
+        # MIG instance, or every job for a node-wide one); the rest run to their end on the drained node.
+        gpus, instances = report.requeue_gpus(), report.requeue_instances()
+        requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus) or bool(instances))
+                   and report.context in (Context.CHECK, Context.WATCH))
+        take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus,
+                 instances=instances)
+        if outcome.drained and report.context is Context.CHECK:
+            _repair(w, report, outcome)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
         remediate.resume_if_ours(w, outcome, report)
     _metrics(w, report, outcome)
@@ -307,10 +315,18 @@ def repair_plan(w: Wiring, report: Report) -> str:
 
 
 def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeue: bool,
-             earlier: pending.Pending | None = None, gpus: frozenset[int] | None = None, **extra: Any) -> None:
+             earlier: pending.Pending | None = None, gpus: frozenset[int] | None = None,
+             instances: frozenset[tuple[int, int]] = frozenset(), **extra: Any) -> None:
     """Drain, then requeue the node's jobs (``gpus``: only those on these GPUs): most urgent first,
     each Slurm call bounded by what is left of the run's deadline. What fails for a transient
-    reason stays pending."""
+    reason stays pending. Monitor-only (``[check] drain = false``, for every caller: check, watcher,
+    prolog, epilog): audited as not acted on, and nothing done."""
+    if not w.config.check.drain:
+        remediate.not_acted(w, report, outcome, **extra)
+        if earlier is not None:
+            _close(w, earlier, "superseded", "monitor-only: [check] drain = false")
+            outcome.pending = "superseded"
+        return
     seen = _SlurmErrors(w.slurm)
     ww = dataclasses.replace(w, slurm_override=seen)
     remediate.drain(ww, report, outcome, **extra)
@@ -320,7 +336,7 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
     elif requeue and outcome.node_out:
         before = len(seen.errors)
         snap = report.snapshot
-        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus,
+        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus, instances=instances,
                                fault_at=snap.taken_at if snap is not None and snap.taken_at > 0 else None)
         if seen.transient(since=before):
             left = ["requeue"]

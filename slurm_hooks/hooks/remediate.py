@@ -18,7 +18,7 @@ from typing import Any
 from slurm_hooks import fsutil
 from slurm_hooks.engine import drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.hooks import checkpoint
+from slurm_hooks.hooks import checkpoint, gpumap
 from slurm_hooks.hooks.actions import annotate_jobs, step
 from slurm_hooks.hooks.follower import Follow, Followed, Phase, follow_jobs, in_grace, record_requeue_seconds
 from slurm_hooks.hooks.wiring import Wiring
@@ -47,6 +47,8 @@ class Outcome:
     pending: str = ""
     #: Repair rungs taken in this run, as "<rung>:<result>" (hooks.repair).
     repairs: list[str] = field(default_factory=list)
+    #: ``[check] drain = false``: a fault was found and audited, and not acted on.
+    monitor_only: bool = False
 
     @property
     def ok(self) -> bool:
@@ -54,11 +56,20 @@ class Outcome:
 
 
 def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
+    if not w.config.check.drain:
+        extra["monitor_only"] = True  # [check] drain = false: found, told, not acted on
     for f in report.findings:
         if f.severity is Severity.OK:
             continue
         w.audit.write("alert", node=w.node, context=report.context.value, gpu=f.gpu, check=f.check,
                       severity=f.severity.value, action=f.action.value, message=f.message, **extra)
+
+
+def not_acted(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
+    """Monitor-only (``[check] drain = false``): audit the drain we would have made, and make none."""
+    outcome.monitor_only = True
+    _step(w, "drain", w.node, "monitor-only", time.monotonic(), reason=drain_reason(report),
+          detail="not acted on: [check] drain = false", **extra)
 
 
 def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
@@ -113,11 +124,13 @@ def _config_suspected(w: Wiring, report: Report, reason: str, started: float, ex
 
 
 def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETACHED,
-                 gpus: frozenset[int] | None = None, fault_at: float | None = None) -> None:
+                 gpus: frozenset[int] | None = None, instances: frozenset[tuple[int, int]] = frozenset(),
+                 fault_at: float | None = None) -> None:
     """Requeue exactly the jobs on this node, each once, then make them eligible at once elsewhere.
 
-    ``gpus``: only the jobs whose allocation on this node holds one of these GPU indexes
-    (Slurm's GRES IDX); a job whose GPUs Slurm does not say counts as touched. ``None``: all.
+    ``gpus``: only the jobs a fault on these GPUs (NVML indexes) touches, and ``instances`` (NVML
+    index, MIG GPU instance id): only the jobs on those MIG instances; which jobs that is,
+    :func:`touched_jobs` says. ``None``: all.
 
     Each job is addressed by :attr:`JobInfo.ref`: one task of an array as
     ``<array id>_<task id>`` (the array's id alone would requeue every task), a
@@ -144,17 +157,22 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
         _step(w, "requeue", w.node, "failed", started, error=f"cannot list jobs: {exc}")
         return
     graced: list[Followed] = []
-    for job, held, touched in touched_jobs(w, jobs, gpus):
+    gmap = gpumap.cached(w) if gpus is not None else None
+    faulty = _fmt(gpus or ()) + "".join(f", GPU {g} instance {i}" for g, i in sorted(instances))
+    for job, held, touched in touched_jobs(w, jobs, gpus, instances, gmap):
         ref = job.ref
         t0 = time.monotonic()
+        scope = _scope_note(gmap, held)
         if not touched:
+            where = "no GPU on this node" if held == () else f"GPU {_fmt(gpumap.nvml_of(gmap, held or ()))}"
             _step(w, "requeue", ref, "spared", t0, jobs=[ref], gpus=list(held or ()),
-                  detail=f"runs on GPU {_fmt(held or ())}, not on the faulty GPU {_fmt(gpus or ())}: left to run")
+                  detail=f"runs on {where}, not on the faulty GPU {faulty}: left to run")
             continue
         why_not = _not_requeued(job)
         if why_not:
             result, level, detail = why_not
-            _step(w, "requeue", ref, result, t0, jobs=[ref], detail=detail, **({"level": level} if level else {}))
+            _step(w, "requeue", ref, result, t0, jobs=[ref], detail=detail, **({"level": level} if level else {}),
+                  **scope)
             continue
         earlier = in_grace(w, ref)
         if earlier is not None:
@@ -179,7 +197,7 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
             continue
         outcome.requeued.append(ref)
         seconds = round(time.time() - fault_at, 3)
-        _step(w, "requeue", ref, "ok", t0, jobs=[ref], requeued_by="ours", seconds_from_fault=seconds)
+        _step(w, "requeue", ref, "ok", t0, jobs=[ref], requeued_by="ours", seconds_from_fault=seconds, **scope)
         record_requeue_seconds(w, "ours", seconds)
     if outcome.requeued or graced:
         follow_jobs(w, [*outcome.requeued, *outcome.signalled], follow, records=graced)
@@ -208,11 +226,31 @@ def _signal_first(w: Wiring, job: JobInfo, fault_at: float) -> Followed | None:
                     signalled_at=now, grace_until=now + grace, restarts=job.restarts)
 
 
-def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None
+def _scope_note(gmap: gpumap.GpuMap | None, held: tuple[int, ...] | None) -> dict[str, str]:
+    """What the audit record says when a GPU-scoped fault fell back to node scope for this job."""
+    if gmap is None or not held and held is not None:
+        return {}
+    if not gmap.known:
+        return {"scope": "node", "fallback": f"GPU map unknown ({gmap.problem}): every GPU job on the node is touched"}
+    if held is None:
+        return {"scope": "node", "fallback": "Slurm does not say which GPU the job holds here: counted as touched"}
+    return {}
+
+
+def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None,
+                 instances: frozenset[tuple[int, int]] = frozenset(), gmap: gpumap.GpuMap | None = None
                  ) -> list[tuple[JobInfo, tuple[int, ...] | None, bool]]:
-    """Each job once (a het job's components are one job), with the GPU indexes it holds on this
-    node (``None``: not asked, or Slurm did not say) and whether a fault on ``gpus`` touches it
-    (``None``: a node-wide fault touches every job)."""
+    """Which jobs a fault touches: each job once (a het job's components are one job), with the
+    GRES indexes Slurm says it holds on this node (``()``: none, a CPU-only job; ``None``: not
+    asked, or Slurm did not say) and whether the fault touches it.
+
+    ``gpus`` ``None``: a node-wide fault, every job. Otherwise the fault's GPUs (NVML indexes)
+    and MIG instances, mapped to Slurm's numbering by :mod:`slurm_hooks.hooks.gpumap`
+    (``gmap``: the map to use; default the one this boot's runs cached). A job with no GPU here
+    is never touched; one whose GPUs Slurm does not say, and every GPU job when the map is
+    unknown, is (requeue too much, never the wrong job)."""
+    if gpus is not None and gmap is None:
+        gmap = gpumap.cached(w)
     out: list[tuple[JobInfo, tuple[int, ...] | None, bool]] = []
     done: set[str] = set()
     for job in jobs:
@@ -225,7 +263,7 @@ def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None
                 held = w.slurm.job_gpus(job.ref, w.node)
             except SlurmHooksError:
                 held = None  # cannot tell: count it as touched rather than leave it on a bad GPU
-        touched = gpus is None or held is None or bool(set(held) & gpus)
+        touched = gpus is None or gpumap.touches(gmap or gpumap.unknown("not asked"), held, gpus, instances)
         out.append((job, held, touched))
     return out
 
@@ -236,6 +274,7 @@ def explain(w: Wiring, report: Report) -> list[dict[str, Any]]:
     jobs: list[JobInfo] | None = None
     error = ""
     out = []
+    gmap = None
     for f in report.findings:
         entry = {**f.to_dict(), "acts": f.acts, "requeues": []}
         if f.acts and f.urgency is Urgency.NOW and report.context in (Context.CHECK, Context.WATCH):
@@ -244,8 +283,13 @@ def explain(w: Wiring, report: Report) -> list[dict[str, Any]]:
                     jobs = w.slurm.jobs_on_node(w.node)
                 except SlurmHooksError as exc:
                     jobs, error = [], str(exc)
-            gpus = None if f.scope is Scope.NODE or f.gpu is None else frozenset({f.gpu})
-            entry["requeues"] = [job.ref for job, _, touched in touched_jobs(w, jobs, gpus)
+            node_wide = f.scope is Scope.NODE or f.gpu is None
+            gpus = None if node_wide else frozenset() if f.instance is not None else frozenset({f.gpu})
+            instances = frozenset({(f.gpu, f.instance)}) if not node_wide and f.instance is not None else frozenset()
+            if gpus is not None and gmap is None:
+                gmap = gpumap.cached(w)
+                entry["gpu_map"] = gmap.problem or "known"
+            entry["requeues"] = [job.ref for job, _, touched in touched_jobs(w, jobs, gpus, instances, gmap)
                                  if touched and _not_requeued(job) is None]
             if error:
                 entry["error"] = f"cannot list jobs: {error}"

@@ -102,8 +102,15 @@ class Settings:
     #: The repair ladder ([repair] enabled in the testbed's config.toml). Off by default, so that
     #: a drained node stays drained for the tests and demos that look at it.
     repair: bool = False
+    #: gres.conf's File= order, as device numbers (``--gres-order 7,6,...``): GRES index i is
+    #: /dev/nvidia<gres_order[i]>, the sim GPU with that minor number. Empty: 0..gpus-1.
+    gres_order: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "gres_order", tuple(int(m) for m in self.gres_order))
+        if self.gres_order and sorted(self.gres_order) != list(range(self.gpus)):
+            raise TestbedError(f"--gres-order must list 0..{self.gpus - 1} once each, got "
+                               f"{','.join(map(str, self.gres_order))}")
         if not 1 <= self.nodes <= PORT_BLOCK - 1:
             raise TestbedError(f"--nodes must be 1..{PORT_BLOCK - 1}, got {self.nodes}")
         if not 1 <= self.gpus <= 64:
@@ -278,6 +285,8 @@ class Testbed:
             "nodes": [{"name": n, "port": self._ports[n]} for n in s.node_names],
             "cgroup_disabled": quirks.cgroup_disabled(slurm_version()),
             "sim_dir": self.sim_dir,
+            "gres_files": [self.path("dev", f"nvidia{m}") for m in (s.gres_order or range(s.gpus))],
+            "gres_conf": self.path("gres.conf"),
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
             "spool_dir": os.path.join(self.state_dir, "spool", "%n"),

@@ -41,6 +41,34 @@ def load_config(path: str | None) -> tuple[Config | None, list[Result]]:
     return cfg, [Result(check, Status.PASS, "loaded", "", cfg.path)]  # a deadline slurmd kills is a config error
 
 
+def check_wrappers(cfg: Config) -> list[Result]:
+    """The programs ``slurm-hooks install`` lays leave a status file when slurm-hooks could not run
+    (they then let the job run, or refuse it): any such file is a FAIL until the next good run."""
+    import time
+
+    from slurm_hooks.install import layout
+
+    check = "wrappers"
+    found = layout.read_status(cfg.state.dir)
+    if not found:
+        return [Result(check, Status.PASS, "no failed run of slurm-hooks recorded by its programs", "", cfg.state.dir)]
+    out = []
+    for hook, st in sorted(found.items()):
+        try:
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(st.get("time", ""))))
+        except ValueError:
+            when = "an unknown time"
+        action = {"allowed": "it let the job and the node pass", "refused": "it failed closed"}.get(
+            st.get("action", ""), "")
+        program = st.get("program") or layout.program_path(hook)
+        out.append(Result(check, Status.FAIL,
+                          f"slurm-hooks {hook} could not run at {when} (exit {st.get('exit', '?')}): {action}",
+                          f"run {program} by hand as root to see the error (the interpreter, the package or the "
+                          "config); the record goes away at the next good run",
+                          layout.status_path(cfg.state.dir, hook)))
+    return out
+
+
 def check_gpus(cfg: Config, node: str) -> list[Result]:
     from slurm_hooks import engine, probes
 

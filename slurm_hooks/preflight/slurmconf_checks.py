@@ -9,17 +9,18 @@ import shlex
 import stat
 
 from slurm_hooks.config import Config
+from slurm_hooks.install import layout
 from slurm_hooks.preflight import slurmconf
 from slurm_hooks.preflight.results import Result, Status
 from slurm_hooks.preflight.slurmconf import SlurmConf
 
 # --- programs: HealthCheckProgram, Prolog, Epilog ---------------------------------------
 
-#: slurm.conf key -> (check name, our subcommand, an example wrapper path).
+#: slurm.conf key -> (check name, our subcommand, the program `slurm-hooks install` lays for it).
 PROGRAMS = (
-    ("HealthCheckProgram", "health-check-program", "check", "/etc/slurm/healthcheck/slurm-hooks-check"),
-    ("Prolog", "prolog", "prolog", "/etc/slurm/prolog.d/50-slurm-hooks"),
-    ("Epilog", "epilog", "epilog", "/etc/slurm/epilog.d/50-slurm-hooks"),
+    ("HealthCheckProgram", "health-check-program", "check", layout.program_path("healthcheck")),
+    ("Prolog", "prolog", "prolog", layout.program_path("prolog")),
+    ("Epilog", "epilog", "epilog", layout.program_path("epilog")),
 )
 _MAX_SCRIPT = 256 * 1024
 _OURS = re.compile(r"slurm[-_]hooks")
@@ -42,7 +43,9 @@ def find_invocation(text: str, subcommand: str) -> tuple[str, bool] | None:
                     word == "slurm_hooks" and i > 0 and words[i - 1] == "-m"):
                 if subcommand not in words[i + 1:]:
                     continue
-                program = words[i - 2] if word == "slurm_hooks" and i >= 2 and words[i - 1] == "-m" else word
+                program = word
+                if word == "slurm_hooks":  # `python [-I ...] -m slurm_hooks`: the interpreter is the program
+                    program = next((w for w in reversed(words[:i - 1]) if not w.startswith("-")), word)
                 env_path = any(w.startswith("PATH=") for w in words[:i])
                 return program, sets_path or env_path
     return None
@@ -84,8 +87,7 @@ def _read_script(path: str) -> str:
 def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, example: str) -> list[Result]:
     """The program slurmd runs for ``key`` exists, is safe to run as root and calls us."""
     wanted = f"slurm-hooks {subcommand}"
-    fix_new = (f"{key}={example}, a root-owned mode-755 script that runs "
-               f"`exec /usr/local/bin/{wanted}` (absolute path: slurmd gives it no PATH)")
+    fix_new = f"{key}={example} (laid by `{layout.install_command()}`)"
     e = conf.entry(key)
     if e is None or not e.value:
         return [Result(check, Status.FAIL, f"{key} is not set: slurmd never runs `{wanted}`", fix_new, conf.path)]
@@ -96,7 +98,7 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
 
         files = sorted(p for p in glob.glob(target) if not os.path.isdir(p))
         if not files:
-            return [Result(check, Status.FAIL, f"{e} matches no file", fix_new.replace(example, e.value), e.where)]
+            return [Result(check, Status.FAIL, f"{e} matches no file", fix_new, e.where)]
     else:
         files = [target]
     out: list[Result] = []
@@ -106,7 +108,7 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            out.append(Result(check, Status.FAIL, f"{e}: {path} does not exist", fix_new.replace(example, path), e.where))
+            out.append(Result(check, Status.FAIL, f"{e}: {path} does not exist", fix_new, e.where))
             continue
         except OSError as exc:
             out.append(Result(check, Status.FAIL, f"{e}: cannot stat {path}: {exc.strerror}", "", e.where))
@@ -123,8 +125,8 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
             found.append((path, inv))
     if inspected and not found:
         shown = ", ".join(inspected) if len(inspected) <= 3 else f"{len(inspected)} files"
-        fix = (f"add a script to {os.path.dirname(target)} that runs `exec /usr/local/bin/{wanted}`" if is_glob
-               else f"make {inspected[0]} run `exec /usr/local/bin/{wanted}` (or {fix_new})")
+        fix = (f"link {example} into {os.path.dirname(target)} (laid by `{layout.install_command()}`)" if is_glob
+               else fix_new)
         out.append(Result(check, Status.FAIL, f"{e}: {shown} does not run `{wanted}`", fix, e.where))
     for path, (program, sets_path) in found:
         if "/" not in program and not sets_path:
