@@ -65,9 +65,10 @@ def healthcheck(tb, node: str) -> subprocess.CompletedProcess:
 
 def actions(tb, name: str) -> list[dict]:
     """The audit's records of ``name``, but for another run's look at a job already being seen to
-    (slurmd's own periodic health check runs too)."""
+    (slurmd's own periodic health check runs too: "already" in its grace or requeued, "skipped"
+    while it completes)."""
     return [r for r in tb.audit_events() if r.get("kind") == "action" and r.get("action") == name
-            and r.get("result") != "already"]
+            and r.get("result") not in ("already", "skipped")]
 
 
 def wait_for(pred, timeout: float, what: str, interval: float = 0.1):
