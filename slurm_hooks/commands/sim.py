@@ -127,6 +127,20 @@ def clear(node: str | None, gpu: int | None, config_path: str | None, sim_dir: s
 
 @sim.command()
 @node_option
+@click.option("--gpu", "gpu", type=click.IntRange(0, 63), help="Only this GPU's slot (default: every GPU).")
+@config_option
+@_dir_option
+def replace(node: str | None, gpu: int | None, config_path: str | None, sim_dir: str | None) -> None:
+    """Put new hardware in a GPU's slot: healthy, new UUID and serial (what ends a [replace])."""
+    node = nodename.resolve(node)
+    state = simstate.replace(_sim_dir(config_path, sim_dir), node, gpu)
+    for g in state["gpus"]:
+        if gpu is None or g["index"] == gpu:
+            click.echo(f"{node} gpu{g['index']}: replaced, now {g['uuid']} (serial {g['serial']})")
+
+
+@sim.command()
+@node_option
 @json_option
 @config_option
 @_dir_option

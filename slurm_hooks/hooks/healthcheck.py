@@ -26,7 +26,7 @@ from slurm_hooks.errors import SlurmHooksError, TransientError
 from slurm_hooks.hooks import follower, gpumap, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring, xid_history
-from slurm_hooks.models import Action, Context, NodeSnapshot, Report, XidEvent
+from slurm_hooks.models import Action, Context, NodeSnapshot, Report, Scope, XidEvent
 from slurm_hooks.xid.history import XidState
 
 if TYPE_CHECKING:
@@ -230,7 +230,8 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
     if drained_for is None or report.snapshot is None:
         return False
     try:
-        if w.slurm.node(w.node).drained:
+        info = w.slurm.node(w.node)
+        if info.drained:
             return False
         keys = sorted(set(drained_for) & set(_keys(report.snapshot)))
         if keys:
@@ -241,7 +242,11 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
     except SlurmHooksError as exc:
         print(f"slurm-hooks: {exc}", file=sys.stderr)
         return False
-    remediate.forget_drain(w)
+    try:
+        marker = remediate.load_marker(w)
+    except SlurmHooksError:
+        marker = None
+    remediate.let_go(w, marker, info)  # the reason Slurm >= 23.11 may keep is never ours again
     return True
 
 
@@ -262,7 +267,17 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         _metrics(w, report, outcome)
         return
     if report.context is Context.CHECK and _repair(w, report, outcome):
-        _metrics(w, report, outcome)  # a repair holds the node: it neither drains nor resumes it here
+        # A repair holds the node: it neither drains nor resumes it here. But an urgent new fault
+        # (our reboot is pending while jobs finish) still requeues the jobs it touches.
+        from slurm_hooks.hooks import repair
+
+        fresh = repair.new_urgent(w, report)
+        if fresh and w.config.remediation.requeue:
+            gpus = None if any(f.scope is Scope.NODE or f.gpu is None for f in fresh) \
+                else frozenset(f.gpu for f in fresh if f.gpu is not None)
+            outcome.node_out = True
+            remediate.requeue_jobs(w, outcome, follow=follow, gpus=gpus)
+        _metrics(w, report, outcome)
         return
     if report.drain_findings():
         # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU or

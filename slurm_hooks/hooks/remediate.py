@@ -7,23 +7,30 @@ so the caller can pick an exit code, and the next run tries again.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from slurm_hooks import fsutil
 from slurm_hooks.engine import drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import checkpoint, gpumap
 from slurm_hooks.hooks.actions import annotate_jobs, step
 from slurm_hooks.hooks.follower import Follow, Followed, Phase, follow_jobs, in_grace, record_requeue_seconds
+from slurm_hooks.hooks.marker import DrainMarker, MarkerUnreadable, Released, foreign
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Context, Report, Scope, Severity, Urgency
-from slurm_hooks.slurm import JobInfo, format_reason, may_drain, may_resume
+from slurm_hooks.slurm import (
+    JobInfo,
+    NodeInfo,
+    format_reason,
+    may_drain,
+    out_of_service,
+    reboot_pending,
+    split_reason,
+)
 from slurm_hooks.slurm.errors import AlreadyRequeued
 
 _step = step
@@ -78,9 +85,9 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     reason = drain_reason(report)
     try:
         info = w.slurm.node(w.node)
-        if info.drained and info.reason == reason:
+        if info.drained and info.ours and split_reason(info.reason)[0] == reason and _still_ours(w, info):
             outcome.drained = outcome.node_out = True
-            write_marker(w, reason, report)  # an earlier drain may have landed after its scontrol timed out
+            write_marker(w, reason, report, info)  # an earlier drain may have landed after its scontrol timed out
             _step(w, "drain", w.node, "already", started, reason=reason, **extra)
             return
         if _config_suspected(w, report, reason, started, extra):
@@ -97,8 +104,29 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
         _step(w, "drain", w.node, "failed", started, reason=reason, error=str(exc), **extra)
         return
     outcome.drained = outcome.node_out = True
-    write_marker(w, reason, report)
+    write_marker(w, reason, report, _after_drain(w, reason))
     _step(w, "drain", w.node, "ok", started, reason=reason, **extra)
+
+
+def _after_drain(w: Wiring, reason: str) -> NodeInfo | None:
+    """The node as Slurm shows it right after our drain: its ReasonTime/ReasonUser are what tell
+    our drain from a later party's with the same text. ``None`` when it cannot be read now."""
+    try:
+        info = w.slurm.node(w.node)
+    except SlurmHooksError:
+        return None
+    return info if split_reason(info.reason)[0] == reason else None
+
+
+def _still_ours(w: Wiring, info: NodeInfo) -> bool:
+    """Our text on a drained node: is it our drain (not one that outlived our resume)?"""
+    try:
+        marker = load_marker(w)
+    except MarkerUnreadable:
+        marker = None
+    if marker is not None:
+        return marker.owns(info, our_reboot=True)
+    return not _released(w).covers(info)
 
 
 def drain_reason(report: Report) -> str:
@@ -325,33 +353,39 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
     """A healthy node that we drained goes back into service; anyone else's drain stays.
 
     Only what this check could judge again is taken as mended, and only the exact
-    drain it judged: the node's reason must be the one our record names. A newer
+    drain it judged: the node's drain must be the one our marker records
+    (:meth:`DrainMarker.owns`: our text with at most Slurm's owner-keeping suffixes,
+    ReasonTime/ReasonUser unchanged, no reboot pending that we did not ask for). A newer
     drain (a DCGM failure after a thermal drain, a drain whose record could not be
-    written) is not covered by this verdict, nor is a drain whose record is
-    unreadable (then Slurm is asked, as when the record is lost). A drain for a
-    check the periodic run does not do (the epilog's DCGM diagnostic) waits for a
-    person. A drain written after this check took its snapshot (the watcher, an
-    epilog) is newer than our verdict and is left alone.
+    written) is not covered by this verdict, nor is a drain whose record is unreadable
+    (then Slurm is asked, as when the record is lost). A drain for a check the periodic
+    run does not do (the epilog's DCGM diagnostic) waits for a person. A drain written
+    after this check took its snapshot (the watcher, an epilog) is newer than our verdict
+    and is left alone.
     """
-    record = read_marker(w)
-    if not record:  # none, or unreadable: what we drained for is unknown
-        record = _recover_marker(w)
-        if record is None:
+    try:
+        marker = load_marker(w)
+    except MarkerUnreadable:
+        marker = None  # what we drained for is unknown: as when the record is lost
+    if marker is None:
+        marker = _recover_marker(w)
+        if marker is None:
             return
     snap = report.snapshot
-    if snap is not None and float(record.get("ts", 0)) >= snap.taken_at:
+    if snap is not None and marker.ts >= snap.taken_at:
         return
     started = time.monotonic()
     try:
         info = w.slurm.node(w.node)
-        if not info.drained:
-            forget_drain(w)
+        if not out_of_service(info):
+            let_go(w, marker, info)
             return
-        if not may_resume(info):
-            forget_drain(w)
-            _step(w, "resume", w.node, "skipped", started, detail=f"drained by someone else: {info.reason!r}")
+        theirs = foreign(info)
+        if theirs:
+            let_go(w, marker, info)
+            _step(w, "resume", w.node, "skipped", started, detail=f"drained by someone else: {theirs}")
             return
-        why_not = _not_rejudged(w, record, report, info)
+        why_not = _not_rejudged(w, marker, report, info)
         if why_not:
             _step(w, "resume", w.node, "skipped", started, reason=info.reason, detail=why_not)
             return
@@ -360,19 +394,21 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
         outcome.failed.append(f"resume: {exc}")
         _step(w, "resume", w.node, "failed", started, error=str(exc))
         return
-    forget_drain(w)
+    let_go(w, marker, info)
     outcome.resumed = True
     _step(w, "resume", w.node, "ok", started, reason=info.reason)
 
 
-def _not_rejudged(w: Wiring, record: dict, report: Report, info) -> str:
+def _not_rejudged(w: Wiring, marker: DrainMarker, report: Report, info: NodeInfo) -> str:
     """Why this healthy verdict does not cover what the node was drained for ("" when it does)."""
-    judged = str(record.get("reason", ""))
-    if judged != info.reason:
-        return (f"drained for {info.reason!r}, but our record is of a drain for {judged!r}: this check did "
-                "not judge the newer drain; resume by hand (scontrol update State=RESUME) once mended")
-    leftovers = {"leftover", "busy"} & set(record.get("checks", ()))
-    missing = sorted(set(record.get("checks", ())) - set(report.checks_run) - leftovers)
+    why = marker.why_not_ours(info)
+    if why:
+        if split_reason(info.reason)[0] != marker.reason:
+            return (f"{why}: this check did not judge the newer drain; resume by hand "
+                    "(scontrol update State=RESUME) once mended")
+        return f"{why}: not ours to resume"
+    leftovers = {"leftover", "busy"} & set(marker.checks)
+    missing = sorted(set(marker.checks) - set(report.checks_run) - leftovers)
     if missing:
         return (f"drained for {', '.join(missing)}, which the periodic check does not run: "
                 "resume by hand (scontrol update State=RESUME) once mended")
@@ -384,8 +420,12 @@ def _not_rejudged(w: Wiring, record: dict, report: Report, info) -> str:
     return ""
 
 
-def _recover_marker(w: Wiring) -> dict | None:
-    """No marker: now and then, ask Slurm whether this node carries our drain anyway."""
+def _recover_marker(w: Wiring) -> DrainMarker | None:
+    """No marker: now and then, ask Slurm whether this node carries our drain anyway.
+
+    Adopted only when nothing says it is not ours: our text with at most Slurm's
+    owner-keeping suffixes, no reboot pending that our repair state does not name, and
+    not a reason we let go of (Slurm >= 23.11 without accounting keeps it after a resume)."""
     stamp = w.state_path(f"slurm-look-{w.node}")
     try:
         if time.time() - os.stat(stamp).st_mtime < RECOVER_LOOK_S:
@@ -397,49 +437,89 @@ def _recover_marker(w: Wiring) -> dict | None:
         info = w.slurm.node(w.node)
     except SlurmHooksError:
         return None
-    if not (info.drained and info.ours):
+    if not (out_of_service(info) and info.ours) or reboot_pending(info) or _released(w).covers(info):
         return None
+    text = split_reason(info.reason)[0]
     # What it was drained for is lost with the marker; the reason still says whether it was DCGM.
-    return {"ts": 0.0, "reason": info.reason, "xids": [], "checks": ["dcgm"] if "DCGM" in info.reason else [],
-            "recovered": True}
+    return DrainMarker(reason=text, checks=("dcgm",) if "DCGM" in text else (), recovered=True).seen(info)
+
+
+def holds(w: Wiring, info: NodeInfo, *, our_reboot: bool = False) -> str:
+    """"" when the drain on this node is ours to act on (repair, reboot); else why not.
+
+    By our marker when there is one (any of our texts: a newer drain of ours counts); with
+    the marker lost, by Slurm's view: our text, not one we let go of, no reboot pending that
+    ``our_reboot`` does not cover."""
+    theirs = foreign(info)
+    if theirs:
+        return theirs
+    try:
+        marker = load_marker(w)
+    except MarkerUnreadable:
+        marker = None
+    if marker is not None:
+        return marker.why_not_ours(info, our_reboot=our_reboot, same_text=False)
+    if _released(w).covers(info):
+        return "a reason we let go of (Slurm kept it on the node after a resume)"
+    if reboot_pending(info) and not our_reboot:
+        return "a reboot we did not ask for is pending on the node (someone else's scontrol reboot)"
+    return ""
+
+
+def let_go(w: Wiring, marker: DrainMarker | None, info: NodeInfo | None) -> None:
+    """We no longer hold this node's drain: forget the marker, and remember the reason that
+    Slurm may keep on the node (>= 23.11 without accounting) so it is never adopted again."""
+    if marker is not None and info is not None and info.reason and split_reason(info.reason)[0] == marker.reason:
+        _released(w).add(marker.reason, info.reason_time)
+    forget_drain(w)
+
+
+def _released(w: Wiring) -> Released:
+    return Released(w.state_path(f"released-{w.node}.json"))
 
 
 def forget_drain(w: Wiring) -> None:
     _remove(w.drained_marker())
 
 
-def write_marker(w: Wiring, reason: str, report: Report | None) -> None:
-    """Remember that we drained this node: when, why, and for which XID events and checks
-    (``report`` None: a new reason for the same drain, as the repair's reboot gives it)."""
+def write_marker(w: Wiring, reason: str, report: Report | None, node: NodeInfo | None = None) -> None:
+    """Remember that we drained this node: when, why, for which XID events and checks, and the
+    node's ReasonTime/ReasonUser right after (``node``, as read then; ``None``: unknown).
+    ``report`` None: a new reason for the same drain, as the repair's reboot gives it."""
     if report is None:
-        record = {**(read_marker(w) or {}), "ts": time.time(), "reason": reason}
+        try:
+            before = load_marker(w)
+        except MarkerUnreadable:
+            before = None
+        marker = replace(before, ts=time.time(), reason=reason, reason_time="", reason_user="") if before \
+            else DrainMarker(reason=reason, ts=time.time())
     else:
         snap = report.snapshot
         keys = sorted({x.key for x in snapshot_xids(snap)}) if snap else []
-        record = {"ts": time.time(), "reason": reason, "xids": keys, "context": report.context.value,
-                  "checks": sorted({f.check for f in report.drain_findings()})}
+        marker = DrainMarker(reason=reason, ts=time.time(), xids=tuple(keys), context=report.context.value,
+                             checks=tuple(sorted({f.check for f in report.drain_findings()})))
+    if node is not None and split_reason(node.reason)[0] == reason:
+        marker = marker.seen(node)
     try:
-        fsutil.atomic_write(w.drained_marker(), json.dumps(record), mode=0o600)
+        marker.save(w.drained_marker())
     except OSError as exc:
         print(f"slurm-hooks: cannot write {w.drained_marker()}: {exc.strerror}", file=sys.stderr)
 
 
-def read_marker(w: Wiring) -> dict | None:
-    """Our record of draining this node; ``None`` when we have not drained it."""
-    try:
-        with open(w.drained_marker(), encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def load_marker(w: Wiring) -> DrainMarker | None:
+    """Our record of draining this node; ``None`` when we have not drained it.
+    Raises :class:`MarkerUnreadable` when it exists but cannot be read."""
+    return DrainMarker.load(w.drained_marker())
 
 
 def drained_for(w: Wiring) -> list[str] | None:
-    """XID event keys our drain of this node was for; ``None`` when we have not drained it."""
-    record = read_marker(w)
-    return None if record is None else [str(k) for k in record.get("xids", [])]
+    """XID event keys our drain of this node was for; ``None`` when we have not drained it
+    (an unreadable marker: ``[]``, a drain for unknown events)."""
+    try:
+        marker = load_marker(w)
+    except MarkerUnreadable:
+        return []
+    return None if marker is None else list(marker.xids)
 
 
 def _touch(path: str) -> None:

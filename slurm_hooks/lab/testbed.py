@@ -741,6 +741,12 @@ class Testbed:
         with contextlib.suppress(FileNotFoundError):
             os.truncate(self.audit_log, 0)
 
+    @property
+    def keeps_reasons(self) -> bool:
+        """Whether this cluster's Slurm leaves a resumed node's reason in place (23.11+ without
+        accounting: Debian 13's 24.11; :func:`.quirks.reason_kept_after_resume`)."""
+        return quirks.reason_kept_after_resume(slurm_version(), self.settings.accounting)
+
     def _stale_reasons(self, slurm: ScontrolSlurm) -> list[str]:
         """Nodes IDLE, not drained, yet with a reason (left by a resume on newer Slurm)."""
         with contextlib.suppress(SlurmHooksError):

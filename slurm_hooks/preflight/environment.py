@@ -159,7 +159,38 @@ def check_paths(cfg: Config) -> list[Result]:
         out.append(Result(check, Status.PASS if ok else Status.FAIL, f"[{section}] {key} = {path}: {why}",
                           "" if ok else f"create {path} writable by root, or change [{section}] {key}",
                           "" if ok else cfg.path or ""))
+    fs = fs_type(cfg.state.dir)
+    if fs in VOLATILE_FS:
+        out.append(Result("state-dir-volatile", Status.WARN,
+                          f"[state] dir = {cfg.state.dir} is on {fs}: it is lost at every reboot, and with it our "
+                          "drain markers and the repair ladder's count (the ladder then reads what Slurm's reason "
+                          "keeps: [reboot n/m], [replace])",
+                          "[state] dir on a disk that survives a reboot (default /var/lib/slurm-hooks)",
+                          cfg.path or ""))
     return out
+
+
+#: File systems that do not survive a reboot.
+VOLATILE_FS = ("tmpfs", "ramfs")
+
+
+def fs_type(path: str, mounts: str = "/proc/mounts") -> str:
+    """The type of the file system that holds ``path`` (or would, once made); "" when unknown."""
+    target = os.path.abspath(path)
+    try:
+        with open(mounts, encoding="utf-8") as fh:
+            rows = [line.split() for line in fh]
+    except OSError:
+        return ""
+    best, kind = "", ""
+    for row in rows:
+        if len(row) < 3:
+            continue
+        point = row[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, row[2]
+    return kind
 
 
 def check_bridge(cfg: Config) -> list[Result]:

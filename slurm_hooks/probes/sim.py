@@ -36,12 +36,17 @@ def state_path(sim_dir: str, node: str) -> str:
     return os.path.join(sim_dir, f"{node}.json")
 
 
-def healthy_gpu(index: int, node: str, model: str, minor: int | None = None, mig: int = 0) -> dict[str, Any]:
+def healthy_gpu(index: int, node: str, model: str, minor: int | None = None, mig: int = 0,
+                generation: int = 0) -> dict[str, Any]:
     """GPU ``index`` as NVML enumerates it; its device file is /dev/nvidia<minor> (``index`` unless
-    told otherwise); ``mig``: that many MIG instances (GPU instance ids 1..mig)."""
+    told otherwise); ``mig``: that many MIG instances (GPU instance ids 1..mig); ``generation`` > 0:
+    the hardware put in its place by the ``generation``-th replacement (new UUID and serial, same
+    slot, PCI bus id and device file)."""
     name, gen, width, links, power = MODELS[model]
-    uid = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{node}.gpu{index}.slurm-hooks.sim")
+    swap = f".{generation}" if generation else ""
+    uid = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{node}.gpu{index}{swap}.slurm-hooks.sim")
     return {
+        **({"generation": generation} if generation else {}),
         "index": index,
         "uuid": f"GPU-{uid}",
         "minor": index if minor is None else minor,
@@ -144,7 +149,7 @@ def gpu_entry(state: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 #: Keys of a GPU entry that are the simulation's own, not what NVML would report.
-SIM_ONLY = frozenset({"cleared_by", "resets"})
+SIM_ONLY = frozenset({"cleared_by", "resets", "generation"})
 
 #: What mends a fault: a GPU reset, a reboot of the node, or nothing (a dead GPU).
 CLEARED_BY = ("reset", "reboot", "never")
@@ -308,8 +313,26 @@ def clear(sim_dir: str, node: str, gpu: int | None = None) -> dict[str, Any]:
         model = state.get("model", "H100")
         for i, entry in enumerate(state["gpus"]):
             if gpu is None or entry.get("index") == gpu:
-                state["gpus"][i] = {**healthy_gpu(entry["index"], node, model),
+                state["gpus"][i] = {**healthy_gpu(entry["index"], node, model,
+                                                  generation=int(entry.get("generation", 0))),
                                     **{k: entry[k] for k in ("minor", "mig") if k in entry}}
+
+    if gpu is not None:
+        gpu_entry(read(sim_dir, node), gpu)
+    return update(sim_dir, node, change)
+
+
+def replace(sim_dir: str, node: str, gpu: int | None = None) -> dict[str, Any]:
+    """New hardware in one GPU's slot (or every slot): healthy, with a new UUID and serial, as
+    a replaced board has; the slot (index, PCI bus id, device file) stays. What the old GPU had is gone."""
+
+    def change(state: dict[str, Any]) -> None:
+        model = state.get("model", "H100")
+        for i, entry in enumerate(state["gpus"]):
+            if gpu is None or entry.get("index") == gpu:
+                fresh = healthy_gpu(entry["index"], node, model, generation=int(entry.get("generation", 0)) + 1,
+                                    minor=entry.get("minor"), mig=len(entry.get("mig") or ()))
+                state["gpus"][i] = fresh
 
     if gpu is not None:
         gpu_entry(read(sim_dir, node), gpu)

@@ -26,6 +26,7 @@ from slurm_hooks.slurm import (
     hostlist,
     job_ref,
     may_resume,
+    out_of_service,
     quirks,
 )
 from slurm_hooks.slurm.errors import (
@@ -518,7 +519,7 @@ class ScontrolSlurm:
         (an admin, ``Prolog error``, ``slurm-operator:``).
         """
         current = self.node(name)
-        if not current.drained:
+        if not out_of_service(current):
             return
         if not may_resume(current):
             raise ReasonNotOurs(current, "resume")
@@ -533,7 +534,7 @@ class ScontrolSlurm:
         if nextstate not in ("DOWN", "RESUME"):
             raise SlurmCommandFailed(f"{name}: nextstate must be DOWN or RESUME, not {nextstate!r}")
         check_drain(self.node(name), reason)  # the same gate as a drain: never over someone else's reason
-        self._run("scontrol", "reboot", "ASAP", f"nextstate={nextstate}", f"reason={reason}", self._node_arg(name))
+        self._run("scontrol", *quirks.reboot_args(self.version(), self._node_arg(name), reason, nextstate))
 
     # -- jobs
 

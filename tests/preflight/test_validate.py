@@ -28,6 +28,8 @@ Epilog={root}/etc/epilog.d/50-slurm-hooks
 PrologEpilogTimeout=120
 KillWait=120
 MessageTimeout=5
+RebootProgram=/usr/sbin/reboot
+ResumeTimeout=900
 JobRequeue=1
 SchedulerParameters=bf_interval=30,nohold_on_prolog_fail
 GresTypes=gpu
