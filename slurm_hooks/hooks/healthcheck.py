@@ -71,7 +71,7 @@ def notify_flush(w: Wiring) -> dict[str, int] | None:
     only with a receiver configured, no watcher's notifier alive, and something new or open;
     bounded by [notify] flush_timeout and what is left of the run's deadline. Never raises."""
     n = w.config.notify
-    if not (n.webhook or n.syslog):
+    if not (n.webhook or n.alertmanager or n.syslog):
         return None  # nothing configured: not even an import
     budget = min(float(n.flush_timeout), w.time_left(float(n.flush_timeout)) - FLUSH_MARGIN_S)
     if budget < MIN_FLUSH_S:

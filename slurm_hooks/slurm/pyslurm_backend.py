@@ -121,6 +121,10 @@ class PyslurmSlurm:
         """pyslurm has no reboot request that takes a reason: scontrol does it."""
         self._array_cli().reboot(name, reason, nextstate)
 
+    def set_node_extra(self, name: str, text: str) -> None:
+        """Through scontrol, like the reboot: one place that writes a node's Extra."""
+        self._array_cli("set a node's Extra").set_node_extra(name, text)
+
     # -- jobs
 
     def job(self, job_id: int | str) -> JobInfo:

@@ -358,7 +358,8 @@ def _node_from_json(raw: dict) -> NodeInfo:
     if isinstance(changed, dict):
         changed = changed.get("number") if changed.get("set", True) else None
     extra = {"ReasonUser": str(raw.get("reason_set_by_user") or ""), "ReasonTime": str(changed or ""),
-             "Version": str(raw.get("version") or raw.get("slurmd_version") or "")}
+             "Version": str(raw.get("version") or raw.get("slurmd_version") or ""),
+             "Extra": str(raw.get("extra") or "")}
     return NodeInfo(name=str(raw["name"]), state="+".join(p for p in parts if p) or "UNKNOWN",
                     reason=str(raw.get("reason") or "").strip(), comment=str(raw.get("comment") or ""),
                     gres=str(raw.get("gres") or ""), extra=extra)
@@ -524,6 +525,12 @@ class ScontrolSlurm:
         if not may_resume(current):
             raise ReasonNotOurs(current, "resume")
         self._run("scontrol", "update", f"NodeName={self._node_arg(name)}", "State=RESUME")
+
+    def set_node_extra(self, name: str, text: str) -> None:
+        """``scontrol update NodeName=<name> Extra=<text>`` (one argv element; ``""`` clears it)."""
+        if "\n" in text:
+            raise SlurmCommandFailed(f"{name}: refusing a multi-line Extra")
+        self._run("scontrol", "update", f"NodeName={self._node_arg(name)}", f"Extra={text}")
 
     def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
         """``scontrol reboot ASAP nextstate=... reason=... <node>``; the reason is one argv element.

@@ -56,9 +56,11 @@ class FakeSlurm:
 
     # --- test set-up -------------------------------------------------------------
 
-    def add_node(self, name: str, state: str = "IDLE", reason: str = "", comment: str = "") -> NodeInfo:
-        """Add the node, or replace it whole (``comment``: the Slinky operator's JSON, as the bridge reads it)."""
-        self._nodes[name] = NodeInfo(name, state, reason, comment)
+    def add_node(self, name: str, state: str = "IDLE", reason: str = "", comment: str = "",
+                 extra: str = "") -> NodeInfo:
+        """Add the node, or replace it whole (``comment``: the Slinky operator's JSON, as the bridge reads it;
+        ``extra``: the node's Extra field)."""
+        self._nodes[name] = NodeInfo(name, state, reason, comment, extra={"Extra": extra} if extra else {})
         return self._nodes[name]
 
     def add_job(self, job_id: int, node: str, state: str = "RUNNING", *, batch: bool = True, requeue: bool = True,
@@ -186,6 +188,11 @@ class FakeSlurm:
         node = self._node(name)
         flags = [f for f in node.state.split("+") if f not in ("DRAIN", "REBOOT_REQUESTED")]
         self._nodes[name] = self.stamped(node, reason, state="+".join([*flags, "DRAIN", "REBOOT_REQUESTED"]))
+
+    def set_node_extra(self, name: str, text: str) -> None:
+        self._call("set_node_extra", name, text)
+        node = self._node(name)
+        self._nodes[name] = dataclasses.replace(node, extra={**node.extra, "Extra": text})
 
     def jobs_on_node(self, name: str) -> list[JobInfo]:
         self._call("jobs_on_node", name)
