@@ -251,10 +251,10 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
 
 
 def _check_budget(w: Wiring) -> float:
-    """What probe and checks may take of the run's deadline: the rest is kept for the drain."""
-    deadline = float(w.config.check.deadline)
-    left = w.time_left(deadline)
-    return max(left - min(float(w.config.slurm.timeout), deadline / 4), 0.5)
+    """What probe and checks may take of the run's deadline: the rest (a Slurm call, at most a
+    quarter of what is left: a short run, such as one inside NHC, still probes) is kept for the drain."""
+    left = w.time_left(float(w.config.check.deadline))
+    return max(left - min(float(w.config.slurm.timeout), left / 4), 0.5)
 
 
 def _keys(snap: NodeSnapshot) -> list[str]:

@@ -32,6 +32,7 @@ import jinja2
 import slurm_hooks
 from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
+from slurm_hooks.lab import nhc as nhc_lab
 from slurm_hooks.lab import packages
 from slurm_hooks.lab.accounting import Accounting
 from slurm_hooks.probes import sim
@@ -102,6 +103,11 @@ class Settings:
     #: The repair ladder ([repair] enabled in the testbed's config.toml). Off by default, so that
     #: a drained node stays drained for the tests and demos that look at it.
     repair: bool = False
+    #: LBNL NHC as HealthCheckProgram, run from this source (its tarball or tree; "" = slurm-hooks
+    #: itself), with our check in its scripts dir (slurm_hooks.lab.nhc).
+    nhc: str = ""
+    #: Our line in NHC's nhc.conf (``check_slurm_hooks -r``: report mode).
+    nhc_check: str = nhc_lab.CHECK
     #: gres.conf's File= order, as device numbers (``--gres-order 7,6,...``): GRES index i is
     #: /dev/nvidia<gres_order[i]>, the sim GPU with that minor number. Empty: 0..gpus-1.
     gres_order: tuple[int, ...] = ()
@@ -186,6 +192,16 @@ class Testbed:
     def node_names(self) -> list[str]:
         return self.settings.node_names
 
+    @property
+    def nhc(self) -> nhc_lab.NhcTree:
+        """NHC's files (``<state>/nhc``), used when ``settings.nhc`` names NHC's source."""
+        return nhc_lab.NhcTree(self.path("nhc"))
+
+    @property
+    def syslog(self) -> str:
+        """The nodes' syslog under NHC (what NHC and check_slurm_hooks send to ``logger``)."""
+        return self.path("log", "syslog")
+
     def exports(self) -> dict[str, str]:
         """Only what this cluster adds to an environment (``slurm-hooks testbed env``)."""
         return {"SLURM_CONF": self.slurm_conf, "SLURM_HOOKS_CONFIG": self.config_path}
@@ -211,6 +227,7 @@ class Testbed:
             self.progress(f"testbed already up in {self.state_dir} ({len(current.nodes)} nodes)")
             if self._saved_hooks() != self.settings.hooks:
                 self.set_hooks(self.settings.hooks)
+            self._switch_nhc()
             self.last_up_seconds = time.monotonic() - started
             return self.status()
         if any(pid for pid in current.daemons.values()):
@@ -261,6 +278,8 @@ class Testbed:
         self._render("gres.conf.j2", self.path("gres.conf"), ctx)
         self._render("cgroup.conf.j2", self.path("cgroup.conf"), ctx)
         self._render("config.toml.j2", self.config_path, ctx)
+        if s.nhc:
+            self._write_nhc()
         for hook in HOOKS:
             self._write_hook(hook)
         self._write_reboot_program()
@@ -307,6 +326,12 @@ class Testbed:
 
     def _write_hook(self, hook: str) -> None:
         package_parent = os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
+        if hook == "healthcheck" and self.settings.nhc:
+            dest = self.path("bin", hook)
+            fsutil.atomic_write(dest, self.nhc.wrapper(slurm_conf=self.slurm_conf, pythonpath=package_parent,
+                                                       logdir=self.path("log")), mode=0o755)
+            os.chown(dest, 0, 0)
+            return
         ctx = {
             "command": HOOK_COMMAND[hook],
             "config": shlex.quote(self.config_path),
@@ -317,6 +342,62 @@ class Testbed:
         dest = self.path("bin", hook)
         self._render("hook.sh.j2", dest, ctx, mode=0o755)
         os.chown(dest, 0, 0)
+
+    def _write_nhc(self) -> None:
+        """NHC's tree, its scripts dir with our check, nhc.conf with our line, every site check passing."""
+        tree = self.nhc
+        try:
+            tree.unpack(self.settings.nhc)
+            tree.prepare(self.syslog)
+        except (OSError, nhc_lab.NhcError) as exc:
+            raise TestbedError(f"cannot set up NHC from {self.settings.nhc}: {exc}") from None
+        tree.link_check(self.install(hook_interpreter()))
+        tree.write_conf(self.settings.nhc_check)
+        for name in self.node_names:
+            tree.site_fault(name, False)
+
+    @property
+    def install_prefix(self) -> str:
+        return self.path("install")
+
+    def install(self, python: str) -> str:
+        """``slurm-hooks install --prefix <state>/install`` for ``python`` (an interpreter that has
+        slurm-hooks, or, to rehearse a bad push, one that has not); returns the NHC check it laid."""
+        from slurm_hooks.install import apply, layout
+
+        inputs = layout.Inputs(prefix=self.install_prefix, python=python, config=self.config_path,
+                               state_dir=self.hooks_state_dir, audit=self.audit_log,
+                               scontrol=os.path.join(BIN, "scontrol"), env=(("SLURM_CONF", self.slurm_conf),))
+        apply.install(inputs, write_config=False)
+        return os.path.join(self.install_prefix, layout.NHC)
+
+    def _switch_nhc(self) -> None:
+        """On a running testbed, NHC (or slurm-hooks itself) as HealthCheckProgram as ``up`` was asked:
+        slurm.conf names the same program either way, so no reconfigure is needed."""
+        saved = self._load_saved().get("settings")
+        if saved is None or (saved.nhc, saved.nhc_check) == (self.settings.nhc, self.settings.nhc_check):
+            return
+        self.settings = _replace(saved, nhc=self.settings.nhc, nhc_check=self.settings.nhc_check)
+        if self.settings.nhc:
+            self._write_nhc()
+        self._write_hook("healthcheck")
+        fsutil.atomic_write(self.path("testbed.json"),
+                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+
+    def set_nhc_check(self, line: str) -> None:
+        """Our line in nhc.conf (``check_slurm_hooks``, ``check_slurm_hooks -r``...): NHC reads it on its next run."""
+        if not self.settings.nhc:
+            raise TestbedError("NHC is not this testbed's HealthCheckProgram (testbed up --nhc SOURCE)")
+        self.settings = _replace(self.settings, nhc_check=line)
+        self.nhc.write_conf(line)
+        fsutil.atomic_write(self.path("testbed.json"),
+                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+
+    def nhc_site_fault(self, node: str, failing: bool) -> None:
+        """NHC's own site check fails (``failing``) or passes again on ``node``."""
+        if node not in self.node_names:
+            raise TestbedError(f"no node {node!r} in this testbed ({', '.join(self.node_names)})")
+        self.nhc.site_fault(node, failing)
 
     def _write_reboot_program(self) -> None:
         package_parent = os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
@@ -710,6 +791,8 @@ class Testbed:
         # Healthy GPUs and no hook state first: a hook that runs from here on finds nothing to drain.
         for name in self.node_names:
             sim.init(self.sim_dir, name, self.settings.gpus)
+        if self.settings.nhc:
+            self._write_nhc()  # our check as installed, our nhc.conf line, every site check passing
         self._clear_hook_state()
         self.cancel_all(timeout)
         slurm = self.slurm(timeout=5)
@@ -738,8 +821,9 @@ class Testbed:
     def _clear_hook_state(self) -> None:
         shutil.rmtree(self.hooks_state_dir, ignore_errors=True)
         _mkdir(self.hooks_state_dir, 0o700)
-        with contextlib.suppress(FileNotFoundError):
-            os.truncate(self.audit_log, 0)
+        for log in (self.audit_log, self.syslog):
+            with contextlib.suppress(FileNotFoundError):
+                os.truncate(log, 0)
 
     @property
     def keeps_reasons(self) -> bool:
@@ -783,13 +867,13 @@ class Testbed:
         return out.split()
 
     def _hook_runs(self) -> list[int]:
-        """Pids of slurm-hooks programs our slurmd's are running (prolog, epilog, health check)."""
-        config = self.config_path.encode()
+        """Pids of slurm-hooks programs our slurmd's are running (prolog, epilog, health check; NHC too)."""
+        marks = {self.config_path.encode(), self.nhc.conf.encode()}
         found = []
         for pid, _ in self._our_processes():
             with contextlib.suppress(OSError):
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if config in fh.read().split(b"\0"):
+                    if marks & set(fh.read().split(b"\0")):
                         found.append(pid)
         return sorted(found)
 

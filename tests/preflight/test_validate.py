@@ -184,7 +184,7 @@ def test_missing_health_check_program_fails_with_an_example_wrapper(cluster):
 
 
 def test_program_that_does_not_run_slurm_hooks_fails(cluster):
-    cluster.script("etc/healthcheck/slurm-hooks-check", "#!/bin/sh\n/usr/sbin/nhc\n")
+    cluster.script("etc/healthcheck/slurm-hooks-check", "#!/bin/sh\n/usr/local/sbin/site-health\n")
     r = only(cluster.run(), "health-check-program")
     assert r.status is validate.Status.FAIL
     assert "does not run `slurm-hooks check`" in r.message
