@@ -97,6 +97,8 @@ class Settings:
     #: How long slurmctld waits for a node asked to reboot (`scontrol reboot`) to come back.
     resume_timeout: int = 60
     requeue_grace: float = 3.0
+    #: [requeue] checkpoint_grace: how long a job that got its own --signal has to requeue itself.
+    checkpoint_grace: float = 90.0
     up_timeout: float = 60.0
     #: Also a private MariaDB and slurmdbd (slurm_hooks.lab.accounting).
     accounting: bool = False
@@ -329,6 +331,7 @@ class Testbed:
                           for m in (s.gres_order or range(s.gpus)) for gi in range(1, s.mig + 1)],
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
+            "spool_dir": os.path.join(self.state_dir, "spool", "%n"),
             "slurm_bin_dir": BIN,
             "accounting_lines": Accounting(self.state_dir).slurm_conf_lines(self.munge_socket) if s.accounting else [],
         }
