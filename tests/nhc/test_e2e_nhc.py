@@ -196,3 +196,24 @@ def test_report_mode_lets_nhc_drain_with_our_reason_and_resume_once_clear(tb):
     sim.clear(tb.sim_dir, "n1")
     poll(lambda: idle_without_reason(tb, "n1"), 3 * INTERVAL + 10, "NHC did not resume n1")
     assert records(tb, "resume") == []
+
+
+def test_a_gpu_fault_and_a_site_fault_on_one_node_each_owner_resumes_only_its_own(tb):
+    """NHC's offline helper keeps a reason it did not write: with both faults our drain stands;
+    our resume lifts it once the GPU is mended, then NHC drains for its own check and resumes
+    the node once that passes."""
+    sim.inject(tb.sim_dir, "n1", 3, xid=79)
+    tb.nhc_site_fault("n1", True)
+    poll(lambda: reason_of(tb, "n1")[0], 3 * INTERVAL + 10, "n1 not drained")
+    ours = reason_of(tb, "n1")[1]
+    assert ours == "slurm-hooks: XID 79 on GPU 3 [reboot]"
+    wait_runs(tb, "n1", 2)  # NHC's check fails in each of them too
+    assert reason_of(tb, "n1") == (True, ours)
+    sim.clear(tb.sim_dir, "n1")
+    nhcs = poll(lambda: reason_of(tb, "n1")[1].startswith("NHC:") and reason_of(tb, "n1")[1],
+                3 * INTERVAL + 10, "n1 not handed over to NHC's drain")
+    assert reason_of(tb, "n1") == (True, nhcs)
+    assert [r["result"] for r in records(tb, "resume")] == ["ok"]  # ours, then NHC's own drain
+    tb.nhc_site_fault("n1", False)
+    poll(lambda: idle_without_reason(tb, "n1"), 3 * INTERVAL + 10, "NHC did not resume n1")
+    assert [r["result"] for r in records(tb, "resume")] == ["ok"]
