@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -217,3 +218,17 @@ def test_a_gpu_fault_and_a_site_fault_on_one_node_each_owner_resumes_only_its_ow
     tb.nhc_site_fault("n1", False)
     poll(lambda: idle_without_reason(tb, "n1"), 3 * INTERVAL + 10, "NHC did not resume n1")
     assert [r["result"] for r in records(tb, "resume")] == ["ok"]
+
+
+def test_testbed_up_switches_a_running_testbed_between_nhc_and_slurm_hooks_itself(tb):
+    program = tb.path("bin", "healthcheck")
+    try:
+        Testbed(tb.state_dir, replace(tb.settings, nhc="")).up()
+        with open(program, encoding="utf-8") as fh:
+            text = fh.read()
+        assert "-m slurm_hooks check" in text and tb.nhc.driver not in text
+    finally:
+        Testbed(tb.state_dir, tb.settings).up()
+    with open(program, encoding="utf-8") as fh:
+        assert tb.nhc.driver in fh.read()
+    wait_runs(tb, "n1", 1)
