@@ -232,3 +232,18 @@ def test_testbed_up_switches_a_running_testbed_between_nhc_and_slurm_hooks_itsel
     with open(program, encoding="utf-8") as fh:
         assert tb.nhc.driver in fh.read()
     wait_runs(tb, "n1", 1)
+
+
+def test_validate_on_the_nhc_testbed_recognises_nhc_and_our_check(tb):
+    from slurm_hooks import preflight
+
+    results = {r.check: r for r in preflight.run(tb.config_path, tb.slurm_conf, "n1")
+               if r.check in ("health-check-program", "nhc-conf", "nhc-script", "nhc-timing")}
+    for check in ("health-check-program", "nhc-conf", "nhc-script"):
+        assert results[check].status is preflight.Status.PASS, results[check].line()
+    assert "runs LBNL NHC" in results["health-check-program"].message
+    assert "runs first, on 2 GPU node(s)" in results["nhc-conf"].message
+    assert f"runs {tb.install_prefix}/bin/slurm-hooks-healthcheck" in results["nhc-script"].message
+    # NHC's 30 s leave our check 25 s: less than a hung probe (20 s) + a Slurm call (10 s) + 3 s to start
+    timing = results["nhc-timing"]
+    assert timing.status is preflight.Status.WARN and "TIMEOUT=30 s" in timing.message, timing.line()
