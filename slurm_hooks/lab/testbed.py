@@ -95,6 +95,8 @@ class Settings:
     #: How long slurmctld waits for a node asked to reboot (`scontrol reboot`) to come back.
     resume_timeout: int = 60
     requeue_grace: float = 3.0
+    #: [requeue] checkpoint_grace: how long a job that got its own --signal has to requeue itself.
+    checkpoint_grace: float = 90.0
     up_timeout: float = 60.0
     #: Also a private MariaDB and slurmdbd (slurm_hooks.lab.accounting).
     accounting: bool = False
@@ -306,6 +308,7 @@ class Testbed:
             "gres_conf": self.path("gres.conf"),
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
+            "spool_dir": os.path.join(self.state_dir, "spool", "%n"),
             "slurm_bin_dir": BIN,
             "accounting_lines": Accounting(self.state_dir).slurm_conf_lines(self.munge_socket) if s.accounting else [],
         }
