@@ -29,7 +29,7 @@ VERDICT_SUMMARY_MAX = 100
 @click.option("--deadline", type=click.FloatRange(0, min_open=True), metavar="SECONDS",
               help="This run's deadline when shorter than [check] deadline (NHC passes what its watchdog leaves).")
 @click.option("--verdict", is_flag=True,
-              help=f"Print only one line, '{VERDICT} ok' or '{VERDICT} <the drain reason, without its action>' "
+              help=f"End with one line, '{VERDICT} ok' or '{VERDICT} <the drain reason, without its action>' "
                    "(for NHC's check_slurm_hooks).")
 def check(config_path: str | None, node: str | None, as_json: bool, dry_run: bool, explain: bool,
           deadline: float | None, verdict: bool) -> int:
@@ -42,6 +42,7 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
         w.start_deadline(min(deadline, float(w.config.check.deadline)))
     report, outcome = healthcheck.run(w, dry_run=dry_run or explain)
     if verdict:
+        print_report(report, False, outcome=None if dry_run else outcome)
         click.echo(verdict_line(report))
         return 0 if report.healthy else 1
     if explain:
