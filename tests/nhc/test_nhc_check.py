@@ -213,6 +213,14 @@ def test_too_little_of_nhcs_timeout_left_skips_the_run_and_says_so(site):
     assert len(lines) == 1 and re.search(r"only [67]s left of NHC's TIMEOUT=12s .*: not run", lines[0]), lines
 
 
+def test_our_own_t_below_the_minimum_skips_the_run_and_says_so(site):
+    site.tree.write_conf("check_slurm_hooks -t 5")
+    r = site.run()
+    assert r.returncode == 0 and site.marked() == ["mark-online n1"], r.stdout
+    lines = site.syslog_lines()
+    assert len(lines) == 1 and "-t 5 is below the 8s a run needs: not run" in lines[0], lines
+
+
 def test_a_hung_run_is_killed_at_its_share_and_nhc_goes_on(site, tmp_path):
     hang = tmp_path / "hang"
     hang.write_text("#!/bin/sh\nexec sleep 100\n")
