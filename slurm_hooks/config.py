@@ -43,6 +43,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "gres_conf": (str, ""),
         "gres_source": (str, "gres.conf"),
         "slurmd": (str, "/usr/sbin/slurmd"),
+        "mig_minors": (str, "/proc/driver/nvidia-caps/mig-minors"),
     },
     "log": {
         "audit": (str, "/var/log/slurm-hooks/audit.jsonl"),

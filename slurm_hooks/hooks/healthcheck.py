@@ -274,9 +274,10 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         fresh = repair.new_urgent(w, report)
         if fresh and w.config.remediation.requeue:
             gpus = None if any(f.scope is Scope.NODE or f.gpu is None for f in fresh) \
-                else frozenset(f.gpu for f in fresh if f.gpu is not None)
+                else frozenset(f.gpu for f in fresh if f.gpu is not None and f.instance is None)
+            instances = frozenset((f.gpu, f.instance) for f in fresh if f.gpu is not None and f.instance is not None)
             outcome.node_out = True
-            remediate.requeue_jobs(w, outcome, follow=follow, gpus=gpus)
+            remediate.requeue_jobs(w, outcome, follow=follow, gpus=gpus, instances=instances)
         _metrics(w, report, outcome)
         return
     if report.drain_findings():

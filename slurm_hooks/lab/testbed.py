@@ -58,6 +58,8 @@ PROGRAMS = {
 }
 SBIN, BIN = "/usr/sbin", "/usr/bin"
 NVIDIA_MAJOR = 195
+#: The nvidia-caps devices' major (the driver's is dynamic, from /proc/devices): any free one will do.
+NVIDIA_CAPS_MAJOR = 509
 #: Ports are picked from here (below Linux's ephemeral range, away from 6817/6818).
 PORT_FIRST, PORT_BLOCKS, PORT_BLOCK = 20000, 120, 100
 #: Environment marker on every daemon we start; slurmstepd inherits it, so ``down``
@@ -111,9 +113,20 @@ class Settings:
     #: gres.conf's File= order, as device numbers (``--gres-order 7,6,...``): GRES index i is
     #: /dev/nvidia<gres_order[i]>, the sim GPU with that minor number. Empty: 0..gpus-1.
     gres_order: tuple[int, ...] = ()
+    #: Shards of each GPU declared to Slurm (``--shards``, gres/shard, Slurm 22.05+); 0: none.
+    shards: int = 0
+    #: MIG instances per GPU (``--mig``): the sim's GPUs get them, and gres.conf declares each to
+    #: Slurm as its own GPU (``MultipleFiles=`` the GPU's file and the instance's nvidia-cap file).
+    mig: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gres_order", tuple(int(m) for m in self.gres_order))
+        if not 0 <= self.mig <= 7:
+            raise TestbedError(f"--mig must be 0..7 instances per GPU, got {self.mig}")
+        if self.mig and self.shards:
+            raise TestbedError("--mig and --shards: pick one")
+        if not 0 <= self.shards <= 64:
+            raise TestbedError(f"--shards must be 0..64, got {self.shards}")
         if self.gres_order and sorted(self.gres_order) != list(range(self.gpus)):
             raise TestbedError(f"--gres-order must list 0..{self.gpus - 1} once each, got "
                                f"{','.join(map(str, self.gres_order))}")
@@ -267,6 +280,13 @@ class Testbed:
                     os.unlink(os.path.join(self.jobs_dir, entry))
         for i in range(s.gpus):
             _mknod(self.path("dev", f"nvidia{i}"), i)
+        if s.mig:
+            _mkdir(self.path("dev", "nvidia-caps"), 0o755)
+            for i in range(s.gpus):
+                for gi in range(1, s.mig + 1):
+                    _mknod(self.path("dev", "nvidia-caps", f"nvidia-cap{sim.cap_minor(i, gi)}"), sim.cap_minor(i, gi),
+                           NVIDIA_CAPS_MAJOR)
+        fsutil.atomic_write(self.path("mig-minors"), sim.mig_minors(list(range(s.gpus)), s.mig), mode=0o644)
         key = self.path("munge", "munge.key")
         if not os.path.exists(key):
             fsutil.atomic_write(key, os.urandom(1024), mode=0o600)
@@ -285,7 +305,7 @@ class Testbed:
         self._write_reboot_program()
         for name in s.node_names:
             if not os.path.exists(sim.state_path(self.sim_dir, name)):
-                sim.init(self.sim_dir, name, s.gpus)
+                sim.init(self.sim_dir, name, s.gpus, mig=s.mig)
         self._save_settings()
 
     def _template_context(self, hooks: bool | None = None) -> dict:
@@ -305,6 +325,9 @@ class Testbed:
             "sim_dir": self.sim_dir,
             "gres_files": [self.path("dev", f"nvidia{m}") for m in (s.gres_order or range(s.gpus))],
             "gres_conf": self.path("gres.conf"),
+            "mig_minors": self.path("mig-minors"),
+            "mig_files": [[self.path("dev", f"nvidia{m}"), self.path("dev", "nvidia-caps", f"nvidia-cap{sim.cap_minor(m, gi)}")]
+                          for m in (s.gres_order or range(s.gpus)) for gi in range(1, s.mig + 1)],
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
             "spool_dir": os.path.join(self.state_dir, "spool", "%n"),
@@ -791,7 +814,7 @@ class Testbed:
                 break
         # Healthy GPUs and no hook state first: a hook that runs from here on finds nothing to drain.
         for name in self.node_names:
-            sim.init(self.sim_dir, name, self.settings.gpus)
+            sim.init(self.sim_dir, name, self.settings.gpus, mig=self.settings.mig)
         if self.settings.nhc:
             self._write_nhc()  # our check as installed, our nhc.conf line, every site check passing
         self._clear_hook_state()
@@ -1033,8 +1056,8 @@ def _mkdir(path: str, mode: int) -> None:
     os.chmod(path, mode)
 
 
-def _mknod(path: str, minor: int) -> None:
-    want = os.makedev(NVIDIA_MAJOR, minor)
+def _mknod(path: str, minor: int, major: int = NVIDIA_MAJOR) -> None:
+    want = os.makedev(major, minor)
     try:
         st = os.lstat(path)
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == want:
@@ -1045,7 +1068,7 @@ def _mknod(path: str, minor: int) -> None:
     try:
         os.mknod(path, 0o600 | stat.S_IFCHR, want)
     except OSError as exc:
-        raise TestbedError(f"mknod {path} c {NVIDIA_MAJOR} {minor}: {exc.strerror}") from None
+        raise TestbedError(f"mknod {path} c {major} {minor}: {exc.strerror}") from None
 
 
 def _port_free(port: int) -> bool:
