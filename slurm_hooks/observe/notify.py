@@ -74,6 +74,10 @@ BURST = 5
 POLL_S = 1.0
 #: The watcher's notifier touches its heartbeat at each pass; older than this, nobody delivers.
 HEARTBEAT_S = 30.0
+#: A firing alert's ``endsAt`` is at least this far ahead of its post: a node without the watcher posts
+#: again only when its health check runs (HealthCheckInterval, 5 min on the Slinky values), and its
+#: alerts must not resolve in between. An explicit resolution ends them at once.
+ALERT_HOLD_MIN_S = 900.0
 #: Jobs named in a message's text at most (the JSON carries them all; Slack shows what fits).
 TEXT_JOBS_MAX = 20
 
@@ -140,7 +144,8 @@ class Settings:
                 except OSError as exc:
                     (problem or (lambda m: None))(f"[[notify.alertmanager]] #{n + 1} auth_file "
                                                   f"{table['auth_file']}: cannot read: {exc.strerror}")
-            am = Alertmanager(table, url_of("alertmanager", n, table), send, hold=4 * self.alert_repost, auth=auth)
+            am = Alertmanager(table, url_of("alertmanager", n, table), send,
+                              hold=max(4 * self.alert_repost, ALERT_HOLD_MIN_S), auth=auth)
             out[am.name] = am
         return out
 
@@ -285,8 +290,6 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
                 else "the node returns to Slurm by itself after a passing check")}}]}
     return Message(mid, kind, text, data)
 
-
-breaker_message = bridge_message
 
 
 # --- the notifier -----------------------------------------------------------------------

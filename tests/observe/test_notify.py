@@ -604,3 +604,17 @@ def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbe
         if watcher.poll() is None:
             watcher.terminate()
             watcher.wait(10)
+
+
+def test_the_bridge_tells_the_reboots_and_replacements_it_asked_for_but_not_a_dry_run(setup, receiver):
+    log, _, notifier = setup
+    log.write("bridge_replace", node="k8s-a", slurm_node="n1", backend="template", requested="RebootNode/n1",
+              action="reboot")
+    log.write("bridge_replace", node="k8s-b", slurm_node="n2", backend="karpenter", requested="NodeClaim/x",
+              action="replace")
+    log.write("bridge_replace", node="k8s-c", slurm_node="n3", backend="karpenter", requested="NodeClaim/y",
+              action="replace", dry_run=True)
+    notifier().flush(5)
+    msgs = receiver.bodies()
+    assert [(m["kind"], m["node"]) for m in msgs] == [("reboot", "n1"), ("replace", "n2")]
+    assert "asked for a reboot of node k8s-a (Slurm n1) through template: RebootNode/n1" in msgs[0]["text"]

@@ -363,3 +363,14 @@ def test_render_out_writes_0600_and_gives_slinky_a_secret(tmp_path):
     [vol] = [v for v in values["nodesets"]["slinky"]["podSpec"]["volumes"] if v["name"] == "slurm-hooks-config"]
     assert vol["secret"]["secretName"] == secret["metadata"]["name"]
     assert vol["secret"]["items"] == [{"key": "config.toml", "path": "config.toml", "mode": 0o600}]
+
+
+def test_render_refuses_a_bridge_config_with_a_receiver_url_in_it(tmp_path):
+    pytest.importorskip("jinja2")
+    bridge_cfg = tmp_path / "bridge.toml"
+    bridge_cfg.write_text('[bridge]\nmapping = "slinky"\n[[notify.alertmanager]]\nurl = "http://am:9093/s3cr3t"\n')
+    bridge_cfg.chmod(0o600)
+    r = subprocess.run([sys.executable, "-m", "slurm_hooks", "render", "--config", str(bridge_cfg)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "s3cr3t" not in r.stdout + r.stderr
+    assert "[[notify.alertmanager]] #1 url: the bridge's config is rendered into a ConfigMap" in r.stderr
