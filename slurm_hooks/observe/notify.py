@@ -517,41 +517,38 @@ class Notifier:
         told = inc.told
         out: list[Message] = []
         c, rb = self.s.cluster, self.s.runbook
-        if inc.opened_at < quiet_before:
-            told.setdefault("opened", "before this notifier")
-            told.setdefault("escalated", [a for _, a in inc.escalations])
-        if not told.get("opened"):
+        if inc.opened_at < quiet_before and not told.opened:
+            told.opened = told.backfilled = True
+            told.escalated = [a for _, a in inc.escalations]
+        if not told.opened:
             if inc.open and now < inc.opened_at + self.s.settle:
                 due = inc.opened_at + self.s.settle
                 self._settling = due if self._settling is None else min(self._settling, due)
                 return out  # let the hooks finish writing (requeued jobs) before the one message
             out.append(compose(inc, OPENED, now, cluster=c, runbook=rb))
-            told["opened"] = True
-            told["opened_at"] = now
-            told["escalated"] = [a for _, a in inc.escalations]
-            told["alert_action"] = inc.action
+            told.opened, told.opened_at, told.alert_action = True, now, inc.action
+            told.escalated = [a for _, a in inc.escalations]
         for _, action in inc.escalations:
-            if action not in told.setdefault("escalated", []):
+            if action not in told.escalated:
                 snapshot = Incident.from_dict({**inc.to_dict(), "action": action})
-                out.append(compose(snapshot, ESCALATED, now, cluster=c, runbook=rb,
-                                   previous_action=str(told.get("alert_action") or "")))
-                told["escalated"].append(action)
-                told["alert_action"] = action
+                out.append(compose(snapshot, ESCALATED, now, cluster=c, runbook=rb, previous_action=told.alert_action))
+                told.escalated.append(action)
+                told.alert_action = action
         if not inc.open:
-            if not told.get("resolved") and told["opened"] is True:
+            if not told.resolved and not told.backfilled:
                 out.append(compose(inc, RESOLVED, now, cluster=c, runbook=rb))
-            told["resolved"] = True
+            told.resolved = True
             return out
         if self.s.reminder_after > 0:
             n = int((now - inc.opened_at) // self.s.reminder_after)
-            if n > int(told.get("reminders", 0)):
+            if n > told.reminders:
                 out.append(compose(inc, REMINDER, now, n, cluster=c, runbook=rb))
-                told["reminders"] = n
-        if self.s.alertmanagers and told["opened"] is True:
-            n = int((now - float(told.get("opened_at", now))) // self.s.alert_repost)
-            if n > int(told.get("reposts", 0)):
+                told.reminders = n
+        if self.s.alertmanagers and not told.backfilled:
+            n = int((now - (told.opened_at if told.opened_at is not None else now)) // self.s.alert_repost)
+            if n > told.reposts:
                 out.append(compose(inc, FIRING, now, n, cluster=c, runbook=rb))
-                told["reposts"] = n
+                told.reposts = n
         return out
 
     def _load_state(self) -> dict[str, Any]:

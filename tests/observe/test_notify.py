@@ -618,3 +618,12 @@ def test_the_bridge_tells_the_reboots_and_replacements_it_asked_for_but_not_a_dr
     msgs = receiver.bodies()
     assert [(m["kind"], m["node"]) for m in msgs] == [("reboot", "n1"), ("replace", "n2")]
     assert "asked for a reboot of node k8s-a (Slurm n1) through template: RebootNode/n1" in msgs[0]["text"]
+
+
+def test_what_an_older_notifier_saved_about_an_incident_still_reads():
+    from slurm_hooks.observe.incidents import Incident
+
+    inc = Incident.from_dict({"id": "n1-x", "node": "n1", "first_seen": 1.0, "opened_at": 1.0,
+                              "told": {"opened": "before this notifier", "escalated": ["replace"], "reminders": 2}})
+    assert inc.told.opened and inc.told.backfilled and inc.told.escalated == ["replace"] and inc.told.reminders == 2
+    assert Incident.from_dict(inc.to_dict()).told == inc.told
