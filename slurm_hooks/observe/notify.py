@@ -69,6 +69,8 @@ BACKFILL_S = 3600.0
 BACKOFF_FIRST_S = 1.0
 #: The backoff's exponent stops here (2 ** 20 s is past any retry_max): no overflow, ever.
 BACKOFF_EXP_MAX = 20
+#: The outbox is swept for messages past ``max_age`` at most this often.
+EXPIRE_EVERY_S = 60.0
 #: Requests a receiver may take at once before its rate applies (a few incidents at the same moment).
 BURST = 5
 POLL_S = 1.0
@@ -379,6 +381,7 @@ class Notifier:
         self.heartbeat_path = os.path.join(settings.dir, "delivering")
         #: When the next held-back message (an incident within its settle time) becomes due (clock time).
         self._settling: float | None = None
+        self._expired_at = float("-inf")
 
     # -- one pass
 
@@ -599,8 +602,12 @@ class Notifier:
         own pace. Returns how many were delivered. One entry that fails never stops the others."""
         sent = 0
         now = self.clock()
-        if self.outbox.expire(now):
-            self._say_once("messages older than [notify] max_age were dropped (said in the next message)")
+        if not any(self.pace.may_send(name, now) for name in self.dests):
+            return 0  # every receiver held back (an outage): not even a look at the outbox
+        if now >= self._expired_at + EXPIRE_EVERY_S:
+            self._expired_at = now
+            if self.outbox.expire(now):
+                self._say_once("messages older than [notify] max_age were dropped (said in the next message)")
         held: set[str] = set()
         for entry in self.outbox.in_order():
             if time.monotonic() >= deadline:
