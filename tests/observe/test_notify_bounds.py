@@ -72,8 +72,8 @@ def test_an_entry_after_1025_attempts_is_saved_and_retried_like_any_other(make, 
     clock.offset = 10 * DAY - 1
     entry["created"] = clock()
     path.write_text(json.dumps(entry))
-    n.pace.state.clear()
     (tmp_path / "notify" / "pace.json").unlink(missing_ok=True)
+    n = notifier(reminder_after=0.0)  # a restart, reading the entry as edited
     n.flush(5)
     after = json.loads(path.read_text())
     assert after["attempts"] == 1025 and after["next_at"] <= clock() + 300.0 * 1.2
@@ -130,7 +130,8 @@ def test_an_unreadable_entry_is_moved_aside_reported_once_and_blocks_nothing(mak
     n.flush(5)
     box = tmp_path / "notify" / "outbox"
     first = sorted(box.iterdir())[0]
-    first.write_text("{not json")
+    (box / ".torn").write_text("{not json")  # replaced under us (files here change only by rename)
+    os.replace(box / ".torn", first)
     receiver.start()
     clock.offset = 600
     assert n.flush(5)["sent"] == 1
