@@ -396,6 +396,14 @@ def check_reboot(conf: SlurmConf, cfg: Config) -> list[Result]:
     else:
         out.append(Result("resume-timeout", Status.PASS, f"{shown} >= [repair] reboot_timeout {ours:g} s", "",
                           conf.where("ResumeTimeout")))
+    rts = conf.entry("ReturnToService")
+    if rts is not None and rts.value.strip() == "2":
+        # Seen on 22.05 and 24.11 (the testbed): DOWN after "reboot complete", IDLE ~5 s later.
+        out.append(Result("return-to-service", Status.WARN,
+                          f"{rts}: a node our reboot brings back DOWN (nextstate=DOWN) returns to service by itself "
+                          "at its next registration, seconds later, before the health check on its new boot has "
+                          "judged it; a fault the reboot did not mend takes jobs until that check drains it again",
+                          "ReturnToService=1 (only nodes DOWN for not responding come back by themselves)", rts.where))
     return out
 
 

@@ -69,3 +69,11 @@ def test_a_state_dir_on_tmpfs_warns(cluster, tmp_path):
     results = cluster.run()
     volatile = [r for r in results if r.check == "state-dir-volatile"]
     assert bool(volatile) == (fs_type(str(tmp_path / "state")) in ("tmpfs", "ramfs"))
+
+
+def test_return_to_service_2_warns_that_a_rebooted_node_comes_back_before_our_check(cluster):
+    assert not [r for r in cluster.run() if r.check == "return-to-service"]  # unset: Slurm's default 1
+    cluster.edit_slurm_conf("ResumeTimeout=900", "ResumeTimeout=900\nReturnToService=2")
+    r = only(cluster.run(), "return-to-service")
+    assert r.status is validate.Status.WARN and r.where == f"{cluster.slurm_conf}:{cluster.line_of('ReturnToService')}"
+    assert r.fix.startswith("ReturnToService=1")
