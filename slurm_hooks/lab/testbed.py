@@ -32,8 +32,8 @@ import jinja2
 import slurm_hooks
 from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
+from slurm_hooks.lab import accounting, packages
 from slurm_hooks.lab import nhc as nhc_lab
-from slurm_hooks.lab import packages
 from slurm_hooks.lab.accounting import Accounting
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command, spawn_detached
@@ -251,11 +251,25 @@ class Testbed:
             why = "; ".join(filter(None, [f"not running: {', '.join(dead)}" if dead else "", current.error]))
             self.progress(f"testbed only partly up ({why}): stopping it to start afresh")
             self.down()
+        if self.settings.accounting:
+            # MariaDB and slurmdbd are installed first (minutes on a fresh machine): the ports are
+            # picked after that, not minutes before slurmctld binds them.
+            accounting.ensure_packages(self.progress)
         self.progress(f"preparing {self.state_dir}")
         self._prepare()
-        self._start_daemons()
-        self.progress("waiting for nodes to register")
-        self.wait_ready(self.settings.up_timeout)
+        try:
+            self._start_daemons()
+            self.progress("waiting for nodes to register")
+            self.wait_ready(self.settings.up_timeout)
+        except TestbedError as exc:
+            if not self._port_taken(exc):
+                raise
+            # Another cluster on this host took a port between our pick and our bind: pick again, once.
+            self.progress("a port was taken meanwhile: starting afresh on other ports")
+            self.down()
+            self._prepare()
+            self._start_daemons()
+            self.wait_ready(self.settings.up_timeout)
         if self.settings.accounting:
             Accounting(self.state_dir, self.progress).wait_registered(CLUSTER, self.env())
             # A clean slurmctld logs a "cold-start" event for every node in slurmdbd as it starts.
@@ -541,16 +555,32 @@ class Testbed:
             time.sleep(0.05)
         raise TestbedError(f"{label} started but wrote no live pid file{self._log_tail(label)}")
 
+    def _port_taken(self, exc: Exception) -> bool:
+        """Whether slurmctld (or a slurmd) could not bind its port (22.05 writes its pid file first)."""
+        logs = [self.path("log", "slurmctld.log"), *(self.path("log", f"slurmd-{n}.log") for n in self.node_names)]
+        for log in logs:
+            try:
+                with open(log, "rb") as fh:
+                    fh.seek(max(0, os.path.getsize(log) - 4096))
+                    if b"Address already in use" in fh.read():
+                        return True
+            except OSError:
+                continue
+        return "Address already in use" in str(exc)
+
     def wait_ready(self, timeout: float = 30.0, idle: bool = True) -> list[NodeInfo]:
         """Until every node is IDLE (or, with ``idle=False``, registered and responding).
 
-        On timeout the error carries the state of every node and the slurmd log tail.
+        On timeout the error carries the state of every node and the slurmd log tail; a
+        slurmctld that died meanwhile fails it at once.
         """
         slurm = self.slurm(timeout=5)
         deadline = time.monotonic() + timeout
         nodes: list[NodeInfo] = []
         last_error = ""
         while True:
+            if last_error and not self._alive("slurmctld"):
+                raise TestbedError(f"slurmctld died: {last_error}{self._log_tail('slurmctld')}")
             try:
                 nodes = slurm.nodes()
                 last_error = ""

@@ -286,3 +286,32 @@ def _processes_mentioning(state_dir: str) -> list[int]:
         if needle in cmdline or f"{MARKER}={state_dir}".encode() in environ:
             found.append(int(entry))
     return found
+
+
+@pytest.mark.slurm
+def test_a_port_taken_between_the_pick_and_the_bind_starts_afresh_on_other_ports(tmp_path):
+    """Another cluster on the host (a fresh root's, a second session's) may take a picked port
+    while `up` is still getting ready: slurmctld then cannot bind it, and `up` picks again, once."""
+    import socket
+
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root")
+    taken: list[socket.socket] = []
+
+    class Raced(Testbed):
+        def _prepare(self):
+            super()._prepare()
+            if not taken:
+                sock = socket.socket()
+                sock.bind(("0.0.0.0", self._ports["slurmctld"]))
+                sock.listen(1)
+                taken.append(sock)
+
+    tb = Raced(str(tmp_path / "raced"), Settings(nodes=1, gpus=1, hooks=False))
+    try:
+        tb.up()
+        assert tb.status().up and tb._ports["slurmctld"] != taken[0].getsockname()[1]
+    finally:
+        tb.down()
+        for sock in taken:
+            sock.close()
