@@ -31,14 +31,17 @@ def testbed() -> None:
 @click.option("--accounting", is_flag=True, help="Also run slurmdbd on a private MariaDB (installed when missing).")
 @click.option("--repair/--no-repair", default=False, show_default=True,
               help="Turn the repair ladder on in the testbed's config (reset -> reboot -> replace).")
+@click.option("--programs", default="", metavar="PREFIX",
+              help="Name the programs a `slurm-hooks install --prefix PREFIX` laid in slurm.conf (rehearse a "
+                   "roll-out), instead of the testbed's own wrappers.")
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
-       requeue_grace: float, accounting: bool, repair: bool) -> None:
+       requeue_grace: float, accounting: bool, repair: bool, programs: str) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
     from slurm_hooks.lab.testbed import Settings, Testbed
 
     settings = Settings(nodes=nodes, gpus=gpus, hooks=hooks, kill_wait=kill_wait,
                         health_check_interval=health_check_interval, requeue_grace=requeue_grace,
-                        accounting=accounting, repair=repair)
+                        accounting=accounting, repair=repair, programs=programs)
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))
