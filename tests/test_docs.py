@@ -122,3 +122,15 @@ def test_the_version_the_docs_install_is_this_one():
     for doc in DOCS:
         for v in re.findall(r"venv-(\d[\w.]*\d)", open(doc, encoding="utf-8").read()):
             assert v in (__version__, "0.2.0"), f"{doc}: venv-{v}"  # 0.2.0: the upgrade example
+
+
+def test_the_bridge_example_lists_every_bridge_key():
+    from slurm_hooks.config import BRIDGE_SCHEMA
+
+    text = open(os.path.join(ROOT, "conf", "bridge.example.toml"), encoding="utf-8").read()
+    for table, keys in BRIDGE_SCHEMA.items():
+        body = text.split(f"\n[{table}]\n", 1)
+        assert len(body) == 2, f"[{table}] is not in conf/bridge.example.toml"
+        section = body[1].split("\n[", 1)[0]
+        for key in keys:
+            assert re.search(rf"^#?\s*{key}\s*=", section, re.M), f"[{table}] {key} is not in conf/bridge.example.toml"
