@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import REASON_PREFIX, fsutil
@@ -31,6 +30,7 @@ from slurm_hooks.slurm import (
     may_drain,
     may_resume,
 )
+from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
     from slurm_hooks.runner import Spawned

@@ -31,7 +31,6 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from slurm_hooks import fsutil
@@ -39,6 +38,7 @@ from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action, Finding, Report, gpu_identity
 from slurm_hooks.slurm import format_reason, reboot_pending
+from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.remediate import Outcome

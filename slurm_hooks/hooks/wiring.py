@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import config as config_mod
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import nodename
+from slurm_hooks.values import dataclass, field
 from slurm_hooks.xid.history import XidHistory
 
 if TYPE_CHECKING:

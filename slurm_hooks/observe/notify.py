@@ -28,12 +28,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from slurm_hooks import fsutil
 from slurm_hooks.observe import incidents
 from slurm_hooks.observe.incidents import Incident, duration
+from slurm_hooks.values import dataclass
 
 #: At most this much of the log is read per pass (a huge backlog is taken in steps).
 READ_CHUNK = 4 << 20
