@@ -358,7 +358,7 @@ def add_to_rma(w: Wiring, p: Plan, report: Report, state: dict[str, Any]) -> lis
 
 
 def state_path(w: Wiring) -> str:
-    return w.state_path(f"repair-{w.node}.json")
+    return w.repair_state()
 
 
 def load(w: Wiring) -> dict[str, Any]:

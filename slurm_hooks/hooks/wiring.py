@@ -73,6 +73,10 @@ class Wiring:
     def state_path(self, *parts: str) -> str:
         return os.path.join(self.config.state.dir, *parts)
 
+    def repair_state(self) -> str:
+        """This node's repair ladder state (:mod:`slurm_hooks.hooks.repair`): absent while no repair ran."""
+        return self.state_path(f"repair-{self.node}.json")
+
     def drained_marker(self) -> str:
         """Present while this node is drained by us: the health check then looks at Slurm."""
         return self.state_path(f"drained-{self.node}")
