@@ -352,6 +352,65 @@ def check_controller_failover(conf: SlurmConf, cfg: Config) -> list[Result]:
                    f"(up to SlurmctldTimeout {takeover:g} s) actions wait as pending ones", "", where)]
 
 
+def _config_line(cfg: Config, section: str, key: str) -> str:
+    """``<config.toml>:<line>`` of ``[section] key`` (the path alone when it is not written there)."""
+    line = cfg.where.line_of(section, key) if cfg.where is not None else None
+    return f"{cfg.path}:{line}" if cfg.path and line else (cfg.path or "")
+
+
+def check_reboot(conf: SlurmConf, cfg: Config) -> list[Result]:
+    """The repair ladder's reboot goes through Slurm: without RebootProgram ``scontrol reboot``
+    is refused, and a ResumeTimeout shorter than ``[repair] reboot_timeout`` marks a node that is
+    still rebooting DOWN ("reboot timed out") before our ladder has given up on it."""
+    check = "reboot-program"
+    if not (cfg.repair.enabled and cfg.repair.reboot):
+        return [Result(check, Status.PASS, "the repair ladder's reboot rung is off: RebootProgram not needed", "",
+                       conf.where("RebootProgram"))]
+    rung = _config_line(cfg, "repair", "reboot") or _config_line(cfg, "repair", "enabled")
+    e = conf.entry("RebootProgram")
+    if e is None or not e.value.strip():
+        return [Result(check, Status.FAIL,
+                       f"RebootProgram is not set in {conf.path}, but the repair ladder's reboot rung is on "
+                       f"([repair] reboot = true{', ' + rung if rung else ''}): Slurm refuses `scontrol reboot`, "
+                       "and the ladder skips to [replace]",
+                       "RebootProgram=/usr/sbin/reboot in slurm.conf, or [repair] reboot = false", rung or conf.path)]
+    out = [Result(check, Status.PASS, f"{e}", "", e.where)]
+    value, err = _seconds(conf, "resume-timeout", "ResumeTimeout", 60)
+    if err:
+        return [*out, err]
+    ours = float(cfg.repair.reboot_timeout)
+    shown = str(conf.entry("ResumeTimeout") or "ResumeTimeout unset (default 60)")
+    if value < ours:
+        out.append(Result("resume-timeout", Status.FAIL,
+                          f"{shown} is shorter than [repair] reboot_timeout = {ours:g} s: Slurm marks a node still "
+                          "rebooting DOWN (\"reboot timed out\") while the ladder still waits for it",
+                          f"ResumeTimeout={int(ours)} in slurm.conf, or reboot_timeout = {value:g} in [repair]",
+                          conf.where("ResumeTimeout")))
+    else:
+        out.append(Result("resume-timeout", Status.PASS, f"{shown} >= [repair] reboot_timeout {ours:g} s", "",
+                          conf.where("ResumeTimeout")))
+    return out
+
+
+def check_health_check_timeout(conf: SlurmConf, cfg: Config, version: tuple[int, int] | None) -> list[Result]:
+    """slurmd kills the health check at 60 s, or at ``HealthCheckTimeout`` on 26.05+: our
+    ``[check] deadline`` must end the run before that."""
+    from slurm_hooks.slurm import quirks
+
+    check = "health-check-timeout"
+    e = conf.entry("HealthCheckTimeout")
+    kill = quirks.health_check_kill_s(version, e.value if e is not None else None)
+    deadline = float(cfg.check.deadline)
+    shown = f"{e}" if e is not None and kill != quirks.HEALTH_CHECK_KILL_S else f"slurmd's {kill:g} s kill"
+    if deadline >= kill:
+        return [Result(check, Status.FAIL,
+                       f"[check] deadline = {deadline:g} s is not shorter than {shown}: slurmd kills the check "
+                       "before it can drain", f"deadline = {max(1, int(kill) - 15)} in [check]",
+                       _config_line(cfg, "check", "deadline") or conf.where("HealthCheckTimeout"))]
+    return [Result(check, Status.PASS, f"[check] deadline = {deadline:g} s < {shown}", "",
+                   conf.where("HealthCheckTimeout"))]
+
+
 def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Result]:
     """Every slurm.conf check, in the order an admin reads them."""
     out: list[Result] = []
@@ -365,4 +424,10 @@ def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Res
     out += check_nohold_on_prolog_fail(conf)
     out += check_gres(conf, cfg, node)
     out += check_controller_failover(conf, cfg)
+    out += check_reboot(conf, cfg)
+    # HealthCheckTimeout exists from 26.05 on: a slurm.conf that sets it is read by such a Slurm.
+    from slurm_hooks.slurm import quirks
+
+    out += check_health_check_timeout(conf, cfg, quirks.HEALTH_CHECK_TIMEOUT_SINCE
+                                      if "HealthCheckTimeout" in conf else None)
     return out

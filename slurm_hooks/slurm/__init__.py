@@ -43,7 +43,25 @@ class NodeInfo:
 
     @property
     def ours(self) -> bool:
-        return self.reason.startswith(REASON_PREFIX)
+        """Our reason, as Slurm shows it (``" : Not responding"`` and a reboot's suffixes allowed).
+
+        What Slurm alone can say: the node side also holds it against what it recorded
+        at the drain (:class:`slurm_hooks.hooks.marker.DrainMarker`)."""
+        return reason_is_ours(self.reason)
+
+    @property
+    def reason_time(self) -> str:
+        """Slurm's ReasonTime as printed (``2026-11-29T21:27:07``, or epoch seconds from JSON); "" unknown."""
+        return str(self.extra.get("ReasonTime", "") or "")
+
+    @property
+    def reason_user(self) -> str:
+        return str(self.extra.get("ReasonUser", "") or "")
+
+    @property
+    def extra_text(self) -> str:
+        """The node's ``Extra`` field (free text, settable with ``scontrol update Extra=``; Slurm 22.05+)."""
+        return str(self.extra.get("Extra") or "")
 
 
 #: Job states in which a job still holds (or is releasing) a node.
@@ -161,6 +179,10 @@ class Slurm(Protocol):
 
     def resume(self, name: str) -> None: ...
 
+    def set_node_extra(self, name: str, text: str) -> None:
+        """``scontrol update NodeName=<name> Extra=<text>``: never touches the state or the reason."""
+        ...
+
     def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
         """``scontrol reboot ASAP nextstate=<nextstate> reason=<reason> <name>``: drained at once,
         rebooted through RebootProgram once idle. Only a node that carries no one else's reason."""
@@ -201,14 +223,24 @@ class Slurm(Protocol):
 #: more, but what we write stays within what a submission may carry.
 ADMIN_COMMENT_MAX = 1024
 ADMIN_COMMENT_SEP = "; "
+#: The UTC minute our lines end with: a retry a minute later says the same thing.
+_ADMIN_COMMENT_STAMP = re.compile(r",\s*\d{4}-\d\d-\d\dT\d\d:\d\dZ$")
+
+
+def admin_comment_line(text: str) -> str:
+    """One entry: on one line, without the separator (a summary of several findings joins them with
+    "; " too: written as is, its second half would read as someone else's entry)."""
+    return " ".join(text.split()).replace(";", ",")
 
 
 def join_admin_comment(existing: str, line: str, limit: int = ADMIN_COMMENT_MAX) -> str | None:
     """``existing`` with ``line`` appended (``; ``), within ``limit``. What others wrote is kept
-    whole; our own older lines go first when room is short. ``None``: no room without cutting theirs."""
-    line = " ".join(line.split())
+    whole; our own older lines go first when room is short. A line said already (the same words,
+    whatever minute it was stamped with: a retried run) is not said again.
+    ``None``: no room without cutting theirs."""
+    line = admin_comment_line(line)
     parts = [p for p in (existing or "").split(ADMIN_COMMENT_SEP) if p.strip()]
-    if line in parts:
+    if _ADMIN_COMMENT_STAMP.sub("", line) in {_ADMIN_COMMENT_STAMP.sub("", p.strip()) for p in parts}:
         return existing  # said already (a retried run)
     while True:
         joined = ADMIN_COMMENT_SEP.join([*parts, line])
@@ -218,6 +250,40 @@ def join_admin_comment(existing: str, line: str, limit: int = ADMIN_COMMENT_MAX)
         if ours is None:
             return None
         del parts[ours]
+
+
+#: What Slurm appends to a node's existing reason (``" : <msg>"``, ``set_node_reason`` in
+#: node_mgr.c) without anyone else taking the node: it stays the drain of whoever wrote the text.
+#: Any other suffix (``Prolog error``, ``Epilog error``, ``Kill task failed``, ...) is a new drain
+#: by Slurm itself that kept the old text in front (:mod:`.quirks`: 23.11 keeps reasons).
+OWNER_KEEPING_SUFFIXES = ("Not responding", "reboot issued", "reboot complete", "reboot timed out")
+#: Reasons other tools own whatever follows: NHC (``node-mark-online`` resumes only its own)
+#: and Slinky's slurm-operator (``IsNodeReasonOurs``).
+FOREIGN_PREFIXES = ("NHC:", "slurm-operator: ")
+SUFFIX_SEP = " : "
+
+
+def split_reason(reason: str) -> tuple[str, tuple[str, ...]]:
+    """``(text, suffixes)``: the reason as its writer set it, and what Slurm appended since.
+
+    Only our reasons are split (their text never holds the separator: :func:`format_reason`);
+    anyone else's is returned whole."""
+    if not reason.startswith(REASON_PREFIX):
+        return reason, ()
+    m = _TAGGED.match(reason)
+    if m:
+        text, rest = m.group("text"), m.group("rest")
+    else:
+        text, _, rest = reason.partition(SUFFIX_SEP)
+        rest = SUFFIX_SEP + rest if rest else ""
+    return text, tuple(part.strip() for part in rest.split(SUFFIX_SEP)[1:])
+
+
+def reason_is_ours(reason: str) -> bool:
+    """Our prefix, and nothing appended but Slurm's own owner-keeping suffixes."""
+    if not reason.startswith(REASON_PREFIX) or reason.startswith(FOREIGN_PREFIXES):
+        return False
+    return all(suffix in OWNER_KEEPING_SUFFIXES for suffix in split_reason(reason)[1])
 
 
 def may_drain(node: NodeInfo) -> bool:
@@ -231,26 +297,39 @@ def reboot_pending(node: NodeInfo) -> bool:
     return any(flag.startswith("REBOOT") for flag in node.flags)
 
 
+def out_of_service(node: NodeInfo) -> bool:
+    """Drained, or DOWN (how our ``nextstate=DOWN`` reboot brings a node back)."""
+    return node.drained or node.base_state == "DOWN"
+
+
 def may_resume(node: NodeInfo) -> bool:
-    """Resume only a node we drained ourselves."""
-    return node.drained and node.ours
+    """Resume only a node we took out ourselves (drained, or DOWN after our reboot)."""
+    return out_of_service(node) and node.ours
 
 
 #: What follows the action in the bracket of a drain for a fault that waits for the running jobs.
 AT_JOB_END = "at job end"
-_ACTION_TAG = re.compile(r"\s\[({})(?P<end>, {})?\]$".format("|".join(a.value for a in Action), AT_JOB_END))
+_ACTIONS = "|".join(a.value for a in Action)
+#: ``[reboot]``, ``[reset, at job end]``, ``[reboot 1/2]`` (the ladder's attempt at this rung, of
+#: how many: kept in Slurm so that a lost state dir does not reset the count).
+_ACTION_TAG = re.compile(rf"\s\[({_ACTIONS})(?: (?P<n>\d+)/(?P<of>\d+))?(?P<end>, {AT_JOB_END})?\]$")
+#: Our reason up to its action tag, then Slurm's suffixes.
+_TAGGED = re.compile(rf"^(?P<text>{re.escape(REASON_PREFIX)}.*\[(?:{_ACTIONS})(?: \d+/\d+)?(?:, {AT_JOB_END})?\])(?P<rest>(?: : .*)?)$", re.S)
 
 
-def format_reason(summary: str, action: Action, limit: int = 120, at_job_end: bool = False) -> str:
+def format_reason(summary: str, action: Action, limit: int = 120, at_job_end: bool = False,
+                  attempt: tuple[int, int] | None = None) -> str:
     """``slurm-hooks: XID 79 on GPU 3 [reboot]``: what broke, then what it needs;
     ``slurm-hooks: row remap pending on GPU 6 [reset, at job end]`` when the remedy waits
-    for the running jobs to end (nothing was requeued for it).
+    for the running jobs to end (nothing was requeued for it); ``[reboot 1/2]`` for the
+    repair ladder's first of two reboots (``attempt``).
 
     The bracketed action is how the bridge, which sees only Slurm's node state,
     knows whether a node needs a reboot or a replacement.
     """
-    summary = "".join(ch if ch.isprintable() else " " for ch in summary).strip()
-    tag = f" [{action.value}, {AT_JOB_END}]" if at_job_end else f" [{action.value}]"
+    summary = "".join(ch if ch.isprintable() else " " for ch in summary).replace(SUFFIX_SEP, " - ").strip()
+    count = f" {attempt[0]}/{attempt[1]}" if attempt else ""
+    tag = f" [{action.value}{count}, {AT_JOB_END}]" if at_job_end else f" [{action.value}{count}]"
     room = limit - len(REASON_PREFIX) - 1 - len(tag)
     if len(summary) > room:
         summary = summary[: room - 3].rstrip() + "..."
@@ -258,17 +337,25 @@ def format_reason(summary: str, action: Action, limit: int = 120, at_job_end: bo
 
 
 def parse_reason(reason: str) -> tuple[str, Action | None] | None:
-    """Inverse of :func:`format_reason`; ``None`` when the reason is not ours."""
+    """Inverse of :func:`format_reason` (Slurm's suffixes dropped); ``None`` when the reason is not ours."""
     if not reason.startswith(REASON_PREFIX):
         return None
-    body = reason[len(REASON_PREFIX):].strip()
+    body = split_reason(reason)[0][len(REASON_PREFIX):].strip()
     m = _ACTION_TAG.search(body)
     if not m:
         return body, None
     return body[: m.start()].strip(), Action(m.group(1))
 
 
+def reason_attempt(reason: str) -> tuple[Action, int, int] | None:
+    """``(action, n, of)`` of our reason's ``[reboot 1/2]``; ``None`` without a count."""
+    m = _ACTION_TAG.search(split_reason(reason)[0]) if reason.startswith(REASON_PREFIX) else None
+    if not m or m.group("n") is None:
+        return None
+    return Action(m.group(1)), int(m.group("n")), int(m.group("of"))
+
+
 def waits_for_job_end(reason: str) -> bool:
     """Whether our drain reason says the remedy waits for the running jobs (``[reset, at job end]``)."""
-    m = _ACTION_TAG.search(reason) if reason.startswith(REASON_PREFIX) else None
+    m = _ACTION_TAG.search(split_reason(reason)[0]) if reason.startswith(REASON_PREFIX) else None
     return bool(m and m.group("end"))

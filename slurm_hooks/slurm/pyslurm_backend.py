@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_resume
+from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_resume, out_of_service
 from slurm_hooks.slurm.errors import (
     ReasonNotOurs,
     SlurmCommandFailed,
@@ -109,7 +109,7 @@ class PyslurmSlurm:
 
     def resume(self, name: str) -> None:
         current = self.node(name)
-        if not current.drained:
+        if not out_of_service(current):
             return
         if not may_resume(current):
             raise ReasonNotOurs(current, "resume")
@@ -118,6 +118,10 @@ class PyslurmSlurm:
     def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
         """pyslurm has no reboot request that takes a reason: scontrol does it."""
         self._array_cli().reboot(name, reason, nextstate)
+
+    def set_node_extra(self, name: str, text: str) -> None:
+        """Through scontrol, like the reboot: one place that writes a node's Extra."""
+        self._array_cli("set a node's Extra").set_node_extra(name, text)
 
     # -- jobs
 

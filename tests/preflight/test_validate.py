@@ -28,6 +28,8 @@ Epilog={root}/etc/epilog.d/50-slurm-hooks
 PrologEpilogTimeout=120
 KillWait=120
 MessageTimeout=5
+RebootProgram=/usr/sbin/reboot
+ResumeTimeout=900
 JobRequeue=1
 SchedulerParameters=bf_interval=30,nohold_on_prolog_fail
 GresTypes=gpu
@@ -519,7 +521,8 @@ def test_bridge_credentials_with_every_permission_pass(bridge_cluster):
     # exactly the ClusterRole `render` writes: nothing the bridge does not use (no watch, no get pods)
     assert sorted(server.seen) == sorted([("get", "nodes"), ("list", "nodes"), ("patch", "nodes"),
                                           ("patch", "nodes/status"), ("list", "pods"), ("create", "pods/eviction"),
-                                          ("create", "events")])
+                                          ("create", "events"), ("get", "leases"), ("create", "leases"),
+                                          ("update", "leases")])
 
 
 def test_bridge_missing_eviction_permission_fails_naming_the_rbac_rule(bridge_cluster):
