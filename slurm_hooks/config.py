@@ -43,6 +43,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "gres_conf": (str, ""),
         "gres_source": (str, "gres.conf"),
         "slurmd": (str, "/usr/sbin/slurmd"),
+        "mig_minors": (str, "/proc/driver/nvidia-caps/mig-minors"),
     },
     "log": {
         "audit": (str, "/var/log/slurm-hooks/audit.jsonl"),
@@ -64,6 +65,24 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     "remediation": {
         "requeue": (bool, True),
         "requeue_grace": (_Num, 120.0),
+    },
+    #: A job's own checkpoint signal (``--signal``), delivered before we requeue it
+    #: (:mod:`slurm_hooks.hooks.checkpoint`).
+    "requeue": {
+        #: Site policy for jobs that declare no ``--signal``: a spec (``USR1``, ``B:USR1@90``); "" = none.
+        "signal": (str, ""),
+        #: Partition -> spec, over ``signal`` for that partition's jobs ("" = none there).
+        "partitions": (dict, {}),
+        #: Longest wait after the signal for the job to requeue itself or end; never past
+        #: the job's own ``@TIME`` nor KillWait.
+        "checkpoint_grace": (_Num, 90.0),
+        #: Deliver with ``scancel --full`` (batch shell, its children and every step) instead
+        #: of Slurm's own way (steps; the batch shell for ``B:``).
+        "full": (bool, False),
+        #: SlurmdSpoolDir (``%n``: the node's name): the batch host's copy of a job's script.
+        "spool_dir": (str, "/var/spool/slurmd"),
+        #: Also read ``sacct -o SubmitLine`` (needs slurmdbd): the command line's ``--signal`` wins.
+        "submit_line": (bool, True),
     },
     "repair": {
         "enabled": (bool, True),
@@ -184,6 +203,7 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("notify", "timeout"): _POSITIVE,
     ("notify", "retry_max"): _POSITIVE,
     ("notify", "flush_timeout"): _POSITIVE,
+    ("requeue", "checkpoint_grace"): _Range(0, 3600, why="0 = no grace: requeue at once after the signal"),
     ("notify", "max_queued"): _Range(1, 100000),
     ("notify", "max_age"): _POSITIVE,
     ("notify", "rate"): _POSITIVE,
@@ -313,6 +333,7 @@ def parse(text: str, path: str | None = "<string>") -> Config:
         where.fail("repair", "services", f"must be a list of service names, got {services!r}")
     for kind in DESTINATION_KEYS:
         setattr(sections["notify"], kind, _check_destinations(kind, raw.get("notify", {}).get(kind, ()), where))
+    _check_requeue_signals(sections["requeue"], where)
     default_expect = Expectations(**vars(sections["expect"]))
     _check_temperatures(default_expect, raw.get("expect", {}), "expect", where)
     groups = []
@@ -417,6 +438,25 @@ def _check_together(sections: dict[str, SimpleNamespace], raw: dict, where: _Loc
                 else ("check", "deadline")
             where.fail(*blamed, f"[{section}] {key} = {value:g} s must be shorter than [check] deadline = "
                                 f"{deadline:g} s: the run would end before the call")
+
+
+def _check_requeue_signals(section: SimpleNamespace, where: _Locator) -> None:
+    """``[requeue] signal`` and each ``partitions`` value: a ``--signal`` spec or ""."""
+    from slurm_hooks.slurm.jobsignal import parse_spec
+
+    def check(value: Any, key: str, label: str) -> None:
+        if not isinstance(value, str):
+            where.fail("requeue", key, f"{label}: expected a --signal spec string, got {value!r}")
+        if value:
+            try:
+                parse_spec(value)
+            except ValueError as exc:
+                where.fail("requeue", key, f"{label}: {exc}")
+
+    check(section.signal, "signal", "signal")
+    for name, value in section.partitions.items():
+        check(value, "partitions", f"partition {name!r}")
+    section.partitions = dict(section.partitions)
 
 
 def _check_temperatures(expect: Expectations, table: dict, section: str, where: _Locator) -> None:
@@ -647,7 +687,7 @@ def _type_name(accepted: Any) -> str:
     if accepted is _Num:
         return "a number"
     return {str: "a string", int: "an integer", bool: "true or false", list: "a list of tables",
-            tuple: "a list"}.get(accepted, str(accepted))
+            tuple: "a list", dict: "a table"}.get(accepted, str(accepted))
 
 
 def _toml_error(text: str) -> tuple[str, int | None]:

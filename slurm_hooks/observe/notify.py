@@ -167,7 +167,8 @@ def _gpu_words(f: incidents.Finding) -> str:
 
 def _jobs_words(inc: Incident, most: int = TEXT_JOBS_MAX) -> str:
     def named(how: str) -> str:
-        jobs = [j.job_id + (f" ({j.user})" if j.user else "") for j in inc.jobs.values() if j.how == how]
+        jobs = [j.job_id + (f" ({j.user})" if j.user else "") + _checkpoint_words(j)
+                for j in inc.jobs.values() if j.how == how]
         more = f" and {len(jobs) - most} more" if len(jobs) > most else ""
         return ", ".join(jobs[:most]) + more
 
@@ -175,6 +176,18 @@ def _jobs_words(inc: Incident, most: int = TEXT_JOBS_MAX) -> str:
                                                    ("jobs refused at start (Slurm requeues them)", named("refused")))
              if jobs]
     return "; ".join(words) or "no job requeued"
+
+
+def _checkpoint_words(job: incidents.Job) -> str:
+    """`` [USR2@90: requeued itself 3.1s after the fault]`` for a job that got its own signal first."""
+    if not job.signal:
+        return ""
+    took = f" {job.requeue_s:g}s after the fault" if job.requeue_s is not None else ""
+    if job.requeued_by == "self":
+        return f" [{job.signal}: requeued itself{took}]"
+    if job.requeued_by == "ours":
+        return f" [{job.signal}: no checkpoint: requeued after the grace{took}]"
+    return f" [{job.signal} sent: in its grace]"
 
 
 def _what(inc: Incident) -> str:

@@ -208,7 +208,20 @@ class Slurm(Protocol):
 
     def start_now(self, ref: int | str) -> None: ...
 
-    def signal(self, ref: int | str, signal: str) -> None: ...
+    def signal(self, ref: int | str, signal: str, target: str = "full") -> None:
+        """``scancel --signal``: ``target`` "steps", "batch" (``B:``) or "full"."""
+
+    def batch_script(self, ref: int | str) -> bytes:
+        """The job's batch script as submitted (``scontrol write batch_script``)."""
+
+    def submit_line(self, ref: int | str) -> str:
+        """The job's sbatch command line (``sacct -o SubmitLine``; needs slurmdbd)."""
+
+    def job_partition(self, ref: int | str) -> str:
+        """The job's partition ("" when Slurm does not say)."""
+
+    def kill_wait(self) -> float | None:
+        """slurm.conf's KillWait (s), or None when it cannot be read."""
 
     def admin_comment(self, ref: int | str) -> str:
         """The job's AdminComment ("" when none)."""
