@@ -311,8 +311,7 @@ class Testbed:
         for name in s.node_names:
             if not os.path.exists(sim.state_path(self.sim_dir, name)):
                 sim.init(self.sim_dir, name, s.gpus, mig=s.mig)
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(s), "ports": self._ports}, indent=1), mode=0o644)
+        self._save_settings()
 
     def _template_context(self, hooks: bool | None = None) -> dict:
         s = self.settings
@@ -419,6 +418,10 @@ class Testbed:
         if self.settings.nhc:
             self._write_nhc()
         self._write_hook("healthcheck")
+        self._save_settings()
+
+    def _save_settings(self) -> None:
+        """``testbed.json``: what ``down``, ``status`` and the next ``up`` read back."""
         fsutil.atomic_write(self.path("testbed.json"),
                             json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
 
@@ -428,8 +431,7 @@ class Testbed:
             raise TestbedError("NHC is not this testbed's HealthCheckProgram (testbed up --nhc SOURCE)")
         self.settings = _replace(self.settings, nhc_check=line)
         self.nhc.write_conf(line)
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+        self._save_settings()
 
     def nhc_site_fault(self, node: str, failing: bool) -> None:
         """NHC's own site check fails (``failing``) or passes again on ``node``."""
@@ -598,8 +600,7 @@ class Testbed:
     def _reconfigure(self, settings: Settings) -> None:
         self.settings = settings
         self._render("slurm.conf.j2", self.slurm_conf, self._template_context())
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+        self._save_settings()
         if not self._alive("slurmctld"):
             return
         logs = {name: self.path("log", f"slurmd-{name}.log") for name in self.node_names}
