@@ -110,6 +110,9 @@ class Settings:
     #: the wheel in its own venv, ``install --prefix P --config <testbed config> --env SLURM_CONF=...``);
     #: "" for the testbed's own wrappers, which run this checkout.
     programs: str = ""
+    #: RebootProgram in slurm.conf. Off (``testbed up --no-reboot-program``) as on sites that never
+    #: set one: ``scontrol reboot`` is then refused ("Unspecified error").
+    reboot_program: bool = True
     #: LBNL NHC as HealthCheckProgram, run from this source (its tarball or tree; "" = slurm-hooks
     #: itself), with our check in its scripts dir (slurm_hooks.lab.nhc).
     nhc: str = ""
