@@ -286,3 +286,18 @@ def test_sim_init_cli_takes_minors_and_mig(tmp_path, capsys):
         main([*argv, "--minors", "1,1"])
     err = capsys.readouterr().err
     assert bad.value.code != 0 and "distinct minor numbers" in err and "Traceback" not in err
+
+
+def test_admin_comment_names_the_jobs_gpu_as_slurm_numbers_it_when_nvmls_differs(tmp_path):
+    t = node(tmp_path)
+    run_jobs(t, {801: "gpu:1(IDX:0)"})
+    sim.inject(t.sim_dir, "n1", 7, xid=79)
+    healthcheck.run(t.w, follow="none")
+    assert t.slurm.admin_comments[801].startswith(
+        "slurm-hooks: requeued from n1, XID 79 on GPU 7 (the job's GPU 0 as Slurm numbers them), ")
+    (tmp_path / "p").mkdir()
+    refused = node(tmp_path / "p")
+    sim.inject(refused.sim_dir, "n1", 6, xid=79)
+    refused.slurm.add_job(802, "n1")
+    assert jobhooks.prolog(refused.w, {"SLURM_JOB_ID": "802", "SLURM_JOB_GPUS": "1"}) == 1
+    assert "XID 79 on GPU 6 (the job's GPU 1 as Slurm numbers them)" in refused.slurm.admin_comments[802]
