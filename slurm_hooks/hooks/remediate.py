@@ -229,7 +229,8 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
             continue
         outcome.requeued.append(ref)
         seconds = round(time.time() - fault_at, 3)
-        _step(w, "requeue", ref, "ok", t0, jobs=[ref], requeued_by="ours", seconds_from_fault=seconds, **scope)
+        _step(w, "requeue", ref, "ok", t0, jobs=[ref], requeued_by="ours", seconds_from_fault=seconds,
+              **({"gpus": list(held)} if held else {}), **scope)
         record_requeue_seconds(w, "ours", seconds)
     if outcome.requeued or graced:
         follow_jobs(w, [*outcome.requeued, *outcome.signalled], follow, records=graced)

@@ -301,3 +301,16 @@ def test_admin_comment_names_the_jobs_gpu_as_slurm_numbers_it_when_nvmls_differs
     refused.slurm.add_job(802, "n1")
     assert jobhooks.prolog(refused.w, {"SLURM_JOB_ID": "802", "SLURM_JOB_GPUS": "1"}) == 1
     assert "XID 79 on GPU 6 (the job's GPU 1 as Slurm numbers them)" in refused.slurm.admin_comments[802]
+
+
+def test_incident_names_each_requeued_jobs_gpu_as_slurm_numbers_it(tmp_path):
+    from slurm_hooks.observe import incidents
+
+    t = node(tmp_path)
+    run_jobs(t, {901: "gpu:2(IDX:0-1)", 902: "gpu:1(IDX:2)"})
+    sim.inject(t.sim_dir, "n1", 6, xid=79)  # NVML 6 is GRES 1
+    healthcheck.run(t.w, follow="none")
+    [inc] = incidents.build(t.audit.read())
+    summary = incidents.summary(inc)
+    assert summary["gpus"][0]["index"] == 6
+    assert [(j["job_id"], j["how"], j.get("gpus")) for j in summary["jobs"]] == [("901", "requeued", [0, 1])]
