@@ -314,3 +314,18 @@ def test_incident_names_each_requeued_jobs_gpu_as_slurm_numbers_it(tmp_path):
     summary = incidents.summary(inc)
     assert summary["gpus"][0]["index"] == 6
     assert [(j["job_id"], j["how"], j.get("gpus")) for j in summary["jobs"]] == [("901", "requeued", [0, 1])]
+
+
+def test_explain_says_when_the_map_is_unknown_and_counts_every_gpu_job(tmp_path, capsys):
+    from slurm_hooks.commands.check import print_explained
+
+    t = node(tmp_path, None)
+    run_jobs(t, {1001: "gpu:1(IDX:0)", 1002: "gpu:1(IDX:7)", 1003: ""})
+    sim.inject(t.sim_dir, "n1", 7, xid=79)
+    report = healthcheck.judge(t.w, healthcheck.Context.CHECK)
+    entries = remediate.explain(t.w, report)
+    [xid] = [e for e in entries if e["check"] == "xid"]
+    assert xid["requeues"] == ["1001", "1002"] and xid["gpu_map"].startswith("gres.conf unreadable")
+    print_explained(report, entries, as_json=False)
+    line = next(x for x in capsys.readouterr().out.splitlines() if " xid: " in x)
+    assert "requeue 1001, 1002 (every GPU job: GPU map unknown, gres.conf unreadable" in line
