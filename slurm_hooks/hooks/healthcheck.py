@@ -18,7 +18,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 from slurm_hooks import engine, pending
@@ -27,6 +27,7 @@ from slurm_hooks.hooks import follower, gpumap, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring, xid_history
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, Scope, XidEvent
+from slurm_hooks.slurm import quirks
 from slurm_hooks.xid.history import XidState
 
 if TYPE_CHECKING:
@@ -54,11 +55,22 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     if not dry_run:
         if not retry:
             remediate.record_alerts(w, report)
+            if context is Context.CHECK:
+                _record_slurm_view(w, report)
         act(w, report, outcome, follow=follow, earlier=earlier)
         follower.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
         if context is Context.CHECK and not retry:
             notify_flush(w)
     return report, outcome
+
+
+def _record_slurm_view(w: Wiring, report: Report, env: Mapping[str, str] | None = None) -> None:
+    """Slurm 26.05.2+ tells the health check its own view (``SLURM_NODE_IS_HEALTHY=yes|no``): kept
+    beside ours in the audit log when it says something (an older Slurm says nothing: no record)."""
+    said = quirks.node_is_healthy(dict(os.environ if env is None else env))
+    if said:
+        w.audit.write("slurm-view", node=w.node, context=report.context.value, node_is_healthy=said,
+                      ours="healthy" if not report.drain_findings() else "faulty")
 
 
 #: The health check's flush keeps this much of the run's deadline unspent, and needs at least MIN_FLUSH_S.
