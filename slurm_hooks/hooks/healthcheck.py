@@ -372,7 +372,9 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
             left = ["requeue"]
         # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its
         # failure is a warning, never a pending requeue).
-        remediate.annotate_jobs(w, outcome.requeued, f"requeued from {w.node}, {engine.drain_summary(report)}")
+        what = f"requeued from {w.node}, {engine.drain_summary(report)}"
+        for ref in outcome.requeued:
+            remediate.annotate_jobs(w, [ref], what + remediate.in_slurms_numbering(w, outcome.job_gpus.get(ref, ())))
     if earlier is not None and not requeue and "requeue" in earlier.steps:
         left.append("requeue")  # this run (a prolog, an epilog) does not requeue: the next one will
     _settle(w, report, outcome, earlier, left, seen.last_error())
