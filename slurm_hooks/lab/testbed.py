@@ -105,6 +105,9 @@ class Settings:
     #: The repair ladder ([repair] enabled in the testbed's config.toml). Off by default, so that
     #: a drained node stays drained for the tests and demos that look at it.
     repair: bool = False
+    #: RebootProgram in slurm.conf. Off (``testbed up --no-reboot-program``) as on sites that never
+    #: set one: ``scontrol reboot`` is then refused ("Unspecified error").
+    reboot_program: bool = True
     #: LBNL NHC as HealthCheckProgram, run from this source (its tarball or tree; "" = slurm-hooks
     #: itself), with our check in its scripts dir (slurm_hooks.lab.nhc).
     nhc: str = ""

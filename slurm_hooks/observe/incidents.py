@@ -24,8 +24,11 @@ from slurm_hooks.observe import events
 
 #: Harmless to most disruptive, as in :class:`slurm_hooks.models.Action`.
 ACTIONS = ("none", "warn", "drain", "reset", "reboot", "replace")
-_REASON_ACTION = re.compile(r"\[(\w+)\]\s*$")
 _XID = re.compile(r"\bXID (\d+)\b")
+#: Our reason's action tag (``[reboot]``, ``[reboot 1/1]``, ``[reset, at job end]``), then any of
+#: Slurm's ``" : ..."`` suffixes (``reboot timed out``). Observe stands below the Slurm adapter, so
+#: this is the one regex that mirrors :func:`slurm_hooks.slurm.parse_reason`.
+_REASON_ACTION = re.compile(r"\[(\w+)(?: \d+/\d+)?(?:, at job end)?\](?: : [^\[\]]*)?\s*$")
 _TAKE_OUT_RESULTS = ("ok", "already")
 
 
@@ -71,6 +74,9 @@ class Job:
     requeued_by: str = ""
     #: Seconds from the fault to its requeue.
     requeue_s: float | None = None
+    #: The GPUs it held on the node as Slurm numbers them (its SLURM_JOB_GPUS; hooks.gpumap ties
+    #: them to the finding's NVML index).
+    gpus: list[int] = field(default_factory=list)
 
     @property
     def how(self) -> str:
@@ -186,6 +192,7 @@ def resolution(r: dict[str, Any]) -> str:
 
 
 def reason_action(reason: str) -> str:
+    """The action our reason names (``[reboot 1/1] : reboot timed out`` is a reboot); "drain" else."""
     m = _REASON_ACTION.search(reason or "")
     return m.group(1) if m and m.group(1) in ACTIONS else "drain"
 
@@ -310,6 +317,8 @@ def _absorb(inc: Incident, r: dict[str, Any]) -> None:
             for job_id in r.get("jobs") or [r.get("target")]:
                 job = _job(inc, job_id, r)
                 job.requeued_at = job.requeued_at or ts
+                if isinstance(r.get("gpus"), list) and not job.gpus:
+                    job.gpus = [int(g) for g in r["gpus"] if isinstance(g, int)]
                 if r.get("requeued_by") and not job.requeued_by:
                     job.requeued_by = str(r["requeued_by"])
                     job.requeue_s = r.get("seconds_from_fault")
@@ -344,7 +353,8 @@ def summary(inc: Incident) -> dict[str, Any]:
         "urgency": "high" if action_rank(inc.action) >= action_rank("reboot") else "normal",
         "reason": inc.reason,
         "seen_by": list(inc.contexts),
-        "jobs": [{"job_id": j.job_id, "user": j.user or None, "how": j.how, **_checkpoint(j)}
+        "jobs": [{"job_id": j.job_id, "user": j.user or None, "how": j.how, **_checkpoint(j),
+                  **({"gpus": j.gpus} if j.gpus else {})}
                  for j in inc.jobs.values() if j.how],
         "time_to_job_running_s": None if inc.time_to_job_running is None else round(inc.time_to_job_running, 3),
         "opened_at": utc(inc.opened_at),
