@@ -53,7 +53,7 @@ from slurm_hooks.bridge.verdict import Verdict, extra_is_foreign, operator_reaso
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action
 from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.slurm import NodeInfo, Slurm, parse_reason
+from slurm_hooks.slurm import NodeInfo, Slurm, out_of_service, parse_reason
 
 COMPONENT = nodeops.COMPONENT
 #: Slurm states in which a node is not "healthy again", whatever its drain flag says.
@@ -82,8 +82,8 @@ def readopt(node: NodeInfo, verdict: Verdict, actions: tuple[Action, ...]) -> bo
 
 def trigger(node: NodeInfo, actions: tuple[Action, ...]) -> tuple[str, Action] | None:
     """(summary, action) when this Slurm node asks the bridge to act, else ``None``."""
-    if not node.drained or not node.ours:
-        return None
+    if not out_of_service(node) or not node.ours:
+        return None  # a DOWN node counts: our reboot left "reboot timed out" (Slurm's suffixes parsed off)
     parsed = parse_reason(node.reason)
     if parsed is None or parsed[1] not in actions:
         return None

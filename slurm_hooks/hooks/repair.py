@@ -153,14 +153,14 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
         return False
     try:
         info = w.slurm.node(w.node)
+        # A person's resume (or new hardware) ends our [replace] whatever reason Slurm kept after it.
+        ended = bool(state.get("replaced")) and active is None and _replace_ended(w, report, state, info)
         if info.reason and remediate.holds(w, info, our_reboot=active is not None):
             return False  # someone else's drain (or Slurm's own): never ours to repair
-        if state.get("replaced") and active is None:
-            if _replace_ended(w, report, state, info):
-                if not report.drain_findings():
-                    return False  # healthy: the caller resumes it
-            elif info.drained or _down(info):
-                return True  # waiting for a person (or new hardware): no reboot loop, no resume
+        if state.get("replaced") and active is None and (info.drained or _down(info)):
+            return True  # waiting for a person (or new hardware): no reboot loop, no resume
+        if ended and not report.drain_findings():
+            return False  # healthy: the caller resumes it
         if active is None and not (info.drained or _down(info)):
             return False  # not drained (yet): the caller drains first
         jobs = [j for j in w.slurm.jobs_on_node(w.node) if j.active and j.ref != own_job and str(j.job_id) != own_job]

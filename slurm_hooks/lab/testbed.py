@@ -105,6 +105,9 @@ class Settings:
     #: The repair ladder ([repair] enabled in the testbed's config.toml). Off by default, so that
     #: a drained node stays drained for the tests and demos that look at it.
     repair: bool = False
+    #: RebootProgram in slurm.conf. Off (``testbed up --no-reboot-program``) as on sites that never
+    #: set one: ``scontrol reboot`` is then refused ("Unspecified error").
+    reboot_program: bool = True
     #: LBNL NHC as HealthCheckProgram, run from this source (its tarball or tree; "" = slurm-hooks
     #: itself), with our check in its scripts dir (slurm_hooks.lab.nhc).
     nhc: str = ""
@@ -306,8 +309,7 @@ class Testbed:
         for name in s.node_names:
             if not os.path.exists(sim.state_path(self.sim_dir, name)):
                 sim.init(self.sim_dir, name, s.gpus, mig=s.mig)
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(s), "ports": self._ports}, indent=1), mode=0o644)
+        self._save_settings()
 
     def _template_context(self, hooks: bool | None = None) -> dict:
         s = self.settings
@@ -404,6 +406,10 @@ class Testbed:
         if self.settings.nhc:
             self._write_nhc()
         self._write_hook("healthcheck")
+        self._save_settings()
+
+    def _save_settings(self) -> None:
+        """``testbed.json``: what ``down``, ``status`` and the next ``up`` read back."""
         fsutil.atomic_write(self.path("testbed.json"),
                             json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
 
@@ -413,8 +419,7 @@ class Testbed:
             raise TestbedError("NHC is not this testbed's HealthCheckProgram (testbed up --nhc SOURCE)")
         self.settings = _replace(self.settings, nhc_check=line)
         self.nhc.write_conf(line)
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+        self._save_settings()
 
     def nhc_site_fault(self, node: str, failing: bool) -> None:
         """NHC's own site check fails (``failing``) or passes again on ``node``."""
@@ -573,8 +578,7 @@ class Testbed:
             return
         self.settings = _replace(self.settings, hooks=enabled)
         self._render("slurm.conf.j2", self.slurm_conf, self._template_context())
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+        self._save_settings()
         if not self._alive("slurmctld"):
             return
         logs = {name: self.path("log", f"slurmd-{name}.log") for name in self.node_names}
