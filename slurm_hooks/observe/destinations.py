@@ -9,11 +9,11 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from slurm_hooks.urlsecret import url_origin
+from slurm_hooks.values import dataclass
 
 #: What the notifier makes (``Message.kind``). Reminders and Alertmanager re-posts are state, not
 #: news: only the latest one of an incident waits in the outbox.

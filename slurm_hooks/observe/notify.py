@@ -35,7 +35,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from slurm_hooks import fsutil
@@ -62,6 +61,7 @@ from slurm_hooks.observe.destinations import (
 )
 from slurm_hooks.observe.incidents import Incident, duration
 from slurm_hooks.observe.outbox import Entry, Outbox
+from slurm_hooks.values import dataclass
 
 #: At most this much of the log is read per pass (a huge backlog is taken in steps).
 READ_CHUNK = 4 << 20
