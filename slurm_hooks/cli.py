@@ -29,6 +29,8 @@ COMMANDS = {
     "bridge": "slurm_hooks.commands.bridge:bridge",
     "render": "slurm_hooks.commands.render:render",
     "follow-jobs": "slurm_hooks.commands.hooks:follow_jobs",
+    "repair": "slurm_hooks.commands.repair:repair",
+    "repair-worker": "slurm_hooks.commands.repair:repair_worker",
 }
 
 

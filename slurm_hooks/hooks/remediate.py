@@ -30,6 +30,7 @@ from slurm_hooks.slurm import (
     join_admin_comment,
     may_drain,
     may_resume,
+    status_tag,
 )
 
 if TYPE_CHECKING:
@@ -306,10 +307,10 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str |
     elif how == "thread":
         threading.Thread(target=follow_requeued, args=(w, refs, timeout), name="follow-jobs", daemon=True).start()
     elif how == "detached":
-        from slurm_hooks.runner import spawn_detached
+        from slurm_hooks.runner import python_argv, spawn_detached
 
-        argv = [python or sys.executable, "-I", "-c", _FOLLOWER_BOOT, _package_parent(), "follow-jobs",
-                "--node", w.node, "--timeout", str(timeout), *refs]
+        argv = python_argv("slurm_hooks.entry", "follow-jobs", "--node", w.node, "--timeout", str(timeout), *refs,
+                           python=python)
         env = dict(os.environ)
         if w.config.path:
             env["SLURM_HOOKS_CONFIG"] = w.config.path
@@ -327,17 +328,6 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str |
             follow_requeued(w, refs, wait, final=False)
         return spawned
     return None
-
-
-#: The follower's entry: ``-I`` keeps the current directory (slurmd's log dir, an admin's /tmp)
-#: and PYTHONPATH off sys.path, so the package comes from where the hook itself loaded it.
-_FOLLOWER_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from slurm_hooks.entry import main; main()"
-
-
-def _package_parent() -> str:
-    import slurm_hooks
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
 
 
 def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: float = 1.0,
@@ -583,8 +573,9 @@ def _recover_marker(w: Wiring) -> dict | None:
     if not (info.drained and info.ours):
         return None
     # What it was drained for is lost with the marker; the reason still says whether it was DCGM.
-    return {"ts": 0.0, "reason": info.reason, "xids": [], "checks": ["dcgm"] if "DCGM" in info.reason else [],
-            "recovered": True}
+    # A node drained [validating]/[unverified] waits for its diagnostic, which the periodic check does not run.
+    dcgm = "DCGM" in info.reason or bool(status_tag(info.reason))
+    return {"ts": 0.0, "reason": info.reason, "xids": [], "checks": ["dcgm"] if dcgm else [], "recovered": True}
 
 
 def forget_drain(w: Wiring) -> None:
