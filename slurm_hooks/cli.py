@@ -31,6 +31,8 @@ COMMANDS = {
     "follow-jobs": "slurm_hooks.commands.hooks:follow_jobs",
     "repair": "slurm_hooks.commands.repair:repair",
     "repair-worker": "slurm_hooks.commands.repair:repair_worker",
+    "sweep": "slurm_hooks.commands.sweep:sweep",
+    "sweep-node": "slurm_hooks.commands.sweep:sweep_node",
 }
 
 

@@ -218,7 +218,7 @@ def _due(w: Wiring, report: Report, state: dict[str, Any], info: Any, resetter: 
     active = state.get("active")
     if active is not None:
         elapsed = time.time() - float(active.get("t", 0))
-        booted = (resetter or _resetter(w)).boot_id() != active.get("boot")
+        booted = (resetter or _resetter(w, state)).boot_id() != active.get("boot")
         if (reboot_pending(info) or not booted) and elapsed < float(w.config.repair.reboot_timeout):
             return "wait"
         return "work"
@@ -334,22 +334,22 @@ def _validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, 
                   reason=reason, level=level, after=after, timeout_s=round(budget, 1),
                   detail=f"dcgmi diag -r {level} before the node returns to service")
     report = rejudge(level, budget)
-    verdict, detail = _verdict(report, level)
-    w.audit.write("action", node=w.node, action="repair-validate", target=w.node, result=verdict,
+    found, detail = verdict(report, level)
+    w.audit.write("action", node=w.node, action="repair-validate", target=w.node, result=found,
                   duration_s=round(time.monotonic() - t0, 4), reason=reason, level=level, after=after, detail=detail,
                   **({"gpus": sorted({f.gpu for f in report.drain_findings() if f.gpu is not None})}
-                     if verdict == "failed" else {}))
-    if verdict == "ok":
+                     if found == "failed" else {}))
+    if found == "ok":
         _forget_validation(w, state)
         return (*_resume_validated(w, outcome, report, info, detail), report)
-    if verdict == "failed":
+    if found == "failed":
         _forget_validation(w, state)
         return "failed", detail, report
     _unverified(w, state, summary, detail)
     return UNVERIFIED, detail, report
 
 
-def _verdict(report: Report, level: int) -> tuple[str, str]:
+def verdict(report: Report, level: int) -> tuple[str, str]:
     """Passed only when the diagnostic ran and every test passed; one that could not run (not
     installed, host engine down, timed out, cut by the deadline) is "unverified", never a pass."""
     if report.drain_findings():

@@ -34,7 +34,7 @@ from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
 from slurm_hooks.lab import packages
 from slurm_hooks.lab.accounting import Accounting
-from slurm_hooks.probes import sim
+from slurm_hooks.probes import sim, simtools
 from slurm_hooks.runner import run_command, spawn_detached
 from slurm_hooks.slurm import JobInfo, NodeInfo, quirks
 from slurm_hooks.slurm.errors import SlurmNotFound
@@ -100,6 +100,8 @@ class Settings:
     #: The repair ladder ([repair] enabled in the testbed's config.toml). Off by default, so that
     #: a drained node stays drained for the tests and demos that look at it.
     repair: bool = False
+    #: ``[repair] reset_timeout``: how long one nvidia-smi / systemctl call of a reset may take.
+    reset_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= PORT_BLOCK - 1:
@@ -255,6 +257,7 @@ class Testbed:
         for hook in HOOKS:
             self._write_hook(hook)
         self._write_reboot_program()
+        simtools.install(self.path("bin"), self.sim_dir, python=hook_interpreter())
         for name in s.node_names:
             if not os.path.exists(sim.state_path(self.sim_dir, name)):
                 sim.init(self.sim_dir, name, s.gpus)
@@ -698,6 +701,7 @@ class Testbed:
         # Healthy GPUs and no hook state first: a hook that runs from here on finds nothing to drain.
         for name in self.node_names:
             sim.init(self.sim_dir, name, self.settings.gpus)
+        self.stop_repair_workers()
         self._clear_hook_state()
         self.cancel_all(timeout)
         slurm = self.slurm(timeout=5)
@@ -722,6 +726,19 @@ class Testbed:
                         self.scontrol("update", f"NodeName={name}", "State=RESUME")
             time.sleep(0.2)
         self._clear_hook_state()  # again: what a hook that ran during the reset wrote
+
+    def stop_repair_workers(self) -> list[int]:
+        """Kill this testbed's repair workers (a test's hung reset must not outlive it)."""
+        config = self.config_path.encode()
+        killed = []
+        for pid, _ in self._our_processes():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+                if config in argv and b"repair-worker" in argv:
+                    os.killpg(pid, signal.SIGKILL)
+                    killed.append(pid)
+        return killed
 
     def _clear_hook_state(self) -> None:
         shutil.rmtree(self.hooks_state_dir, ignore_errors=True)

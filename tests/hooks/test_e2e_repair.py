@@ -53,8 +53,12 @@ def _records(tb, action=None):
     return [r for r in recs if action is None or r.get("action") == action]
 
 
+RUNGS = ("repair-reset", "repair-reboot", "repair-replace")
+
+
 def _repairs(tb):
-    return [(r["action"], r["result"]) for r in _records(tb) if str(r.get("action", "")).startswith("repair-")]
+    """The rungs taken, in order (the worker's and the validation's own records aside)."""
+    return [(r["action"], r["result"]) for r in _records(tb) if r.get("action") in RUNGS]
 
 
 def _sim(tb, node="n1"):

@@ -204,3 +204,11 @@ def test_with_no_diagnostic_configured_the_nvml_check_alone_returns_the_node(tmp
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
     _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.repairs == ["reset:ok"] and outcome.resumed and records(t, "repair-validate") == []
+
+
+def test_the_hook_holds_a_node_whose_reboot_is_pending_without_starting_a_worker(t):
+    sim.inject(t.sim_dir, "n1", 0, xid=79)
+    _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
+    assert outcome.repairs == ["reboot:start"]
+    _, again = healthcheck.run(t.w, follow="none")  # the hooks' own mode: a worker only when one is due
+    assert again.repairs == [] and not again.failed and len(t.slurm.called("reboot")) == 1
