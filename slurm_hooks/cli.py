@@ -28,6 +28,7 @@ COMMANDS = {
     "demo": "slurm_hooks.commands.demo:demo",
     "bridge": "slurm_hooks.commands.bridge:bridge",
     "render": "slurm_hooks.commands.render:render",
+    "install": "slurm_hooks.commands.install:install",
     "follow-jobs": "slurm_hooks.commands.hooks:follow_jobs",
     "repair": "slurm_hooks.commands.repair:repair",
     "repair-worker": "slurm_hooks.commands.repair:repair_worker",

@@ -32,12 +32,16 @@ ENV_VAR = "SLURM_HOOKS_CONFIG"
 _Num = (int, float)
 
 #: section -> key -> (accepted types, default). The single source of defaults;
-#: conf/config.toml mirrors it and a test keeps the two equal.
+#: the example config (slurm_hooks/templates/install/config.toml, laid by `install`) mirrors it and a
+#: test keeps the two equal.
 SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     "gpu": {
         "backend": (str, "nvml"),
         "sim_dir": (str, "/var/lib/slurm-hooks/sim"),
         "probe_timeout": (_Num, 20.0),
+        "gres_conf": (str, ""),
+        "gres_source": (str, "gres.conf"),
+        "slurmd": (str, "/usr/sbin/slurmd"),
     },
     "log": {
         "audit": (str, "/var/log/slurm-hooks/audit.jsonl"),
@@ -107,6 +111,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
 
 _ENUMS = {
     ("gpu", "backend"): ("nvml", "sim"),
+    ("gpu", "gres_source"): ("gres.conf", "slurmd"),
     ("check", "on_check_error"): ("drain", "warn"),
     ("slurm", "backend"): ("auto", "scontrol", "pyslurm"),
 }

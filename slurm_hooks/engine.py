@@ -132,6 +132,8 @@ class JudgeRequest:
     started: float | None = None
     #: The job's GPUs (indexes, or ``GPU-`` UUIDs); ``None``: every GPU.
     gpus: tuple[int | str, ...] | None = None
+    #: The job's GPUs, as Slurm numbers them, that this node does not show (hooks.gpumap).
+    missing: tuple[str, ...] = ()
     #: The prolog's snapshot of the same job (the epilog's "new during the job").
     baseline: NodeSnapshot | None = None
     #: XID events recorded by earlier runs, as :meth:`XidState.recorded` gives them.
@@ -206,7 +208,7 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
         xid_lookup=request.xid_lookup,
     )
     findings = [Finding("gpu-count", Severity.FAIL, Action.REBOOT, f"job GPU {token} is not visible on this node",
-                        summary=f"GPU {token} missing") for token in missing]
+                        summary=f"GPU {token} missing") for token in (*request.missing, *missing)]
     ran = [PROBE_FAILED]
     for check in request.checks if request.checks is not None else registry.for_context(context):
         if time.monotonic() > deadline:

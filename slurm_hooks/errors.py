@@ -59,10 +59,22 @@ class CommandTimeout(CommandError, TransientError):
 # --- what an error means to the process: exit codes, and one line on stderr ----------------------
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL = 0, 1, 2, 3, 4
+#: Under the programs ``slurm-hooks install`` lays (which set WRAPPER_ENV), the verdict "unhealthy"
+#: exits this instead of 1: Python's own failures (no module, a traceback) exit 1 too, and the wrapper
+#: must tell our verdict from our breakage.
+EXIT_WRAPPED_UNHEALTHY = 99
+WRAPPER_ENV = "SLURM_HOOKS_WRAPPER"
 
 
 def guard(fn: Callable[[], int | None]) -> int:
     """Run ``fn``; turn every error into one line on stderr and a defined exit code."""
+    rc = _guarded(fn)
+    if rc == EXIT_UNHEALTHY and os.environ.get(WRAPPER_ENV):
+        return EXIT_WRAPPED_UNHEALTHY
+    return rc
+
+
+def _guarded(fn: Callable[[], int | None]) -> int:
     try:
         rc = fn()
     except ConfigError as exc:

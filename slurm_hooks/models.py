@@ -86,6 +86,8 @@ class XidEvent:
     seq: int | None = None  # kernel log sequence number, when known
     boot: str = ""  # the kernel's boot id, for kernel-log events read from /dev/kmsg
     uuid: str = ""  # the GPU's UUID, set where the source knows it
+    #: The MIG GPU instance the driver names (``GPU-I:05`` in the kernel line); ``None``: the whole GPU.
+    instance: int | None = None
 
     @property
     def key(self) -> str:
@@ -131,6 +133,17 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance of a GPU as NVML names it: what CUDA_VISIBLE_DEVICES and Slurm's
+    ``UniqueId`` carry (``MIG-<uuid>``, or ``MIG-GPU-<parent uuid>/<gi>/<ci>`` on old drivers)."""
+
+    uuid: str
+    #: GPU instance id (the ``GPU-I:`` of a kernel line) and compute instance id; ``None``: unknown.
+    gi: int | None = None
+    ci: int | None = None
+
+
+@dataclass(frozen=True)
 class GpuSnapshot:
     """One GPU as the probe saw it. ``None`` means "not supported / unknown"."""
 
@@ -139,6 +152,11 @@ class GpuSnapshot:
     serial: str = ""
     pci_bus_id: str = ""
     model: str = ""
+    #: The device file's minor number (``/dev/nvidia<minor>``, nvmlDeviceGetMinorNumber): what ties
+    #: Slurm's GRES ``File=`` to this GPU (hooks.gpumap).
+    minor: int | None = None
+    #: Its MIG instances, when MIG mode is on.
+    mig: tuple[MigDevice, ...] = ()
     lost: bool = False
     needs_reset: bool = False
     xids: tuple[XidEvent, ...] = ()
@@ -212,6 +230,8 @@ class Finding:
     #: The severity table's key for this finding: ``xid.79``, or a check's rule (``row-remap``,
     #: ``row-remap-failure``); "" means the check's name.
     rule: str = ""
+    #: The MIG GPU instance the fault was reported for (``GPU-I:``); ``None``: the whole GPU.
+    instance: int | None = None
 
     @property
     def rule_key(self) -> str:
@@ -232,6 +252,8 @@ class Finding:
         d["action"] = self.action.value
         d["scope"] = self.scope.value
         d["urgency"] = self.urgency.value
+        if self.instance is None:
+            del d["instance"]  # a whole GPU's (or the node's) fault, as every finding was before MIG
         return d
 
     @classmethod
@@ -247,6 +269,7 @@ class Finding:
             scope=Scope(d.get("scope", Scope.NODE.value)),
             urgency=Urgency(d.get("urgency", Urgency.NOW.value)),
             rule=d.get("rule", ""),
+            instance=d.get("instance"),
         )
 
 
@@ -348,15 +371,23 @@ class Report:
 
     def requeue_gpus(self) -> frozenset[int] | None:
         """Whose jobs a now-fault touches: ``None`` every job on the node (a node-scope fault, or
-        one tied to no GPU), else the GPU indexes whose jobs go (empty: no job is requeued)."""
+        one tied to no GPU), else the GPU indexes whose jobs go (empty: no job is requeued).
+        A fault of one MIG instance is not its GPU's: see :meth:`requeue_instances`."""
         gpus: set[int] = set()
         for f in self.drain_findings():
             if f.urgency is not Urgency.NOW:
                 continue
             if f.scope is Scope.NODE or f.gpu is None:
                 return None
-            gpus.add(f.gpu)
+            if f.instance is None:
+                gpus.add(f.gpu)
         return frozenset(gpus)
+
+    def requeue_instances(self) -> frozenset[tuple[int, int]]:
+        """(GPU index, GPU instance id) of every now-fault reported for one MIG instance."""
+        return frozenset((f.gpu, f.instance) for f in self.drain_findings()
+                         if f.urgency is Urgency.NOW and f.scope is Scope.GPU and f.gpu is not None
+                         and f.instance is not None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -403,4 +434,5 @@ def gpu_from_dict(d: dict[str, Any]) -> GpuSnapshot:
     if d.get("throttle_reasons") is not None:
         kw["throttle_reasons"] = tuple(d["throttle_reasons"])
     kw["errors"] = tuple(tuple(e) for e in d.get("errors", ()))
+    kw["mig"] = tuple(MigDevice(**m) for m in d.get("mig", ()))
     return GpuSnapshot(**kw)

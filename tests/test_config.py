@@ -12,7 +12,7 @@ from slurm_hooks import config
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.models import Expectations
 
-SHIPPED = Path(__file__).resolve().parent.parent / "conf" / "config.toml"
+SHIPPED = Path(__file__).resolve().parent.parent / "slurm_hooks" / "templates" / "install" / "config.toml"
 
 
 def write(tmp_path: Path, text: str, name: str = "config.toml") -> str:
@@ -72,7 +72,7 @@ def test_open_sections_are_kept_raw_for_their_owner():
 
 
 def test_shipped_config_equals_the_schema_defaults():
-    assert SHIPPED.exists(), "conf/config.toml is missing"
+    assert SHIPPED.exists(), "the example config (package data) is missing"
     cfg = config.load(str(SHIPPED))
     for section, keys in config.SCHEMA.items():
         assert vars(getattr(cfg, section)) == {key: default for key, (_, default) in keys.items()}, section
@@ -85,7 +85,7 @@ def test_shipped_config_mentions_every_key():
     for section, keys in config.SCHEMA.items():
         assert re.search(rf"^\[{section}\]", text, re.M), section
         for key in keys:
-            assert re.search(rf"^#?\s*{key}\s*=", text, re.M), f"[{section}] {key} is not in conf/config.toml"
+            assert re.search(rf"^#?\s*{key}\s*=", text, re.M), f"[{section}] {key} is not in the example config"
 
 
 # --- groups ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ no reason to act again, but they did happen, so they still count.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 
 from slurm_hooks.checks.recovery import verdict_finding, verdict_from_text
@@ -43,15 +44,19 @@ def _baseline_keys(inp: CheckInput) -> frozenset[str]:
 
 def _judge(inp: CheckInput, gpu: int | None, ident: str, events: Iterable[XidEvent],
            known: frozenset[str]) -> Iterator[Finding]:
-    by_code: dict[int, dict[str, XidEvent]] = {}
+    # One MIG instance's fault (``GPU-I:`` in its line) is its own finding: it touches that instance's jobs.
+    by_code: dict[tuple[int, int], dict[str, XidEvent]] = {}
     for e in events:
-        by_code.setdefault(e.code, {})[e.key] = e
-    for code in sorted(by_code):
-        current = by_code[code]
+        by_code.setdefault((e.code, -1 if e.instance is None else e.instance), {})[e.key] = e
+    for code, instance in sorted(by_code):
+        current = by_code[(code, instance)]
         new = [e for key, e in current.items() if key not in known]
         if new:
-            yield _finding(inp, gpu, code, len(new), _occurrences(inp, ident, code, current))
-        if code == RECOVERY_XID and new:
+            found = _finding(inp, gpu, code, len(new), _occurrences(inp, ident, code, current))
+            if instance >= 0 and gpu is not None:
+                found = dataclasses.replace(found, instance=instance, summary=f"{found.summary} instance {instance}")
+            yield found
+        if code == RECOVERY_XID and new and instance < 0:
             verdict = verdict_from_text(new[-1].message)
             if verdict not in (None, "none"):
                 yield verdict_finding("xid", verdict, gpu, f"XID {code}")

@@ -1,4 +1,4 @@
-"""``slurm-hooks prolog`` / ``epilog`` (run by the executables in prolog.d/ and epilog.d/)."""
+"""``slurm-hooks prolog`` / ``epilog`` (run by P/bin/slurm-hooks-prolog and -epilog, which `slurm-hooks install` lays)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,10 @@ from importlib import resources
 
 import click
 
+from slurm_hooks import __version__
 from slurm_hooks import config as config_mod
 from slurm_hooks.errors import ConfigError
+from slurm_hooks.install import layout
 
 FILES = {"rbac": "rbac.yaml", "bridge": "bridge.yaml", "slinky": "slinky-values.yaml"}
 
@@ -59,14 +61,14 @@ def _template(name: str) -> str:
 def render_all(
     *,
     namespace: str = "slurm-hooks",
-    image: str = "slurm-hooks-bridge:0.1.0",
+    image: str = f"slurm-hooks-bridge:{__version__}",
     sackd_image: str = "ghcr.io/slinkyproject/sackd:25.11-ubuntu24.04",
     controller: str = "slurm-controller.slurm:6817",
     slurm_key_secret: str = "slurm-auth-slurm",
     slinky_namespace: str = "slurm",
     release: str = "slurm",
     nodeset: str = "slinky",
-    bin_path: str = "/usr/local/bin/slurm-hooks",
+    prefix: str = layout.DEFAULT_PREFIX,
     health_check_interval: int = 300,
     config_text: str | None = None,
     node_config_text: str | None = None,
@@ -103,7 +105,8 @@ def render_all(
         "node_config_toml": (node_config_text or _NODE_CONFIG).rstrip("\n"),
         "release": release,
         "nodeset": nodeset,
-        "bin": bin_path,
+        "programs": {p.hook: layout.program_path(p.hook, prefix) for p in layout.PROGRAMS},
+        "install_command": layout.install_command(prefix),
         "health_check_interval": health_check_interval,
     }
     return {key: env.from_string(_template(f"{filename}.j2")).render(**ctx) for key, filename in FILES.items()}
@@ -125,18 +128,19 @@ def _read(path: str | None) -> str | None:
 @click.option("--config", "config_path", metavar="PATH", help="The bridge's config.toml to embed (sets the backend).")
 @click.option("--node-config", "node_config_path", metavar="PATH", help="The slurmd-side config.toml to embed in the Slinky values.")
 @click.option("--namespace", default="slurm-hooks", show_default=True, help="Namespace of the bridge.")
-@click.option("--image", default="slurm-hooks-bridge:0.1.0", show_default=True, help="Bridge image (slurm-hooks[k8s] and scontrol in it).")
+@click.option("--image", default=f"slurm-hooks-bridge:{__version__}", show_default=True, help="Bridge image (slurm-hooks[k8s] and scontrol in it).")
 @click.option("--sackd-image", default="ghcr.io/slinkyproject/sackd:25.11-ubuntu24.04", show_default=True)
 @click.option("--controller", default="slurm-controller.slurm:6817", show_default=True, help="slurmctld host:port for configless sackd.")
 @click.option("--slurm-key-secret", default="slurm-auth-slurm", show_default=True, help="Secret holding slurm.key.")
 @click.option("--slinky-namespace", default="slurm", show_default=True, help="Where the slurmd pods run.")
 @click.option("--release", default="slurm", show_default=True, help="Slinky Helm release name (for the helm command).")
 @click.option("--nodeset", default="slinky", show_default=True, help="Slinky NodeSet to mount slurm-hooks into.")
-@click.option("--bin", "bin_path", default="/usr/local/bin/slurm-hooks", show_default=True, help="slurm-hooks in the slurmd image.")
+@click.option("--prefix", default=layout.DEFAULT_PREFIX, show_default=True, metavar="DIR",
+              help="Where `slurm-hooks install` laid the programs in the slurmd image.")
 @click.option("--health-check-interval", type=click.IntRange(1), default=300, show_default=True, metavar="SECONDS")
 @click.option("--template-group", default="", help="API group of the resource for backend \"template\".")
 def render(out_dir, only, config_path, node_config_path, namespace, image, sackd_image, controller, slurm_key_secret,
-           slinky_namespace, release, nodeset, bin_path, health_check_interval, template_group) -> None:
+           slinky_namespace, release, nodeset, prefix, health_check_interval, template_group) -> None:
     """Render the bridge's RBAC and Deployment, and Helm values wiring slurm-hooks into Slinky."""
     config_text = _read(config_path)
     if config_path:
@@ -146,7 +150,7 @@ def render(out_dir, only, config_path, node_config_path, namespace, image, sackd
     docs = render_all(
         namespace=namespace, image=image, sackd_image=sackd_image, controller=controller,
         slurm_key_secret=slurm_key_secret, slinky_namespace=slinky_namespace, release=release, nodeset=nodeset,
-        bin_path=bin_path, health_check_interval=health_check_interval, config_text=config_text,
+        prefix=prefix, health_check_interval=health_check_interval, config_text=config_text,
         node_config_text=_read(node_config_path), template_group=template_group,
     )
     wanted = list(only) or list(FILES)

@@ -28,19 +28,33 @@ def sim() -> None:
 @node_option
 @click.option("--gpus", default=8, show_default=True, type=click.IntRange(1, 64))
 @click.option("--model", default="H100", show_default=True, type=click.Choice(sorted(simstate.MODELS)))
+@click.option("--minors", metavar="M0,M1,...",
+              help="Device minor numbers in NVML order: GPU K is /dev/nvidia<MK> (default: /dev/nvidiaK).")
+@click.option("--mig", default=0, show_default=True, type=click.IntRange(0, 7), help="MIG instances per GPU.")
 @config_option
 @_dir_option
-def init(node: str | None, gpus: int, model: str, config_path: str | None, sim_dir: str | None) -> None:
+def init(node: str | None, gpus: int, model: str, minors: str | None, mig: int, config_path: str | None,
+         sim_dir: str | None) -> None:
     """Create NODE with healthy GPUs (replaces any earlier state)."""
     node = nodename.resolve(node)
-    simstate.init(_sim_dir(config_path, sim_dir), node, gpus, model)
-    click.echo(f"{node}: {gpus} simulated {model} GPUs")
+    order = _int_list(minors, "--minors") if minors else None
+    simstate.init(_sim_dir(config_path, sim_dir), node, gpus, model, minors=order, mig=mig)
+    click.echo(f"{node}: {gpus} simulated {model} GPUs" + (f", {mig} MIG instances each" if mig else ""))
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}", param_hint=option) from None
 
 
 @sim.command()
 @node_option
 @click.option("--gpu", "gpu", required=True, type=click.IntRange(0, 63), help="GPU index.")
 @click.option("--xid", type=click.IntRange(1, 1000), help="Record an XID event.")
+@click.option("--instance", type=click.IntRange(0, 63), metavar="GI",
+              help="The XID names this MIG GPU instance (GPU-I: in the kernel line), not the whole GPU.")
 @click.option("--ecc-uncorrectable", type=click.IntRange(1), metavar="K", help="Add K uncorrectable ECC errors.")
 @click.option("--row-remap-pending", is_flag=True)
 @click.option("--row-remap-failure", is_flag=True)
@@ -64,7 +78,9 @@ def init(node: str | None, gpus: int, model: str, config_path: str | None, sim_d
 def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None, cleared_by: str | None,
            **fault) -> None:
     """Inject a fault on one simulated GPU."""
-    if not any(v is not None and v is not False for v in fault.values()):
+    if fault.get("instance") is not None and fault.get("xid") is None:
+        raise click.UsageError("--instance goes with --xid")
+    if not any(v is not None and v is not False for k, v in fault.items() if k != "instance"):
         raise click.UsageError("name a fault: --xid, --ecc-uncorrectable, --row-remap-pending, --row-remap-failure, "
                                "--lost, --pcie-width, --temp, --process, --nvlink-down, --diag-failure "
                                "or --reset-hang")
@@ -140,6 +156,20 @@ def tools(directory: str, config_path: str | None, sim_dir: str | None) -> None:
 
     for tool, path in simtools.install(directory, os.path.abspath(_sim_dir(config_path, sim_dir))).items():
         click.echo(f"{tool}: {path}")
+
+
+@sim.command()
+@node_option
+@click.option("--gpu", "gpu", type=click.IntRange(0, 63), help="Only this GPU's slot (default: every GPU).")
+@config_option
+@_dir_option
+def replace(node: str | None, gpu: int | None, config_path: str | None, sim_dir: str | None) -> None:
+    """Put new hardware in a GPU's slot: healthy, new UUID and serial (what ends a [replace])."""
+    node = nodename.resolve(node)
+    state = simstate.replace(_sim_dir(config_path, sim_dir), node, gpu)
+    for g in state["gpus"]:
+        if gpu is None or g["index"] == gpu:
+            click.echo(f"{node} gpu{g['index']}: replaced, now {g['uuid']} (serial {g['serial']})")
 
 
 @sim.command()

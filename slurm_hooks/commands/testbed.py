@@ -31,14 +31,17 @@ def testbed() -> None:
 @click.option("--accounting", is_flag=True, help="Also run slurmdbd on a private MariaDB (installed when missing).")
 @click.option("--repair/--no-repair", default=False, show_default=True,
               help="Turn the repair ladder on in the testbed's config (reset -> reboot -> replace).")
+@click.option("--gres-order", metavar="M0,M1,...",
+              help="gres.conf's File= order as device numbers (e.g. 7,6,5,4,3,2,1,0): Slurm's GRES index i is "
+                   "/dev/nvidia<Mi>, so Slurm's numbering differs from NVML's as on hand-written gres.conf.")
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
-       requeue_grace: float, accounting: bool, repair: bool) -> None:
+       requeue_grace: float, accounting: bool, repair: bool, gres_order: str | None) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
     from slurm_hooks.lab.testbed import Settings, Testbed
 
     settings = Settings(nodes=nodes, gpus=gpus, hooks=hooks, kill_wait=kill_wait,
                         health_check_interval=health_check_interval, requeue_grace=requeue_grace,
-                        accounting=accounting, repair=repair)
+                        accounting=accounting, repair=repair, gres_order=_order(gres_order))
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))
@@ -107,6 +110,14 @@ def reboot_node(state_dir: str, node: str, slurmd_pid: int) -> None:
     signal_ready()
     Testbed(state_dir).reboot_node(node, slurmd_pid)
     click.echo(f"{node}: rebooted")
+
+
+def _order(text: str | None) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in (text or "").split(",") if p.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected device numbers separated by commas, got {text!r}",
+                                 param_hint="--gres-order") from None
 
 
 def _exports(tb) -> str:

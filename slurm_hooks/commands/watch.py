@@ -1,4 +1,4 @@
-"""``slurm-hooks watch``: the per-node XID watcher daemon (conf/slurm-hooks-watch.service)."""
+"""``slurm-hooks watch``: the per-node XID watcher daemon (the unit `slurm-hooks install` lays: P/share/systemd/slurm-hooks-watch.service)."""
 
 from __future__ import annotations
 

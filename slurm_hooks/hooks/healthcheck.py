@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from slurm_hooks import engine, pending
 from slurm_hooks.errors import SlurmHooksError, TransientError
-from slurm_hooks.hooks import remediate
+from slurm_hooks.hooks import gpumap, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring, xid_history
-from slurm_hooks.models import Action, Context, NodeSnapshot, Report, XidEvent
+from slurm_hooks.models import Action, Context, NodeSnapshot, Report, Scope, XidEvent
 from slurm_hooks.xid.history import XidState
 
 if TYPE_CHECKING:
@@ -152,12 +152,20 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
         request = dataclasses.replace(request, expect=expect,
                                       dcgm=_dcgm_runner(w, context, expect, job_failed, dcgm_timeout))
     snap = engine.take_snapshot(w.probe(), w.node, min(float(w.config.gpu.probe_timeout), request.deadline_s))
+    if snap.error is None:
+        # Slurm's GPU numbers to NVML's (a cached map: one small read), for the job's GPUs here and
+        # for the requeue scope later in this run.
+        gmap = gpumap.current(w, snap)
+        if gpus is not None:
+            gpus, missing = gpumap.job_tokens(gmap, snap, gpus)
+            request = dataclasses.replace(request, gpus=None if gpus is None else tuple(gpus), missing=tuple(missing))
     report = engine.judge(_with_events(snap, events), request)
     if report.snapshot is not None and report.snapshot.error is None:
         state.record(engine.snapshot_xids(report.snapshot))
     if acknowledge and report.drain_findings() and _admin_resumed(w, report, state):
-        report = engine.judge(report.snapshot, _request(w, context, state, gpus=gpus, baseline=baseline,
-                                                        job_failed=job_failed, xid_lookup=xid_lookup))
+        report = engine.judge(report.snapshot, _request(w, context, state, gpus=request.gpus, baseline=baseline,
+                                                        job_failed=job_failed, xid_lookup=xid_lookup,
+                                                        missing=request.missing))
     if history is None:
         _save(state)
     return report
@@ -224,7 +232,8 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
     if drained_for is None or report.snapshot is None:
         return False
     try:
-        if w.slurm.node(w.node).drained:
+        info = w.slurm.node(w.node)
+        if info.drained:
             return False
         keys = sorted(set(drained_for) & set(_keys(report.snapshot)))
         if keys:
@@ -235,7 +244,11 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
     except SlurmHooksError as exc:
         print(f"slurm-hooks: {exc}", file=sys.stderr)
         return False
-    remediate.forget_drain(w)
+    try:
+        marker = remediate.load_marker(w)
+    except SlurmHooksError:
+        marker = None
+    remediate.let_go(w, marker, info)  # the reason Slurm >= 23.11 may keep is never ours again
     return True
 
 
@@ -256,18 +269,28 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         _metrics(w, report, outcome)
         return
     if report.context is Context.CHECK and _repair(w, report, outcome, mode=repair):
-        _metrics(w, report, outcome)  # a repair holds the node: it neither drains nor resumes it here
+        # A repair holds the node: it neither drains nor resumes it here. But an urgent new fault
+        # (our reboot is pending while jobs finish) still requeues the jobs it touches.
+        from slurm_hooks.hooks import repair
+
+        fresh = repair.new_urgent(w, report)
+        if fresh and w.config.remediation.requeue:
+            gpus = None if any(f.scope is Scope.NODE or f.gpu is None for f in fresh) \
+                else frozenset(f.gpu for f in fresh if f.gpu is not None)
+            outcome.node_out = True
+            remediate.requeue_jobs(w, outcome, follow=follow, gpus=gpus)
+        _metrics(w, report, outcome)
         return
     if report.drain_findings():
-        if w.config.check.drain:
-            # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU,
-            # or every job for a node-wide one); the rest run to their end on the drained node.
-            gpus = report.requeue_gpus()
-            requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus))
-                       and report.context in (Context.CHECK, Context.WATCH))
-            take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus)
-            if outcome.drained and report.context is Context.CHECK:
-                _repair(w, report, outcome, mode=repair)  # an idle node climbs at once
+        # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU or
+        # MIG instance, or every job for a node-wide one); the rest run to their end on the drained node.
+        gpus, instances = report.requeue_gpus(), report.requeue_instances()
+        requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus) or bool(instances))
+                   and report.context in (Context.CHECK, Context.WATCH))
+        take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus,
+                 instances=instances)
+        if outcome.drained and report.context is Context.CHECK:
+            _repair(w, report, outcome, mode=repair)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
         remediate.resume_if_ours(w, outcome, report)
     _metrics(w, report, outcome)
@@ -352,10 +375,18 @@ def repair_plan(w: Wiring, report: Report) -> str:
 
 
 def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeue: bool,
-             earlier: pending.Pending | None = None, gpus: frozenset[int] | None = None, **extra: Any) -> None:
+             earlier: pending.Pending | None = None, gpus: frozenset[int] | None = None,
+             instances: frozenset[tuple[int, int]] = frozenset(), **extra: Any) -> None:
     """Drain, then requeue the node's jobs (``gpus``: only those on these GPUs): most urgent first,
     each Slurm call bounded by what is left of the run's deadline. What fails for a transient
-    reason stays pending."""
+    reason stays pending. Monitor-only (``[check] drain = false``, for every caller: check, watcher,
+    prolog, epilog): audited as not acted on, and nothing done."""
+    if not w.config.check.drain:
+        remediate.not_acted(w, report, outcome, **extra)
+        if earlier is not None:
+            _close(w, earlier, "superseded", "monitor-only: [check] drain = false")
+            outcome.pending = "superseded"
+        return
     seen = _SlurmErrors(w.slurm)
     ww = dataclasses.replace(w, slurm_override=seen)
     remediate.drain(ww, report, outcome, **extra)
@@ -364,7 +395,7 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
         left = ["drain", "requeue"] if requeue else ["drain"]
     elif requeue and outcome.node_out:
         before = len(seen.errors)
-        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus)
+        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus, instances=instances)
         if seen.transient(since=before):
             left = ["requeue"]
         # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its

@@ -66,6 +66,9 @@ def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
         _print(report)
         return 0
     outcome = _drain(w, report, jid)
+    if outcome.monitor_only:
+        print("slurm-hooks prolog: not refusing the job: monitor-only ([check] drain = false)", file=sys.stderr)
+        return 0
     if outcome.guarded:
         print("slurm-hooks prolog: not refusing the job: the drain guard suspects the config (see the audit log)",
               file=sys.stderr)
@@ -92,7 +95,7 @@ def _epilog(w: Wiring, env: Mapping[str, str]) -> int:
     healthcheck.repair_after_job(w, jid)
     # Our drain carries the reason; if it could not be written, a non-zero exit
     # makes Slurm drain the node itself ("Epilog error"), so nothing is lost.
-    return 0 if outcome.drained else 1
+    return 0 if outcome.drained or outcome.monitor_only else 1
 
 
 def _drain(w: Wiring, report: Report, jid: str | None) -> Outcome:

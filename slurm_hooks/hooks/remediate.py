@@ -13,23 +13,28 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import REASON_PREFIX, fsutil
 from slurm_hooks.engine import drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.hooks import gpumap
+from slurm_hooks.hooks.marker import DrainMarker, MarkerUnreadable, Released, foreign
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Context, Report, Scope, Severity, Urgency
 from slurm_hooks.slurm import (
     ADMIN_COMMENT_MAX,
     JobInfo,
+    NodeInfo,
     format_reason,
     hostlist,
     job_ref,
     join_admin_comment,
     may_drain,
-    may_resume,
+    out_of_service,
+    reboot_pending,
+    split_reason,
     status_tag,
 )
 
@@ -52,6 +57,8 @@ class Outcome:
     pending: str = ""
     #: Repair rungs taken in this run, as "<rung>:<result>" (hooks.repair).
     repairs: list[str] = field(default_factory=list)
+    #: ``[check] drain = false``: a fault was found and audited, and not acted on.
+    monitor_only: bool = False
 
     @property
     def ok(self) -> bool:
@@ -59,6 +66,8 @@ class Outcome:
 
 
 def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
+    if not w.config.check.drain:
+        extra["monitor_only"] = True  # [check] drain = false: found, told, not acted on
     for f in report.findings:
         if f.severity is Severity.OK:
             continue
@@ -71,15 +80,22 @@ def _step(w: Wiring, action: str, target: str, result: str, started: float, **fi
                   duration_s=round(time.monotonic() - started, 4), **fields)
 
 
+def not_acted(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
+    """Monitor-only (``[check] drain = false``): audit the drain we would have made, and make none."""
+    outcome.monitor_only = True
+    _step(w, "drain", w.node, "monitor-only", time.monotonic(), reason=drain_reason(report),
+          detail="not acted on: [check] drain = false", **extra)
+
+
 def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     """Drain this node with ``slurm-hooks: <what broke> [<action>]`` unless someone else owns it."""
     started = time.monotonic()
     reason = drain_reason(report)
     try:
         info = w.slurm.node(w.node)
-        if info.drained and info.reason == reason:
+        if info.drained and info.ours and split_reason(info.reason)[0] == reason and _still_ours(w, info):
             outcome.drained = outcome.node_out = True
-            write_marker(w, reason, report)  # an earlier drain may have landed after its scontrol timed out
+            write_marker(w, reason, report, info)  # an earlier drain may have landed after its scontrol timed out
             _step(w, "drain", w.node, "already", started, reason=reason, **extra)
             return
         if _config_suspected(w, report, reason, started, extra):
@@ -96,8 +112,29 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
         _step(w, "drain", w.node, "failed", started, reason=reason, error=str(exc), **extra)
         return
     outcome.drained = outcome.node_out = True
-    write_marker(w, reason, report)
+    write_marker(w, reason, report, _after_drain(w, reason))
     _step(w, "drain", w.node, "ok", started, reason=reason, **extra)
+
+
+def _after_drain(w: Wiring, reason: str) -> NodeInfo | None:
+    """The node as Slurm shows it right after our drain: its ReasonTime/ReasonUser are what tell
+    our drain from a later party's with the same text. ``None`` when it cannot be read now."""
+    try:
+        info = w.slurm.node(w.node)
+    except SlurmHooksError:
+        return None
+    return info if split_reason(info.reason)[0] == reason else None
+
+
+def _still_ours(w: Wiring, info: NodeInfo) -> bool:
+    """Our text on a drained node: is it our drain (not one that outlived our resume)?"""
+    try:
+        marker = load_marker(w)
+    except MarkerUnreadable:
+        marker = None
+    if marker is not None:
+        return marker.owns(info, our_reboot=True)
+    return not _released(w).covers(info)
 
 
 def drain_reason(report: Report) -> str:
@@ -122,11 +159,13 @@ def _config_suspected(w: Wiring, report: Report, reason: str, started: float, ex
     return True
 
 
-def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached", gpus: frozenset[int] | None = None) -> None:
+def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached", gpus: frozenset[int] | None = None,
+                 instances: frozenset[tuple[int, int]] = frozenset()) -> None:
     """Requeue exactly the jobs on this node, each once, then make them eligible at once elsewhere.
 
-    ``gpus``: only the jobs whose allocation on this node holds one of these GPU indexes
-    (Slurm's GRES IDX); a job whose GPUs Slurm does not say counts as touched. ``None``: all.
+    ``gpus``: only the jobs a fault on these GPUs (NVML indexes) touches, and ``instances`` (NVML
+    index, MIG GPU instance id): only the jobs on those MIG instances; which jobs that is,
+    :func:`touched_jobs` says. ``None``: all.
 
     Each job is addressed by :attr:`JobInfo.ref`: one task of an array as
     ``<array id>_<task id>`` (the array's id alone would requeue every task), a
@@ -146,17 +185,22 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached", gpus: fr
         outcome.failed.append(f"list jobs: {exc}")
         _step(w, "requeue", w.node, "failed", started, error=f"cannot list jobs: {exc}")
         return
-    for job, held, touched in touched_jobs(w, jobs, gpus):
+    gmap = gpumap.cached(w) if gpus is not None else None
+    faulty = _fmt(gpus or ()) + "".join(f", GPU {g} instance {i}" for g, i in sorted(instances))
+    for job, held, touched in touched_jobs(w, jobs, gpus, instances, gmap):
         ref = job.ref
         t0 = time.monotonic()
+        scope = _scope_note(gmap, held)
         if not touched:
+            where = "no GPU on this node" if held == () else f"GPU {_fmt(gpumap.nvml_of(gmap, held or ()))}"
             _step(w, "requeue", ref, "spared", t0, jobs=[ref], gpus=list(held or ()),
-                  detail=f"runs on GPU {_fmt(held or ())}, not on the faulty GPU {_fmt(gpus or ())}: left to run")
+                  detail=f"runs on {where}, not on the faulty GPU {faulty}: left to run")
             continue
         why_not = _not_requeued(job)
         if why_not:
             result, level, detail = why_not
-            _step(w, "requeue", ref, result, t0, jobs=[ref], detail=detail, **({"level": level} if level else {}))
+            _step(w, "requeue", ref, result, t0, jobs=[ref], detail=detail, **({"level": level} if level else {}),
+                  **scope)
             continue
         try:
             w.slurm.requeue(ref)
@@ -169,16 +213,36 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached", gpus: fr
             _step(w, "requeue", ref, "failed", t0, jobs=[ref], error=str(exc))
             continue
         outcome.requeued.append(ref)
-        _step(w, "requeue", ref, "ok", t0, jobs=[ref])
+        _step(w, "requeue", ref, "ok", t0, jobs=[ref], **scope)
     if outcome.requeued:
         follow_jobs(w, outcome.requeued, follow)
 
 
-def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None
+def _scope_note(gmap: gpumap.GpuMap | None, held: tuple[int, ...] | None) -> dict[str, str]:
+    """What the audit record says when a GPU-scoped fault fell back to node scope for this job."""
+    if gmap is None or not held and held is not None:
+        return {}
+    if not gmap.known:
+        return {"scope": "node", "fallback": f"GPU map unknown ({gmap.problem}): every GPU job on the node is touched"}
+    if held is None:
+        return {"scope": "node", "fallback": "Slurm does not say which GPU the job holds here: counted as touched"}
+    return {}
+
+
+def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None,
+                 instances: frozenset[tuple[int, int]] = frozenset(), gmap: gpumap.GpuMap | None = None
                  ) -> list[tuple[JobInfo, tuple[int, ...] | None, bool]]:
-    """Each job once (a het job's components are one job), with the GPU indexes it holds on this
-    node (``None``: not asked, or Slurm did not say) and whether a fault on ``gpus`` touches it
-    (``None``: a node-wide fault touches every job)."""
+    """Which jobs a fault touches: each job once (a het job's components are one job), with the
+    GRES indexes Slurm says it holds on this node (``()``: none, a CPU-only job; ``None``: not
+    asked, or Slurm did not say) and whether the fault touches it.
+
+    ``gpus`` ``None``: a node-wide fault, every job. Otherwise the fault's GPUs (NVML indexes)
+    and MIG instances, mapped to Slurm's numbering by :mod:`slurm_hooks.hooks.gpumap`
+    (``gmap``: the map to use; default the one this boot's runs cached). A job with no GPU here
+    is never touched; one whose GPUs Slurm does not say, and every GPU job when the map is
+    unknown, is (requeue too much, never the wrong job)."""
+    if gpus is not None and gmap is None:
+        gmap = gpumap.cached(w)
     out: list[tuple[JobInfo, tuple[int, ...] | None, bool]] = []
     done: set[str] = set()
     for job in jobs:
@@ -191,7 +255,7 @@ def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None
                 held = w.slurm.job_gpus(job.ref, w.node)
             except SlurmHooksError:
                 held = None  # cannot tell: count it as touched rather than leave it on a bad GPU
-        touched = gpus is None or held is None or bool(set(held) & gpus)
+        touched = gpus is None or gpumap.touches(gmap or gpumap.unknown("not asked"), held, gpus, instances)
         out.append((job, held, touched))
     return out
 
@@ -202,6 +266,7 @@ def explain(w: Wiring, report: Report) -> list[dict[str, Any]]:
     jobs: list[JobInfo] | None = None
     error = ""
     out = []
+    gmap = None
     for f in report.findings:
         entry = {**f.to_dict(), "acts": f.acts, "requeues": []}
         if f.acts and f.urgency is Urgency.NOW and report.context in (Context.CHECK, Context.WATCH):
@@ -210,8 +275,13 @@ def explain(w: Wiring, report: Report) -> list[dict[str, Any]]:
                     jobs = w.slurm.jobs_on_node(w.node)
                 except SlurmHooksError as exc:
                     jobs, error = [], str(exc)
-            gpus = None if f.scope is Scope.NODE or f.gpu is None else frozenset({f.gpu})
-            entry["requeues"] = [job.ref for job, _, touched in touched_jobs(w, jobs, gpus)
+            node_wide = f.scope is Scope.NODE or f.gpu is None
+            gpus = None if node_wide else frozenset() if f.instance is not None else frozenset({f.gpu})
+            instances = frozenset({(f.gpu, f.instance)}) if not node_wide and f.instance is not None else frozenset()
+            if gpus is not None and gmap is None:
+                gmap = gpumap.cached(w)
+                entry["gpu_map"] = gmap.problem or "known"
+            entry["requeues"] = [job.ref for job, _, touched in touched_jobs(w, jobs, gpus, instances, gmap)
                                  if touched and _not_requeued(job) is None]
             if error:
                 entry["error"] = f"cannot list jobs: {error}"
@@ -498,33 +568,39 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
     """A healthy node that we drained goes back into service; anyone else's drain stays.
 
     Only what this check could judge again is taken as mended, and only the exact
-    drain it judged: the node's reason must be the one our record names. A newer
+    drain it judged: the node's drain must be the one our marker records
+    (:meth:`DrainMarker.owns`: our text with at most Slurm's owner-keeping suffixes,
+    ReasonTime/ReasonUser unchanged, no reboot pending that we did not ask for). A newer
     drain (a DCGM failure after a thermal drain, a drain whose record could not be
-    written) is not covered by this verdict, nor is a drain whose record is
-    unreadable (then Slurm is asked, as when the record is lost). A drain for a
-    check the periodic run does not do (the epilog's DCGM diagnostic) waits for a
-    person. A drain written after this check took its snapshot (the watcher, an
-    epilog) is newer than our verdict and is left alone.
+    written) is not covered by this verdict, nor is a drain whose record is unreadable
+    (then Slurm is asked, as when the record is lost). A drain for a check the periodic
+    run does not do (the epilog's DCGM diagnostic) waits for a person. A drain written
+    after this check took its snapshot (the watcher, an epilog) is newer than our verdict
+    and is left alone.
     """
-    record = read_marker(w)
-    if not record:  # none, or unreadable: what we drained for is unknown
-        record = _recover_marker(w)
-        if record is None:
+    try:
+        marker = load_marker(w)
+    except MarkerUnreadable:
+        marker = None  # what we drained for is unknown: as when the record is lost
+    if marker is None:
+        marker = _recover_marker(w)
+        if marker is None:
             return
     snap = report.snapshot
-    if snap is not None and float(record.get("ts", 0)) >= snap.taken_at:
+    if snap is not None and marker.ts >= snap.taken_at:
         return
     started = time.monotonic()
     try:
         info = w.slurm.node(w.node)
-        if not info.drained:
-            forget_drain(w)
+        if not out_of_service(info):
+            let_go(w, marker, info)
             return
-        if not may_resume(info):
-            forget_drain(w)
-            _step(w, "resume", w.node, "skipped", started, detail=f"drained by someone else: {info.reason!r}")
+        theirs = foreign(info)
+        if theirs:
+            let_go(w, marker, info)
+            _step(w, "resume", w.node, "skipped", started, detail=f"drained by someone else: {theirs}")
             return
-        why_not = _not_rejudged(w, record, report, info)
+        why_not = _not_rejudged(w, marker, report, info)
         if why_not:
             _step(w, "resume", w.node, "skipped", started, reason=info.reason, detail=why_not)
             return
@@ -533,19 +609,21 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
         outcome.failed.append(f"resume: {exc}")
         _step(w, "resume", w.node, "failed", started, error=str(exc))
         return
-    forget_drain(w)
+    let_go(w, marker, info)
     outcome.resumed = True
     _step(w, "resume", w.node, "ok", started, reason=info.reason)
 
 
-def _not_rejudged(w: Wiring, record: dict, report: Report, info) -> str:
+def _not_rejudged(w: Wiring, marker: DrainMarker, report: Report, info: NodeInfo) -> str:
     """Why this healthy verdict does not cover what the node was drained for ("" when it does)."""
-    judged = str(record.get("reason", ""))
-    if judged != info.reason:
-        return (f"drained for {info.reason!r}, but our record is of a drain for {judged!r}: this check did "
-                "not judge the newer drain; resume by hand (scontrol update State=RESUME) once mended")
-    leftovers = {"leftover", "busy"} & set(record.get("checks", ()))
-    missing = sorted(set(record.get("checks", ())) - set(report.checks_run) - leftovers)
+    why = marker.why_not_ours(info)
+    if why:
+        if split_reason(info.reason)[0] != marker.reason:
+            return (f"{why}: this check did not judge the newer drain; resume by hand "
+                    "(scontrol update State=RESUME) once mended")
+        return f"{why}: not ours to resume"
+    leftovers = {"leftover", "busy"} & set(marker.checks)
+    missing = sorted(set(marker.checks) - set(report.checks_run) - leftovers)
     if missing:
         return (f"drained for {', '.join(missing)}, which the periodic check does not run: "
                 "resume by hand (scontrol update State=RESUME) once mended")
@@ -557,8 +635,12 @@ def _not_rejudged(w: Wiring, record: dict, report: Report, info) -> str:
     return ""
 
 
-def _recover_marker(w: Wiring) -> dict | None:
-    """No marker: now and then, ask Slurm whether this node carries our drain anyway."""
+def _recover_marker(w: Wiring) -> DrainMarker | None:
+    """No marker: now and then, ask Slurm whether this node carries our drain anyway.
+
+    Adopted only when nothing says it is not ours: our text with at most Slurm's
+    owner-keeping suffixes, no reboot pending that our repair state does not name, and
+    not a reason we let go of (Slurm >= 23.11 without accounting keeps it after a resume)."""
     stamp = w.state_path(f"slurm-look-{w.node}")
     try:
         if time.time() - os.stat(stamp).st_mtime < RECOVER_LOOK_S:
@@ -570,50 +652,91 @@ def _recover_marker(w: Wiring) -> dict | None:
         info = w.slurm.node(w.node)
     except SlurmHooksError:
         return None
-    if not (info.drained and info.ours):
+    if not (out_of_service(info) and info.ours) or reboot_pending(info) or _released(w).covers(info):
         return None
+    text = split_reason(info.reason)[0]
     # What it was drained for is lost with the marker; the reason still says whether it was DCGM.
     # A node drained [validating]/[unverified] waits for its diagnostic, which the periodic check does not run.
-    dcgm = "DCGM" in info.reason or bool(status_tag(info.reason))
-    return {"ts": 0.0, "reason": info.reason, "xids": [], "checks": ["dcgm"] if dcgm else [], "recovered": True}
+    dcgm = "DCGM" in text or bool(status_tag(text))
+    return DrainMarker(reason=text, checks=("dcgm",) if dcgm else (), recovered=True).seen(info)
+
+
+def holds(w: Wiring, info: NodeInfo, *, our_reboot: bool = False) -> str:
+    """"" when the drain on this node is ours to act on (repair, reboot); else why not.
+
+    By our marker when there is one (any of our texts: a newer drain of ours counts); with
+    the marker lost, by Slurm's view: our text, not one we let go of, no reboot pending that
+    ``our_reboot`` does not cover."""
+    theirs = foreign(info)
+    if theirs:
+        return theirs
+    try:
+        marker = load_marker(w)
+    except MarkerUnreadable:
+        marker = None
+    if marker is not None:
+        return marker.why_not_ours(info, our_reboot=our_reboot, same_text=False)
+    if _released(w).covers(info):
+        return "a reason we let go of (Slurm kept it on the node after a resume)"
+    if reboot_pending(info) and not our_reboot:
+        return "a reboot we did not ask for is pending on the node (someone else's scontrol reboot)"
+    return ""
+
+
+def let_go(w: Wiring, marker: DrainMarker | None, info: NodeInfo | None) -> None:
+    """We no longer hold this node's drain: forget the marker, and remember the reason that
+    Slurm may keep on the node (>= 23.11 without accounting) so it is never adopted again."""
+    if marker is not None and info is not None and info.reason and split_reason(info.reason)[0] == marker.reason:
+        _released(w).add(marker.reason, info.reason_time)
+    forget_drain(w)
+
+
+def _released(w: Wiring) -> Released:
+    return Released(w.state_path(f"released-{w.node}.json"))
 
 
 def forget_drain(w: Wiring) -> None:
     _remove(w.drained_marker())
 
 
-def write_marker(w: Wiring, reason: str, report: Report | None) -> None:
-    """Remember that we drained this node: when, why, and for which XID events and checks
-    (``report`` None: a new reason for the same drain, as the repair's reboot gives it)."""
+def write_marker(w: Wiring, reason: str, report: Report | None, node: NodeInfo | None = None) -> None:
+    """Remember that we drained this node: when, why, for which XID events and checks, and the
+    node's ReasonTime/ReasonUser right after (``node``, as read then; ``None``: unknown).
+    ``report`` None: a new reason for the same drain, as the repair's reboot gives it."""
     if report is None:
-        record = {**(read_marker(w) or {}), "ts": time.time(), "reason": reason}
+        try:
+            before = load_marker(w)
+        except MarkerUnreadable:
+            before = None
+        marker = replace(before, ts=time.time(), reason=reason, reason_time="", reason_user="") if before \
+            else DrainMarker(reason=reason, ts=time.time())
     else:
         snap = report.snapshot
         keys = sorted({x.key for x in snapshot_xids(snap)}) if snap else []
-        record = {"ts": time.time(), "reason": reason, "xids": keys, "context": report.context.value,
-                  "checks": sorted({f.check for f in report.drain_findings()})}
+        marker = DrainMarker(reason=reason, ts=time.time(), xids=tuple(keys), context=report.context.value,
+                             checks=tuple(sorted({f.check for f in report.drain_findings()})))
+    if node is not None and split_reason(node.reason)[0] == reason:
+        marker = marker.seen(node)
     try:
-        fsutil.atomic_write(w.drained_marker(), json.dumps(record), mode=0o600)
+        marker.save(w.drained_marker())
     except OSError as exc:
         print(f"slurm-hooks: cannot write {w.drained_marker()}: {exc.strerror}", file=sys.stderr)
 
 
-def read_marker(w: Wiring) -> dict | None:
-    """Our record of draining this node; ``None`` when we have not drained it."""
-    try:
-        with open(w.drained_marker(), encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def load_marker(w: Wiring) -> DrainMarker | None:
+    """Our record of draining this node; ``None`` when we have not drained it.
+    Raises :class:`MarkerUnreadable` when it exists but cannot be read."""
+    return DrainMarker.load(w.drained_marker())
 
 
 def drained_for(w: Wiring) -> list[str] | None:
-    """XID event keys our drain of this node was for; ``None`` when we have not drained it."""
-    record = read_marker(w)
-    return None if record is None else [str(k) for k in record.get("xids", [])]
+    """XID event keys our drain of this node was for; ``None`` when we have not drained it
+    (an unreadable marker: ``[]``, a drain for unknown events)."""
+    try:
+        marker = load_marker(w)
+    except MarkerUnreadable:
+        return []
+    return None if marker is None else list(marker.xids)
 
 
 def _touch(path: str) -> None:

@@ -50,9 +50,11 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from slurm_hooks import fsutil
 from slurm_hooks.engine import drain_summary
-from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.models import Action, Finding, Report, gpu_identity
-from slurm_hooks.slurm import format_reason, format_status_reason, reboot_pending
+from slurm_hooks.errors import PermanentError, SlurmHooksError
+from slurm_hooks.hooks import remediate
+from slurm_hooks.models import Action, Finding, Report, Urgency, gpu_identity
+from slurm_hooks.slurm import format_reason, format_status_reason, parse_reason, reason_attempt, reboot_pending
+from slurm_hooks.slurm.errors import ReasonNotOurs
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.remediate import Outcome
@@ -137,13 +139,19 @@ def plan(w: Wiring, report: Report, state: dict[str, Any] | None = None, now: fl
         top = max((a["rung"] for a in recent), key=RUNGS.index)
         higher = RUNGS[min(RUNGS.index(top) + 1, len(RUNGS) - 1)]
         if RUNGS.index(higher) > RUNGS.index(rung):
-            why = f"{drain_summary(report)}: back on the same GPU within {_span(cfg.window)} after a {top}"
+            if all(a.get("result") == "refused" for a in recent if a["rung"] == top):
+                why = (f"{drain_summary(report)}: {top} refused by Slurm (is RebootProgram set in slurm.conf?): "
+                       "a person must act")
+            else:
+                why = f"{drain_summary(report)}: back on the same GPU within {_span(cfg.window)} after a {top}"
             rung = higher
     skipped = []
     while rung != "replace":
         tried = sum(1 for a in recent if a["rung"] == rung)
         if not getattr(cfg, rung):
             skipped.append(f"{rung} is off ([repair] {rung} = false)")
+        elif rung == "reboot" and any(a["rung"] == "reboot" and a.get("result") == "refused" for a in recent):
+            skipped.append("reboot refused by Slurm (is RebootProgram set in slurm.conf?): a person must act")
         elif rung == "reset" and not any(i is not None for i, _ in gpus):
             skipped.append("reset: no single GPU to reset (a node-wide fault)")
         elif tried >= int(cfg.attempts):
@@ -167,15 +175,22 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
     state = load(w)
     active = state.get("active")
     busy = active is not None or bool(state.get("stopped")) or bool(state.get("validating"))
-    if not busy and not report.drain_findings():
+    if not busy and not report.drain_findings() and not state.get("replaced"):
         return False
     try:
         info = w.slurm.node(w.node)
-        if info.reason and not info.ours:
+        if info.reason and remediate.holds(w, info, our_reboot=active is not None):
             if state.get("validating"):
-                _forget_validation(w, state)  # an admin took the node over meanwhile
+                _forget_validation(w, state)  # someone else took the node over meanwhile
             return bool(state.get("stopped")) and _restore_now(w, mode)
-        if active is None and not info.drained and not state.get("stopped"):
+        if state.get("replaced") and active is None:
+            if _replace_ended(w, report, state, info):
+                if not report.drain_findings():
+                    if not ((info.drained or _down(info)) and _begin_validation(w, state, info, "replacement")):
+                        return False  # healthy (or a person's resume): the caller resumes it
+            elif info.drained or _down(info):
+                return True  # waiting for a person (or new hardware): no reboot loop, no resume
+        if active is None and not (info.drained or _down(info)) and not state.get("stopped"):
             if state.get("validating"):
                 _forget_validation(w, state)  # resumed by a person: their call
             return False  # not drained (yet): the caller drains first
@@ -225,8 +240,8 @@ def _due(w: Wiring, report: Report, state: dict[str, Any], info: Any, resetter: 
     validating = state.get("validating")
     if validating:
         return "wait" if validating.get("result") == UNVERIFIED else "work"
-    if state.get("replaced") and info.drained:
-        return "wait"
+    if _recall(w, report, state, info):
+        return "wait"  # the state dir was lost, and Slurm's reason says a person must act
     return "work" if plan(w, report, state) is not None else "none"
 
 
@@ -240,8 +255,8 @@ def _work(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, info: A
         return _after_reboot(w, report, outcome, rejudge, state, active, info, resetter)
     if state.get("validating"):
         return _revalidate(w, report, outcome, rejudge, state, info, resetter)
-    if state.get("replaced") and info.drained:
-        return True  # waiting for a person: no further reboot loop
+    if _recall(w, report, state, info):
+        return True  # the state dir was lost, and Slurm's reason says a person must act
     return _climb(w, report, outcome, rejudge, state, resetter)
 
 
@@ -257,7 +272,7 @@ def _climb(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, state:
         if p is None:
             return True
     if p.rung == "reboot":
-        _reboot(w, p, outcome, state, resetter)
+        _reboot(w, p, outcome, state, resetter, report)
     else:
         _replace(w, p, report, outcome, state)
     return True
@@ -267,7 +282,6 @@ def _reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, state: dict[s
            resetter: GpuResetter | None) -> str:
     """Rung 1: "ok" when the node is healthy again and resumed, "unverified" when it checked
     healthy but its diagnostic did not run in full, else "failed"."""
-    from slurm_hooks.hooks import remediate
     from slurm_hooks.hooks.wiring import xid_history
 
     backend = resetter or _resetter(w, state)
@@ -308,7 +322,6 @@ def _validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, 
     ``[validating]`` while the configured diagnostic runs, then resume it only on a full pass.
     Returns (result, detail, the report judged): "ok", "failed" (the diagnostic found a fault: the
     caller climbs on that report), or "unverified" (the node stays drained for a person)."""
-    from slurm_hooks.hooks import remediate
 
     level = int(w.config.repair.dcgm_level)
     if level <= 0:
@@ -365,7 +378,6 @@ def verdict(report: Report, level: int) -> tuple[str, str]:
 def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: Any, detail: str) -> tuple[str, str]:
     """Back into service after a validation (or none configured): a node that came back DOWN from
     our reboot is drained with our reason first, which resume accepts."""
-    from slurm_hooks.hooks import remediate
 
     try:
         node = w.slurm.node(w.node)
@@ -382,7 +394,6 @@ def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: Any, de
 
 def _unverified(w: Wiring, state: dict[str, Any], summary: str, detail: str) -> None:
     """The diagnostic did not run in full: the node stays drained, tagged for a person."""
-    from slurm_hooks.hooks import remediate
 
     reason = format_status_reason(summary, UNVERIFIED)
     state.setdefault("validating", {})
@@ -391,6 +402,18 @@ def _unverified(w: Wiring, state: dict[str, Any], summary: str, detail: str) -> 
     with contextlib.suppress(SlurmHooksError):
         w.slurm.drain(w.node, reason)
         remediate.write_marker(w, reason, None)
+
+
+def _begin_validation(w: Wiring, state: dict[str, Any], info: Any, after: str) -> bool:
+    """Hold a node that is still out (new hardware after ``[replace]``) for its validation,
+    which a worker then runs; False when none is configured ([repair] dcgm_level = 0)."""
+    if int(w.config.repair.dcgm_level) <= 0:
+        return False
+    parsed = parse_reason(info.reason)
+    summary = parsed[0] if parsed else "hardware replaced"
+    state["validating"] = {"t": time.time(), "after": after, "tries": 0, "summary": summary, "result": "running"}
+    save(w, state)
+    return True
 
 
 def _forget_validation(w: Wiring, state: dict[str, Any]) -> None:
@@ -493,21 +516,39 @@ def _journal(w: Wiring, state: dict[str, Any], services: list[str]) -> None:
     save(w, state)
 
 
-def _reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resetter: GpuResetter | None) -> None:
-    from slurm_hooks.hooks import remediate
-
-    reason = format_reason(p.summary, Action.REBOOT)
-    t0 = time.monotonic()
+def _reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resetter: GpuResetter | None,
+            report: Report | None = None) -> None:
+    since = time.time() - float(w.config.repair.window)
+    tried = sum(1 for a in state["attempts"] if a["rung"] == "reboot" and a["t"] >= since
+                and set(a["gpus"]) & {g for _, g in p.gpus})
+    # The count rides in Slurm's reason ([reboot 1/2]): a lost state dir does not reset it.
+    reason = format_reason(p.summary, Action.REBOOT, attempt=(tried + 1, int(w.config.repair.attempts)))
+    t0, started = time.monotonic(), time.time()
     boot = (resetter or _resetter(w, state)).boot_id()
     try:
         w.slurm.reboot(w.node, reason, "DOWN")
+    except ReasonNotOurs as exc:
+        _audit(w, "reboot", "skipped", time.monotonic() - t0, p, reason=reason, detail=str(exc))
+        return
+    except PermanentError as exc:
+        # Refused (no RebootProgram: "Unspecified error"): that was the attempt. Counted once,
+        # and the ladder moves on now instead of asking again at every check.
+        _attempt(state, "reboot", p, started, "refused")
+        save(w, state)
+        outcome.repairs.append("reboot:refused")
+        _audit(w, "reboot", "refused", time.monotonic() - t0, p, reason=reason, error=str(exc),
+               detail="Slurm refused the reboot (is RebootProgram set in slurm.conf?): the ladder moves on")
+        if report is not None:
+            _replace(w, plan(w, report, state) or p, report, outcome, state)
+        return
     except SlurmHooksError as exc:
         outcome.failed.append(f"reboot: {exc}")
         _audit(w, "reboot", "failed", time.monotonic() - t0, p, reason=reason, error=str(exc))
         return
     remediate.write_marker(w, reason, None)
     state["active"] = {"rung": "reboot", "t": time.time(), "boot": boot, "reason": reason, "why": p.why,
-                       "summary": p.summary, "gpus": [list(g) for g in p.gpus]}
+                       "summary": p.summary, "gpus": [list(g) for g in p.gpus],
+                       "findings": [[f.check, f.gpu] for f in report.drain_findings()] if report else []}
     save(w, state)
     outcome.repairs.append("reboot:start")
     _audit(w, "reboot", "start", time.monotonic() - t0, p, reason=reason,
@@ -520,11 +561,22 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
              active.get("summary", ""))
     elapsed = time.time() - float(active.get("t", 0))
     booted = (resetter or _resetter(w, state)).boot_id() != active.get("boot")
+    if not booted and not reboot_pending(info) and not _down(info):
+        # No reboot happened and none is pending: a person cancelled it (cancel_reboot) or resumed
+        # the node. Their decision: our tracking ends, no [replace] over it.
+        state.pop("active", None)
+        _attempt(state, "reboot", p, float(active.get("t", time.time())), "cancelled")
+        save(w, state)
+        outcome.repairs.append("reboot:cancelled")
+        _audit(w, "reboot", "cancelled", elapsed, p, reason=active.get("reason"),
+               detail=f"the reboot was cancelled or the node resumed by someone else (node {info.state}, "
+                      f"reason {info.reason!r}): tracking ends")
+        return False
     if reboot_pending(info) or not booted:
         if elapsed < float(w.config.repair.reboot_timeout):
             return True  # the reboot is still to come, or under way: leave the node to Slurm
         result, detail = "failed", f"no reboot within {elapsed:.0f}s"
-    elif info.reason and not info.ours:
+    elif info.reason and remediate.holds(w, info, our_reboot=True):
         state.pop("active", None)
         save(w, state)
         return False  # an admin took the node over meanwhile
@@ -550,8 +602,6 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
 
 
 def _replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, state: dict[str, Any]) -> None:
-    from slurm_hooks.hooks import remediate
-
     summary = drain_summary(report) if report.drain_findings() else p.summary
     reason = format_reason(summary, Action.REPLACE)
     t0 = time.monotonic()
@@ -564,12 +614,88 @@ def _replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, state: dict[s
     remediate.write_marker(w, reason, report)
     outcome.drained = outcome.node_out = True
     _attempt(state, "replace", p, time.time(), "ok")
-    state["replaced"] = {"t": time.time(), "reason": reason}
+    state["replaced"] = {"t": time.time(), "reason": reason, "gpus": [g for _, g in p.gpus]}
     save(w, state)
     rma = add_to_rma(w, p, report, state)
     outcome.repairs.append("replace:ok")
     _audit(w, "replace", "ok", time.monotonic() - t0, p, reason=reason, rma=rma,
            detail=f"{p.why}; drain stays for a person or the bridge; GPU(s) on the RMA list")
+
+
+def new_urgent(w: Wiring, report: Report) -> list[Finding]:
+    """Urgent findings that our pending reboot was not for (a new fault while the node waits for
+    its jobs to end): their jobs are requeued even though the repair holds the node."""
+    active = load(w).get("active")
+    if not active:
+        return []
+    known = {(c, g) for c, g in active.get("findings", [])}
+    return [f for f in report.drain_findings() if f.urgency is Urgency.NOW and (f.check, f.gpu) not in known]
+
+
+def _down(info: Any) -> bool:
+    """DOWN with our reason: how our ``nextstate=DOWN`` reboot brings a node back."""
+    return info.base_state == "DOWN" and info.ours
+
+
+def _replace_ended(w: Wiring, report: Report, state: dict[str, Any], info: Any) -> bool:
+    """Whether our ``[replace]`` is over: a person resumed the node, or every GPU it named is
+    gone from the node (new hardware: new UUIDs). The same GPU passing a check is not enough
+    (flaky hardware passes now and then). The RMA entry stays. True when it ended now."""
+    replaced = state["replaced"]
+    gpus = [g for g in replaced.get("gpus", []) if _is_uuid(g)]
+    snap = report.snapshot
+    if not (info.drained or _down(info)):
+        detail = "the node was resumed by a person"
+    elif gpus and snap is not None and snap.error is None and snap.gpus \
+            and not set(gpus) & {g.uuid for g in snap.gpus}:
+        detail = f"GPU(s) {', '.join(gpus)} no longer in the node: the hardware was replaced"
+    else:
+        return False
+    state.pop("replaced", None)
+    state["attempts"] = [a for a in state["attempts"] if not set(a["gpus"]) & set(replaced.get("gpus", []))]
+    save(w, state)
+    w.audit.write("action", node=w.node, action="repair-replace", target=w.node, result="ended", duration_s=0.0,
+                  reason=replaced.get("reason", ""), detail=f"{detail}; the ladder starts afresh on this node")
+    return True
+
+
+def _has_marker(w: Wiring) -> bool:
+    try:
+        return remediate.load_marker(w) is not None
+    except SlurmHooksError:
+        return True  # there, though unreadable: the state dir was not lost
+
+
+def _is_uuid(ident: str) -> bool:
+    return ident.startswith(("GPU-", "MIG-"))
+
+
+def _recall(w: Wiring, report: Report, state: dict[str, Any], info: Any) -> bool:
+    """With no attempt on record (the state dir was lost: a diskless node, a reimage), take the
+    ladder's memory from Slurm's reason: ``[replace]`` waits for a person, ``[reboot 1/1]``
+    counts as that many reboots of the GPUs now at fault. True when the node waits for a person."""
+    if state["attempts"] or _has_marker(w):
+        return False  # the state dir is there: what it holds is the ladder's memory
+    parsed = parse_reason(info.reason)
+    if parsed is None:
+        return False
+    if parsed[1] is Action.REPLACE and (info.drained or _down(info)):
+        state["replaced"] = {"t": time.time(), "reason": info.reason, "gpus": [], "recalled": True}
+        save(w, state)
+        return True
+    counted = reason_attempt(info.reason)
+    if counted is None or counted[0] is not Action.REBOOT:
+        return False
+    p = plan(w, report, state)
+    if p is None:
+        return False
+    for _ in range(counted[1]):
+        _attempt(state, "reboot", p, time.time(), "recalled")
+    save(w, state)
+    w.audit.write("action", node=w.node, action="repair-reboot", target=w.node, result="recalled", duration_s=0.0,
+                  reason=info.reason, detail=f"no repair state on this node (state dir lost?): {counted[1]} reboot(s) "
+                                             "taken from Slurm's reason")
+    return False
 
 
 # -- the RMA list -------------------------------------------------------------

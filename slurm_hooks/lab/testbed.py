@@ -102,8 +102,15 @@ class Settings:
     repair: bool = False
     #: ``[repair] reset_timeout``: how long one nvidia-smi / systemctl call of a reset may take.
     reset_timeout: float = 60.0
+    #: gres.conf's File= order, as device numbers (``--gres-order 7,6,...``): GRES index i is
+    #: /dev/nvidia<gres_order[i]>, the sim GPU with that minor number. Empty: 0..gpus-1.
+    gres_order: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "gres_order", tuple(int(m) for m in self.gres_order))
+        if self.gres_order and sorted(self.gres_order) != list(range(self.gpus)):
+            raise TestbedError(f"--gres-order must list 0..{self.gpus - 1} once each, got "
+                               f"{','.join(map(str, self.gres_order))}")
         if not 1 <= self.nodes <= PORT_BLOCK - 1:
             raise TestbedError(f"--nodes must be 1..{PORT_BLOCK - 1}, got {self.nodes}")
         if not 1 <= self.gpus <= 64:
@@ -279,6 +286,8 @@ class Testbed:
             "nodes": [{"name": n, "port": self._ports[n]} for n in s.node_names],
             "cgroup_disabled": quirks.cgroup_disabled(slurm_version()),
             "sim_dir": self.sim_dir,
+            "gres_files": [self.path("dev", f"nvidia{m}") for m in (s.gres_order or range(s.gpus))],
+            "gres_conf": self.path("gres.conf"),
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
             "slurm_bin_dir": BIN,
@@ -745,6 +754,12 @@ class Testbed:
         _mkdir(self.hooks_state_dir, 0o700)
         with contextlib.suppress(FileNotFoundError):
             os.truncate(self.audit_log, 0)
+
+    @property
+    def keeps_reasons(self) -> bool:
+        """Whether this cluster's Slurm leaves a resumed node's reason in place (23.11+ without
+        accounting: Debian 13's 24.11; :func:`.quirks.reason_kept_after_resume`)."""
+        return quirks.reason_kept_after_resume(slurm_version(), self.settings.accounting)
 
     def _stale_reasons(self, slurm: ScontrolSlurm) -> list[str]:
         """Nodes IDLE, not drained, yet with a reason (left by a resume on newer Slurm)."""

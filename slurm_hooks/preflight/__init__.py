@@ -14,7 +14,14 @@ from typing import Any, Callable
 from slurm_hooks import config as config_mod
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.preflight import slurmconf
-from slurm_hooks.preflight.environment import check_bridge, check_gpus, check_paths, check_scontrol, load_config
+from slurm_hooks.preflight.environment import (
+    check_bridge,
+    check_gpus,
+    check_paths,
+    check_scontrol,
+    check_wrappers,
+    load_config,
+)
 from slurm_hooks.preflight.results import Result, Status, passed
 from slurm_hooks.preflight.slurmconf_checks import check_slurm_conf
 
@@ -43,6 +50,7 @@ def run(config_path: str | None = None, slurm_conf_path: str | None = None, node
         results += check_gpus(cfg, node)
     results += check_scontrol(cfg, conf.path if conf is not None else slurm_conf_path, runner)
     results += check_paths(cfg)
+    results += check_wrappers(cfg)
     if "bridge" in cfg.raw:
         results += check_bridge(cfg)
     return results

@@ -41,6 +41,34 @@ def load_config(path: str | None) -> tuple[Config | None, list[Result]]:
     return cfg, [Result(check, Status.PASS, "loaded", "", cfg.path)]  # a deadline slurmd kills is a config error
 
 
+def check_wrappers(cfg: Config) -> list[Result]:
+    """The programs ``slurm-hooks install`` lays leave a status file when slurm-hooks could not run
+    (they then let the job run, or refuse it): any such file is a FAIL until the next good run."""
+    import time
+
+    from slurm_hooks.install import layout
+
+    check = "wrappers"
+    found = layout.read_status(cfg.state.dir)
+    if not found:
+        return [Result(check, Status.PASS, "no failed run of slurm-hooks recorded by its programs", "", cfg.state.dir)]
+    out = []
+    for hook, st in sorted(found.items()):
+        try:
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(st.get("time", ""))))
+        except ValueError:
+            when = "an unknown time"
+        action = {"allowed": "it let the job and the node pass", "refused": "it failed closed"}.get(
+            st.get("action", ""), "")
+        program = st.get("program") or layout.program_path(hook)
+        out.append(Result(check, Status.FAIL,
+                          f"slurm-hooks {hook} could not run at {when} (exit {st.get('exit', '?')}): {action}",
+                          f"run {program} by hand as root to see the error (the interpreter, the package or the "
+                          "config); the record goes away at the next good run",
+                          layout.status_path(cfg.state.dir, hook)))
+    return out
+
+
 def check_gpus(cfg: Config, node: str) -> list[Result]:
     from slurm_hooks import engine, probes
 
@@ -131,7 +159,38 @@ def check_paths(cfg: Config) -> list[Result]:
         out.append(Result(check, Status.PASS if ok else Status.FAIL, f"[{section}] {key} = {path}: {why}",
                           "" if ok else f"create {path} writable by root, or change [{section}] {key}",
                           "" if ok else cfg.path or ""))
+    fs = fs_type(cfg.state.dir)
+    if fs in VOLATILE_FS:
+        out.append(Result("state-dir-volatile", Status.WARN,
+                          f"[state] dir = {cfg.state.dir} is on {fs}: it is lost at every reboot, and with it our "
+                          "drain markers and the repair ladder's count (the ladder then reads what Slurm's reason "
+                          "keeps: [reboot n/m], [replace])",
+                          "[state] dir on a disk that survives a reboot (default /var/lib/slurm-hooks)",
+                          cfg.path or ""))
     return out
+
+
+#: File systems that do not survive a reboot.
+VOLATILE_FS = ("tmpfs", "ramfs")
+
+
+def fs_type(path: str, mounts: str = "/proc/mounts") -> str:
+    """The type of the file system that holds ``path`` (or would, once made); "" when unknown."""
+    target = os.path.abspath(path)
+    try:
+        with open(mounts, encoding="utf-8") as fh:
+            rows = [line.split() for line in fh]
+    except OSError:
+        return ""
+    best, kind = "", ""
+    for row in rows:
+        if len(row) < 3:
+            continue
+        point = row[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, row[2]
+    return kind
 
 
 def check_bridge(cfg: Config) -> list[Result]:

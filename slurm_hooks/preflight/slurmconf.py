@@ -15,31 +15,28 @@ and may be a glob, a key given twice keeps the later value. ``NodeName=``,
 
 from __future__ import annotations
 
-import glob
 import math
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.slurm import hostlist
-
-ENV_VAR = "SLURM_CONF"
-#: Tried in order when neither --slurm-conf nor SLURM_CONF names a file. The last
-#: two are where configless slurmd (``slurmd -Z``, Slinky) caches the file.
-DEFAULT_PATHS = (
-    "/etc/slurm/slurm.conf",
-    "/etc/slurm-llnl/slurm.conf",
-    "/run/slurm/conf/slurm.conf",
-    "/var/spool/slurmd/conf-cache/slurm.conf",
+from slurm_hooks.slurm.conffile import (  # noqa: F401  (the syntax lives with the Slurm adapter; names kept)
+    DEFAULT_PATHS,
+    ENV_VAR,
+    include_paths,
+    logical_lines,
+    resolve_path,
+    split_pairs,
+    strip_comment,
 )
+from slurm_hooks.slurm.conffile import INCLUDE as _INCLUDE
+
 #: Lines that start with one of these keys describe one record, not global settings.
 RECORD_KEYS = ("nodename", "partitionname", "nodeset", "downnodes", "frontendname")
 _MAX_INCLUDE_DEPTH = 16
 
-_PAIR = re.compile(r'\s*([A-Za-z0-9_.]+)\s*=\s*(?:"([^"]*)"|(\S*))(?=\s|$)')
-_INCLUDE = re.compile(r"^\s*include\s+(.+?)\s*$", re.IGNORECASE)
 
 
 class SlurmConfError(ConfigError):
@@ -259,19 +256,6 @@ def parse_gres(text: str) -> list[Gres]:
 # --- reading files ---------------------------------------------------------------------
 
 
-def resolve_path(explicit: str | None = None) -> str:
-    """--slurm-conf, then $SLURM_CONF, then the first default that exists."""
-    if explicit:
-        return explicit
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return env
-    for path in DEFAULT_PATHS:
-        if os.path.exists(path):
-            return path
-    return DEFAULT_PATHS[0]
-
-
 def load(explicit: str | None = None) -> SlurmConf:
     path = resolve_path(explicit)
     return parse(_read(path), path)
@@ -293,55 +277,6 @@ def _read(path: str, include: Entry | None = None) -> str:
         if include is not None:
             raise SlurmConfError(f"{why}: {path}", include.path, include.line, f"Include {include.value}") from None
         raise SlurmConfError(why, path) from None
-
-
-def logical_lines(text: str) -> Iterator[tuple[int, str]]:
-    """(first physical line number, text) with comments stripped and continuations joined."""
-    start, buf = None, ""
-    for no, raw in enumerate(text.splitlines(), 1):
-        line = _strip_comment(raw).rstrip()
-        if start is None:
-            start = no
-        if line.endswith("\\"):
-            buf += line[:-1]
-            continue
-        buf += line
-        if buf.strip():
-            yield start, buf
-        start, buf = None, ""
-    if buf.strip() and start is not None:
-        yield start, buf
-
-
-def _strip_comment(line: str) -> str:
-    out, quoted, i = [], False, 0
-    while i < len(line):
-        ch = line[i]
-        if ch == "\\" and i + 1 < len(line) and line[i + 1] == "#":
-            out.append("#")
-            i += 2
-            continue
-        if ch == '"':
-            quoted = not quoted
-        elif ch == "#" and not quoted:
-            break
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-def split_pairs(text: str) -> list[tuple[str, str]]:
-    """``A=1 B="x y"`` -> [("A", "1"), ("B", "x y")]; ValueError on anything else."""
-    pairs, pos = [], 0
-    rest = text.rstrip()
-    while pos < len(rest):
-        m = _PAIR.match(rest, pos)
-        if not m:
-            raise ValueError(f"cannot parse {rest[pos:].strip()!r} (expected Key=Value)")
-        value = m.group(2) if m.group(2) is not None else m.group(3)
-        pairs.append((m.group(1), value))
-        pos = m.end()
-    return pairs
 
 
 class _Builder:
@@ -375,16 +310,7 @@ class _Builder:
     def _include(self, inc: Entry, depth: int) -> None:
         if depth >= _MAX_INCLUDE_DEPTH:
             raise SlurmConfError(f"includes nested deeper than {_MAX_INCLUDE_DEPTH} (a loop?)", inc.path, inc.line, "Include")
-        target = inc.value
-        if not os.path.isabs(target):
-            target = os.path.join(os.path.dirname(os.path.abspath(inc.path)), target)
-        if glob.has_magic(target):
-            paths = sorted(glob.glob(target))
-        else:
-            paths = [target]
-        for p in paths:
-            if os.path.isdir(p):
-                continue
+        for p in include_paths(inc.value, inc.path):
             self.feed(_read(p, inc), p, depth + 1)
 
     def _record(self, kind: str, pairs: list[tuple[str, str]], path: str, no: int) -> None:

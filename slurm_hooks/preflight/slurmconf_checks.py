@@ -9,17 +9,18 @@ import shlex
 import stat
 
 from slurm_hooks.config import Config
+from slurm_hooks.install import layout
 from slurm_hooks.preflight import slurmconf
 from slurm_hooks.preflight.results import Result, Status
 from slurm_hooks.preflight.slurmconf import SlurmConf
 
 # --- programs: HealthCheckProgram, Prolog, Epilog ---------------------------------------
 
-#: slurm.conf key -> (check name, our subcommand, an example wrapper path).
+#: slurm.conf key -> (check name, our subcommand, the program `slurm-hooks install` lays for it).
 PROGRAMS = (
-    ("HealthCheckProgram", "health-check-program", "check", "/etc/slurm/healthcheck/slurm-hooks-check"),
-    ("Prolog", "prolog", "prolog", "/etc/slurm/prolog.d/50-slurm-hooks"),
-    ("Epilog", "epilog", "epilog", "/etc/slurm/epilog.d/50-slurm-hooks"),
+    ("HealthCheckProgram", "health-check-program", "check", layout.program_path("healthcheck")),
+    ("Prolog", "prolog", "prolog", layout.program_path("prolog")),
+    ("Epilog", "epilog", "epilog", layout.program_path("epilog")),
 )
 _MAX_SCRIPT = 256 * 1024
 _OURS = re.compile(r"slurm[-_]hooks")
@@ -42,7 +43,9 @@ def find_invocation(text: str, subcommand: str) -> tuple[str, bool] | None:
                     word == "slurm_hooks" and i > 0 and words[i - 1] == "-m"):
                 if subcommand not in words[i + 1:]:
                     continue
-                program = words[i - 2] if word == "slurm_hooks" and i >= 2 and words[i - 1] == "-m" else word
+                program = word
+                if word == "slurm_hooks":  # `python [-I ...] -m slurm_hooks`: the interpreter is the program
+                    program = next((w for w in reversed(words[:i - 1]) if not w.startswith("-")), word)
                 env_path = any(w.startswith("PATH=") for w in words[:i])
                 return program, sets_path or env_path
     return None
@@ -84,8 +87,7 @@ def _read_script(path: str) -> str:
 def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, example: str) -> list[Result]:
     """The program slurmd runs for ``key`` exists, is safe to run as root and calls us."""
     wanted = f"slurm-hooks {subcommand}"
-    fix_new = (f"{key}={example}, a root-owned mode-755 script that runs "
-               f"`exec /usr/local/bin/{wanted}` (absolute path: slurmd gives it no PATH)")
+    fix_new = f"{key}={example} (laid by `{layout.install_command()}`)"
     e = conf.entry(key)
     if e is None or not e.value:
         return [Result(check, Status.FAIL, f"{key} is not set: slurmd never runs `{wanted}`", fix_new, conf.path)]
@@ -96,7 +98,7 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
 
         files = sorted(p for p in glob.glob(target) if not os.path.isdir(p))
         if not files:
-            return [Result(check, Status.FAIL, f"{e} matches no file", fix_new.replace(example, e.value), e.where)]
+            return [Result(check, Status.FAIL, f"{e} matches no file", fix_new, e.where)]
     else:
         files = [target]
     out: list[Result] = []
@@ -106,7 +108,7 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            out.append(Result(check, Status.FAIL, f"{e}: {path} does not exist", fix_new.replace(example, path), e.where))
+            out.append(Result(check, Status.FAIL, f"{e}: {path} does not exist", fix_new, e.where))
             continue
         except OSError as exc:
             out.append(Result(check, Status.FAIL, f"{e}: cannot stat {path}: {exc.strerror}", "", e.where))
@@ -123,8 +125,8 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
             found.append((path, inv))
     if inspected and not found:
         shown = ", ".join(inspected) if len(inspected) <= 3 else f"{len(inspected)} files"
-        fix = (f"add a script to {os.path.dirname(target)} that runs `exec /usr/local/bin/{wanted}`" if is_glob
-               else f"make {inspected[0]} run `exec /usr/local/bin/{wanted}` (or {fix_new})")
+        fix = (f"link {example} into {os.path.dirname(target)} (laid by `{layout.install_command()}`)" if is_glob
+               else fix_new)
         out.append(Result(check, Status.FAIL, f"{e}: {shown} does not run `{wanted}`", fix, e.where))
     for path, (program, sets_path) in found:
         if "/" not in program and not sets_path:
@@ -350,6 +352,65 @@ def check_controller_failover(conf: SlurmConf, cfg: Config) -> list[Result]:
                    f"(up to SlurmctldTimeout {takeover:g} s) actions wait as pending ones", "", where)]
 
 
+def _config_line(cfg: Config, section: str, key: str) -> str:
+    """``<config.toml>:<line>`` of ``[section] key`` (the path alone when it is not written there)."""
+    line = cfg.where.line_of(section, key) if cfg.where is not None else None
+    return f"{cfg.path}:{line}" if cfg.path and line else (cfg.path or "")
+
+
+def check_reboot(conf: SlurmConf, cfg: Config) -> list[Result]:
+    """The repair ladder's reboot goes through Slurm: without RebootProgram ``scontrol reboot``
+    is refused, and a ResumeTimeout shorter than ``[repair] reboot_timeout`` marks a node that is
+    still rebooting DOWN ("reboot timed out") before our ladder has given up on it."""
+    check = "reboot-program"
+    if not (cfg.repair.enabled and cfg.repair.reboot):
+        return [Result(check, Status.PASS, "the repair ladder's reboot rung is off: RebootProgram not needed", "",
+                       conf.where("RebootProgram"))]
+    rung = _config_line(cfg, "repair", "reboot") or _config_line(cfg, "repair", "enabled")
+    e = conf.entry("RebootProgram")
+    if e is None or not e.value.strip():
+        return [Result(check, Status.FAIL,
+                       f"RebootProgram is not set in {conf.path}, but the repair ladder's reboot rung is on "
+                       f"([repair] reboot = true{', ' + rung if rung else ''}): Slurm refuses `scontrol reboot`, "
+                       "and the ladder skips to [replace]",
+                       "RebootProgram=/usr/sbin/reboot in slurm.conf, or [repair] reboot = false", rung or conf.path)]
+    out = [Result(check, Status.PASS, f"{e}", "", e.where)]
+    value, err = _seconds(conf, "resume-timeout", "ResumeTimeout", 60)
+    if err:
+        return [*out, err]
+    ours = float(cfg.repair.reboot_timeout)
+    shown = str(conf.entry("ResumeTimeout") or "ResumeTimeout unset (default 60)")
+    if value < ours:
+        out.append(Result("resume-timeout", Status.FAIL,
+                          f"{shown} is shorter than [repair] reboot_timeout = {ours:g} s: Slurm marks a node still "
+                          "rebooting DOWN (\"reboot timed out\") while the ladder still waits for it",
+                          f"ResumeTimeout={int(ours)} in slurm.conf, or reboot_timeout = {value:g} in [repair]",
+                          conf.where("ResumeTimeout")))
+    else:
+        out.append(Result("resume-timeout", Status.PASS, f"{shown} >= [repair] reboot_timeout {ours:g} s", "",
+                          conf.where("ResumeTimeout")))
+    return out
+
+
+def check_health_check_timeout(conf: SlurmConf, cfg: Config, version: tuple[int, int] | None) -> list[Result]:
+    """slurmd kills the health check at 60 s, or at ``HealthCheckTimeout`` on 26.05+: our
+    ``[check] deadline`` must end the run before that."""
+    from slurm_hooks.slurm import quirks
+
+    check = "health-check-timeout"
+    e = conf.entry("HealthCheckTimeout")
+    kill = quirks.health_check_kill_s(version, e.value if e is not None else None)
+    deadline = float(cfg.check.deadline)
+    shown = f"{e}" if e is not None and kill != quirks.HEALTH_CHECK_KILL_S else f"slurmd's {kill:g} s kill"
+    if deadline >= kill:
+        return [Result(check, Status.FAIL,
+                       f"[check] deadline = {deadline:g} s is not shorter than {shown}: slurmd kills the check "
+                       "before it can drain", f"deadline = {max(1, int(kill) - 15)} in [check]",
+                       _config_line(cfg, "check", "deadline") or conf.where("HealthCheckTimeout"))]
+    return [Result(check, Status.PASS, f"[check] deadline = {deadline:g} s < {shown}", "",
+                   conf.where("HealthCheckTimeout"))]
+
+
 def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Result]:
     """Every slurm.conf check, in the order an admin reads them."""
     out: list[Result] = []
@@ -363,4 +424,10 @@ def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Res
     out += check_nohold_on_prolog_fail(conf)
     out += check_gres(conf, cfg, node)
     out += check_controller_failover(conf, cfg)
+    out += check_reboot(conf, cfg)
+    # HealthCheckTimeout exists from 26.05 on: a slurm.conf that sets it is read by such a Slurm.
+    from slurm_hooks.slurm import quirks
+
+    out += check_health_check_timeout(conf, cfg, quirks.HEALTH_CHECK_TIMEOUT_SINCE
+                                      if "HealthCheckTimeout" in conf else None)
     return out

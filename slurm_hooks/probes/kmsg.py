@@ -29,6 +29,8 @@ _DMESG_PREFIX = re.compile(r"^\[\s*([^\]]+)\]\s?(.*)$")
 # "SXid" (NVSwitch) must not match, hence "NVRM: " in front. On a MIG GPU the driver names the
 # instance after the bus id: "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 109, ...".
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)((?:\s+GPU-C?I:\s*[0-9A-Fa-f]+)*)\s*\): (\d+)\b,?\s*(.*)$")
+#: The MIG GPU instance a line names: the driver prints ``GPU-I:%02u`` (decimal).
+_GPU_INSTANCE = re.compile(r"GPU-I:\s*(\d+)")
 _PCI = re.compile(r"^(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})(?:\.([0-7]))?$")
 
 #: Lines of one code on one GPU within this many seconds of the first are one event: the driver
@@ -84,8 +86,10 @@ def parse_line(line: str) -> XidEvent | None:
         return None
     mig = " ".join(m.group(2).split())
     message = m.group(4).strip()
+    instance = _GPU_INSTANCE.search(mig)
     return XidEvent(code=int(m.group(3)), pci_bus_id=normalize_pci(m.group(1)), ts=ts,
-                    message=f"{mig}: {message}" if mig else message, source="kmsg", seq=seq)
+                    message=f"{mig}: {message}" if mig else message, source="kmsg", seq=seq,
+                    instance=int(instance.group(1)) if instance else None)
 
 
 def _open(path: str) -> int:

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from slurm_hooks.models import GpuProcess, GpuSnapshot, NodeSnapshot, NvLink, XidEvent
+from slurm_hooks.models import GpuProcess, GpuSnapshot, MigDevice, NodeSnapshot, NvLink, XidEvent
 from slurm_hooks.probes import nvml_errors
 from slurm_hooks.probes.nvml_errors import GpuLost, NotSupported, ResetRequired
 
@@ -245,7 +245,7 @@ def _read_gpu(nvml: Any, index: int) -> GpuSnapshot:
     return GpuSnapshot(index=index, needs_reset=r.needs_reset, errors=tuple(r.errors), **fields)
 
 
-_IDENTITY = ("uuid", "serial", "pci_bus_id", "model")
+_IDENTITY = ("uuid", "minor", "serial", "pci_bus_id", "model")
 
 
 def _read_fields(r: _GpuReader, out: dict[str, Any]) -> None:
@@ -257,9 +257,11 @@ def _read_fields(r: _GpuReader, out: dict[str, Any]) -> None:
             out[field] = value
 
     put("uuid", ask("uuid", "nvmlDeviceGetUUID", check=_text))
+    put("minor", ask("minor", "nvmlDeviceGetMinorNumber", check=_ranged(0, 254)))
     put("serial", ask("serial", "nvmlDeviceGetSerial", check=_text))
     put("pci_bus_id", ask("pci_bus_id", "nvmlDeviceGetPciInfo", check=_bus_id))
     put("model", ask("model", "nvmlDeviceGetName", check=_text))
+    put("mig", _mig_devices(r))
 
     unc = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     put("ecc_volatile_uncorrectable",
@@ -326,6 +328,35 @@ def _nvlinks(r: _GpuReader) -> Any:
                     values[name] = value
         links.append(NvLink(link, active=bool(state), **values))
     return tuple(links) if links else _MISSING
+
+
+def _mig_devices(r: _GpuReader) -> Any:
+    """The GPU's MIG instances (UUID, GPU instance id, compute instance id) when MIG mode is on."""
+    mode = r.ask("mig", "nvmlDeviceGetMigMode")
+    if mode is _MISSING or not isinstance(mode, (tuple, list)) or not mode or mode[0] != 1:
+        return _MISSING
+    count = r.ask("mig", "nvmlDeviceGetMaxMigDeviceCount", check=_ranged(0, 64))
+    if count is _MISSING:
+        return _MISSING
+    nvml, out = r.nvml, []
+    for j in range(count):
+        try:
+            handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(r.handle, j)
+        except Exception:
+            continue  # no instance in this slot
+        try:
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        except Exception as exc:
+            r.errors.append(("mig", f"MIG device {j}: nvmlDeviceGetUUID failed: {exc}"))
+            continue
+        ids = []
+        for fn in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
+            try:
+                ids.append(_ranged(0, 1023)(getattr(nvml, fn)(handle)))
+            except Exception:
+                ids.append(None)
+        out.append(MigDevice(uuid, ids[0], ids[1]))
+    return tuple(out)
 
 
 def _throttle(r: _GpuReader) -> Any:

@@ -36,12 +36,21 @@ def state_path(sim_dir: str, node: str) -> str:
     return os.path.join(sim_dir, f"{node}.json")
 
 
-def healthy_gpu(index: int, node: str, model: str) -> dict[str, Any]:
+def healthy_gpu(index: int, node: str, model: str, minor: int | None = None, mig: int = 0,
+                generation: int = 0) -> dict[str, Any]:
+    """GPU ``index`` as NVML enumerates it; its device file is /dev/nvidia<minor> (``index`` unless
+    told otherwise); ``mig``: that many MIG instances (GPU instance ids 1..mig); ``generation`` > 0:
+    the hardware put in its place by the ``generation``-th replacement (new UUID and serial, same
+    slot, PCI bus id and device file)."""
     name, gen, width, links, power = MODELS[model]
-    uid = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{node}.gpu{index}.slurm-hooks.sim")
+    swap = f".{generation}" if generation else ""
+    uid = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{node}.gpu{index}{swap}.slurm-hooks.sim")
     return {
+        **({"generation": generation} if generation else {}),
         "index": index,
         "uuid": f"GPU-{uid}",
+        "minor": index if minor is None else minor,
+        "mig": [{"uuid": f"MIG-{uuidlib.uuid5(uid, f'gi{gi}')}", "gi": gi, "ci": 0} for gi in range(1, mig + 1)],
         "serial": f"SIM{uid.int % 10**10:010d}",
         "pci_bus_id": f"00000000:{0x18 + index * 0x10:02X}:00.0",
         "model": name,
@@ -71,11 +80,19 @@ def healthy_gpu(index: int, node: str, model: str) -> dict[str, Any]:
     }
 
 
-def init(sim_dir: str, node: str, gpus: int = 8, model: str = "H100") -> dict[str, Any]:
+def init(sim_dir: str, node: str, gpus: int = 8, model: str = "H100", minors: list[int] | None = None,
+         mig: int = 0) -> dict[str, Any]:
+    """A node of ``gpus`` healthy GPUs. ``minors``: GPU K's device file is /dev/nvidia<minors[K]>
+    (default K: NVML and the device files agree); ``mig``: MIG instances per GPU (0: MIG off)."""
     if model not in MODELS:
         raise SimStateError(f"unknown model {model!r} (known: {', '.join(MODELS)})")
     if not 0 < gpus <= 64:
         raise SimStateError(f"--gpus must be 1..64, got {gpus}")
+    if minors is not None and (len(minors) != gpus or len(set(minors)) != gpus or
+                               not all(0 <= m <= 254 for m in minors)):
+        raise SimStateError(f"--minors must name {gpus} distinct minor numbers 0..254, got {minors}")
+    if not 0 <= mig <= 7:
+        raise SimStateError(f"--mig must be 0..7 instances per GPU, got {mig}")
     state = {
         "version": STATE_VERSION,
         "node": node,
@@ -84,7 +101,7 @@ def init(sim_dir: str, node: str, gpus: int = 8, model: str = "H100") -> dict[st
         # Event numbers keep growing across re-inits, so an event key is never reused.
         "seq": _next_seq_base(sim_dir, node),
         "boot": _new_boot(),
-        "gpus": [healthy_gpu(i, node, model) for i in range(gpus)],
+        "gpus": [healthy_gpu(i, node, model, None if minors is None else minors[i], mig) for i in range(gpus)],
     }
     path = state_path(sim_dir, node)
     with fsutil.locked(path):
@@ -133,7 +150,7 @@ def gpu_entry(state: dict[str, Any], index: int) -> dict[str, Any]:
 
 #: Keys of a GPU entry that are the simulation's own, not what NVML would report: a latent fault
 #: only a diagnostic finds (``diag_failure``) and a reset that hangs (``reset_hang_s``) among them.
-SIM_ONLY = frozenset({"cleared_by", "resets", "diag_failure", "reset_hang_s"})
+SIM_ONLY = frozenset({"cleared_by", "resets", "generation", "diag_failure", "reset_hang_s"})
 
 #: What mends a fault: a GPU reset, a reboot of the node, or nothing (a dead GPU).
 CLEARED_BY = ("reset", "reboot", "never")
@@ -169,13 +186,17 @@ def _new_boot() -> str:
     return uuidlib.uuid4().hex[:12]
 
 
-def _add_xid(state: dict[str, Any], entry: dict[str, Any], code: int, message: str = "injected by slurm-hooks sim") -> None:
+def _add_xid(state: dict[str, Any], entry: dict[str, Any], code: int, message: str = "injected by slurm-hooks sim",
+             instance: int | None = None) -> None:
     state["seq"] = int(state.get("seq", 0)) + 1
-    entry["xids"].append(
-        {"code": int(code), "gpu": entry["index"], "uuid": entry.get("uuid", ""),
-         "pci_bus_id": entry["pci_bus_id"], "ts": time.time(), "boot": state.get("boot", ""),
-         "message": message, "source": "sim", "seq": state["seq"]}
-    )
+    event = {"code": int(code), "gpu": entry["index"], "uuid": entry.get("uuid", ""),
+             "pci_bus_id": entry["pci_bus_id"], "ts": time.time(), "boot": state.get("boot", ""),
+             "message": message, "source": "sim", "seq": state["seq"]}
+    if instance is not None:
+        if not any(m.get("gi") == instance for m in entry.get("mig") or ()):
+            raise SimStateError(f"GPU {entry['index']} has no MIG instance {instance}")
+        event.update(instance=instance, message=f"GPU-I:{instance:02d}: {message}")
+    entry["xids"].append(event)
 
 
 def fault_names(fault: dict[str, Any]) -> list[str]:
@@ -195,7 +216,7 @@ def inject(sim_dir: str, node: str, gpu: int, cleared_by: str | None = None, **f
         for name in fault_names(fault):
             mends[name] = cleared_by or default_cleared_by(name)
         if fault.get("xid") is not None:
-            _add_xid(state, entry, int(fault["xid"]))
+            _add_xid(state, entry, int(fault["xid"]), instance=fault.get("instance"))
         if fault.get("ecc_uncorrectable") is not None:
             entry["ecc_volatile_uncorrectable"] = int(entry.get("ecc_volatile_uncorrectable") or 0) + fault["ecc_uncorrectable"]
             entry["ecc_aggregate_uncorrectable"] = int(entry.get("ecc_aggregate_uncorrectable") or 0) + fault["ecc_uncorrectable"]
@@ -368,7 +389,26 @@ def clear(sim_dir: str, node: str, gpu: int | None = None) -> dict[str, Any]:
         model = state.get("model", "H100")
         for i, entry in enumerate(state["gpus"]):
             if gpu is None or entry.get("index") == gpu:
-                state["gpus"][i] = healthy_gpu(entry["index"], node, model)
+                state["gpus"][i] = {**healthy_gpu(entry["index"], node, model,
+                                                  generation=int(entry.get("generation", 0))),
+                                    **{k: entry[k] for k in ("minor", "mig") if k in entry}}
+
+    if gpu is not None:
+        gpu_entry(read(sim_dir, node), gpu)
+    return update(sim_dir, node, change)
+
+
+def replace(sim_dir: str, node: str, gpu: int | None = None) -> dict[str, Any]:
+    """New hardware in one GPU's slot (or every slot): healthy, with a new UUID and serial, as
+    a replaced board has; the slot (index, PCI bus id, device file) stays. What the old GPU had is gone."""
+
+    def change(state: dict[str, Any]) -> None:
+        model = state.get("model", "H100")
+        for i, entry in enumerate(state["gpus"]):
+            if gpu is None or entry.get("index") == gpu:
+                fresh = healthy_gpu(entry["index"], node, model, generation=int(entry.get("generation", 0)) + 1,
+                                    minor=entry.get("minor"), mig=len(entry.get("mig") or ()))
+                state["gpus"][i] = fresh
 
     if gpu is not None:
         gpu_entry(read(sim_dir, node), gpu)

@@ -43,7 +43,20 @@ class NodeInfo:
 
     @property
     def ours(self) -> bool:
-        return self.reason.startswith(REASON_PREFIX)
+        """Our reason, as Slurm shows it (``" : Not responding"`` and a reboot's suffixes allowed).
+
+        What Slurm alone can say: the node side also holds it against what it recorded
+        at the drain (:class:`slurm_hooks.hooks.marker.DrainMarker`)."""
+        return reason_is_ours(self.reason)
+
+    @property
+    def reason_time(self) -> str:
+        """Slurm's ReasonTime as printed (``2026-11-29T21:27:07``, or epoch seconds from JSON); "" unknown."""
+        return str(self.extra.get("ReasonTime", "") or "")
+
+    @property
+    def reason_user(self) -> str:
+        return str(self.extra.get("ReasonUser", "") or "")
 
 
 #: Job states in which a job still holds (or is releasing) a node.
@@ -220,6 +233,40 @@ def join_admin_comment(existing: str, line: str, limit: int = ADMIN_COMMENT_MAX)
         del parts[ours]
 
 
+#: What Slurm appends to a node's existing reason (``" : <msg>"``, ``set_node_reason`` in
+#: node_mgr.c) without anyone else taking the node: it stays the drain of whoever wrote the text.
+#: Any other suffix (``Prolog error``, ``Epilog error``, ``Kill task failed``, ...) is a new drain
+#: by Slurm itself that kept the old text in front (:mod:`.quirks`: 23.11 keeps reasons).
+OWNER_KEEPING_SUFFIXES = ("Not responding", "reboot issued", "reboot complete", "reboot timed out")
+#: Reasons other tools own whatever follows: NHC (``node-mark-online`` resumes only its own)
+#: and Slinky's slurm-operator (``IsNodeReasonOurs``).
+FOREIGN_PREFIXES = ("NHC:", "slurm-operator: ")
+SUFFIX_SEP = " : "
+
+
+def split_reason(reason: str) -> tuple[str, tuple[str, ...]]:
+    """``(text, suffixes)``: the reason as its writer set it, and what Slurm appended since.
+
+    Only our reasons are split (their text never holds the separator: :func:`format_reason`);
+    anyone else's is returned whole."""
+    if not reason.startswith(REASON_PREFIX):
+        return reason, ()
+    m = _TAGGED.match(reason)
+    if m:
+        text, rest = m.group("text"), m.group("rest")
+    else:
+        text, _, rest = reason.partition(SUFFIX_SEP)
+        rest = SUFFIX_SEP + rest if rest else ""
+    return text, tuple(part.strip() for part in rest.split(SUFFIX_SEP)[1:])
+
+
+def reason_is_ours(reason: str) -> bool:
+    """Our prefix, and nothing appended but Slurm's own owner-keeping suffixes."""
+    if not reason.startswith(REASON_PREFIX) or reason.startswith(FOREIGN_PREFIXES):
+        return False
+    return all(suffix in OWNER_KEEPING_SUFFIXES for suffix in split_reason(reason)[1])
+
+
 def may_drain(node: NodeInfo) -> bool:
     """Drain unless the node carries someone else's reason: an admin's DRAIN, DOWN or FAIL,
     or Slurm's own (``Not responding``, ``Prolog error``). Ours we may replace."""
@@ -231,25 +278,39 @@ def reboot_pending(node: NodeInfo) -> bool:
     return any(flag.startswith("REBOOT") for flag in node.flags)
 
 
+def out_of_service(node: NodeInfo) -> bool:
+    """Drained, or DOWN (how our ``nextstate=DOWN`` reboot brings a node back)."""
+    return node.drained or node.base_state == "DOWN"
+
+
 def may_resume(node: NodeInfo) -> bool:
-    """Resume only a node we drained ourselves."""
-    return node.drained and node.ours
+    """Resume only a node we took out ourselves (drained, or DOWN after our reboot)."""
+    return out_of_service(node) and node.ours
 
 
 #: What follows the action in the bracket of a drain for a fault that waits for the running jobs.
 AT_JOB_END = "at job end"
-_ACTION_TAG = re.compile(r"\s\[({})(?P<end>, {})?\]$".format("|".join(a.value for a in Action), AT_JOB_END))
+_ACTIONS = "|".join(a.value for a in Action)
+#: ``[reboot]``, ``[reset, at job end]``, ``[reboot 1/2]`` (the ladder's attempt at this rung, of
+#: how many: kept in Slurm so that a lost state dir does not reset the count).
+_ACTION_TAG = re.compile(rf"\s\[({_ACTIONS})(?: (?P<n>\d+)/(?P<of>\d+))?(?P<end>, {AT_JOB_END})?\]$")
+#: Our reason up to its action tag, then Slurm's suffixes.
+_TAGGED = re.compile(rf"^(?P<text>{re.escape(REASON_PREFIX)}.*\[(?:{_ACTIONS})(?: \d+/\d+)?(?:, {AT_JOB_END})?\])(?P<rest>(?: : .*)?)$", re.S)
 
 
-def format_reason(summary: str, action: Action, limit: int = 120, at_job_end: bool = False) -> str:
+def format_reason(summary: str, action: Action, limit: int = 120, at_job_end: bool = False,
+                  attempt: tuple[int, int] | None = None) -> str:
     """``slurm-hooks: XID 79 on GPU 3 [reboot]``: what broke, then what it needs;
     ``slurm-hooks: row remap pending on GPU 6 [reset, at job end]`` when the remedy waits
-    for the running jobs to end (nothing was requeued for it).
+    for the running jobs to end (nothing was requeued for it); ``[reboot 1/2]`` for the
+    repair ladder's first of two reboots (``attempt``).
 
     The bracketed action is how the bridge, which sees only Slurm's node state,
     knows whether a node needs a reboot or a replacement.
     """
-    return _tagged(summary, f" [{action.value}, {AT_JOB_END}]" if at_job_end else f" [{action.value}]", limit)
+    count = f" {attempt[0]}/{attempt[1]}" if attempt else ""
+    return _tagged(summary, f" [{action.value}{count}, {AT_JOB_END}]" if at_job_end else f" [{action.value}{count}]",
+                   limit)
 
 
 def format_status_reason(summary: str, status: str, limit: int = 120) -> str:
@@ -260,7 +321,7 @@ def format_status_reason(summary: str, status: str, limit: int = 120) -> str:
 
 def _tagged(summary: str, tag: str, limit: int) -> str:
     """Our prefix, the summary (printable, cut to fit) and the tag, within ``limit`` characters."""
-    summary = "".join(ch if ch.isprintable() else " " for ch in summary).strip()
+    summary = "".join(ch if ch.isprintable() else " " for ch in summary).replace(SUFFIX_SEP, " - ").strip()
     room = limit - len(REASON_PREFIX) - 1 - len(tag)
     if len(summary) > room:
         summary = summary[: room - 3].rstrip() + "..."
@@ -280,17 +341,25 @@ _STATUS_TAG = re.compile(r"\s\[(validating|unverified)\](?:\s:\s.*)?$")
 
 
 def parse_reason(reason: str) -> tuple[str, Action | None] | None:
-    """Inverse of :func:`format_reason`; ``None`` when the reason is not ours."""
+    """Inverse of :func:`format_reason` (Slurm's suffixes dropped); ``None`` when the reason is not ours."""
     if not reason.startswith(REASON_PREFIX):
         return None
-    body = reason[len(REASON_PREFIX):].strip()
+    body = split_reason(reason)[0][len(REASON_PREFIX):].strip()
     m = _ACTION_TAG.search(body)
     if not m:
         return body, None
     return body[: m.start()].strip(), Action(m.group(1))
 
 
+def reason_attempt(reason: str) -> tuple[Action, int, int] | None:
+    """``(action, n, of)`` of our reason's ``[reboot 1/2]``; ``None`` without a count."""
+    m = _ACTION_TAG.search(split_reason(reason)[0]) if reason.startswith(REASON_PREFIX) else None
+    if not m or m.group("n") is None:
+        return None
+    return Action(m.group(1)), int(m.group("n")), int(m.group("of"))
+
+
 def waits_for_job_end(reason: str) -> bool:
     """Whether our drain reason says the remedy waits for the running jobs (``[reset, at job end]``)."""
-    m = _ACTION_TAG.search(reason) if reason.startswith(REASON_PREFIX) else None
+    m = _ACTION_TAG.search(split_reason(reason)[0]) if reason.startswith(REASON_PREFIX) else None
     return bool(m and m.group("end"))

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_resume
+from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_resume, out_of_service
 from slurm_hooks.slurm.errors import (
     ReasonNotOurs,
     SlurmCommandFailed,
@@ -109,7 +109,7 @@ class PyslurmSlurm:
 
     def resume(self, name: str) -> None:
         current = self.node(name)
-        if not current.drained:
+        if not out_of_service(current):
             return
         if not may_resume(current):
             raise ReasonNotOurs(current, "resume")

@@ -42,3 +42,73 @@ def scontrol_json(version: Version | None) -> bool:
 def cgroup_disabled(version: Version) -> bool:
     """Does this Slurm know ``CgroupPlugin=disabled``?"""
     return version >= CGROUP_DISABLED_SINCE
+
+
+# --- reasons and reboots, by version (DESIGN.md, "Where the field differs") ----------------
+
+#: From 23.11, a node's reason outlives ``State=RESUME`` when no accounting plugin is
+#: configured (``accounting_storage.c`` returns before freeing it; 22.05 frees it, and so
+#: does any Slurm with slurmdbd): Slurm's own later drains and an admin's reboot then wear
+#: the old text. Ownership therefore rests on what we recorded (hooks.marker), not the text.
+REASON_KEPT_AFTER_RESUME_SINCE: Version = (23, 11)
+
+#: From 24.11, ``scontrol reboot ASAP`` without ``nextstate=`` returns the node UNDRAINed
+#: (earlier: RESUME); we always pass our ``nextstate`` (:func:`reboot_args`).
+REBOOT_ASAP_UNDRAIN_SINCE: Version = (24, 11)
+
+#: From 25.05, ``Kill task failed`` carries the step: ``Kill task failed (JobId=12 StepId=0)``.
+KILL_TASK_JOBID_SINCE: Version = (25, 5)
+
+#: From 25.11, setting a node IDLE (or RESUME) while it is ``REBOOT_ISSUED`` is refused.
+IDLE_REFUSED_IN_REBOOT_ISSUED_SINCE: Version = (25, 11)
+
+#: From 26.05, ``HealthCheckTimeout`` (seconds) bounds the health check; before it slurmd
+#: kills the program at a fixed 60 s.
+HEALTH_CHECK_TIMEOUT_SINCE: Version = (26, 5)
+HEALTH_CHECK_KILL_S = 60.0
+#: From 26.05, ``scontrol reboot FORCE`` reboots at once, killing the node's jobs: never ours
+#: (a repair waits for the last job to leave; ASAP drains first).
+REBOOT_FORCE_SINCE: Version = (26, 5)
+#: From 26.05.2 (behind ``SlurmctldParameters=health_check_report``, default from 26.11),
+#: the health check runs with ``SLURM_NODE_IS_HEALTHY=yes|no``: Slurm's own view, recorded.
+NODE_IS_HEALTHY_ENV = "SLURM_NODE_IS_HEALTHY"
+
+
+def reason_kept_after_resume(version: Version | None, accounting: bool) -> bool:
+    """Does ``State=RESUME`` leave the reason on the node? (Unknown version: assume it may.)"""
+    return not accounting and (version is None or version >= REASON_KEPT_AFTER_RESUME_SINCE)
+
+
+def reboot_args(version: Version | None, node: str, reason: str, nextstate: str) -> list[str]:
+    """``scontrol`` arguments of our reboot: ASAP (drain, wait for the jobs), never FORCE, with
+    ``nextstate`` always explicit (24.11 changed the default to UNDRAIN)."""
+    return ["reboot", "ASAP", f"nextstate={nextstate}", f"reason={reason}", node]
+
+
+def is_kill_task_failed(reason: str) -> bool:
+    """Slurm's ``Kill task failed`` drain, with 25.05's ``(JobId=... StepId=...)`` or without."""
+    return reason == "Kill task failed" or reason.startswith("Kill task failed (")
+
+
+def may_set_idle(version: Version | None, state_flags: frozenset[str]) -> bool:
+    """May a node be resumed now? Not while ``REBOOT_ISSUED`` on 25.11+ (Slurm refuses; the
+    reboot's registration brings it back)."""
+    return not ("REBOOT_ISSUED" in state_flags and (version is None or version >= IDLE_REFUSED_IN_REBOOT_ISSUED_SINCE))
+
+
+def health_check_kill_s(version: Version | None, timeout_setting: str | None) -> float:
+    """When slurmd kills the health check: ``HealthCheckTimeout`` on 26.05+ when set, else 60 s."""
+    if timeout_setting and version is not None and version >= HEALTH_CHECK_TIMEOUT_SINCE:
+        try:
+            value = float(timeout_setting)
+        except ValueError:
+            return HEALTH_CHECK_KILL_S
+        if value > 0:
+            return value
+    return HEALTH_CHECK_KILL_S
+
+
+def node_is_healthy(env: dict[str, str] | None) -> str:
+    """``yes``/``no`` from ``SLURM_NODE_IS_HEALTHY`` (26.05.2+), "" when Slurm did not say."""
+    value = ((env or {}).get(NODE_IS_HEALTHY_ENV) or "").strip().lower()
+    return value if value in ("yes", "no") else ""

@@ -27,6 +27,7 @@ from slurm_hooks.slurm import (
     hostlist,
     job_ref,
     may_resume,
+    out_of_service,
     quirks,
 )
 from slurm_hooks.slurm.errors import (
@@ -238,34 +239,75 @@ def parse_squeue_jobs(text: str, named: bool = True) -> list[JobInfo] | None:
     return jobs
 
 
-#: One node's share of a job in ``scontrol -d show job``: ``Nodes=n1 CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)``.
+#: One node's share of a job in ``scontrol -d show job``: ``Nodes=n1 CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)``
+#: (a job with no GRES on the node: ``GRES=`` and nothing after it).
 _JOB_NODE_GRES = re.compile(r"(?:^|\s)Nodes=(?P<nodes>\S+)\s+(?:\S+=\S*\s+)*?GRES=(?P<gres>\S*)")
-#: One GPU entry of such a GRES value: ``gpu:2(IDX:0-1,3)``, ``gpu:a100:1(IDX:5)``.
-_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^:(),\s]+)*\(IDX:(?P<idx>[^)]*)\)")
+#: GRES that sit on a GPU: a whole one (``gpu``), or a share of one (``shard``, ``mps``).
+GPU_GRES = ("gpu", "shard", "mps")
 
 
 def parse_job_gpus(text: str, node: str) -> tuple[int, ...] | None:
-    """The GPU indexes ``node`` holds for a job, from ``scontrol -d [-o] show job`` output;
-    ``None`` when the output does not say (no detail line for the node, ``IDX:N/A``, garbled).
+    """The GPU indexes (Slurm's GRES index) ``node`` holds for a job, from ``scontrol -d [-o] show
+    job`` output: ``()`` when its line for the node holds no GPU (a CPU-only job); ``None`` when
+    the output does not say which (no detail line for the node, ``IDX:N/A``, ``CNT:``, garbled).
 
-    Every detail line for the node counts (a het job's components, each its own record): a job
-    name that imitates one can only add indexes, so at worst its own job is requeued."""
+    ``gpu:2(IDX:0-1)`` and ``gpu:a100:1(IDX:5)`` name indexes; a share of a GPU names it by
+    position: ``shard:2(2/4,0/4,...)`` (Slurm 23.02+: per GPU, held/available) holds GPU 0,
+    ``shard:2(IDX:0)`` (22.05) too. Every detail line for the node counts (a het job's
+    components, each its own record): a job name that imitates one can only add indexes, so at
+    worst its own job is requeued."""
     found: set[int] = set()
-    said = False
+    here = False
     for m in _JOB_NODE_GRES.finditer(text):
         try:
-            here = node in hostlist.expand(m.group("nodes"))
+            if node not in hostlist.expand(m.group("nodes")):
+                continue
         except ValueError:
             continue
-        if not here:
-            continue
-        for g in _GPU_IDX.finditer(m.group("gres")):
-            indexes = _index_list(g.group("idx"))
+        here = True
+        for item in _gres_items(m.group("gres")):
+            name, _, rest = item.partition(":")
+            if name.split("(")[0].lower() not in GPU_GRES:
+                continue
+            indexes = _gres_indexes(rest if "(" in rest else item)
             if indexes is None:
                 return None
             found.update(indexes)
-            said = True
-    return tuple(sorted(found)) if said else None
+    if not here:
+        return None
+    return tuple(sorted(found))
+
+
+def _gres_items(value: str) -> list[str]:
+    """``gpu:2(IDX:0-1),shard:2(2/4,0/4)`` -> its items (commas inside parentheses stay)."""
+    items, depth, cur = [], 0, []
+    for ch in value:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    items.append("".join(cur))
+    return [i.strip() for i in items if i.strip() and i.strip() != "(null)"]
+
+
+def _gres_indexes(item: str) -> list[int] | None:
+    """The GPU indexes one GRES item holds: ``...(IDX:0-1,3)`` or per-position ``...(1/4,0/4)``."""
+    open_at = item.find("(")
+    if open_at < 0 or not item.endswith(")"):
+        return None
+    inner = item[open_at + 1:-1]
+    if inner.startswith("IDX:"):
+        return _index_list(inner[4:])
+    out = []
+    for pos, share in enumerate(inner.split(",")):
+        held, sep, avail = share.partition("/")
+        if not (sep and held.strip().isdigit() and avail.strip().isdigit()) or pos > 1023:
+            return None
+        if int(held) > 0:
+            out.append(pos)
+    return out
 
 
 def _index_list(text: str) -> list[int] | None:
@@ -477,7 +519,7 @@ class ScontrolSlurm:
         (an admin, ``Prolog error``, ``slurm-operator:``).
         """
         current = self.node(name)
-        if not current.drained:
+        if not out_of_service(current):
             return
         if not may_resume(current):
             raise ReasonNotOurs(current, "resume")
@@ -492,7 +534,7 @@ class ScontrolSlurm:
         if nextstate not in ("DOWN", "RESUME"):
             raise SlurmCommandFailed(f"{name}: nextstate must be DOWN or RESUME, not {nextstate!r}")
         check_drain(self.node(name), reason)  # the same gate as a drain: never over someone else's reason
-        self._run("scontrol", "reboot", "ASAP", f"nextstate={nextstate}", f"reason={reason}", self._node_arg(name))
+        self._run("scontrol", *quirks.reboot_args(self.version(), self._node_arg(name), reason, nextstate))
 
     # -- jobs
 

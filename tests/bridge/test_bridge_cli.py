@@ -68,16 +68,16 @@ def test_render_deployment_runs_one_bridge_with_the_embedded_config(tmp_path):
 
 
 def test_render_slinky_values_wire_hooks_health_check_and_mounts(tmp_path):
-    (values,) = rendered(tmp_path, "--nodeset", "gpu", "--bin", "/opt/sh/bin/slurm-hooks")["slinky-values.yaml"]
+    (values,) = rendered(tmp_path, "--nodeset", "gpu", "--prefix", "/opt/sh")["slinky-values.yaml"]
     prolog = values["prologScripts"]["50-slurm-hooks.sh"]
-    assert prolog.startswith("#!/bin/sh") and "/opt/sh/bin/slurm-hooks prolog" in prolog
-    assert "/opt/sh/bin/slurm-hooks epilog" in values["epilogScripts"]["50-slurm-hooks.sh"]
-    assert "HealthCheckProgram=/etc/slurm-hooks/bin/healthcheck" in values["controller"]["extraConf"]
+    assert prolog.startswith("#!/bin/sh") and "exec /opt/sh/bin/slurm-hooks-prolog\n" in prolog
+    assert "exec /opt/sh/bin/slurm-hooks-epilog\n" in values["epilogScripts"]["50-slurm-hooks.sh"]
+    assert "HealthCheckProgram=/opt/sh/bin/slurm-hooks-healthcheck" in values["controller"]["extraConf"]
     mounts = {m["name"]: m["mountPath"] for m in values["nodesets"]["gpu"]["slurmd"]["volumeMounts"]}
     volumes = {v["name"] for v in values["nodesets"]["gpu"]["podSpec"]["volumes"]}
     assert mounts["slurm-hooks-config"] == "/etc/slurm-hooks" and set(mounts) == volumes
     (cm,) = values["extraObjects"]
-    assert "/opt/sh/bin/slurm-hooks check" in cm["data"]["healthcheck"]
+    assert set(cm["data"]) == {"config.toml"}  # the programs come from `slurm-hooks install` in the image
     config_mod.parse(cm["data"]["config.toml"])
 
 

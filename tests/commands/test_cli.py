@@ -134,8 +134,11 @@ def test_check_without_drain_writes_alerts_and_touches_no_slurm(conf, tmp_path):
     sim(conf, "inject", "--node", "n1", "--gpu", "3", "--xid", "79")
     r = slurm_hooks("check", "--config", str(conf))
     assert (r.returncode, r.stderr) == (1, "")
-    [alert] = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    alert, step = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert (alert["kind"], alert["node"], alert["gpu"], alert["check"]) == ("alert", "n1", 3, "xid")
+    assert alert["monitor_only"] is True  # found and told, not acted on
+    assert (step["kind"], step["action"], step["result"], step["reason"]) == (
+        "action", "drain", "monitor-only", "slurm-hooks: XID 79 on GPU 3 [reboot]")
 
 
 def test_corrupt_sim_file_exits_1_with_a_one_line_finding(conf, tmp_path):

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+#: Slurm's gres.conf of the test nodes: eight GPUs, GRES index K on /dev/nvidiaK (the sim's GPU K).
+GRES_CONF = "Name=gpu File=/dev/nvidia[0-7]\n"
+
 
 def write_sim_config(tmp_path: Path, extra: str = "") -> Path:
-    """``config.toml`` in ``tmp_path`` with the sim backend; ``extra`` is appended TOML.
+    """``config.toml`` in ``tmp_path`` with the sim backend and a ``gres.conf`` (:data:`GRES_CONF`,
+    unless the test wrote its own there first); ``extra`` is appended TOML.
 
     The repair ladder is off unless ``extra`` has a ``[repair]`` table: these tests are of
     detection, drain and resume; the ladder's own are in test_repair.py and test_e2e_repair.py."""
     path = Path(tmp_path) / "config.toml"
     if "[repair]" not in extra:
         extra = f"{extra}\n[repair]\nenabled = false\n"
+    gres = Path(tmp_path) / "gres.conf"
+    if not gres.exists():
+        gres.write_text(GRES_CONF)
     path.write_text(f"""\
 [gpu]
 backend = "sim"
 sim_dir = "{tmp_path}/sim"
+gres_conf = "{gres}"
 
 [log]
 audit = "{tmp_path}/audit.jsonl"

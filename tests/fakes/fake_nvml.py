@@ -36,6 +36,8 @@ MODELS: dict[str, tuple[int, int, int, int, int]] = {
 #: Every per-GPU state key ``set`` accepts, with what it feeds.
 GPU_KEYS = {
     "uuid": "nvmlDeviceGetUUID",
+    "minor": "nvmlDeviceGetMinorNumber (the N of /dev/nvidiaN)",
+    "mig": "MIG instances, list of (MIG UUID, GPU instance id, compute instance id); [] when MIG mode is off",
     "serial": "nvmlDeviceGetSerial",
     "pci_bus_id": "nvmlDeviceGetPciInfo().busId",
     "name": "nvmlDeviceGetName",
@@ -75,6 +77,12 @@ class FakeLink:
 
 @dataclass(frozen=True)
 class FakeHandle:
+    index: int
+
+
+@dataclass(frozen=True)
+class FakeMigHandle:
+    gpu: int
     index: int
 
 
@@ -219,7 +227,37 @@ class FakeNvml:
     # --- per GPU ---------------------------------------------------------------------
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if isinstance(handle, FakeMigHandle):
+            return self._mig(handle)[0]
         return self._answer(self._gpu("nvmlDeviceGetUUID", handle), "uuid")
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return self._answer(self._gpu("nvmlDeviceGetMinorNumber", handle), "minor")
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> tuple[int, int]:
+        mode = 1 if self._gpu("nvmlDeviceGetMigMode", handle).get("mig") else 0
+        return (mode, mode)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        return 7 if self._gpu("nvmlDeviceGetMaxMigDeviceCount", handle).get("mig") else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> FakeMigHandle:
+        migs = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", handle).get("mig") or []
+        if not 0 <= index < len(migs):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeMigHandle(handle.index, index)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        return self._mig(handle)[1]
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        return self._mig(handle)[2]
+
+    def _mig(self, handle: Any) -> tuple:
+        if not isinstance(handle, FakeMigHandle):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._enter("mig", handle.gpu)
+        return tuple(self.gpus[handle.gpu]["mig"][handle.index])
 
     def nvmlDeviceGetSerial(self, handle: Any) -> str:
         return self._answer(self._gpu("nvmlDeviceGetSerial", handle), "serial")
@@ -347,6 +385,8 @@ def healthy_gpu(index: int, model: str = "NVIDIA H100 80GB HBM3") -> dict[str, A
     gen, width, links, power_limit, memory = MODELS[model]
     return {
         "uuid": f"GPU-{index:08x}-fake-4000-8000-{index:012x}",
+        "minor": index,
+        "mig": [],
         "serial": f"165012401{index:04d}",
         "pci_bus_id": f"00000000:{0x18 + index * 0x10:02X}:00.0",
         "name": model,

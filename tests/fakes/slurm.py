@@ -41,6 +41,11 @@ class FakeSlurm:
         #: AdminComment by job id ("" when none), as scontrol show job has it.
         self.admin_comments: dict[int, str] = {}
         self.calls: list[tuple] = []
+        #: Slurm >= 23.11 without accounting: RESUME leaves the reason (and its ReasonTime) on the
+        #: node (verified on 24.11, Debian 13's testbed).
+        self.keeps_reason = False
+        #: Every reason set gets the next ReasonTime (whole seconds, as scontrol prints them).
+        self._reason_clock = 0
 
     # --- test set-up -------------------------------------------------------------
 
@@ -145,26 +150,35 @@ class FakeSlurm:
         self._call("nodes")
         return list(self._nodes.values())
 
+    def stamped(self, node: NodeInfo, reason: str, user: str = "root", **changes) -> NodeInfo:
+        """``node`` with ``reason`` set now: a new ReasonTime and ReasonUser, as slurmctld stamps them."""
+        self._reason_clock += 1
+        extra = {**node.extra, "ReasonTime": f"2026-01-01T00:00:{self._reason_clock:02d}", "ReasonUser": user}
+        return dataclasses.replace(node, reason=reason, extra=extra, **changes)
+
     def drain(self, name: str, reason: str, *, current: NodeInfo | None = None) -> None:
         self._call("drain", name, reason)
         node = self._node(name)
         flags = [f for f in node.state.split("+") if f not in ("DRAIN",)]
-        self._nodes[name] = dataclasses.replace(node, state="+".join([*flags, "DRAIN"]), reason=reason)
+        self._nodes[name] = self.stamped(node, reason, state="+".join([*flags, "DRAIN"]))
 
     def resume(self, name: str) -> None:
+        """A node that is neither drained nor DOWN is left as it is (as the adapters do)."""
         self._call("resume", name)
         node = self._node(name)
+        if not (node.drained or node.base_state == "DOWN"):
+            return
         # Slurm's RESUME also brings a DOWN node back (IDLE once it answers).
         flags = [f for f in node.state.split("+") if f not in ("DRAIN", "DRAINED", "DRAINING", "DOWN")]
-        self._nodes[name] = dataclasses.replace(node, state="+".join(flags) or "IDLE", reason="")
+        self._nodes[name] = dataclasses.replace(node, state="+".join(flags) or "IDLE",
+                                                reason=node.reason if self.keeps_reason else "")
 
     def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
         """Slurm's ``reboot ASAP``: drained with the reason and a reboot requested."""
         self._call("reboot", name, reason, nextstate)
         node = self._node(name)
         flags = [f for f in node.state.split("+") if f not in ("DRAIN", "REBOOT_REQUESTED")]
-        self._nodes[name] = dataclasses.replace(node, state="+".join([*flags, "DRAIN", "REBOOT_REQUESTED"]),
-                                                reason=reason)
+        self._nodes[name] = self.stamped(node, reason, state="+".join([*flags, "DRAIN", "REBOOT_REQUESTED"]))
 
     def jobs_on_node(self, name: str) -> list[JobInfo]:
         self._call("jobs_on_node", name)

@@ -71,11 +71,11 @@ def test_a_failed_reset_climbs_to_a_reboot_through_slurm_with_nextstate_down(t):
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True, cleared_by="reboot")
     _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.repairs == ["reset:failed", "reboot:start"]
-    assert t.slurm.called("reboot") == [("reboot", "n1", "slurm-hooks: row remap pending on GPU 3 [reboot]", "DOWN")]
+    assert t.slurm.called("reboot") == [("reboot", "n1", "slurm-hooks: row remap pending on GPU 3 [reboot 1/1]", "DOWN")]
     # While the reboot is pending, later checks leave the node to Slurm: no drain, no resume, no second reboot.
     _, again = healthcheck.run(t.w, follow="none", repair="inline")
     assert again.repairs == [] and len(t.slurm.called("reboot")) == 1 and not again.resumed
-    assert t.slurm.peek("n1").reason == "slurm-hooks: row remap pending on GPU 3 [reboot]"
+    assert t.slurm.peek("n1").reason == "slurm-hooks: row remap pending on GPU 3 [reboot 1/1]"
 
 
 def test_after_the_reboot_a_healthy_check_resumes_the_node_that_came_back_down(t):
@@ -83,7 +83,7 @@ def test_after_the_reboot_a_healthy_check_resumes_the_node_that_came_back_down(t
     healthcheck.run(t.w, follow="none", repair="inline")
     assert len(t.slurm.called("reboot")) == 1
     sim.reboot(t.sim_dir, "n1")
-    t.slurm.set_node("n1", state="DOWN", reason="slurm-hooks: XID 79 on GPU 0 [reboot] : reboot issued : reboot complete")
+    t.slurm.set_node("n1", state="DOWN", reason="slurm-hooks: XID 79 on GPU 0 [reboot 1/1] : reboot issued : reboot complete")
     _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.repairs == ["reboot:ok"] and outcome.resumed
     assert t.slurm.peek("n1").state == "IDLE" and not t.slurm.peek("n1").reason
@@ -93,7 +93,7 @@ def test_a_fault_that_survives_the_reboot_is_tagged_replace_and_put_on_the_rma_l
     sim.inject(t.sim_dir, "n1", 0, xid=79, cleared_by="never")
     healthcheck.run(t.w, follow="none", repair="inline")
     sim.reboot(t.sim_dir, "n1")
-    t.slurm.set_node("n1", state="DOWN", reason="slurm-hooks: XID 79 on GPU 0 [reboot] : reboot issued : reboot complete")
+    t.slurm.set_node("n1", state="DOWN", reason="slurm-hooks: XID 79 on GPU 0 [reboot 1/1] : reboot issued : reboot complete")
     _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.repairs == ["reboot:failed", "replace:ok"]
     assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 0 [replace]"

@@ -27,7 +27,7 @@ def test_demo_recovers_the_training_job_from_its_checkpoint_in_seconds(tmp_path)
     assert step >= 5  # it kept what it had learned: at least the first checkpoint
     assert "drain   n" in text and "slurm-hooks: XID 79 on GPU" in text  # the timeline was shown
     # The job has moved on; the drained node comes back by itself: reboot through Slurm, checked, IDLE.
-    assert ms.details["reboot requested"].endswith("[reboot]"), ms.details
+    assert ms.details["reboot requested"].endswith("[reboot 1/1]"), ms.details
     assert ms.details["node rebooted"].endswith("boot 1"), ms.details
     assert "checked healthy on the new boot" in ms.details["checked healthy"], ms.details
     assert ms.details["back in service"].endswith(": IDLE"), ms.details

@@ -11,8 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from slurm_hooks import __version__
 from slurm_hooks import preflight as validate
 from slurm_hooks.cli import main
+from slurm_hooks.install.layout import install_command
 from slurm_hooks.probes import sim
 
 GOOD_SLURM_CONF = """\
@@ -26,6 +28,8 @@ Epilog={root}/etc/epilog.d/50-slurm-hooks
 PrologEpilogTimeout=120
 KillWait=120
 MessageTimeout=5
+RebootProgram=/usr/sbin/reboot
+ResumeTimeout=900
 JobRequeue=1
 SchedulerParameters=bf_interval=30,nohold_on_prolog_fail
 GresTypes=gpu
@@ -174,7 +178,9 @@ def test_missing_health_check_program_fails_with_an_example_wrapper(cluster):
     r = only(cluster.run(), "health-check-program")
     assert r.status is validate.Status.FAIL
     assert "HealthCheckProgram is not set" in r.message
-    assert "slurm-hooks check" in r.fix and "HealthCheckProgram=" in r.fix
+    assert r.fix == f"HealthCheckProgram=/opt/slurm-hooks/bin/slurm-hooks-healthcheck (laid by `{install_command()}`)"
+    assert install_command() == (f"/opt/slurm-hooks/venv-{__version__}/bin/slurm-hooks install "
+                                 "--prefix /opt/slurm-hooks --config /etc/slurm-hooks/config.toml")
 
 
 def test_program_that_does_not_run_slurm_hooks_fails(cluster):
@@ -209,7 +215,7 @@ def test_prolog_glob_without_our_script_fails(cluster):
     r = only(cluster.run(), "prolog")
     assert r.status is validate.Status.FAIL
     assert "does not run `slurm-hooks prolog`" in r.message
-    assert "add a script to" in r.fix
+    assert r.fix.startswith(f"link /opt/slurm-hooks/bin/slurm-hooks-prolog into {cluster.root}/etc/prolog.d (laid by")
 
 
 def test_group_writable_script_in_prolog_dir_fails_with_chmod_fix(cluster):

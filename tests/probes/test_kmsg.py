@@ -270,3 +270,12 @@ def test_a_boot_id_file_with_garbage_bytes_does_not_raise(tmp_path):
     path = tmp_path / "boot_id"
     path.write_bytes(b"\xffabc\n")
     assert kmsg.boot_id(str(path)) == "\ufffdabc"
+
+
+def test_mig_instance_of_a_real_contained_error_line_is_read_and_the_whole_gpus_is_none():
+    # NVIDIA's A100 GPU memory error management guide (see tests/fixtures/README.md).
+    with open(os.path.join(TEST_FIXTURES, "slurm", "kmsg-mig-xid94.log"), encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    one, whole = (kmsg.parse_line(line) for line in lines)
+    assert (one.code, one.instance, one.pci_bus_id) == (94, 5, "00000000:01:00.0")
+    assert (whole.code, whole.instance) == (94, None)

@@ -372,3 +372,31 @@ def test_injected_xids_name_their_gpu_by_uuid_even_in_a_state_file_from_before_u
     assert event.uuid == gpu.uuid and event.gpu_id == gpu.uuid
     sim.inject(str(tmp_path), "n1", 2, xid=48)
     assert [x.uuid for x in SimProbe(str(tmp_path), "n1").snapshot().gpus[2].xids] == [gpu.uuid, gpu.uuid]
+
+
+def test_replace_puts_new_hardware_in_the_slot_new_uuid_and_serial_same_bus_id(sim_dir):
+    sim.init(sim_dir, "n1", 8)
+    before = sim.read(sim_dir, "n1")
+    sim.inject(sim_dir, "n1", 3, row_remap_failure=True)
+    sim.replace(sim_dir, "n1", 3)
+    after = sim.read(sim_dir, "n1")
+    old, new = sim.gpu_entry(before, 3), sim.gpu_entry(after, 3)
+    assert new["uuid"] != old["uuid"] and new["serial"] != old["serial"]
+    assert (new["index"], new["pci_bus_id"]) == (old["index"], old["pci_bus_id"])
+    assert not new["row_remap_failure"] and not findings(sim_dir)
+    assert [g["uuid"] for g in after["gpus"] if g["index"] != 3] == [g["uuid"] for g in before["gpus"] if g["index"] != 3]
+    # The new board keeps its identity through a clear; a second replacement is new again.
+    sim.clear(sim_dir, "n1", 3)
+    assert sim.gpu_entry(sim.read(sim_dir, "n1"), 3)["uuid"] == new["uuid"]
+    sim.replace(sim_dir, "n1", 3)
+    assert sim.gpu_entry(sim.read(sim_dir, "n1"), 3)["uuid"] not in (old["uuid"], new["uuid"])
+
+
+def test_sim_replace_command_names_the_new_uuid_and_refuses_an_unknown_gpu(sim_dir):
+    assert cli("init", "--node", "n1", "--gpus", "4", "--sim-dir", sim_dir).returncode == 0
+    done = cli("replace", "--node", "n1", "--gpu", "2", "--sim-dir", sim_dir)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (f"n1 gpu2: replaced, now {sim.gpu_entry(sim.read(sim_dir, 'n1'), 2)['uuid']} "
+                                   f"(serial {sim.gpu_entry(sim.read(sim_dir, 'n1'), 2)['serial']})")
+    bad = cli("replace", "--node", "n1", "--gpu", "9", "--sim-dir", sim_dir)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "9" in bad.stderr

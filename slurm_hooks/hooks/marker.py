@@ -1,0 +1,171 @@
+"""What we recorded when we drained a node, and the one test of whether a drain is still ours.
+
+A reason's prefix alone does not say who drained a node (see DESIGN.md, "Where the field
+differs"): Slurm appends to reasons (``" : Not responding"``, a reboot's ``" : reboot
+issued"``), Slurm >= 23.11 without accounting keeps a resumed node's reason, so its own
+later drains (``Prolog error``) and an admin's ``scontrol reboot ASAP`` wear our old text,
+and an admin may drain with a text copied from ours. So at every drain we keep the exact
+reason we wrote and the node's ReasonTime/ReasonUser as Slurm shows them after it
+(:class:`DrainMarker`), and a drain is ours while (:meth:`DrainMarker.owns`):
+
+- the reason is that text, followed by nothing but Slurm's owner-keeping suffixes
+  (:data:`slurm_hooks.slurm.OWNER_KEEPING_SUFFIXES`);
+- ReasonTime/ReasonUser are still the ones we recorded (a later party's update changes them);
+- no reboot is pending that we did not ask for (an admin's ``scontrol reboot`` keeps the text).
+
+When we let go of a drain (our resume, a person's) the reason Slurm may keep is remembered
+(:class:`Released`): it is never adopted again, even after the marker is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from slurm_hooks import fsutil
+from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.slurm import FOREIGN_PREFIXES, OWNER_KEEPING_SUFFIXES, SUFFIX_SEP, reboot_pending, split_reason
+
+if TYPE_CHECKING:
+    from slurm_hooks.slurm import NodeInfo
+
+
+class MarkerUnreadable(SlurmHooksError):
+    """The drain marker exists but cannot be read: what we drained for is unknown."""
+
+
+@dataclass(frozen=True)
+class DrainMarker:
+    """Our record of draining a node (``<state dir>/drained-<node>``, JSON)."""
+
+    #: The reason exactly as we wrote it (Slurm's later suffixes are not part of it).
+    reason: str
+    #: When we drained (``time.time()``).
+    ts: float = 0.0
+    #: XID event keys and checks the drain was for (what a passing check must have judged again).
+    xids: tuple[str, ...] = ()
+    checks: tuple[str, ...] = ()
+    context: str = ""
+    #: The node's ReasonTime and ReasonUser as Slurm showed them after our drain ("": not read).
+    reason_time: str = ""
+    reason_user: str = ""
+    #: Rebuilt from Slurm's view after the marker was lost (what it was for is then unknown).
+    recovered: bool = False
+
+    @classmethod
+    def load(cls, path: str) -> DrainMarker | None:
+        """The marker at ``path``; ``None`` when there is none. Raises :class:`MarkerUnreadable`."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise MarkerUnreadable(f"{path}: unreadable drain marker ({exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("reason"), str):
+            raise MarkerUnreadable(f"{path}: drain marker without a reason")
+        try:
+            return cls(reason=data["reason"], ts=float(data.get("ts") or 0.0),
+                       xids=tuple(str(k) for k in data.get("xids") or ()),
+                       checks=tuple(str(c) for c in data.get("checks") or ()), context=str(data.get("context", "")),
+                       reason_time=str(data.get("reason_time", "")), reason_user=str(data.get("reason_user", "")),
+                       recovered=bool(data.get("recovered", False)))
+        except (TypeError, ValueError) as exc:
+            raise MarkerUnreadable(f"{path}: malformed drain marker ({exc})") from None
+
+    def save(self, path: str) -> None:
+        """Written atomically, mode 0600; raises OSError."""
+        fsutil.atomic_write(path, json.dumps(self.to_dict()), mode=0o600)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["xids"], data["checks"] = list(self.xids), list(self.checks)
+        return data
+
+    def seen(self, node: NodeInfo) -> DrainMarker:
+        """This marker with the node's ReasonTime/ReasonUser as Slurm shows them now (after our drain)."""
+        return replace(self, reason_time=node.reason_time, reason_user=node.reason_user)
+
+    def why_not_ours(self, node: NodeInfo, *, our_reboot: bool = False, same_text: bool = True) -> str:
+        """"" when the node's drain is still the one this marker records; else why it is not.
+
+        ``our_reboot``: a reboot pending on the node is ours (the repair ladder asked for it).
+        ``same_text`` False: another of our texts counts too (a newer drain of ours)."""
+        return foreign(node) or _differs(self, node, our_reboot, same_text)
+
+    def owns(self, node: NodeInfo, *, our_reboot: bool = False) -> bool:
+        return not self.why_not_ours(node, our_reboot=our_reboot)
+
+
+def foreign(node: NodeInfo) -> str:
+    """Why the node's reason is someone else's by its text alone ("" when it could be ours)."""
+    reason = node.reason
+    if not reason:
+        return "no reason on the node"
+    if reason.startswith(FOREIGN_PREFIXES):
+        return f"another tool's reason: {reason!r}"
+    if not node.ours:
+        text, suffixes = split_reason(reason)
+        later = [s for s in suffixes if s not in OWNER_KEEPING_SUFFIXES]
+        if later and text != reason:
+            return f"drained again by Slurm or a person after ours ({SUFFIX_SEP.join(later)!r} follows our text)"
+        return f"someone else's reason: {reason!r}"
+    return ""
+
+
+def _differs(marker: DrainMarker, node: NodeInfo, our_reboot: bool, same_text: bool) -> str:
+    text, suffixes = split_reason(node.reason)
+    if text != marker.reason:
+        if same_text:
+            return f"drained for {node.reason!r}, but our record is of a drain for {marker.reason!r}"
+    elif suffixes:
+        pass  # Slurm appended to our reason, and may have stamped it anew (a reboot's: verified on 22.05)
+    elif marker.reason_time and node.reason_time and node.reason_time != marker.reason_time:
+        return (f"the reason was set again at {node.reason_time} by {node.reason_user or '?'} "
+                f"(ours at {marker.reason_time}): a later party's drain with our text")
+    elif marker.reason_user and node.reason_user and node.reason_user != marker.reason_user:
+        return f"the reason was set again by {node.reason_user} (ours by {marker.reason_user})"
+    if reboot_pending(node) and not our_reboot:
+        return "a reboot we did not ask for is pending on the node (someone else's scontrol reboot)"
+    return ""
+
+
+# -- reasons we let go of ---------------------------------------------------------
+
+#: How many released reasons are remembered per node.
+RELEASED_KEEP = 8
+
+
+@dataclass(frozen=True)
+class Released:
+    """Reasons of drains we let go of (our resume, a person's): Slurm >= 23.11 without
+    accounting keeps the text on the resumed node, and it is never ours again."""
+
+    path: str
+
+    def add(self, reason: str, reason_time: str) -> None:
+        entries = [e for e in self._read() if (e.get("reason"), e.get("reason_time")) != (reason, reason_time)]
+        entries.append({"reason": split_reason(reason)[0], "reason_time": reason_time, "t": time.time()})
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+            fsutil.atomic_write(self.path, json.dumps(entries[-RELEASED_KEEP:]), mode=0o600)
+        except OSError:
+            pass  # then a kept reason may be looked at again: the suffix and reboot rules still hold
+
+    def covers(self, node: NodeInfo) -> bool:
+        """Whether the node's reason is one we let go of (same text, same ReasonTime)."""
+        text = split_reason(node.reason)[0]
+        return any(e.get("reason") == text and (not e.get("reason_time") or not node.reason_time
+                                                or e.get("reason_time") == node.reason_time)
+                   for e in self._read())
+
+    def _read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            return []
+        return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []

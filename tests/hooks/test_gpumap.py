@@ -1,0 +1,252 @@
+"""One GPU, one identity: Slurm's GRES index -> device file -> minor -> NVML, and the jobs a fault touches.
+
+Simulated GPUs (the sim backend) and real NVML answers through the shared fake NVML; Slurm's side is
+a gres.conf file, ``slurmd -G`` output captured on real nodes (tests/fixtures/slurm) and literal
+``scontrol -d show job`` detail lines, fed to the shared in-memory Slurm.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from fakes import FakeNvml
+from fakes.config import sim_config
+from fakes.slurm import FakeSlurm
+from paths import FIXTURES
+
+from slurm_hooks.hooks import gpumap, healthcheck, jobhooks, remediate
+from slurm_hooks.hooks.remediate import Outcome
+from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.models import GpuSnapshot, MigDevice, NodeSnapshot
+from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.probes import sim
+from slurm_hooks.probes.nvml import NvmlProbe
+from slurm_hooks.slurm import gres
+from slurm_hooks.slurm.scontrol import parse_job_gpus
+
+SLURM = Path(FIXTURES) / "slurm"
+REVERSE = "NodeName=n1 Name=gpu File=" + ",".join(f"/dev/nvidia{k}" for k in range(7, -1, -1)) + "\n"
+
+
+def node(tmp_path, gres_conf: str | None = REVERSE, gpus: int = 8, mig: int = 0, minors=None):
+    if gres_conf is not None:
+        (tmp_path / "gres.conf").write_text(gres_conf)
+    cfg = sim_config(tmp_path, f"[expect]\ngpus = {gpus}")
+    if gres_conf is None:
+        (tmp_path / "gres.conf").unlink()
+    sim.init(cfg.gpu.sim_dir, "n1", gpus, minors=minors, mig=mig)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "IDLE")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    return SimpleNamespace(w=w, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit)
+
+
+def detail(gres_value: str) -> tuple[int, ...] | None:
+    """What Slurm says a job holds on n1, from its ``scontrol -d show job`` detail line."""
+    return parse_job_gpus(f"JobId=1 JobName=x   Nodes=n1 CPU_IDs=0-1 Mem=0 GRES={gres_value} MinCPUsNode=1", "n1")
+
+
+def run_jobs(t, jobs: dict[int, str]) -> None:
+    for job_id, gres_value in jobs.items():
+        t.slurm.add_job(job_id, "n1")
+        t.slurm.set_job_gpus(job_id, detail(gres_value))
+
+
+def requeues(t) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for r in t.audit.read():
+        if r.get("action") == "requeue":
+            out.setdefault(r["result"], []).append(r["target"])
+    return out
+
+
+def snap_of(*gpus: GpuSnapshot) -> NodeSnapshot:
+    return NodeSnapshot("n1", "test", gpus=gpus, taken_at=time.time())
+
+
+# --- the map -----------------------------------------------------------------------------------
+
+
+def test_reverse_gres_conf_maps_gres_0_to_the_gpu_behind_dev_nvidia7(tmp_path):
+    t = node(tmp_path)
+    snap = t.w.probe().snapshot()
+    gmap = gpumap.current(t.w, snap)
+    assert gmap.known, gmap.problem
+    assert [(s.gres, s.minor, s.gpu) for s in gmap.slots] == [(k, 7 - k, 7 - k) for k in range(8)]
+    assert gmap.slot(0).uuid == snap.gpu(7).uuid
+    assert gmap.describe()[0].startswith(f"GRES 0 -> /dev/nvidia7 (minor 7) -> NVML 7 {snap.gpu(7).uuid}")
+
+
+def test_nvml_minor_numbers_tie_files_to_gpus_whatever_nvmls_order(tmp_path):
+    fake = FakeNvml.healthy(gpus=4)
+    for k, minor in enumerate([2, 3, 0, 1]):  # PCI order and the driver's device numbers disagree
+        fake.set(k, minor=minor)
+    snap = NvmlProbe("n1", kmsg_path="/nonexistent", nvml=fake).snapshot()
+    assert [g.minor for g in snap.gpus] == [2, 3, 0, 1]
+    gmap = gpumap.build(gres.parse("Name=gpu File=/dev/nvidia[0-3]\n", "n1"), snap)
+    assert [s.gpu for s in gmap.slots] == [2, 3, 0, 1] and gmap.known
+
+
+def test_the_map_is_cached_for_the_boot_and_keeps_a_gpu_that_fell_off_the_bus(tmp_path):
+    t = node(tmp_path)
+    first = gpumap.current(t.w, t.w.probe().snapshot())
+    sim.inject(t.sim_dir, "n1", 7, lost=True)
+    lost = t.w.probe().snapshot()
+    assert lost.gpu(7).lost
+    again = gpumap.current(t.w, lost)
+    assert again.known and again.slot(0).uuid == first.slot(0).uuid
+    assert gpumap.cached(t.w) == again
+
+
+@pytest.mark.parametrize("conf, why", [
+    (None, "gres.conf unreadable"),
+    ("Name=gpu File=/dev/nvidia[0-3]\n", "Slurm gives this node 4 GPU(s), NVML sees 8"),
+    ("Name=gpu File=/dev/nvidia[0-8]\n", "GRES 8 (/dev/nvidia8, minor 8) names no GPU NVML sees"),
+    ("Name=gpu Count=8\n", "without File="),
+])
+def test_an_unknown_or_inconsistent_map_says_why(tmp_path, conf, why):
+    t = node(tmp_path, conf)
+    gmap = gpumap.current(t.w, t.w.probe().snapshot())
+    assert not gmap.known and why in gmap.problem
+
+
+def test_autodetect_alone_numbers_gpus_in_nvmls_order(tmp_path):
+    t = node(tmp_path, "AutoDetect=nvml\n", minors=[3, 2, 1, 0, 4, 5, 6, 7])
+    gmap = gpumap.current(t.w, t.w.probe().snapshot())
+    assert gmap.known and [(s.gres, s.gpu, s.file) for s in gmap.slots[:2]] == [(0, 0, "/dev/nvidia3"),
+                                                                                  (1, 1, "/dev/nvidia2")]
+
+
+# --- which jobs a fault touches ----------------------------------------------------------------
+
+
+def test_xid79_on_the_gpu_behind_gres_0_requeues_that_job_not_its_neighbour(tmp_path):
+    t = node(tmp_path)
+    run_jobs(t, {101: "gpu:1(IDX:0)", 102: "gpu:1(IDX:1)"})
+    sim.inject(t.sim_dir, "n1", 7, xid=79)  # NVML GPU 7 is /dev/nvidia7: GRES index 0
+    healthcheck.run(t.w, follow="none")
+    assert requeues(t) == {"ok": ["101"], "spared": ["102"]}
+
+
+def test_cpu_only_job_beside_a_gpu_job_is_never_touched_by_a_gpu_fault(tmp_path):
+    t = node(tmp_path)
+    run_jobs(t, {201: "", 202: "gpu:1(IDX:1)"})  # GRES index 1 is NVML 6
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    healthcheck.run(t.w, follow="none")
+    assert requeues(t) == {"spared": ["201", "202"]}
+    spared = {r["target"]: r["detail"] for r in t.audit.read() if r.get("result") == "spared"}
+    assert "no GPU on this node" in spared["201"] and "GPU 6" in spared["202"]
+
+
+def test_shard_job_on_the_faulty_gpu_is_requeued_one_on_another_is_not(tmp_path):
+    t = node(tmp_path)
+    run_jobs(t, {301: "shard:2(0/4,2/4,0/4,0/4,0/4,0/4,0/4,0/4)",  # GRES 1: NVML 6
+                 302: "shard:1(IDX:2)"})  # Slurm 22.05's form: GRES 2, NVML 5
+    sim.inject(t.sim_dir, "n1", 6, xid=79)
+    healthcheck.run(t.w, follow="none")
+    assert requeues(t) == {"ok": ["301"], "spared": ["302"]}
+
+
+def test_unknown_map_requeues_every_gpu_job_and_says_so_but_spares_cpu_only_jobs(tmp_path):
+    t = node(tmp_path, None)
+    run_jobs(t, {401: "gpu:1(IDX:0)", 402: "gpu:1(IDX:5)", 403: ""})
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    healthcheck.run(t.w, follow="none")
+    assert requeues(t) == {"ok": ["401", "402"], "spared": ["403"]}
+    ok = [r for r in t.audit.read() if r.get("result") == "ok" and r.get("action") == "requeue"]
+    assert all(r["scope"] == "node" and "GPU map unknown (gres.conf unreadable" in r["fallback"] for r in ok)
+
+
+def test_a_job_whose_gpus_slurm_does_not_say_is_touched(tmp_path):
+    t = node(tmp_path)
+    run_jobs(t, {501: "mps(CNT:50)", 502: "gpu:1(IDX:7)"})
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    healthcheck.run(t.w, follow="none")
+    assert requeues(t) == {"ok": ["501"], "spared": ["502"]}
+
+
+def test_explain_names_the_job_on_the_faulty_gpu_through_the_map(tmp_path):
+    t = node(tmp_path)
+    run_jobs(t, {601: "gpu:1(IDX:0)", 602: "gpu:1(IDX:7)"})
+    sim.inject(t.sim_dir, "n1", 7, xid=79)
+    report = healthcheck.judge(t.w, healthcheck.Context.CHECK)
+    [xid] = [e for e in remediate.explain(t.w, report) if e["check"] == "xid"]
+    assert xid["requeues"] == ["601"] and xid["gpu_map"] == "known"
+
+
+# --- MIG ---------------------------------------------------------------------------------------
+
+
+def mig_gpu(index: int, minor: int, uuid: str, instances: list[tuple[str, int]]) -> GpuSnapshot:
+    return GpuSnapshot(index, uuid, minor=minor, mig=tuple(MigDevice(u, gi, 0) for u, gi in instances))
+
+
+def test_slurmd_log_of_mig_instances_maps_each_to_its_parent_and_gpu_instance():
+    conf = gres.parse_slurmd_g((SLURM / "slurmd-log-mig-a100.txt").read_text())
+    parent = "GPU-ede6b90f-50d8-42f2-57a1-8a531adc3192"
+    snap = snap_of(mig_gpu(0, 1, parent, [(f"MIG-{k}", gi) for k, gi in enumerate([9, 10, 11, 12])]))
+    gmap = gpumap.build(conf, snap, "slurmd -G")
+    assert gmap.known, gmap.problem
+    assert [(s.gres, s.gpu, s.instance) for s in gmap.slots] == [(0, 0, 12), (1, 0, 11), (2, 0, 10), (3, 0, 9)]
+    # A whole-GPU fault (XID 79) touches every instance's job; an instance's fault, that instance's only.
+    assert gpumap.touches(gmap, (2,), frozenset({0}))
+    assert gpumap.touches(gmap, (0,), frozenset(), frozenset({(0, 12)}))
+    assert not gpumap.touches(gmap, (1,), frozenset(), frozenset({(0, 12)}))
+
+
+def test_mig_instance_xid_touches_only_that_instances_job(tmp_path):
+    t = node(tmp_path, "AutoDetect=nvml\n", gpus=2, mig=3)
+    state = sim.read(t.sim_dir, "n1")
+    # slurmd -G on this node: GRES 0..5 are GPU 0's instances 1..3, then GPU 1's.
+    uid = [m["uuid"] for g in state["gpus"] for m in g["mig"]]
+    gmap = gpumap.build(gres.parse_slurmd_g("\n".join(
+        f"Gres Name=gpu Type=1g.10gb Count=1 Index=0 ID=7696487 File=/dev/nvidia{k // 3},"
+        f"/dev/nvidia-caps/nvidia-cap{10 + k} Links=(null) Flags=HAS_FILE UniqueId={uid[k]}" for k in range(6))),
+        t.w.probe().snapshot())
+    assert gmap.known and [(s.gpu, s.instance) for s in gmap.slots] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+    sim.inject(t.sim_dir, "n1", 1, xid=95, instance=2)
+    report = healthcheck.judge(t.w, healthcheck.Context.CHECK)
+    assert report.requeue_gpus() == frozenset() and report.requeue_instances() == frozenset({(1, 2)})
+    assert [gpumap.touches(gmap, (k,), report.requeue_gpus(), report.requeue_instances()) for k in range(6)] == [
+        False, False, False, False, True, False]
+
+
+def test_mig_indexed_prolog_never_drains_a_healthy_node(tmp_path):
+    t = node(tmp_path, "AutoDetect=nvml\n", gpus=8, mig=7)
+    gmap = gpumap.current(t.w, t.w.probe().snapshot())
+    assert not gmap.known and "MIG" in gmap.problem
+    for env in ({"SLURM_JOB_ID": "12", "SLURM_JOB_GPUS": "12", "CUDA_VISIBLE_DEVICES": "12"},
+                {"SLURM_JOB_ID": "55", "SLURM_JOB_GPUS": "55"},
+                {"SLURM_JOB_ID": "56", "CUDA_VISIBLE_DEVICES": sim.read(t.sim_dir, "n1")["gpus"][3]["mig"][2]["uuid"]}):
+        assert jobhooks.prolog(t.w, env) == 0
+    assert not t.slurm.peek("n1").drained and t.slurm.calls == []
+
+
+def test_mig_uuid_token_judges_its_parent_gpu(tmp_path):
+    t = node(tmp_path, "AutoDetect=nvml\n", gpus=2, mig=2)
+    state = sim.read(t.sim_dir, "n1")
+    sim.inject(t.sim_dir, "n1", 0, xid=79)
+    env = {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": state["gpus"][1]["mig"][0]["uuid"]}
+    assert jobhooks.prolog(t.w, env) == 0  # its parent (GPU 1) is healthy: GPU 0's XID is not its
+    env = {"SLURM_JOB_ID": "8", "CUDA_VISIBLE_DEVICES": state["gpus"][0]["mig"][1]["uuid"]}
+    assert jobhooks.prolog(t.w, env) == 1
+    assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 0 [reboot]"
+
+
+def test_prolog_judges_the_gpu_behind_its_gres_index_not_nvmls_same_number(tmp_path):
+    t = node(tmp_path)
+    sim.inject(t.sim_dir, "n1", 0, xid=79)  # NVML 0 is /dev/nvidia0: GRES index 7
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_ID": "9", "SLURM_JOB_GPUS": "0"}) == 0
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_ID": "10", "SLURM_JOB_GPUS": "7"}) == 1
+
+
+def test_an_instance_fault_on_another_gpu_spares_a_whole_gpu_job(tmp_path):
+    t = node(tmp_path)
+    run_jobs(t, {701: "gpu:1(IDX:0)"})
+    gpumap.current(t.w, t.w.probe().snapshot())  # a run of this boot built the map
+    out = Outcome()
+    remediate.requeue_jobs(t.w, out, follow="none", gpus=frozenset(), instances=frozenset({(5, 1)}))
+    assert out.requeued == [] and requeues(t) == {"spared": ["701"]}

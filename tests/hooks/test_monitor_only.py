@@ -1,0 +1,77 @@
+"""Monitor-only (``[check] drain = false``) holds for every hook: the health check, the watcher,
+the prolog, the epilog and the repair ladder find, audit and tell, and call no Slurm command.
+
+Simulated GPUs and the shared in-memory Slurm (tests/fakes/slurm.py), which records every call.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from fakes.config import sim_config
+from fakes.slurm import FakeSlurm
+
+from slurm_hooks.hooks import healthcheck, jobhooks
+from slurm_hooks.hooks.watch import Watcher
+from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.probes import sim
+
+REASON = "slurm-hooks: XID 79 on GPU 3 [reboot]"
+
+
+@pytest.fixture
+def t(tmp_path):
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n[check]\ndrain = false\n[repair]\nenabled = true\n")
+    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "MIXED")
+    slurm.add_job(41, "n1")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    return SimpleNamespace(w=w, cfg=cfg, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit)
+
+
+def audited(t):
+    recs = list(t.audit.read())
+    alerts = [r for r in recs if r["kind"] == "alert"]
+    steps = [(r["action"], r["result"], r.get("reason")) for r in recs if r["kind"] == "action"]
+    return alerts, steps
+
+
+def test_prolog_with_xid79_on_the_jobs_gpu_lets_the_job_run_and_drains_nothing(t, capsys):
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "3"}) == 0
+    assert t.slurm.calls == []
+    alerts, steps = audited(t)
+    assert [(a["check"], a["gpu"], a["job"], a["monitor_only"]) for a in alerts] == [("xid", 3, "42", True)]
+    assert steps == [("drain", "monitor-only", REASON)]
+    assert "not refusing the job: monitor-only ([check] drain = false)" in capsys.readouterr().err
+
+
+def test_epilog_with_leftovers_exits_0_and_drains_nothing(t):
+    env = {"SLURM_JOB_ID": "43", "SLURM_JOB_GPUS": "1"}
+    assert jobhooks.prolog(t.w, env) == 0
+    sim.inject(t.sim_dir, "n1", 1, process=4242)
+    assert jobhooks.epilog(t.w, env) == 0
+    assert t.slurm.calls == []
+    _, steps = audited(t)
+    assert [s[:2] for s in steps] == [("drain", "monitor-only")]
+
+
+def test_health_check_and_the_repair_ladder_act_on_nothing(t):
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    report, outcome = healthcheck.run(t.w, follow="none")
+    assert not report.healthy and outcome.monitor_only and not outcome.drained and outcome.repairs == []
+    assert t.slurm.calls == []
+    assert audited(t)[1] == [("drain", "monitor-only", REASON)]
+
+
+def test_the_watcher_acts_on_nothing(t):
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    [event] = [e for g in sim.SimProbe(t.sim_dir, "n1").snapshot().gpus for e in g.xids]
+    Watcher(t.w, source=None, log=lambda m: None).handle(event)
+    assert t.slurm.calls == []
+    alerts, steps = audited(t)
+    assert alerts and all(a["monitor_only"] for a in alerts)
+    assert steps == [("drain", "monitor-only", REASON)]

@@ -1,0 +1,282 @@
+"""``slurm-hooks install``: the layout, idempotence, atomic version switch, uninstall, and
+wrappers that fail safe when slurm-hooks itself cannot run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fakes.config import write_sim_config
+
+from slurm_hooks.install import apply, layout
+from slurm_hooks.preflight.environment import check_wrappers
+from slurm_hooks.preflight.results import Status
+
+PY = os.path.abspath(sys.executable)
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "slurm_hooks", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})}, cwd="/")
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Every path under ``root`` with what makes it what it is: type, mode, content or link, mtime."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            what = os.readlink(p) if os.path.islink(p) else (
+                Path(p).read_bytes() if os.path.isfile(p) else None)
+            out[os.path.relpath(p, root)] = (st.st_mode, what, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def inputs(tmp_path: Path, **kw) -> layout.Inputs:
+    base = dict(prefix=str(tmp_path / "opt"), python=PY, config=str(tmp_path / "etc" / "config.toml"),
+                state_dir=str(tmp_path / "state"), audit=str(tmp_path / "log" / "audit.jsonl"))
+    return layout.Inputs(**{**base, **kw})
+
+
+# --- the layout --------------------------------------------------------------------------------
+
+
+def test_install_lays_the_programs_unit_and_nhc_check_with_paths_baked_in_and_prints_slurm_conf(tmp_path):
+    prefix, conf = tmp_path / "opt", tmp_path / "etc" / "config.toml"
+    r = cli("install", "--prefix", str(prefix), "--config", str(conf))
+    assert r.returncode == 0, r.stderr
+    for hook, key in (("healthcheck", "HealthCheckProgram"), ("prolog", "Prolog"), ("epilog", "Epilog")):
+        program = prefix / "bin" / f"slurm-hooks-{hook}"
+        assert os.access(program, os.X_OK)
+        text = program.read_text()
+        assert f"{PY} -I -m slurm_hooks {'check' if hook == 'healthcheck' else hook} --config {conf}\n" in text
+        assert f"  {key}={program}\n" in r.stdout
+    for line in ("RebootProgram=", "ResumeTimeout=", "HealthCheckNodeState=ANY", "nohold_on_prolog_fail"):
+        assert line in r.stdout
+    unit = (prefix / layout.UNIT).read_text()
+    assert f"ExecStart={PY} -I -m slurm_hooks watch --config {conf}\n" in unit
+    nhc = (prefix / layout.NHC).read_text()
+    assert "function check_slurm_hooks()" in nhc and str(prefix / "bin" / "slurm-hooks-healthcheck") in nhc
+    # the example config, where none existed, with a tight mode (it may come to hold webhook secrets)
+    assert conf.read_text() == layout.example_config()
+    assert os.stat(conf).st_mode & 0o777 == 0o600
+    # every stable path goes through `current`, one symlink
+    assert os.readlink(prefix / "bin" / "slurm-hooks-prolog") == "../current/bin/slurm-hooks-prolog"
+    assert os.readlink(prefix / "current").startswith("versions/0.1.0-")
+
+
+def test_the_nhc_check_runs_the_installed_health_check_and_fails_with_its_last_line(tmp_path):
+    """NHC sources the file and calls check_slurm_hooks; `die` is NHC's. Here a stand-in health check."""
+    nhc = layout.render(inputs(tmp_path)).files[layout.NHC][0]
+    fake = tmp_path / "hc"
+    script = (f"die() {{ echo \"DIE $*\"; }}\n{nhc}\n"
+              f"SLURM_HOOKS_HEALTHCHECK={fake}\ncheck_slurm_hooks; echo \"rc=$?\"\n")
+    fake.write_text("#!/bin/sh\necho ok\nexit 0\n")
+    fake.chmod(0o755)
+    assert subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout == "rc=0\n"
+    fake.write_text("#!/bin/sh\necho 'gpu3 xid: XID 79 -> reboot'\nexit 1\n")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout
+    assert out == "DIE 1 check_slurm_hooks:  gpu3 xid: XID 79 -> reboot (exit 1, expected 0)\nrc=1\n"
+
+
+def test_a_config_that_does_not_load_stops_the_install_before_anything_is_laid(tmp_path):
+    conf = tmp_path / "config.toml"
+    conf.write_text("[gpu]\nbakend = 1\n")
+    r = cli("install", "--prefix", str(tmp_path / "opt"), "--config", str(conf))
+    assert r.returncode == 2 and "bakend" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "opt").exists()
+
+
+def test_an_existing_config_is_never_overwritten(tmp_path):
+    conf = tmp_path / "config.toml"
+    conf.write_text("[check]\ndrain = false\n")
+    conf.chmod(0o640)
+    assert cli("install", "--prefix", str(tmp_path / "opt"), "--config", str(conf)).returncode == 0
+    assert conf.read_text() == "[check]\ndrain = false\n" and os.stat(conf).st_mode & 0o777 == 0o640
+
+
+def test_a_site_file_where_a_program_goes_is_left_alone_and_nothing_is_changed(tmp_path):
+    prefix = tmp_path / "opt"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "slurm-hooks-prolog").write_text("#!/bin/sh\n# the site's own\n")
+    before = tree(prefix)
+    r = cli("install", "--prefix", str(prefix), "--config", str(tmp_path / "c.toml"))
+    assert r.returncode == 2 and "was not laid by `slurm-hooks install`" in r.stderr
+    assert tree(prefix) == before and not (tmp_path / "c.toml").exists()
+
+
+def test_dry_run_changes_nothing(tmp_path):
+    r = cli("install", "--prefix", str(tmp_path / "opt"), "--config", str(tmp_path / "c.toml"), "--dry-run")
+    assert r.returncode == 0 and "would create" in r.stdout
+    assert os.listdir(tmp_path) == []
+
+
+# --- idempotent, versions, uninstall -------------------------------------------------------------
+
+
+def test_a_second_install_over_the_first_changes_nothing(tmp_path):
+    args = ("install", "--prefix", str(tmp_path / "opt"), "--config", str(tmp_path / "etc" / "config.toml"))
+    assert cli(*args).returncode == 0
+    before = tree(tmp_path)
+    r = cli(*args)
+    assert r.returncode == 0 and "already in place, nothing changed" in r.stdout
+    assert tree(tmp_path) == before
+
+
+def test_uninstall_leaves_nothing_behind(tmp_path):
+    prefix = tmp_path / "opt"
+    assert cli("install", "--prefix", str(prefix), "--config", str(tmp_path / "etc" / "config.toml")).returncode == 0
+    r = cli("install", "--uninstall", "--prefix", str(prefix))
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_uninstall_keeps_what_it_did_not_make_and_what_was_changed_since(tmp_path):
+    prefix = tmp_path / "opt"
+    (prefix / "venv").mkdir(parents=True)  # the venv lives in the prefix: not ours to remove
+    conf = tmp_path / "etc" / "config.toml"
+    assert cli("install", "--prefix", str(prefix), "--config", str(conf)).returncode == 0
+    (prefix / "bin" / "site-tool").write_text("x")
+    conf.write_text(conf.read_text() + "\n# edited by the admin\n")
+    r = cli("install", "--uninstall", "--prefix", str(prefix))
+    assert r.returncode == 0 and f"kept {conf} (changed since install)" in r.stdout
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "etc", "etc/config.toml", "opt", "opt/bin", "opt/bin/site-tool", "opt/venv"]
+
+
+def test_uninstall_without_a_manifest_says_so(tmp_path):
+    r = cli("install", "--uninstall", "--prefix", str(tmp_path))
+    assert r.returncode == 2 and "install-manifest.json not found" in r.stderr
+
+
+def test_an_upgrade_is_laid_beside_and_switched_with_one_rename_and_rolls_back(tmp_path):
+    v1 = inputs(tmp_path)
+    v2 = inputs(tmp_path, on_error="refuse")
+    v3 = inputs(tmp_path, env=(("SLURM_CONF", "/etc/slurm/other.conf"),))
+    prefix = Path(v1.prefix)
+    first = apply.install(v1)
+    prolog = prefix / "bin" / "slurm-hooks-prolog"
+    assert "exit 0\n" in prolog.read_text()
+    second = apply.install(v2)
+    assert second.version_id != first.version_id
+    assert [line for line in second.lines if line.startswith("switch")] == [
+        f"switch {prefix}/current -> versions/{second.version_id} (was versions/{first.version_id})"]
+    assert not any(line.startswith("link") for line in second.lines)  # the stable links stay; `current` moves
+    assert "exit 1\n" in prolog.read_text()
+    assert sorted(os.listdir(prefix / "versions")) == sorted([first.version_id, second.version_id])
+    # rollback: the older inputs lay the older version again (the same id) and switch back
+    back = apply.install(v1)
+    assert back.version_id == first.version_id and "exit 0\n" in prolog.read_text()
+    # a third version: only the current one and the one before stay
+    third = apply.install(v3)
+    assert sorted(os.listdir(prefix / "versions")) == sorted([first.version_id, third.version_id])
+    manifest = json.loads((prefix / layout.MANIFEST).read_text())
+    assert (manifest["current"], manifest["previous"]) == (third.version_id, first.version_id)
+    apply.uninstall(str(prefix))
+    assert not prefix.exists()
+
+
+def test_a_half_written_version_left_by_a_dead_install_is_cleared(tmp_path):
+    inp = inputs(tmp_path)
+    apply.install(inp)
+    junk = Path(inp.prefix) / "versions" / ".tmp-0.1.0-dead-123"
+    junk.mkdir()
+    (junk / "x").write_text("half")
+    apply.install(inp)
+    assert not junk.exists()
+
+
+# --- wrappers that fail safe ----------------------------------------------------------------------
+
+
+def run_program(prefix: str, hook: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """As slurmd runs it: no PATH, cwd /, only the Slurm variables."""
+    return subprocess.run([os.path.join(prefix, "bin", f"slurm-hooks-{hook}")], capture_output=True, text=True,
+                          env={"SLURMD_NODENAME": "n1", **(env or {})}, cwd="/", timeout=60)
+
+
+@pytest.mark.parametrize("hook", ["healthcheck", "prolog", "epilog"])
+def test_interpreter_gone_exits_0_with_one_line_and_a_status_that_validate_reports(tmp_path, hook):
+    inp = inputs(tmp_path, python=str(tmp_path / "venv-gone" / "bin" / "python3"))
+    apply.install(inp)
+    r = run_program(inp.prefix, hook, {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0"})
+    assert r.returncode == 0
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("slurm-hooks ")]
+    assert line.startswith(f"slurm-hooks {layout.program_path(hook, 'x').split('-')[-1]}"[:12])
+    assert "could not run (exit 127)" in line
+    status = layout.read_status(inp.state_dir)[hook]
+    assert (status["exit"], status["action"], status["hook"]) == ("127", "allowed", hook)
+    assert os.stat(layout.status_path(inp.state_dir, hook)).st_mode & 0o777 == 0o600
+    cfg = _config_with_state(tmp_path, inp.state_dir)
+    [res] = check_wrappers(cfg)
+    assert res.status is Status.FAIL and "could not run" in res.message and "(exit 127)" in res.message
+    assert res.fix.startswith(f"run {inp.prefix}/bin/slurm-hooks-{hook} by hand as root")
+
+
+def _config_with_state(tmp_path: Path, state_dir: str):
+    from slurm_hooks import config
+
+    return config.parse(f'[state]\ndir = "{state_dir}"\n', str(tmp_path / "c.toml"))
+
+
+def test_unreadable_config_lets_the_job_run_and_a_good_run_clears_the_status(tmp_path):
+    conf = write_sim_config(tmp_path)
+    inp = inputs(tmp_path, config=str(tmp_path / "missing.toml"), state_dir=str(tmp_path / "state"))
+    apply.install(inp, write_config=False)
+    r = run_program(inp.prefix, "prolog", {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0"})
+    assert r.returncode == 0 and "could not run (exit 2): the job runs" in r.stderr
+    assert "missing.toml: file not found" in r.stderr
+    assert layout.read_status(inp.state_dir)["prolog"]["exit"] == "2"
+    # the config is back: the next run goes well and the record goes away
+    apply.install(inputs(tmp_path, config=str(conf), state_dir=str(tmp_path / "state")))
+    subprocess.run([PY, "-m", "slurm_hooks", "sim", "init", "--node", "n1", "--gpus", "2", "--config", str(conf)],
+                   check=True, capture_output=True)
+    r = run_program(inp.prefix, "prolog", {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0"})
+    assert (r.returncode, r.stderr) == (0, "")
+    assert layout.read_status(inp.state_dir) == {}
+    assert check_wrappers(_config_with_state(tmp_path, inp.state_dir))[0].status is Status.PASS
+
+
+def test_a_python_that_fails_as_an_import_error_would_is_not_taken_for_a_verdict(tmp_path):
+    """`python -m slurm_hooks` without the package exits 1, as an import error does: the wrapper lets
+    the job run (the tool's own verdict "refuse" is a code of its own under the wrapper)."""
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\necho 'No module named slurm_hooks' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    inp = inputs(tmp_path, python=str(fake))
+    apply.install(inp)
+    r = run_program(inp.prefix, "prolog", {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0"})
+    assert r.returncode == 0 and "could not run (exit 1): the job runs" in r.stderr
+
+
+def test_refuse_opt_in_fails_closed(tmp_path):
+    inp = inputs(tmp_path, python=str(tmp_path / "gone"), on_error="refuse")
+    apply.install(inp)
+    r = run_program(inp.prefix, "prolog", {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0"})
+    assert r.returncode == 1 and "the job is refused and Slurm drains the node" in r.stderr
+    assert layout.read_status(inp.state_dir)["prolog"]["action"] == "refused"
+
+
+def test_the_verdict_unhealthy_passes_through_the_wrapper_as_exit_1_without_a_status(tmp_path):
+    conf = write_sim_config(tmp_path, "[check]\ndrain = false\n")
+    inp = inputs(tmp_path, config=str(conf), state_dir=str(tmp_path / "state"))
+    apply.install(inp)
+    env = {"SLURM_HOOKS_CONFIG": str(conf)}
+    assert cli("sim", "init", "--node", "n1", "--gpus", "2", env=env).returncode == 0
+    assert cli("sim", "inject", "--node", "n1", "--gpu", "1", "--xid", "79", env=env).returncode == 0
+    r = run_program(inp.prefix, "healthcheck")
+    assert r.returncode == 1 and "could not run" not in r.stderr
+    assert layout.read_status(inp.state_dir) == {}
+
+
+def test_metrics_textfile_says_the_wrapper_failed(tmp_path):
+    inp = inputs(tmp_path, python=str(tmp_path / "gone"), textfile_dir=str(tmp_path / "prom"))
+    apply.install(inp)
+    run_program(inp.prefix, "epilog")
+    text = (tmp_path / "prom" / "slurm_hooks_wrapper_epilog.prom").read_text()
+    assert 'slurm_hooks_wrapper_failed{hook="epilog",exit_code="127"} 1\n' in text

@@ -1,0 +1,100 @@
+"""Slurm's numbering of a node's GPUs: gres.conf as slurmd reads it, ``slurmd -G``, job GRES detail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from paths import FIXTURES
+
+from slurm_hooks.slurm import gres
+from slurm_hooks.slurm.scontrol import parse_job_gpus
+
+SLURM = Path(FIXTURES) / "slurm"
+
+
+def files(conf: gres.GresConf) -> list[tuple[str, ...]]:
+    return [d.files for d in conf.devices]
+
+
+def test_gres_conf_numbers_gpus_in_file_order_for_this_node_only(tmp_path):
+    (tmp_path / "gres.d").mkdir()
+    (tmp_path / "gres.d" / "h100.conf").write_text(
+        "NodeName=gpu[01-04] Name=gpu Type=h100 File=/dev/nvidia[4-5]\n")
+    path = tmp_path / "gres.conf"
+    path.write_text("# hand-written, reverse of PCI order\n"
+                    "NodeName=gpu[01-04] Name=gpu Type=h100 File=/dev/nvidia7,/dev/nvidia6 \\\n"
+                    "   Cores=0-31\n"
+                    "NodeName=cpu[01-99] Name=gpu File=/dev/nvidia[0-1]\n"
+                    "Include gres.d/*.conf\n"
+                    "Name=nic File=/dev/infiniband/uverbs0\n"
+                    "NodeName=gpu02 Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21\n")
+    conf = gres.load(str(path), "gpu02")
+    assert files(conf) == [("/dev/nvidia7",), ("/dev/nvidia6",), ("/dev/nvidia4",), ("/dev/nvidia5",),
+                           ("/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21")]
+    assert [d.index for d in conf.devices] == [0, 1, 2, 3, 4]
+    assert conf.devices[4].mig and not conf.devices[0].mig
+    assert conf.devices[0].where == f"{path}:2" and conf.files == (str(path), str(tmp_path / "gres.d" / "h100.conf"))
+    assert files(gres.load(str(path), "gpu01"))[-1] == ("/dev/nvidia5",)  # the MultipleFiles line is gpu02's
+
+
+def test_gres_conf_autodetect_global_and_per_node(tmp_path):
+    conf = gres.parse("AutoDetect=nvml\nName=gpu Count=8\n", "n1")
+    assert conf.autodetect == "nvml" and conf.devices == () and conf.fileless == 8
+    conf = gres.parse("AutoDetect=nvml\nNodeName=n[1-2] AutoDetect=off Name=gpu File=/dev/nvidia0\n", "n2")
+    assert conf.autodetect == "off" and files(conf) == [("/dev/nvidia0",)]
+
+
+@pytest.mark.parametrize("text, where", [
+    ("Name=gpu File=/dev/nvidia[3-1]\n", "gres.conf:1: File"),
+    ("Name=gpu File=/dev/nvidia[0-70000]\n", "gres.conf:1: File"),
+    ("NodeName=n1 Name=gpu File=/dev/nvidia0\nthis is not a pair\n", "gres.conf:2"),
+    ("Include missing.conf\n", "gres.conf:1: Include"),
+])
+def test_gres_conf_errors_name_the_file_and_line(tmp_path, text, where):
+    path = tmp_path / "gres.conf"
+    path.write_text(text)
+    with pytest.raises(gres.GresConfError) as err:
+        gres.load(str(path), "n1")
+    assert f"{tmp_path}/{where}" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unreadable_gres_conf_is_one_error(tmp_path):
+    with pytest.raises(gres.GresConfError, match="file not found"):
+        gres.load(str(tmp_path / "nope"), "n1")
+
+
+def test_slurmd_g_output_is_slurmds_list_in_gres_order():
+    conf = gres.parse_slurmd_g((SLURM / "slurmd-G-h100.txt").read_text())
+    assert [(d.index, d.files, d.type) for d in conf.devices] == [
+        (0, ("/dev/nvidia0",), "nvidia_h100_80gb_hbm3"), (1, ("/dev/nvidia1",), "nvidia_h100_80gb_hbm3")]
+    assert conf.source == "slurmd -G"
+
+
+def test_slurmd_log_of_mig_instances_gives_their_files_and_unique_ids():
+    conf = gres.parse_slurmd_g((SLURM / "slurmd-log-mig-a100.txt").read_text())
+    assert len(conf.devices) == 4 and all(d.mig for d in conf.devices)
+    first = conf.devices[0]
+    assert first.file == "/dev/nvidia1" and first.files[1:] == ("/dev/nvidia-caps/nvidia-cap111",
+                                                                  "/dev/nvidia-caps/nvidia-cap112")
+    assert first.unique_id == "MIG-GPU-ede6b90f-50d8-42f2-57a1-8a531adc3192/12/0"
+
+
+def test_device_minor_is_the_char_devices_minor_else_the_names_number(tmp_path):
+    assert gres.device_minor("/dev/null") == 3  # a real char device: its minor, whatever its name
+    assert gres.device_minor(str(tmp_path / "nvidia12")) == 12
+    assert gres.device_minor(str(tmp_path / "nvidiactl-x")) is None
+
+
+@pytest.mark.parametrize("text, want", [
+    # Slurm 22.05 (the testbed): a CPU-only job's detail line holds no GRES.
+    ("JobId=3 JobName=cpu JOB_GRES=(null)   Nodes=n1 CPU_IDs=0 Mem=0 GRES= MinCPUsNode=1", ()),
+    # Shares of GPUs, by position: 23.02+ prints held/available per GPU, 22.05 the GPU's index.
+    ("JobId=4 JOB_GRES=shard:2   Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:2(0/4,2/4,0/4,0/4) MinCPUsNode=1", (1,)),
+    ("JobId=4 JOB_GRES=shard:2   Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:2(IDX:3) MinCPUsNode=1", (3,)),
+    ("JobId=5 Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0),shard:1(0/4,0/4,1/4) MinCPUsNode=1", (0, 2)),
+    ("JobId=6 Nodes=n1 CPU_IDs=0 Mem=0 GRES=mps(CNT:50) MinCPUsNode=1", None),  # which GPU: not said
+    ("JobId=7 Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:12) MinCPUsNode=1", (12,)),  # a MIG instance's index
+])
+def test_job_gres_detail_gpu_shares_and_cpu_only(text, want):
+    assert parse_job_gpus(text, "n1") == want
