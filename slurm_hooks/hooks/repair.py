@@ -585,6 +585,8 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
     else:
         result, detail, judged = _validate_and_resume(w, str(active.get("summary", "")), "reboot", outcome,
                                                       rejudge, state, info)
+        if result == "ok":
+            detail = f"checked healthy on the new boot; {detail}"
         if judged is not None and judged.drain_findings():
             report = judged  # the diagnostic's finding is what the ladder climbs on
     state.pop("active", None)

@@ -738,13 +738,10 @@ class Testbed:
 
     def stop_repair_workers(self) -> list[int]:
         """Kill this testbed's repair workers (a test's hung reset must not outlive it)."""
-        config = self.config_path.encode()
         killed = []
-        for pid, _ in self._our_processes():
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    argv = fh.read().split(b"\0")
-                if config in argv and b"repair-worker" in argv:
+        for pid, argv in self._our_programs():
+            if b"repair-worker" in argv:
+                with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
                     killed.append(pid)
         return killed
@@ -798,14 +795,19 @@ class Testbed:
 
     def _hook_runs(self) -> list[int]:
         """Pids of slurm-hooks programs our slurmd's are running (prolog, epilog, health check)."""
+        return sorted(pid for pid, _ in self._our_programs())
+
+    def _our_programs(self) -> list[tuple[int, list[bytes]]]:
+        """(pid, argv) of our processes that run slurm-hooks with this testbed's config."""
         config = self.config_path.encode()
         found = []
         for pid, _ in self._our_processes():
             with contextlib.suppress(OSError):
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if config in fh.read().split(b"\0"):
-                        found.append(pid)
-        return sorted(found)
+                    argv = fh.read().split(b"\0")
+                if config in argv:
+                    found.append((pid, argv))
+        return found
 
     def stop_controller(self, timeout: float = 15.0) -> None:
         """Stop slurmctld alone (an outage): slurmd's and running jobs carry on without it."""

@@ -15,8 +15,9 @@ import os
 import time
 
 import pytest
+from conftest import own_testbed
 
-from slurm_hooks.lab.testbed import MARKER, Settings, Testbed
+from slurm_hooks.lab.testbed import MARKER, Settings
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command
 
@@ -31,19 +32,11 @@ SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_inter
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
-    tb = Testbed(str(tmp_path_factory.mktemp("workerbed")), SETTINGS)
-    try:
-        tb.up()
-    except BaseException:
-        tb.down()
-        raise
-    try:
-        yield tb
-    finally:
-        tb.stop_repair_workers()
-        tb.down()
+    with own_testbed(tmp_path_factory, "workerbed", SETTINGS) as tb:
+        try:
+            yield tb
+        finally:
+            tb.stop_repair_workers()
 
 
 @pytest.fixture
@@ -136,6 +129,13 @@ def test_a_killed_workers_services_are_restarted_by_the_next_run_and_its_attempt
     wait(lambda: "start" in results(tb, "repair-reboot"), 30, "the next rung", tb)
     assert results(tb, "repair-reset") == ["start"]
     assert sim.gpu_entry(sim.read(tb.sim_dir, "n1"), 3).get("resets", 0) == 0
+    _let_the_reboot_finish(tb)
+
+
+def _let_the_reboot_finish(tb):
+    """The ladder's reboot goes through Slurm: let it end, so that the next test starts clean."""
+    wait(lambda: sim.read(tb.sim_dir, "n1").get("boots", 0) == 1, 40, "the node rebooted", tb)
+    tb.wait_node("n1", lambda n: not any(f.startswith("REBOOT") for f in n.flags), timeout=40)
 
 
 def test_the_node_stays_validating_until_the_diagnostic_passes(tb):
@@ -159,10 +159,9 @@ def test_with_the_diagnostic_failing_the_node_stays_out(tb):
     assert failed["gpus"] == [3]
     node = tb.slurm().node("n1")
     assert node.reason.startswith("slurm-hooks: ") and (node.drained or "DOWN" in node.state.upper())
-    # The ladder climbs: the reboot comes through Slurm; let it finish so the next test starts clean.
+    # The ladder climbs: the reboot comes through Slurm.
     wait(lambda: "start" in results(tb, "repair-reboot"), 30, "the reboot requested", tb)
-    wait(lambda: sim.read(tb.sim_dir, "n1").get("boots", 0) == 1, 40, "the node rebooted", tb)
-    tb.wait_node("n1", lambda n: not any(f.startswith("REBOOT") for f in n.flags), timeout=40)
+    _let_the_reboot_finish(tb)
     assert not tb.slurm().node("n1").state.upper().startswith("IDLE") or tb.slurm().node("n1").drained
 
 

@@ -13,8 +13,9 @@ import sys
 import time
 
 import pytest
+from conftest import own_testbed
 
-from slurm_hooks.lab.testbed import BIN, Settings, Testbed
+from slurm_hooks.lab.testbed import BIN, Settings
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command
 
@@ -25,18 +26,8 @@ SETTINGS = Settings(nodes=3, gpus=8, hooks=True, kill_wait=2, health_check_inter
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
-    tb = Testbed(str(tmp_path_factory.mktemp("sweepbed")), SETTINGS)
-    try:
-        tb.up()
-    except BaseException:
-        tb.down()
-        raise
-    try:
+    with own_testbed(tmp_path_factory, "sweepbed", SETTINGS) as tb:
         yield tb
-    finally:
-        tb.down()
 
 
 @pytest.fixture

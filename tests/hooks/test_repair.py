@@ -10,7 +10,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import sim_config
+from fakes.config import repair_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks import config
@@ -26,10 +26,7 @@ from slurm_hooks.probes.gpureset import NvidiaSmiReset, ResetFailed
 def t(tmp_path):
     """Node n1 with 8 simulated GPUs, the fake Slurm, and the sim's dcgmi (a fast diagnostic):
     the ladder validates each repair before the node returns to service ([repair] dcgm_level 2)."""
-    from slurm_hooks.probes import simtools
-
-    tools = simtools.install(str(tmp_path / "bin"), str(tmp_path / "sim"))
-    cfg = sim_config(tmp_path, f'[expect]\ngpus = 8\n[repair]\nenabled = true\n[dcgm]\ndcgmi = "{tools["dcgmi"]}"\n')
+    cfg = repair_config(tmp_path)
     sim.init(cfg.gpu.sim_dir, "n1", 8)
     sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
     slurm = FakeSlurm()

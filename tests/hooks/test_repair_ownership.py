@@ -9,7 +9,7 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import sim_config
+from fakes.config import repair_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks.errors import PermanentError
@@ -24,10 +24,7 @@ REFUSED = PermanentError("scontrol_reboot_nodes error: Unspecified error")
 @pytest.fixture
 def t(tmp_path):
     """With the sim's dcgmi: each repair is validated before the node returns ([repair] dcgm_level 2)."""
-    from slurm_hooks.probes import simtools
-
-    tools = simtools.install(str(tmp_path / "bin"), str(tmp_path / "sim"))
-    cfg = sim_config(tmp_path, f'[expect]\ngpus = 8\n[repair]\nenabled = true\n[dcgm]\ndcgmi = "{tools["dcgmi"]}"\n')
+    cfg = repair_config(tmp_path)
     sim.init(cfg.gpu.sim_dir, "n1", 8)
     sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
     slurm = FakeSlurm()

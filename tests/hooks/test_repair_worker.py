@@ -6,11 +6,12 @@ the detached worker under Slurm's own kill is in test_e2e_repair_worker.py."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import sim_config
+from fakes.config import repair_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks.hooks import healthcheck, remediate, repair
@@ -18,17 +19,16 @@ from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Context
 from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.probes import sim, simtools
+from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import SimReset
 
 SERVICES = ["nvidia-fabricmanager", "nvidia-dcgm"]
 
 
 def _bed(tmp_path, extra: str = "", dcgmi: bool = True, services=tuple(SERVICES)):
-    tools = simtools.install(str(tmp_path / "bin"), str(tmp_path / "sim"))
-    dcgmi_path = tools["dcgmi"] if dcgmi else str(tmp_path / "no" / "dcgmi")
-    cfg = sim_config(tmp_path, f'[expect]\ngpus = 8\n[repair]\nenabled = true\nservices = {json.dumps(list(services))}\n'
-                               f'{extra}\n[dcgm]\ndcgmi = "{dcgmi_path}"\n')
+    cfg = repair_config(tmp_path, f"services = {json.dumps(list(services))}\n{extra}")
+    if not dcgmi:
+        os.unlink(cfg.dcgm.dcgmi)
     sim.init(cfg.gpu.sim_dir, "n1", 8)
     sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
     slurm = FakeSlurm()
