@@ -6,6 +6,7 @@
   repair worker started -> [validating] -> IDLE again, with the sim's DCGM level 2 (2 s);
 - the HealthCheckProgram's own time on the run that hands the reset to the worker, with the
   reset hanging 62 s (past slurmd's 60 s kill): run by hand, as slurmd runs it;
+- reboot (XID 79 on an idle node): fault -> reboot requested -> new boot validated -> IDLE;
 - ``slurm-hooks sweep --nodes n[1-3] --level 2 --max-parallel 2``: a latent fault on n1's GPU 3,
   a job on n3: the sweep's whole time and each validation job's.
 """
@@ -59,6 +60,17 @@ def reset_run(tb: Testbed) -> dict[str, float]:
             "fault_to_idle": idle - t0}
 
 
+def reboot_run(tb: Testbed) -> dict[str, float]:
+    tb.reset()
+    t0 = time.time()
+    sim.inject(tb.sim_dir, "n1", 0, xid=79)
+    requested = first(tb, "repair-reboot", "start", 30)["ts"]
+    ok = first(tb, "repair-reboot", "ok", 90)["ts"]
+    tb.wait_node("n1", lambda n: n.state.upper() == "IDLE" and not n.reason, timeout=30)
+    return {"xid79_to_reboot_requested": requested - t0, "reboot_requested_to_ok": ok - requested,
+            "xid79_to_idle": time.time() - t0}
+
+
 def hook_time(tb: Testbed) -> float:
     """The HealthCheckProgram that hands a 62 s reset to the worker, as slurmd runs it."""
     tb.reset()
@@ -76,15 +88,19 @@ def hook_time(tb: Testbed) -> float:
         tb.set_hooks(True)
 
 
-def sweep_run(tb: Testbed) -> dict[str, float]:
+def sweep_run(tb: Testbed, text: bool = False) -> dict[str, float]:
     tb.reset()
     sim.inject(tb.sim_dir, "n1", 3, diag_failure=2)
     job = tb.sbatch("#!/bin/sh\nsleep 300\n", "-w", "n3")
     tb.wait_job(job, ("RUNNING",), timeout=20)
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "slurm_hooks", "sweep", "--nodes", "n[1-3]", "--level", "2",
-                           "--max-parallel", "2", "--json"], capture_output=True, text=True, env=tb.env(), timeout=300)
+                           "--max-parallel", "2", *([] if text else ["--json"])], capture_output=True, text=True,
+                          env=tb.env(), timeout=300)
     took = time.monotonic() - t0
+    if text:
+        print(f"$ slurm-hooks sweep --nodes 'n[1-3]' --level 2 --max-parallel 2\n{done.stdout}(exit {done.returncode})")
+        return {}
     data = json.loads(done.stdout)
     per_node = {n["node"]: n["seconds"] for n in data["nodes"] if n["verdict"] != "skipped"}
     return {"sweep_total": took, **{f"job_{k}": v for k, v in per_node.items()}}
@@ -103,9 +119,11 @@ def main() -> None:
         try:
             runs: dict[str, list[float]] = {}
             for _ in range(args.runs):
-                for key, value in {**reset_run(tb), **sweep_run(tb)}.items():
+                for key, value in {**reset_run(tb), **reboot_run(tb), **sweep_run(tb)}.items():
                     runs.setdefault(key, []).append(value)
             runs["hook_with_62s_reset"] = [hook_time(tb)]
+            if not args.json:
+                sweep_run(tb, text=True)
         finally:
             tb.down()
     out = {k: {"median": round(statistics.median(v), 2), "min": round(min(v), 2), "max": round(max(v), 2)}
@@ -114,7 +132,7 @@ def main() -> None:
         print(json.dumps(out, indent=1))
         return
     for key, v in out.items():
-        print(f"{key:<24} median {v['median']:6.2f}s  (min {v['min']:.2f}, max {v['max']:.2f}, {args.runs} runs)")
+        print(f"{key:<26} median {v['median']:6.2f}s  (min {v['min']:.2f}, max {v['max']:.2f}, {len(runs[key])} run(s))")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,10 @@ def repair(config_path: str | None, node: str | None, validate: bool) -> int:
     from slurm_hooks.hooks.wiring import Wiring
 
     w = Wiring.load(config_path, node)
+    if not w.config.check.drain:
+        click.echo("slurm-hooks repair: monitor-only ([check] drain = false): this node side drains and resumes "
+                   "nothing, so it cannot hold the node out while it validates", err=True)
+        return EXIT_USAGE
     try:
         info = w.slurm.node(w.node)
         jobs = [j.ref for j in w.slurm.jobs_on_node(w.node) if j.active]
