@@ -20,6 +20,7 @@ from slurm_hooks.errors import ConfigError
 from slurm_hooks.models import Action, Expectations, Scope, Urgency
 from slurm_hooks.severity import CHECK_RULES, OVERRIDE_KEYS, Severities, xid_rule_key
 from slurm_hooks.slurm import hostlist
+from slurm_hooks.urlsecret import URL, bad_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,6 +43,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "gres_conf": (str, ""),
         "gres_source": (str, "gres.conf"),
         "slurmd": (str, "/usr/sbin/slurmd"),
+        "mig_minors": (str, "/proc/driver/nvidia-caps/mig-minors"),
     },
     "log": {
         "audit": (str, "/var/log/slurm-hooks/audit.jsonl"),
@@ -63,6 +65,24 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     "remediation": {
         "requeue": (bool, True),
         "requeue_grace": (_Num, 120.0),
+    },
+    #: A job's own checkpoint signal (``--signal``), delivered before we requeue it
+    #: (:mod:`slurm_hooks.hooks.checkpoint`).
+    "requeue": {
+        #: Site policy for jobs that declare no ``--signal``: a spec (``USR1``, ``B:USR1@90``); "" = none.
+        "signal": (str, ""),
+        #: Partition -> spec, over ``signal`` for that partition's jobs ("" = none there).
+        "partitions": (dict, {}),
+        #: Longest wait after the signal for the job to requeue itself or end; never past
+        #: the job's own ``@TIME`` nor KillWait.
+        "checkpoint_grace": (_Num, 90.0),
+        #: Deliver with ``scancel --full`` (batch shell, its children and every step) instead
+        #: of Slurm's own way (steps; the batch shell for ``B:``).
+        "full": (bool, False),
+        #: SlurmdSpoolDir (``%n``: the node's name): the batch host's copy of a job's script.
+        "spool_dir": (str, "/var/spool/slurmd"),
+        #: Also read ``sacct -o SubmitLine`` (needs slurmdbd): the command line's ``--signal`` wins.
+        "submit_line": (bool, True),
     },
     "repair": {
         "enabled": (bool, True),
@@ -105,7 +125,20 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "timeout": (_Num, 5.0),
         "retry_max": (_Num, 300.0),
         "flush_timeout": (_Num, 5.0),
+        #: The ``cluster`` label of every alert and the name in every message ("" = $SLURM_CLUSTER_NAME).
+        "cluster": (str, ""),
+        #: Messages waiting per receiver at most; the oldest go first (counted, and said in the next one).
+        "max_queued": (int, 500),
+        #: A message not delivered within this many seconds is dropped (counted, and said in the next one).
+        "max_age": (_Num, 259200.0),
+        #: Requests per second to one receiver at most (Slack takes about one per webhook).
+        "rate": (_Num, 1.0),
+        #: An open incident's alerts are posted again this often (under Alertmanager's resolve_timeout).
+        "alert_repost": (_Num, 60.0),
+        #: A line every alert and message carries: where the on-call finds what to do.
+        "runbook": (str, ""),
         "webhook": (list, ()),
+        "alertmanager": (list, ()),
     },
 }
 
@@ -189,6 +222,12 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("notify", "timeout"): _POSITIVE,
     ("notify", "retry_max"): _POSITIVE,
     ("notify", "flush_timeout"): _POSITIVE,
+    ("requeue", "checkpoint_grace"): _Range(0, 3600, why="0 = no grace: requeue at once after the signal"),
+    ("notify", "max_queued"): _Range(1, 100000),
+    ("notify", "max_age"): _POSITIVE,
+    ("notify", "rate"): _POSITIVE,
+    ("notify", "alert_repost"): _Range(1, 3600, why="Alertmanager resolves an alert not posted again within "
+                                                     "its resolve_timeout (5 min by default)"),
     ("repair", "window"): _POSITIVE,
     ("repair", "attempts"): _Range(1, 10),
     ("repair", "reboot_timeout"): _POSITIVE,
@@ -319,7 +358,9 @@ def parse(text: str, path: str | None = "<string>") -> Config:
         parse_share(sections["sweep"].max_parallel)
     except ValueError as exc:
         where.fail("sweep", "max_parallel", str(exc))
-    sections["notify"].webhook = _check_webhooks(raw.get("notify", {}).get("webhook", ()), where)
+    for kind in DESTINATION_KEYS:
+        setattr(sections["notify"], kind, _check_destinations(kind, raw.get("notify", {}).get(kind, ()), where))
+    _check_requeue_signals(sections["requeue"], where)
     default_expect = Expectations(**vars(sections["expect"]))
     _check_temperatures(default_expect, raw.get("expect", {}), "expect", where)
     groups = []
@@ -426,6 +467,25 @@ def _check_together(sections: dict[str, SimpleNamespace], raw: dict, where: _Loc
                                 f"{deadline:g} s: the run would end before the call")
 
 
+def _check_requeue_signals(section: SimpleNamespace, where: _Locator) -> None:
+    """``[requeue] signal`` and each ``partitions`` value: a ``--signal`` spec or ""."""
+    from slurm_hooks.slurm.jobsignal import parse_spec
+
+    def check(value: Any, key: str, label: str) -> None:
+        if not isinstance(value, str):
+            where.fail("requeue", key, f"{label}: expected a --signal spec string, got {value!r}")
+        if value:
+            try:
+                parse_spec(value)
+            except ValueError as exc:
+                where.fail("requeue", key, f"{label}: {exc}")
+
+    check(section.signal, "signal", "signal")
+    for name, value in section.partitions.items():
+        check(value, "partitions", f"partition {name!r}")
+    section.partitions = dict(section.partitions)
+
+
 def _check_temperatures(expect: Expectations, table: dict, section: str, where: _Locator) -> None:
     if expect.temp_warn_c > expect.temp_fail_c:
         key = "temp_warn_c" if "temp_warn_c" in table or "temp_fail_c" not in table else "temp_fail_c"
@@ -433,34 +493,48 @@ def _check_temperatures(expect: Expectations, table: dict, section: str, where: 
                                  f"{expect.temp_fail_c}: the warning must come first")
 
 
-#: ``[[notify.webhook]]`` keys -> (accepted type, default); ``url`` is required.
-WEBHOOK_KEYS: dict[str, tuple[Any, Any]] = {"url": (str, None), "format": (str, "json"), "name": (str, "")}
+#: ``[[notify.<kind>]]`` keys -> (accepted type, default). The URL is a credential (a Slack webhook
+#: URL is all it takes to post): exactly one of ``url``, ``url_file`` (a 0600 file holding it) or
+#: ``url_env`` (an environment variable holding it).
+_URL_KEYS: dict[str, tuple[Any, Any]] = {"url": (str, ""), "url_file": (str, ""), "url_env": (str, ""),
+                                         "name": (str, "")}
+DESTINATION_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "webhook": {**_URL_KEYS, "format": (str, "json")},
+    #: ``auth_file``: a file holding the Authorization header's value ("Bearer ...", "Basic ..."),
+    #: or a bare token (sent as Bearer).
+    "alertmanager": {**_URL_KEYS, "auth_file": (str, "")},
+}
 WEBHOOK_FORMATS = ("slack", "json")
 
 
-def _check_webhooks(tables: Any, where: _Locator) -> tuple[dict[str, str], ...]:
-    """Each ``[[notify.webhook]]`` table: an http(s) url and a known format; errors name the table's line."""
+def _check_destinations(kind: str, tables: Any, where: _Locator) -> tuple[dict[str, str], ...]:
+    """Each ``[[notify.<kind>]]`` table: where its URL comes from, and a known format; errors name the
+    table's line and never print the URL."""
+    keys = DESTINATION_KEYS[kind]
     out = []
-    for n, table in enumerate(tables):
-        at = where.nth_table_line("notify.webhook", n)
+    for n, table in enumerate(tables if isinstance(tables, (list, tuple)) else [tables]):
+        at = where.nth_table_line(f"notify.{kind}", n)
 
         def fail(message: str, key: str | None = None, at: int | None = at, n: int = n) -> None:
             raise ConfigError(message, where.path, where.key_line_after(at, key) if key else at,
-                              f"[[notify.webhook]] #{n + 1}" + (f" {key}" if key else ""))
+                              f"[[notify.{kind}]] #{n + 1}" + (f" {key}" if key else ""))
 
         if not isinstance(table, dict):
-            fail("must be a table: [[notify.webhook]] with url = \"https://...\"")
+            fail(f"must be a table: [[notify.{kind}]] with url_file = \"/etc/slurm-hooks/{kind}.url\"")
         for key, value in table.items():
-            if key not in WEBHOOK_KEYS:
-                fail(f"unknown key (known: {', '.join(sorted(WEBHOOK_KEYS))})", key)
+            if key not in keys:
+                fail(f"unknown key (known: {', '.join(sorted(keys))})", key)
             if not isinstance(value, str):
-                fail(f"expected a string, got {type(value).__name__} {value!r}", key)
-        values = {k: table.get(k, default) for k, (_, default) in WEBHOOK_KEYS.items()}
-        if not values["url"]:
-            fail("needs a url (url = \"https://hooks.slack.com/services/...\")")
-        if not re.match(r"^https?://[^/\s]+", values["url"]):
-            fail(f"must be an http:// or https:// URL, not {values['url']!r}", "url")
-        if values["format"] not in WEBHOOK_FORMATS:
+                shown = "a value" if key == "url" else repr(value)
+                fail(f"expected a string, got {type(value).__name__} {shown}", key)
+        values = {k: table.get(k, default) for k, (_, default) in keys.items()}
+        given = [k for k in ("url", "url_file", "url_env") if values[k]]
+        if len(given) != 1:
+            fail("needs exactly one of url_file (a 0600 file holding the URL), url_env or url"
+                 + (f", not {' and '.join(given)}" if given else ""))
+        if values["url"] and not URL.match(values["url"]):
+            fail(bad_url(values["url"]), "url")
+        if kind == "webhook" and values["format"] not in WEBHOOK_FORMATS:
             fail(f"must be one of {', '.join(WEBHOOK_FORMATS)}, not {values['format']!r}", "format")
         out.append(values)
     return tuple(out)
@@ -500,6 +574,14 @@ BRIDGE_SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "request_timeout": (_Num, 10.0),
         "retries": (int, 3),
         "state_file": (str, "/var/lib/slurm-hooks/bridge-state.json"),
+        #: One bridge acts: a coordination.k8s.io Lease; the breaker's state lives in it
+        #: (``false``: one process only, the breaker's state in ``state_file``).
+        "leader_election": (bool, True),
+        #: The Lease's namespace; "" = the pod's own namespace (in a cluster), else "default".
+        "lease_namespace": (str, ""),
+        "lease_name": (str, "slurm-hooks-bridge"),
+        #: Seconds without a renewal after which a standby bridge takes over.
+        "lease_duration": (_Num, 60.0),
         "kubeconfig": (str, ""),
         "context": (str, ""),
     },
@@ -578,7 +660,7 @@ def check_bridge(raw: dict, where: _Locator | None = None) -> dict[str, dict[str
             fail("bridge", "trigger_actions", f"unknown action {item!r} (known: {', '.join(_ACTIONS)})")
     if not top["trigger_actions"]:
         fail("bridge", "trigger_actions", "must name at least one action (e.g. [\"replace\"])")
-    for key in ("interval", "request_timeout", "drain_timeout"):
+    for key in ("interval", "request_timeout", "drain_timeout", "lease_duration"):
         if top[key] <= 0:
             fail("bridge", key, f"must be greater than 0, got {top[key]!r}")
     for key in ("taint_key", "condition_type", "opt_out_label", "event_namespace"):
@@ -632,7 +714,7 @@ def _type_name(accepted: Any) -> str:
     if accepted is _Num:
         return "a number"
     return {str: "a string", int: "an integer", bool: "true or false", list: "a list of tables",
-            tuple: "a list"}.get(accepted, str(accepted))
+            tuple: "a list", dict: "a table"}.get(accepted, str(accepted))
 
 
 def _toml_error(text: str) -> tuple[str, int | None]:

@@ -21,10 +21,13 @@ class Permission:
     resource: str
     subresource: str = ""
     group: str = ""
+    #: Asked in this namespace ("" = cluster-wide / every namespace).
+    namespace: str = ""
 
     def __str__(self) -> str:
         res = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
-        return f"{self.verb} {res}" + (f" ({self.group})" if self.group else "")
+        return f"{self.verb} {res}" + (f" ({self.group})" if self.group else "") + \
+            (f" in namespace {self.namespace}" if self.namespace else "")
 
     def rule(self) -> str:
         res = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
@@ -32,12 +35,14 @@ class Permission:
 
 
 #: What the bridge does: cordon/taint/condition nodes, drain them, record events.
-def permissions_for(rules: Sequence[Any]) -> tuple[Permission, ...]:
-    """ClusterRole rules (``bridge.rbac.Rule``: group, "resource[/sub]", verbs) as single permissions."""
+def permissions_for(rules: Sequence[Any], namespace: str = "") -> tuple[Permission, ...]:
+    """RBAC rules (``bridge.rbac.Rule``: group, "resource[/sub]", verbs) as single permissions; a
+    namespaced rule (the Lease's Role) is asked in ``namespace``."""
     out = []
     for rule in rules:
         resource, _, sub = rule.resource.partition("/")
-        out.extend(Permission(verb, resource, sub, rule.group) for verb in rule.verbs)
+        where = namespace if getattr(rule, "namespaced", False) else ""
+        out.extend(Permission(verb, resource, sub, rule.group, where) for verb in rule.verbs)
     return tuple(out)
 
 
@@ -71,7 +76,7 @@ def review(api_client: Any, permissions: Sequence[Permission] = REQUIRED, namesp
             spec=k8s_client.V1SelfSubjectAccessReviewSpec(
                 resource_attributes=k8s_client.V1ResourceAttributes(
                     verb=perm.verb, resource=perm.resource, subresource=perm.subresource or None,
-                    group=perm.group, namespace=namespace or None,
+                    group=perm.group, namespace=perm.namespace or namespace or None,
                 )
             )
         )

@@ -31,9 +31,11 @@ FIELD_MANAGER = "slurm-hooks-bridge"
 class KubeError(Exception):
     """Base of the bridge's Kubernetes errors; ``status`` is the HTTP code when there was one."""
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, causes: tuple[str, ...] = ()):
         super().__init__(message)
         self.status = status
+        #: The Status body's ``details.causes[].type`` (``DisruptionBudget``, ``NamespaceTerminating``).
+        self.causes = causes
 
 
 class KubeTransient(KubeError, TransientError):
@@ -51,7 +53,9 @@ class KubePermanent(KubeError, PermanentError):
 class Eviction(str, Enum):
     EVICTED = "evicted"  # 200/201: the API server accepted it; the pod terminates with its grace period
     GONE = "gone"  # 404: nothing to evict
-    BLOCKED = "blocked"  # 429: a PodDisruptionBudget says not now
+    BLOCKED = "blocked"  # 429 with the DisruptionBudget cause: a PodDisruptionBudget says not now
+    #: 403 with the NamespaceTerminating cause: the namespace's deletion removes the pod; never retried.
+    NAMESPACE_TERMINATING = "namespace terminating"
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,9 @@ class KubeApi(Protocol):
         """``False`` when an event of that name exists already (names are deterministic)."""
         ...
 
-    def list_objects(self, resource: Resource, namespace: str | None = None) -> list[Obj]: ...
+    def list_objects(self, resource: Resource, namespace: str | None = None, label_selector: str = "") -> list[Obj]:
+        """Every page, the first from the API server's cache (``resourceVersion=0``)."""
+        ...
 
     def get_object(self, resource: Resource, name: str, namespace: str | None = None) -> Obj | None: ...
 
@@ -114,8 +120,20 @@ class KubeApi(Protocol):
         """JSON merge patch (custom resources have no strategic merge). ``None``: not found."""
         ...
 
-    def delete_object(self, resource: Resource, name: str, namespace: str | None = None, *, dry_run: bool = False) -> bool:
-        """``False`` when it was already gone."""
+    def delete_object(self, resource: Resource, name: str, namespace: str | None = None, *, uid: str = "",
+                      resource_version: str = "", dry_run: bool = False) -> bool:
+        """``False`` when it was already gone; with ``uid`` / ``resource_version`` (preconditions)
+        :class:`KubeConflict` when the object is no longer the one read: not ours to delete."""
+        ...
+
+    def get_lease(self, namespace: str, name: str) -> Obj | None: ...
+
+    def create_lease(self, namespace: str, body: Obj) -> Obj | None:
+        """``None`` when it exists already (409)."""
+        ...
+
+    def replace_lease(self, namespace: str, name: str, body: Obj) -> Obj:
+        """PUT guarded by the body's ``metadata.resourceVersion``: :class:`KubeConflict` when it moved."""
         ...
 
 

@@ -10,8 +10,10 @@ kubectl drain (k8s.io/kubectl/pkg/drain) looks at every pod on the node and
   evicted is gone for good) unless ``--force``. A finished pod (Succeeded,
   Failed) passes both: nothing is lost;
 - evicts the rest through policy/v1 Eviction so that PodDisruptionBudgets are
-  honoured, retries a 429 (a PDB says not now), takes 404 as done, and gives up
-  after one overall timeout.
+  honoured, retries a 429 (a PDB says not now), takes 404 as done, skips a pod
+  whose namespace is being deleted (403 ``NamespaceTerminating``), **waits for each
+  evicted pod's deletion** (by UID: a new pod of the same name is not the one it
+  evicted) and gives up after one overall timeout.
 
 We apply the same filters, in that order, with two differences. Finished pods
 are left alone (they hold nothing), and a refused pod does not fail the whole
@@ -20,16 +22,15 @@ Event on the node) and the rest of the node is drained; ``drain_force`` and
 ``drain_delete_emptydir_data`` are the two kubectl flags. On Slinky the slurmd
 pod goes last: it is evicted only once every other evictable pod has left the
 node (so Slurm keeps the node until nothing else runs there). And we never
-block a whole pass on one node: each pass spends at most ``pass_budget`` seconds
-on a node, and the overall timeout is counted from the first eviction, which
-the ownership record keeps across passes and restarts.
+block a whole pass on one node: a round never sleeps, the reconciler retries the
+rounds of all draining nodes together within one pass budget, and the overall
+timeout is counted from the first eviction, which the ownership record keeps
+across passes and restarts (with the UIDs of the pods evicted).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from slurm_hooks.bridge.api import Eviction, KubeApi, Obj, annotations_of, labels_of, meta
 from slurm_hooks.bridge.mapping import SLINKY_HOSTNAME_LABEL
@@ -38,6 +39,8 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 #: medik8s' node-level opt-out; honoured like a pod opt-out.
 MEDIK8S_EXCLUDE = "remediation.medik8s.io/exclude-from-remediation"
+#: In the evicted-pods record: a pod whose namespace is being deleted (skipped, not waited for).
+_NS_TERMINATING = "namespace-terminating:"
 #: Slinky's slurmd pods are owned by a NodeSet (not a DaemonSet): they are evicted, last.
 SLINKY_NODESET_KIND = "NodeSet"
 
@@ -116,91 +119,117 @@ class DrainResult:
     protected: list[tuple[str, str]] = field(default_factory=list)
     #: slurmd pods not evicted yet because other pods have not left the node.
     last: list[str] = field(default_factory=list)
+    #: Pods we evicted that are still on the node (same UID): terminating, not gone yet.
+    terminating: list[str] = field(default_factory=list)
+    #: Pods whose eviction the API server refused because their namespace is being deleted.
+    namespace_terminating: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
-        return not self.blocked and not self.last
+        """Nothing blocked, the slurmd pod evicted, and every pod we evicted deleted (kubectl's wait)."""
+        return not self.blocked and not self.last and not self.terminating
 
 
 class Drainer:
-    def __init__(
-        self,
-        kube: KubeApi,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-        backoff: float = 0.5,
-        backoff_max: float = 5.0,
-        force: bool = False,
-        delete_emptydir_data: bool = False,
-    ):
+    """One drain round per call: evict what kubectl would, the slurmd pod last; the caller waits.
+
+    A round never sleeps. The reconciler runs rounds for every draining node of a pass
+    together, with one backoff and one pass deadline, so ten PDB-blocked nodes cost one
+    budget, not ten (kubectl drains one node; the bridge drains many at once).
+    """
+
+    def __init__(self, kube: KubeApi, *, force: bool = False, delete_emptydir_data: bool = False):
         self.kube = kube
-        self.clock = clock
-        self.sleep = sleep
-        self.backoff = backoff
-        self.backoff_max = backoff_max
         self.force = force
         self.delete_emptydir_data = delete_emptydir_data
 
-    def _sort(self, pods: list[Obj], result: DrainResult) -> tuple[list[Obj], list[Obj], list[Obj]]:
-        """(evict now, slurmd pods for last, other pods still on the node) after the filters."""
+    def _sort(self, pods: list[Obj], result: DrainResult,
+              evicted: dict[str, str]) -> tuple[list[Obj], list[Obj], list[Obj]]:
+        """(evict now, slurmd pods for last, other pods still on the node) after the filters.
+
+        A pod we evicted (its UID in ``evicted``) that is still listed is terminating: waited for.
+        """
         first: list[Obj] = []
         last: list[Obj] = []
         staying: list[Obj] = []
         for pod in pods:
+            ref = pod_ref(pod)
+            if evicted.get(ref) == _NS_TERMINATING + str(meta(pod).get("uid") or ""):
+                result.skipped.append((ref, "namespace terminating"))
+                continue
+            if evicted.get(ref) and evicted[ref] == meta(pod).get("uid"):
+                result.terminating.append(ref)
+                if not is_slurmd_pod(pod):
+                    staying.append(pod)
+                continue
             why = skip_reason(pod)
             if why:
-                result.skipped.append((pod_ref(pod), why))
+                result.skipped.append((ref, why))
                 if why == "already terminating" and not is_slurmd_pod(pod):
                     staying.append(pod)
                 continue
             kept = protection(pod, force=self.force, delete_emptydir_data=self.delete_emptydir_data)
             if kept:
-                result.protected.append((pod_ref(pod), kept))
+                result.protected.append((ref, kept))
             elif is_slurmd_pod(pod):
                 last.append(pod)
             else:
                 first.append(pod)
         return first, last, staying
 
-    def drain(self, pods: list[Obj], budget: float, *, node: str = "", dry_run: bool = False) -> DrainResult:
-        """Evict what kubectl would; retry PDB-blocked pods with backoff for ``budget`` seconds.
+    def drain(self, pods: list[Obj], *, evicted: dict[str, str], node: str = "", dry_run: bool = False) -> DrainResult:
+        """One round over the node's current ``pods``: no sleeping, a few API calls.
 
-        The slurmd pod is evicted only once no other evictable pod is left on the node,
-        terminating ones included: the other pods are evicted first and, if any were,
-        the node's pods are listed again (``node``) to see whether they have gone.
+        ``evicted`` (pod ref -> UID, kept by the caller across rounds and passes) is updated
+        with what this round evicted: the drain is done only once none of them is listed any
+        more (deleted, or replaced by a new pod of the same name: another UID). When this round
+        evicted something, the node's pods are listed again (``node``) to see whether they have
+        gone, and the slurmd pod is evicted only once no other evictable pod is left on the
+        node, terminating ones included (Slurm keeps the node until nothing else runs there).
+        A PDB-blocked pod is not asked again within the round: the caller backs off first.
         """
         result = DrainResult()
-        first, last, staying = self._sort(pods, result)
-        deadline = self.clock() + max(0.0, budget)
-        self._evict(first, deadline, result, dry_run)
-        if last and not result.blocked and (first or staying) and node and not dry_run:
-            again = DrainResult()
-            first, _, staying = self._sort(self.kube.list_pods_on_node(node), again)
-        if last and not result.blocked and not first and not staying:
-            self._evict(last, deadline, result, dry_run)
-        elif last:
-            result.last = [pod_ref(p) for p in last]
+        for _ in range(3):  # evict the others; the slurmd pod once they have left; see it gone
+            view = DrainResult()
+            first, last, staying = self._sort(pods, view, evicted)
+            result.skipped = view.skipped + [s for s in result.skipped if s[1] == "namespace terminating"
+                                             and s not in view.skipped]
+            result.protected = view.protected
+            result.terminating, result.last = view.terminating, []
+            first = [p for p in first if pod_ref(p) not in result.blocked]
+            acted = self._evict(first, result, evicted, dry_run)
+            if last and not first and not staying and not result.blocked:
+                acted = self._evict(last, result, evicted, dry_run) or acted
+            elif last:
+                result.last = [pod_ref(p) for p in last]
+            if not acted or dry_run or not node:
+                break
+            pods = self.kube.list_pods_on_node(node)
         return result
 
-    def _evict(self, pods: list[Obj], deadline: float, result: DrainResult, dry_run: bool) -> None:
-        pending = list(pods)
-        delay = self.backoff
-        while pending:
-            blocked = []
-            for pod in pending:
-                m = meta(pod)
-                outcome = self.kube.evict(m.get("namespace", ""), m.get("name", ""), dry_run=dry_run)
-                if outcome is Eviction.EVICTED:
-                    result.evicted.append(pod_ref(pod))
-                elif outcome is Eviction.GONE:
-                    result.gone.append(pod_ref(pod))
-                else:
-                    blocked.append(pod)
-            pending = blocked
-            left = deadline - self.clock()
-            if not pending or left <= 0:
-                break
-            self.sleep(min(delay, left, self.backoff_max))
-            delay *= 2
-        result.blocked.extend(pod_ref(p) for p in pending)
+    def _evict(self, pods: list[Obj], result: DrainResult, evicted: dict[str, str], dry_run: bool) -> bool:
+        """Evict ``pods``; True when any was evicted or found gone (the node's pods changed)."""
+        acted = False
+        for pod in pods:
+            m = meta(pod)
+            ref = pod_ref(pod)
+            outcome = self.kube.evict(m.get("namespace", ""), m.get("name", ""), dry_run=dry_run)
+            if outcome is Eviction.EVICTED:
+                acted = True
+                result.evicted.append(ref)
+                if not dry_run:
+                    evicted[ref] = str(m.get("uid") or "")
+                    result.terminating.append(ref)  # until a listing shows it gone
+            elif outcome is Eviction.GONE:
+                acted = True
+                result.gone.append(ref)
+            elif outcome is Eviction.NAMESPACE_TERMINATING:
+                # kubectl: an eviction in a namespace being deleted never succeeds; the namespace's
+                # deletion removes the pod. Skipped, with a record; not a failure of the node.
+                result.namespace_terminating.append(ref)
+                result.skipped.append((ref, "namespace terminating"))
+                if not dry_run:
+                    evicted[ref] = _NS_TERMINATING + str(m.get("uid") or "")  # not asked again
+            else:
+                result.blocked.append(ref)
+        return acted

@@ -41,23 +41,45 @@ PAGE_SIZE = 500  # kubectl drain's page size
 _TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 
 
-def classify(status: int | None, message: str) -> KubeError:
+def classify(status: int | None, message: str, causes: tuple[str, ...] = ()) -> KubeError:
     """One place where HTTP statuses become the bridge's errors."""
     if status is None or status == 0 or status in _TRANSIENT_STATUS or status >= 500:
-        return KubeTransient(message, status)
+        return KubeTransient(message, status, causes)
     if status == 409:
-        return KubeConflict(message, status)
-    return KubePermanent(message, status)
+        return KubeConflict(message, status, causes)
+    return KubePermanent(message, status, causes)
 
 
-def _status_message(exc: Any) -> str:
-    """``reason: message`` from a Kubernetes Status body, or the HTTP reason."""
+def _status_body(exc: Any) -> dict[str, Any]:
     body = getattr(exc, "body", None)
     try:
         status = json.loads(body) if body else {}
     except ValueError:
         status = {}
-    if isinstance(status, dict) and status.get("message"):
+    return status if isinstance(status, dict) else {}
+
+
+def _causes(exc: Any) -> tuple[str, ...]:
+    """``details.causes[].type`` of the Status body: how kube-apiserver tells a PDB's 429
+    (``DisruptionBudget``) from API throttling (none), and a terminating namespace's 403."""
+    details = _status_body(exc).get("details") or {}
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return tuple(str(c.get("type") or c.get("reason") or "") for c in causes or () if isinstance(c, dict))
+
+
+def is_pdb_refusal(exc: Any) -> bool:
+    """An eviction's 429 from a PodDisruptionBudget, not from API Priority and Fairness throttling.
+
+    kube-apiserver's eviction handler sets the cause ``DisruptionBudget`` (and says "disruption
+    budget" in the message); a throttled request carries no cause, and a ``Retry-After`` header.
+    """
+    return "DisruptionBudget" in _causes(exc) or "disruption budget" in str(_status_body(exc).get("message", "")).lower()
+
+
+def _status_message(exc: Any) -> str:
+    """``reason: message`` from a Kubernetes Status body, or the HTTP reason."""
+    status = _status_body(exc)
+    if status.get("message"):
         text = f"{status.get('reason') or exc.reason}: {status['message']}"
     else:
         text = str(getattr(exc, "reason", "") or exc)
@@ -165,6 +187,8 @@ class KubeClient:
         self._api_client = api_client
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
+        self._coordination = client.CoordinationV1Api(api_client)
+        self._models = client
         self._api_exception = ApiException
         self._network_errors = (HTTPError, OSError)
         self.timeout = timeout
@@ -185,9 +209,10 @@ class KubeClient:
 
         Transient failures are retried ``retries`` times with exponential backoff
         (Retry-After wins for 429, capped at ``backoff_max``); the last one is raised.
-        ``no_retry`` names statuses the caller handles itself (eviction's 429).
+        ``give_up`` picks the errors the caller handles itself (an eviction's PDB 429: a
+        throttling 429 is retried here like any other).
         """
-        no_retry: frozenset[int] = kwargs.pop("no_retry", frozenset())
+        give_up: Callable[[Any], bool] = kwargs.pop("give_up", lambda exc: False)
         attempt = 0
         while True:
             attempt += 1
@@ -196,8 +221,8 @@ class KubeClient:
             try:
                 resp = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
             except self._api_exception as exc:
-                error = classify(exc.status, _status_message(exc))
-                if exc.status in no_retry:
+                error = classify(exc.status, _status_message(exc), _causes(exc))
+                if give_up(exc):
                     raise error from None
                 delay = _retry_after(exc) if exc.status == 429 else None
             except self._network_errors as exc:
@@ -230,20 +255,30 @@ class KubeClient:
 
     # -- nodes -----------------------------------------------------------------------
 
-    def list_nodes(self, label_selector: str = "") -> list[Obj]:
+    def _list_all(self, verb: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> list[Obj]:
+        """Every page of a LIST, the first served from the API server's watch cache.
+
+        ``resourceVersion=0`` lets kube-apiserver answer from its cache instead of a quorum read
+        of etcd (a full scan of 300,000 pods for each field-selected LIST); a server that pages
+        anyway hands back ``continue`` tokens, and a continued page must not name a version.
+        """
         items: list[Obj] = []
         token = None
         while True:
-            kw: dict[str, Any] = {"limit": PAGE_SIZE}
-            if label_selector:
-                kw["label_selector"] = label_selector
+            page_kw = dict(kw, limit=PAGE_SIZE)
             if token:
-                kw["_continue"] = token
-            page = self._request("list_nodes", self._core.list_node, **kw) or {}
+                page_kw["_continue"] = token
+            else:
+                page_kw["resource_version"] = "0"
+            page = self._request(verb, fn, *args, **page_kw) or {}
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
+
+    def list_nodes(self, label_selector: str = "") -> list[Obj]:
+        kw = {"label_selector": label_selector} if label_selector else {}
+        return self._list_all("list_nodes", self._core.list_node, **kw)
 
     def get_node(self, name: str) -> Obj | None:
         return self._maybe("get_node", self._core.read_node, name)
@@ -275,18 +310,10 @@ class KubeClient:
     # -- pods ------------------------------------------------------------------------
 
     def list_pods_on_node(self, node: str) -> list[Obj]:
-        items: list[Obj] = []
-        token = None
-        while True:
-            kw: dict[str, Any] = {"field_selector": f"spec.nodeName={node}", "limit": PAGE_SIZE}
-            if token:
-                kw["_continue"] = token
-            page = self._request("list_pods", self._core.list_pod_for_all_namespaces, **kw) or {}
-            items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                # Belt and braces: a server (or an emulator) that ignores the field selector.
-                return [p for p in items if (p.get("spec") or {}).get("nodeName") == node]
+        items = self._list_all("list_pods", self._core.list_pod_for_all_namespaces,
+                               field_selector=f"spec.nodeName={node}")
+        # Belt and braces: a server (or an emulator) that ignores the field selector.
+        return [p for p in items if (p.get("spec") or {}).get("nodeName") == node]
 
     def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
         page = self._request(
@@ -303,15 +330,17 @@ class KubeClient:
         try:
             self._request(
                 "evict", self._core.create_namespaced_pod_eviction, name, namespace, body,
-                no_retry=frozenset({429}), **self._dry(dry_run),
+                give_up=lambda exc: exc.status == 429 and is_pdb_refusal(exc), **self._dry(dry_run),
             )
         except KubeTransient as exc:
-            if exc.status == 429:
+            if exc.status == 429 and ("DisruptionBudget" in exc.causes or "disruption budget" in str(exc).lower()):
                 return Eviction.BLOCKED
-            raise
+            raise  # throttled (or 5xx) after every retry: transient, the pass goes on with the next node
         except KubePermanent as exc:
             if exc.status == 404:
                 return Eviction.GONE
+            if exc.status == 403 and "NamespaceTerminating" in exc.causes:
+                return Eviction.NAMESPACE_TERMINATING
             raise
         return Eviction.EVICTED
 
@@ -326,17 +355,13 @@ class KubeClient:
 
     # -- custom resources (replacement backends) -------------------------------------
 
-    def list_objects(self, resource: Resource, namespace: str | None = None) -> list[Obj]:
+    def list_objects(self, resource: Resource, namespace: str | None = None, label_selector: str = "") -> list[Obj]:
         r = resource
+        kw = {"label_selector": label_selector} if label_selector else {}
         if namespace:
-            page = self._request(
-                "list_objects", self._custom.list_namespaced_custom_object, r.group, r.version, namespace, r.plural
-            )
-        else:
-            page = self._request(
-                "list_objects", self._custom.list_cluster_custom_object, r.group, r.version, r.plural
-            )
-        return (page or {}).get("items") or []
+            return self._list_all("list_objects", self._custom.list_namespaced_custom_object,
+                                  r.group, r.version, namespace, r.plural, **kw)
+        return self._list_all("list_objects", self._custom.list_cluster_custom_object, r.group, r.version, r.plural, **kw)
 
     def get_object(self, resource: Resource, name: str, namespace: str | None = None) -> Obj | None:
         r = resource
@@ -378,19 +403,42 @@ class KubeClient:
             r.group, r.version, r.plural, name, patch, _content_type=MERGE, **self._dry(dry_run),
         )
 
-    def delete_object(self, resource: Resource, name: str, namespace: str | None = None, *, dry_run: bool = False) -> bool:
+    def delete_object(self, resource: Resource, name: str, namespace: str | None = None, *, uid: str = "",
+                      resource_version: str = "", dry_run: bool = False) -> bool:
+        """DELETE, with preconditions when given: the object must still be the one read (same UID,
+        same resourceVersion), else the API server answers 409 (:class:`KubeConflict`)."""
         r = resource
+        body = None
+        if uid or resource_version:
+            body = self._models.V1DeleteOptions(preconditions=self._models.V1Preconditions(
+                uid=uid or None, resource_version=resource_version or None))
         if namespace:
             result = self._maybe(
                 "delete_object", self._custom.delete_namespaced_custom_object,
-                r.group, r.version, namespace, r.plural, name, **self._dry(dry_run),
+                r.group, r.version, namespace, r.plural, name, body=body, **self._dry(dry_run),
             )
         else:
             result = self._maybe(
                 "delete_object", self._custom.delete_cluster_custom_object,
-                r.group, r.version, r.plural, name, **self._dry(dry_run),
+                r.group, r.version, r.plural, name, body=body, **self._dry(dry_run),
             )
         return result is not None
+
+    # -- the leader's Lease (coordination.k8s.io/v1) ------------------------------------
+
+    def get_lease(self, namespace: str, name: str) -> Obj | None:
+        return self._maybe("get_lease", self._coordination.read_namespaced_lease, name, namespace)
+
+    def create_lease(self, namespace: str, body: Obj) -> Obj | None:
+        """``None`` when a Lease of that name exists already (409): someone else made it first."""
+        try:
+            return self._request("create_lease", self._coordination.create_namespaced_lease, namespace, body)
+        except KubeConflict:
+            return None
+
+    def replace_lease(self, namespace: str, name: str, body: Obj) -> Obj:
+        """PUT with the ``resourceVersion`` read: 409 (:class:`KubeConflict`) when it changed since."""
+        return self._request("replace_lease", self._coordination.replace_namespaced_lease, name, namespace, body)
 
 
 def connect(

@@ -38,6 +38,8 @@ class Ownership:
     #: The Slurm job ids last seen on the node while waiting; ``None`` when it never waited.
     waiting_jobs: list[str] | None = None
     drain_started: float | None = None
+    #: Pods evicted (``ns/name`` -> UID): the drain is over once none of them is listed any more.
+    evicted: dict[str, str] = field(default_factory=dict)
     #: "" (not yet), "done", "timeout" (gave up waiting for PDBs), "skipped" (drain = false).
     drained: str = ""
     backend: str = ""
@@ -45,13 +47,21 @@ class Ownership:
     replacement: str = ""
     #: Events already posted on the node (their names are deterministic, see reconciler).
     events: list[str] = field(default_factory=list)
+    #: Our verdict in the Slurm node's Extra: "" (not yet), "slurm" (kept there), "foreign"
+    #: (Extra is someone else's), "failed: ..." (the write was refused).
+    verdict: str = ""
+    #: When the incident closed (the Slurm node back in service on another machine); this
+    #: machine stays cordoned for its repair and no longer counts as held by the breaker.
+    closed: float | None = None
 
     @property
     def complete(self) -> bool:
         return not self.opt_out and bool(self.drained) and bool(self.replacement)
 
     def to_json(self) -> str:
-        data: dict[str, Any] = {"v": VERSION, **dataclasses.asdict(self)}
+        # Shallow: every field is a str, number, bool, None or a flat list/dict of those
+        # (dataclasses.asdict's deep copy cost a millisecond a record at 500 nodes a pass).
+        data: dict[str, Any] = {"v": VERSION, **{name: getattr(self, name) for name in _FIELDS}}
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -70,12 +80,16 @@ class Ownership:
             return None
         record.since = float(record.since or 0.0)
         record.events = list(record.events or [])
+        record.evicted = dict(record.evicted or {})
         return record
 
     @classmethod
     def of(cls, node: Obj) -> Ownership | None:
         text = annotations_of(node).get(OWNER_ANNOTATION)
         return cls.from_json(text) if text else None
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Ownership))
 
 
 def is_owned(node: Obj) -> bool:

@@ -39,6 +39,7 @@ from slurm_hooks.bridge.api import (
     KubeApi,
     KubeConflict,
     KubeError,
+    KubePermanent,
     KubeTransient,
     Obj,
     annotations_of,
@@ -53,6 +54,7 @@ from slurm_hooks.bridge.ownership import Ownership
 from slurm_hooks.bridge.replace import Backend, ReplacementError, Target, make_backend, make_reboot_backend
 from slurm_hooks.bridge.settings import BridgeSettings
 from slurm_hooks.bridge.state import StateStore
+from slurm_hooks.bridge.verdict import Verdict, extra_is_foreign, operator_reason
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action
 from slurm_hooks.observe.audit import AuditLog
@@ -64,10 +66,25 @@ _UNHEALTHY_FLAGS = frozenset({"DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "UNKN
 #: Consecutive transient errors after which the API server is taken to be down for this pass.
 _ABORT_AFTER = 3
 _CONFLICT_TRIES = 4
+#: Backoff between drain rounds of a pass (PDB 429s, evicted pods still terminating).
+_DRAIN_BACKOFF = 0.5
+_DRAIN_BACKOFF_MAX = 5.0
+#: ``Ownership.verdict`` once our verdict is in the Slurm node's Extra.
+VERDICT_KEPT = "slurm"
+#: Audit kinds a notifier hears about (``Reconciler(notify=...)``): what a person wants told.
+NOTIFIED = frozenset({"bridge_breaker_tripped", "bridge_replace", "bridge_incident_closed",
+                      "bridge_permission_missing", "bridge_drain_timeout"})
 
 
 def slurm_healthy(node: NodeInfo) -> bool:
     return not node.drained and not (node.flags & _UNHEALTHY_FLAGS)
+
+
+def readopt(node: NodeInfo, verdict: Verdict, actions: tuple[Action, ...]) -> bool:
+    """Take a node again from our verdict alone: its reason is the Slinky operator's now (the
+    preStop), our annotation is gone, and its replacement was never asked for (asked once)."""
+    return (node.drained or "DOWN" in node.flags) and operator_reason(node.reason) and not verdict.requested \
+        and verdict.action in {a.value for a in actions}
 
 
 def trigger(node: NodeInfo, actions: tuple[Action, ...]) -> tuple[str, Action] | None:
@@ -96,6 +113,8 @@ class PassResult:
     waiting: dict[str, list[str]] = field(default_factory=dict)
     replaced: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
+    #: Slurm nodes whose incident closed this pass: back in service (on this machine or another).
+    closed: list[str] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
     detached: list[str] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
@@ -107,14 +126,14 @@ class PassResult:
 
     @property
     def acted(self) -> bool:
-        return bool(self.taken or self.opted_out or self.drained or self.replaced or self.restored)
+        return bool(self.taken or self.opted_out or self.drained or self.replaced or self.restored or self.closed)
 
     def summary(self) -> str:
         parts = [f"{self.slurm_nodes} slurm nodes", f"{self.bad} bad", f"{self.owned} held"]
         for label, items in (
             ("taken", self.taken), ("opted out", self.opted_out), ("drained", self.drained),
             ("draining", self.pending), ("replacement requested", self.replaced),
-            ("restored", self.restored), ("blocked by breaker", self.blocked),
+            ("restored", self.restored), ("incident closed", self.closed), ("blocked by breaker", self.blocked),
         ):
             if items:
                 parts.append(f"{label}: {','.join(items)}")
@@ -133,6 +152,25 @@ class PassResult:
 
 class _Abort(Exception):
     pass
+
+
+@dataclass
+class PassContext:
+    """What one pass carries from node to node."""
+
+    res: PassResult
+    breaker: CircuitBreaker
+    now: float
+    #: ``monotonic()`` by which the drain rounds of this pass stop (``drain_pass_budget``).
+    deadline: float
+    held: dict[str, Obj] = field(default_factory=dict)
+    owned_since: dict[str, float] = field(default_factory=dict)
+    #: Consecutive transient errors (three abort the pass: the API server is down).
+    transient: int = 0
+    #: Nodes whose drain goes on in this pass's next round: (node, record, Slurm node).
+    draining: list[tuple[Obj, Ownership, NodeInfo | None]] = field(default_factory=list)
+    #: The last drain round's result per node still draining.
+    last_drain: dict[str, Any] = field(default_factory=dict)
 
 
 class _SlurmJobsUnknown(SlurmHooksError):
@@ -183,6 +221,8 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        notify: Callable[[str, dict[str, Any]], None] | None = None,
+        leader: Callable[[], bool] | None = None,
     ):
         self.slurm = slurm
         self.kube = kube
@@ -196,11 +236,19 @@ class Reconciler:
         self.clock = clock
         self.monotonic = monotonic
         self.mapper = NodeMapper(settings.mapping, settings.nodes, settings.slinky_namespace)
-        self.drainer = Drainer(kube, clock=monotonic, sleep=sleep, force=settings.drain_force,
+        self.sleep = sleep
+        self.drainer = Drainer(kube, force=settings.drain_force,
                                delete_emptydir_data=settings.drain_delete_emptydir_data)
         self.instance = socket.gethostname()
+        #: The place for notifications (breaker trips, replacements and reboot requests, incidents
+        #: closed, missing permissions): called with the audit kind and its fields, after the audit.
+        self.notify = notify
+        #: Whether this process still holds the leader's Lease (checked before each new request).
+        self.leader = leader
         #: node -> last error text, so a failure repeated every pass is audited once.
         self._last_error: dict[str, str] = {}
+        #: node -> a backend's 403: not asked again until the bridge restarts (fix the RBAC first).
+        self._denied: dict[str, str] = {}
 
     # -- the pass ----------------------------------------------------------------------
 
@@ -213,8 +261,9 @@ class Reconciler:
         saved = state.to_dict()
         breaker = CircuitBreaker(self.settings.breaker, state)
         breaker.expire(now)
+        ctx = PassContext(res=res, breaker=breaker, now=now, deadline=t0 + self.settings.drain_pass_budget)
         try:
-            self._pass(res, breaker, now)
+            self._pass(ctx)
         except _Abort as exc:
             res.aborted = str(exc)
             self._audit("bridge_pass_aborted", error=res.aborted)
@@ -224,8 +273,9 @@ class Reconciler:
         if not self.dry_run and state.to_dict() != saved:
             try:
                 self.store.save(state)
-            except OSError as exc:
-                res.errors.append(("state", f"cannot save {self.store.path}: {exc.strerror}"))
+            except (OSError, KubeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) else str(exc)
+                res.errors.append(("state", f"cannot save the breaker's state ({self.store}): {why}"))
                 self._audit("bridge_error", node="", step="state", error=res.errors[-1][1])
         res.duration = self.monotonic() - t0
         calls_after = self._calls()
@@ -234,14 +284,38 @@ class Reconciler:
         if res.acted or res.errors or res.aborted:
             self._audit(
                 "bridge_pass", summary=res.summary(), taken=res.taken, opted_out=res.opted_out,
-                drained=res.drained, replaced=res.replaced, restored=res.restored, blocked=res.blocked,
-                waiting=res.waiting,
+                drained=res.drained, replaced=res.replaced, restored=res.restored, closed=res.closed,
+                blocked=res.blocked, waiting=res.waiting,
                 errors=len(res.errors), duration_s=round(res.duration, 3),
             )
         self._write_metrics(res)
         return res
 
-    def _pass(self, res: PassResult, breaker: CircuitBreaker, now: float) -> None:
+    def _guarded(self, ctx: PassContext, node_name: str, fn: Callable[[], None]) -> None:
+        """Run one node's work: its error is recorded (audited once per distinct text) and the pass
+        goes on; ``_ABORT_AFTER`` transient errors in a row mean the API server is down."""
+        try:
+            fn()
+            ctx.transient = 0
+            self._last_error.pop(node_name, None)
+        except (KubeError, SlurmHooksError) as exc:
+            text = str(exc)
+            if isinstance(exc, KubePermanent) and exc.status == 403:
+                text = f"missing permission: {exc} (grant it in the bridge's ClusterRole: slurm-hooks render)"
+            ctx.res.errors.append((node_name, text))
+            if self._last_error.get(node_name) != text:
+                self._audit(
+                    "bridge_error", node=node_name, error=text,
+                    transient=isinstance(exc, KubeTransient), retry="next pass",
+                )
+            self._last_error[node_name] = text
+            if isinstance(exc, KubeTransient):
+                ctx.transient += 1
+                if ctx.transient >= _ABORT_AFTER:
+                    raise _Abort(f"Kubernetes API unavailable: {exc}") from None
+
+    def _pass(self, ctx: PassContext) -> None:
+        res = ctx.res
         try:
             slurm_nodes = self.slurm.nodes()
         except SlurmHooksError as exc:
@@ -249,85 +323,120 @@ class Reconciler:
         res.slurm_nodes = len(slurm_nodes)
         by_name = {n.name: n for n in slurm_nodes}
         try:
-            held = {name_of(n): n for n in self.kube.list_nodes(OWNER_SELECTOR)}
+            ctx.held = {name_of(n): n for n in self.kube.list_nodes(OWNER_SELECTOR)}
         except KubeError as exc:
             raise _Abort(f"cannot list nodes held by the bridge: {exc}") from None
-        res.owned = len(held)
-        records = {k: Ownership.of(n) for k, n in held.items()}
-        owned_since = {k: r.since for k, r in records.items() if r is not None}
-        transient = [0]
+        res.owned = len(ctx.held)
+        records = {k: Ownership.of(n) for k, n in ctx.held.items()}
+        # A closed incident's machine waits for its repair: it no longer holds Slurm capacity.
+        ctx.owned_since = {k: r.since for k, r in records.items() if r is not None and r.closed is None}
+        #: Slurm nodes an open record on a held Kubernetes node speaks for.
+        handled = {r.slurm_node for r in records.values() if r is not None and r.closed is None}
 
-        def guarded(node_name: str, fn: Callable[[], None]) -> None:
-            try:
-                fn()
-                transient[0] = 0
-                self._last_error.pop(node_name, None)
-            except (KubeError, SlurmHooksError) as exc:
-                res.errors.append((node_name, str(exc)))
-                if self._last_error.get(node_name) != str(exc):
-                    self._audit(
-                        "bridge_error", node=node_name, error=str(exc),
-                        transient=isinstance(exc, KubeTransient), retry="next pass",
-                    )
-                self._last_error[node_name] = str(exc)
-                if isinstance(exc, KubeTransient):
-                    transient[0] += 1
-                    if transient[0] >= _ABORT_AFTER:
-                        raise _Abort(f"Kubernetes API unavailable: {exc}") from None
-
-        # 1. Nodes we hold: give back the recovered, finish the unfinished.
-        for kname in sorted(held):
-            node, record = held[kname], records[kname]
+        # 1. Nodes we hold: give back the recovered, close what is back in service, finish the rest.
+        for kname in sorted(ctx.held):
+            node, record = ctx.held[kname], records[kname]
             if record is None:
                 continue  # our label without a readable record: leave it for a person
             sn = by_name.get(record.slurm_node)
-            maps_here = sn is not None and self._kube_name(sn) == kname
-            if maps_here and slurm_healthy(sn):
-                guarded(kname, lambda n=node, r=record: self._restore(n, r, res))
-            elif not record.complete:
-                here = sn if maps_here else None
-                guarded(kname, lambda n=node, r=record, s=here: self._progress(n, r, res, s))
-            elif not maps_here:
-                res.detached.append(kname)
+            self._guarded(ctx, kname, lambda n=node, r=record, s=sn: self._held(n, r, s, ctx))
 
-        # 2. Bad Slurm nodes we do not hold yet.
-        candidates = []
+        # 2. Bad Slurm nodes we do not hold yet, and verdicts whose node is back in service.
+        candidates: list[tuple[NodeInfo, Action, Verdict | None]] = []
         for sn in slurm_nodes:
-            hit = trigger(sn, self.settings.trigger_actions)
-            if hit is None:
+            if sn.name in handled:
                 continue
-            res.bad += 1
-            candidates.append((sn, hit))
-        for sn, (_summary, action) in sorted(candidates, key=lambda c: c[0].name):
-            guarded(sn.name, lambda s=sn, a=action: self._take(s, a, res, breaker, now, owned_since, held))
+            hit = trigger(sn, self.settings.trigger_actions)
+            verdict = Verdict.of(sn) if sn.extra_text else None
+            if hit is not None:
+                res.bad += 1
+                candidates.append((sn, hit[1], None))
+            elif verdict is not None:
+                if slurm_healthy(sn):
+                    self._guarded(ctx, sn.name, lambda s=sn, v=verdict: self._close(ctx, s, v, None, None))
+                elif readopt(sn, verdict, self.settings.trigger_actions):
+                    res.bad += 1
+                    candidates.append((sn, Action(verdict.action), verdict))
+        for sn, action, verdict in sorted(candidates, key=lambda c: c[0].name):
+            self._guarded(ctx, sn.name, lambda s=sn, a=action, v=verdict: self._take(s, a, ctx, v))
 
-        self._note_blocked(res, breaker)
+        # 3. Drains still running: rounds for all of them together, within the pass's budget.
+        self._drain_rounds(ctx)
+        self._note_blocked(res, ctx.breaker)
+
+    def _held(self, node: Obj, record: Ownership, sn: NodeInfo | None, ctx: PassContext) -> None:
+        kname = name_of(node)
+        target = self._kube_name(sn) if sn is not None else None
+        maps_here = target == kname
+        # Only a Slurm node known to run elsewhere detaches this machine: a slurmd pod briefly
+        # missing (target unknown) still has its jobs to wait for.
+        elsewhere = target is not None and target != kname
+        if maps_here and slurm_healthy(sn):
+            self._restore(node, record, ctx.res, sn)
+        elif elsewhere and record.closed is None and slurm_healthy(sn) and (record.replacement or record.drained):
+            self._close(ctx, sn, Verdict.of(sn), node, record, back_on=target)
+        elif not record.complete and record.closed is None:
+            self._progress(node, record, ctx, None if elsewhere else sn)
+        elif elsewhere or record.closed is not None:
+            ctx.res.detached.append(kname)
+
+    # -- the incident: closed when the Slurm node is back in service -------------------------
+
+    def _close(self, ctx: PassContext, sn: NodeInfo, verdict: Verdict | None, node: Obj | None,
+               record: Ownership | None, back_on: str | None = None) -> None:
+        """The Slurm node is back in service (a new slurmd pod registered and the operator undrained
+        it, or a person resumed it): close our incident. The old machine, if we hold it, stays
+        cordoned for its repair backend (reported as detached)."""
+        if verdict is not None and not self.dry_run:
+            self.slurm.set_node_extra(sn.name, "")
+        kname = name_of(node) if node is not None else (verdict.kube_node if verdict else "")
+        if record is not None:
+            record.closed = self.clock()
+            self._save(kname, record)
+            ctx.res.detached.append(kname)
+        ctx.res.closed.append(sn.name)
+        reason = record.reason if record is not None else (verdict.reason if verdict else "")
+        self._audit("bridge_incident_closed", node=sn.name, kube_node=kname, reason=reason,
+                    back_on=back_on or self._kube_name_offline(sn), state=sn.state,
+                    message="Slurm node back in service" + (f" on {back_on}" if back_on else ""))
 
     # -- taking a node -------------------------------------------------------------------
 
     def _kube_name(self, sn: NodeInfo) -> str | None:
         return self.mapper.kube_name(sn, self.kube)
 
-    def _take(self, sn: NodeInfo, action: Action, res: PassResult, breaker: CircuitBreaker,
-              now: float, owned_since: dict[str, float], held: dict[str, Obj]) -> None:
+    def _kube_name_offline(self, sn: NodeInfo) -> str | None:
+        return self.mapper.kube_name_offline(sn)
+
+    def _take(self, sn: NodeInfo, action: Action, ctx: PassContext, verdict: Verdict | None = None) -> None:
+        """Take the Kubernetes node under a bad Slurm node; ``verdict``: taken again from our verdict
+        in the Slurm node's Extra (its reason is the operator's now, our annotation is gone)."""
+        res, breaker, now = ctx.res, ctx.breaker, ctx.now
+        if breaker.is_open(now):
+            # Refused without a single API call, the Slinky pod lookup included.
+            kname = self._kube_name_offline(sn) or sn.name
+            if kname not in ctx.held:
+                res.blocked.append(kname)
+            return
         kname = self._kube_name(sn)
-        if kname in held:
+        if kname in ctx.held:
             return  # handled with the nodes we hold
         if not kname:
             raise ReplacementError(f"Slurm node {sn.name}: no Kubernetes node found (Slinky pod gone?)")
-        if breaker.is_open(now):
-            res.blocked.append(kname)  # refused without a single API call
+        if verdict is not None and verdict.kube_node != kname:
+            return  # the verdict is about the machine it ran on before; this is another one
+        if not self._still_leader():
             return
         node = self.kube.get_node(kname)
         if node is None:
             raise ReplacementError(f"Slurm node {sn.name}: Kubernetes node {kname} not found")
         existing = Ownership.of(node)
         if existing is not None:  # annotated but not labelled: a half-written take; finish it
-            self._progress(node, existing, res, sn)
+            self._progress(node, existing, ctx, sn)
             return
         pods = self.kube.list_pods_on_node(kname)
         why = opt_out(pods, node, self.settings.opt_out_label)
-        decision = breaker.admit(kname, res.slurm_nodes, now, owned_since)
+        decision = breaker.admit(kname, res.slurm_nodes, now, ctx.owned_since)
         if not decision.admitted:
             res.blocked.append(kname)
             if decision.tripped:
@@ -338,21 +447,22 @@ class Reconciler:
                 )
             return
         record = Ownership(
-            slurm_node=sn.name, reason=sn.reason, action=action.value, since=now,
+            slurm_node=sn.name, reason=verdict.reason if verdict else sn.reason, action=action.value, since=now,
             opt_out=why or "", backend=self.backend.name,
         )
         node = self._patch_guarded(kname, node, lambda n: self._take_ops(n, record, taint=not why))
         if node is None:
             raise ReplacementError(f"Kubernetes node {kname} vanished while being cordoned")
-        owned_since[kname] = now
+        ctx.owned_since[kname] = now
         res.taken.append(kname)
         self._audit(
-            "bridge_cordon", node=kname, slurm_node=sn.name, reason=sn.reason, action=action.value,
+            "bridge_cordon", node=kname, slurm_node=sn.name, reason=record.reason, action=action.value,
             cordoned=record.cordoned, tainted=record.tainted, opt_out=record.opt_out or None,
+            from_verdict=bool(verdict) or None,
         )
         # An opted-out node reuses the list; otherwise the drain lists again, after the cordon,
         # so that no pod scheduled in between is missed (kubectl cordons before it lists, too).
-        self._progress(node, record, res, sn, pods=pods if why else None)
+        self._progress(node, record, ctx, sn, pods=pods if why else None)
 
     def _take_ops(self, node: Obj, record: Ownership, *, taint: bool) -> list[Obj]:
         done = Ownership.of(node)
@@ -403,13 +513,13 @@ class Reconciler:
 
     # -- finishing what was started --------------------------------------------------------
 
-    def _progress(self, node: Obj, record: Ownership, res: PassResult, sn: NodeInfo | None,
+    def _progress(self, node: Obj, record: Ownership, ctx: PassContext, sn: NodeInfo | None,
                   pods: list[Obj] | None = None) -> None:
         """Carry a taken node forward; ``sn``: its Slurm node, ``None`` when none maps to it any more."""
         kname = name_of(node)
         before = record.to_json()
         try:
-            self._steps(node, record, res, sn, pods)
+            self._steps(node, record, ctx, sn, pods)
         except Exception:
             if record.to_json() != before:
                 try:
@@ -420,8 +530,9 @@ class Reconciler:
         if record.to_json() != before:
             self._save(kname, record)
 
-    def _steps(self, node: Obj, record: Ownership, res: PassResult, sn: NodeInfo | None,
+    def _steps(self, node: Obj, record: Ownership, ctx: PassContext, sn: NodeInfo | None,
                pods: list[Obj] | None) -> None:
+        res = ctx.res
         kname = name_of(node)
         summary = (parse_reason(record.reason) or (record.reason, None))[0]
         if record.opt_out:
@@ -450,6 +561,8 @@ class Reconciler:
                         f"{summary} (Slurm node {record.slurm_node}): cordoned, tainted {self.settings.taint_key}; "
                         f"its pods are evicted and a replacement requested ({self.backend.name}) once Slurm has "
                         "no job left on it")
+        if sn is not None and not record.verdict:
+            self._keep_verdict(sn, record, kname)
         # The condition backend's request is the condition itself: it waits for the jobs too.
         early_condition = not self.backend.condition_is_request
         if not record.condition and early_condition:
@@ -464,17 +577,63 @@ class Reconciler:
         if not record.drained:
             if not self.settings.drain:
                 record.drained = "skipped"
-            elif not self._drain(node, record, res, pods):
+            elif not self._drain(node, record, ctx, pods):
+                ctx.draining.append((node, record, sn))
                 return
         if not record.replacement:
+            if kname in self._denied:
+                res.errors.append((kname, self._denied[kname]))
+                return  # a missing permission: not asked again until the bridge restarts
+            if not self._still_leader():
+                return
             target = Target(node=node, slurm_node=record.slurm_node, reason=record.reason,
                             summary=summary, action=Action(record.action), take=_take_id(record))
             backend = self._backend_for(target.action)
-            record.replacement = backend.request(self.kube, target, dry_run=self.dry_run) or backend.name
+            try:
+                asked = backend.request(self.kube, target, dry_run=self.dry_run)
+            except KubePermanent as exc:
+                if exc.status != 403:
+                    raise
+                self._denied[kname] = (f"missing permission for the {backend.name} backend: {exc}; grant it "
+                                       "(slurm-hooks render, slurm-hooks validate) and restart the bridge")
+                res.errors.append((kname, self._denied[kname]))
+                self._audit("bridge_permission_missing", level="error", node=kname, slurm_node=record.slurm_node,
+                            backend=backend.name, error=str(exc), message=self._denied[kname])
+                return
+            record.replacement = asked or backend.name
             record.backend = backend.name
             res.replaced.append(kname)
             self._audit("bridge_replace", node=kname, slurm_node=record.slurm_node, backend=backend.name,
                         requested=record.replacement, action=target.action.value)
+            if record.verdict == VERDICT_KEPT and sn is not None:
+                self._keep_verdict(sn, record, kname)
+
+    def _keep_verdict(self, sn: NodeInfo, record: Ownership, kname: str) -> None:
+        """Write our verdict into the Slurm node's Extra, where the operator's preStop cannot reach.
+
+        Once at the take and once more with the replacement asked for. An Extra someone else wrote
+        is left alone (recorded ``foreign``); a refused write is recorded and not retried: the
+        Kubernetes annotation still holds the verdict.
+        """
+        if self.dry_run:
+            return
+        if extra_is_foreign(sn):
+            record.verdict = "foreign"
+            self._audit("bridge_verdict_not_kept", level="warning", node=kname, slurm_node=sn.name,
+                        extra=sn.extra_text[:200], message="the Slurm node's Extra is someone else's: "
+                        "the verdict is kept in the Kubernetes annotation only")
+            return
+        verdict = Verdict(reason=record.reason, action=record.action, since=record.since, kube_node=kname,
+                          requested=record.replacement)
+        try:
+            self.slurm.set_node_extra(sn.name, verdict.to_text())
+        except SlurmHooksError as exc:
+            record.verdict = f"failed: {exc}"[:200]
+            self._audit("bridge_verdict_not_kept", level="warning", node=kname, slurm_node=sn.name, error=str(exc),
+                        message="cannot write the Slurm node's Extra (the bridge needs Slurm operator rights): "
+                        "the verdict is kept in the Kubernetes annotation only")
+            return
+        record.verdict = VERDICT_KEPT
 
     def _backend_for(self, action: Action) -> Backend:
         """``[reboot]``: the reboot backend when one is configured; else the replacement backend."""
@@ -518,19 +677,20 @@ class Reconciler:
                         waited_s=round(waited, 1), max_job_wait=limit or None)
         return False
 
-    def _drain(self, node: Obj, record: Ownership, res: PassResult, pods: list[Obj] | None) -> bool:
-        """True once the drain is over (done or timed out)."""
+    def _drain(self, node: Obj, record: Ownership, ctx: PassContext, pods: list[Obj] | None) -> bool:
+        """One drain round; True once the drain is over (done, or ``drain_timeout`` passed)."""
+        res = ctx.res
         kname = name_of(node)
         now = self.clock()
         if record.drain_started is None:
             record.drain_started = now
         if pods is None:
             pods = self.kube.list_pods_on_node(kname)
-        left = record.drain_started + self.settings.drain_timeout - now
-        result = self.drainer.drain(pods, min(self.settings.drain_pass_budget, left), node=kname, dry_run=self.dry_run)
-        if result.evicted or result.blocked or result.gone:
+        result = self.drainer.drain(pods, evicted=record.evicted, node=kname, dry_run=self.dry_run)
+        if result.evicted or result.gone or result.namespace_terminating:
             self._audit("bridge_drain", node=kname, evicted=result.evicted, gone=result.gone,
                         blocked=result.blocked, last=result.last or None,
+                        namespace_terminating=result.namespace_terminating or None,
                         skipped=[f"{p} ({why})" for p, why in result.skipped])
         if result.protected and "protected" not in record.events:
             kept = [f"{p}: {why}" for p, why in result.protected]
@@ -538,19 +698,50 @@ class Reconciler:
                         pods=kept, message="not evicted (kubectl drain's protections); going on without them")
             self._event(node, record, "protected", "GpuUnhealthyPodsKept",
                         f"not evicted, and lost when the node is replaced: {'; '.join(kept)}")
-        if result.done:
+        if result.done or (self.dry_run and not result.blocked):
             record.drained = "done"
             res.drained.append(kname)
             return True
         if self.clock() >= record.drain_started + self.settings.drain_timeout:
             record.drained = "timeout"
-            self._audit("bridge_drain_timeout", node=kname, blocked=result.blocked,
+            self._audit("bridge_drain_timeout", level="warning", node=kname, blocked=result.blocked,
+                        terminating=result.terminating, last=result.last or None,
                         timeout_s=self.settings.drain_timeout,
-                        message="PodDisruptionBudgets kept these pods; requesting the replacement anyway "
-                        "(the backend drains with its own PDB-aware logic)")
+                        message="pods still there after drain_timeout (PodDisruptionBudgets, or evicted pods "
+                        "not deleted yet); requesting the replacement anyway (the backend drains with its own "
+                        "PDB-aware logic)")
             return True
-        res.pending.append(kname)
+        if kname not in res.pending:
+            res.pending.append(kname)
+        ctx.last_drain[kname] = result
         return False
+
+    def _drain_rounds(self, ctx: PassContext) -> None:
+        """Retry every draining node together, with one backoff, until the pass's drain budget is spent.
+
+        Ten nodes blocked by PodDisruptionBudgets cost one ``drain_pass_budget``, not ten; an
+        evicted pod still terminating is looked for again (by UID) in the next round.
+        """
+        delay = _DRAIN_BACKOFF
+        while ctx.draining and not self.dry_run:
+            left = ctx.deadline - self.monotonic()
+            if left <= 0:
+                break
+            self.sleep(min(delay, left, _DRAIN_BACKOFF_MAX))
+            delay *= 2
+            batch, ctx.draining = ctx.draining, []
+            for node, record, sn in batch:
+                kname = name_of(node)
+                if kname in ctx.res.pending:
+                    ctx.res.pending.remove(kname)
+                self._guarded(ctx, kname, lambda n=node, r=record, s=sn: self._progress(n, r, ctx, s))
+        for node, _record, _sn in ctx.draining:  # once per pass: what the drain still waits for
+            kname = name_of(node)
+            result = ctx.last_drain.get(kname)
+            if result is not None and (result.blocked or result.terminating or result.last):
+                self._audit("bridge_drain", node=kname, evicted=[], gone=[], blocked=result.blocked,
+                            terminating=result.terminating or None, last=result.last or None,
+                            message="still draining; the next pass goes on")
 
     def _save(self, kname: str, record: Ownership) -> None:
         patch = {"metadata": {"annotations": {OWNER_ANNOTATION: record.to_json()}}}
@@ -558,9 +749,12 @@ class Reconciler:
 
     # -- giving a node back ------------------------------------------------------------------
 
-    def _restore(self, node: Obj, record: Ownership, res: PassResult) -> None:
+    def _restore(self, node: Obj, record: Ownership, res: PassResult, sn: NodeInfo | None = None) -> None:
         kname = name_of(node)
         undone: list[str] = []
+        if sn is not None and Verdict.of(sn) is not None and not self.dry_run:
+            self.slurm.set_node_extra(sn.name, "")  # our verdict, never someone else's Extra
+            undone.append("verdict cleared from the Slurm node's Extra")
         asked = next((b for b in (self.backend, self.reboot_backend) if b is not None and b.name == record.backend), None)
         if record.replacement and asked is not None:
             withdrawn = asked.cancel(self.kube, node, record.replacement, dry_run=self.dry_run)
@@ -581,6 +775,11 @@ class Reconciler:
         res.restored.append(kname)
         self._audit("bridge_restore", node=kname, slurm_node=record.slurm_node, undone=undone,
                     node_gone=result is None, held_s=round(self.clock() - record.since, 1))
+        if record.closed is None:
+            res.closed.append(record.slurm_node)
+            self._audit("bridge_incident_closed", node=record.slurm_node, kube_node=kname, reason=record.reason,
+                        back_on=kname, state=sn.state if sn is not None else "",
+                        message=f"Slurm node back in service on {kname}: what the bridge did is undone")
 
     def _restore_ops(self, node: Obj, record: Ownership) -> list[Obj]:
         ops = self._rv_test(node)
@@ -643,12 +842,16 @@ class Reconciler:
                             reason=breaker.state.trip_reason)
             breaker.state.blocked = blocked
 
+    def _still_leader(self) -> bool:
+        return self.leader is None or self.leader()
+
     def _audit(self, kind: str, **fields: Any) -> None:
-        if self.audit is None:
-            return
         if self.dry_run:
             fields["dry_run"] = True
-        self.audit.write(kind, **fields)
+        if self.audit is not None:
+            self.audit.write(kind, **fields)
+        if self.notify is not None and kind in NOTIFIED and not self.dry_run:
+            self.notify(kind, fields)
 
     def _calls(self) -> int | None:
         calls = getattr(self.kube, "calls", None)

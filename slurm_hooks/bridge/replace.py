@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from slurm_hooks.bridge.api import KubeApi, Obj, Resource, annotations_of, name_of
+from slurm_hooks.bridge.api import KubeApi, KubeConflict, Obj, Resource, annotations_of, meta, name_of
 from slurm_hooks.bridge.settings import RebootSettings, ReplaceSettings
 from slurm_hooks.errors import ConfigError, PermanentError
 from slurm_hooks.models import Action
@@ -93,17 +93,37 @@ class KarpenterBackend:
     def __init__(self, version: str = "v1"):
         self.resource = Resource("karpenter.sh", version, "nodeclaims")
 
-    def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
-        provider_id = (target.node.get("spec") or {}).get("providerID") or ""
-        for claim in kube.list_objects(self.resource):
+    def find(self, kube: KubeApi, node: Obj) -> Obj | None:
+        """The node's NodeClaim: by the Node's owner reference (Karpenter v1 makes the NodeClaim
+        the Node's owner) with one GET, checked by provider ID; else one paginated LIST from the
+        API server's cache, matched by provider ID or node name."""
+        node_name = name_of(node)
+        provider_id = (node.get("spec") or {}).get("providerID") or ""
+
+        def matches(claim: Obj) -> bool:
             status = claim.get("status") or {}
-            if status.get("nodeName") == target.name or (provider_id and status.get("providerID") == provider_id):
-                claim_name = name_of(claim)
-                if (claim.get("metadata") or {}).get("deletionTimestamp"):
-                    return f"nodeclaim/{claim_name} (already being deleted)"
-                kube.delete_object(self.resource, claim_name, dry_run=dry_run)
-                return f"nodeclaim/{claim_name} deleted"
-        raise ReplacementError(f"no Karpenter NodeClaim for node {target.name}")
+            return status.get("nodeName") == node_name or bool(provider_id and status.get("providerID") == provider_id)
+
+        owner = next((ref for ref in meta(node).get("ownerReferences") or () if ref.get("kind") == "NodeClaim"), None)
+        if owner is not None and owner.get("name"):
+            claim = kube.get_object(self.resource, owner["name"])
+            if claim is not None and (not owner.get("uid") or meta(claim).get("uid") == owner["uid"]):
+                return claim
+        return next((claim for claim in kube.list_objects(self.resource) if matches(claim)), None)
+
+    def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
+        claim = self.find(kube, target.node)
+        if claim is None:
+            raise ReplacementError(f"no Karpenter NodeClaim for node {target.name}")
+        claim_name = name_of(claim)
+        if meta(claim).get("deletionTimestamp"):
+            return f"nodeclaim/{claim_name} (already being deleted)"
+        try:
+            # UID only: Karpenter rewrites a NodeClaim's status (and so its resourceVersion) all the time.
+            kube.delete_object(self.resource, claim_name, uid=str(meta(claim).get("uid") or ""), dry_run=dry_run)
+        except KubeConflict:
+            raise ReplacementError(f"NodeClaim {claim_name} was replaced while being deleted; next pass") from None
+        return f"nodeclaim/{claim_name} deleted"
 
     def cancel(self, kube: KubeApi, node: Obj, ref: str, *, dry_run: bool = False) -> str | None:
         return None  # a deleted NodeClaim cannot be taken back
@@ -251,9 +271,15 @@ class TemplateBackend:
         there = kube.get_object(resource, name, namespace or None)
         if there is None or annotations_of(there).get(CREATED_FOR_ANNOTATION) != marker:
             return None  # gone, or deleted and made again by someone else since
-        if kube.delete_object(resource, name, namespace or None, dry_run=dry_run):
-            return f"{kind_ns_name} deleted"
-        return None
+        try:
+            # Preconditions: the object read above, not one made again under the same name since
+            # (NodeHealthCheck recreates its remediation objects): 409 means it is not ours.
+            deleted = kube.delete_object(resource, name, namespace or None, uid=str(meta(there).get("uid") or ""),
+                                         resource_version=str(meta(there).get("resourceVersion") or ""),
+                                         dry_run=dry_run)
+        except KubeConflict:
+            return None
+        return f"{kind_ns_name} deleted" if deleted else None
 
 
 def _ref(body: Obj) -> str:
@@ -285,6 +311,20 @@ def _load(text: str, path: str) -> Obj:
     if not isinstance(data, dict):
         raise ReplacementError(f"template {path}: must render one object")
     return data
+
+
+def template_groups(replace: ReplaceSettings, reboot: RebootSettings) -> dict[str, str]:
+    """The API group of each configured template backend's resource, read from its template rendered
+    for a placeholder node: what ``render`` grants and ``validate`` asks about (``{"replace": g, "reboot": g}``)."""
+    placeholder = Target(node={"metadata": {"name": "node", "uid": "uid", "labels": {}}, "spec": {"providerID": ""}},
+                         slurm_node="node", reason="slurm-hooks: placeholder [replace]", summary="placeholder",
+                         action=Action.REPLACE, take="0")
+    groups = {}
+    for key, chosen in (("replace", replace), ("reboot", reboot)):
+        if chosen.backend == "template" and chosen.template:
+            resource, _ = TemplateBackend(chosen.template, chosen.plural).render(placeholder)
+            groups[key] = resource.group
+    return groups
 
 
 def make_backend(settings: ReplaceSettings) -> Backend:

@@ -89,6 +89,10 @@ class BridgeSettings:
     request_timeout: float = _top("request_timeout")
     retries: int = _top("retries")
     state_file: str = _top("state_file")
+    leader_election: bool = _top("leader_election")
+    lease_namespace: str = _top("lease_namespace")
+    lease_name: str = _top("lease_name")
+    lease_duration: float = _top("lease_duration")
     kubeconfig: str = _top("kubeconfig")
     context: str = _top("context")
     #: ``[bridge.nodes]``: Slurm node name -> Kubernetes node name, for bare metal where they differ.

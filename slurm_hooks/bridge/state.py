@@ -58,6 +58,9 @@ class StateStore:
     def __init__(self, path: str):
         self.path = path
 
+    def __str__(self) -> str:
+        return self.path or "memory"
+
     def load(self) -> BreakerState:
         if not self.path:
             return BreakerState()

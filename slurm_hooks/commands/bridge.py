@@ -54,41 +54,99 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
 
     from slurm_hooks.bridge.kubeclient import connect
     from slurm_hooks.bridge.reconciler import Reconciler
+    from slurm_hooks.bridge.serve import serve
     from slurm_hooks.slurm.factory import from_config as slurm_from_config
 
     kube = connect(
         kubeconfig=settings.kubeconfig or None, context=settings.context or None, in_cluster=in_cluster,
         timeout=settings.request_timeout, retries=settings.retries,
     )
+    elector = _elector(settings, kube)
+    audit = AuditLog(cfg.log.audit)
     reconciler = Reconciler(
-        slurm_from_config(cfg), kube, settings, audit=AuditLog(cfg.log.audit), dry_run=dry_run,
-        metrics_dir=cfg.metrics.textfile_dir,
+        slurm_from_config(cfg), kube, settings, audit=audit, dry_run=dry_run,
+        metrics_dir=cfg.metrics.textfile_dir, store=_store(settings, elector),
+        leader=elector.is_leader if elector is not None else None,
     )
     stop = threading.Event()
+    notifier = _notifier(cfg, settings.state_file)
     if not once:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    rc = EXIT_OK
+        if notifier is not None:
+            threading.Thread(target=notifier.run, args=(stop,), name="notify", daemon=True).start()
+
+    def failed(exc: Exception) -> None:
+        click.echo(f"slurm-hooks bridge: pass failed: {type(exc).__name__}: {exc}", err=True)
+        audit.write("bridge_pass_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def leading(now: bool, holder: str) -> None:
+        if not now and elector.last_error:
+            click.echo(f"slurm-hooks bridge: cannot take the lease {elector.namespace}/{elector.name}: "
+                       f"{elector.last_error}", err=True)
+            audit.write("bridge_leader", leading=False, error=elector.last_error, identity=elector.identity)
+            return
+        if now:
+            click.echo(f"slurm-hooks bridge: leading (lease {elector.namespace}/{elector.name})", err=True)
+        else:
+            click.echo(f"slurm-hooks bridge: standing by: lease {elector.namespace}/{elector.name} is held by "
+                       f"{holder or 'nobody yet'}", err=True)
+        audit.write("bridge_leader", leading=now, holder=holder, identity=elector.identity)
+
     try:
-        while True:
-            try:
-                result = reconciler.run_pass()
-            except Exception as exc:  # a controller outlives one bad pass; --once reports it
-                if once:
-                    raise
-                click.echo(f"slurm-hooks bridge: pass failed: {type(exc).__name__}: {exc}", err=True)
-                reconciler.audit.write("bridge_pass_failed", error=f"{type(exc).__name__}: {exc}")
-                stop.wait(settings.interval)
-                continue
-            _report(result, as_json)
-            if once:
-                rc = EXIT_UNAVAILABLE if (result.aborted or result.errors) else EXIT_OK
-                break
-            if stop.wait(settings.interval):
-                break
+        result = serve(reconciler, elector, stop, settings.interval, once=once, on_pass=lambda r: _report(r, as_json),
+                       on_error=failed, on_leading=leading)
     finally:
         kube.close()
+    if once and notifier is not None:
+        notifier.flush(float(cfg.notify.flush_timeout))
+    rc = EXIT_OK
+    if once and result is not None and (result.aborted or result.errors):
+        rc = EXIT_UNAVAILABLE
+    if once and result is None and elector is not None and elector.last_error:
+        click.echo("slurm-hooks bridge: pass aborted: the API server cannot be reached", err=True)
+        rc = EXIT_UNAVAILABLE
     ctx.exit(rc)
+
+
+def _notifier(cfg, state_file: str):
+    """The bridge tells its own news (breaker trips, replacements and reboots it asked for) through
+    [notify], as the nodes do; its outbox and cursor beside its state file, where a restart keeps them."""
+    from slurm_hooks.observe.notify import Notifier
+    from slurm_hooks.observe.notify import Settings as NotifySettings
+
+    ns = NotifySettings.from_config(cfg, os.path.join(os.path.dirname(os.path.abspath(state_file)), "notify"))
+    if not ns.configured:
+        return None
+    return Notifier(ns, log=lambda msg: click.echo(f"slurm-hooks bridge: notify: {msg}", err=True))
+
+
+def _lease_namespace(settings) -> str:
+    from slurm_hooks.bridge.leader import lease_namespace
+
+    return lease_namespace(settings.lease_namespace)
+
+
+def _elector(settings, kube):
+    """The Lease elector, or ``None`` with ``leader_election = false`` (one process, a state file)."""
+    if not settings.leader_election:
+        return None
+    import socket
+    import uuid
+
+    from slurm_hooks.bridge.leader import LeaderElector
+    from slurm_hooks.bridge.serve import identity
+
+    return LeaderElector(kube, _lease_namespace(settings), settings.lease_name,
+                         identity(socket.gethostname(), os.getpid(), uuid.uuid4().hex),
+                         lease_duration=settings.lease_duration)
+
+
+def _store(settings, elector):
+    from slurm_hooks.bridge.leader import LeaseStateStore
+    from slurm_hooks.bridge.state import StateStore
+
+    return LeaseStateStore(elector) if elector is not None else StateStore(settings.state_file)
 
 
 def _report(result, as_json: bool) -> None:
@@ -117,10 +175,30 @@ def _report(result, as_json: bool) -> None:
 def reset_breaker(obj, yes: bool) -> None:
     """Close the circuit breaker and start a fresh window (after checking why it tripped)."""
     from slurm_hooks.bridge.breaker import CircuitBreaker
-    from slurm_hooks.bridge.state import StateStore
 
     cfg, settings = _settings(obj["config_path"])
-    store = StateStore(settings.state_file)
+    store, close = _admin_store(settings)
+    try:
+        _reset(cfg, settings, store, yes, CircuitBreaker)
+    finally:
+        close()
+
+
+def _admin_store(settings):
+    """Where the breaker's state is: the Lease (leader election on) or the state file; and a closer."""
+    from slurm_hooks.bridge.state import StateStore
+
+    if not settings.leader_election:
+        return StateStore(settings.state_file), lambda: None
+    from slurm_hooks.bridge.kubeclient import connect
+    from slurm_hooks.bridge.leader import LeaseAdminStore
+
+    kube = connect(kubeconfig=settings.kubeconfig or None, context=settings.context or None,
+                   timeout=settings.request_timeout, retries=settings.retries)
+    return LeaseAdminStore(kube, _lease_namespace(settings), settings.lease_name), kube.close
+
+
+def _reset(cfg, settings, store, yes, CircuitBreaker) -> None:
     state = store.load()
     if state.tripped_at is None and not state.taken:
         click.echo("circuit breaker is closed and its window is empty: nothing to reset")
@@ -140,16 +218,21 @@ def reset_breaker(obj, yes: bool) -> None:
 @bridge.command("status")
 @click.pass_obj
 def status(obj) -> None:
-    """The circuit breaker's state, from the state file (no API call)."""
+    """The circuit breaker's state: from the leader's Lease (one GET), or the state file."""
     from slurm_hooks.bridge.breaker import CircuitBreaker
-    from slurm_hooks.bridge.state import StateStore
 
     _, settings = _settings(obj["config_path"])
-    state = StateStore(settings.state_file).load()
+    store, close = _admin_store(settings)
+    try:
+        state = store.load()
+    finally:
+        close()
     breaker = CircuitBreaker(settings.breaker, state)
     now = time.time()
+    holder = ((getattr(store, "lease", None) or {}).get("spec") or {}).get("holderIdentity")
     click.echo(json.dumps({
-        "state_file": settings.state_file,
+        "state_file": str(store),
+        "leader": holder if settings.leader_election else None,
         "open": breaker.is_open(now),
         "trip_reason": state.trip_reason or None,
         "tripped_s_ago": round(now - state.tripped_at, 1) if state.tripped_at else None,

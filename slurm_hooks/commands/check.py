@@ -1,4 +1,8 @@
-"""``slurm-hooks check``: the HealthCheckProgram. Exit 0 healthy, 1 unhealthy, 2 config error."""
+"""``slurm-hooks check``: the HealthCheckProgram. Exit 0 healthy, 1 unhealthy, 2 config error.
+
+NHC's ``check_slurm_hooks`` (templates/nhc) runs it with ``--deadline`` (what NHC's watchdog
+leaves) and ``--verdict`` (one line it can read); with ``--dry-run`` too in report mode.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,11 @@ import click
 from slurm_hooks.commands.options import config_option, dry_run_option, json_option, node_option
 from slurm_hooks.models import Severity
 
+#: How ``--verdict`` lines start, so that a caller tells ours from anything else on the output.
+VERDICT = "slurm-hooks-verdict:"
+#: NHC writes ``NHC: <our line>`` as the node's reason; Slurm's reasons are best kept short.
+VERDICT_SUMMARY_MAX = 100
+
 
 @click.command()
 @config_option
@@ -17,13 +26,25 @@ from slurm_hooks.models import Severity
 @dry_run_option
 @click.option("--explain", is_flag=True,
               help="Act on nothing; show per finding its scope, urgency, action and the jobs it would requeue.")
-def check(config_path: str | None, node: str | None, as_json: bool, dry_run: bool, explain: bool) -> int:
+@click.option("--deadline", type=click.FloatRange(0, min_open=True), metavar="SECONDS",
+              help="This run's deadline when shorter than [check] deadline (NHC passes what its watchdog leaves).")
+@click.option("--verdict", is_flag=True,
+              help=f"End with one line, '{VERDICT} ok' or '{VERDICT} <the drain reason, without its action>' "
+                   "(for NHC's check_slurm_hooks).")
+def check(config_path: str | None, node: str | None, as_json: bool, dry_run: bool, explain: bool,
+          deadline: float | None, verdict: bool) -> int:
     """Check this node's GPUs; drain and requeue on a fault (unless --dry-run or --explain)."""
     from slurm_hooks.hooks import healthcheck, remediate
     from slurm_hooks.hooks.wiring import Wiring
 
     w = Wiring.load(config_path, node)
+    if deadline is not None:
+        w.start_deadline(min(deadline, float(w.config.check.deadline)))
     report, outcome = healthcheck.run(w, dry_run=dry_run or explain)
+    if verdict:
+        print_report(report, False, outcome=None if dry_run else outcome)
+        click.echo(verdict_line(report))
+        return 0 if report.healthy else 1
     if explain:
         print_explained(report, remediate.explain(w, report), as_json)
         return 0 if report.healthy else 1
@@ -33,6 +54,20 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
         if plan:
             click.echo(plan)
     return 0 if report.healthy else 1
+
+
+def verdict_line(report) -> str:
+    """``slurm-hooks-verdict: ok``, or ``slurm-hooks-verdict: slurm-hooks: XID 79 on GPU 3`` when a
+    finding takes the node out. No ``[action]`` tag: under NHC's report mode nobody takes it."""
+    from slurm_hooks import REASON_PREFIX
+    from slurm_hooks.engine import drain_summary
+
+    if not report.drain_findings():
+        return f"{VERDICT} ok"
+    summary = " ".join("".join(ch if ch.isprintable() else " " for ch in drain_summary(report)).split())
+    if len(summary) > VERDICT_SUMMARY_MAX:
+        summary = summary[: VERDICT_SUMMARY_MAX - 3].rstrip() + "..."
+    return f"{VERDICT} {REASON_PREFIX} {summary}"
 
 
 def print_report(report, as_json: bool, outcome=None) -> None:

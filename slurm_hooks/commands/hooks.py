@@ -41,7 +41,7 @@ def follow_jobs(config_path: str | None, node: str | None, timeout: float, refs:
     loaded the follower tells the hook that started it that it runs
     (runner.signal_ready); failures from then on go to the audit log.
     """
-    from slurm_hooks.hooks import remediate
+    from slurm_hooks.hooks import follower
     from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.runner import signal_ready
     from slurm_hooks.slurm import job_ref
@@ -52,5 +52,5 @@ def follow_jobs(config_path: str | None, node: str | None, timeout: float, refs:
         raise click.BadParameter(str(exc), param_hint="REFS") from None
     w = Wiring.load(config_path, node)
     signal_ready()
-    results = remediate.follow_requeued(w, wanted, timeout)
+    results = follower.follow_requeued(w, wanted, timeout)
     return 0 if all(r in ("ok", "already running") for r in results.values()) else 1

@@ -1,4 +1,4 @@
-"""``slurm-hooks notify``: deliver what the audit log has to tell (webhooks, syslog)."""
+"""``slurm-hooks notify``: deliver what the audit log has to tell (Alertmanager, webhooks, syslog)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ def flush(config_path: str | None, timeout: float | None, as_json: bool) -> None
 
     cfg = config_mod.load(config_path)
     settings = Settings.from_config(cfg)
-    if not settings.destinations:
-        click.echo("notify: no receiver configured ([notify] syslog or [[notify.webhook]]); nothing to do")
+    if not settings.configured:
+        click.echo("notify: no receiver configured ([notify] syslog, [[notify.webhook]] or "
+                   "[[notify.alertmanager]]); nothing to do")
         return
     result = Notifier(settings).flush(float(timeout if timeout is not None else cfg.notify.flush_timeout))
     if as_json:
@@ -41,6 +42,8 @@ def flush(config_path: str | None, timeout: float | None, as_json: bool) -> None
 @config_option
 def status(config_path: str | None) -> None:
     """Messages waiting in the outbox, and the ones a receiver refused."""
+    import os
+
     from slurm_hooks import config as config_mod
     from slurm_hooks.observe.notify import Outbox, Settings, pending
 
@@ -50,9 +53,9 @@ def status(config_path: str | None) -> None:
     click.echo(f"outbox {box.box}: {len(waiting)} waiting")
     for line in waiting:
         click.echo(f"  {line}")
-    refused = Outbox(settings.dir)
-    refused.box = box.failed
-    failed = pending(refused.entries())
+    for path in box.moved_aside:
+        click.echo(f"  unreadable, moved to {box.bad}: {os.path.basename(path)}")
+    failed = pending(box.failed_entries())
     if failed:
         click.echo(f"refused, kept in {box.failed}: {len(failed)}")
         for line in failed:

@@ -5,7 +5,11 @@
 - ``bridge.yaml``: the bridge's config as a ConfigMap and its Deployment;
 - ``slinky-values.yaml``: values for the Slinky ``slurm`` chart: prolog and
   epilog scripts, HealthCheckProgram in ``controller.extraConf``, the slurmd
-  volume mounts, and the node-side config.
+  volume mounts, and the node-side config (a Secret: a webhook URL is a credential);
+- ``alertmanager.yaml`` (``render alertmanager``): a route grouping slurm-hooks'
+  alerts by ``alertname`` and ``cluster``, for the fleet's Alertmanager.
+
+Files written with ``--out`` are 0600: they can hold credentials.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from slurm_hooks import config as config_mod
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.install import layout
 
-FILES = {"rbac": "rbac.yaml", "bridge": "bridge.yaml", "slinky": "slinky-values.yaml"}
+FILES = {"rbac": "rbac.yaml", "bridge": "bridge.yaml", "slinky": "slinky-values.yaml",
+         "alertmanager": "alertmanager.yaml"}
+#: What ``render`` writes when nothing is named (Alertmanager's route only on demand).
+DEFAULT = ("rbac", "bridge", "slinky")
 
 _NODE_CONFIG = """\
 # slurm-hooks on the slurmd pods (HealthCheckProgram, Prolog, Epilog).
@@ -73,6 +80,10 @@ def render_all(
     config_text: str | None = None,
     node_config_text: str | None = None,
     template_group: str = "",
+    am_receiver: str = "gpu-oncall",
+    am_webhook_url: str = "",
+    am_group_wait: str = "30s",
+    am_group_interval: str = "5m",
 ) -> dict[str, str]:
     """name -> YAML text. ``config_text`` (a bridge config.toml) sets the backend and is embedded."""
     import jinja2
@@ -84,8 +95,15 @@ def render_all(
         config_text = _bridge_config(slinky_namespace, "condition")
     cfg = config_mod.parse(config_text, "<bridge config>")
     settings = settings_mod.from_config(cfg)
-    if settings.replace.backend == "template" and not template_group:
-        raise ConfigError("backend \"template\" needs --template-group (the API group of the rendered resource)")
+    from slurm_hooks.bridge.replace import ReplacementError, template_groups
+
+    try:
+        groups = template_groups(settings.replace, settings.reboot)
+    except ReplacementError as exc:
+        raise ConfigError(str(exc)) from None
+    if template_group:  # an explicit --template-group wins for the replacement backend
+        groups["replace"] = template_group
+    all_rules = rbac.rules(settings, groups)
     name = "slurm-hooks-bridge"
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "slurm-hooks"}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
@@ -96,7 +114,10 @@ def render_all(
         "labels": labels,
         "selector": {"app.kubernetes.io/name": name},
         "backend": settings.replace.backend,
-        "rules": rbac.rules(settings.replace, template_group),
+        "rules": [r for r in all_rules if not r.namespaced],
+        "namespaced_rules": [r for r in all_rules if r.namespaced],
+        "replicas": 2 if settings.leader_election else 1,
+        "leader_election": settings.leader_election,
         "image": image,
         "sackd_image": sackd_image,
         "controller": controller,
@@ -108,6 +129,10 @@ def render_all(
         "programs": {p.hook: layout.program_path(p.hook, prefix) for p in layout.PROGRAMS},
         "install_command": layout.install_command(prefix),
         "health_check_interval": health_check_interval,
+        "am_receiver": am_receiver,
+        "am_webhook_url": am_webhook_url,
+        "am_group_wait": am_group_wait,
+        "am_group_interval": am_group_interval,
     }
     return {key: env.from_string(_template(f"{filename}.j2")).render(**ctx) for key, filename in FILES.items()}
 
@@ -123,7 +148,9 @@ def _read(path: str | None) -> str | None:
 
 
 @click.command()
-@click.option("--out", "out_dir", metavar="DIR", help="Write rbac.yaml, bridge.yaml, slinky-values.yaml here (default: stdout).")
+@click.argument("what", nargs=-1, type=click.Choice(sorted(FILES)))
+@click.option("--out", "out_dir", metavar="DIR",
+              help="Write rbac.yaml, bridge.yaml, slinky-values.yaml here, mode 0600 (default: stdout).")
 @click.option("--only", type=click.Choice(sorted(FILES)), multiple=True, help="Render only these (repeatable).")
 @click.option("--config", "config_path", metavar="PATH", help="The bridge's config.toml to embed (sets the backend).")
 @click.option("--node-config", "node_config_path", metavar="PATH", help="The slurmd-side config.toml to embed in the Slinky values.")
@@ -139,9 +166,15 @@ def _read(path: str | None) -> str | None:
               help="Where `slurm-hooks install` laid the programs in the slurmd image.")
 @click.option("--health-check-interval", type=click.IntRange(1), default=300, show_default=True, metavar="SECONDS")
 @click.option("--template-group", default="", help="API group of the resource for backend \"template\".")
-def render(out_dir, only, config_path, node_config_path, namespace, image, sackd_image, controller, slurm_key_secret,
-           slinky_namespace, release, nodeset, prefix, health_check_interval, template_group) -> None:
-    """Render the bridge's RBAC and Deployment, and Helm values wiring slurm-hooks into Slinky."""
+@click.option("--am-receiver", default="gpu-oncall", show_default=True, help="Alertmanager: the receiver's name.")
+@click.option("--am-webhook-url", default="", metavar="URL", help="Alertmanager: a webhook receiver (else fill in yours).")
+@click.option("--am-group-wait", default="30s", show_default=True, help="Alertmanager: how long a group gathers.")
+@click.option("--am-group-interval", default="5m", show_default=True, help="Alertmanager: wait before telling a group's changes.")
+def render(what, out_dir, only, config_path, node_config_path, namespace, image, sackd_image, controller,
+           slurm_key_secret, slinky_namespace, release, nodeset, prefix, health_check_interval, template_group,
+           am_receiver, am_webhook_url, am_group_wait, am_group_interval) -> None:
+    """Render the bridge's RBAC and Deployment, Helm values wiring slurm-hooks into Slinky, and (named:
+    `render alertmanager`) an Alertmanager route grouping our alerts by alertname and cluster."""
     config_text = _read(config_path)
     if config_path:
         from slurm_hooks.bridge import settings as settings_mod
@@ -151,15 +184,17 @@ def render(out_dir, only, config_path, node_config_path, namespace, image, sackd
         namespace=namespace, image=image, sackd_image=sackd_image, controller=controller,
         slurm_key_secret=slurm_key_secret, slinky_namespace=slinky_namespace, release=release, nodeset=nodeset,
         prefix=prefix, health_check_interval=health_check_interval, config_text=config_text,
-        node_config_text=_read(node_config_path), template_group=template_group,
+        node_config_text=_read(node_config_path), template_group=template_group, am_receiver=am_receiver,
+        am_webhook_url=am_webhook_url, am_group_wait=am_group_wait, am_group_interval=am_group_interval,
     )
-    wanted = list(only) or list(FILES)
+    wanted = list(dict.fromkeys([*what, *only])) or list(DEFAULT)
     if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
+        from slurm_hooks import fsutil
+
+        os.makedirs(out_dir, mode=0o700, exist_ok=True)
         for key in wanted:
             path = os.path.join(out_dir, FILES[key])
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(docs[key])
+            fsutil.atomic_write(path, docs[key], mode=0o600)
             click.echo(path)
         return
     click.echo("\n---\n".join(f"# {FILES[key]}\n{docs[key].rstrip()}" for key in wanted))

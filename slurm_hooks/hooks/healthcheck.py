@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from slurm_hooks import engine, pending
 from slurm_hooks.errors import SlurmHooksError, TransientError
-from slurm_hooks.hooks import gpumap, remediate
+from slurm_hooks.hooks import follower, gpumap, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring, xid_history
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, Scope, XidEvent
@@ -56,7 +56,7 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
         if not retry:
             remediate.record_alerts(w, report)
         act(w, report, outcome, follow=follow, earlier=earlier, repair=repair)
-        remediate.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
+        follower.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
         if context is Context.CHECK and not retry:
             notify_flush(w)
     return report, outcome
@@ -72,7 +72,7 @@ def notify_flush(w: Wiring) -> dict[str, int] | None:
     only with a receiver configured, no watcher's notifier alive, and something new or open;
     bounded by [notify] flush_timeout and what is left of the run's deadline. Never raises."""
     n = w.config.notify
-    if not (n.webhook or n.syslog):
+    if not (n.webhook or n.alertmanager or n.syslog):
         return None  # nothing configured: not even an import
     budget = min(float(n.flush_timeout), w.time_left(float(n.flush_timeout)) - FLUSH_MARGIN_S)
     if budget < MIN_FLUSH_S:
@@ -253,10 +253,10 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
 
 
 def _check_budget(w: Wiring) -> float:
-    """What probe and checks may take of the run's deadline: the rest is kept for the drain."""
-    deadline = float(w.config.check.deadline)
-    left = w.time_left(deadline)
-    return max(left - min(float(w.config.slurm.timeout), deadline / 4), 0.5)
+    """What probe and checks may take of the run's deadline: the rest (a Slurm call, at most a
+    quarter of what is left: a short run, such as one inside NHC, still probes) is kept for the drain."""
+    left = w.time_left(float(w.config.check.deadline))
+    return max(left - min(float(w.config.slurm.timeout), left / 4), 0.5)
 
 
 def _keys(snap: NodeSnapshot) -> list[str]:
@@ -276,9 +276,10 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         fresh = repair.new_urgent(w, report)
         if fresh and w.config.remediation.requeue:
             gpus = None if any(f.scope is Scope.NODE or f.gpu is None for f in fresh) \
-                else frozenset(f.gpu for f in fresh if f.gpu is not None)
+                else frozenset(f.gpu for f in fresh if f.gpu is not None and f.instance is None)
+            instances = frozenset((f.gpu, f.instance) for f in fresh if f.gpu is not None and f.instance is not None)
             outcome.node_out = True
-            remediate.requeue_jobs(w, outcome, follow=follow, gpus=gpus)
+            remediate.requeue_jobs(w, outcome, follow=follow, gpus=gpus, instances=instances)
         _metrics(w, report, outcome)
         return
     if report.drain_findings():
@@ -395,7 +396,9 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
         left = ["drain", "requeue"] if requeue else ["drain"]
     elif requeue and outcome.node_out:
         before = len(seen.errors)
-        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus, instances=instances)
+        snap = report.snapshot
+        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus, instances=instances,
+                               fault_at=snap.taken_at if snap is not None and snap.taken_at > 0 else None)
         if seen.transient(since=before):
             left = ["requeue"]
         # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its

@@ -19,7 +19,7 @@ from typing import Callable
 
 from slurm_hooks import fsutil
 from slurm_hooks.engine import drain_summary, parse_gpu_list
-from slurm_hooks.hooks import healthcheck, remediate
+from slurm_hooks.hooks import follower, healthcheck, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Context, NodeSnapshot, Report, Severity, snapshot_from_dict, snapshot_to_dict
@@ -52,7 +52,7 @@ def _run(w: Wiring, hook: Callable[[Wiring, Mapping[str, str]], int], env: Mappi
         return hook(w, env)
     finally:
         healthcheck.finish_pending(w, respect_backoff=True)
-        remediate.finish_followed(w)
+        follower.finish_followed(w)
 
 
 def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
@@ -75,7 +75,7 @@ def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
         return 0
     if jid:
         # The job is requeued once this prolog exits: no point in waiting for it here.
-        remediate.follow_jobs(w, [jid], "detached", fallback=False)
+        follower.follow_jobs(w, [jid], follower.Follow.DETACHED, fallback=False)
         remediate.annotate_jobs(w, [jid], f"refused by the prolog on {w.node}, {drain_summary(report)}")
     return 1
 

@@ -7,39 +7,35 @@ so the caller can pick an exit code, and the next run tries again.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from slurm_hooks import REASON_PREFIX, fsutil
 from slurm_hooks.engine import drain_summary, snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.hooks import gpumap
+from slurm_hooks.hooks import checkpoint, gpumap
+from slurm_hooks.hooks.actions import annotate_jobs, step
+from slurm_hooks.hooks.follower import Follow, Followed, Phase, follow_jobs, in_grace, record_requeue_seconds
 from slurm_hooks.hooks.marker import DrainMarker, MarkerUnreadable, Released, foreign
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Context, Report, Scope, Severity, Urgency
 from slurm_hooks.slurm import (
-    ADMIN_COMMENT_MAX,
     JobInfo,
     NodeInfo,
     format_reason,
-    hostlist,
-    job_ref,
-    join_admin_comment,
     may_drain,
     out_of_service,
     reboot_pending,
     split_reason,
     status_tag,
 )
+from slurm_hooks.slurm.errors import AlreadyRequeued
 
-if TYPE_CHECKING:
-    from slurm_hooks.runner import Spawned
+_step = step
+__all__ = ["Outcome", "annotate_jobs", "drain", "requeue_jobs", "resume_if_ours", "touched_jobs"]
 
 
 @dataclass
@@ -52,6 +48,8 @@ class Outcome:
     failed: list[str] = field(default_factory=list)
     #: Refs of the jobs requeued (``123``, ``100_7`` for an array task; see JobInfo.ref).
     requeued: list[str] = field(default_factory=list)
+    #: Refs of the jobs sent their checkpoint signal and left their grace to requeue themselves.
+    signalled: list[str] = field(default_factory=list)
     resumed: bool = False
     #: What became of a pending action in this run: "retry", "done", "superseded", "dropped" or "".
     pending: str = ""
@@ -73,11 +71,6 @@ def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
             continue
         w.audit.write("alert", node=w.node, context=report.context.value, gpu=f.gpu, check=f.check,
                       severity=f.severity.value, action=f.action.value, message=f.message, **extra)
-
-
-def _step(w: Wiring, action: str, target: str, result: str, started: float, **fields: Any) -> None:
-    w.audit.write("action", node=w.node, action=action, target=target, result=result,
-                  duration_s=round(time.monotonic() - started, 4), **fields)
 
 
 def not_acted(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
@@ -159,8 +152,9 @@ def _config_suspected(w: Wiring, report: Report, reason: str, started: float, ex
     return True
 
 
-def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached", gpus: frozenset[int] | None = None,
-                 instances: frozenset[tuple[int, int]] = frozenset()) -> None:
+def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETACHED,
+                 gpus: frozenset[int] | None = None, instances: frozenset[tuple[int, int]] = frozenset(),
+                 fault_at: float | None = None) -> None:
     """Requeue exactly the jobs on this node, each once, then make them eligible at once elsewhere.
 
     ``gpus``: only the jobs a fault on these GPUs (NVML indexes) touches, and ``instances`` (NVML
@@ -173,18 +167,25 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached", gpus: fr
     run here. A job that is completing (it exited, or another run's requeue is
     under way) is left alone: Slurm would run a completed job again. A job
     submitted with ``--no-requeue`` is left running on the drained node (a
-    warning, not a failure). ``scontrol requeue`` sends SIGTERM and gives the
-    job KillWait seconds to checkpoint; requeued jobs wait out a ~121 s delay
-    unless told ``StartTime=now`` once PENDING: :func:`follow_jobs` does that,
-    ``follow`` says where: "detached", "thread" (the watcher), "inline", or "none".
+    warning, not a failure).
+
+    A job with a checkpoint signal (its ``--signal``, or the site's ``[requeue]`` policy)
+    gets it first (:mod:`.checkpoint`) and is left its grace to requeue itself: the
+    follower requeues it only if it has not when the grace is over. Any other job is
+    requeued now: ``scontrol requeue`` sends SIGTERM and gives it KillWait seconds to
+    checkpoint. Requeued jobs wait out a ~121 s delay unless told ``StartTime=now`` once
+    PENDING: the follower does that, ``follow`` says where (:class:`.follower.Follow`).
+    ``fault_at``: when the fault was seen (wall clock; the requeue metric's start).
     """
     started = time.monotonic()
+    fault_at = time.time() if fault_at is None else fault_at
     try:
         jobs = w.slurm.jobs_on_node(w.node)
     except SlurmHooksError as exc:
         outcome.failed.append(f"list jobs: {exc}")
         _step(w, "requeue", w.node, "failed", started, error=f"cannot list jobs: {exc}")
         return
+    graced: list[Followed] = []
     gmap = gpumap.cached(w) if gpus is not None else None
     faulty = _fmt(gpus or ()) + "".join(f", GPU {g} instance {i}" for g, i in sorted(instances))
     for job, held, touched in touched_jobs(w, jobs, gpus, instances, gmap):
@@ -202,20 +203,56 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: str = "detached", gpus: fr
             _step(w, "requeue", ref, result, t0, jobs=[ref], detail=detail, **({"level": level} if level else {}),
                   **scope)
             continue
+        earlier = in_grace(w, ref)
+        if earlier is not None:
+            _step(w, "requeue", ref, "already", t0, jobs=[ref], signal=earlier.signal,
+                  detail=f"in its checkpoint grace (got {earlier.signal} "
+                         f"{time.time() - earlier.signalled_at:.1f}s ago): its follower requeues it if it does not")
+            continue
+        rec = _signal_first(w, job, fault_at)
+        if rec is not None:
+            graced.append(rec)
+            outcome.signalled.append(ref)
+            continue
         try:
             w.slurm.requeue(ref)
+        except AlreadyRequeued as exc:
+            # Another run (the watcher, the check on the job's other node) requeued it a moment ago.
+            _step(w, "requeue", ref, "already", t0, jobs=[ref], detail=str(exc))
+            continue
         except SlurmHooksError as exc:
-            if "pending" in str(exc).lower():
-                # Another run (the watcher, the check on the job's other node) requeued it a moment ago.
-                _step(w, "requeue", ref, "already", t0, jobs=[ref], detail=str(exc))
-                continue
             outcome.failed.append(f"requeue {ref}: {exc}")
             _step(w, "requeue", ref, "failed", t0, jobs=[ref], error=str(exc))
             continue
         outcome.requeued.append(ref)
-        _step(w, "requeue", ref, "ok", t0, jobs=[ref], **scope)
-    if outcome.requeued:
-        follow_jobs(w, outcome.requeued, follow)
+        seconds = round(time.time() - fault_at, 3)
+        _step(w, "requeue", ref, "ok", t0, jobs=[ref], requeued_by="ours", seconds_from_fault=seconds, **scope)
+        record_requeue_seconds(w, "ours", seconds)
+    if outcome.requeued or graced:
+        follow_jobs(w, [*outcome.requeued, *outcome.signalled], follow, records=graced)
+
+
+def _signal_first(w: Wiring, job: JobInfo, fault_at: float) -> Followed | None:
+    """Send the job its checkpoint signal and open its grace; ``None`` for a job to requeue now
+    (no signal, no grace left, or the signal could not be sent)."""
+    t0 = time.monotonic()
+    sig = checkpoint.read_signal(w, job)
+    if sig is None:
+        return None
+    grace = checkpoint.grace_seconds(w, sig)
+    if grace <= 0:
+        return None
+    try:
+        how = checkpoint.deliver(w, job, sig)
+    except SlurmHooksError as exc:
+        _step(w, "signal", job.ref, "failed", t0, jobs=[job.ref], signal=sig.spec, source=sig.source.value,
+              level="warning", error=str(exc), detail="could not send the job its checkpoint signal: requeued now")
+        return None
+    now = time.time()
+    _step(w, "signal", job.ref, "ok", t0, jobs=[job.ref], signal=sig.spec, source=sig.source.value, via=how,
+          grace_s=round(grace, 3), detail=f"sent {sig.name} ({how}); up to {grace:g}s to checkpoint and requeue itself")
+    return Followed(job.ref, w.node, Phase.GRACE, fault_at=fault_at, signal=sig.spec, source=sig.source.value,
+                    signalled_at=now, grace_until=now + grace, restarts=job.restarts)
 
 
 def _scope_note(gmap: gpumap.GpuMap | None, held: tuple[int, ...] | None) -> dict[str, str]:
@@ -293,42 +330,6 @@ def _fmt(gpus: Iterable[int]) -> str:
     return ",".join(str(g) for g in sorted(gpus)) or "-"
 
 
-#: An AdminComment is written only with at least this much of the run's deadline left.
-ANNOTATE_MIN_S = 1.0
-#: What one line says at most (many findings make a long summary).
-ANNOTATE_WHAT_MAX = 200
-
-
-def annotate_jobs(w: Wiring, refs: Iterable[str], what: str) -> None:
-    """Tell each job's owner why: append ``slurm-hooks: <what>, <UTC minute>`` to its AdminComment
-    (``scontrol show job``, ``sacct -o AdminComment``), keeping what is there.
-
-    Called once the requeue (or the prolog's refusal) is done, and never in its way: each call is
-    bounded by what is left of the run's deadline, and a failure is a warning in the audit log.
-    Pass an adapter that does not count failures toward a pending requeue.
-    """
-    what = what if len(what) <= ANNOTATE_WHAT_MAX else what[: ANNOTATE_WHAT_MAX - 3].rstrip() + "..."
-    line = f"{REASON_PREFIX} {what}, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}"
-    for ref in refs:
-        t0 = time.monotonic()
-        if w.time_left(ANNOTATE_MIN_S) < ANNOTATE_MIN_S:
-            _step(w, "annotate", ref, "skipped", t0, jobs=[ref], level="warning", comment=line,
-                  detail="too little of the run's deadline left to write the job's AdminComment")
-            continue
-        try:
-            joined = join_admin_comment(w.slurm.admin_comment(ref), line)
-            if joined is None:
-                _step(w, "annotate", ref, "skipped", t0, jobs=[ref], level="warning", comment=line,
-                      detail=f"no room in the job's AdminComment (at most {ADMIN_COMMENT_MAX} characters) "
-                             "without cutting what others wrote")
-                continue
-            w.slurm.set_admin_comment(ref, joined)
-        except SlurmHooksError as exc:
-            _step(w, "annotate", ref, "failed", t0, jobs=[ref], level="warning", comment=line, error=str(exc))
-            continue
-        _step(w, "annotate", ref, "ok", t0, jobs=[ref], comment=line)
-
-
 def _not_requeued(job: JobInfo) -> tuple[str, str, str] | None:
     """(result, level, detail) for a job that is not to be requeued; ``None`` for one that is."""
     if job.completing or job.finished or not job.active:
@@ -341,221 +342,6 @@ def _not_requeued(job: JobInfo) -> tuple[str, str, str] | None:
                 "not requeued: --no-requeue (or JobRequeue=0): left running on the drained node, not killed; "
                 "it ends on its own (or fails with the GPU)")
     return None
-
-
-#: How long a hook whose follower could not start follows the jobs itself before it goes on
-#: (the next hook run on the node finishes what is left, from the records under following/).
-FOLLOW_FALLBACK_S = 10.0
-#: How long a follower has to say it runs.
-FOLLOWER_READY_S = 3.0
-#: A following record older than this is dropped: the job has long been dealt with or forgotten.
-FOLLOW_RECORD_TTL_S = 3600.0
-
-
-def follow_jobs(w: Wiring, refs: Iterable[int | str], how: str, *, python: str | None = None,
-                fallback: bool = True) -> Spawned | None:
-    """Follow requeued jobs until each is PENDING, then release (our hold only) and start it now.
-
-    Before anything else each job gets a small record under ``following/`` in the
-    state dir, so that when no follower finishes (it could not start, it was
-    killed) the next hook run on this node does (:func:`finish_followed`).
-    "detached" starts ``slurm-hooks follow-jobs`` and checks that it runs; a
-    follower that cannot start is recorded, and the hook follows the jobs
-    itself for up to FOLLOW_FALLBACK_S, unless ``fallback`` is false (the prolog:
-    its job cannot be requeued before the prolog exits). ``python`` replaces the
-    interpreter (a test seam).
-    """
-    refs = [str(r) for r in refs]
-    if how == "none" or not refs:
-        return None
-    in_process = how in ("inline", "thread")
-    for ref in refs:
-        _write_following(w, ref, os.getpid() if in_process else None)
-    timeout = float(w.config.remediation.requeue_grace) + 60.0
-    if how == "inline":
-        follow_requeued(w, refs, timeout)
-    elif how == "thread":
-        threading.Thread(target=follow_requeued, args=(w, refs, timeout), name="follow-jobs", daemon=True).start()
-    elif how == "detached":
-        from slurm_hooks.runner import python_argv, spawn_detached
-
-        argv = python_argv("slurm_hooks.entry", "follow-jobs", "--node", w.node, "--timeout", str(timeout), *refs,
-                           python=python)
-        env = dict(os.environ)
-        if w.config.path:
-            env["SLURM_HOOKS_CONFIG"] = w.config.path
-        t0 = time.monotonic()
-        spawned = spawn_detached(argv, env=env, cwd="/", ready_timeout=FOLLOWER_READY_S)
-        if spawned.started and spawned.proc is not None:
-            for ref in refs:
-                _write_following(w, ref, spawned.proc.pid)
-            return spawned
-        wait = FOLLOW_FALLBACK_S if fallback else None
-        _step(w, "follow", ",".join(refs), "failed", t0, jobs=refs, level="error", error=spawned.error,
-              detail="requeue follower did not start; " + (f"following here for up to {wait:g}s, " if wait is not None
-                                                            else "") + "the next hook run on this node finishes it")
-        if wait is not None:
-            follow_requeued(w, refs, wait, final=False)
-        return spawned
-    return None
-
-
-def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: float = 1.0,
-                    final: bool = True) -> dict[str, str]:
-    """Wait for each job to be PENDING again, release it if our prolog's refusal held it, start it now.
-
-    One ``squeue`` for all the jobs per poll, at most one poll a ``poll`` seconds,
-    and back as soon as every job is settled. ``final``: jobs still unsettled at
-    ``timeout`` are recorded as failures (else they are left to the next hook run).
-    """
-    pending = {str(r): time.monotonic() for r in refs}
-    results: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    last_error: SlurmHooksError | None = None
-    while True:
-        polled = time.monotonic()
-        try:
-            found = w.slurm.jobs(list(pending))
-            last_error = None
-        except SlurmHooksError as exc:
-            found, last_error = None, exc
-        if found is not None:
-            for ref in list(pending):
-                job = _pick(found, ref)
-                result = _settle(w, ref, job, pending[ref])
-                if result is not None:
-                    pending.pop(ref)
-                    results[ref] = result
-        if not pending or polled + poll >= deadline:
-            break
-        time.sleep(max(0.0, poll - (time.monotonic() - polled)))
-    for ref, t0 in pending.items():
-        if last_error is not None:
-            results[ref] = f"failed: {last_error}"
-        else:
-            results[ref] = "timed out"
-        if final:
-            error = str(last_error) if last_error else f"job not PENDING again within {timeout:g}s"
-            _step(w, "start_now", ref, "failed", t0, jobs=[ref], error=error)
-    return results
-
-
-def _pick(found: list[JobInfo], ref: str) -> JobInfo | None:
-    """The record for ``ref``: a het job's leader over its other components."""
-    mine = [j for j in found if j.answers_to(ref)]
-    return next((j for j in mine if not j.het_job_id or j.het_job_id == j.job_id), mine[0] if mine else None)
-
-
-def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
-    """One look at a followed job: its final result, or ``None`` while it is still on its way."""
-    if job is None:
-        _forget_following(w, ref)
-        _step(w, "start_now", ref, "skipped", t0, jobs=[ref], detail="Slurm no longer knows the job")
-        return "gone"
-    if job.pending:
-        target = job.ref  # the given id may be an array's base id: act on exactly this task
-        if job.held_by_admin or job.held_by_user or (job.priority == "0" and not job.held_by_launch_failure):
-            _forget_following(w, ref)
-            _step(w, "start_now", ref, "skipped", t0, jobs=[ref],
-                  detail=f"job is held by someone else ({job.reason}, priority {job.priority or '?'}): left held")
-            return f"held: {job.reason}"
-        try:
-            if job.held_by_launch_failure:
-                w.slurm.release(target)
-                _step(w, "release", ref, "ok", t0, jobs=[ref], detail=job.reason)
-            w.slurm.start_now(target)
-        except SlurmHooksError as exc:
-            _step(w, "start_now", ref, "failed", t0, jobs=[ref], error=str(exc))
-            return f"failed: {exc}"  # the record stays: the next hook run tries again
-        _forget_following(w, ref)
-        _step(w, "start_now", ref, "ok", t0, jobs=[ref])
-        return "ok"
-    if job.base_state in ("RUNNING", "CONFIGURING") and job.restarts > 0 and job.nodes \
-            and not hostlist.matches(job.nodes, w.node):
-        _forget_following(w, ref)
-        return "already running"
-    if job.finished:
-        _forget_following(w, ref)
-        _step(w, "start_now", ref, "skipped", t0, jobs=[ref], detail=f"job ended {job.state}")
-        return f"ended {job.state}"
-    return None
-
-
-def finish_followed(w: Wiring) -> dict[str, str]:
-    """Finish what a follower left: jobs requeued from this node that are still waiting out the delay.
-
-    A listing of one directory when there is nothing to do (the prolog's healthy
-    path stays off slurmctld); jobs whose follower still runs are its business;
-    for the others one squeue, and each PENDING job is released (our hold only)
-    and made eligible now.
-    """
-    refs = []
-    for name, path in _following_records(w):
-        try:
-            age = time.time() - os.stat(path).st_mtime
-            with open(path, encoding="utf-8") as fh:
-                pid = json.load(fh).get("pid")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if age > FOLLOW_RECORD_TTL_S:
-            _remove(path)
-        elif not _follower_alive(pid):
-            refs.append(name)
-    if not refs:
-        return {}
-    return follow_requeued(w, refs, 0.0, final=False)
-
-
-def _following_dir(w: Wiring) -> str:
-    return w.state_path("following")
-
-
-def _following_path(w: Wiring, ref: str) -> str:
-    return os.path.join(_following_dir(w), f"{w.node}@{ref}")
-
-
-def _following_records(w: Wiring) -> list[tuple[str, str]]:
-    try:
-        names = os.listdir(_following_dir(w))
-    except OSError:
-        return []
-    prefix = f"{w.node}@"
-    return [(n[len(prefix):], os.path.join(_following_dir(w), n)) for n in names
-            if n.startswith(prefix) and _valid_ref(n[len(prefix):])]
-
-
-def _valid_ref(text: str) -> bool:
-    try:
-        return job_ref(text) == text
-    except ValueError:
-        return False
-
-
-def _follower_alive(pid: object) -> bool:
-    """Whether the follower that owns a record still runs: this process (the watcher's thread),
-    or a ``follow-jobs`` process (a pid reused by anything else does not count)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"follow-jobs" in fh.read()
-    except OSError:
-        return False
-
-
-def _write_following(w: Wiring, ref: str, pid: int | None) -> None:
-    record = {"ref": ref, "node": w.node, "ts": time.time(), "pid": pid}
-    try:
-        os.makedirs(_following_dir(w), mode=0o700, exist_ok=True)
-        fsutil.atomic_write(_following_path(w, ref), json.dumps(record), mode=0o600, durable=False)
-    except OSError as exc:
-        print(f"slurm-hooks: cannot write {_following_path(w, ref)}: {exc.strerror}", file=sys.stderr)
-
-
-def _forget_following(w: Wiring, ref: str) -> None:
-    _remove(_following_path(w, ref))
 
 
 #: How often a node with no drain marker asks Slurm whether it carries our drain anyway

@@ -247,7 +247,7 @@ class Watcher:
         from slurm_hooks.observe.notify import Settings as NotifySettings
 
         ns = NotifySettings.from_config(self.w.config)
-        if not ns.destinations:
+        if not ns.configured:
             return None
         notifier = Notifier(ns, log=lambda msg: self.log(f"slurm-hooks watch: notify: {msg}"))
         threading.Thread(target=notifier.run, args=(stop,), name="notify", daemon=True).start()

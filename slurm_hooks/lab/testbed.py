@@ -32,6 +32,7 @@ import jinja2
 import slurm_hooks
 from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
+from slurm_hooks.lab import nhc as nhc_lab
 from slurm_hooks.lab import packages
 from slurm_hooks.lab.accounting import Accounting
 from slurm_hooks.probes import sim, simtools
@@ -57,6 +58,8 @@ PROGRAMS = {
 }
 SBIN, BIN = "/usr/sbin", "/usr/bin"
 NVIDIA_MAJOR = 195
+#: The nvidia-caps devices' major (the driver's is dynamic, from /proc/devices): any free one will do.
+NVIDIA_CAPS_MAJOR = 509
 #: Ports are picked from here (below Linux's ephemeral range, away from 6817/6818).
 PORT_FIRST, PORT_BLOCKS, PORT_BLOCK = 20000, 120, 100
 #: Environment marker on every daemon we start; slurmstepd inherits it, so ``down``
@@ -94,6 +97,8 @@ class Settings:
     #: How long slurmctld waits for a node asked to reboot (`scontrol reboot`) to come back.
     resume_timeout: int = 60
     requeue_grace: float = 3.0
+    #: [requeue] checkpoint_grace: how long a job that got its own --signal has to requeue itself.
+    checkpoint_grace: float = 90.0
     up_timeout: float = 60.0
     #: Also a private MariaDB and slurmdbd (slurm_hooks.lab.accounting).
     accounting: bool = False
@@ -102,12 +107,28 @@ class Settings:
     repair: bool = False
     #: ``[repair] reset_timeout``: how long one nvidia-smi / systemctl call of a reset may take.
     reset_timeout: float = 60.0
+    #: LBNL NHC as HealthCheckProgram, run from this source (its tarball or tree; "" = slurm-hooks
+    #: itself), with our check in its scripts dir (slurm_hooks.lab.nhc).
+    nhc: str = ""
+    #: Our line in NHC's nhc.conf (``check_slurm_hooks -r``: report mode).
+    nhc_check: str = nhc_lab.CHECK
     #: gres.conf's File= order, as device numbers (``--gres-order 7,6,...``): GRES index i is
     #: /dev/nvidia<gres_order[i]>, the sim GPU with that minor number. Empty: 0..gpus-1.
     gres_order: tuple[int, ...] = ()
+    #: Shards of each GPU declared to Slurm (``--shards``, gres/shard, Slurm 22.05+); 0: none.
+    shards: int = 0
+    #: MIG instances per GPU (``--mig``): the sim's GPUs get them, and gres.conf declares each to
+    #: Slurm as its own GPU (``MultipleFiles=`` the GPU's file and the instance's nvidia-cap file).
+    mig: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gres_order", tuple(int(m) for m in self.gres_order))
+        if not 0 <= self.mig <= 7:
+            raise TestbedError(f"--mig must be 0..7 instances per GPU, got {self.mig}")
+        if self.mig and self.shards:
+            raise TestbedError("--mig and --shards: pick one")
+        if not 0 <= self.shards <= 64:
+            raise TestbedError(f"--shards must be 0..64, got {self.shards}")
         if self.gres_order and sorted(self.gres_order) != list(range(self.gpus)):
             raise TestbedError(f"--gres-order must list 0..{self.gpus - 1} once each, got "
                                f"{','.join(map(str, self.gres_order))}")
@@ -186,6 +207,16 @@ class Testbed:
     def node_names(self) -> list[str]:
         return self.settings.node_names
 
+    @property
+    def nhc(self) -> nhc_lab.NhcTree:
+        """NHC's files (``<state>/nhc``), used when ``settings.nhc`` names NHC's source."""
+        return nhc_lab.NhcTree(self.path("nhc"))
+
+    @property
+    def syslog(self) -> str:
+        """The nodes' syslog under NHC (what NHC and check_slurm_hooks send to ``logger``)."""
+        return self.path("log", "syslog")
+
     def exports(self) -> dict[str, str]:
         """Only what this cluster adds to an environment (``slurm-hooks testbed env``)."""
         return {"SLURM_CONF": self.slurm_conf, "SLURM_HOOKS_CONFIG": self.config_path}
@@ -211,6 +242,7 @@ class Testbed:
             self.progress(f"testbed already up in {self.state_dir} ({len(current.nodes)} nodes)")
             if self._saved_hooks() != self.settings.hooks:
                 self.set_hooks(self.settings.hooks)
+            self._switch_nhc()
             self.last_up_seconds = time.monotonic() - started
             return self.status()
         if any(pid for pid in current.daemons.values()):
@@ -250,6 +282,13 @@ class Testbed:
                     os.unlink(os.path.join(self.jobs_dir, entry))
         for i in range(s.gpus):
             _mknod(self.path("dev", f"nvidia{i}"), i)
+        if s.mig:
+            _mkdir(self.path("dev", "nvidia-caps"), 0o755)
+            for i in range(s.gpus):
+                for gi in range(1, s.mig + 1):
+                    _mknod(self.path("dev", "nvidia-caps", f"nvidia-cap{sim.cap_minor(i, gi)}"), sim.cap_minor(i, gi),
+                           NVIDIA_CAPS_MAJOR)
+        fsutil.atomic_write(self.path("mig-minors"), sim.mig_minors(list(range(s.gpus)), s.mig), mode=0o644)
         key = self.path("munge", "munge.key")
         if not os.path.exists(key):
             fsutil.atomic_write(key, os.urandom(1024), mode=0o600)
@@ -261,13 +300,15 @@ class Testbed:
         self._render("gres.conf.j2", self.path("gres.conf"), ctx)
         self._render("cgroup.conf.j2", self.path("cgroup.conf"), ctx)
         self._render("config.toml.j2", self.config_path, ctx)
+        if s.nhc:
+            self._write_nhc()
         for hook in HOOKS:
             self._write_hook(hook)
         self._write_reboot_program()
         simtools.install(self.path("bin"), self.sim_dir, python=hook_interpreter())
         for name in s.node_names:
             if not os.path.exists(sim.state_path(self.sim_dir, name)):
-                sim.init(self.sim_dir, name, s.gpus)
+                sim.init(self.sim_dir, name, s.gpus, mig=s.mig)
         fsutil.atomic_write(self.path("testbed.json"),
                             json.dumps({"settings": asdict(s), "ports": self._ports}, indent=1), mode=0o644)
 
@@ -288,8 +329,12 @@ class Testbed:
             "sim_dir": self.sim_dir,
             "gres_files": [self.path("dev", f"nvidia{m}") for m in (s.gres_order or range(s.gpus))],
             "gres_conf": self.path("gres.conf"),
+            "mig_minors": self.path("mig-minors"),
+            "mig_files": [[self.path("dev", f"nvidia{m}"), self.path("dev", "nvidia-caps", f"nvidia-cap{sim.cap_minor(m, gi)}")]
+                          for m in (s.gres_order or range(s.gpus)) for gi in range(1, s.mig + 1)],
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
+            "spool_dir": os.path.join(self.state_dir, "spool", "%n"),
             "slurm_bin_dir": BIN,
             "accounting_lines": Accounting(self.state_dir).slurm_conf_lines(self.munge_socket) if s.accounting else [],
         }
@@ -307,6 +352,12 @@ class Testbed:
 
     def _write_hook(self, hook: str) -> None:
         package_parent = os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
+        if hook == "healthcheck" and self.settings.nhc:
+            dest = self.path("bin", hook)
+            fsutil.atomic_write(dest, self.nhc.wrapper(slurm_conf=self.slurm_conf, pythonpath=package_parent,
+                                                       logdir=self.path("log")), mode=0o755)
+            os.chown(dest, 0, 0)
+            return
         ctx = {
             "command": HOOK_COMMAND[hook],
             "config": shlex.quote(self.config_path),
@@ -317,6 +368,62 @@ class Testbed:
         dest = self.path("bin", hook)
         self._render("hook.sh.j2", dest, ctx, mode=0o755)
         os.chown(dest, 0, 0)
+
+    def _write_nhc(self) -> None:
+        """NHC's tree, its scripts dir with our check, nhc.conf with our line, every site check passing."""
+        tree = self.nhc
+        try:
+            tree.unpack(self.settings.nhc)
+            tree.prepare(self.syslog)
+        except (OSError, nhc_lab.NhcError) as exc:
+            raise TestbedError(f"cannot set up NHC from {self.settings.nhc}: {exc}") from None
+        tree.link_check(self.install(hook_interpreter()))
+        tree.write_conf(self.settings.nhc_check)
+        for name in self.node_names:
+            tree.site_fault(name, False)
+
+    @property
+    def install_prefix(self) -> str:
+        return self.path("install")
+
+    def install(self, python: str) -> str:
+        """``slurm-hooks install --prefix <state>/install`` for ``python`` (an interpreter that has
+        slurm-hooks, or, to rehearse a bad push, one that has not); returns the NHC check it laid."""
+        from slurm_hooks.install import apply, layout
+
+        inputs = layout.Inputs(prefix=self.install_prefix, python=python, config=self.config_path,
+                               state_dir=self.hooks_state_dir, audit=self.audit_log,
+                               scontrol=os.path.join(BIN, "scontrol"), env=(("SLURM_CONF", self.slurm_conf),))
+        apply.install(inputs, write_config=False)
+        return os.path.join(self.install_prefix, layout.NHC)
+
+    def _switch_nhc(self) -> None:
+        """On a running testbed, NHC (or slurm-hooks itself) as HealthCheckProgram as ``up`` was asked:
+        slurm.conf names the same program either way, so no reconfigure is needed."""
+        saved = self._load_saved().get("settings")
+        if saved is None or (saved.nhc, saved.nhc_check) == (self.settings.nhc, self.settings.nhc_check):
+            return
+        self.settings = _replace(saved, nhc=self.settings.nhc, nhc_check=self.settings.nhc_check)
+        if self.settings.nhc:
+            self._write_nhc()
+        self._write_hook("healthcheck")
+        fsutil.atomic_write(self.path("testbed.json"),
+                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+
+    def set_nhc_check(self, line: str) -> None:
+        """Our line in nhc.conf (``check_slurm_hooks``, ``check_slurm_hooks -r``...): NHC reads it on its next run."""
+        if not self.settings.nhc:
+            raise TestbedError("NHC is not this testbed's HealthCheckProgram (testbed up --nhc SOURCE)")
+        self.settings = _replace(self.settings, nhc_check=line)
+        self.nhc.write_conf(line)
+        fsutil.atomic_write(self.path("testbed.json"),
+                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+
+    def nhc_site_fault(self, node: str, failing: bool) -> None:
+        """NHC's own site check fails (``failing``) or passes again on ``node``."""
+        if node not in self.node_names:
+            raise TestbedError(f"no node {node!r} in this testbed ({', '.join(self.node_names)})")
+        self.nhc.site_fault(node, failing)
 
     def _write_reboot_program(self) -> None:
         package_parent = os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
@@ -709,7 +816,9 @@ class Testbed:
                 break
         # Healthy GPUs and no hook state first: a hook that runs from here on finds nothing to drain.
         for name in self.node_names:
-            sim.init(self.sim_dir, name, self.settings.gpus)
+            sim.init(self.sim_dir, name, self.settings.gpus, mig=self.settings.mig)
+        if self.settings.nhc:
+            self._write_nhc()  # our check as installed, our nhc.conf line, every site check passing
         self.stop_repair_workers()
         self._clear_hook_state()
         self.cancel_all(timeout)
@@ -749,8 +858,9 @@ class Testbed:
     def _clear_hook_state(self) -> None:
         shutil.rmtree(self.hooks_state_dir, ignore_errors=True)
         _mkdir(self.hooks_state_dir, 0o700)
-        with contextlib.suppress(FileNotFoundError):
-            os.truncate(self.audit_log, 0)
+        for log in (self.audit_log, self.syslog):
+            with contextlib.suppress(FileNotFoundError):
+                os.truncate(log, 0)
 
     @property
     def keeps_reasons(self) -> bool:
@@ -794,18 +904,18 @@ class Testbed:
         return out.split()
 
     def _hook_runs(self) -> list[int]:
-        """Pids of slurm-hooks programs our slurmd's are running (prolog, epilog, health check)."""
+        """Pids of slurm-hooks programs our slurmd's are running (prolog, epilog, health check; NHC too)."""
         return sorted(pid for pid, _ in self._our_programs())
 
     def _our_programs(self) -> list[tuple[int, list[bytes]]]:
-        """(pid, argv) of our processes that run slurm-hooks with this testbed's config."""
-        config = self.config_path.encode()
+        """(pid, argv) of our processes that run slurm-hooks (or NHC) with this testbed's config."""
+        marks = {self.config_path.encode(), self.nhc.conf.encode()}
         found = []
         for pid, _ in self._our_processes():
             with contextlib.suppress(OSError):
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
                     argv = fh.read().split(b"\0")
-                if config in argv:
+                if marks & set(argv):
                     found.append((pid, argv))
         return found
 
@@ -964,8 +1074,8 @@ def _mkdir(path: str, mode: int) -> None:
     os.chmod(path, mode)
 
 
-def _mknod(path: str, minor: int) -> None:
-    want = os.makedev(NVIDIA_MAJOR, minor)
+def _mknod(path: str, minor: int, major: int = NVIDIA_MAJOR) -> None:
+    want = os.makedev(major, minor)
     try:
         st = os.lstat(path)
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == want:
@@ -976,7 +1086,7 @@ def _mknod(path: str, minor: int) -> None:
     try:
         os.mknod(path, 0o600 | stat.S_IFCHR, want)
     except OSError as exc:
-        raise TestbedError(f"mknod {path} c {NVIDIA_MAJOR} {minor}: {exc.strerror}") from None
+        raise TestbedError(f"mknod {path} c {major} {minor}: {exc.strerror}") from None
 
 
 def _port_free(port: int) -> bool:

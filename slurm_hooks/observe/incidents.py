@@ -65,6 +65,12 @@ class Job:
     restarted_at: float | None = None
     #: Refused by the prolog (Slurm requeues it: it never ran here).
     refused_at: float | None = None
+    #: Its own checkpoint signal, as sent first (``USR2@90``; "" when it had none).
+    signal: str = ""
+    #: Who requeued it: "self" (on its signal, after checkpointing) or "ours".
+    requeued_by: str = ""
+    #: Seconds from the fault to its requeue.
+    requeue_s: float | None = None
 
     @property
     def how(self) -> str:
@@ -270,10 +276,16 @@ def _absorb(inc: Incident, r: dict[str, Any]) -> None:
             if action_rank(harsher) > action_rank(inc.action):
                 inc.escalations.append([ts, harsher])
                 inc.action, inc.reason = harsher, str(r.get("reason") or inc.reason)
-        elif action == "requeue" and result in ("ok", "already"):
+        elif action == "signal" and result == "ok":
+            for job_id in r.get("jobs") or [r.get("target")]:
+                _job(inc, job_id, r).signal = str(r.get("signal") or "")
+        elif action == "requeue" and result in ("ok", "already", "self"):
             for job_id in r.get("jobs") or [r.get("target")]:
                 job = _job(inc, job_id, r)
                 job.requeued_at = job.requeued_at or ts
+                if r.get("requeued_by") and not job.requeued_by:
+                    job.requeued_by = str(r["requeued_by"])
+                    job.requeue_s = r.get("seconds_from_fault")
         elif action in ("start_now", "release") and result == "ok":
             for job_id in r.get("jobs") or [r.get("target")]:
                 job = _job(inc, job_id, r)
@@ -305,7 +317,8 @@ def summary(inc: Incident) -> dict[str, Any]:
         "urgency": "high" if action_rank(inc.action) >= action_rank("reboot") else "normal",
         "reason": inc.reason,
         "seen_by": list(inc.contexts),
-        "jobs": [{"job_id": j.job_id, "user": j.user or None, "how": j.how} for j in inc.jobs.values() if j.how],
+        "jobs": [{"job_id": j.job_id, "user": j.user or None, "how": j.how, **_checkpoint(j)}
+                 for j in inc.jobs.values() if j.how],
         "time_to_job_running_s": None if inc.time_to_job_running is None else round(inc.time_to_job_running, 3),
         "opened_at": utc(inc.opened_at),
         "resolved_at": utc(inc.resolved_at) if inc.resolved_at is not None else None,
@@ -313,6 +326,17 @@ def summary(inc: Incident) -> dict[str, Any]:
         "time_to_drain_s": round(inc.time_to_drain, 3),
         "out_of_service_s": None if inc.mttr is None else round(inc.mttr, 3),
     }
+
+
+def _checkpoint(job: Job) -> dict[str, Any]:
+    """What a job's own checkpoint signal came to: its signal, who requeued it and when (only for a
+    job that got one)."""
+    if not job.signal:
+        return {}
+    return {"signal": job.signal, "requeued_by": job.requeued_by or None,
+            "requeue_s": None if job.requeue_s is None else round(float(job.requeue_s), 3),
+            "checkpoint": ("requeued itself" if job.requeued_by == "self" else
+                           "no checkpoint: requeued after the grace" if job.requeued_by == "ours" else "in its grace")}
 
 
 def utc(ts: float) -> str:

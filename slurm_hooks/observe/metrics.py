@@ -18,6 +18,8 @@ Series (``context`` is check, prolog, epilog or watch)::
     slurm_hooks_last_run_duration_seconds{node,context}
     slurm_hooks_remediations_total{node,action}              counter, persisted
     slurm_hooks_pending_actions{node}                        remediation steps waiting for a retry
+    slurm_hooks_requeue_seconds{node,kind}                   summary: fault -> requeue, by who requeued
+                                                             (self: the job on its checkpoint signal; ours)
 """
 
 from __future__ import annotations
@@ -48,16 +50,21 @@ FAMILIES = (
     ("slurm_hooks_remediations_total", "counter", "Remediations performed on this node (drain, requeue, resume, ...)."),
     ("slurm_hooks_pending_actions", "gauge",
      "Remediation steps (drain, requeue) that failed for a transient reason and wait for a retry."),
+    ("slurm_hooks_requeue_seconds", "summary",
+     "Seconds from a fault to a touched job's requeue, by kind: self (the job requeued itself on its "
+     "checkpoint signal) or ours (requeued by slurm-hooks)."),
 )
 
 
 def write(textfile_dir: str, node: str, report: Report | None, *, state_dir: str,
-          remediations: Iterable[str | Enum] = (), pending: int | None = None, now: float | None = None) -> str | None:
+          remediations: Iterable[str | Enum] = (), pending: int | None = None, now: float | None = None,
+          requeue_seconds: Iterable[tuple[str, float]] = ()) -> str | None:
     """Record ``report`` (and count ``remediations``) and rewrite ``<textfile_dir>/slurm_hooks.prom``.
 
     A no-op returning None when ``textfile_dir`` is "". ``report`` may be None to
     count remediations alone (the bridge-free resume path, a watcher action). ``pending``:
     how many remediation steps wait for a retry on ``node`` now (None: unchanged).
+    ``requeue_seconds``: (kind, seconds from the fault) of each job requeued now.
     Never raises for I/O: metrics must not fail a hook; a failure is one line on
     stderr and None. Returns the path written.
     """
@@ -76,6 +83,9 @@ def write(textfile_dir: str, node: str, report: Report | None, *, state_dir: str
                 counters[name] = int(counters.get(name, 0)) + 1
             if pending is not None:
                 state.setdefault("pending", {})[node] = int(pending)
+            for kind, seconds in requeue_seconds:
+                total = state.setdefault("requeue_seconds", {}).setdefault(node, {}).setdefault(kind, [0.0, 0])
+                total[0], total[1] = float(total[0]) + max(0.0, float(seconds)), int(total[1]) + 1
             fsutil.atomic_write(state_path, json.dumps(state, sort_keys=True), mode=0o644)
             write_textfile(textfile_dir, PROM_FILE, render(state))
     except OSError as exc:
@@ -85,10 +95,10 @@ def write(textfile_dir: str, node: str, report: Report | None, *, state_dir: str
 
 
 def record(config: Any, node: str, report: Report | None, remediations: Iterable[str | Enum] = (),
-           pending: int | None = None) -> str | None:
+           pending: int | None = None, requeue_seconds: Iterable[tuple[str, float]] = ()) -> str | None:
     """:func:`write` with ``[metrics] textfile_dir`` and ``[state] dir`` from the config."""
     return write(config.metrics.textfile_dir, node, report, state_dir=config.state.dir, remediations=remediations,
-                 pending=pending)
+                 pending=pending, requeue_seconds=requeue_seconds)
 
 
 def _summarise(report: Report, now: float) -> dict[str, Any]:
@@ -158,6 +168,12 @@ def render(state: dict[str, Any]) -> str:
     for node in sorted(pending):
         samples["slurm_hooks_pending_actions"].append(
             sample("slurm_hooks_pending_actions", {"node": node}, int(pending[node])))
+    timed = state.get("requeue_seconds") if isinstance(state.get("requeue_seconds"), dict) else {}
+    for node in sorted(timed):
+        for kind, (total, count) in sorted(timed[node].items()):
+            labels = {"node": node, "kind": kind}
+            samples["slurm_hooks_requeue_seconds"] += [sample("slurm_hooks_requeue_seconds_sum", labels, total),
+                                                       sample("slurm_hooks_requeue_seconds_count", labels, count)]
     return exposition((name, kind, text, samples[name]) for name, kind, text in FAMILIES)
 
 

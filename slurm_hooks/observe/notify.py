@@ -1,12 +1,13 @@
-"""Tell people what happened: webhooks (Slack or JSON) and syslog, from the audit log.
+"""Tell people what happened: Alertmanager, webhooks (Slack or JSON) and syslog, from the audit log.
 
 Nothing here is on the path of a drain. The hooks write the audit log as they
-always do; a :class:`Notifier` (a thread of ``slurm-hooks watch``, or a short
-``slurm-hooks notify flush``) reads what is new from a saved cursor, turns
+always do; a :class:`Notifier` (a thread of ``slurm-hooks watch`` or of the bridge, or a
+short ``slurm-hooks notify flush``) reads what is new from a saved cursor, turns
 incidents into messages (:mod:`slurm_hooks.observe.incidents`: one per incident, a
 follow-up when the node is back or the action escalates, a reminder while it
-stays out), writes each message to an on-disk outbox, and delivers the outbox
-with retries, exponential backoff and a timeout per request.
+stays out; for Alertmanager, each finding an alert posted again while open),
+writes each message to an on-disk outbox (:mod:`slurm_hooks.observe.outbox`), and
+delivers the outbox through its receivers (:mod:`slurm_hooks.observe.destinations`).
 
 Nothing lost, nothing sent twice: a message is a file (0600, written atomically)
 before the cursor moves past the records it came from; a delivered message is
@@ -15,39 +16,66 @@ repeats one. Message ids are derived from the incident, so reading the same
 records again gives the same ids; every webhook request carries the id as
 ``Idempotency-Key`` for receivers that dedupe a request retried after a lost
 answer. One lock makes the watcher's thread and a ``flush`` take turns.
+
+Bounded, for a fleet: each receiver has its own pace (``rate`` requests per second
+with a small burst; a failure holds it back with capped, jittered backoff, or for as
+long as its ``Retry-After`` says), the outbox its caps (see :mod:`~slurm_hooks.observe.outbox`).
+At fleet scale one message per node is a storm no chat channel takes: Alertmanager
+groups them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
+import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from slurm_hooks import fsutil
+from slurm_hooks.observe import destinations as dst
 from slurm_hooks.observe import incidents
+from slurm_hooks.observe.destinations import (
+    BREAKER,
+    ESCALATED,
+    FIRING,
+    OPENED,
+    REBOOT,
+    REMINDER,
+    REPLACE,
+    RESOLVED,
+    Alertmanager,
+    Delivery,
+    DeliveryError,
+    Destination,
+    Sender,
+    Syslog,
+    SyslogSender,
+    Webhook,
+)
 from slurm_hooks.observe.incidents import Incident, duration
+from slurm_hooks.observe.outbox import Entry, Outbox
 
 #: At most this much of the log is read per pass (a huge backlog is taken in steps).
 READ_CHUNK = 4 << 20
 #: On the very first pass (no cursor), events older than this are tracked but not announced.
 BACKFILL_S = 3600.0
-#: Delivered message ids remembered (far more than a flood of incidents produces between restarts).
-LEDGER_SIZE = 5000
 BACKOFF_FIRST_S = 1.0
+#: The backoff's exponent stops here (2 ** 20 s is past any retry_max): no overflow, ever.
+BACKOFF_EXP_MAX = 20
+#: Requests a receiver may take at once before its rate applies (a few incidents at the same moment).
+BURST = 5
 POLL_S = 1.0
 #: The watcher's notifier touches its heartbeat at each pass; older than this, nobody delivers.
 HEARTBEAT_S = 30.0
-
-Sender = Callable[[str, bytes, dict, float], int]
-SyslogSender = Callable[[int, str], None]
+#: Jobs named in a message's text at most (the JSON carries them all; Slack shows what fits).
+TEXT_JOBS_MAX = 20
 
 
 @dataclass(frozen=True)
@@ -57,29 +85,63 @@ class Settings:
     audit: str
     dir: str
     webhooks: tuple[dict[str, str], ...] = ()
+    alertmanagers: tuple[dict[str, str], ...] = ()
     syslog: bool = False
     settle: float = 2.0
     reminder_after: float = 14400.0
     timeout: float = 5.0
     retry_max: float = 300.0
+    cluster: str = ""
+    max_queued: int = 500
+    max_age: float = 259200.0
+    rate: float = 1.0
+    alert_repost: float = 60.0
+    runbook: str = ""
 
     @classmethod
-    def from_config(cls, cfg: Any) -> Settings:
+    def from_config(cls, cfg: Any, directory: str | None = None) -> Settings:
         n = cfg.notify
-        return cls(audit=cfg.log.audit, dir=n.outbox or os.path.join(cfg.state.dir, "notify"),
-                   webhooks=tuple(n.webhook), syslog=bool(n.syslog), settle=float(n.settle),
-                   reminder_after=float(n.reminder_after), timeout=float(n.timeout), retry_max=float(n.retry_max))
+        return cls(audit=cfg.log.audit, dir=n.outbox or directory or os.path.join(cfg.state.dir, "notify"),
+                   webhooks=tuple(n.webhook), alertmanagers=tuple(n.alertmanager), syslog=bool(n.syslog),
+                   settle=float(n.settle), reminder_after=float(n.reminder_after), timeout=float(n.timeout),
+                   retry_max=float(n.retry_max), cluster=n.cluster or os.environ.get("SLURM_CLUSTER_NAME", ""),
+                   max_queued=int(n.max_queued), max_age=float(n.max_age), rate=float(n.rate),
+                   alert_repost=float(n.alert_repost), runbook=n.runbook)
 
     @property
-    def destinations(self) -> dict[str, dict[str, str]]:
-        """Destination name -> how to reach it. A webhook's name holds a hash of its URL, so a
-        message queued for a receiver that is later removed from the config is never sent elsewhere."""
-        out: dict[str, dict[str, str]] = {}
+    def configured(self) -> bool:
+        return bool(self.syslog or self.webhooks or self.alertmanagers)
+
+    def destinations(self, send: Sender | None = None, syslog: SyslogSender | None = None,
+                     problem: Callable[[str], None] | None = None) -> dict[str, Destination]:
+        """Name -> receiver. A URL that cannot be read (its file, its variable) leaves the receiver in
+        place without one: its messages wait, and ``problem`` hears why (never the URL)."""
+        from slurm_hooks.errors import ConfigError
+        from slurm_hooks.urlsecret import resolve_url
+
+        def url_of(kind: str, n: int, table: dict[str, str]) -> str | None:
+            try:
+                return resolve_url(table, f"[[notify.{kind}]] #{n + 1}")
+            except ConfigError as exc:
+                (problem or (lambda m: None))(str(exc))
+                return None
+
+        out: dict[str, Destination] = {}
         if self.syslog:
-            out["syslog"] = {"format": "text"}
-        for hook in self.webhooks:
-            digest = hashlib.sha256(hook["url"].encode()).hexdigest()[:10]
-            out[f"webhook-{digest}"] = hook
+            out["syslog"] = Syslog(syslog)
+        for n, table in enumerate(self.webhooks):
+            hook = Webhook(table, url_of("webhook", n, table), send)
+            out[hook.name] = hook
+        for n, table in enumerate(self.alertmanagers):
+            auth = ""
+            if table.get("auth_file"):
+                try:
+                    auth = dst.read_auth(table["auth_file"])
+                except OSError as exc:
+                    (problem or (lambda m: None))(f"[[notify.alertmanager]] #{n + 1} auth_file "
+                                                  f"{table['auth_file']}: cannot read: {exc.strerror}")
+            am = Alertmanager(table, url_of("alertmanager", n, table), send, hold=4 * self.alert_repost, auth=auth)
+            out[am.name] = am
         return out
 
 
@@ -89,9 +151,11 @@ class Settings:
 @dataclass(frozen=True)
 class Message:
     id: str
-    kind: str  # opened | escalated | resolved | reminder | breaker
+    kind: str
     text: str
     data: dict[str, Any]
+    #: The incident it is about ("" for the bridge's own news).
+    incident: str = ""
 
 
 def _gpu_words(f: incidents.Finding) -> str:
@@ -101,14 +165,29 @@ def _gpu_words(f: incidents.Finding) -> str:
     return f" on GPU {f.gpu if f.gpu is not None else '?'}" + (f" ({ids})" if ids else "")
 
 
-def _jobs_words(inc: Incident) -> str:
+def _jobs_words(inc: Incident, most: int = TEXT_JOBS_MAX) -> str:
     def named(how: str) -> str:
-        return ", ".join(j.job_id + (f" ({j.user})" if j.user else "") for j in inc.jobs.values() if j.how == how)
+        jobs = [j.job_id + (f" ({j.user})" if j.user else "") + _checkpoint_words(j)
+                for j in inc.jobs.values() if j.how == how]
+        more = f" and {len(jobs) - most} more" if len(jobs) > most else ""
+        return ", ".join(jobs[:most]) + more
 
     words = [f"{label}: {jobs}" for label, jobs in (("jobs requeued", named("requeued")),
                                                    ("jobs refused at start (Slurm requeues them)", named("refused")))
              if jobs]
     return "; ".join(words) or "no job requeued"
+
+
+def _checkpoint_words(job: incidents.Job) -> str:
+    """`` [USR2@90: requeued itself 3.1s after the fault]`` for a job that got its own signal first."""
+    if not job.signal:
+        return ""
+    took = f" {job.requeue_s:g}s after the fault" if job.requeue_s is not None else ""
+    if job.requeued_by == "self":
+        return f" [{job.signal}: requeued itself{took}]"
+    if job.requeued_by == "ours":
+        return f" [{job.signal}: no checkpoint: requeued after the grace{took}]"
+    return f" [{job.signal} sent: in its grace]"
 
 
 def _what(inc: Incident) -> str:
@@ -118,181 +197,172 @@ def _what(inc: Incident) -> str:
     return f"{f.message}{_gpu_words(f)}"
 
 
-def compose(inc: Incident, kind: str, now: float, n: int = 0) -> Message:
+def _severity(action: str) -> str:
+    return "critical" if incidents.action_rank(action) >= incidents.action_rank("reboot") else "warning"
+
+
+def incident_alerts(inc: Incident, cluster: str, runbook: str, action: str | None = None) -> list[dict[str, Any]]:
+    """One Alertmanager alert per finding (per GPU and check), labelled as the issue asks:
+    alertname, node, gpu, xid or check, action, severity, cluster."""
+    action = action or inc.action
+    jobs = _jobs_words(inc)
+    found = inc.findings or [incidents.Finding(check="drain", message=_what(inc), action=action)]
+    out: dict[tuple, dict[str, Any]] = {}
+    for f in found:
+        labels = {"alertname": "SlurmHooksXid" if f.xid is not None else "SlurmHooksCheckFailed", "node": inc.node,
+                  "gpu": "" if f.gpu is None else str(f.gpu), "action": action, "severity": _severity(action),
+                  "cluster": cluster}
+        labels.update({"xid": str(f.xid)} if f.xid is not None else {"check": f.check or "drain"})
+        labels = {k: v for k, v in labels.items() if v}
+        summary = f"{inc.node} drained [{action}]: {f.message}{_gpu_words(f)}"
+        out.setdefault(tuple(sorted(labels.items())), {
+            "labels": labels, "starts_at": inc.opened_at,
+            "annotations": {"summary": summary, "jobs": jobs, "incident": inc.id,
+                            "runbook": runbook or _RUNBOOK.format(node=inc.node)}})
+    return list(out.values())
+
+
+_RUNBOOK = ("slurm-hooks events --node {node} shows what was seen and done; the node returns by itself after a "
+            "passing check once repaired (scontrol update NodeName={node} State=RESUME only after a repair)")
+
+
+def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "", runbook: str = "",
+            previous_action: str = "") -> Message:
     """One message about one incident; link-free text that reads alone in a channel or a log."""
     data = incidents.summary(inc)
-    if kind == "opened":
+    if kind == OPENED:
+        headline = f"{inc.node} drained [{inc.action}]: {_what(inc)}."
         text = f"{inc.node} drained [{inc.action}]: {_what(inc)}; {_jobs_words(inc)}."
         if inc.contexts:
+            headline = headline[:-1] + f". Seen by {', '.join(inc.contexts)}."
             text += f" Seen by {', '.join(inc.contexts)}."
         mid = f"{inc.id}/opened"
-    elif kind == "escalated":
-        text = f"{inc.node} escalated to [{inc.action}]: {inc.reason.replace('slurm-hooks: ', '', 1)}."
+    elif kind == ESCALATED:
+        headline = text = f"{inc.node} escalated to [{inc.action}]: {inc.reason.replace('slurm-hooks: ', '', 1)}."
         mid = f"{inc.id}/escalated-{inc.action}"
-    elif kind == "resolved":
+    elif kind == RESOLVED:
         who = "by slurm-hooks after a passing check" if inc.resolved_by == "slurm-hooks" else "by an admin"
-        text = (f"{inc.node} back in service after {duration(inc.mttr or 0.0)} (resumed {who}); "
-                f"it was out for: {_what(inc)}.")
+        headline = text = (f"{inc.node} back in service after {duration(inc.mttr or 0.0)} (resumed {who}); "
+                           f"it was out for: {_what(inc)}.")
         mid = f"{inc.id}/resolved"
-    elif kind == "reminder":
-        text = f"{inc.node} still out of service after {duration(now - inc.opened_at)} [{inc.action}]: {_what(inc)}."
+    elif kind == REMINDER:
+        headline = text = (f"{inc.node} still out of service after {duration(now - inc.opened_at)} "
+                           f"[{inc.action}]: {_what(inc)}.")
         mid = f"{inc.id}/reminder-{n}"
+    elif kind == FIRING:
+        headline = text = f"{inc.node} still out of service [{inc.action}]: {_what(inc)}."
+        mid = f"{inc.id}/firing-{n}"
     else:
         raise ValueError(kind)
     text += f" Incident {inc.id}."
-    return Message(mid, kind, text, {"id": mid, "kind": kind, "text": text, **data})
+    headline += f" Incident {inc.id}."
+    data.update({"id": mid, "kind": kind, "text": text, "headline": headline, "cluster": cluster or None,
+                 "runbook": runbook or None, "alerts": incident_alerts(inc, cluster, runbook)})
+    if previous_action and previous_action != inc.action:
+        data["ended_alerts"] = incident_alerts(inc, cluster, runbook, previous_action)
+    if inc.resolved_at is not None:
+        data["resolved_ts"] = inc.resolved_at
+    return Message(mid, kind, text, data, inc.id)
 
 
-def breaker_message(r: dict[str, Any]) -> Message:
-    """The bridge's ``bridge_breaker_tripped`` record: no more nodes are being taken in Kubernetes."""
+def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> Message | None:
+    """The bridge's own news from its audit records: a circuit-breaker trip, a replacement or a reboot
+    asked of Kubernetes. ``None`` for any other record (and for a dry run)."""
+    kind = {"bridge_breaker_tripped": BREAKER, "bridge_replace": REPLACE}.get(str(r.get("kind")))
+    if kind is None or r.get("dry_run"):
+        return None
     ts = float(r.get("ts", 0))
-    mid = f"bridge-breaker-{int(round(ts * 1000))}"
-    text = (f"Kubernetes bridge circuit breaker tripped at node {r.get('node', '?')}"
-            f" (Slurm {r.get('slurm_node', '?')}): {r.get('reason', '')}. "
-            f"{r.get('message') or 'No new nodes will be taken.'}")
-    data = {"id": mid, "kind": "breaker", "text": text, "node": r.get("slurm_node"), "kube_node": r.get("node"),
-            "reason": r.get("reason"), "urgency": "high", "at": incidents.utc(ts)}
-    return Message(mid, "breaker", text, data)
+    node, kube_node = r.get("slurm_node") or "?", r.get("node") or "?"
+    if kind == BREAKER:
+        mid = f"bridge-breaker-{int(round(ts * 1000))}"
+        text = (f"Kubernetes bridge circuit breaker tripped at node {kube_node}"
+                f" (Slurm {node}): {r.get('reason', '')}. "
+                f"{r.get('message') or 'No new nodes will be taken.'}")
+        alertname, action = "SlurmHooksBreakerTripped", "none"
+    else:
+        kind = REBOOT if r.get("action") == "reboot" else REPLACE
+        mid = f"bridge-{kind}-{node}-{int(round(ts * 1000))}"
+        what = "a reboot" if kind == REBOOT else "a replacement"
+        text = (f"Kubernetes bridge asked for {what} of node {kube_node} (Slurm {node}) through "
+                f"{r.get('backend', '?')}: {r.get('requested', '')}.")
+        alertname, action = ("SlurmHooksNodeReboot" if kind == REBOOT else "SlurmHooksNodeReplacement"), kind
+    labels = {k: v for k, v in {"alertname": alertname, "node": str(node), "kube_node": str(kube_node),
+                                "action": action, "severity": "critical" if kind == BREAKER else "warning",
+                                "cluster": cluster}.items() if v}
+    data = {"id": mid, "kind": kind, "text": text, "headline": text, "node": r.get("slurm_node"),
+            "kube_node": r.get("node"), "reason": r.get("reason"), "action": action,
+            "urgency": "high" if kind == BREAKER else "normal", "at": incidents.utc(ts), "cluster": cluster or None,
+            "runbook": runbook or None,
+            "alerts": [{"labels": labels, "starts_at": ts, "annotations": {"summary": text, "runbook": runbook or (
+                "slurm-hooks bridge reset-breaker once the cause is understood" if kind == BREAKER
+                else "the node returns to Slurm by itself after a passing check")}}]}
+    return Message(mid, kind, text, data)
 
 
-_SLACK_EMOJI = {"opened": ":rotating_light:", "escalated": ":rotating_light:", "resolved": ":white_check_mark:",
-                "reminder": ":hourglass:", "breaker": ":no_entry:"}
-
-
-def payload(message: dict[str, Any], fmt: str) -> dict[str, Any]:
-    """The request body for a receiver: Slack's incoming-webhook shape, or the message as JSON."""
-    if fmt == "slack":
-        text = f"{_SLACK_EMOJI.get(message['kind'], '')} {message['text']}".strip()
-        fields = []
-        for label, key in (("Node", "node"), ("Action", "action"), ("Incident", "incident")):
-            if message.get(key):
-                fields.append({"type": "mrkdwn", "text": f"*{label}*\n{message[key]}"})
-        blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
-        if fields:
-            blocks.append({"type": "section", "fields": fields})
-        return {"text": text, "blocks": blocks}
-    return message
-
-
-# --- delivery ----------------------------------------------------------------------------
-
-
-class DeliveryError(Exception):
-    def __init__(self, message: str, permanent: bool = False):
-        super().__init__(message)
-        self.permanent = permanent
-
-
-def http_post(url: str, body: bytes, headers: dict, timeout: float) -> int:
-    """POST with the stdlib; the status code, or DeliveryError (permanent for a 4xx other than 408/429)."""
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http(s) only, checked in config
-            response.read(65536)
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        permanent = 400 <= exc.code < 500 and exc.code not in (408, 429)
-        raise DeliveryError(f"HTTP {exc.code} {exc.reason}", permanent) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise DeliveryError(f"{type(reason).__name__}: {reason}") from None
-
-
-def syslog_send(priority: int, text: str) -> None:
-    import syslog
-
-    syslog.openlog("slurm-hooks", syslog.LOG_PID, syslog.LOG_DAEMON)
-    syslog.syslog(priority, text)
-
-
-def _priority(kind: str) -> int:
-    import syslog
-
-    return {"opened": syslog.LOG_CRIT, "escalated": syslog.LOG_CRIT, "breaker": syslog.LOG_CRIT,
-            "reminder": syslog.LOG_WARNING}.get(kind, syslog.LOG_NOTICE)
-
-
-class Outbox:
-    """One file per (message, destination) in ``<dir>/outbox``; a ledger of what was delivered."""
-
-    def __init__(self, directory: str):
-        self.dir = directory
-        self.box = os.path.join(directory, "outbox")
-        self.failed = os.path.join(directory, "failed")
-        self.ledger_path = os.path.join(directory, "delivered.json")
-        self._ledger: list[str] | None = None
-
-    def _name(self, mid: str, dest: str) -> str:
-        safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in mid)
-        return os.path.join(self.box, f"{safe}--{dest}.json")
-
-    def ledger(self) -> list[str]:
-        if self._ledger is None:
-            try:
-                with open(self.ledger_path, encoding="utf-8") as fh:
-                    data = json.load(fh)
-                self._ledger = [str(x) for x in data] if isinstance(data, list) else []
-            except (OSError, ValueError):
-                self._ledger = []
-        return self._ledger
-
-    def put(self, message: Message, dest: str, now: float) -> bool:
-        """Queue ``message`` for ``dest`` unless it is queued or was delivered already."""
-        path = self._name(message.id, dest)
-        if f"{message.id}@{dest}" in self.ledger() or os.path.exists(path):
-            return False
-        entry = {"id": message.id, "dest": dest, "kind": message.kind, "message": message.data,
-                 "created": now, "attempts": 0, "next_at": now, "last_error": ""}
-        os.makedirs(self.box, mode=0o700, exist_ok=True)
-        fsutil.atomic_write(path, json.dumps(entry), mode=0o600)
-        return True
-
-    def entries(self) -> list[tuple[str, dict[str, Any]]]:
-        try:
-            names = sorted(n for n in os.listdir(self.box) if n.endswith(".json") and not n.startswith("."))
-        except FileNotFoundError:
-            return []
-        out = []
-        for name in names:
-            path = os.path.join(self.box, name)
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    out.append((path, json.load(fh)))
-            except (OSError, ValueError):
-                continue
-        out.sort(key=lambda e: (float(e[1].get("created", 0)), e[0]))
-        return out
-
-    def delivered(self, path: str, entry: dict[str, Any]) -> None:
-        """Note it in the ledger first, then remove the file: a crash in between sends nothing again."""
-        ledger = self.ledger()
-        ledger.append(f"{entry['id']}@{entry['dest']}")
-        del ledger[:-LEDGER_SIZE]
-        fsutil.atomic_write(self.ledger_path, json.dumps(ledger), mode=0o600)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-    def was_delivered(self, entry: dict[str, Any]) -> bool:
-        return f"{entry['id']}@{entry['dest']}" in self.ledger()
-
-    def retry(self, path: str, entry: dict[str, Any], error: str, now: float, cap: float) -> None:
-        entry["attempts"] = int(entry.get("attempts", 0)) + 1
-        entry["next_at"] = now + min(cap, BACKOFF_FIRST_S * 2 ** (entry["attempts"] - 1))
-        entry["last_error"] = error
-        fsutil.atomic_write(path, json.dumps(entry), mode=0o600)
-
-    def give_up(self, path: str, entry: dict[str, Any], error: str) -> None:
-        entry["last_error"] = error
-        os.makedirs(self.failed, mode=0o700, exist_ok=True)
-        fsutil.atomic_write(os.path.join(self.failed, os.path.basename(path)), json.dumps(entry), mode=0o600)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+breaker_message = bridge_message
 
 
 # --- the notifier -----------------------------------------------------------------------
+
+
+class Pace:
+    """Each receiver's pace, kept in ``<dir>/pace.json`` (the watcher and a flush share it): a token
+    bucket of ``rate`` requests per second (burst :data:`BURST`), and a hold after a failure (capped
+    exponential backoff with jitter, or the receiver's ``Retry-After``)."""
+
+    def __init__(self, path: str, rate: float, cap: float, rng: random.Random):
+        self.path, self.rate, self.cap, self.rng = path, rate, cap, rng
+        self.state: dict[str, dict[str, float]] = {}
+        self.changed = False
+
+    def load(self) -> None:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            self.state = {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            self.state = {}
+        self.changed = False
+
+    def save(self) -> None:
+        if self.changed:
+            fsutil.atomic_write(self.path, json.dumps(self.state), mode=0o600)
+            self.changed = False
+
+    def _of(self, dest: str, now: float) -> dict[str, float]:
+        p = self.state.setdefault(dest, {"tokens": float(BURST), "at": now, "hold": 0.0, "fails": 0})
+        p["tokens"] = min(float(BURST), float(p.get("tokens", BURST)) + max(0.0, now - float(p.get("at", now))) * self.rate)
+        p["at"] = now
+        return p
+
+    def may_send(self, dest: str, now: float) -> bool:
+        p = self._of(dest, now)
+        return now >= float(p.get("hold", 0.0)) and p["tokens"] >= 1.0
+
+    def sent(self, dest: str, now: float) -> None:
+        p = self._of(dest, now)
+        p["tokens"] -= 1.0
+        p["fails"] = 0
+        self.changed = True
+
+    def failed(self, dest: str, now: float, retry_after: float | None) -> float:
+        """Hold the receiver back; returns until when."""
+        p = self._of(dest, now)
+        p["fails"] = int(p.get("fails", 0)) + 1
+        wait = backoff(int(p["fails"]), self.cap, self.rng)
+        if retry_after is not None:
+            wait = max(wait, retry_after * (1.0 + self.rng.uniform(0.0, 0.2)))
+        p["hold"] = now + wait
+        self.changed = True
+        return p["hold"]
+
+
+def backoff(attempts: int, cap: float, rng: random.Random) -> float:
+    """Seconds before try ``attempts + 1``: doubling from :data:`BACKOFF_FIRST_S`, the exponent capped
+    at :data:`BACKOFF_EXP_MAX`, at most ``cap``, with "equal jitter" (half fixed, half random) so that
+    a fleet's notifiers do not come back in step."""
+    full = min(cap, BACKOFF_FIRST_S * 2.0 ** min(max(attempts, 1) - 1, BACKOFF_EXP_MAX))
+    return full / 2.0 + rng.uniform(0.0, full / 2.0)
 
 
 class Notifier:
@@ -300,20 +370,23 @@ class Notifier:
 
     ``run(stop)`` is the watcher's thread (a pass every second); :meth:`flush` one
     bounded pass for the health check. ``send`` and ``syslog`` are how a message
-    leaves (stdlib urllib and syslog unless given).
+    leaves (stdlib urllib and syslog unless given); ``clock`` and ``rng`` are time and
+    chance (tests pass their own: nothing here sleeps on the clock).
     """
 
     def __init__(self, settings: Settings, send: Sender | None = None, syslog: SyslogSender | None = None,
-                 clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None):
+                 clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None,
+                 rng: random.Random | None = None):
         self.s = settings
-        self.send = send or http_post
-        self.syslog = syslog or syslog_send
         self.clock = clock
         self.log = log or (lambda msg: print(f"slurm-hooks notify: {msg}", file=sys.stderr, flush=True))
-        self.outbox = Outbox(settings.dir)
+        self._said: set[str] = set()
+        self.dests = settings.destinations(send, syslog, problem=self._say_once)
+        self.outbox = Outbox(settings.dir, settings.max_queued, settings.max_age)
+        self.pace = Pace(os.path.join(settings.dir, "pace.json"), settings.rate, settings.retry_max,
+                         rng or random.Random())
         self.state_path = os.path.join(settings.dir, "cursor.json")
         self.heartbeat_path = os.path.join(settings.dir, "delivering")
-        self._said: set[str] = set()
         #: When the next held-back message (an incident within its settle time) becomes due (clock time).
         self._settling: float | None = None
 
@@ -329,7 +402,7 @@ class Notifier:
         deadline = time.monotonic() + timeout
         with self._turn(timeout) as mine:
             if not mine:
-                return {"queued": 0, "sent": 0, "waiting": len(self.outbox.entries()), "busy": 1}
+                return {"queued": 0, "sent": 0, "waiting": self.outbox.waiting(), "busy": 1}
             self._settling = None
             queued = self.collect()
             if wait_settle and self._settling is not None:
@@ -338,7 +411,7 @@ class Notifier:
                     time.sleep(wait)
                     queued += self.collect()
             sent = self.deliver(deadline)
-        return {"queued": queued, "sent": sent, "waiting": len(self.outbox.entries()), "busy": 0}
+        return {"queued": queued, "sent": sent, "waiting": self.outbox.waiting(), "busy": 0}
 
     def has_work(self) -> bool:
         """Cheap (a listing, a stat, a small file): something waits in the outbox, the audit log grew or
@@ -414,7 +487,8 @@ class Notifier:
                         yield False
                         return
                     time.sleep(0.02)
-            self.outbox._ledger = None  # another process may have delivered since
+            self.outbox.forget()  # another process may have delivered since
+            self.pace.load()
             yield True
         finally:
             os.close(fd)
@@ -432,15 +506,18 @@ class Notifier:
         quiet_before = now - BACKFILL_S if first else float("-inf")
         messages: list[Message] = []
         for r in records:
-            if r.get("kind") == "bridge_breaker_tripped" and not r.get("dry_run") and float(r.get("ts", 0)) >= quiet_before:
-                messages.append(breaker_message(r))
+            if float(r.get("ts", 0)) >= quiet_before:
+                m = bridge_message(r, self.s.cluster, self.s.runbook)
+                if m is not None:
+                    messages.append(m)
         for inc in [*tracker.closed, *tracker.open.values()]:
             messages.extend(self._due(inc, now, quiet_before))
         queued = 0
-        dests = self.s.destinations
         for m in messages:
-            for dest in dests:
-                queued += self.outbox.put(m, dest, now)
+            for name, dest in self.dests.items():
+                if dest.accepts(m.kind):
+                    queued += self.outbox.put(m.id, m.kind, m.data, m.incident, name, now)
+        self._report_moved()
         # Closed incidents are done once told; open ones stay with what was told about them.
         state = {"cursor": cursor, "tracker": tracker.to_dict()}
         fsutil.atomic_write(self.state_path, json.dumps(state), mode=0o600)
@@ -449,6 +526,7 @@ class Notifier:
     def _due(self, inc: Incident, now: float, quiet_before: float) -> list[Message]:
         told = inc.told
         out: list[Message] = []
+        c, rb = self.s.cluster, self.s.runbook
         if inc.opened_at < quiet_before:
             told.setdefault("opened", "before this notifier")
             told.setdefault("escalated", [a for _, a in inc.escalations])
@@ -457,23 +535,33 @@ class Notifier:
                 due = inc.opened_at + self.s.settle
                 self._settling = due if self._settling is None else min(self._settling, due)
                 return out  # let the hooks finish writing (requeued jobs) before the one message
-            out.append(compose(inc, "opened", now))
+            out.append(compose(inc, OPENED, now, cluster=c, runbook=rb))
             told["opened"] = True
+            told["opened_at"] = now
             told["escalated"] = [a for _, a in inc.escalations]
+            told["alert_action"] = inc.action
         for _, action in inc.escalations:
             if action not in told.setdefault("escalated", []):
                 snapshot = Incident.from_dict({**inc.to_dict(), "action": action})
-                out.append(compose(snapshot, "escalated", now))
+                out.append(compose(snapshot, ESCALATED, now, cluster=c, runbook=rb,
+                                   previous_action=str(told.get("alert_action") or "")))
                 told["escalated"].append(action)
+                told["alert_action"] = action
         if not inc.open:
             if not told.get("resolved") and told["opened"] is True:
-                out.append(compose(inc, "resolved", now))
+                out.append(compose(inc, RESOLVED, now, cluster=c, runbook=rb))
             told["resolved"] = True
-        elif self.s.reminder_after > 0:
+            return out
+        if self.s.reminder_after > 0:
             n = int((now - inc.opened_at) // self.s.reminder_after)
             if n > int(told.get("reminders", 0)):
-                out.append(compose(inc, "reminder", now, n))
+                out.append(compose(inc, REMINDER, now, n, cluster=c, runbook=rb))
                 told["reminders"] = n
+        if self.s.alertmanagers and told["opened"] is True:
+            n = int((now - float(told.get("opened_at", now))) // self.s.alert_repost)
+            if n > int(told.get("reposts", 0)):
+                out.append(compose(inc, FIRING, now, n, cluster=c, runbook=rb))
+                told["reposts"] = n
         return out
 
     def _load_state(self) -> dict[str, Any]:
@@ -520,50 +608,66 @@ class Notifier:
     # -- the outbox out
 
     def deliver(self, deadline: float) -> int:
-        """Send what is due until ``deadline`` (monotonic). Returns how many were delivered."""
-        dests = self.s.destinations
+        """Send what is due until ``deadline`` (monotonic), newest incident first, each receiver at its
+        own pace. Returns how many were delivered. One entry that fails never stops the others."""
         sent = 0
-        for path, entry in self.outbox.entries():
+        now = self.clock()
+        if self.outbox.expire(now):
+            self._say_once("messages older than [notify] max_age were dropped (said in the next message)")
+        held: set[str] = set()
+        for entry in self.outbox.in_order():
             if time.monotonic() >= deadline:
                 break
             now = self.clock()
-            if float(entry.get("next_at", 0)) > now:
+            if entry.dest in held or entry.next_at > now:
                 continue
             if self.outbox.was_delivered(entry):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                self.outbox.discard(entry)
                 continue
-            dest = dests.get(str(entry.get("dest")))
+            dest = self.dests.get(entry.dest)
             if dest is None:
-                self.outbox.give_up(path, entry, "destination no longer configured")
-                self.log(f"message {entry.get('id')} kept in {self.outbox.failed}: its receiver is no longer configured")
+                self.outbox.give_up(entry, "destination no longer configured")
+                self.log(f"message {entry.id} kept in {self.outbox.failed}: its receiver is no longer configured")
                 continue
+            if not self.pace.may_send(entry.dest, now):
+                held.add(entry.dest)
+                continue
+            dropped = self.outbox.dropped(entry.dest)
+            note = (f"{dropped} older message(s) for this receiver were dropped while it could not be reached "
+                    f"(the outbox keeps {self.s.max_queued} for {duration(self.s.max_age)}).") if dropped else ""
             try:
-                self._send(entry, dest, max(0.1, min(self.s.timeout, deadline - time.monotonic())))
+                dest.send(entry.id, entry.kind, entry.message,
+                          Delivery(max(0.1, min(self.s.timeout, deadline - time.monotonic())), now, note))
             except DeliveryError as exc:
                 if exc.permanent:
-                    self.outbox.give_up(path, entry, str(exc))
-                    self.log(f"message {entry['id']} refused by {_where(dest)}: {exc}; kept in {self.outbox.failed}")
+                    self.outbox.give_up(entry, str(exc))
+                    self.log(f"message {entry.id} refused by {dest.where}: {exc}; kept in {self.outbox.failed}")
                 else:
-                    self.outbox.retry(path, entry, str(exc), now, self.s.retry_max)
-                    self._say_once(f"cannot deliver to {_where(dest)}: {exc}; retrying with backoff")
+                    until = self.pace.failed(entry.dest, now, exc.retry_after)
+                    self.outbox.retry(entry, str(exc), max(until, now + backoff(entry.attempts + 1, self.s.retry_max,
+                                                                                self.pace.rng)))
+                    held.add(entry.dest)
+                    self._say_once(f"cannot deliver to {dest.where}: {exc}; retrying with backoff")
                 continue
-            self.outbox.delivered(path, entry)
-            self._said = {m for m in self._said if _where(dest) not in m}
+            except Exception as exc:  # noqa: BLE001 - a message we cannot even build must not block the rest
+                self.outbox.give_up(entry, f"{type(exc).__name__}: {exc}")
+                self.log(f"message {entry.id} could not be sent ({type(exc).__name__}: {exc}); kept in "
+                         f"{self.outbox.failed}")
+                continue
+            self.pace.sent(entry.dest, now)
+            if dropped:
+                self.outbox.count_dropped(entry.dest, -dropped)
+            self.outbox.delivered(entry)
+            self._said = {m for m in self._said if dest.where not in m}
             sent += 1
+        self.pace.save()
+        self._report_moved()
         return sent
 
-    def _send(self, entry: dict[str, Any], dest: dict[str, str], timeout: float) -> None:
-        message = entry["message"]
-        if dest.get("format") == "text":
-            self.syslog(_priority(entry.get("kind", "")), message["text"])
-            return
-        body = json.dumps(payload(message, dest.get("format", "json"))).encode()
-        headers = {"Content-Type": "application/json", "User-Agent": "slurm-hooks",
-                   "Idempotency-Key": entry["id"]}
-        status = self.send(dest["url"], body, headers, timeout)
-        if not 200 <= status < 300:
-            raise DeliveryError(f"HTTP {status}", permanent=400 <= status < 500 and status not in (408, 429))
+    def _report_moved(self) -> None:
+        while self.outbox.moved_aside:
+            path = self.outbox.moved_aside.pop()
+            self._say_once(f"unreadable outbox file {os.path.basename(path)} moved to {self.outbox.bad}")
 
     def _say_once(self, message: str) -> None:
         if message not in self._said:
@@ -571,15 +675,7 @@ class Notifier:
             self.log(message)
 
 
-def _where(dest: dict[str, str]) -> str:
-    if dest.get("format") == "text":
-        return "syslog"
-    url = dest.get("url", "")
-    host = url.split("://", 1)[-1].split("/", 1)[0]
-    return dest.get("name") or host
-
-
-def pending(entries: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+def pending(entries: list[Entry]) -> list[str]:
     """One line per waiting message (for ``notify status``)."""
-    return [f"{e.get('id')} -> {e.get('dest')}: {e.get('attempts', 0)} attempt(s)"
-            + (f", last error: {e['last_error']}" if e.get("last_error") else "") for _, e in entries]
+    return [f"{e.id} -> {e.dest}: {e.attempts} attempt(s)" + (f", last error: {e.last_error}" if e.last_error else "")
+            for e in entries]

@@ -17,6 +17,7 @@ from slurm_hooks.preflight import slurmconf
 from slurm_hooks.preflight.environment import (
     check_bridge,
     check_gpus,
+    check_notify_secrets,
     check_paths,
     check_scontrol,
     check_wrappers,
@@ -50,6 +51,7 @@ def run(config_path: str | None = None, slurm_conf_path: str | None = None, node
         results += check_gpus(cfg, node)
     results += check_scontrol(cfg, conf.path if conf is not None else slurm_conf_path, runner)
     results += check_paths(cfg)
+    results += check_notify_secrets(cfg)
     results += check_wrappers(cfg)
     if "bridge" in cfg.raw:
         results += check_bridge(cfg)

@@ -8,6 +8,7 @@ import os
 from typing import Any, Callable
 
 from slurm_hooks import config as config_mod
+from slurm_hooks import urlsecret
 from slurm_hooks.config import Config
 from slurm_hooks.errors import CommandError, CommandTimeout, ConfigError, TransientError
 from slurm_hooks.preflight import slurmconf
@@ -170,6 +171,41 @@ def check_paths(cfg: Config) -> list[Result]:
     return out
 
 
+def check_notify_secrets(cfg: Config) -> list[Result]:
+    """A receiver's URL is a credential (anyone holding a Slack webhook URL can post to the channel): the
+    file it is written in, the config or its ``url_file``, must not be readable by others; and it
+    must be readable by us. Never prints a URL."""
+    check = "notify-secrets"
+    tables = [(kind, n, t) for kind in config_mod.DESTINATION_KEYS for n, t in enumerate(getattr(cfg.notify, kind))]
+    if not tables:
+        return []
+    problems: list[str] = []
+    for kind, n, table in tables:
+        label = f"[[notify.{kind}]] #{n + 1}"
+        if urlsecret.holds_secret(table) and cfg.path and os.stat(cfg.path).st_mode & 0o004:
+            problems.append(f"{label} has its url written in {cfg.path}, which is readable by others "
+                            f"(mode {os.stat(cfg.path).st_mode & 0o777:04o})")
+        for key in ("url_file", "auth_file"):
+            path = table.get(key)
+            if path and os.path.exists(path) and os.stat(path).st_mode & 0o004:
+                problems.append(f"{label} {key} {path} is readable by others "
+                                f"(mode {os.stat(path).st_mode & 0o777:04o})")
+        try:
+            urlsecret.resolve_url(table, label)
+            if table.get("auth_file"):
+                with open(table["auth_file"], encoding="utf-8"):
+                    pass
+        except ConfigError as exc:
+            problems.append(str(exc))
+        except OSError as exc:
+            problems.append(f"{label} auth_file {table['auth_file']}: cannot read: {exc.strerror}")
+    if problems:
+        return [Result(check, Status.FAIL, "; ".join(problems),
+                       "chmod 600 the file (owned by root), or move the URL to url_file = \"/etc/slurm-hooks/"
+                       "<name>.url\" (mode 0600)", cfg.path or "")]
+    return [Result(check, Status.PASS, f"{len(tables)} receiver URL(s) readable by us and by no one else")]
+
+
 #: File systems that do not survive a reboot.
 VOLATILE_FS = ("tmpfs", "ramfs")
 
@@ -214,9 +250,14 @@ def check_bridge(cfg: Config) -> list[Result]:
         return [Result(check, Status.FAIL, str(exc),
                        "set [bridge] kubeconfig, or run in a pod with a service account token")]
     try:
-        needed = kube_access.REQUIRED
-        if settings.replace.backend != "template":  # a template's API group is known only to `render`
-            needed = kube_access.permissions_for(rbac.rules(settings.replace))
+        from slurm_hooks.bridge.leader import lease_namespace
+        from slurm_hooks.bridge.replace import ReplacementError, template_groups
+
+        try:
+            groups = template_groups(settings.replace, settings.reboot)
+        except (ReplacementError, ConfigError) as exc:
+            return [Result(check, Status.FAIL, str(exc), "fix the template: its apiVersion names the group to ask about")]
+        needed = kube_access.permissions_for(rbac.rules(settings, groups), lease_namespace(settings.lease_namespace))
         verdicts = kube_access.review(client, needed)
     except TransientError as exc:
         return [Result(check, Status.FAIL, f"{source}: {exc}", "is the API server reachable from here?")]

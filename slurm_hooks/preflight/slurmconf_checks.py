@@ -10,7 +10,7 @@ import stat
 
 from slurm_hooks.config import Config
 from slurm_hooks.install import layout
-from slurm_hooks.preflight import slurmconf
+from slurm_hooks.preflight import nhc, slurmconf
 from slurm_hooks.preflight.results import Result, Status
 from slurm_hooks.preflight.slurmconf import SlurmConf
 
@@ -84,8 +84,10 @@ def _read_script(path: str) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, example: str) -> list[Result]:
-    """The program slurmd runs for ``key`` exists, is safe to run as root and calls us."""
+def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, example: str,
+                  cfg: Config | None = None, node: str | None = None) -> list[Result]:
+    """The program slurmd runs for ``key`` exists, is safe to run as root and calls us; for
+    HealthCheckProgram, LBNL NHC that calls our ``check_slurm_hooks`` does too (preflight.nhc)."""
     wanted = f"slurm-hooks {subcommand}"
     fix_new = f"{key}={example} (laid by `{layout.install_command()}`)"
     e = conf.entry(key)
@@ -123,6 +125,11 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
         inv = find_invocation(_read_script(path), subcommand)
         if inv is not None:
             found.append((path, inv))
+    if inspected and not found and key == "HealthCheckProgram" and cfg is not None:
+        for path in inspected:
+            setup = nhc.detect(path)
+            if setup is not None:
+                return out + nhc.check(conf, cfg, setup, node, e.where)
     if inspected and not found:
         shown = ", ".join(inspected) if len(inspected) <= 3 else f"{len(inspected)} files"
         fix = (f"link {example} into {os.path.dirname(target)} (laid by `{layout.install_command()}`)" if is_glob
@@ -415,7 +422,7 @@ def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Res
     """Every slurm.conf check, in the order an admin reads them."""
     out: list[Result] = []
     for key, check, sub, example in PROGRAMS:
-        out += check_program(conf, key, check, sub, example)
+        out += check_program(conf, key, check, sub, example, cfg, node)
     out += check_health_check_interval(conf)
     out += check_health_check_node_state(conf)
     out += check_kill_wait(conf, cfg)

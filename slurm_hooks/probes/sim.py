@@ -109,6 +109,22 @@ def init(sim_dir: str, node: str, gpus: int = 8, model: str = "H100", minors: li
     return state
 
 
+def cap_minor(gpu_minor: int, gi: int) -> int:
+    """The minor number of MIG instance ``gi``'s access file on /dev/nvidia<gpu_minor> (the
+    simulation's; a real driver lists its own in /proc/driver/nvidia-caps/mig-minors)."""
+    return 3 + (gpu_minor * 8 + gi) * 2
+
+
+def mig_minors(gpu_minors: list[int], mig: int) -> str:
+    """/proc/driver/nvidia-caps/mig-minors as the driver writes it (``gpu<minor>/gi<id>/access
+    <cap minor>``, and each compute instance's), for ``mig`` instances on each GPU."""
+    lines = ["config 1", "monitor 2"]
+    for m in gpu_minors:
+        for gi in range(1, mig + 1):
+            lines += [f"gpu{m}/gi{gi}/access {cap_minor(m, gi)}", f"gpu{m}/gi{gi}/ci0/access {cap_minor(m, gi) + 1}"]
+    return "\n".join(lines) + "\n"
+
+
 def _next_seq_base(sim_dir: str, node: str) -> int:
     try:
         previous = int(read(sim_dir, node).get("seq", 0))

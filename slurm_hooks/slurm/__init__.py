@@ -58,6 +58,11 @@ class NodeInfo:
     def reason_user(self) -> str:
         return str(self.extra.get("ReasonUser", "") or "")
 
+    @property
+    def extra_text(self) -> str:
+        """The node's ``Extra`` field (free text, settable with ``scontrol update Extra=``; Slurm 22.05+)."""
+        return str(self.extra.get("Extra") or "")
+
 
 #: Job states in which a job still holds (or is releasing) a node.
 ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING")
@@ -174,6 +179,10 @@ class Slurm(Protocol):
 
     def resume(self, name: str) -> None: ...
 
+    def set_node_extra(self, name: str, text: str) -> None:
+        """``scontrol update NodeName=<name> Extra=<text>``: never touches the state or the reason."""
+        ...
+
     def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
         """``scontrol reboot ASAP nextstate=<nextstate> reason=<reason> <name>``: drained at once,
         rebooted through RebootProgram once idle. Only a node that carries no one else's reason."""
@@ -199,7 +208,20 @@ class Slurm(Protocol):
 
     def start_now(self, ref: int | str) -> None: ...
 
-    def signal(self, ref: int | str, signal: str) -> None: ...
+    def signal(self, ref: int | str, signal: str, target: str = "full") -> None:
+        """``scancel --signal``: ``target`` "steps", "batch" (``B:``) or "full"."""
+
+    def batch_script(self, ref: int | str) -> bytes:
+        """The job's batch script as submitted (``scontrol write batch_script``)."""
+
+    def submit_line(self, ref: int | str) -> str:
+        """The job's sbatch command line (``sacct -o SubmitLine``; needs slurmdbd)."""
+
+    def job_partition(self, ref: int | str) -> str:
+        """The job's partition ("" when Slurm does not say)."""
+
+    def kill_wait(self) -> float | None:
+        """slurm.conf's KillWait (s), or None when it cannot be read."""
 
     def admin_comment(self, ref: int | str) -> str:
         """The job's AdminComment ("" when none)."""
@@ -214,14 +236,24 @@ class Slurm(Protocol):
 #: more, but what we write stays within what a submission may carry.
 ADMIN_COMMENT_MAX = 1024
 ADMIN_COMMENT_SEP = "; "
+#: The UTC minute our lines end with: a retry a minute later says the same thing.
+_ADMIN_COMMENT_STAMP = re.compile(r",\s*\d{4}-\d\d-\d\dT\d\d:\d\dZ$")
+
+
+def admin_comment_line(text: str) -> str:
+    """One entry: on one line, without the separator (a summary of several findings joins them with
+    "; " too: written as is, its second half would read as someone else's entry)."""
+    return " ".join(text.split()).replace(";", ",")
 
 
 def join_admin_comment(existing: str, line: str, limit: int = ADMIN_COMMENT_MAX) -> str | None:
     """``existing`` with ``line`` appended (``; ``), within ``limit``. What others wrote is kept
-    whole; our own older lines go first when room is short. ``None``: no room without cutting theirs."""
-    line = " ".join(line.split())
+    whole; our own older lines go first when room is short. A line said already (the same words,
+    whatever minute it was stamped with: a retried run) is not said again.
+    ``None``: no room without cutting theirs."""
+    line = admin_comment_line(line)
     parts = [p for p in (existing or "").split(ADMIN_COMMENT_SEP) if p.strip()]
-    if line in parts:
+    if _ADMIN_COMMENT_STAMP.sub("", line) in {_ADMIN_COMMENT_STAMP.sub("", p.strip()) for p in parts}:
         return existing  # said already (a retried run)
     while True:
         joined = ADMIN_COMMENT_SEP.join([*parts, line])

@@ -30,6 +30,20 @@ class SlurmNotFound(SlurmCommandFailed):
     """No such node or job (a finished job is forgotten after MinJobAge)."""
 
 
+class AlreadyRequeued(SlurmCommandFailed):
+    """``scontrol requeue`` of a job that is PENDING again: it requeued itself, or another
+    run (the watcher, the check on the job's other node) requeued it a moment ago."""
+
+
+#: What ``scontrol requeue`` prints for a job that is already back in the queue.
+_ALREADY_REQUEUED = ("pending",)
+
+
+def requeue_refused(text: str) -> bool:
+    """Whether Slurm refused a requeue because the job is already PENDING again."""
+    return any(s in text.lower() for s in _ALREADY_REQUEUED)
+
+
 class ReasonNotOurs(PermanentError):
     """Another party's drain reason is on the node: we neither overwrite nor resume it.
 

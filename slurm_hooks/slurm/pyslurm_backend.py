@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_resume, out_of_service
 from slurm_hooks.slurm.errors import (
+    AlreadyRequeued,
     ReasonNotOurs,
     SlurmCommandFailed,
     SlurmNotFound,
@@ -30,6 +31,7 @@ from slurm_hooks.slurm.errors import (
     SlurmUnavailable,
     check_drain,
     classify_message,
+    requeue_refused,
 )
 from slurm_hooks.slurm.scontrol import call_timeout
 
@@ -119,6 +121,10 @@ class PyslurmSlurm:
         """pyslurm has no reboot request that takes a reason: scontrol does it."""
         self._array_cli().reboot(name, reason, nextstate)
 
+    def set_node_extra(self, name: str, text: str) -> None:
+        """Through scontrol, like the reboot: one place that writes a node's Extra."""
+        self._array_cli("set a node's Extra").set_node_extra(name, text)
+
     # -- jobs
 
     def job(self, job_id: int | str) -> JobInfo:
@@ -164,7 +170,12 @@ class PyslurmSlurm:
             self._call(f"{what} {ref}", getattr(job, what))
 
     def requeue(self, ref: int | str) -> None:
-        self._act("requeue", ref)
+        try:
+            self._act("requeue", ref)
+        except SlurmCommandFailed as exc:
+            if isinstance(exc, AlreadyRequeued) or not requeue_refused(str(exc)):
+                raise
+            raise AlreadyRequeued(str(exc), exc.argv, exc.stderr) from None
 
     def release(self, ref: int | str) -> None:
         self._act("release", ref)
@@ -178,15 +189,22 @@ class PyslurmSlurm:
     def set_admin_comment(self, ref: int | str, text: str) -> None:
         self._array_cli("set an AdminComment").set_admin_comment(_ref(ref), text)
 
-    def signal(self, ref: int | str, signal: str) -> None:
-        """Like ``scancel --full``: the batch script, its children and all steps."""
-        if "_" in _ref(ref):
-            self._array_cli().signal(_ref(ref), signal)
-            return
-        job_id = int(_ref(ref))
-        sig = str(signal).upper()
-        sig = sig if sig.startswith("SIG") or sig.isdigit() else f"SIG{sig}"
-        self._call(f"signal {job_id}", self.ps.Job(job_id).send_signal, int(sig) if sig.isdigit() else sig, "all")
+    def signal(self, ref: int | str, signal: str, target: str = "full") -> None:
+        """Through scontrol's backend (``scancel``): pyslurm's ``send_signal`` has no ``--batch``
+        without ``--full``, and one place keeps the targets."""
+        self._array_cli("signal a job").signal(_ref(ref), signal, target)
+
+    def batch_script(self, ref: int | str) -> bytes:
+        return self._array_cli("read a batch script").batch_script(_ref(ref))
+
+    def submit_line(self, ref: int | str) -> str:
+        return self._array_cli("read a submit line").submit_line(_ref(ref))
+
+    def job_partition(self, ref: int | str) -> str:
+        return self._array_cli("read a job's partition").job_partition(_ref(ref))
+
+    def kill_wait(self) -> float | None:
+        return self._array_cli("read KillWait").kill_wait()
 
 
 def _node_info(node: Any) -> NodeInfo:

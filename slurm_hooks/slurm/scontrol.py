@@ -31,6 +31,7 @@ from slurm_hooks.slurm import (
     quirks,
 )
 from slurm_hooks.slurm.errors import (
+    AlreadyRequeued,
     ReasonNotOurs,
     SlurmCommandFailed,
     SlurmNotFound,
@@ -38,10 +39,11 @@ from slurm_hooks.slurm.errors import (
     SlurmUnavailable,
     check_drain,
     classify_message,
+    requeue_refused,
 )
 from slurm_hooks.slurm.version import parse_version
 
-__all__ = ["ReasonNotOurs", "ScontrolSlurm", "SlurmCommandFailed", "SlurmNotFound", "SlurmTimeout",
+__all__ = ["AlreadyRequeued", "ReasonNotOurs", "ScontrolSlurm", "SlurmCommandFailed", "SlurmNotFound", "SlurmTimeout",
            "SlurmUnavailable", "classify_message"]
 
 
@@ -357,7 +359,8 @@ def _node_from_json(raw: dict) -> NodeInfo:
     if isinstance(changed, dict):
         changed = changed.get("number") if changed.get("set", True) else None
     extra = {"ReasonUser": str(raw.get("reason_set_by_user") or ""), "ReasonTime": str(changed or ""),
-             "Version": str(raw.get("version") or raw.get("slurmd_version") or "")}
+             "Version": str(raw.get("version") or raw.get("slurmd_version") or ""),
+             "Extra": str(raw.get("extra") or "")}
     return NodeInfo(name=str(raw["name"]), state="+".join(p for p in parts if p) or "UNKNOWN",
                     reason=str(raw.get("reason") or "").strip(), comment=str(raw.get("comment") or ""),
                     gres=str(raw.get("gres") or ""), extra=extra)
@@ -525,6 +528,12 @@ class ScontrolSlurm:
             raise ReasonNotOurs(current, "resume")
         self._run("scontrol", "update", f"NodeName={self._node_arg(name)}", "State=RESUME")
 
+    def set_node_extra(self, name: str, text: str) -> None:
+        """``scontrol update NodeName=<name> Extra=<text>`` (one argv element; ``""`` clears it)."""
+        if "\n" in text:
+            raise SlurmCommandFailed(f"{name}: refusing a multi-line Extra")
+        self._run("scontrol", "update", f"NodeName={self._node_arg(name)}", f"Extra={text}")
+
     def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
         """``scontrol reboot ASAP nextstate=... reason=... <node>``; the reason is one argv element.
 
@@ -583,8 +592,15 @@ class ScontrolSlurm:
         """``scontrol requeue``: SIGTERM, KillWait, SIGKILL, then PENDING (held back 121 s unless start_now).
 
         Pass :attr:`JobInfo.ref`: the array's base id would requeue every task of the array.
+        Raises :class:`AlreadyRequeued` when the job is PENDING again already (it requeued
+        itself, or another run did).
         """
-        self._run("scontrol", "requeue", self._job_arg(ref))
+        try:
+            self._run("scontrol", "requeue", self._job_arg(ref))
+        except SlurmCommandFailed as exc:
+            if requeue_refused(exc.stderr or str(exc)):
+                raise AlreadyRequeued(str(exc), exc.argv, exc.stderr) from None
+            raise
 
     def release(self, ref: int | str) -> None:
         self._run("scontrol", "release", self._job_arg(ref))
@@ -604,19 +620,49 @@ class ScontrolSlurm:
             raise SlurmCommandFailed(f"job {ref}: refusing a multi-line AdminComment or one over {ADMIN_COMMENT_MAX}")
         self._run("scontrol", "update", f"JobId={self._job_arg(ref)}", f"AdminComment={text}")
 
-    def signal(self, ref: int | str, signal: str) -> None:
-        """Send ``signal`` to the batch script, its children and every step.
+    def signal(self, ref: int | str, signal: str, target: str = "full") -> None:
+        """Send ``signal`` the way ``--signal`` would: ``target`` "steps" (every step, not the
+        batch shell: Slurm's own way without ``B:``), "batch" (only the batch shell: ``B:``), or
+        "full" (the batch shell, its children and every step).
 
-        ``scancel --batch`` alone reaches only the batch shell, which defers a
-        trap until its foreground child exits; ``--full`` also reaches that
-        child (the training process), so the job can checkpoint inside the grace
-        window. Steps launched with srun are signalled too.
+        ``--batch`` alone reaches only the batch shell, which defers a trap until its foreground
+        child exits; "full" also reaches that child. A shell without a trap for the signal dies
+        of it: "full" is for jobs known to handle it.
         """
         m = _SIGNAL.match(str(signal).upper())
         if not m:
             raise SlurmCommandFailed(f"invalid signal {signal!r}")
-        self._run("scancel", f"--signal={m.group(1)}", "--full", self._job_arg(ref))
+        how = {"steps": [], "batch": ["--batch"], "full": ["--full"]}.get(target)
+        if how is None:
+            raise SlurmCommandFailed(f"invalid signal target {target!r} (steps, batch or full)")
+        self._run("scancel", f"--signal={m.group(1)}", *how, self._job_arg(ref))
 
+    def batch_script(self, ref: int | str) -> bytes:
+        """``scontrol write batch_script <ref> -``: the job's script as submitted (its size is
+        bounded by Slurm's max_script_size; callers read only its head)."""
+        return self._run("scontrol", "write", "batch_script", self._job_arg(ref), "-").encode("utf-8", "replace")
+
+    def submit_line(self, ref: int | str) -> str:
+        """``sacct -o SubmitLine`` (21.08+, with slurmdbd): the job's sbatch command line; "" when
+        accounting does not say."""
+        out = self._run("sacct", "-n", "-P", "-X", "-j", self._job_arg(ref), "-o", "SubmitLine")
+        return next((line for line in out.splitlines() if line.strip()), "")
+
+    def job_partition(self, ref: int | str) -> str:
+        """The job's partition (``scontrol -o show job``; "" when Slurm does not say)."""
+        m = re.search(r"(?:^| )Partition=(\S+)", self._run("scontrol", "-o", "show", "job", self._job_arg(ref)))
+        return m.group(1) if m else ""
+
+    def kill_wait(self) -> float | None:
+        """slurm.conf's KillWait in seconds (``scontrol show config``), asked once per bin_dir."""
+        if self.bin_dir not in _KILL_WAITS:
+            try:
+                text = self._run("scontrol", "show", "config")
+            except SlurmHooksError:
+                return None
+            m = re.search(r"^KillWait\s*=\s*(\d+)", text, re.M)
+            _KILL_WAITS[self.bin_dir] = float(m.group(1)) if m else None
+        return _KILL_WAITS[self.bin_dir]
 
     # -- maintenance reservations and jobs of our own (slurm-hooks sweep)
 
@@ -666,6 +712,9 @@ class ScontrolSlurm:
     def cancel(self, ref: int | str) -> None:
         self._run("scancel", self._job_arg(ref))
 
+
+#: KillWait per bin_dir, asked once per process (a change needs a reconfigure; hooks are short-lived).
+_KILL_WAITS: dict[str, float | None] = {}
 
 #: (major, minor) of the Slurm whose commands are in a bin_dir, asked once per process.
 _VERSIONS: dict[str, tuple[int, int] | None] = {}

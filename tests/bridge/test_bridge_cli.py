@@ -32,8 +32,14 @@ def rendered(tmp_path, *args):
 
 def test_render_writes_least_privilege_rbac(tmp_path):
     docs = rendered(tmp_path)
-    sa, role, binding = docs["rbac.yaml"]
+    sa, role, binding, lease_role, lease_binding = docs["rbac.yaml"]
     assert (sa["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    # The leader's Lease: a Role in the bridge's namespace only.
+    assert (lease_role["kind"], lease_role["metadata"]["namespace"]) == ("Role", "slurm-hooks")
+    assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                    "verbs": ["get", "create", "update"]}]
+    assert lease_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                        "name": lease_role["metadata"]["name"]}
     rules = {(r["apiGroups"][0], r["resources"][0]): sorted(r["verbs"]) for r in role["rules"]}
     assert rules == {
         ("", "nodes"): ["get", "list", "patch"],
@@ -51,13 +57,14 @@ def test_render_adds_only_the_backends_own_rule(tmp_path):
     cfg.write_text('[bridge.replace]\nbackend = "karpenter"\n')
     role = rendered(tmp_path, "--config", str(cfg))["rbac.yaml"][1]
     extra = [r for r in role["rules"] if r["apiGroups"] != [""]]
-    assert extra == [{"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["list", "delete"]}]
+    assert extra == [{"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["get", "list", "delete"]}]
 
 
 def test_render_deployment_runs_one_bridge_with_the_embedded_config(tmp_path):
     configmap, deployment = rendered(tmp_path, "--namespace", "ops", "--image", "registry/bridge:1")["bridge.yaml"]
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Two replicas, one leader (the Lease): a standby takes over within the lease duration.
+    assert spec["replicas"] == 2 and spec["strategy"] == {"type": "RollingUpdate"}
     bridge = [c for c in spec["template"]["spec"]["containers"] if c["name"] == "bridge"][0]
     assert bridge["image"] == "registry/bridge:1"
     assert bridge["command"][:2] == ["slurm-hooks", "bridge"]
@@ -76,9 +83,10 @@ def test_render_slinky_values_wire_hooks_health_check_and_mounts(tmp_path):
     mounts = {m["name"]: m["mountPath"] for m in values["nodesets"]["gpu"]["slurmd"]["volumeMounts"]}
     volumes = {v["name"] for v in values["nodesets"]["gpu"]["podSpec"]["volumes"]}
     assert mounts["slurm-hooks-config"] == "/etc/slurm-hooks" and set(mounts) == volumes
-    (cm,) = values["extraObjects"]
-    assert set(cm["data"]) == {"config.toml"}  # the programs come from `slurm-hooks install` in the image
-    config_mod.parse(cm["data"]["config.toml"])
+    (secret,) = values["extraObjects"]
+    assert secret["kind"] == "Secret"  # the config may hold a webhook URL
+    assert set(secret["stringData"]) == {"config.toml"}  # the programs come from `slurm-hooks install` in the image
+    config_mod.parse(secret["stringData"]["config.toml"])
 
 
 def test_render_to_stdout_and_a_bad_config_is_one_line(tmp_path):
@@ -153,7 +161,7 @@ def test_bridge_once_remediates_and_exits_0(site):
     assert site["server"].get("v1/pods", "job-n1", "jobs") is None
     assert "unschedulable" not in site["server"].get("v1/nodes", "n2")["spec"]
     kinds = [json.loads(line)["kind"] for line in (site["tmp"] / "audit.jsonl").read_text().splitlines()]
-    assert kinds[0] == "bridge_cordon" and kinds[-1] == "bridge_pass"
+    assert kinds[:2] == ["bridge_leader", "bridge_cordon"] and kinds[-1] == "bridge_pass"
     assert "slurm_hooks_bridge_breaker_open 0" in (site["tmp"] / "prom" / "slurm_hooks_bridge.prom").read_text()
 
 
@@ -178,7 +186,7 @@ def test_reset_breaker_and_status(tmp_path):
 
     state_file = tmp_path / "state.json"
     config = tmp_path / "config.toml"
-    config.write_text(f'[log]\naudit = "{tmp_path}/audit.jsonl"\n[bridge]\nstate_file = "{state_file}"\n')
+    config.write_text(f'[log]\naudit = "{tmp_path}/audit.jsonl"\n[bridge]\nstate_file = "{state_file}"\nleader_election = false\n')
     import time
     now = time.time()
     StateStore(str(state_file)).save(BreakerState(taken={"n1": now, "n2": now}, tripped_at=now,
@@ -217,3 +225,24 @@ def test_render_template_backend_may_get_its_resource_to_tell_its_own(tmp_path):
     extra = [r for r in role["rules"] if r["apiGroups"] != [""]]
     assert extra == [{"apiGroups": ["remediation.medik8s.io"], "resources": ["selfnoderemediations"],
                       "verbs": ["create", "get", "delete"]}]
+
+
+@pytest.mark.k8s
+def test_the_bridge_tells_the_replacement_it_asked_for_through_the_notifier(site):
+    from observe.test_notify import Receiver
+
+    rx = Receiver()
+    try:
+        with open(site["config"], "a", encoding="utf-8") as fh:
+            fh.write(f'[notify]\n[[notify.webhook]]\nurl = "{rx.url()}"\n')
+        os.chmod(site["config"], 0o600)
+        proc = run("bridge", "--config", site["config"], "--once", "--no-in-cluster")
+        assert proc.returncode == 0, proc.stderr
+        [msg] = rx.bodies()
+        assert msg["kind"] == "replace" and msg["node"] == "n1" and "asked for a replacement of node n1" in msg["text"]
+        # Kept beside the state file: a second run (a restart) tells nothing twice.
+        assert os.path.exists(site["tmp"] / "notify" / "delivered.json")
+        run("bridge", "--config", site["config"], "--once", "--no-in-cluster")
+        assert len(rx.bodies()) == 1
+    finally:
+        rx.stop()

@@ -268,12 +268,13 @@ def test_slurmd_pod_waits_for_a_terminating_pod_to_leave(kube, clock):
     kube.add_node("n1")
     kube.add_pod("slurmd", "n1", "slurm", **SLURMD)
     kube.add_pod("old", "n1", "jobs", **controlled_by(deletionTimestamp="2025-01-01T00:00:00Z"))
-    drainer = Drainer(kube, clock=clock, sleep=clock.sleep)
-    result = drainer.drain(kube.list_pods_on_node("n1"), 5, node="n1")
+    drainer = Drainer(kube)
+    evicted: dict[str, str] = {}
+    result = drainer.drain(kube.list_pods_on_node("n1"), evicted=evicted, node="n1")
     assert not result.done and result.last == ["slurm/slurmd"] and kube.evicted == []
     del kube.pods[("jobs", "old")]
-    result = drainer.drain(kube.list_pods_on_node("n1"), 5, node="n1")
-    assert result.done and kube.evicted == ["slurm/slurmd"]
+    result = drainer.drain(kube.list_pods_on_node("n1"), evicted=evicted, node="n1")
+    assert result.done and kube.evicted == ["slurm/slurmd"] and evicted == {"slurm/slurmd": "uid-slurm-slurmd"}
 
 
 # -- kubectl drain's protections -----------------------------------------------------------------------

@@ -345,3 +345,41 @@ def test_render_stamps_incidents_in_utc():
     [head, line] = ev.render([[{"ts": T0, "node": "n1", "kind": "note", "message": "hello"}]])
     assert head == f"incident on n1 at {datetime.fromtimestamp(T0, tz=timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
     assert line == "  +   0.000s  note    hello"
+
+
+# --- check --verdict / --deadline (NHC's check_slurm_hooks) -----------------------------------
+
+
+def test_verdict_of_a_healthy_node_is_one_ok_line(conf):
+    sim(conf, "init", "--node", "n1", "--gpus", "8")
+    r = slurm_hooks("check", "--dry-run", "--verdict", "--config", str(conf))
+    assert (r.returncode, r.stdout, r.stderr) == (0, "slurm-hooks-verdict: ok\n", "")
+
+
+def test_verdict_of_xid79_is_the_reason_without_the_action_tag_after_the_findings(conf):
+    sim(conf, "init", "--node", "n1", "--gpus", "8")
+    sim(conf, "inject", "--node", "n1", "--gpu", "3", "--xid", "79")
+    r = slurm_hooks("check", "--dry-run", "--verdict", "--config", str(conf))
+    assert r.returncode == 1, r.stderr
+    assert r.stdout == ("gpu3 xid: XID 79 (GPU has fallen off the bus) -> reboot\n"
+                        "slurm-hooks-verdict: slurm-hooks: XID 79 on GPU 3\n")
+
+
+def test_a_warning_alone_is_an_ok_verdict(conf):
+    sim(conf, "init", "--node", "n1", "--gpus", "8")
+    sim(conf, "inject", "--node", "n1", "--gpu", "6", "--temp", "88")
+    r = slurm_hooks("check", "--dry-run", "--verdict", "--config", str(conf))
+    assert (r.returncode, r.stdout.splitlines()[-1]) == (0, "slurm-hooks-verdict: ok"), r.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_deadline_must_be_positive_seconds(conf, value):
+    r = slurm_hooks("check", "--deadline", value, "--config", str(conf))
+    assert r.returncode == 2 and "--deadline" in r.stderr
+
+
+def test_a_short_deadline_still_probes_and_judges(conf):
+    sim(conf, "init", "--node", "n1", "--gpus", "8")
+    sim(conf, "inject", "--node", "n1", "--gpu", "3", "--xid", "79")
+    r = slurm_hooks("check", "--dry-run", "--deadline", "3", "--config", str(conf))
+    assert r.returncode == 1 and "XID 79" in r.stdout, r.stderr

@@ -26,6 +26,7 @@ import dataclasses
 
 from slurm_hooks.errors import PermanentError, SlurmHooksError
 from slurm_hooks.slurm import JobInfo, NodeInfo, hostlist
+from slurm_hooks.slurm.errors import AlreadyRequeued
 
 _ON_NODE = ("RUNNING", "CONFIGURING", "COMPLETING")
 _DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
@@ -40,6 +41,12 @@ class FakeSlurm:
         self._job_gpus: dict[str, tuple[int, ...] | None] = {}
         #: AdminComment by job id ("" when none), as scontrol show job has it.
         self.admin_comments: dict[int, str] = {}
+        #: What a job was submitted with, by job id: its batch script, its sbatch line (sacct's
+        #: SubmitLine; none: accounting off) and partition; and slurm.conf's KillWait.
+        self.scripts: dict[int, bytes] = {}
+        self.submit_lines: dict[int, str] = {}
+        self.partitions: dict[int, str] = {}
+        self.kill_wait_s: float | None = 30.0
         self.calls: list[tuple] = []
         #: Slurm >= 23.11 without accounting: RESUME leaves the reason (and its ReasonTime) on the
         #: node (verified on 24.11, Debian 13's testbed).
@@ -49,9 +56,11 @@ class FakeSlurm:
 
     # --- test set-up -------------------------------------------------------------
 
-    def add_node(self, name: str, state: str = "IDLE", reason: str = "", comment: str = "") -> NodeInfo:
-        """Add the node, or replace it whole (``comment``: the Slinky operator's JSON, as the bridge reads it)."""
-        self._nodes[name] = NodeInfo(name, state, reason, comment)
+    def add_node(self, name: str, state: str = "IDLE", reason: str = "", comment: str = "",
+                 extra: str = "") -> NodeInfo:
+        """Add the node, or replace it whole (``comment``: the Slinky operator's JSON, as the bridge reads it;
+        ``extra``: the node's Extra field)."""
+        self._nodes[name] = NodeInfo(name, state, reason, comment, extra={"Extra": extra} if extra else {})
         return self._nodes[name]
 
     def add_job(self, job_id: int, node: str, state: str = "RUNNING", *, batch: bool = True, requeue: bool = True,
@@ -180,6 +189,11 @@ class FakeSlurm:
         flags = [f for f in node.state.split("+") if f not in ("DRAIN", "REBOOT_REQUESTED")]
         self._nodes[name] = self.stamped(node, reason, state="+".join([*flags, "DRAIN", "REBOOT_REQUESTED"]))
 
+    def set_node_extra(self, name: str, text: str) -> None:
+        self._call("set_node_extra", name, text)
+        node = self._node(name)
+        self._nodes[name] = dataclasses.replace(node, extra={**node.extra, "Extra": text})
+
     def jobs_on_node(self, name: str) -> list[JobInfo]:
         self._call("jobs_on_node", name)
         self._node(name)
@@ -220,7 +234,7 @@ class FakeSlurm:
         self._call("requeue", ref)
         job = self._job(ref)
         if job.state.upper().startswith("PENDING"):
-            raise PermanentError(f"Job is pending execution for job {ref}")
+            raise AlreadyRequeued(f"Job is pending execution for job {ref}")
         if not job.requeue or not job.batch or job.state.upper().startswith(_DONE):
             raise PermanentError(f"Requested operation is presently disabled for job {ref}")
         self._update(job, state="COMPLETING", restarts=job.restarts + 1)
@@ -234,9 +248,27 @@ class FakeSlurm:
         self._call("start_now", ref)
         self._job(ref)
 
-    def signal(self, ref: int | str, signal: str) -> None:
-        self._call("signal", ref, signal)
+    def signal(self, ref: int | str, signal: str, target: str = "full") -> None:
+        self._call("signal", ref, signal, target)
         self._job(ref)
+
+    # What a job was submitted with: read only for a touched job, and not recorded in ``calls``
+    # unless it fails (tests of the requeue look at what is done, not at what is read).
+
+    def batch_script(self, ref: int | str) -> bytes:
+        return self.scripts.get(self._job(ref).job_id, b"#!/bin/sh\n")
+
+    def submit_line(self, ref: int | str) -> str:
+        job = self._job(ref)
+        if job.job_id not in self.submit_lines:
+            raise PermanentError("sacct: Slurm accounting storage is disabled")
+        return self.submit_lines[job.job_id]
+
+    def job_partition(self, ref: int | str) -> str:
+        return self.partitions.get(self._job(ref).job_id, "batch")
+
+    def kill_wait(self) -> float | None:
+        return self.kill_wait_s
 
     def admin_comment(self, ref: int | str) -> str:
         self._call("admin_comment", ref)

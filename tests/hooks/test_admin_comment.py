@@ -110,3 +110,16 @@ def test_a_job_the_prolog_refuses_is_told_why(node):
     assert jobhooks.prolog(w, env) == 1
     assert slurm.admin_comments[12].startswith("site: budget 42; slurm-hooks: refused by the prolog on n1, "
                                                "XID 79 on GPU 3, ")
+
+
+def test_a_summary_of_two_findings_is_one_entry_and_a_retry_never_duplicates_it():
+    line = "slurm-hooks: requeued from n1, XID 79 on GPU 3; XID 48 on GPU 1, 2026-12-01T10:02Z"
+    once = join_admin_comment("site: budget 42", line)
+    assert once == "site: budget 42; slurm-hooks: requeued from n1, XID 79 on GPU 3, XID 48 on GPU 1, 2026-12-01T10:02Z"
+    # The same run retried (the same minute, or the next one): nothing added.
+    assert join_admin_comment(once, line) == once
+    assert join_admin_comment(once, line.replace("10:02Z", "10:03Z")) == once
+    # Each entry is ours or theirs as a whole: short of room, our own entry goes, theirs stays.
+    theirs = "t" * 900
+    joined = join_admin_comment(f"{once}; {theirs}", "slurm-hooks: requeued from n2, XID 74 on GPU 0, 2026-12-01T11:00Z")
+    assert joined == f"site: budget 42; {theirs}; slurm-hooks: requeued from n2, XID 74 on GPU 0, 2026-12-01T11:00Z"

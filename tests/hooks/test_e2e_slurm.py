@@ -297,14 +297,14 @@ def test_a_job_that_completes_while_its_node_is_drained_is_not_run_again(hooked_
 @pytest.mark.parametrize("hold", ["hold", "uhold"])
 def test_an_admins_or_users_hold_is_never_released(clean_testbed, hold):
     tb = clean_testbed
-    from slurm_hooks.hooks import remediate
+    from slurm_hooks.hooks import follower
 
     job = tb.sbatch(TRAP_JOB, "--begin=now+1hour")
     tb.wait_job(job, ["PENDING"])
     tb.scontrol(hold, str(job))
     reason = {"hold": "JobHeldAdmin", "uhold": "JobHeldUser"}[hold]
     assert tb.slurm.job(job).reason == reason
-    results = remediate.follow_requeued(_wiring(tb, "n1"), [job], timeout=3)
+    results = follower.follow_requeued(_wiring(tb, "n1"), [job], timeout=3)
     assert results == {str(job): f"held: {reason}"}
     after = tb.slurm.job(job)
     assert (after.base_state, after.reason, after.priority) == ("PENDING", reason, "0")
@@ -357,11 +357,11 @@ def _requeue_on_bad_node(tb):
 
 def test_a_follower_whose_interpreter_is_unusable_is_audited_and_the_job_still_starts_at_once(hooked_testbed):
     tb = hooked_testbed
-    from slurm_hooks.hooks import remediate
+    from slurm_hooks.hooks import follower
 
     w, job, bad = _requeue_on_bad_node(tb)
     requeued = time.monotonic()
-    spawned = remediate.follow_jobs(w, [str(job)], "detached", python="/nonexistent/python3")
+    spawned = follower.follow_jobs(w, [str(job)], "detached", python="/nonexistent/python3")
     assert not spawned.started
     [rec] = actions(tb, "follow")
     assert rec["result"] == "failed" and "cannot start" in rec["error"], rec
@@ -371,11 +371,11 @@ def test_a_follower_whose_interpreter_is_unusable_is_audited_and_the_job_still_s
 
 def test_a_job_whose_follower_died_is_made_eligible_by_the_next_health_check(hooked_testbed, monkeypatch):
     tb = hooked_testbed
-    from slurm_hooks.hooks import remediate
+    from slurm_hooks.hooks import follower
 
-    monkeypatch.setattr(remediate, "FOLLOW_FALLBACK_S", 0.0)  # the hook takes one look, then goes
+    monkeypatch.setattr(follower, "FOLLOW_FALLBACK_S", 0.0)  # the hook takes one look, then goes
     w, job, bad = _requeue_on_bad_node(tb)
-    remediate.follow_jobs(w, [str(job)], "detached", python="/nonexistent/python3")
+    follower.follow_jobs(w, [str(job)], "detached", python="/nonexistent/python3")
     pending = tb.wait_job(job, ["PENDING"], timeout=15)
     if pending.reason != "BeginTime":
         pytest.skip(f"the hook's one look already caught the job PENDING ({pending.reason})")

@@ -250,3 +250,39 @@ def test_an_instance_fault_on_another_gpu_spares_a_whole_gpu_job(tmp_path):
     out = Outcome()
     remediate.requeue_jobs(t.w, out, follow="none", gpus=frozenset(), instances=frozenset({(5, 1)}))
     assert out.requeued == [] and requeues(t) == {"spared": ["701"]}
+
+
+def test_slurmd_g_of_mig_multiplefiles_names_instances_through_the_drivers_mig_minors():
+    # Captured on the testbed (`testbed up --gres-order 7,...,0 --mig 2`, Slurm 22.05.8): each instance
+    # is a MultipleFiles GRES, its GPU's file then its nvidia-cap; slurmd prints no UniqueId for them.
+    conf = gres.parse_slurmd_g((SLURM / "slurmd-G-22.05-mig-multiplefiles.txt").read_text())
+    assert len(conf.devices) == 16 and all(d.mig and not d.unique_id for d in conf.devices)
+    snap = snap_of(*(mig_gpu(k, k, f"GPU-{k}", [(f"MIG-{k}-{gi}", gi) for gi in (1, 2)]) for k in range(8)))
+    minors = gpumap.parse_mig_minors(sim.mig_minors(list(range(8)), 2))
+    gmap = gpumap.build(conf, snap, "slurmd -G", minors)
+    assert gmap.known, gmap.problem
+    assert [(s.gpu, s.instance, s.mig_uuid) for s in gmap.slots[:3]] == [(7, 1, "MIG-7-1"), (7, 2, "MIG-7-2"),
+                                                                        (6, 1, "MIG-6-1")]
+    assert not gpumap.build(conf, snap, "slurmd -G").known  # without mig-minors, no instance is named
+
+
+def test_mig_minors_lines_as_the_driver_writes_them():
+    text = "config 1\nmonitor 2\ngpu0/gi1/access 21\ngpu0/gi1/ci0/access 22\ngpu3/gi13/access 174\nbogus\n"
+    assert gpumap.parse_mig_minors(text) == {21: (0, 1), 22: (0, 1), 174: (3, 13)}
+
+
+def test_sim_init_cli_takes_minors_and_mig(tmp_path, capsys):
+    from slurm_hooks.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[gpu]\nbackend = "sim"\nsim_dir = "{tmp_path}/sim"\n')
+    argv = ["sim", "init", "--config", str(cfg), "--node", "n1", "--gpus", "2"]
+    with pytest.raises(SystemExit) as ok:
+        main([*argv, "--minors", "1,0", "--mig", "3"])
+    assert ok.value.code == 0
+    gpus = sim.read(f"{tmp_path}/sim", "n1")["gpus"]
+    assert [g["minor"] for g in gpus] == [1, 0] and [len(g["mig"]) for g in gpus] == [3, 3]
+    with pytest.raises(SystemExit) as bad:
+        main([*argv, "--minors", "1,1"])
+    err = capsys.readouterr().err
+    assert bad.value.code != 0 and "distinct minor numbers" in err and "Traceback" not in err

@@ -19,7 +19,7 @@ from fakes.slurm import FakeSlurm
 
 from slurm_hooks import config
 from slurm_hooks.errors import PermanentError, TransientError
-from slurm_hooks.hooks import healthcheck, jobhooks, remediate
+from slurm_hooks.hooks import follower, healthcheck, jobhooks, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.watch import Watcher
 from slurm_hooks.hooks.wiring import Wiring
@@ -396,7 +396,7 @@ def test_follow_releases_the_hold_our_prolog_refusal_caused_then_starts_it_now(t
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["COMPLETING", "COMPLETING", "PENDING"], reason="launch failed requeued held",
                        priority="0", restarts=1)
-    results = remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01)
+    results = follower.follow_requeued(t.w, [101], timeout=5, poll=0.01)
     assert results == {"101": "ok"}
     assert [c for c in t.slurm.calls if c[0] != "jobs"] == [("release", 101), ("start_now", 101)]
     assert len(t.slurm.called("jobs")) == 3
@@ -409,7 +409,7 @@ def test_follow_releases_the_hold_our_prolog_refusal_caused_then_starts_it_now(t
 def test_follow_never_releases_an_admins_or_users_hold_nor_a_priority_zero_job(t, reason, priority):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["PENDING"], reason=reason, priority=priority)
-    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": f"held: {reason}"}
+    assert follower.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": f"held: {reason}"}
     assert t.slurm.called("release") == [] and t.slurm.called("start_now") == []
     [rec] = records(t, "action", action="start_now")
     assert rec["result"] == "skipped" and "left held" in rec["detail"]
@@ -419,7 +419,7 @@ def test_follow_polls_all_its_jobs_in_one_call_and_stops_once_all_are_settled(t)
     for job_id in (101, 102, 103):
         t.slurm.add_job(job_id, "n1")
         t.slurm.job_states(job_id, ["COMPLETING", "PENDING"], reason="BeginTime")
-    results = remediate.follow_requeued(t.w, [101, 102, 103], timeout=30, poll=0.01)
+    results = follower.follow_requeued(t.w, [101, 102, 103], timeout=30, poll=0.01)
     assert results == {"101": "ok", "102": "ok", "103": "ok"}
     assert t.slurm.called("jobs") == [("jobs", ("101", "102", "103"))] * 2
     assert t.slurm.called("job") == []
@@ -428,14 +428,14 @@ def test_follow_polls_all_its_jobs_in_one_call_and_stops_once_all_are_settled(t)
 def test_follow_does_not_release_a_job_that_is_not_held(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["PENDING"], reason="BeginTime")
-    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": "ok"}
+    assert follower.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": "ok"}
     assert t.slurm.called("release") == []
 
 
 def test_follow_leaves_a_job_that_ended(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["COMPLETING", "CANCELLED by 1000"])
-    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": "ended CANCELLED by 1000"}
+    assert follower.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": "ended CANCELLED by 1000"}
     assert t.slurm.called("start_now") == []
     [skipped] = records(t, "action", action="start_now")
     assert skipped["result"] == "skipped"
@@ -444,19 +444,19 @@ def test_follow_leaves_a_job_that_ended(t):
 def test_follow_stops_when_the_job_already_runs_on_another_node(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["RUNNING"], nodes="n2", restarts=1)
-    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": "already running"}
+    assert follower.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": "already running"}
     assert t.slurm.called("start_now") == []
 
 
 def test_follow_stops_when_the_job_runs_on_a_node_whose_name_contains_ours(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["RUNNING"], nodes="n10", restarts=1)
-    assert remediate.follow_requeued(t.w, [101], timeout=0.5, poll=0.01) == {"101": "already running"}
+    assert follower.follow_requeued(t.w, [101], timeout=0.5, poll=0.01) == {"101": "already running"}
 
 
 def test_follow_gives_up_after_its_timeout_and_says_so(t):
     t.slurm.add_job(101, "n1")  # never leaves RUNNING on n1
-    assert remediate.follow_requeued(t.w, [101], timeout=0.3, poll=0.01) == {"101": "timed out"}
+    assert follower.follow_requeued(t.w, [101], timeout=0.3, poll=0.01) == {"101": "timed out"}
     [failed] = records(t, "action", action="start_now")
     assert (failed["result"], failed["error"]) == ("failed", "job not PENDING again within 0.3s")
 
@@ -467,7 +467,7 @@ def test_follow_handles_several_jobs_independently(t):
     t.slurm.job_states(101, ["PENDING"], reason="BeginTime")
     t.slurm.job_states(102, ["COMPLETING", "COMPLETED"])
     t.slurm.job_states(103, ["COMPLETING", "COMPLETING", "PENDING"], reason="BeginTime")
-    results = remediate.follow_requeued(t.w, [101, 102, 103], timeout=5, poll=0.01)
+    results = follower.follow_requeued(t.w, [101, 102, 103], timeout=5, poll=0.01)
     assert results == {"101": "ok", "102": "ended COMPLETED", "103": "ok"}
     assert t.slurm.called("start_now") == [("start_now", 101), ("start_now", 103)]
 
@@ -546,7 +546,7 @@ def test_a_failed_start_now_is_recorded(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["PENDING"], reason="BeginTime")
     t.slurm.fail("start_now", SOCKET_TIMEOUT)
-    assert remediate.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": f"failed: {SOCKET_TIMEOUT}"}
+    assert follower.follow_requeued(t.w, [101], timeout=5, poll=0.01) == {"101": f"failed: {SOCKET_TIMEOUT}"}
     [failed] = records(t, "action", action="start_now")
     assert (failed["result"], failed["error"]) == ("failed", str(SOCKET_TIMEOUT))
 
@@ -554,7 +554,7 @@ def test_a_failed_start_now_is_recorded(t):
 def test_follow_reports_the_slurm_error_when_it_never_got_an_answer(t):
     t.slurm.add_job(101, "n1")
     t.slurm.fail("jobs", SOCKET_TIMEOUT)
-    assert remediate.follow_requeued(t.w, [101], timeout=0.3, poll=0.01) == {"101": f"failed: {SOCKET_TIMEOUT}"}
+    assert follower.follow_requeued(t.w, [101], timeout=0.3, poll=0.01) == {"101": f"failed: {SOCKET_TIMEOUT}"}
 
 
 # --- prolog and epilog ---------------------------------------------------------------------
@@ -668,16 +668,16 @@ def test_remediate_drain_can_be_called_with_a_report_directly(t):
 def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
     from fakes.slurm import FakeSlurm
 
-    from slurm_hooks.errors import PermanentError
     from slurm_hooks.hooks import remediate
     from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.observe.audit import AuditLog
+    from slurm_hooks.slurm.errors import AlreadyRequeued
 
     cfg = sim_config(tmp_path)
     slurm = FakeSlurm()
     slurm.add_node("n1", "MIXED")
     slurm.add_job(44, "n1")
-    slurm.fail("requeue", PermanentError("scontrol requeue 44: Job is pending execution for job 44"))
+    slurm.fail("requeue", AlreadyRequeued("scontrol requeue 44: Job is pending execution for job 44"))
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
     outcome = remediate.Outcome()
     remediate.requeue_jobs(w, outcome, follow="none")
@@ -738,21 +738,21 @@ def test_the_guard_never_holds_back_a_fault_the_hardware_reports_itself(tmp_path
 def test_a_follower_that_cannot_start_is_audited_and_the_hook_follows_the_job_itself(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["COMPLETING", "PENDING"], reason="BeginTime", restarts=1)
-    spawned = remediate.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
+    spawned = follower.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
     assert spawned is not None and not spawned.started
     [rec] = records(t, "action", action="follow")
     assert (rec["target"], rec["result"], rec["level"]) == ("101", "failed", "error")
     assert "/nonexistent/python3: cannot start: No such file or directory" in rec["error"]
     assert t.slurm.called("start_now") == [("start_now", 101)]
     assert steps(t, "start_now") == [("101", "ok")]
-    assert remediate.finish_followed(t.w) == {}  # nothing left over
+    assert follower.finish_followed(t.w) == {}  # nothing left over
 
 
 def test_a_job_its_follower_left_waiting_is_made_eligible_by_the_next_hook_run(t, monkeypatch):
-    monkeypatch.setattr(remediate, "FOLLOW_FALLBACK_S", 0.2)
+    monkeypatch.setattr(follower, "FOLLOW_FALLBACK_S", 0.2)
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["COMPLETING"], restarts=1)  # still ending while the hook could wait
-    remediate.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
+    follower.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
     assert t.slurm.called("start_now") == []
     assert [r["result"] for r in records(t, "action", action="follow")] == ["failed"]
     t.slurm.job_states(101, ["PENDING"], reason="BeginTime", restarts=1)
@@ -764,11 +764,11 @@ def test_a_job_its_follower_left_waiting_is_made_eligible_by_the_next_hook_run(t
 
 
 def test_the_next_prolog_finishes_a_held_job_a_dead_follower_left(t, monkeypatch):
-    monkeypatch.setattr(remediate, "FOLLOW_FALLBACK_S", 0.0)
+    monkeypatch.setattr(follower, "FOLLOW_FALLBACK_S", 0.0)
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["COMPLETING", "PENDING"], reason="launch failed requeued held", priority="0",
                        restarts=1)  # the hook's own one look sees it still completing
-    remediate.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
+    follower.follow_jobs(t.w, ["101"], "detached", python="/nonexistent/python3")
     assert t.slurm.called("start_now") == []
     t.slurm.calls.clear()
     jobhooks.prolog(t.w, env={})  # a job without GPUs: the prolog still finishes the follower's work
@@ -783,8 +783,8 @@ def test_with_nothing_left_to_follow_the_prolog_never_calls_slurm(t):
 def test_jobs_a_live_follower_is_following_are_left_to_it(t):
     t.slurm.add_job(101, "n1")
     t.slurm.job_states(101, ["COMPLETING"], restarts=1)
-    remediate.follow_jobs(t.w, ["101"], "thread")  # the watcher's way: this process owns the record
-    assert remediate.finish_followed(t.w) == {}  # not {"101": "timed out"}: nothing looked at
+    follower.follow_jobs(t.w, ["101"], "thread")  # the watcher's way: this process owns the record
+    assert follower.finish_followed(t.w) == {}  # not {"101": "timed out"}: nothing looked at
 
 
 # --- from the review: root code, races with the watcher, admin drains and resumes -----------------
@@ -804,7 +804,7 @@ def test_detached_follower_does_not_import_code_from_the_current_directory(tmp_p
     before = os.getcwd()
     os.chdir(evil)  # an admin running `slurm-hooks check` from /tmp, or slurmd's log dir owned by SlurmUser
     try:
-        remediate.follow_jobs(w, [4242], "detached")
+        follower.follow_jobs(w, [4242], "detached")
     finally:
         os.chdir(before)
     deadline = time.monotonic() + 10

@@ -3,11 +3,18 @@
 kmock stores objects and speaks real HTTP, but it treats every patch as a merge
 patch, ignores selectors and dryRun, never bumps resourceVersion and knows no
 evictions. :class:`KubeEmulator` teaches it exactly the API-server rules the
-bridge depends on (see ``merge.py``) and answers a pod's ``eviction``
-subresource by deleting the pod. Everything else a test wants (a PDB's 429, a
-500, a slow answer) is scripted with kmock's own per-URL rules, e.g.::
+bridge depends on (see ``merge.py``): a PUT must carry the current
+``resourceVersion`` (409 otherwise: how a Lease is taken), a DELETE's
+preconditions (UID, resourceVersion) are checked (409), field-selected pod LISTs
+use a ``spec.nodeName`` index, and a pod's ``eviction`` subresource deletes the
+pod -- or, with ``graceful = True``, marks it terminating (``deletionTimestamp``)
+until :meth:`KubeServer.finish` deletes it, as the kubelet does after the grace
+period. ``on_evict`` hooks see each accepted eviction (the Slinky double runs the
+slurmd pod's preStop there). Everything else a test wants (a PDB's 429, a
+throttled request, a 500, a slow answer) is scripted with kmock's own per-URL
+rules, e.g.::
 
-    server.kmock["post /api/v1/namespaces/default/pods/p1/eviction"][:2] << 429 << status(429)
+    server.kmock["post /api/v1/namespaces/default/pods/p1/eviction"][:2] << 429 << pdb_429()
 
 A scripted answer is served *instead of* the emulator: it does not change state.
 """
@@ -40,18 +47,54 @@ def status(code: int, reason: str = "", message: str = "") -> dict:
 
 
 def pdb_429(pod: str = "") -> dict:
-    return status(429, "TooManyRequests",
-                  f"Cannot evict pod {pod} as it would violate the pod's disruption budget.")
+    """kube-apiserver's eviction refusal (``pkg/registry/core/pod/storage/eviction.go``)."""
+    body = status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+    body["details"] = {"causes": [{"type": "DisruptionBudget",
+                                   "message": f"The disruption budget {pod or 'pdb'} needs 1 healthy pods and has 1 currently"}]}
+    return body
+
+
+def throttled_429() -> dict:
+    """API Priority and Fairness turning a request away: no cause; the answer carries ``Retry-After``."""
+    return status(429, "TooManyRequests", "Too many requests, please try again later.")
+
+
+def namespace_terminating_403(namespace: str) -> dict:
+    """The NamespaceLifecycle admission plugin refusing new content (an Eviction) in a namespace being deleted."""
+    body = status(403, "Forbidden", f"pods \"x\" is forbidden: unable to create new content in namespace {namespace} "
+                                    "because it is being terminated")
+    body["details"] = {"causes": [{"type": "NamespaceTerminating", "field": "metadata.namespace",
+                                   "message": f"namespace {namespace} is being terminated"}]}
+    return body
 
 
 @attrs.define(kw_only=True)
 class KubeEmulator(kmock.KubernetesEmulator):
     _rv: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
+    #: An eviction marks the pod terminating; ``KubeServer.finish`` deletes it (the kubelet's part).
+    graceful: bool = attrs.field(default=False, init=False)
+    #: Called (in the server's thread) with (namespace, name, pod) after each accepted eviction.
+    on_evict: list = attrs.field(factory=list, init=False)
+    #: (namespace, name) of the ServiceAccount a SelfSubjectAccessReview is answered for, from the
+    #: RBAC objects stored here (RoleBindings, ClusterRoleBindings); ``None``: everything is allowed.
+    rbac_subject: Any = attrs.field(default=None, init=False)
+    #: spec.nodeName -> keys of the pods on that node (kube-apiserver's cache index).
+    pod_index: dict = attrs.field(factory=dict, init=False)
+
+    def index_pod(self, namespace: str | None, body: dict) -> None:
+        node_name = (body.get("spec") or {}).get("nodeName")
+        if node_name:
+            key = (kmock.resource("v1/pods"), namespace, body["metadata"]["name"])
+            self.pod_index.setdefault(node_name, {})[key] = None
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         for resource in ("v1/nodes", "v1/pods", "v1/events", "karpenter.sh/v1/nodeclaims",
-                         "cluster.x-k8s.io/v1beta1/machines"):
+                         "cluster.x-k8s.io/v1beta1/machines", "coordination.k8s.io/v1/leases",
+                         "self-node-remediation.medik8s.io/v1alpha1/selfnoderemediations",
+                         "janitor.dgxc.nvidia.com/v1alpha1/rebootnodes",
+                         "rbac.authorization.k8s.io/v1/clusterroles", "rbac.authorization.k8s.io/v1/clusterrolebindings",
+                         "rbac.authorization.k8s.io/v1/roles", "rbac.authorization.k8s.io/v1/rolebindings"):
             self.resources[resource] = {}
         self.fallback["post", kmock.resource("v1/pods"), kmock.subresource("eviction")] << self._serve_eviction
 
@@ -74,8 +117,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """
         if request.resource is None or self._user_reaction_for(request):
             return await apps.RawHandler._handle(self, request)
+        if request.resource.plural == "selfsubjectaccessreviews" and request.method == enums.method.POST:
+            return aiohttp.web.json_response(self._access_review(request.data or {}), status=201)
         action = request.action
-        if action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE):
+        put = request.method == enums.method.PUT and request.name is not None and not request.subresource
+        if action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE) or put:
             async with self._lock:
                 result, code = self._mutate(request, request.params.get("dryRun") == "All")
             return aiohttp.web.json_response(result, status=code)
@@ -105,15 +151,37 @@ class KubeEmulator(kmock.KubernetesEmulator):
             m["resourceVersion"] = str(next(self._rv))
             if not dry_run:
                 objects[key] = body
+                if request.resource == kmock.resource("v1/pods"):
+                    self.index_pod(namespace, body)
             return body, 201
         key = (request.resource, request.namespace, request.name)
         if key not in objects or objects[key].deleted:
             raise kmock.KubernetesObjectNotFoundError()
         current = _plain(objects[key].raw)
-        if request.action == enums.action.DELETE:
+        if request.action == enums.action.DELETE and request.method == enums.method.DELETE:
+            wanted = (request.data or {}).get("preconditions") or {} if isinstance(request.data, dict) else {}
+            m = current.get("metadata") or {}
+            for field_name in ("uid", "resourceVersion"):
+                if wanted.get(field_name) and wanted[field_name] != m.get(field_name):
+                    raise kmock.KubernetesError(
+                        status=409, reason="Conflict",
+                        message=f"Precondition failed: {field_name} in precondition: {wanted[field_name]}, "
+                                f"{field_name} in object meta: {m.get(field_name)}")
             if not dry_run:
                 objects[key].delete()
             return current, 200
+        if request.method == enums.method.PUT:
+            body = copy.deepcopy(request.data or {})
+            sent = (body.get("metadata") or {}).get("resourceVersion")
+            if sent != (current.get("metadata") or {}).get("resourceVersion"):
+                raise kmock.KubernetesError(
+                    status=409, reason="Conflict", message=f"Operation cannot be fulfilled on {request.resource.plural} "
+                    f"{request.name!r}: the object has been modified; please apply your changes to the latest version "
+                    "and try again")
+            body.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
+            if not dry_run:
+                objects[key].history.append(body)
+            return body, 200
         content_type = request.headers.get("Content-Type", "")
         data = request.data
         if request.subresource == "status" and isinstance(data, dict):
@@ -134,17 +202,67 @@ class KubeEmulator(kmock.KubernetesEmulator):
             objects[key].history.append(patched)
         return patched, 200
 
+    # -- RBAC, as kube-apiserver's authorizer answers SelfSubjectAccessReview --------------------------
+
+    def _stored(self, resource: str, namespace: str | None = None) -> list[dict]:
+        wanted = kmock.resource(resource)
+        return [_plain(obj.raw) for (res, ns, _), obj in self.objects.items()
+                if res == wanted and not obj.deleted and (namespace is None or ns == namespace)]
+
+    def _access_review(self, body: dict) -> dict:
+        attrs_ = (body.get("spec") or {}).get("resourceAttributes") or {}
+        resource = attrs_.get("resource", "") + (f"/{attrs_['subresource']}" if attrs_.get("subresource") else "")
+        allowed = self.rbac_allows(attrs_.get("verb", ""), attrs_.get("group", ""), resource, attrs_.get("namespace"))
+        return {**body, "status": {"allowed": allowed, "reason": "" if allowed else "no RBAC rule allows it"}}
+
+    def rbac_allows(self, verb: str, group: str, resource: str, namespace: str | None) -> bool:
+        if self.rbac_subject is None:
+            return True
+        sa_namespace, sa_name = self.rbac_subject
+
+        def bound(binding: dict) -> bool:
+            return any(s.get("kind") == "ServiceAccount" and s.get("name") == sa_name
+                       and s.get("namespace") == sa_namespace for s in binding.get("subjects") or ())
+
+        def role(ref: dict, ns: str | None) -> dict | None:
+            kind = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
+            found = [r for r in self._stored(f"rbac.authorization.k8s.io/v1/{kind}", None if kind == "clusterroles" else ns)
+                     if r["metadata"]["name"] == ref.get("name")]
+            return found[0] if found else None
+
+        roles = [role(b["roleRef"], None) for b in self._stored("rbac.authorization.k8s.io/v1/clusterrolebindings")
+                 if bound(b)]
+        if namespace:
+            roles += [role(b["roleRef"], namespace)
+                      for b in self._stored("rbac.authorization.k8s.io/v1/rolebindings", namespace) if bound(b)]
+        for r in roles:
+            for rule in (r or {}).get("rules") or ():
+                if (group in rule.get("apiGroups", ()) or "*" in rule.get("apiGroups", ())) \
+                        and (resource in rule.get("resources", ()) or "*" in rule.get("resources", ())) \
+                        and (verb in rule.get("verbs", ()) or "*" in rule.get("verbs", ())):
+                    return True
+        return False
+
     # -- reads: selectors and paging ----------------------------------------------------------
 
     def _list(self, request: Any) -> dict:
         labels = request.params.get("labelSelector", "")
         fields = request.params.get("fieldSelector", "")
+        if fields.startswith("spec.nodeName=") and "," not in fields and request.resource == kmock.resource("v1/pods"):
+            # kube-apiserver's cache indexes pods by spec.nodeName: the node's pods, not the cluster's.
+            keys = self.pod_index.get(fields.split("=", 1)[1], {})
+            found = [self.objects[k] for k in keys if k in self.objects]
+            items = [obj.raw for obj in found if not obj.deleted]
+            return self._page(request, [i for i in items if matches_labels(i, labels)])
         items = [
             obj.raw for (resource, namespace, _), obj in self.objects.items()
             if resource == request.resource and not obj.deleted
             and (request.namespace is None or namespace == request.namespace)
         ]
         items = [i for i in items if matches_labels(i, labels) and matches_fields(i, fields)]
+        return self._page(request, items)
+
+    def _page(self, request: Any, items: list) -> dict:
         start = int(base64.b64decode(request.params["continue"]).decode()) if request.params.get("continue") else 0
         limit = int(request.params.get("limit") or 0)
         meta: dict[str, Any] = {"resourceVersion": str(next(self._rv))}
@@ -163,13 +281,27 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if key not in self.objects or self.objects[key].deleted:
             raise kmock.KubernetesObjectNotFoundError()
         if request.params.get("dryRun") != "All":
-            self.objects[key].delete()
+            pod = _plain(self.objects[key].raw)
+            if self.graceful:
+                if not pod["metadata"].get("deletionTimestamp"):
+                    pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+                    pod["metadata"]["deletionGracePeriodSeconds"] = 30
+                    pod["metadata"]["resourceVersion"] = str(next(self._rv))
+                    self.objects[key].history.append(pod)
+            else:
+                self.objects[key].delete()
+            for hook in self.on_evict:
+                hook(request.namespace, request.name, pod)
         return {**status(201, "Success", "evicted"), "status": "Success"}
 
     async def _serve_eviction(self, request: Any) -> Any:
         async with self._lock:
             answer = self._evict(request)
         return kmock.Response(status=201, payload=answer)
+
+
+async def _call(fn: Any) -> Any:
+    return fn()
 
 
 def _plain(value: Any) -> Any:
@@ -216,7 +348,21 @@ class KubeServer:
         obj = copy.deepcopy(obj)
         obj.setdefault("metadata", {}).setdefault("resourceVersion", "1")
         self.kmock.objects[resource, namespace, obj["metadata"]["name"]] = obj
+        if resource == "v1/pods":
+            self.kmock.index_pod(namespace, obj)
         return obj
+
+    def finish(self, name: str, namespace: str) -> bool:
+        """The kubelet is done with a terminating pod (its grace period and preStop over): delete it."""
+        key = (kmock.resource("v1/pods"), namespace, name)
+
+        def delete() -> bool:
+            if key in self.kmock.objects and not self.kmock.objects[key].deleted:
+                self.kmock.objects[key].delete()
+                return True
+            return False
+
+        return asyncio.run_coroutine_threadsafe(_call(delete), self.loop).result(10)
 
     def get(self, resource: str, name: str, namespace: str | None = None) -> dict | None:
         key = (kmock.resource(resource), namespace, name)

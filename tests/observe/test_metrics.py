@@ -65,6 +65,10 @@ def parse_exposition(text):
         fields = rest.split()
         assert 1 <= len(fields) <= 2, f"line {no}: trailing garbage"
         value = float(fields[0].replace("Inf", "inf"))
+        suffixes = ("_sum", "_count") if current and families[current]["type"] == "summary" else ()
+        if name != current and any(name == f"{current}{s}" for s in suffixes):
+            labels = {**labels, "__name__": name}  # a summary's _sum and _count belong to its family
+            name = current
         assert name == current, f"line {no}: sample {name} outside its family {current}"
         assert families[name]["type"] is not None, f"line {no}: sample before TYPE"
         series = (name, tuple(sorted(labels.items())))
@@ -128,6 +132,7 @@ def test_unhealthy_check_is_written_as_valid_exposition(dirs):
         "slurm_hooks_last_run_duration_seconds": "gauge",
         "slurm_hooks_remediations_total": "counter",
         "slurm_hooks_pending_actions": "gauge",
+        "slurm_hooks_requeue_seconds": "summary",
     }
     assert all(f["help"] for f in fam.values())
     assert value(fam, "slurm_hooks_check_status", node="n1", context="check") == 0
@@ -283,3 +288,14 @@ def test_the_bridge_writes_through_the_same_formatter_and_keeps_full_precision(t
     assert "# HELP slurm_hooks_bridge_detached_nodes Owned nodes no Slurm node maps to any more" in text
     assert [f for f in os.listdir(tmp_path)] == ["slurm_hooks_bridge.prom"]
     assert oct(os.stat(path).st_mode & 0o777) == "0o644"
+
+
+def test_seconds_from_fault_to_requeue_are_summed_by_kind(dirs):
+    textfile, state = dirs
+    metrics.write(textfile, "n1", None, state_dir=state, requeue_seconds=[("self", 3.5)])
+    path = metrics.write(textfile, "n1", None, state_dir=state, requeue_seconds=[("self", 1.5), ("ours", 0.6)])
+    fam = read(path)
+    assert fam["slurm_hooks_requeue_seconds"]["type"] == "summary"
+    by = {(lab["__name__"], lab["kind"]): v for lab, v in fam["slurm_hooks_requeue_seconds"]["samples"]}
+    assert by == {("slurm_hooks_requeue_seconds_sum", "ours"): 0.6, ("slurm_hooks_requeue_seconds_count", "ours"): 1,
+                  ("slurm_hooks_requeue_seconds_sum", "self"): 5.0, ("slurm_hooks_requeue_seconds_count", "self"): 2}

@@ -39,6 +39,8 @@ class Receiver:
     def __init__(self):
         self.requests: list[dict] = []
         self.fail_next = 0
+        #: (status, headers) to answer the next requests with, in order.
+        self.answers: list[tuple[int, dict[str, str]]] = []
         self.port = 0
         self.server: ThreadingHTTPServer | None = None
         self.start()
@@ -48,14 +50,18 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                owner.requests.append({"path": self.path, "headers": dict(self.headers), "body": json.loads(body),
-                                       "at": time.time()})
-                code = 200
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                code, headers = owner.judge(body), {}
                 if owner.fail_next > 0:
                     owner.fail_next -= 1
                     code = 503
+                elif owner.answers:
+                    code, headers = owner.answers.pop(0)
+                owner.requests.append({"path": self.path, "headers": dict(self.headers), "body": body,
+                                       "at": time.time(), "code": code})
                 self.send_response(code)
+                for key, value in headers.items():
+                    self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(b"ok")
 
@@ -65,6 +71,9 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def judge(self, body: dict) -> int:
+        return 200
 
     def stop(self) -> None:
         assert self.server is not None
@@ -385,8 +394,10 @@ def test_slack_and_json_receivers_each_get_their_shape(setup, receiver):
     assert set(slack) == {"text", "blocks"}
     assert slack["text"].startswith(":rotating_light: n1 drained [replace]")
     assert slack["blocks"][0] == {"type": "section", "text": {"type": "mrkdwn", "text": slack["text"]}}
-    assert {"type": "mrkdwn", "text": "*Node*\nn1"} in slack["blocks"][1]["fields"]
-    assert plain["node"] == "n1" and plain["kind"] == "opened" and plain["text"] in slack["text"]
+    assert slack["blocks"][1]["text"]["text"] == "*Jobs requeued* (1): 12 (alice)"
+    assert {"type": "mrkdwn", "text": "*Node*\nn1"} in slack["blocks"][2]["fields"]
+    assert plain["node"] == "n1" and plain["kind"] == "opened" and "12 (alice)" in plain["text"]
+    assert plain["headline"] in slack["text"]
     assert all(r["headers"]["Content-Type"] == "application/json" for r in receiver.requests)
 
 
@@ -431,11 +442,11 @@ def test_a_webhook_table_with_a_mistake_names_its_line(tmp_path):
     with pytest.raises(ConfigError) as err:
         config.parse(text, "c.toml")
     assert str(err.value) == ("c.toml:8: [[notify.webhook]] #2 url: must be an http:// or https:// URL, "
-                              "not 'hooks.slack.com/x'")
+                              "got 'hooks.slack.com'... (the rest is not shown: a webhook URL is a secret)")
     with pytest.raises(ConfigError, match=r"c.toml:3: \[\[notify.webhook\]\] #1 format: must be one of slack, json"):
         config.parse('[[notify.webhook]]\nurl = "http://x"\nformat = "teams"\n', "c.toml")
     ok = config.parse('[[notify.webhook]]\nurl = "http://x"\n')
-    assert ok.notify.webhook == ({"url": "http://x", "format": "json", "name": ""},)
+    assert ok.notify.webhook == ({"url": "http://x", "url_file": "", "url_env": "", "format": "json", "name": ""},)
 
 
 # --- who delivers: the watcher's thread, else the health check ------------------------------

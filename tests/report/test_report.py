@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -128,3 +129,54 @@ def test_report_cli_json_html_and_a_bad_since(records, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "slurm_hooks", "report", "--audit", str(log), "--since", "soon"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--since" in bad.stderr
+
+
+def _fake_bin(tmp_path, sacctmgr: str, sacct: str = "exit 0"):
+    """A bin_dir whose sacctmgr/sacct are scripts: they record their argv and environment and do ``body``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("sacctmgr", sacctmgr), ("sacct", sacct)):
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\necho "{name} $* TZ=$TZ FMT=$SLURM_TIME_FORMAT" >> {tmp_path}/argv\n{body}\n')
+        script.chmod(0o755)
+    return bin_dir
+
+
+def test_a_query_that_times_out_is_an_error_naming_the_command(tmp_path):
+    bin_dir = _fake_bin(tmp_path, "sleep 5")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[slurm]\nbin_dir = "{bin_dir}"\ntimeout = 0.3\n[log]\naudit = "{tmp_path}/a.jsonl"\n')
+    out = subprocess.run([sys.executable, "-m", "slurm_hooks", "report", "--config", str(cfg)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3 and "Traceback" not in out.stderr  # EXIT_UNAVAILABLE
+    assert "accounting query timed out after 0.9s: sacctmgr -n -P show event Event=Node States=DRAIN" in out.stderr
+    assert "not used" not in out.stdout
+
+
+def test_queries_are_bounded_and_times_read_as_utc_epoch_whatever_the_caller_says(tmp_path):
+    drain = 1796139592  # 2026-12-01T15:39:52Z
+    bin_dir = _fake_bin(
+        tmp_path,
+        f"echo 'n1|{drain}|{drain + 3600}|DRAIN|slurm-hooks: XID 79 on GPU 0 [reboot]|root(0)'\n"
+        f"echo 'n7|{drain}|Unknown|DRAIN|admin: cable|root(0)'",
+        'case "$*" in *" -j "*) echo "5|bob|REQUEUED|1796139000|1796139592|n1|gres/gpu=2|"; '
+        'echo "5|bob|RUNNING|1796139600|Unknown|n2|gres/gpu=2|";; '
+        '*) echo "5|bob|REQUEUED|1796139000|1796139592|n1|gres/gpu=2|";; esac')
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[slurm]\nbin_dir = "{bin_dir}"\n[log]\naudit = "{tmp_path}/a.jsonl"\n')
+    env = {**os.environ, "TZ": "America/New_York", "SLURM_TIME_FORMAT": "relative"}
+    out = subprocess.run([sys.executable, "-m", "slurm_hooks", "report", "--config", str(cfg), "--json",
+                          "--since", str(drain - 86400), "--accounting"], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    [inc] = rep["incidents"]
+    assert (inc["node"], inc["opened_at"], inc["out_of_service_s"]) == ("n1", "2026-12-01T15:39:52Z", 3600.0)
+    assert rep["summary"]["gpu_hours_lost"] == pytest.approx(592 / 3600 * 2, abs=0.001)
+    calls = (tmp_path / "argv").read_text().splitlines()
+    assert all(c.endswith("TZ=UTC FMT=%s") for c in calls)
+    [events, requeued, runs] = calls
+    assert events.startswith("sacctmgr -n -P show event Event=Node States=DRAIN Start=2026-11-30T15:39:52 ")
+    assert " -s REQUEUED -N n1 --starttime=2026-11-30T15:39:52 " in requeued  # only the incident's node
+    assert " -j 5 " in runs
+    assert rep["sources"]["accounting_queries"][0].startswith("sacctmgr -n -P show event")

@@ -142,3 +142,35 @@ def test_three_incidents_on_two_nodes_counts_and_mttr(accounted, tmp_path):
     assert split["sources"]["audit_files"] == 2
     assert [(n["node"], n["incidents"], n["mttr_seconds"]) for n in split["nodes"]] == \
         [(n["node"], n["incidents"], n["mttr_seconds"]) for n in rep["nodes"]]
+
+
+def test_bounded_queries_and_utc_times_whatever_the_callers_environment(accounted, tmp_path):
+    """Done when: the report issues bounded queries (its recorded argv) and reads times right under
+    TZ=America/New_York and SLURM_TIME_FORMAT=relative in the caller's environment, from slurmdbd alone."""
+    tb = accounted
+    before = len([r for r in _audit(tb) if r.get("action") == "drain" and r.get("result") == "ok"])
+    sim.inject(tb.sim_dir, "n1", 1, xid=79)
+    assert _check(tb, "n1").returncode == 1
+    time.sleep(2.1)
+    sim.clear(tb.sim_dir, "n1")
+    assert _check(tb, "n1").returncode == 0
+    records = _audit(tb)
+    drain = [r for r in records if r.get("action") == "drain" and r.get("result") == "ok"][-1]
+    back = [r for r in records if r.get("action") == "resume" and r.get("result") == "ok"][-1]
+    _wait_for_accounting(tb, drains=before + 1)
+    empty = tmp_path / "logs"
+    empty.mkdir()
+    env = {**tb.env(), "TZ": "America/New_York", "SLURM_TIME_FORMAT": "relative"}
+    out = subprocess.run([sys.executable, "-m", "slurm_hooks", "report", "--json", "--since", "1h", "--accounting",
+                          "--audit", str(empty)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(drain["ts"])))
+    mine = [i for i in rep["incidents"] if i["node"] == "n1" and i["opened_at"] == stamp]
+    assert len(mine) == 1, (stamp, [i["opened_at"] for i in rep["incidents"]])
+    assert mine[0]["out_of_service_s"] == pytest.approx(back["ts"] - drain["ts"], abs=1.01)
+    queries = rep["sources"]["accounting_queries"]
+    assert queries[0].startswith("sacctmgr -n -P show event Event=Node States=DRAIN Start=")
+    for q in queries[1:]:
+        assert q.startswith("sacct ") and ((" -s REQUEUED -N " in q and "--starttime=" in q) or " -j " in q), q
+    assert any(" -N n1" in q or ",n1" in q for q in queries[1:2])

@@ -1,0 +1,404 @@
+"""The job follower: see each touched job through to running elsewhere, exactly once.
+
+A job touched by a fault is in one of two phases, written down per job under
+``following/`` in the state dir before anything else happens to it:
+
+- :attr:`Phase.GRACE`: it got its own checkpoint signal (:mod:`.checkpoint`) and has
+  until ``grace_until`` to requeue itself or end. A job that requeues itself is not
+  requeued again; one still running when the grace is over is requeued by us.
+- :attr:`Phase.REQUEUED`: requeued (by us, by itself, or refused by our prolog):
+  once PENDING again it is released (our prolog's hold only) and made eligible now
+  (``StartTime=now``), saving Slurm's ~121 s requeue delay.
+
+The record is the job's state on this node: when no follower finishes (it could not
+start, it was killed, the watcher restarted) the next hook run on the node does
+(:func:`finish_followed`), the grace's end included.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+from slurm_hooks import fsutil
+from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.hooks import checkpoint
+from slurm_hooks.hooks.actions import annotate_jobs, step
+from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.slurm import JobInfo, hostlist, job_ref
+from slurm_hooks.slurm.errors import AlreadyRequeued
+
+if TYPE_CHECKING:
+    from slurm_hooks.runner import Spawned
+
+
+class Follow(str, enum.Enum):
+    """Where the follower runs: a detached ``follow-jobs`` process (the health check: slurmd kills
+    it at 60 s), a thread of the watcher, this very call (tests, bench), or nowhere."""
+
+    DETACHED = "detached"
+    THREAD = "thread"
+    INLINE = "inline"
+    NONE = "none"
+
+
+class Phase(str, enum.Enum):
+    GRACE = "grace"
+    REQUEUED = "requeued"
+
+
+@dataclass(frozen=True)
+class Followed:
+    """One job's record under ``following/`` (JSON; times are wall-clock)."""
+
+    ref: str
+    node: str
+    phase: Phase = Phase.REQUEUED
+    #: When the fault was seen (the requeue's clock starts here).
+    fault_at: float = 0.0
+    #: The job's checkpoint signal (:attr:`.jobsignal.JobSignal.spec`) and where it was read.
+    signal: str = ""
+    source: str = ""
+    signalled_at: float = 0.0
+    grace_until: float = 0.0
+    #: The job's restart count when it was signalled: a higher one means it requeued itself.
+    restarts: int = 0
+    #: The follower that owns the record (None: none yet, the next hook run finishes it).
+    pid: int | None = None
+    ts: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "phase": self.phase.value})
+
+    @classmethod
+    def from_json(cls, text: str) -> Followed:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a record")
+        known = {f.name for f in fields(cls)}
+        rec = cls(**{k: v for k, v in data.items() if k in known})
+        return replace(rec, phase=Phase(rec.phase), ref=job_ref(rec.ref))
+
+
+#: How long a hook whose follower could not start follows the jobs itself before it goes on
+#: (the next hook run on the node finishes what is left, from the records under following/).
+FOLLOW_FALLBACK_S = 10.0
+#: How long a follower has to say it runs.
+FOLLOWER_READY_S = 3.0
+#: A following record older than this is dropped: the job has long been dealt with or forgotten.
+FOLLOW_RECORD_TTL_S = 3600.0
+#: The follower's first look comes this soon, then each wait doubles up to its ``poll``: a job
+#: requeued by SIGTERM is PENDING again within a few tenths of a second on an idle controller,
+#: and every tenth spent waiting here is a tenth before it runs elsewhere.
+FIRST_POLL_S = 0.1
+
+
+def follow_jobs(w: Wiring, refs: Iterable[int | str], how: Follow | str, *, python: str | None = None,
+                fallback: bool = True, records: Iterable[Followed] = ()) -> Spawned | None:
+    """Follow touched jobs until each runs elsewhere (or ends), exactly once each.
+
+    Before anything else each job gets its record under ``following/`` (``records``:
+    those of jobs in their grace, the others are written as requeued), so that when no
+    follower finishes the next hook run on this node does (:func:`finish_followed`).
+    "detached" starts ``slurm-hooks follow-jobs`` and checks that it runs; a follower
+    that cannot start is recorded, and the hook follows the jobs itself for up to
+    FOLLOW_FALLBACK_S, unless ``fallback`` is false (the prolog: its job cannot be
+    requeued before the prolog exits). ``python`` replaces the interpreter (a test seam).
+    """
+    how = Follow(how)
+    refs = [str(r) for r in refs]
+    given = {r.ref: r for r in records}
+    if how is Follow.NONE:
+        for rec in given.values():
+            write_record(w, rec)  # a job in its grace is finished by the next hook run
+        return None
+    if not refs:
+        return None
+    in_process = how in (Follow.INLINE, Follow.THREAD)
+    now = time.time()
+    mine = [replace(given.get(ref) or Followed(ref, w.node, fault_at=now), pid=os.getpid() if in_process else None)
+            for ref in refs]
+    for rec in mine:
+        write_record(w, rec)
+    timeout = follow_timeout(w, mine)
+    if how is Follow.INLINE:
+        follow_requeued(w, refs, timeout)
+    elif how is Follow.THREAD:
+        threading.Thread(target=follow_requeued, args=(w, refs, timeout), name="follow-jobs", daemon=True).start()
+    elif how is Follow.DETACHED:
+        from slurm_hooks.runner import python_argv, spawn_detached
+
+        argv = python_argv("slurm_hooks.entry", "follow-jobs", "--node", w.node, "--timeout", f"{timeout:.1f}", *refs,
+                           python=python)
+        env = dict(os.environ)
+        if w.config.path:
+            env["SLURM_HOOKS_CONFIG"] = w.config.path
+        t0 = time.monotonic()
+        spawned = spawn_detached(argv, env=env, cwd="/", ready_timeout=FOLLOWER_READY_S)
+        if spawned.started and spawned.proc is not None:
+            for rec in mine:
+                _claim(w, rec.ref, spawned.proc.pid)
+            return spawned
+        wait = FOLLOW_FALLBACK_S if fallback else None
+        step(w, "follow", ",".join(refs), "failed", t0, jobs=refs, level="error", error=spawned.error,
+             detail="requeue follower did not start; " + (f"following here for up to {wait:g}s, " if wait is not None
+                                                           else "") + "the next hook run on this node finishes it")
+        if wait is not None:
+            follow_requeued(w, refs, wait, final=False)
+        return spawned
+    return None
+
+
+def follow_timeout(w: Wiring, records: Iterable[Followed]) -> float:
+    """Long enough for the longest grace still to run, then a requeue's KillWait and its settling."""
+    grace_left = max((r.grace_until - time.time() for r in records if r.phase is Phase.GRACE), default=0.0)
+    return max(0.0, grace_left) + float(w.config.remediation.requeue_grace) + 60.0
+
+
+def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: float = 1.0,
+                    final: bool = True) -> dict[str, str]:
+    """Follow each job through its grace (if it has one) until it is PENDING again, then release it
+    if our prolog's refusal held it and start it now.
+
+    One ``squeue`` for all the jobs per look; the first look at once, then waits of
+    FIRST_POLL_S doubling up to ``poll`` (a job in its grace is looked at every ``poll``
+    at most); back as soon as every job is settled. ``final``: jobs still unsettled at
+    ``timeout`` are recorded as failures (else they are left to the next hook run).
+    """
+    pending = {str(r): time.monotonic() for r in refs}
+    results: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    last_error: SlurmHooksError | None = None
+    wait = min(FIRST_POLL_S, poll)
+    while True:
+        polled = time.monotonic()
+        try:
+            found = w.slurm.jobs(list(pending))
+            last_error = None
+        except SlurmHooksError as exc:
+            found, last_error = None, exc
+        if found is not None:
+            for ref in list(pending):
+                result = _settle(w, ref, _pick(found, ref), pending[ref])
+                if result is not None:
+                    pending.pop(ref)
+                    results[ref] = result
+        if not pending or polled + wait >= deadline:
+            break
+        time.sleep(max(0.0, wait - (time.monotonic() - polled)))
+        wait = min(poll, wait * 2)
+    for ref, t0 in pending.items():
+        if last_error is not None:
+            results[ref] = f"failed: {last_error}"
+        else:
+            results[ref] = "timed out"
+        if final:
+            error = str(last_error) if last_error else f"job not PENDING again within {timeout:g}s"
+            step(w, "start_now", ref, "failed", t0, jobs=[ref], error=error)
+    return results
+
+
+def _pick(found: list[JobInfo], ref: str) -> JobInfo | None:
+    """The record for ``ref``: a het job's leader over its other components."""
+    mine = [j for j in found if j.answers_to(ref)]
+    return next((j for j in mine if not j.het_job_id or j.het_job_id == j.job_id), mine[0] if mine else None)
+
+
+def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
+    """One look at a followed job: its final result, or ``None`` while it is still on its way."""
+    rec = read_record(w, ref)
+    if rec is not None and rec.phase is Phase.GRACE and job is not None:
+        verdict = checkpoint.judge_grace(job, time.time(), rec.grace_until, rec.restarts)
+        if verdict is checkpoint.Grace.WAITING:
+            return None
+        if verdict is checkpoint.Grace.SELF_REQUEUED:
+            _requeued(w, rec, "self", t0)
+        elif verdict is checkpoint.Grace.ENDED:
+            forget_record(w, ref)
+            step(w, "requeue", ref, "ended", t0, jobs=[ref], signal=rec.signal,
+                 seconds_from_fault=round(time.time() - rec.fault_at, 3),
+                 detail=f"the job ended {job.state} after its {rec.signal} (it checkpointed and stopped, or "
+                        "failed): not requeued")
+            return f"ended {job.state}"
+        elif verdict is checkpoint.Grace.OVER:
+            try:
+                w.slurm.requeue(ref)
+            except AlreadyRequeued:
+                _requeued(w, rec, "self", t0)  # it did, a moment before us
+                return None
+            except SlurmHooksError as exc:
+                step(w, "requeue", ref, "failed", t0, jobs=[ref], error=str(exc), signal=rec.signal)
+                return None  # the record stays: the next look (or hook run) tries again
+            _requeued(w, rec, "ours", t0)
+            return None
+    if job is None:
+        forget_record(w, ref)
+        step(w, "start_now", ref, "skipped", t0, jobs=[ref], detail="Slurm no longer knows the job")
+        return "gone"
+    if job.pending:
+        target = job.ref  # the given id may be an array's base id: act on exactly this task
+        if job.held_by_admin or job.held_by_user or (job.priority == "0" and not job.held_by_launch_failure):
+            forget_record(w, ref)
+            step(w, "start_now", ref, "skipped", t0, jobs=[ref],
+                 detail=f"job is held by someone else ({job.reason}, priority {job.priority or '?'}): left held")
+            return f"held: {job.reason}"
+        try:
+            if job.held_by_launch_failure:
+                w.slurm.release(target)
+                step(w, "release", ref, "ok", t0, jobs=[ref], detail=job.reason)
+            w.slurm.start_now(target)
+        except SlurmHooksError as exc:
+            step(w, "start_now", ref, "failed", t0, jobs=[ref], error=str(exc))
+            return f"failed: {exc}"  # the record stays: the next hook run tries again
+        forget_record(w, ref)
+        step(w, "start_now", ref, "ok", t0, jobs=[ref])
+        return "ok"
+    if job.base_state in ("RUNNING", "CONFIGURING") and job.restarts > 0 and job.nodes \
+            and not hostlist.matches(job.nodes, w.node):
+        forget_record(w, ref)
+        return "already running"
+    if job.finished:
+        forget_record(w, ref)
+        step(w, "start_now", ref, "skipped", t0, jobs=[ref], detail=f"job ended {job.state}")
+        return f"ended {job.state}"
+    return None
+
+
+def _requeued(w: Wiring, rec: Followed, kind: str, t0: float) -> None:
+    """A job in its grace is requeued, by itself (``kind`` "self") or by us ("ours"): say so once
+    (audit, AdminComment, metric) and follow it on as any requeued job."""
+    now = time.time()
+    seconds = round(now - rec.fault_at, 3)
+    write_record(w, replace(rec, phase=Phase.REQUEUED, ts=now))
+    if kind == "self":
+        detail = f"requeued itself {seconds:g}s after the fault, on its {rec.signal} (checkpoint)"
+        step(w, "requeue", rec.ref, "self", t0, jobs=[rec.ref], signal=rec.signal, seconds_from_fault=seconds,
+             requeued_by="self", detail=detail)
+    else:
+        detail = f"no checkpoint: requeued after the grace ({rec.signal} sent, {seconds:g}s after the fault)"
+        step(w, "requeue", rec.ref, "ok", t0, jobs=[rec.ref], signal=rec.signal, seconds_from_fault=seconds,
+             requeued_by="ours", detail=detail)
+    record_requeue_seconds(w, kind, seconds)
+    annotate_jobs(w, [rec.ref], f"{detail}, from {w.node}")
+
+
+def record_requeue_seconds(w: Wiring, kind: str, seconds: float) -> None:
+    """The metric of seconds from fault to requeue, by kind ("self", "ours")."""
+    if not w.config.metrics.textfile_dir:
+        return
+    from slurm_hooks.observe import metrics
+
+    metrics.record(w.config, w.node, None, requeue_seconds=[(kind, seconds)])
+
+
+def finish_followed(w: Wiring) -> dict[str, str]:
+    """Finish what a follower left: jobs touched on this node that are still in their grace or
+    waiting out the requeue delay.
+
+    A listing of one directory when there is nothing to do (the prolog's healthy
+    path stays off slurmctld); jobs whose follower still runs are its business;
+    for the others one squeue: a job whose grace is over is requeued, and each
+    PENDING job is released (our hold only) and made eligible now.
+    """
+    refs = []
+    for name, path in _following_records(w):
+        try:
+            age = time.time() - os.stat(path).st_mtime
+            with open(path, encoding="utf-8") as fh:
+                pid = json.load(fh).get("pid")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if age > FOLLOW_RECORD_TTL_S:
+            _remove(path)
+        elif not _follower_alive(pid):
+            refs.append(name)
+    if not refs:
+        return {}
+    return follow_requeued(w, refs, 0.0, final=False)
+
+
+def _following_dir(w: Wiring) -> str:
+    return w.state_path("following")
+
+
+def _following_path(w: Wiring, ref: str) -> str:
+    return os.path.join(_following_dir(w), f"{w.node}@{ref}")
+
+
+def _following_records(w: Wiring) -> list[tuple[str, str]]:
+    try:
+        names = os.listdir(_following_dir(w))
+    except OSError:
+        return []
+    prefix = f"{w.node}@"
+    return [(n[len(prefix):], os.path.join(_following_dir(w), n)) for n in names
+            if n.startswith(prefix) and _valid_ref(n[len(prefix):])]
+
+
+def _valid_ref(text: str) -> bool:
+    try:
+        return job_ref(text) == text
+    except ValueError:
+        return False
+
+
+def _follower_alive(pid: object) -> bool:
+    """Whether the follower that owns a record still runs: this process (the watcher's thread),
+    or a ``follow-jobs`` process (a pid reused by anything else does not count)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"follow-jobs" in fh.read()
+    except OSError:
+        return False
+
+
+def read_record(w: Wiring, ref: str) -> Followed | None:
+    """The job's record on this node; ``None`` when there is none or it does not read."""
+    try:
+        with open(_following_path(w, ref), encoding="utf-8") as fh:
+            return Followed.from_json(fh.read())
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def in_grace(w: Wiring, ref: str) -> Followed | None:
+    """The job's record when it is in its grace on this node (signalled, not yet requeued)."""
+    rec = read_record(w, ref)
+    return rec if rec is not None and rec.phase is Phase.GRACE else None
+
+
+def write_record(w: Wiring, rec: Followed) -> None:
+    rec = replace(rec, node=w.node, ts=rec.ts or time.time())
+    try:
+        os.makedirs(_following_dir(w), mode=0o700, exist_ok=True)
+        fsutil.atomic_write(_following_path(w, rec.ref), rec.to_json(), mode=0o600, durable=False)
+    except OSError as exc:
+        print(f"slurm-hooks: cannot write {_following_path(w, rec.ref)}: {exc.strerror}", file=sys.stderr)
+
+
+def _claim(w: Wiring, ref: str, pid: int) -> None:
+    rec = read_record(w, ref)
+    if rec is not None:
+        write_record(w, replace(rec, pid=pid))
+
+
+def forget_record(w: Wiring, ref: str) -> None:
+    _remove(_following_path(w, ref))
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,60 @@
+"""A receiver's URL is a credential: a Slack incoming-webhook URL is all it takes to post to the
+channel. Read it from where the config says (``url_file``, ``url_env``, or ``url``), and print
+only its scheme and host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from slurm_hooks.errors import ConfigError
+
+#: What a receiver's URL must look like.
+URL = re.compile(r"^https?://[^/\s]+")
+
+
+def url_origin(url: str) -> str:
+    """What may be printed of a URL: its scheme and host (the path and query of a webhook are the secret)."""
+    scheme, sep, rest = (url or "").partition("://")
+    if not sep:
+        scheme, rest = "", url or ""
+    host = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1]
+    return f"{scheme[:10]}{sep}{host[:100]}"
+
+
+def bad_url(url: str) -> str:
+    return (f"must be an http:// or https:// URL, got {url_origin(url)!r}... "
+            "(the rest is not shown: a webhook URL is a secret)")
+
+
+def holds_secret(table: dict[str, Any]) -> bool:
+    """A ``[[notify.*]]`` table with its URL written in the config file itself."""
+    return bool(table.get("url"))
+
+
+def resolve_url(table: dict[str, Any], label: str, environ: Mapping[str, str] | None = None) -> str:
+    """The URL of a ``[[notify.*]]`` table, read from where it says; :class:`ConfigError` names the file
+    or the variable, never the URL."""
+    environ = os.environ if environ is None else environ
+    if table.get("url"):
+        url, where = table["url"], f"{label} url"
+    elif table.get("url_env"):
+        url, where = environ.get(table["url_env"], "").strip(), f"{label} url_env ${table['url_env']}"
+        if not url:
+            raise ConfigError(f"{where}: the variable is not set or empty")
+    else:
+        path = table.get("url_file", "")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                url = fh.read(8192).strip()
+        except OSError as exc:
+            raise ConfigError(f"{label} url_file: cannot read: {exc.strerror}", path) from None
+        where = f"{label} url_file {path}"
+        if not url:
+            raise ConfigError(f"{where}: the file is empty")
+    if not URL.match(url):
+        raise ConfigError(f"{where}: {bad_url(url)}")
+    return url

@@ -1,0 +1,180 @@
+"""The fleet path: our alerts through the real Prometheus Alertmanager (Debian's package, installed
+and started by the lab), configured with ``slurm-hooks render alertmanager``'s route, its receiver
+a local webhook (test_notify's ``Receiver``).
+
+Without the package and no way to install it (not root, no apt), these tests skip.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+from observe.test_notify import Clock, Receiver, xid79
+
+from slurm_hooks.commands.render import render_all
+from slurm_hooks.lab.alertmanager import AMTOOL, AlertmanagerError, LabAlertmanager, ensure_installed
+from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.observe.notify import Notifier, Settings
+from slurm_hooks.probes import sim
+
+
+@pytest.fixture
+def receiver():
+    rx = Receiver()
+    yield rx
+    if rx.server is not None:
+        rx.stop()
+
+
+def route(receiver: Receiver) -> str:
+    return render_all(am_webhook_url=receiver.url("/am"), am_group_wait="2s", am_group_interval="1s")["alertmanager"]
+
+
+@pytest.fixture
+def alertmanager(tmp_path, receiver):
+    try:
+        ensure_installed()
+    except AlertmanagerError as exc:
+        pytest.skip(f"no Alertmanager here: {exc}")
+    am = LabAlertmanager(str(tmp_path / "am"), route(receiver))
+    am.start()
+    yield am
+    am.stop()
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"waited {timeout:g}s for {what}"
+        time.sleep(0.1)
+
+
+def notifications(receiver: Receiver, status: str | None = None) -> list[dict]:
+    return [b for b in receiver.bodies("/am") if status is None or b["status"] == status]
+
+
+def alerted(receiver: Receiver, status: str) -> list[tuple[str, str]]:
+    """(node, status) of every alert in every notification Alertmanager sent."""
+    return [(a["labels"]["node"], a["status"]) for b in receiver.bodies("/am") for a in b["alerts"]
+            if a["status"] == status]
+
+
+def test_the_rendered_route_groups_by_alertname_and_cluster_and_amtool_accepts_it(tmp_path, receiver):
+    try:
+        ensure_installed()
+    except AlertmanagerError as exc:
+        pytest.skip(f"no Alertmanager here: {exc}")
+    text = render_all()["alertmanager"]
+    assert "group_by: [alertname, cluster]" in text
+    path = tmp_path / "alertmanager.yml"
+    for body in (text, route(receiver)):
+        path.write_text(body)
+        check = subprocess.run([AMTOOL, "check-config", str(path)], capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+    cli = subprocess.run([sys.executable, "-m", "slurm_hooks", "render", "alertmanager"], capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 0 and "group_by: [alertname, cluster]" in cli.stdout
+
+
+def node_notifier(tmp_path, name: str, am: LabAlertmanager, clock) -> tuple[AuditLog, Notifier]:
+    log = AuditLog(str(tmp_path / name / "audit.jsonl"))
+    s = Settings(audit=log.path, dir=str(tmp_path / name / "notify"), alertmanagers=({"url": am.url},), settle=0.0,
+                 timeout=2.0, retry_max=30.0, cluster="lab", alert_repost=60.0)
+    return log, Notifier(s, clock=clock, log=lambda m: None, rng=random.Random(3))
+
+
+def test_alertmanager_down_for_a_while_each_alert_is_delivered_once_when_it_returns(tmp_path, receiver, alertmanager):
+    clock = Clock()
+    nodes = {name: node_notifier(tmp_path, name, alertmanager, clock) for name in ("n1", "n2")}
+    alertmanager.stop()
+    for name, (log, n) in nodes.items():
+        xid79(log, node=name, gpu=3)
+        assert n.flush(5)["sent"] == 0
+    # Ten minutes down: re-posts pile up, but only the latest of each incident waits.
+    for minute in range(1, 11):
+        clock.offset = minute * 60.0
+        for _, n in nodes.values():
+            n.flush(5)
+    for _, n in nodes.values():
+        assert sorted(e.kind for e in n.outbox.entries()) == ["firing", "opened"]
+    alertmanager.start()
+    clock.offset += 120.0  # past the hold
+    for _, n in nodes.values():
+        n.flush(5)
+        assert n.outbox.entries() == []
+    wait_for(lambda: sorted(alerted(receiver, "firing")) == [("n1", "firing"), ("n2", "firing")], what="both alerts")
+    time.sleep(3)  # a group_interval and more: nothing more comes
+    assert sorted(alerted(receiver, "firing")) == [("n1", "firing"), ("n2", "firing")]
+    [group] = notifications(receiver)
+    assert group["groupLabels"] == {"alertname": "SlurmHooksXid", "cluster": "lab"}
+    alert = group["alerts"][0]
+    assert alert["labels"]["xid"] == "79" and alert["labels"]["gpu"] == "3" and alert["labels"]["action"] == "replace"
+    assert alert["labels"]["severity"] == "critical"
+    assert alert["annotations"]["jobs"] == "jobs requeued: 12 (alice)" and alert["annotations"]["runbook"]
+
+
+def test_an_escalation_ends_the_alert_of_the_action_it_replaced(tmp_path, receiver, alertmanager):
+    clock = Clock()
+    log, n = node_notifier(tmp_path, "n1", alertmanager, clock)
+    log.write("alert", node="n1", context="check", gpu=1, check="xid", severity="fail", action="reset",
+              message="XID 48 (double-bit ECC)")
+    log.write("action", node="n1", action="drain", target="n1", result="ok", reason="slurm-hooks: XID 48 on GPU 1 [reset]")
+    n.flush(5)
+    wait_for(lambda: alerted(receiver, "firing"), what="the first alert")
+    log.write("action", node="n1", action="drain", target="n1", result="ok",
+              reason="slurm-hooks: XID 48 on GPU 1 [replace]")
+    n.flush(5)
+    actions = wait_for(lambda: {(a["labels"]["action"], a["status"]) for b in notifications(receiver)
+                                for a in b["alerts"]} >= {("reset", "resolved"), ("replace", "firing")}, what="escalation")
+    assert actions
+
+
+@pytest.mark.slurm
+def test_xid79_on_two_nodes_is_one_grouped_notification_and_one_resolution(hooked_testbed, receiver, alertmanager,
+                                                                          tmp_path):
+    """Done when: real Alertmanager and the real testbed. XID 79 on n1 and n2 within a second -> one
+    grouped notification naming both nodes; both back in service -> resolved for both."""
+    tb = hooked_testbed
+    cfg = tmp_path / "config.toml"
+    with open(tb.config_path, encoding="utf-8") as fh:
+        cfg.write_text(fh.read() + f'\n[notify]\nsettle = 0.5\ncluster = "lab"\noutbox = "{tmp_path}/notify"\n'
+                                   f'[[notify.alertmanager]]\nurl = "{alertmanager.url}"\n')
+    cfg.chmod(0o600)
+    env = {**tb.env, "SLURM_HOOKS_CONFIG": str(cfg)}
+
+    def checks() -> list[subprocess.Popen]:
+        return [subprocess.Popen([sys.executable, "-m", "slurm_hooks", "check", "--node", node], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in ("n1", "n2")]
+
+    for node in ("n1", "n2"):
+        sim.inject(tb.sim_dir, node, 2, xid=79)
+    for p in checks():
+        out, _ = p.communicate(timeout=90)
+    for node in ("n1", "n2"):
+        tb.wait_node(node, lambda x: x.drained and x.reason.startswith("slurm-hooks:"), timeout=30)
+    firing = wait_for(lambda: notifications(receiver, "firing"), what="Alertmanager's notification")
+    time.sleep(3)
+    [group] = notifications(receiver, "firing")
+    assert firing == [group]
+    assert sorted(a["labels"]["node"] for a in group["alerts"]) == ["n1", "n2"]
+    assert {a["labels"]["xid"] for a in group["alerts"]} == {"79"}
+    # Mended: the health check resumes its own drains and posts the alerts resolved.
+    for node in ("n1", "n2"):
+        sim.clear(tb.sim_dir, node)
+    for p in checks():
+        out, _ = p.communicate(timeout=90)
+        assert p.returncode == 0, out
+    for node in ("n1", "n2"):
+        tb.wait_node(node, lambda x: not x.drained, timeout=30)
+    resolved = wait_for(lambda: sorted(alerted(receiver, "resolved")) == [("n1", "resolved"), ("n2", "resolved")]
+                        and notifications(receiver, "resolved"), what="the resolution")
+    assert len(resolved) == 1, json.dumps(resolved)[:2000]
+
