@@ -105,5 +105,7 @@ def print_explained(report, entries: list[dict], as_json: bool) -> None:
             effect = "drain now, requeue " + (", ".join(e["requeues"]) or "no job")
         else:
             effect = "drain, requeue nothing (remedy at job end)"
+        if e.get("gpu_map", "known") != "known":
+            effect += f" (every GPU job: GPU map unknown, {e['gpu_map']})"
         click.echo(f"{where} {e['check']}: {e['message']}: scope {e['scope']}, urgency {e['urgency']}, "
                    f"action {e['action']} -> {effect}" + (f" ({e['error']})" if e.get("error") else ""))

@@ -18,7 +18,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 from slurm_hooks import engine, pending
@@ -27,6 +27,7 @@ from slurm_hooks.hooks import follower, gpumap, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring, xid_history
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, Scope, XidEvent
+from slurm_hooks.slurm import quirks
 from slurm_hooks.xid.history import XidState
 
 if TYPE_CHECKING:
@@ -55,11 +56,22 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     if not dry_run:
         if not retry:
             remediate.record_alerts(w, report)
+            if context is Context.CHECK:
+                _record_slurm_view(w, report)
         act(w, report, outcome, follow=follow, earlier=earlier, repair=repair)
         follower.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
         if context is Context.CHECK and not retry:
             notify_flush(w)
     return report, outcome
+
+
+def _record_slurm_view(w: Wiring, report: Report, env: Mapping[str, str] | None = None) -> None:
+    """Slurm 26.05.2+ tells the health check its own view (``SLURM_NODE_IS_HEALTHY=yes|no``): kept
+    beside ours in the audit log when it says something (an older Slurm says nothing: no record)."""
+    said = quirks.node_is_healthy(dict(os.environ if env is None else env))
+    if said:
+        w.audit.write("slurm-view", node=w.node, context=report.context.value, node_is_healthy=said,
+                      ours="healthy" if not report.drain_findings() else "faulty")
 
 
 #: The health check's flush keeps this much of the run's deadline unspent, and needs at least MIN_FLUSH_S.
@@ -403,7 +415,9 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
             left = ["requeue"]
         # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its
         # failure is a warning, never a pending requeue).
-        remediate.annotate_jobs(w, outcome.requeued, f"requeued from {w.node}, {engine.drain_summary(report)}")
+        what = f"requeued from {w.node}, {engine.drain_summary(report)}"
+        for ref in outcome.requeued:
+            remediate.annotate_jobs(w, [ref], what + remediate.in_slurms_numbering(w, outcome.job_gpus.get(ref, ())))
     if earlier is not None and not requeue and "requeue" in earlier.steps:
         left.append("requeue")  # this run (a prolog, an epilog) does not requeue: the next one will
     _settle(w, report, outcome, earlier, left, seen.last_error())

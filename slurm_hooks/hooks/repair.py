@@ -179,17 +179,17 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
         return False
     try:
         info = w.slurm.node(w.node)
+        # A person's resume (or new hardware) ends our [replace] whatever reason Slurm kept after it.
+        ended = bool(state.get("replaced")) and active is None and _replace_ended(w, report, state, info)
         if info.reason and remediate.holds(w, info, our_reboot=active is not None):
             if state.get("validating"):
                 _forget_validation(w, state)  # someone else took the node over meanwhile
             return bool(state.get("stopped")) and _restore_now(w, mode)
-        if state.get("replaced") and active is None:
-            if _replace_ended(w, report, state, info):
-                if not report.drain_findings():
-                    if not ((info.drained or _down(info)) and _begin_validation(w, state, info, "replacement")):
-                        return False  # healthy (or a person's resume): the caller resumes it
-            elif info.drained or _down(info):
-                return True  # waiting for a person (or new hardware): no reboot loop, no resume
+        if state.get("replaced") and active is None and (info.drained or _down(info)):
+            return True  # waiting for a person (or new hardware): no reboot loop, no resume
+        if ended and not report.drain_findings():
+            if not ((info.drained or _down(info)) and _begin_validation(w, state, info, "replacement")):
+                return False  # healthy (or a person's resume): the caller resumes it
         if active is None and not (info.drained or _down(info)) and not state.get("stopped"):
             if state.get("validating"):
                 _forget_validation(w, state)  # resumed by a person: their call

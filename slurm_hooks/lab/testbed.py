@@ -107,6 +107,9 @@ class Settings:
     repair: bool = False
     #: ``[repair] reset_timeout``: how long one nvidia-smi / systemctl call of a reset may take.
     reset_timeout: float = 60.0
+    #: RebootProgram in slurm.conf. Off (``testbed up --no-reboot-program``) as on sites that never
+    #: set one: ``scontrol reboot`` is then refused ("Unspecified error").
+    reboot_program: bool = True
     #: LBNL NHC as HealthCheckProgram, run from this source (its tarball or tree; "" = slurm-hooks
     #: itself), with our check in its scripts dir (slurm_hooks.lab.nhc).
     nhc: str = ""
@@ -309,8 +312,7 @@ class Testbed:
         for name in s.node_names:
             if not os.path.exists(sim.state_path(self.sim_dir, name)):
                 sim.init(self.sim_dir, name, s.gpus, mig=s.mig)
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(s), "ports": self._ports}, indent=1), mode=0o644)
+        self._save_settings()
 
     def _template_context(self, hooks: bool | None = None) -> dict:
         s = self.settings
@@ -407,6 +409,10 @@ class Testbed:
         if self.settings.nhc:
             self._write_nhc()
         self._write_hook("healthcheck")
+        self._save_settings()
+
+    def _save_settings(self) -> None:
+        """``testbed.json``: what ``down``, ``status`` and the next ``up`` read back."""
         fsutil.atomic_write(self.path("testbed.json"),
                             json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
 
@@ -416,8 +422,7 @@ class Testbed:
             raise TestbedError("NHC is not this testbed's HealthCheckProgram (testbed up --nhc SOURCE)")
         self.settings = _replace(self.settings, nhc_check=line)
         self.nhc.write_conf(line)
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+        self._save_settings()
 
     def nhc_site_fault(self, node: str, failing: bool) -> None:
         """NHC's own site check fails (``failing``) or passes again on ``node``."""
@@ -576,8 +581,7 @@ class Testbed:
             return
         self.settings = _replace(self.settings, hooks=enabled)
         self._render("slurm.conf.j2", self.slurm_conf, self._template_context())
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+        self._save_settings()
         if not self._alive("slurmctld"):
             return
         logs = {name: self.path("log", f"slurmd-{name}.log") for name in self.node_names}

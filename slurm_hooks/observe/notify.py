@@ -69,11 +69,17 @@ BACKFILL_S = 3600.0
 BACKOFF_FIRST_S = 1.0
 #: The backoff's exponent stops here (2 ** 20 s is past any retry_max): no overflow, ever.
 BACKOFF_EXP_MAX = 20
+#: The outbox is swept for messages past ``max_age`` at most this often.
+EXPIRE_EVERY_S = 60.0
 #: Requests a receiver may take at once before its rate applies (a few incidents at the same moment).
 BURST = 5
 POLL_S = 1.0
 #: The watcher's notifier touches its heartbeat at each pass; older than this, nobody delivers.
 HEARTBEAT_S = 30.0
+#: A firing alert's ``endsAt`` is at least this far ahead of its post: a node without the watcher posts
+#: again only when its health check runs (HealthCheckInterval, 5 min on the Slinky values), and its
+#: alerts must not resolve in between. An explicit resolution ends them at once.
+ALERT_HOLD_MIN_S = 900.0
 #: Jobs named in a message's text at most (the JSON carries them all; Slack shows what fits).
 TEXT_JOBS_MAX = 20
 
@@ -140,7 +146,8 @@ class Settings:
                 except OSError as exc:
                     (problem or (lambda m: None))(f"[[notify.alertmanager]] #{n + 1} auth_file "
                                                   f"{table['auth_file']}: cannot read: {exc.strerror}")
-            am = Alertmanager(table, url_of("alertmanager", n, table), send, hold=4 * self.alert_repost, auth=auth)
+            am = Alertmanager(table, url_of("alertmanager", n, table), send,
+                              hold=max(4 * self.alert_repost, ALERT_HOLD_MIN_S), auth=auth)
             out[am.name] = am
         return out
 
@@ -299,8 +306,6 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
     return Message(mid, kind, text, data)
 
 
-breaker_message = bridge_message
-
 
 # --- the notifier -----------------------------------------------------------------------
 
@@ -389,6 +394,7 @@ class Notifier:
         self.heartbeat_path = os.path.join(settings.dir, "delivering")
         #: When the next held-back message (an incident within its settle time) becomes due (clock time).
         self._settling: float | None = None
+        self._expired_at = float("-inf")
 
     # -- one pass
 
@@ -527,41 +533,38 @@ class Notifier:
         told = inc.told
         out: list[Message] = []
         c, rb = self.s.cluster, self.s.runbook
-        if inc.opened_at < quiet_before:
-            told.setdefault("opened", "before this notifier")
-            told.setdefault("escalated", [a for _, a in inc.escalations])
-        if not told.get("opened"):
+        if inc.opened_at < quiet_before and not told.opened:
+            told.opened = told.backfilled = True
+            told.escalated = [a for _, a in inc.escalations]
+        if not told.opened:
             if inc.open and now < inc.opened_at + self.s.settle:
                 due = inc.opened_at + self.s.settle
                 self._settling = due if self._settling is None else min(self._settling, due)
                 return out  # let the hooks finish writing (requeued jobs) before the one message
             out.append(compose(inc, OPENED, now, cluster=c, runbook=rb))
-            told["opened"] = True
-            told["opened_at"] = now
-            told["escalated"] = [a for _, a in inc.escalations]
-            told["alert_action"] = inc.action
+            told.opened, told.opened_at, told.alert_action = True, now, inc.action
+            told.escalated = [a for _, a in inc.escalations]
         for _, action in inc.escalations:
-            if action not in told.setdefault("escalated", []):
+            if action not in told.escalated:
                 snapshot = Incident.from_dict({**inc.to_dict(), "action": action})
-                out.append(compose(snapshot, ESCALATED, now, cluster=c, runbook=rb,
-                                   previous_action=str(told.get("alert_action") or "")))
-                told["escalated"].append(action)
-                told["alert_action"] = action
+                out.append(compose(snapshot, ESCALATED, now, cluster=c, runbook=rb, previous_action=told.alert_action))
+                told.escalated.append(action)
+                told.alert_action = action
         if not inc.open:
-            if not told.get("resolved") and told["opened"] is True:
+            if not told.resolved and not told.backfilled:
                 out.append(compose(inc, RESOLVED, now, cluster=c, runbook=rb))
-            told["resolved"] = True
+            told.resolved = True
             return out
         if self.s.reminder_after > 0:
             n = int((now - inc.opened_at) // self.s.reminder_after)
-            if n > int(told.get("reminders", 0)):
+            if n > told.reminders:
                 out.append(compose(inc, REMINDER, now, n, cluster=c, runbook=rb))
-                told["reminders"] = n
-        if self.s.alertmanagers and told["opened"] is True:
-            n = int((now - float(told.get("opened_at", now))) // self.s.alert_repost)
-            if n > int(told.get("reposts", 0)):
+                told.reminders = n
+        if self.s.alertmanagers and not told.backfilled:
+            n = int((now - (told.opened_at if told.opened_at is not None else now)) // self.s.alert_repost)
+            if n > told.reposts:
                 out.append(compose(inc, FIRING, now, n, cluster=c, runbook=rb))
-                told["reposts"] = n
+                told.reposts = n
         return out
 
     def _load_state(self) -> dict[str, Any]:
@@ -612,8 +615,12 @@ class Notifier:
         own pace. Returns how many were delivered. One entry that fails never stops the others."""
         sent = 0
         now = self.clock()
-        if self.outbox.expire(now):
-            self._say_once("messages older than [notify] max_age were dropped (said in the next message)")
+        if not any(self.pace.may_send(name, now) for name in self.dests):
+            return 0  # every receiver held back (an outage): not even a look at the outbox
+        if now >= self._expired_at + EXPIRE_EVERY_S:
+            self._expired_at = now
+            if self.outbox.expire(now):
+                self._say_once("messages older than [notify] max_age were dropped (said in the next message)")
         held: set[str] = set()
         for entry in self.outbox.in_order():
             if time.monotonic() >= deadline:

@@ -526,6 +526,9 @@ class ScontrolSlurm:
             return
         if not may_resume(current):
             raise ReasonNotOurs(current, "resume")
+        if not quirks.may_set_idle(self.version(), current.flags):
+            raise SlurmCommandFailed(f"{name}: not resumed while its reboot is issued (REBOOT_ISSUED): Slurm "
+                                     "25.11+ refuses it; the reboot's registration brings the node back")
         self._run("scontrol", "update", f"NodeName={self._node_arg(name)}", "State=RESUME")
 
     def set_node_extra(self, name: str, text: str) -> None:

@@ -286,3 +286,46 @@ def test_sim_init_cli_takes_minors_and_mig(tmp_path, capsys):
         main([*argv, "--minors", "1,1"])
     err = capsys.readouterr().err
     assert bad.value.code != 0 and "distinct minor numbers" in err and "Traceback" not in err
+
+
+def test_admin_comment_names_the_jobs_gpu_as_slurm_numbers_it_when_nvmls_differs(tmp_path):
+    t = node(tmp_path)
+    run_jobs(t, {801: "gpu:1(IDX:0)"})
+    sim.inject(t.sim_dir, "n1", 7, xid=79)
+    healthcheck.run(t.w, follow="none")
+    assert t.slurm.admin_comments[801].startswith(
+        "slurm-hooks: requeued from n1, XID 79 on GPU 7 (the job's GPU 0 as Slurm numbers them), ")
+    (tmp_path / "p").mkdir()
+    refused = node(tmp_path / "p")
+    sim.inject(refused.sim_dir, "n1", 6, xid=79)
+    refused.slurm.add_job(802, "n1")
+    assert jobhooks.prolog(refused.w, {"SLURM_JOB_ID": "802", "SLURM_JOB_GPUS": "1"}) == 1
+    assert "XID 79 on GPU 6 (the job's GPU 1 as Slurm numbers them)" in refused.slurm.admin_comments[802]
+
+
+def test_incident_names_each_requeued_jobs_gpu_as_slurm_numbers_it(tmp_path):
+    from slurm_hooks.observe import incidents
+
+    t = node(tmp_path)
+    run_jobs(t, {901: "gpu:2(IDX:0-1)", 902: "gpu:1(IDX:2)"})
+    sim.inject(t.sim_dir, "n1", 6, xid=79)  # NVML 6 is GRES 1
+    healthcheck.run(t.w, follow="none")
+    [inc] = incidents.build(t.audit.read())
+    summary = incidents.summary(inc)
+    assert summary["gpus"][0]["index"] == 6
+    assert [(j["job_id"], j["how"], j.get("gpus")) for j in summary["jobs"]] == [("901", "requeued", [0, 1])]
+
+
+def test_explain_says_when_the_map_is_unknown_and_counts_every_gpu_job(tmp_path, capsys):
+    from slurm_hooks.commands.check import print_explained
+
+    t = node(tmp_path, None)
+    run_jobs(t, {1001: "gpu:1(IDX:0)", 1002: "gpu:1(IDX:7)", 1003: ""})
+    sim.inject(t.sim_dir, "n1", 7, xid=79)
+    report = healthcheck.judge(t.w, healthcheck.Context.CHECK)
+    entries = remediate.explain(t.w, report)
+    [xid] = [e for e in entries if e["check"] == "xid"]
+    assert xid["requeues"] == ["1001", "1002"] and xid["gpu_map"].startswith("gres.conf unreadable")
+    print_explained(report, entries, as_json=False)
+    line = next(x for x in capsys.readouterr().out.splitlines() if " xid: " in x)
+    assert "requeue 1001, 1002 (every GPU job: GPU map unknown, gres.conf unreadable" in line

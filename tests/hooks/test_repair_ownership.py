@@ -112,14 +112,15 @@ def replaced(t, gpu=3):
     assert out.repairs == ["replace:ok"] and t.slurm.peek("n1").reason.endswith("[replace]")
 
 
-def test_replace_then_a_persons_resume_then_a_new_fault_gets_the_ladder_again(t):
+@pytest.mark.parametrize("kept", [False, True], ids=["reason-cleared", "reason-kept-24.11"])
+def test_replace_then_a_persons_resume_then_a_new_fault_gets_the_ladder_again(t, kept):
     replaced(t)
     sim.clear(t.sim_dir, "n1", 3)
-    t.slurm.set_node("n1", state="IDLE", reason="")  # a person: scontrol update State=RESUME
-    check(t)
-    assert ("repair-replace", "ended") in rungs(t)
-    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    t.slurm.keeps_reason = kept
+    t.slurm.resume("n1")  # a person: scontrol update State=RESUME (24.11 keeps our [replace] text)
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)  # no check in between
     _, out = check(t)
+    assert ("repair-replace", "ended") in rungs(t)
     assert out.repairs == ["reset:ok"] and out.resumed and t.slurm.peek("n1").state == "IDLE"
     assert repair.read_rma(repair.rma_path(t.w))  # the RMA entry stays
 
