@@ -12,7 +12,6 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,6 +20,7 @@ from slurm_hooks.models import Action, Expectations, Scope, Urgency
 from slurm_hooks.severity import CHECK_RULES, OVERRIDE_KEYS, Severities, xid_rule_key
 from slurm_hooks.slurm import hostlist
 from slurm_hooks.urlsecret import URL, bad_url
+from slurm_hooks.values import dataclass, field
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -16,10 +16,10 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import IO, Callable
 
 from slurm_hooks.errors import CommandError, CommandTimeout
+from slurm_hooks.values import dataclass
 
 
 @dataclass(frozen=True)

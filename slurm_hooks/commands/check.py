@@ -10,6 +10,7 @@ import json
 
 import click
 
+from slurm_hooks.commands.findings import print_findings
 from slurm_hooks.commands.options import config_option, dry_run_option, json_option, node_option
 from slurm_hooks.models import Severity
 
@@ -78,15 +79,7 @@ def print_report(report, as_json: bool, outcome=None) -> None:
                                    "resumed": outcome.resumed, "failed": outcome.failed}
         click.echo(json.dumps(data, indent=None))
         return
-    for f in report.findings:
-        if f.severity is not Severity.OK:
-            click.echo(f.line())
-    if outcome is not None:
-        for failure in outcome.failed:
-            click.echo(f"slurm-hooks: could not {failure}", err=True)
-        if outcome.guarded:
-            click.echo("slurm-hooks: not drained: the same configured expectation fails on many nodes; "
-                       "check [expect]/[groups] (see the audit log)", err=True)
+    print_findings(report, outcome)
 
 
 def print_explained(report, entries: list[dict], as_json: bool) -> None:

@@ -20,10 +20,11 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
+from slurm_hooks.values import dataclass
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.wiring import Wiring

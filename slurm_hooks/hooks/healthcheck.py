@@ -314,6 +314,8 @@ def _repair(w: Wiring, report: Report, outcome: Outcome, own_job: str = "", mode
     Off with ``[check] drain = false`` too: a node side that may not drain repairs nothing."""
     if not (w.config.repair.enabled and w.config.check.drain):
         return False
+    if not report.drain_findings() and not os.path.exists(w.repair_state()):
+        return False  # healthy and no repair under way: the ladder has nothing to look at (not even an import)
     from slurm_hooks.hooks import repair
 
     return repair.step(w, report, outcome, _rejudge(w), own_job=own_job, mode=mode)

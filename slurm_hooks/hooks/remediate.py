@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from slurm_hooks.engine import drain_summary, snapshot_xids
@@ -33,6 +33,7 @@ from slurm_hooks.slurm import (
     status_tag,
 )
 from slurm_hooks.slurm.errors import AlreadyRequeued
+from slurm_hooks.values import dataclass, field
 
 _step = step
 __all__ = ["Outcome", "annotate_jobs", "drain", "requeue_jobs", "resume_if_ours", "touched_jobs"]

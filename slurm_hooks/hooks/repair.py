@@ -45,7 +45,6 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from slurm_hooks import fsutil
@@ -55,6 +54,7 @@ from slurm_hooks.hooks import remediate
 from slurm_hooks.models import Action, Finding, Report, Urgency, gpu_identity
 from slurm_hooks.slurm import format_reason, format_status_reason, parse_reason, reason_attempt, reboot_pending
 from slurm_hooks.slurm.errors import ReasonNotOurs
+from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.remediate import Outcome
@@ -741,7 +741,7 @@ def add_to_rma(w: Wiring, p: Plan, report: Report, state: dict[str, Any]) -> lis
 
 
 def state_path(w: Wiring) -> str:
-    return w.state_path(f"repair-{w.node}.json")
+    return w.repair_state()
 
 
 def load(w: Wiring) -> dict[str, Any]:

@@ -22,12 +22,12 @@ import os
 import signal
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import REASON_PREFIX, fsutil
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action, Finding, Severity
+from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.wiring import Wiring

@@ -32,6 +32,7 @@ import jinja2
 import slurm_hooks
 from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
+from slurm_hooks.install import layout
 from slurm_hooks.lab import nhc as nhc_lab
 from slurm_hooks.lab import packages
 from slurm_hooks.lab.accounting import Accounting
@@ -107,6 +108,10 @@ class Settings:
     repair: bool = False
     #: ``[repair] reset_timeout``: how long one nvidia-smi / systemctl call of a reset may take.
     reset_timeout: float = 60.0
+    #: The prefix of a ``slurm-hooks install`` whose programs slurm.conf names (rehearse a roll-out:
+    #: the wheel in its own venv, ``install --prefix P --config <testbed config> --env SLURM_CONF=...``);
+    #: "" for the testbed's own wrappers, which run this checkout.
+    programs: str = ""
     #: RebootProgram in slurm.conf. Off (``testbed up --no-reboot-program``) as on sites that never
     #: set one: ``scontrol reboot`` is then refused ("Unspecified error").
     reboot_program: bool = True
@@ -319,6 +324,7 @@ class Testbed:
         return {
             **asdict(s),
             "hooks": s.hooks if hooks is None else hooks,
+            "programs": self._programs(),
             "cluster": CLUSTER,
             "partition": PARTITION,
             "state_dir": self.state_dir,
@@ -340,6 +346,15 @@ class Testbed:
             "slurm_bin_dir": BIN,
             "accounting_lines": Accounting(self.state_dir).slurm_conf_lines(self.munge_socket) if s.accounting else [],
         }
+
+    def _programs(self) -> dict[str, str]:
+        """hook -> the program slurm.conf names: the testbed's own wrapper, or an install's."""
+        programs = {hook: self.path("bin", hook) for hook in HOOKS}
+        if self.settings.programs:
+            programs.update({hook: layout.program_path(hook, self.settings.programs) for hook in HOOKS})
+        if self.settings.nhc:
+            programs["healthcheck"] = self.path("bin", "healthcheck")  # NHC's wrapper: NHC runs our check
+        return programs
 
     def _render(self, template: str, dest: str, ctx: dict, mode: int = 0o644) -> None:
         env = jinja2.Environment(
@@ -579,7 +594,17 @@ class Testbed:
         """
         if self._saved_hooks() == enabled:
             return
-        self.settings = _replace(self.settings, hooks=enabled)
+        self._reconfigure(_replace(self.settings, hooks=enabled))
+
+    def set_programs(self, prefix: str) -> None:
+        """Name the programs a ``slurm-hooks install --prefix`` laid in slurm.conf ("" for the
+        testbed's own wrappers): one ``scontrol reconfigure``, as :meth:`set_hooks`."""
+        if self.settings.programs == prefix:
+            return
+        self._reconfigure(_replace(self.settings, programs=prefix))
+
+    def _reconfigure(self, settings: Settings) -> None:
+        self.settings = settings
         self._render("slurm.conf.j2", self.slurm_conf, self._template_context())
         self._save_settings()
         if not self._alive("slurmctld"):

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from typing import Any
 
 from slurm_hooks.observe import events
+from slurm_hooks.values import dataclass, field
 
 #: Harmless to most disruptive, as in :class:`slurm_hooks.models.Action`.
 ACTIONS = ("none", "warn", "drain", "reset", "reboot", "replace")

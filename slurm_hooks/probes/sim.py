@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import time
-import uuid as uuidlib
 from typing import Any, Callable
 
 from slurm_hooks import fsutil
@@ -42,6 +41,8 @@ def healthy_gpu(index: int, node: str, model: str, minor: int | None = None, mig
     told otherwise); ``mig``: that many MIG instances (GPU instance ids 1..mig); ``generation`` > 0:
     the hardware put in its place by the ``generation``-th replacement (new UUID and serial, same
     slot, PCI bus id and device file)."""
+    import uuid as uuidlib  # here: uuid imports platform, ~3 ms the snapshot does not need
+
     name, gen, width, links, power = MODELS[model]
     swap = f".{generation}" if generation else ""
     uid = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{node}.gpu{index}{swap}.slurm-hooks.sim")
@@ -199,6 +200,8 @@ def default_cleared_by(fault: str) -> str:
 
 
 def _new_boot() -> str:
+    import uuid as uuidlib
+
     return uuidlib.uuid4().hex[:12]
 
 

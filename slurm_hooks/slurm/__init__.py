@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurm_hooks import REASON_PREFIX
 from slurm_hooks.models import Action
 from slurm_hooks.slurm import hostlist
+from slurm_hooks.values import dataclass, field
 
 
 @dataclass(frozen=True)

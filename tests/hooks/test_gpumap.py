@@ -329,3 +329,36 @@ def test_explain_says_when_the_map_is_unknown_and_counts_every_gpu_job(tmp_path,
     print_explained(report, entries, as_json=False)
     line = next(x for x in capsys.readouterr().out.splitlines() if " xid: " in x)
     assert "requeue 1001, 1002 (every GPU job: GPU map unknown, gres.conf unreadable" in line
+
+
+def test_nvml_probe_reads_mig_instances_and_a_gpu_lost_mid_read_keeps_its_minor():
+    import pynvml
+
+    fake = FakeNvml.healthy(gpus=2)
+    fake.set(1, mig=[("MIG-5c1e-a", 1, 0), ("MIG-5c1e-b", 2, 0)])
+    snap = NvmlProbe("n1", kmsg_path="/nonexistent", nvml=fake).snapshot()
+    assert snap.gpus[0].mig == () and snap.gpus[1].mig == (MigDevice("MIG-5c1e-a", 1, 0), MigDevice("MIG-5c1e-b", 2, 0))
+    fake.fail("nvmlDeviceGetTotalEccErrors", gpu=1, code=pynvml.NVML_ERROR_GPU_IS_LOST)
+    lost = NvmlProbe("n1", kmsg_path="/nonexistent", nvml=fake).snapshot().gpus[1]
+    assert lost.lost and lost.minor == 1 and lost.uuid
+
+
+def test_gres_source_slurmd_builds_the_map_from_slurmd_g_and_says_why_when_it_fails(tmp_path):
+    captured = SLURM / "slurmd-G-22.05-gres-reverse.txt"
+    script = tmp_path / "slurmd"
+    script.write_text(f"#!/bin/sh\n[ \"$1 $2 $3\" = '-G -N n1' ] || exit 3\ncat {captured}\n")
+    script.chmod(0o755)
+    (tmp_path / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-7]\n")  # what slurmd says wins
+    cfg = sim_config(tmp_path, '[expect]\ngpus = 8\n').path
+    text = Path(cfg).read_text().replace("[gpu]\n", f'[gpu]\ngres_source = "slurmd"\nslurmd = "{script}"\n')
+    Path(cfg).write_text(text)
+    from slurm_hooks import config
+
+    loaded = config.load(cfg)
+    sim.init(loaded.gpu.sim_dir, "n1", 8)
+    w = Wiring(loaded, "n1", AuditLog(loaded.log.audit), slurm_override=FakeSlurm())
+    gmap = gpumap.current(w, w.probe().snapshot())
+    assert gmap.known and gmap.source == "slurmd -G" and [s.gpu for s in gmap.slots] == list(range(7, -1, -1))
+    script.write_text("#!/bin/sh\necho 'slurmd: fatal: Unable to determine this slurmd NodeName' >&2\nexit 1\n")
+    gmap = gpumap.read(w, w.probe().snapshot())[0]
+    assert not gmap.known and "slurmd -G -N n1 failed" in gmap.problem
