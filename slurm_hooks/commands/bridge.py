@@ -63,13 +63,14 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
     )
     elector = _elector(settings, kube)
     audit = AuditLog(cfg.log.audit)
+    notifier = _notifier(cfg, settings.state_file)
     reconciler = Reconciler(
         slurm_from_config(cfg), kube, settings, audit=audit, dry_run=dry_run,
         metrics_dir=cfg.metrics.textfile_dir, store=_store(settings, elector),
         leader=elector.is_leader if elector is not None else None,
+        notify=notifier.poke if notifier is not None else None,
     )
     stop = threading.Event()
-    notifier = _notifier(cfg, settings.state_file)
     if not once:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
@@ -110,8 +111,10 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
 
 
 def _notifier(cfg, state_file: str):
-    """The bridge tells its own news (breaker trips, replacements and reboots it asked for) through
-    [notify], as the nodes do; its outbox and cursor beside its state file, where a restart keeps them."""
+    """The bridge tells its own news (breaker trips, replacements and reboots it asked for, a missing
+    permission, a drain past its timeout) through [notify], as the nodes do: from its audit log (each
+    told once, across restarts), woken by the reconciler's ``notify`` hook as each is written; its
+    outbox and cursor beside its state file."""
     from slurm_hooks.observe.notify import Notifier
     from slurm_hooks.observe.notify import Settings as NotifySettings
 

@@ -42,6 +42,7 @@ from slurm_hooks.observe import destinations as dst
 from slurm_hooks.observe import incidents
 from slurm_hooks.observe.destinations import (
     BREAKER,
+    BRIDGE,
     ESCALATED,
     FIRING,
     OPENED,
@@ -272,10 +273,22 @@ def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "",
     return Message(mid, kind, text, data, inc.id)
 
 
+#: The bridge's problems a person must act on: audit kind -> (alertname, what to do).
+_BRIDGE_PROBLEMS = {
+    "bridge_permission_missing": ("SlurmHooksBridgePermissionMissing",
+                                  "grant the bridge's ServiceAccount what `slurm-hooks render --only rbac` lists"),
+    "bridge_drain_timeout": ("SlurmHooksBridgeDrainTimeout",
+                             "look at the PodDisruptionBudgets of the pods named; the replacement was requested anyway"),
+}
+
+
 def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> Message | None:
     """The bridge's own news from its audit records: a circuit-breaker trip, a replacement or a reboot
-    asked of Kubernetes. ``None`` for any other record (and for a dry run)."""
-    kind = {"bridge_breaker_tripped": BREAKER, "bridge_replace": REPLACE}.get(str(r.get("kind")))
+    asked of Kubernetes, a missing permission, a drain that timed out. ``None`` for any other record
+    (and for a dry run)."""
+    source = str(r.get("kind"))
+    kind = {"bridge_breaker_tripped": BREAKER, "bridge_replace": REPLACE,
+            **{k: BRIDGE for k in _BRIDGE_PROBLEMS}}.get(source)
     if kind is None or r.get("dry_run"):
         return None
     ts = float(r.get("ts", 0))
@@ -286,6 +299,13 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
                 f" (Slurm {node}): {r.get('reason', '')}. "
                 f"{r.get('message') or 'No new nodes will be taken.'}")
         alertname, action = "SlurmHooksBreakerTripped", "none"
+        todo = "slurm-hooks bridge reset-breaker once the cause is understood"
+    elif kind == BRIDGE:
+        alertname, todo = _BRIDGE_PROBLEMS[source]
+        mid = f"{source.replace('_', '-')}-{kube_node}-{int(round(ts * 1000))}"
+        text = f"Kubernetes bridge, node {kube_node}" + (f" (Slurm {node})" if node != "?" else "") \
+            + f": {r.get('message') or r.get('error') or source}."
+        action = "none"
     else:
         kind = REBOOT if r.get("action") == "reboot" else REPLACE
         mid = f"bridge-{kind}-{node}-{int(round(ts * 1000))}"
@@ -293,18 +313,17 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
         text = (f"Kubernetes bridge asked for {what} of node {kube_node} (Slurm {node}) through "
                 f"{r.get('backend', '?')}: {r.get('requested', '')}.")
         alertname, action = ("SlurmHooksNodeReboot" if kind == REBOOT else "SlurmHooksNodeReplacement"), kind
+        todo = "the node returns to Slurm by itself after a passing check"
     labels = {k: v for k, v in {"alertname": alertname, "node": str(node), "kube_node": str(kube_node),
-                                "action": action, "severity": "critical" if kind == BREAKER else "warning",
-                                "cluster": cluster}.items() if v}
+                                "action": action, "severity": "critical" if kind in (BREAKER, BRIDGE) else "warning",
+                                "cluster": cluster}.items() if v and v != "?"}
     data = {"id": mid, "kind": kind, "text": text, "headline": text, "node": r.get("slurm_node"),
             "kube_node": r.get("node"), "reason": r.get("reason"), "action": action,
-            "urgency": "high" if kind == BREAKER else "normal", "at": incidents.utc(ts), "cluster": cluster or None,
-            "runbook": runbook or None,
-            "alerts": [{"labels": labels, "starts_at": ts, "annotations": {"summary": text, "runbook": runbook or (
-                "slurm-hooks bridge reset-breaker once the cause is understood" if kind == BREAKER
-                else "the node returns to Slurm by itself after a passing check")}}]}
+            "urgency": "high" if kind in (BREAKER, BRIDGE) else "normal", "at": incidents.utc(ts),
+            "cluster": cluster or None, "runbook": runbook or None,
+            "alerts": [{"labels": labels, "starts_at": ts, "annotations": {"summary": text,
+                                                                          "runbook": runbook or todo}}]}
     return Message(mid, kind, text, data)
-
 
 
 # --- the notifier -----------------------------------------------------------------------
@@ -395,6 +414,7 @@ class Notifier:
         #: When the next held-back message (an incident within its settle time) becomes due (clock time).
         self._settling: float | None = None
         self._expired_at = float("-inf")
+        self._wake = threading.Event()
 
     # -- one pass
 
@@ -447,8 +467,14 @@ class Notifier:
                         self.deliver(time.monotonic() + max(poll, self.s.timeout * 2))
             except Exception as exc:  # noqa: BLE001 - a notifier bug must not stop the watcher
                 self._say_once(f"pass failed: {type(exc).__name__}: {exc}")
-            stop.wait(poll)
+            self._wake.wait(poll)
+            self._wake.clear()
         self.stopped()
+
+    def poke(self, *_: Any) -> None:
+        """Something to tell was just written to the log (the bridge's ``Reconciler(notify=...)``): the
+        running loop makes its next pass now, not at its next poll."""
+        self._wake.set()
 
     def _beat(self) -> None:
         os.makedirs(self.s.dir, mode=0o700, exist_ok=True)
