@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
@@ -34,6 +34,7 @@ from slurm_hooks.hooks.actions import annotate_jobs, step
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.slurm import JobInfo, hostlist, job_ref
 from slurm_hooks.slurm.errors import AlreadyRequeued
+from slurm_hooks.values import dataclass
 
 if TYPE_CHECKING:
     from slurm_hooks.runner import Spawned
