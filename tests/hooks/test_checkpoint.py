@@ -210,3 +210,22 @@ def test_the_health_check_signals_first_and_the_incident_names_the_signal_and_th
     assert (job["job_id"], job["signal"], job["requeued_by"], job["checkpoint"]) == (
         "101", "USR2@90", "self", "requeued itself")
     assert 0 <= job["requeue_s"] < 5
+
+
+def test_jobs_the_watchers_thread_follows_are_left_to_it_by_the_other_hooks(t):
+    import subprocess
+    import sys
+
+    t.slurm.scripts[101] = USR2_SCRIPT
+    requeue_now(t)
+    watcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slurm_hooks", "watch"])
+    try:
+        rec = follower.read_record(t.w, "101")
+        follower.write_record(t.w, follower.replace(rec, pid=watcher.pid, grace_until=time.time() - 1))
+        assert follower.finish_followed(t.w) == {}  # the epilog on the node does not take it over
+        assert t.slurm.called("requeue") == []
+    finally:
+        watcher.kill()
+        watcher.wait()
+    assert follower.finish_followed(t.w) == {"101": "timed out"}  # the watcher is gone: the next run does it
+    assert t.slurm.called("requeue") == [("requeue", 101)]
