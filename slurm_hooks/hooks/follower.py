@@ -94,12 +94,13 @@ FOLLOW_FALLBACK_S = 10.0
 FOLLOWER_READY_S = 3.0
 #: A following record older than this is dropped: the job has long been dealt with or forgotten.
 FOLLOW_RECORD_TTL_S = 3600.0
-#: The follower looks every FAST_POLL_S for the first FAST_FOR_S, then every ``poll``: a job
-#: requeued by SIGTERM is PENDING again as soon as its epilog is done (about a second: measured
-#: in bench/bench_checkpoint.py), and every tenth spent waiting here is a tenth before it runs
-#: elsewhere. A 1 s poll cost 0.5 s on average there; one squeue per look, for all the jobs.
-FAST_POLL_S = 0.1
-FAST_FOR_S = 10.0
+#: The follower's first wait; each next one is POLL_GROWTH times longer, up to its ``poll``. A
+#: job requeued by SIGTERM is PENDING again once its epilog is done, about a second later
+#: (bench/bench_checkpoint.py), and each tenth spent waiting here is a tenth before it runs
+#: elsewhere: a flat 1 s poll cost 0.5-0.8 s there. Growing waits keep a storm's squeue count
+#: close to the flat poll's (bench/bench_storm.py): 7 looks in the first 3 s, then one a second.
+FIRST_POLL_S = 0.1
+POLL_GROWTH = 1.5
 
 
 def follow_jobs(w: Wiring, refs: Iterable[int | str], how: Follow | str, *, python: str | None = None,
@@ -180,18 +181,17 @@ def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: floa
     """Follow each job through its grace (if it has one) until it is PENDING again, then release it
     if our prolog's refusal held it and start it now.
 
-    One ``squeue`` for all the jobs per look; the first look at once, then one every
-    FAST_POLL_S for FAST_FOR_S, then one every ``poll``; back as soon as every job is
+    One ``squeue`` for all the jobs per look; the first look at once, then waits from
+    FIRST_POLL_S growing by POLL_GROWTH up to ``poll``; back as soon as every job is
     settled. ``final``: jobs still unsettled at ``timeout`` are recorded as failures (else
     they are left to the next hook run).
     """
     pending = {str(r): time.monotonic() for r in refs}
     results: dict[str, str] = {}
-    started = time.monotonic()
-    deadline = started + timeout
+    deadline = time.monotonic() + timeout
     last_error: SlurmHooksError | None = None
+    wait = min(FIRST_POLL_S, poll)
     while True:
-        wait = min(FAST_POLL_S, poll) if time.monotonic() - started < FAST_FOR_S else poll
         polled = time.monotonic()
         try:
             found = w.slurm.jobs(list(pending))
@@ -207,6 +207,7 @@ def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: floa
         if not pending or polled + wait >= deadline:
             break
         time.sleep(max(0.0, wait - (time.monotonic() - polled)))
+        wait = min(poll, wait * POLL_GROWTH)
     for ref, t0 in pending.items():
         if last_error is not None:
             results[ref] = f"failed: {last_error}"
