@@ -33,6 +33,7 @@ class CircuitBreaker:
     def __init__(self, settings: BreakerSettings, state: BreakerState):
         self.settings = settings
         self.state = state
+        self._cache: tuple[tuple[float, int], set[str], set[str]] | None = None
 
     def limit(self, total_nodes: int) -> int:
         share = math.floor(total_nodes * self.settings.max_percent / 100.0)
@@ -66,14 +67,22 @@ class CircuitBreaker:
                 recent[node] = max(ts, recent.get(node, ts))
         return recent
 
+    def _counts(self, now: float, owned_since: dict[str, float] | None) -> tuple[set[str], set[str]]:
+        """(nodes taken in the window, nodes held since the last reset), computed once per pass
+        and kept up to date by :meth:`admit`: a pass admitting 500 nodes stays linear."""
+        key = (now, id(owned_since))
+        if self._cache is None or self._cache[0] != key:
+            # An admin's reset accepts what is held now: only nodes taken since then count.
+            since_reset = self.state.reset_at if self.state.reset_at is not None else -math.inf
+            held = {n for n, ts in (owned_since or {}).items() if ts > since_reset}
+            self._cache = (key, set(self.in_window(now, owned_since)), held)
+        return self._cache[1], self._cache[2]
+
     def admit(self, node: str, total_nodes: int, now: float, owned_since: dict[str, float] | None = None) -> Decision:
         if self.is_open(now):
             return Decision(False, reason=f"circuit breaker open since {self.state.trip_reason}")
-        recent = self.in_window(now, owned_since)
+        recent, held = self._counts(now, owned_since)
         cap = self.limit(total_nodes)
-        # An admin's reset accepts what is held now: only nodes taken since then count.
-        since_reset = self.state.reset_at if self.state.reset_at is not None else -math.inf
-        held = {n for n, ts in (owned_since or {}).items() if ts > since_reset}
         if node not in held and len(held) >= cap:
             self.state.tripped_at = now
             self.state.trip_reason = (
@@ -89,9 +98,13 @@ class CircuitBreaker:
             )
             return Decision(False, tripped=True, reason=self.state.trip_reason)
         self.state.taken[node] = now
+        recent.add(node)
+        if owned_since is not None:  # the caller holds it from now on (it adds it to owned_since too)
+            held.add(node)
         return Decision(True)
 
     def reset(self, now: float) -> None:
+        self._cache = None
         self.state.reset_at = now
         self.state.taken.clear()
         self.state.tripped_at = None

@@ -39,6 +39,8 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 #: medik8s' node-level opt-out; honoured like a pod opt-out.
 MEDIK8S_EXCLUDE = "remediation.medik8s.io/exclude-from-remediation"
+#: In the evicted-pods record: a pod whose namespace is being deleted (skipped, not waited for).
+_NS_TERMINATING = "namespace-terminating:"
 #: Slinky's slurmd pods are owned by a NodeSet (not a DaemonSet): they are evicted, last.
 SLINKY_NODESET_KIND = "NodeSet"
 
@@ -152,6 +154,9 @@ class Drainer:
         staying: list[Obj] = []
         for pod in pods:
             ref = pod_ref(pod)
+            if evicted.get(ref) == _NS_TERMINATING + str(meta(pod).get("uid") or ""):
+                result.skipped.append((ref, "namespace terminating"))
+                continue
             if evicted.get(ref) and evicted[ref] == meta(pod).get("uid"):
                 result.terminating.append(ref)
                 if not is_slurmd_pod(pod):
@@ -187,7 +192,9 @@ class Drainer:
         for _ in range(3):  # evict the others; the slurmd pod once they have left; see it gone
             view = DrainResult()
             first, last, staying = self._sort(pods, view, evicted)
-            result.skipped, result.protected = view.skipped, view.protected
+            result.skipped = view.skipped + [s for s in result.skipped if s[1] == "namespace terminating"
+                                             and s not in view.skipped]
+            result.protected = view.protected
             result.terminating, result.last = view.terminating, []
             first = [p for p in first if pod_ref(p) not in result.blocked]
             acted = self._evict(first, result, evicted, dry_run)
@@ -221,6 +228,8 @@ class Drainer:
                 # deletion removes the pod. Skipped, with a record; not a failure of the node.
                 result.namespace_terminating.append(ref)
                 result.skipped.append((ref, "namespace terminating"))
+                if not dry_run:
+                    evicted[ref] = _NS_TERMINATING + str(m.get("uid") or "")  # not asked again
             else:
                 result.blocked.append(ref)
         return acted

@@ -316,10 +316,7 @@ class KubeClient:
         return [p for p in items if (p.get("spec") or {}).get("nodeName") == node]
 
     def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
-        page = self._request(
-            "list_pods", self._core.list_namespaced_pod, namespace, label_selector=label_selector
-        ) or {}
-        return page.get("items") or []
+        return self._list_all("list_pods", self._core.list_namespaced_pod, namespace, label_selector=label_selector)
 
     def evict(self, namespace: str, name: str, *, dry_run: bool = False) -> Eviction:
         body = {

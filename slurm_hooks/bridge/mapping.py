@@ -72,6 +72,9 @@ class NodeMapper:
         if kube is None:
             return None
         pods = kube.list_pods(self.slinky_namespace, f"{SLINKY_HOSTNAME_LABEL}={slurm_name}")
+        # The pod that serves the name now: a terminating one (evicted, its preStop running) only
+        # when there is no other.
+        pods.sort(key=lambda p: bool((p.get("metadata") or {}).get("deletionTimestamp")))
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
             if node:

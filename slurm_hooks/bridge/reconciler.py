@@ -25,16 +25,14 @@ grow with the bad nodes, not with the cluster.
 
 from __future__ import annotations
 
-import datetime
 import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from slurm_hooks.bridge import metrics
+from slurm_hooks.bridge import metrics, nodeops
 from slurm_hooks.bridge.api import (
     OWNER_ANNOTATION,
-    OWNER_LABEL,
     OWNER_SELECTOR,
     KubeApi,
     KubeConflict,
@@ -42,15 +40,12 @@ from slurm_hooks.bridge.api import (
     KubePermanent,
     KubeTransient,
     Obj,
-    annotations_of,
-    labels_of,
-    meta,
     name_of,
 )
 from slurm_hooks.bridge.breaker import CircuitBreaker
 from slurm_hooks.bridge.drain import Drainer, opt_out
 from slurm_hooks.bridge.mapping import NodeMapper
-from slurm_hooks.bridge.ownership import Ownership
+from slurm_hooks.bridge.ownership import Drained, Ownership, Released, VerdictKept
 from slurm_hooks.bridge.replace import Backend, ReplacementError, Target, make_backend, make_reboot_backend
 from slurm_hooks.bridge.settings import BridgeSettings
 from slurm_hooks.bridge.state import StateStore
@@ -58,9 +53,9 @@ from slurm_hooks.bridge.verdict import Verdict, extra_is_foreign, operator_reaso
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action
 from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.slurm import NodeInfo, Slurm, parse_reason
+from slurm_hooks.slurm import NodeInfo, Slurm, out_of_service, parse_reason
 
-COMPONENT = "slurm-hooks-bridge"
+COMPONENT = nodeops.COMPONENT
 #: Slurm states in which a node is not "healthy again", whatever its drain flag says.
 _UNHEALTHY_FLAGS = frozenset({"DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "UNKNOWN", "FUTURE", "INVAL"})
 #: Consecutive transient errors after which the API server is taken to be down for this pass.
@@ -69,8 +64,6 @@ _CONFLICT_TRIES = 4
 #: Backoff between drain rounds of a pass (PDB 429s, evicted pods still terminating).
 _DRAIN_BACKOFF = 0.5
 _DRAIN_BACKOFF_MAX = 5.0
-#: ``Ownership.verdict`` once our verdict is in the Slurm node's Extra.
-VERDICT_KEPT = "slurm"
 #: Audit kinds a notifier hears about (``Reconciler(notify=...)``): what a person wants told.
 NOTIFIED = frozenset({"bridge_breaker_tripped", "bridge_replace", "bridge_incident_closed",
                       "bridge_permission_missing", "bridge_drain_timeout"})
@@ -89,8 +82,8 @@ def readopt(node: NodeInfo, verdict: Verdict, actions: tuple[Action, ...]) -> bo
 
 def trigger(node: NodeInfo, actions: tuple[Action, ...]) -> tuple[str, Action] | None:
     """(summary, action) when this Slurm node asks the bridge to act, else ``None``."""
-    if not node.drained or not node.ours:
-        return None
+    if not out_of_service(node) or not node.ours:
+        return None  # a DOWN node counts: our reboot left "reboot timed out" (Slurm's suffixes parsed off)
     parsed = parse_reason(node.reason)
     if parsed is None or parsed[1] not in actions:
         return None
@@ -155,6 +148,22 @@ class _Abort(Exception):
 
 
 @dataclass
+class _Work:
+    """One taken node going through :attr:`Reconciler.STEPS`."""
+
+    node: Obj
+    record: Ownership
+    ctx: PassContext
+    sn: NodeInfo | None
+    pods: list[Obj] | None
+    summary: str
+
+    @property
+    def kname(self) -> str:
+        return name_of(self.node)
+
+
+@dataclass
 class PassContext:
     """What one pass carries from node to node."""
 
@@ -189,20 +198,6 @@ def slurm_busy(node: NodeInfo) -> bool:
 def _take_id(record: Ownership) -> str:
     """One take of a node, for Event names and the template backend's marker."""
     return f"{int(record.since * 1000):x}"
-
-
-def _now_iso(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _ptr(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _set_entry(node: Obj, field_name: str, key: str, value: str) -> Obj:
-    if field_name not in meta(node) or meta(node)[field_name] is None:
-        return {"op": "add", "path": f"/metadata/{field_name}", "value": {key: value}}
-    return {"op": "add", "path": f"/metadata/{field_name}/{_ptr(key)}", "value": value}
 
 
 class Reconciler:
@@ -470,31 +465,11 @@ class Reconciler:
             # Our own write went through although its answer was lost (a timeout, a 500): adopt it.
             record.cordoned, record.tainted = done.cordoned, done.tainted
             return []
-        spec = node.get("spec")
-        ops: list[Obj] = self._rv_test(node)
-        if spec is None:
-            ops.append({"op": "add", "path": "/spec", "value": {}})
-            spec = {}
-        record.cordoned = not spec.get("unschedulable")
-        if record.cordoned:
-            ops.append({"op": "add", "path": "/spec/unschedulable", "value": True})
-        if taint:
-            ops.append(self._taint_op(spec, record))
-            record.tainted = True
-        ops.append(_set_entry(node, "annotations", OWNER_ANNOTATION, record.to_json()))
-        ops.append(_set_entry(node, "labels", OWNER_LABEL, "true"))
+        record.cordoned = not (node.get("spec") or {}).get("unschedulable")
+        record.tainted = taint
+        ops, _ = nodeops.take_ops(node, record.to_json(), taint_key=self.settings.taint_key, action=record.action,
+                                  taint=taint)
         return ops
-
-    def _taint_op(self, spec: Obj, record: Ownership) -> Obj:
-        key = self.settings.taint_key
-        taints = [t for t in spec.get("taints") or [] if t.get("key") != key]
-        taints.append({"key": key, "value": record.action, "effect": "NoSchedule"})
-        return {"op": "add", "path": "/spec/taints", "value": taints}
-
-    @staticmethod
-    def _rv_test(node: Obj) -> list[Obj]:
-        rv = meta(node).get("resourceVersion")
-        return [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}] if rv else []
 
     def _patch_guarded(self, kname: str, node: Obj, build: Callable[[Obj], list[Obj]]) -> Obj | None:
         """JSON Patch guarded by resourceVersion; on conflict re-read and rebuild, a few times."""
@@ -530,83 +505,123 @@ class Reconciler:
         if record.to_json() != before:
             self._save(kname, record)
 
+    #: A taken node's way to its replacement, in order; each step is done once (the record says so)
+    #: and says whether the next one may run in this pass.
+    STEPS = ("_step_opt_out", "_step_announce", "_step_verdict", "_step_early_condition", "_step_jobs",
+             "_step_condition", "_step_drain", "_step_request")
+
     def _steps(self, node: Obj, record: Ownership, ctx: PassContext, sn: NodeInfo | None,
                pods: list[Obj] | None) -> None:
-        res = ctx.res
-        kname = name_of(node)
-        summary = (parse_reason(record.reason) or (record.reason, None))[0]
-        if record.opt_out:
-            if pods is None:
-                pods = self.kube.list_pods_on_node(kname)
-            why = opt_out(pods, node, self.settings.opt_out_label)
-            if why:
-                if "optout" not in record.events:
-                    self._event(node, record, "optout", "GpuUnhealthyOptOut",
-                                f"{summary} (Slurm node {record.slurm_node}): cordoned only, no drain and no "
-                                f"replacement because of {why}")
-                if why != record.opt_out or kname in res.taken:
-                    record.opt_out = why
-                    self._audit("bridge_opt_out", node=kname, slurm_node=record.slurm_node, opt_out=why,
-                                message="cordon and alert only: no drain, no replacement")
-                res.opted_out.append(kname)
+        work = _Work(node=node, record=record, ctx=ctx, sn=sn, pods=pods,
+                     summary=(parse_reason(record.reason) or (record.reason, None))[0])
+        for step in self.STEPS:
+            if not getattr(self, step)(work):
                 return
-            self._audit("bridge_opt_out_lifted", node=kname, slurm_node=record.slurm_node, was=record.opt_out)
-            record.opt_out = ""
-            if not record.tainted:
-                fresh = self._patch_guarded(kname, node, lambda n: [*self._rv_test(n), self._taint_op(n.get("spec") or {}, record)])
-                node = fresh or node
-                record.tainted = True
-        if "taken" not in record.events:
-            self._event(node, record, "taken", "GpuUnhealthy",
-                        f"{summary} (Slurm node {record.slurm_node}): cordoned, tainted {self.settings.taint_key}; "
+
+    def _step_opt_out(self, w: _Work) -> bool:
+        """An opt-out (a pod label, the medik8s node label) holds the node at cordon-and-alert."""
+        record, kname = w.record, w.kname
+        if not record.opt_out:
+            return True
+        if w.pods is None:
+            w.pods = self.kube.list_pods_on_node(kname)
+        why = opt_out(w.pods, w.node, self.settings.opt_out_label)
+        if why:
+            if "optout" not in record.events:
+                self._event(w.node, record, "optout", "GpuUnhealthyOptOut",
+                            f"{w.summary} (Slurm node {record.slurm_node}): cordoned only, no drain and no "
+                            f"replacement because of {why}")
+            if why != record.opt_out or kname in w.ctx.res.taken:
+                record.opt_out = why
+                self._audit("bridge_opt_out", node=kname, slurm_node=record.slurm_node, opt_out=why,
+                            message="cordon and alert only: no drain, no replacement")
+            w.ctx.res.opted_out.append(kname)
+            return False
+        self._audit("bridge_opt_out_lifted", node=kname, slurm_node=record.slurm_node, was=record.opt_out)
+        record.opt_out = ""
+        if not record.tainted:
+            fresh = self._patch_guarded(kname, w.node, lambda n: [
+                *nodeops.rv_test(n), nodeops.taint_op(n.get("spec") or {}, self.settings.taint_key, record.action)])
+            w.node = fresh or w.node
+            record.tainted = True
+        return True
+
+    def _step_announce(self, w: _Work) -> bool:
+        if "taken" not in w.record.events:
+            self._event(w.node, w.record, "taken", "GpuUnhealthy",
+                        f"{w.summary} (Slurm node {w.record.slurm_node}): cordoned, tainted {self.settings.taint_key}; "
                         f"its pods are evicted and a replacement requested ({self.backend.name}) once Slurm has "
                         "no job left on it")
-        if sn is not None and not record.verdict:
-            self._keep_verdict(sn, record, kname)
+        return True
+
+    def _step_verdict(self, w: _Work) -> bool:
+        if w.sn is not None and not w.record.verdict:
+            self._keep_verdict(w.sn, w.record, w.kname)
+        return True
+
+    def _step_early_condition(self, w: _Work) -> bool:
         # The condition backend's request is the condition itself: it waits for the jobs too.
-        early_condition = not self.backend.condition_is_request
-        if not record.condition and early_condition:
-            self._condition(node, "False", "GpuFault", f"{record.reason} (Slurm node {record.slurm_node})")
-            record.condition = True
-        if not record.released and not record.drained and not record.replacement:
-            if not self._jobs_gone(kname, record, res, sn):
-                return
-        if not record.condition:
-            self._condition(node, "False", "GpuFault", f"{record.reason} (Slurm node {record.slurm_node})")
-            record.condition = True
-        if not record.drained:
-            if not self.settings.drain:
-                record.drained = "skipped"
-            elif not self._drain(node, record, ctx, pods):
-                ctx.draining.append((node, record, sn))
-                return
-        if not record.replacement:
-            if kname in self._denied:
-                res.errors.append((kname, self._denied[kname]))
-                return  # a missing permission: not asked again until the bridge restarts
-            if not self._still_leader():
-                return
-            target = Target(node=node, slurm_node=record.slurm_node, reason=record.reason,
-                            summary=summary, action=Action(record.action), take=_take_id(record))
-            backend = self._backend_for(target.action)
-            try:
-                asked = backend.request(self.kube, target, dry_run=self.dry_run)
-            except KubePermanent as exc:
-                if exc.status != 403:
-                    raise
-                self._denied[kname] = (f"missing permission for the {backend.name} backend: {exc}; grant it "
-                                       "(slurm-hooks render, slurm-hooks validate) and restart the bridge")
-                res.errors.append((kname, self._denied[kname]))
-                self._audit("bridge_permission_missing", level="error", node=kname, slurm_node=record.slurm_node,
-                            backend=backend.name, error=str(exc), message=self._denied[kname])
-                return
-            record.replacement = asked or backend.name
-            record.backend = backend.name
-            res.replaced.append(kname)
-            self._audit("bridge_replace", node=kname, slurm_node=record.slurm_node, backend=backend.name,
-                        requested=record.replacement, action=target.action.value)
-            if record.verdict == VERDICT_KEPT and sn is not None:
-                self._keep_verdict(sn, record, kname)
+        if not w.record.condition and not self.backend.condition_is_request:
+            self._set_fault_condition(w)
+        return True
+
+    def _step_jobs(self, w: _Work) -> bool:
+        record = w.record
+        if record.released or record.drained or record.replacement:
+            return True
+        return self._jobs_gone(w.kname, record, w.ctx.res, w.sn)
+
+    def _step_condition(self, w: _Work) -> bool:
+        if not w.record.condition:
+            self._set_fault_condition(w)
+        return True
+
+    def _set_fault_condition(self, w: _Work) -> None:
+        self._condition(w.node, "False", "GpuFault", f"{w.record.reason} (Slurm node {w.record.slurm_node})")
+        w.record.condition = True
+
+    def _step_drain(self, w: _Work) -> bool:
+        if w.record.drained:
+            return True
+        if not self.settings.drain:
+            w.record.drained = Drained.SKIPPED
+            return True
+        if self._drain(w.node, w.record, w.ctx, w.pods):
+            return True
+        w.ctx.draining.append((w.node, w.record, w.sn))
+        return False
+
+    def _step_request(self, w: _Work) -> bool:
+        record, kname, res = w.record, w.kname, w.ctx.res
+        if record.replacement:
+            return True
+        if kname in self._denied:
+            res.errors.append((kname, self._denied[kname]))
+            return False  # a missing permission: not asked again until the bridge restarts
+        if not self._still_leader():
+            return False
+        target = Target(node=w.node, slurm_node=record.slurm_node, reason=record.reason,
+                        summary=w.summary, action=Action(record.action), take=_take_id(record))
+        backend = self._backend_for(target.action)
+        try:
+            asked = backend.request(self.kube, target, dry_run=self.dry_run)
+        except KubePermanent as exc:
+            if exc.status != 403:
+                raise
+            self._denied[kname] = (f"missing permission for the {backend.name} backend: {exc}; grant it "
+                                   "(slurm-hooks render, slurm-hooks validate) and restart the bridge")
+            res.errors.append((kname, self._denied[kname]))
+            self._audit("bridge_permission_missing", level="error", node=kname, slurm_node=record.slurm_node,
+                        backend=backend.name, error=str(exc), message=self._denied[kname])
+            return False
+        record.replacement = asked or backend.name
+        record.backend = backend.name
+        res.replaced.append(kname)
+        self._audit("bridge_replace", node=kname, slurm_node=record.slurm_node, backend=backend.name,
+                    requested=record.replacement, action=target.action.value)
+        if record.verdict == VerdictKept.SLURM and w.sn is not None:
+            self._keep_verdict(w.sn, record, kname)
+        return True
 
     def _keep_verdict(self, sn: NodeInfo, record: Ownership, kname: str) -> None:
         """Write our verdict into the Slurm node's Extra, where the operator's preStop cannot reach.
@@ -618,7 +633,7 @@ class Reconciler:
         if self.dry_run:
             return
         if extra_is_foreign(sn):
-            record.verdict = "foreign"
+            record.verdict = VerdictKept.FOREIGN
             self._audit("bridge_verdict_not_kept", level="warning", node=kname, slurm_node=sn.name,
                         extra=sn.extra_text[:200], message="the Slurm node's Extra is someone else's: "
                         "the verdict is kept in the Kubernetes annotation only")
@@ -633,7 +648,7 @@ class Reconciler:
                         message="cannot write the Slurm node's Extra (the bridge needs Slurm operator rights): "
                         "the verdict is kept in the Kubernetes annotation only")
             return
-        record.verdict = VERDICT_KEPT
+        record.verdict = VerdictKept.SLURM
 
     def _backend_for(self, action: Action) -> Backend:
         """``[reboot]``: the reboot backend when one is configured; else the replacement backend."""
@@ -648,7 +663,7 @@ class Reconciler:
         """
         now = self.clock()
         if sn is None:
-            record.released = "no Slurm node"  # none maps here any more: no Slurm job can run here
+            record.released = Released.NO_SLURM_NODE  # none maps here any more: no Slurm job can run here
             return True
         try:
             jobs = [str(j.job_id) for j in self.slurm.jobs_on_node(sn.name)]
@@ -658,14 +673,14 @@ class Reconciler:
         busy = slurm_busy(sn)
         waited = now - record.since
         if not jobs and not busy:
-            record.released = "no jobs"
+            record.released = Released.NO_JOBS
             if record.waiting_jobs is not None:
                 self._audit("bridge_jobs_gone", node=kname, slurm_node=sn.name, waited_s=round(waited, 1),
                             jobs=record.waiting_jobs, message="no Slurm job left: draining")
             return True
         limit = self.settings.max_job_wait
         if limit > 0 and waited >= limit:
-            record.released = "forced"
+            record.released = Released.FORCED
             self._audit("bridge_jobs_wait_timeout", level="warning", node=kname, slurm_node=sn.name, jobs=jobs,
                         state=sn.state, waited_s=round(waited, 1), max_job_wait=limit,
                         message="jobs still on the node after max_job_wait: draining anyway")
@@ -699,11 +714,11 @@ class Reconciler:
             self._event(node, record, "protected", "GpuUnhealthyPodsKept",
                         f"not evicted, and lost when the node is replaced: {'; '.join(kept)}")
         if result.done or (self.dry_run and not result.blocked):
-            record.drained = "done"
+            record.drained = Drained.DONE
             res.drained.append(kname)
             return True
         if self.clock() >= record.drain_started + self.settings.drain_timeout:
-            record.drained = "timeout"
+            record.drained = Drained.TIMEOUT
             self._audit("bridge_drain_timeout", level="warning", node=kname, blocked=result.blocked,
                         terminating=result.terminating, last=result.last or None,
                         timeout_s=self.settings.drain_timeout,
@@ -782,54 +797,21 @@ class Reconciler:
                         message=f"Slurm node back in service on {kname}: what the bridge did is undone")
 
     def _restore_ops(self, node: Obj, record: Ownership) -> list[Obj]:
-        ops = self._rv_test(node)
-        spec = node.get("spec") or {}
-        if record.tainted and spec.get("taints"):
-            kept = [t for t in spec["taints"] if t.get("key") != self.settings.taint_key]
-            if len(kept) != len(spec["taints"]):
-                ops.append({"op": "replace", "path": "/spec/taints", "value": kept})
-        if record.cordoned and spec.get("unschedulable"):
-            ops.append({"op": "remove", "path": "/spec/unschedulable"})
-        if OWNER_ANNOTATION in annotations_of(node):
-            ops.append({"op": "remove", "path": f"/metadata/annotations/{_ptr(OWNER_ANNOTATION)}"})
-        if OWNER_LABEL in labels_of(node):
-            ops.append({"op": "remove", "path": f"/metadata/labels/{_ptr(OWNER_LABEL)}"})
-        return ops
+        return nodeops.restore_ops(node, taint_key=self.settings.taint_key, tainted=record.tainted,
+                                   cordoned=record.cordoned)
 
     # -- small writers -----------------------------------------------------------------------
 
     def _condition(self, node: Obj, status: str, reason: str, message: str) -> Obj | None:
-        now = _now_iso(self.clock())
-        ctype = self.settings.condition_type
-        old = next((c for c in (node.get("status") or {}).get("conditions") or () if c.get("type") == ctype), None)
-        transition = old.get("lastTransitionTime") if old and old.get("status") == status else now
-        patch = {"status": {"conditions": [{
-            "type": ctype, "status": status, "reason": reason, "message": message[:1024],
-            "lastHeartbeatTime": now, "lastTransitionTime": transition or now,
-        }]}}
+        patch = nodeops.condition_patch(node, self.settings.condition_type, status, reason, message, self.clock())
         return self.kube.patch_node_status(name_of(node), patch, dry_run=self.dry_run)
 
     def _event(self, node: Obj, record: Ownership, kind: str, reason: str, message: str,
                kind_type: str = "Warning") -> None:
         """Post an Event on the Node; its name is fixed per (node, take, kind), so a retry is a no-op."""
-        kname = name_of(node)
-        now = _now_iso(self.clock())
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{kname}.slurm-hooks.{kind}.{_take_id(record)}",
-                         "namespace": self.settings.event_namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": kname, "uid": meta(node).get("uid", "")},
-            "reason": reason,
-            "message": message[:1024],
-            "type": kind_type,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        body = nodeops.event_body(node, namespace=self.settings.event_namespace, kind=kind, take=_take_id(record),
+                                  reason=reason, message=message, event_type=kind_type, instance=self.instance,
+                                  now=self.clock())
         self.kube.create_event(self.settings.event_namespace, body, dry_run=self.dry_run)
         if kind not in record.events:
             record.events.append(kind)

@@ -95,6 +95,7 @@ def render_all(
         config_text = _bridge_config(slinky_namespace, "condition")
     cfg = config_mod.parse(config_text, "<bridge config>")
     settings = settings_mod.from_config(cfg)
+    _no_inline_url(cfg)
     from slurm_hooks.bridge.replace import ReplacementError, template_groups
 
     try:
@@ -135,6 +136,19 @@ def render_all(
         "am_group_interval": am_group_interval,
     }
     return {key: env.from_string(_template(f"{filename}.j2")).render(**ctx) for key, filename in FILES.items()}
+
+
+def _no_inline_url(cfg: config_mod.Config) -> None:
+    """The bridge's config goes into a ConfigMap, which anyone who may read the namespace reads: a
+    receiver URL (a credential) written in it is refused; ``url_env`` or ``url_file`` from a Secret."""
+    from slurm_hooks.urlsecret import holds_secret
+
+    for kind in config_mod.DESTINATION_KEYS:
+        for n, table in enumerate(getattr(cfg.notify, kind)):
+            if holds_secret(table):
+                raise ConfigError(f"[[notify.{kind}]] #{n + 1} url: the bridge's config is rendered into a "
+                                  "ConfigMap, and a receiver URL is a credential: give it with url_env (from a "
+                                  "Secret) or url_file (a mounted Secret)", cfg.path)
 
 
 def _read(path: str | None) -> str | None:

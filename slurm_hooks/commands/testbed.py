@@ -35,22 +35,33 @@ def testbed() -> None:
 @click.option("--gres-order", metavar="M0,M1,...",
               help="gres.conf's File= order as device numbers (e.g. 7,6,5,4,3,2,1,0): Slurm's GRES index i is "
                    "/dev/nvidia<Mi>, so Slurm's numbering differs from NVML's as on hand-written gres.conf.")
+@click.option("--reboot-program/--no-reboot-program", default=True, show_default=True,
+              help="Set RebootProgram in slurm.conf; without it Slurm refuses `scontrol reboot`, as on sites "
+                   "that never set one.")
+@click.option("--shards", default=0, show_default=True, type=click.IntRange(0, 64),
+              help="Declare this many gres/shard per GPU (jobs holding a share of a GPU).")
+@click.option("--mig", default=0, show_default=True, type=click.IntRange(0, 7),
+              help="MIG instances per simulated GPU, each declared to Slurm as its own GPU.")
 @click.option("--nhc", "nhc", metavar="SOURCE", default="",
               help="Run LBNL NHC as HealthCheckProgram, from its source (a git archive tarball of mej/nhc, such as "
                    "../shared/third_party/lbnl-nhc-*.tar.gz, or an unpacked tree), with check_slurm_hooks first "
                    "in its nhc.conf.")
 @click.option("--nhc-check", default="check_slurm_hooks", show_default=True, metavar="LINE",
               help="Our check's part of the nhc.conf line ('check_slurm_hooks -r': report mode).")
+@click.option("--programs", default="", metavar="PREFIX",
+              help="Name the programs a `slurm-hooks install --prefix PREFIX` laid in slurm.conf (rehearse a "
+                   "roll-out), instead of the testbed's own wrappers.")
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
-       requeue_grace: float, accounting: bool, repair: bool, gres_order: str | None, nhc: str,
-       nhc_check: str) -> None:
+       requeue_grace: float, accounting: bool, repair: bool, gres_order: str | None, reboot_program: bool,
+       shards: int, mig: int, nhc: str, nhc_check: str, programs: str) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
     from slurm_hooks.lab.testbed import Settings, Testbed
 
     settings = Settings(nodes=nodes, gpus=gpus, hooks=hooks, kill_wait=kill_wait,
                         health_check_interval=health_check_interval, requeue_grace=requeue_grace,
                         accounting=accounting, repair=repair, gres_order=_order(gres_order),
-                        nhc=os.path.abspath(nhc) if nhc else "", nhc_check=nhc_check)
+                        reboot_program=reboot_program, shards=shards, mig=mig,
+                        nhc=os.path.abspath(nhc) if nhc else "", nhc_check=nhc_check, programs=programs)
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))

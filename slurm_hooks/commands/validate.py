@@ -20,10 +20,56 @@ def validate(config_path: str | None, slurm_conf: str | None, as_json: bool, nod
     from slurm_hooks import preflight
     from slurm_hooks.slurm import nodename
 
-    results = preflight.run(config_path, slurm_conf, nodename.resolve(node))
+    node = nodename.resolve(node)
+    results = preflight.run(config_path, slurm_conf, node)
+    results += _gpu_map(config_path, node, slurm_conf)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in results], indent=1))
     else:
         for r in results:
             click.echo(r.line())
     return 0 if preflight.passed(results) else 1
+
+
+def _gpu_map(config_path: str | None, node: str, slurm_conf: str | None) -> list:
+    """How Slurm's GPU numbers map to NVML's on this node (hooks.gpumap), one line per GRES index,
+    and where gres.conf and ``slurmd -G`` disagree; nothing when the config or GPUs cannot be read
+    (their own checks FAIL)."""
+    import os
+
+    from slurm_hooks import engine
+    from slurm_hooks.errors import SlurmHooksError
+    from slurm_hooks.hooks import gpumap
+    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.preflight.results import Result, Status
+
+    try:
+        w = Wiring.load(config_path, node)
+        snap = engine.take_snapshot(w.probe(), node, float(w.config.gpu.probe_timeout))
+    except (SlurmHooksError, ImportError):
+        return []
+    if snap.error is not None:
+        return []
+    gmap, _ = gpumap.read(w, snap, slurm_conf=slurm_conf)
+    if not gmap.known:
+        return [Result("gpu-map", Status.WARN, f"{gmap.source}: {gmap.problem}",
+                       "a GPU fault requeues every GPU job on this node until the map is known: fix gres.conf, "
+                       "or set [gpu] gres_source = \"slurmd\" (AutoDetect=nvml, MIG)", w.config.path or "")]
+    moved = sum(1 for s in gmap.slots if s.gpu != s.gres)
+    out = [Result("gpu-map", Status.PASS, f"{gmap.source}: {len(gmap.slots)} GRES index(es)"
+                  + (f", {moved} numbered differently by Slurm and NVML (the map ties them)" if moved else ""))]
+    out += [Result("gpu-map", Status.PASS, line) for line in gmap.describe()]
+    other = "slurmd" if w.config.gpu.gres_source == "gres.conf" else "gres.conf"
+    if other == "slurmd" and not (os.access(w.config.gpu.slurmd, os.X_OK) and os.geteuid() == 0):
+        return out  # slurmd -G needs root and the binary; gres.conf's map stands alone
+    second, _ = gpumap.read(w, snap, other, slurm_conf)
+    if second.known:
+        diff = gpumap.differences(gmap, second)
+        if diff:
+            out.append(Result("gpu-map", Status.FAIL, f"{gmap.source} and {second.source} disagree: "
+                              + "; ".join(diff[:4]),
+                              f"slurmd numbers the GPUs as {second.source} says: set [gpu] gres_source accordingly",
+                              w.config.path or ""))
+        else:
+            out.append(Result("gpu-map", Status.PASS, f"{second.source} agrees"))
+    return out

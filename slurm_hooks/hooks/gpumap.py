@@ -20,10 +20,11 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
+from slurm_hooks.values import dataclass
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.wiring import Wiring
@@ -88,11 +89,25 @@ def unknown(why: str, source: str = "") -> GpuMap:
     return GpuMap((), source, why)
 
 
+def differences(a: GpuMap, b: GpuMap) -> list[str]:
+    """Where two maps of one node (gres.conf's and ``slurmd -G``'s) disagree, GRES index by index."""
+    out = []
+    for k in range(max(len(a.slots), len(b.slots))):
+        x, y = a.slot(k), b.slot(k)
+        gx, gy = (x.gpu, x.instance) if x else None, (y.gpu, y.instance) if y else None
+        if gx != gy:
+            out.append(f"GRES {k}: {x.file if x else 'absent'} vs {y.file if y else 'absent'}")
+    return out
+
+
 # --- building -----------------------------------------------------------------------------
 
 
-def build(conf: GresConf, snap: NodeSnapshot, source: str = "") -> GpuMap:
-    """Join Slurm's GPUs with the snapshot's by device minor number."""
+def build(conf: GresConf, snap: NodeSnapshot, source: str = "",
+          mig_minors: dict[int, tuple[int, int]] | None = None) -> GpuMap:
+    """Join Slurm's GPUs with the snapshot's by device minor number. A MIG GRES names its GPU
+    instance by slurmd's UniqueId, or by its nvidia-cap file's minor in ``mig_minors`` (cap
+    minor -> (GPU minor, GPU instance id), :func:`parse_mig_minors`)."""
     from slurm_hooks.slurm.gres import device_minor
 
     source = source or conf.source
@@ -117,7 +132,7 @@ def build(conf: GresConf, snap: NodeSnapshot, source: str = "") -> GpuMap:
             continue
         instance, mig_uuid = None, ""
         if dev.mig:
-            instance, mig_uuid = _instance_of(dev.unique_id, g)
+            instance, mig_uuid = _instance_of(dev.unique_id, g, dev.files[1:], mig_minors or {})
             if instance is None:
                 problems.append(f"GRES {dev.index} is a MIG instance of GPU {g.index} that names no instance "
                                 f"({dev.unique_id or 'no UniqueId'})")
@@ -142,15 +157,47 @@ def _autodetected(snap: NodeSnapshot, source: str) -> GpuMap:
     return GpuMap(slots, source + " AutoDetect=nvml")
 
 
-def _instance_of(unique_id: str, gpu) -> tuple[int | None, str]:
-    """(GPU instance id, MIG UUID) of a MIG GRES on ``gpu`` from slurmd's UniqueId."""
+def _instance_of(unique_id: str, gpu, caps: Sequence[str], mig_minors: dict[int, tuple[int, int]]
+                 ) -> tuple[int | None, str]:
+    """(GPU instance id, MIG UUID) of a MIG GRES on ``gpu``: from slurmd's UniqueId, else from
+    its nvidia-cap files through the driver's mig-minors."""
+    from slurm_hooks.slurm.gres import device_minor
+
     old = _OLD_MIG.match(unique_id)
     if old:
         return int(old.group(2)), unique_id
     for m in gpu.mig:
-        if m.uuid.lower() == unique_id.lower():
+        if unique_id and m.uuid.lower() == unique_id.lower():
             return m.gi, m.uuid
+    for cap in caps:
+        minor = device_minor(cap)
+        found = mig_minors.get(minor) if minor is not None else None
+        if found is not None and found[0] == gpu.minor:
+            gi = found[1]
+            return gi, next((m.uuid for m in gpu.mig if m.gi == gi), "")
     return None, unique_id
+
+
+_MIG_MINOR = re.compile(r"^gpu(\d+)/gi(\d+)(?:/ci\d+)?/access\s+(\d+)$")
+
+
+def parse_mig_minors(text: str) -> dict[int, tuple[int, int]]:
+    """/proc/driver/nvidia-caps/mig-minors: cap minor -> (GPU minor, GPU instance id), for the
+    instances' and their compute instances' access files (Slurm's gpu_nvml.c reads it alike)."""
+    out = {}
+    for line in text.splitlines():
+        m = _MIG_MINOR.match(line.strip())
+        if m:
+            out[int(m.group(3))] = (int(m.group(1)), int(m.group(2)))
+    return out
+
+
+def _read_mig_minors(path: str) -> dict[int, tuple[int, int]]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return parse_mig_minors(fh.read())
+    except OSError:
+        return {}
 
 
 # --- the per-boot cache -------------------------------------------------------------------
@@ -160,10 +207,10 @@ def cache_path(w: Wiring) -> str:
     return w.state_path(f"gpumap-{w.node}.json")
 
 
-def _conf_path(w: Wiring) -> str:
+def _conf_path(w: Wiring, slurm_conf: str | None = None) -> str:
     from slurm_hooks.slurm.gres import default_path
 
-    return w.config.gpu.gres_conf or default_path()
+    return w.config.gpu.gres_conf or default_path(slurm_conf)
 
 
 def _signature(paths: Iterable[str]) -> list:
@@ -220,7 +267,7 @@ def current(w: Wiring, snap: NodeSnapshot) -> GpuMap:
             return GpuMap.from_dict(data["map"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    gmap, files = _read_slurm(w, snap)
+    gmap, files = read(w, snap)
     if ident is not None:
         record = {"version": CACHE_VERSION, "boot": _boot(), "gres_source": w.config.gpu.gres_source,
                   "conf": _signature(files), "gpus": ident, "map": gmap.to_dict()}
@@ -232,26 +279,34 @@ def current(w: Wiring, snap: NodeSnapshot) -> GpuMap:
     return gmap
 
 
-def _read_slurm(w: Wiring, snap: NodeSnapshot) -> tuple[GpuMap, list[str]]:
-    """Slurm's GPUs for this node, joined with the snapshot; and the files that were read."""
+def read(w: Wiring, snap: NodeSnapshot, source: str | None = None,
+         slurm_conf: str | None = None) -> tuple[GpuMap, list[str]]:
+    """Slurm's GPUs for this node (``source``: "gres.conf" or "slurmd", default ``[gpu]
+    gres_source``; gres.conf beside ``slurm_conf`` unless ``[gpu] gres_conf`` says), joined with
+    the snapshot, uncached; and the files that were read."""
     from slurm_hooks.slurm import gres
 
-    path = _conf_path(w)
-    if w.config.gpu.gres_source == "slurmd":
+    path = _conf_path(w, slurm_conf)
+    if (source or w.config.gpu.gres_source) == "slurmd":
         from slurm_hooks.errors import SlurmHooksError
         from slurm_hooks.runner import run_command
 
         argv = [w.config.gpu.slurmd, "-G", "-N", w.node]
+        env = {**os.environ, "SLURM_CONF": slurm_conf} if slurm_conf else None
         try:
-            out = run_command(argv, timeout=min(float(w.config.slurm.timeout), w.time_left(10.0)))
+            out = run_command(argv, timeout=min(float(w.config.slurm.timeout), w.time_left(10.0)), env=env)
         except SlurmHooksError as exc:
             return unknown(f"{' '.join(argv)} failed: {exc}", "slurmd -G"), [path]
         conf = gres.parse_slurmd_g(out.stdout + "\n" + out.stderr)
-        return build(conf, snap, "slurmd -G"), [path]
+        minors = _read_mig_minors(w.config.gpu.mig_minors) if any(d.mig for d in conf.devices) else {}
+        return build(conf, snap, "slurmd -G", minors), [path]
     try:
         conf = gres.load(path, w.node)
     except gres.GresConfError as exc:
         return unknown(f"gres.conf unreadable: {exc}", f"gres.conf {path}"), [path]
+    if any(d.mig for d in conf.devices):
+        # mig-minors is not in the signature (a /proc file): a new MIG layout changes the snapshot's.
+        return build(conf, snap, f"gres.conf {path}", _read_mig_minors(w.config.gpu.mig_minors)), list(conf.files)
     return build(conf, snap, f"gres.conf {path}"), list(conf.files)
 
 

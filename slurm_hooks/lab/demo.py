@@ -275,7 +275,7 @@ class _RepairWatch:
         for rec in reboots:
             if rec.get("result") == "ok":
                 _show(ms, say, "checked healthy", f"{bad}: {rec.get('detail', '')}", now)
-        if "checked healthy" in ms.times and node.state.upper() == "IDLE" and not node.reason:
+        if "checked healthy" in ms.times and node.state.upper() == "IDLE":  # 23.11+ may keep the reason
             _show(ms, say, "back in service", f"{bad}: {node.state}", now)
         return "back in service" in ms.times
 

@@ -32,10 +32,11 @@ import jinja2
 import slurm_hooks
 from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
+from slurm_hooks.install import layout
 from slurm_hooks.lab import nhc as nhc_lab
 from slurm_hooks.lab import packages
 from slurm_hooks.lab.accounting import Accounting
-from slurm_hooks.probes import sim
+from slurm_hooks.probes import sim, simtools
 from slurm_hooks.runner import run_command, spawn_detached
 from slurm_hooks.slurm import JobInfo, NodeInfo, quirks
 from slurm_hooks.slurm.errors import SlurmNotFound
@@ -58,6 +59,8 @@ PROGRAMS = {
 }
 SBIN, BIN = "/usr/sbin", "/usr/bin"
 NVIDIA_MAJOR = 195
+#: The nvidia-caps devices' major (the driver's is dynamic, from /proc/devices): any free one will do.
+NVIDIA_CAPS_MAJOR = 509
 #: Ports are picked from here (below Linux's ephemeral range, away from 6817/6818).
 PORT_FIRST, PORT_BLOCKS, PORT_BLOCK = 20000, 120, 100
 #: Environment marker on every daemon we start; slurmstepd inherits it, so ``down``
@@ -103,6 +106,15 @@ class Settings:
     #: The repair ladder ([repair] enabled in the testbed's config.toml). Off by default, so that
     #: a drained node stays drained for the tests and demos that look at it.
     repair: bool = False
+    #: ``[repair] reset_timeout``: how long one nvidia-smi / systemctl call of a reset may take.
+    reset_timeout: float = 60.0
+    #: The prefix of a ``slurm-hooks install`` whose programs slurm.conf names (rehearse a roll-out:
+    #: the wheel in its own venv, ``install --prefix P --config <testbed config> --env SLURM_CONF=...``);
+    #: "" for the testbed's own wrappers, which run this checkout.
+    programs: str = ""
+    #: RebootProgram in slurm.conf. Off (``testbed up --no-reboot-program``) as on sites that never
+    #: set one: ``scontrol reboot`` is then refused ("Unspecified error").
+    reboot_program: bool = True
     #: LBNL NHC as HealthCheckProgram, run from this source (its tarball or tree; "" = slurm-hooks
     #: itself), with our check in its scripts dir (slurm_hooks.lab.nhc).
     nhc: str = ""
@@ -111,9 +123,20 @@ class Settings:
     #: gres.conf's File= order, as device numbers (``--gres-order 7,6,...``): GRES index i is
     #: /dev/nvidia<gres_order[i]>, the sim GPU with that minor number. Empty: 0..gpus-1.
     gres_order: tuple[int, ...] = ()
+    #: Shards of each GPU declared to Slurm (``--shards``, gres/shard, Slurm 22.05+); 0: none.
+    shards: int = 0
+    #: MIG instances per GPU (``--mig``): the sim's GPUs get them, and gres.conf declares each to
+    #: Slurm as its own GPU (``MultipleFiles=`` the GPU's file and the instance's nvidia-cap file).
+    mig: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gres_order", tuple(int(m) for m in self.gres_order))
+        if not 0 <= self.mig <= 7:
+            raise TestbedError(f"--mig must be 0..7 instances per GPU, got {self.mig}")
+        if self.mig and self.shards:
+            raise TestbedError("--mig and --shards: pick one")
+        if not 0 <= self.shards <= 64:
+            raise TestbedError(f"--shards must be 0..64, got {self.shards}")
         if self.gres_order and sorted(self.gres_order) != list(range(self.gpus)):
             raise TestbedError(f"--gres-order must list 0..{self.gpus - 1} once each, got "
                                f"{','.join(map(str, self.gres_order))}")
@@ -267,6 +290,13 @@ class Testbed:
                     os.unlink(os.path.join(self.jobs_dir, entry))
         for i in range(s.gpus):
             _mknod(self.path("dev", f"nvidia{i}"), i)
+        if s.mig:
+            _mkdir(self.path("dev", "nvidia-caps"), 0o755)
+            for i in range(s.gpus):
+                for gi in range(1, s.mig + 1):
+                    _mknod(self.path("dev", "nvidia-caps", f"nvidia-cap{sim.cap_minor(i, gi)}"), sim.cap_minor(i, gi),
+                           NVIDIA_CAPS_MAJOR)
+        fsutil.atomic_write(self.path("mig-minors"), sim.mig_minors(list(range(s.gpus)), s.mig), mode=0o644)
         key = self.path("munge", "munge.key")
         if not os.path.exists(key):
             fsutil.atomic_write(key, os.urandom(1024), mode=0o600)
@@ -283,17 +313,18 @@ class Testbed:
         for hook in HOOKS:
             self._write_hook(hook)
         self._write_reboot_program()
+        simtools.install(self.path("bin"), self.sim_dir, python=hook_interpreter())
         for name in s.node_names:
             if not os.path.exists(sim.state_path(self.sim_dir, name)):
-                sim.init(self.sim_dir, name, s.gpus)
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(s), "ports": self._ports}, indent=1), mode=0o644)
+                sim.init(self.sim_dir, name, s.gpus, mig=s.mig)
+        self._save_settings()
 
     def _template_context(self, hooks: bool | None = None) -> dict:
         s = self.settings
         return {
             **asdict(s),
             "hooks": s.hooks if hooks is None else hooks,
+            "programs": self._programs(),
             "cluster": CLUSTER,
             "partition": PARTITION,
             "state_dir": self.state_dir,
@@ -306,12 +337,24 @@ class Testbed:
             "sim_dir": self.sim_dir,
             "gres_files": [self.path("dev", f"nvidia{m}") for m in (s.gres_order or range(s.gpus))],
             "gres_conf": self.path("gres.conf"),
+            "mig_minors": self.path("mig-minors"),
+            "mig_files": [[self.path("dev", f"nvidia{m}"), self.path("dev", "nvidia-caps", f"nvidia-cap{sim.cap_minor(m, gi)}")]
+                          for m in (s.gres_order or range(s.gpus)) for gi in range(1, s.mig + 1)],
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
             "spool_dir": os.path.join(self.state_dir, "spool", "%n"),
             "slurm_bin_dir": BIN,
             "accounting_lines": Accounting(self.state_dir).slurm_conf_lines(self.munge_socket) if s.accounting else [],
         }
+
+    def _programs(self) -> dict[str, str]:
+        """hook -> the program slurm.conf names: the testbed's own wrapper, or an install's."""
+        programs = {hook: self.path("bin", hook) for hook in HOOKS}
+        if self.settings.programs:
+            programs.update({hook: layout.program_path(hook, self.settings.programs) for hook in HOOKS})
+        if self.settings.nhc:
+            programs["healthcheck"] = self.path("bin", "healthcheck")  # NHC's wrapper: NHC runs our check
+        return programs
 
     def _render(self, template: str, dest: str, ctx: dict, mode: int = 0o644) -> None:
         env = jinja2.Environment(
@@ -381,6 +424,10 @@ class Testbed:
         if self.settings.nhc:
             self._write_nhc()
         self._write_hook("healthcheck")
+        self._save_settings()
+
+    def _save_settings(self) -> None:
+        """``testbed.json``: what ``down``, ``status`` and the next ``up`` read back."""
         fsutil.atomic_write(self.path("testbed.json"),
                             json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
 
@@ -390,8 +437,7 @@ class Testbed:
             raise TestbedError("NHC is not this testbed's HealthCheckProgram (testbed up --nhc SOURCE)")
         self.settings = _replace(self.settings, nhc_check=line)
         self.nhc.write_conf(line)
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+        self._save_settings()
 
     def nhc_site_fault(self, node: str, failing: bool) -> None:
         """NHC's own site check fails (``failing``) or passes again on ``node``."""
@@ -548,10 +594,19 @@ class Testbed:
         """
         if self._saved_hooks() == enabled:
             return
-        self.settings = _replace(self.settings, hooks=enabled)
+        self._reconfigure(_replace(self.settings, hooks=enabled))
+
+    def set_programs(self, prefix: str) -> None:
+        """Name the programs a ``slurm-hooks install --prefix`` laid in slurm.conf ("" for the
+        testbed's own wrappers): one ``scontrol reconfigure``, as :meth:`set_hooks`."""
+        if self.settings.programs == prefix:
+            return
+        self._reconfigure(_replace(self.settings, programs=prefix))
+
+    def _reconfigure(self, settings: Settings) -> None:
+        self.settings = settings
         self._render("slurm.conf.j2", self.slurm_conf, self._template_context())
-        fsutil.atomic_write(self.path("testbed.json"),
-                            json.dumps({"settings": asdict(self.settings), "ports": self._ports}, indent=1))
+        self._save_settings()
         if not self._alive("slurmctld"):
             return
         logs = {name: self.path("log", f"slurmd-{name}.log") for name in self.node_names}
@@ -790,9 +845,10 @@ class Testbed:
                 break
         # Healthy GPUs and no hook state first: a hook that runs from here on finds nothing to drain.
         for name in self.node_names:
-            sim.init(self.sim_dir, name, self.settings.gpus)
+            sim.init(self.sim_dir, name, self.settings.gpus, mig=self.settings.mig)
         if self.settings.nhc:
             self._write_nhc()  # our check as installed, our nhc.conf line, every site check passing
+        self.stop_repair_workers()
         self._clear_hook_state()
         self.cancel_all(timeout)
         slurm = self.slurm(timeout=5)
@@ -817,6 +873,16 @@ class Testbed:
                         self.scontrol("update", f"NodeName={name}", "State=RESUME")
             time.sleep(0.2)
         self._clear_hook_state()  # again: what a hook that ran during the reset wrote
+
+    def stop_repair_workers(self) -> list[int]:
+        """Kill this testbed's repair workers (a test's hung reset must not outlive it)."""
+        killed = []
+        for pid, argv in self._our_programs():
+            if b"repair-worker" in argv:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+                    killed.append(pid)
+        return killed
 
     def _clear_hook_state(self) -> None:
         shutil.rmtree(self.hooks_state_dir, ignore_errors=True)
@@ -868,14 +934,19 @@ class Testbed:
 
     def _hook_runs(self) -> list[int]:
         """Pids of slurm-hooks programs our slurmd's are running (prolog, epilog, health check; NHC too)."""
+        return sorted(pid for pid, _ in self._our_programs())
+
+    def _our_programs(self) -> list[tuple[int, list[bytes]]]:
+        """(pid, argv) of our processes that run slurm-hooks (or NHC) with this testbed's config."""
         marks = {self.config_path.encode(), self.nhc.conf.encode()}
         found = []
         for pid, _ in self._our_processes():
             with contextlib.suppress(OSError):
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if marks & set(fh.read().split(b"\0")):
-                        found.append(pid)
-        return sorted(found)
+                    argv = fh.read().split(b"\0")
+                if marks & set(argv):
+                    found.append((pid, argv))
+        return found
 
     def stop_controller(self, timeout: float = 15.0) -> None:
         """Stop slurmctld alone (an outage): slurmd's and running jobs carry on without it."""
@@ -1032,8 +1103,8 @@ def _mkdir(path: str, mode: int) -> None:
     os.chmod(path, mode)
 
 
-def _mknod(path: str, minor: int) -> None:
-    want = os.makedev(NVIDIA_MAJOR, minor)
+def _mknod(path: str, minor: int, major: int = NVIDIA_MAJOR) -> None:
+    want = os.makedev(major, minor)
     try:
         st = os.lstat(path)
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == want:
@@ -1044,7 +1115,7 @@ def _mknod(path: str, minor: int) -> None:
     try:
         os.mknod(path, 0o600 | stat.S_IFCHR, want)
     except OSError as exc:
-        raise TestbedError(f"mknod {path} c {NVIDIA_MAJOR} {minor}: {exc.strerror}") from None
+        raise TestbedError(f"mknod {path} c {major} {minor}: {exc.strerror}") from None
 
 
 def _port_free(port: int) -> bool:

@@ -9,18 +9,18 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from slurm_hooks.urlsecret import url_origin
+from slurm_hooks.values import dataclass
 
 #: What the notifier makes (``Message.kind``). Reminders and Alertmanager re-posts are state, not
 #: news: only the latest one of an incident waits in the outbox.
 OPENED, ESCALATED, RESOLVED, REMINDER, FIRING = "opened", "escalated", "resolved", "reminder", "firing"
-BREAKER, REPLACE, REBOOT = "breaker", "replace", "reboot"
+BREAKER, REPLACE, REBOOT, BRIDGE = "breaker", "replace", "reboot", "bridge"
 COALESCED = frozenset({REMINDER, FIRING})
-_NEWS = frozenset({OPENED, ESCALATED, RESOLVED, BREAKER, REPLACE, REBOOT})
+_NEWS = frozenset({OPENED, ESCALATED, RESOLVED, BREAKER, REPLACE, REBOOT, BRIDGE})
 
 #: Slack's documented limits (api.slack.com/reference/block-kit/blocks: a section's text 3000
 #: characters, at most 10 fields of 2000, 50 blocks; chat.postMessage: text truncated past 40000).
@@ -140,7 +140,7 @@ class Syslog(Destination):
         import syslog
 
         priority = {OPENED: syslog.LOG_CRIT, ESCALATED: syslog.LOG_CRIT, BREAKER: syslog.LOG_CRIT,
-                    REMINDER: syslog.LOG_WARNING}.get(kind, syslog.LOG_NOTICE)
+                    REMINDER: syslog.LOG_WARNING, BRIDGE: syslog.LOG_ERR}.get(kind, syslog.LOG_NOTICE)
         self._send(priority, message["text"] + (f" {d.note}" if d.note else ""))
 
 
@@ -178,7 +178,7 @@ class Alertmanager(_Http):
     """Prometheus Alertmanager's ``POST /api/v2/alerts``: each open finding an alert, posted again
     while open (``endsAt`` ahead by ``hold``), resolved with ``endsAt`` at the node's return."""
 
-    kinds = (_NEWS - {RESOLVED}) | {FIRING, RESOLVED}
+    kinds = _NEWS | {FIRING}
 
     def __init__(self, table: dict[str, str], url: str | None, post: Sender | None = None, hold: float = 240.0,
                  auth: str = ""):
@@ -230,7 +230,8 @@ def alerts(message: dict[str, Any], kind: str, now: float, hold: float, note: st
 # --- Slack ------------------------------------------------------------------------------------
 
 _SLACK_EMOJI = {OPENED: ":rotating_light:", ESCALATED: ":rotating_light:", RESOLVED: ":white_check_mark:",
-                REMINDER: ":hourglass:", BREAKER: ":no_entry:", REPLACE: ":recycle:", REBOOT: ":arrows_counterclockwise:"}
+                REMINDER: ":hourglass:", BREAKER: ":no_entry:", REPLACE: ":recycle:", REBOOT: ":arrows_counterclockwise:",
+                BRIDGE: ":warning:"}
 
 
 def slack_escape(text: str) -> str:

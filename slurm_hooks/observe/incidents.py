@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from typing import Any
 
 from slurm_hooks.observe import events
+from slurm_hooks.values import dataclass, field
 
 #: Harmless to most disruptive, as in :class:`slurm_hooks.models.Action`.
 ACTIONS = ("none", "warn", "drain", "reset", "reboot", "replace")
-_REASON_ACTION = re.compile(r"\[(\w+)\]\s*$")
 _XID = re.compile(r"\bXID (\d+)\b")
+#: Our reason's action tag (``[reboot]``, ``[reboot 1/1]``, ``[reset, at job end]``), then any of
+#: Slurm's ``" : ..."`` suffixes (``reboot timed out``). Observe stands below the Slurm adapter, so
+#: this is the one regex that mirrors :func:`slurm_hooks.slurm.parse_reason`.
+_REASON_ACTION = re.compile(r"\[(\w+)(?: \d+/\d+)?(?:, at job end)?\](?: : [^\[\]]*)?\s*$")
 _TAKE_OUT_RESULTS = ("ok", "already")
 
 
@@ -71,11 +75,41 @@ class Job:
     requeued_by: str = ""
     #: Seconds from the fault to its requeue.
     requeue_s: float | None = None
+    #: The GPUs it held on the node as Slurm numbers them (its SLURM_JOB_GPUS; hooks.gpumap ties
+    #: them to the finding's NVML index).
+    gpus: list[int] = field(default_factory=list)
 
     @property
     def how(self) -> str:
         """"requeued" (by us, from under the fault), "refused" (at its start), or "" (only named)."""
         return "requeued" if self.requeued_at is not None else "refused" if self.refused_at is not None else ""
+
+
+@dataclass
+class Told:
+    """What the notifier has said about an incident (its bookkeeping; the report ignores it)."""
+
+    opened: bool = False
+    #: Opened before the notifier's first pass: counted as told (never announced), so never resolved aloud.
+    backfilled: bool = False
+    #: When the opening was told (the notifier's clock): Alertmanager re-posts count from here.
+    opened_at: float | None = None
+    #: Each harsher action told, in order.
+    escalated: list[str] = field(default_factory=list)
+    #: The ``action`` label of the alerts last posted (an escalation ends them).
+    alert_action: str = ""
+    resolved: bool = False
+    reminders: int = 0
+    reposts: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Told:
+        data = dict(data or {})
+        opened = data.pop("opened", False)
+        if isinstance(opened, str):  # saved before Told existed: "before this notifier"
+            data["backfilled"] = True
+        known = {f.name for f in fields(cls)}
+        return cls(opened=bool(opened), **{k: v for k, v in data.items() if k in known})
 
 
 @dataclass
@@ -95,8 +129,7 @@ class Incident:
     escalations: list[list[Any]] = field(default_factory=list)
     resolved_at: float | None = None
     resolved_by: str = ""
-    #: What has been told about it (the notifier's bookkeeping; the report ignores it).
-    told: dict[str, Any] = field(default_factory=dict)
+    told: Told = field(default_factory=Told)
 
     @property
     def open(self) -> bool:
@@ -139,6 +172,7 @@ class Incident:
         data = dict(data)
         data["findings"] = [Finding(**f) for f in data.get("findings", [])]
         data["jobs"] = {k: Job(**v) for k, v in data.get("jobs", {}).items()}
+        data["told"] = Told.from_dict(data.get("told") or {})
         return cls(**data)
 
 
@@ -159,6 +193,7 @@ def resolution(r: dict[str, Any]) -> str:
 
 
 def reason_action(reason: str) -> str:
+    """The action our reason names (``[reboot 1/1] : reboot timed out`` is a reboot); "drain" else."""
     m = _REASON_ACTION.search(reason or "")
     return m.group(1) if m and m.group(1) in ACTIONS else "drain"
 
@@ -283,6 +318,8 @@ def _absorb(inc: Incident, r: dict[str, Any]) -> None:
             for job_id in r.get("jobs") or [r.get("target")]:
                 job = _job(inc, job_id, r)
                 job.requeued_at = job.requeued_at or ts
+                if isinstance(r.get("gpus"), list) and not job.gpus:
+                    job.gpus = [int(g) for g in r["gpus"] if isinstance(g, int)]
                 if r.get("requeued_by") and not job.requeued_by:
                     job.requeued_by = str(r["requeued_by"])
                     job.requeue_s = r.get("seconds_from_fault")
@@ -317,7 +354,8 @@ def summary(inc: Incident) -> dict[str, Any]:
         "urgency": "high" if action_rank(inc.action) >= action_rank("reboot") else "normal",
         "reason": inc.reason,
         "seen_by": list(inc.contexts),
-        "jobs": [{"job_id": j.job_id, "user": j.user or None, "how": j.how, **_checkpoint(j)}
+        "jobs": [{"job_id": j.job_id, "user": j.user or None, "how": j.how, **_checkpoint(j),
+                  **({"gpus": j.gpus} if j.gpus else {})}
                  for j in inc.jobs.values() if j.how],
         "time_to_job_running_s": None if inc.time_to_job_running is None else round(inc.time_to_job_running, 3),
         "opened_at": utc(inc.opened_at),

@@ -35,7 +35,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from slurm_hooks import fsutil
@@ -43,6 +42,7 @@ from slurm_hooks.observe import destinations as dst
 from slurm_hooks.observe import incidents
 from slurm_hooks.observe.destinations import (
     BREAKER,
+    BRIDGE,
     ESCALATED,
     FIRING,
     OPENED,
@@ -61,6 +61,7 @@ from slurm_hooks.observe.destinations import (
 )
 from slurm_hooks.observe.incidents import Incident, duration
 from slurm_hooks.observe.outbox import Entry, Outbox
+from slurm_hooks.values import dataclass
 
 #: At most this much of the log is read per pass (a huge backlog is taken in steps).
 READ_CHUNK = 4 << 20
@@ -69,11 +70,17 @@ BACKFILL_S = 3600.0
 BACKOFF_FIRST_S = 1.0
 #: The backoff's exponent stops here (2 ** 20 s is past any retry_max): no overflow, ever.
 BACKOFF_EXP_MAX = 20
+#: The outbox is swept for messages past ``max_age`` at most this often.
+EXPIRE_EVERY_S = 60.0
 #: Requests a receiver may take at once before its rate applies (a few incidents at the same moment).
 BURST = 5
 POLL_S = 1.0
 #: The watcher's notifier touches its heartbeat at each pass; older than this, nobody delivers.
 HEARTBEAT_S = 30.0
+#: A firing alert's ``endsAt`` is at least this far ahead of its post: a node without the watcher posts
+#: again only when its health check runs (HealthCheckInterval, 5 min on the Slinky values), and its
+#: alerts must not resolve in between. An explicit resolution ends them at once.
+ALERT_HOLD_MIN_S = 900.0
 #: Jobs named in a message's text at most (the JSON carries them all; Slack shows what fits).
 TEXT_JOBS_MAX = 20
 
@@ -140,7 +147,8 @@ class Settings:
                 except OSError as exc:
                     (problem or (lambda m: None))(f"[[notify.alertmanager]] #{n + 1} auth_file "
                                                   f"{table['auth_file']}: cannot read: {exc.strerror}")
-            am = Alertmanager(table, url_of("alertmanager", n, table), send, hold=4 * self.alert_repost, auth=auth)
+            am = Alertmanager(table, url_of("alertmanager", n, table), send,
+                              hold=max(4 * self.alert_repost, ALERT_HOLD_MIN_S), auth=auth)
             out[am.name] = am
         return out
 
@@ -265,10 +273,22 @@ def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "",
     return Message(mid, kind, text, data, inc.id)
 
 
+#: The bridge's problems a person must act on: audit kind -> (alertname, what to do).
+_BRIDGE_PROBLEMS = {
+    "bridge_permission_missing": ("SlurmHooksBridgePermissionMissing",
+                                  "grant the bridge's ServiceAccount what `slurm-hooks render --only rbac` lists"),
+    "bridge_drain_timeout": ("SlurmHooksBridgeDrainTimeout",
+                             "look at the PodDisruptionBudgets of the pods named; the replacement was requested anyway"),
+}
+
+
 def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> Message | None:
     """The bridge's own news from its audit records: a circuit-breaker trip, a replacement or a reboot
-    asked of Kubernetes. ``None`` for any other record (and for a dry run)."""
-    kind = {"bridge_breaker_tripped": BREAKER, "bridge_replace": REPLACE}.get(str(r.get("kind")))
+    asked of Kubernetes, a missing permission, a drain that timed out. ``None`` for any other record
+    (and for a dry run)."""
+    source = str(r.get("kind"))
+    kind = {"bridge_breaker_tripped": BREAKER, "bridge_replace": REPLACE,
+            **{k: BRIDGE for k in _BRIDGE_PROBLEMS}}.get(source)
     if kind is None or r.get("dry_run"):
         return None
     ts = float(r.get("ts", 0))
@@ -279,6 +299,13 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
                 f" (Slurm {node}): {r.get('reason', '')}. "
                 f"{r.get('message') or 'No new nodes will be taken.'}")
         alertname, action = "SlurmHooksBreakerTripped", "none"
+        todo = "slurm-hooks bridge reset-breaker once the cause is understood"
+    elif kind == BRIDGE:
+        alertname, todo = _BRIDGE_PROBLEMS[source]
+        mid = f"{source.replace('_', '-')}-{kube_node}-{int(round(ts * 1000))}"
+        text = f"Kubernetes bridge, node {kube_node}" + (f" (Slurm {node})" if node != "?" else "") \
+            + f": {r.get('message') or r.get('error') or source}."
+        action = "none"
     else:
         kind = REBOOT if r.get("action") == "reboot" else REPLACE
         mid = f"bridge-{kind}-{node}-{int(round(ts * 1000))}"
@@ -286,20 +313,17 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
         text = (f"Kubernetes bridge asked for {what} of node {kube_node} (Slurm {node}) through "
                 f"{r.get('backend', '?')}: {r.get('requested', '')}.")
         alertname, action = ("SlurmHooksNodeReboot" if kind == REBOOT else "SlurmHooksNodeReplacement"), kind
+        todo = "the node returns to Slurm by itself after a passing check"
     labels = {k: v for k, v in {"alertname": alertname, "node": str(node), "kube_node": str(kube_node),
-                                "action": action, "severity": "critical" if kind == BREAKER else "warning",
-                                "cluster": cluster}.items() if v}
+                                "action": action, "severity": "critical" if kind in (BREAKER, BRIDGE) else "warning",
+                                "cluster": cluster}.items() if v and v != "?"}
     data = {"id": mid, "kind": kind, "text": text, "headline": text, "node": r.get("slurm_node"),
             "kube_node": r.get("node"), "reason": r.get("reason"), "action": action,
-            "urgency": "high" if kind == BREAKER else "normal", "at": incidents.utc(ts), "cluster": cluster or None,
-            "runbook": runbook or None,
-            "alerts": [{"labels": labels, "starts_at": ts, "annotations": {"summary": text, "runbook": runbook or (
-                "slurm-hooks bridge reset-breaker once the cause is understood" if kind == BREAKER
-                else "the node returns to Slurm by itself after a passing check")}}]}
+            "urgency": "high" if kind in (BREAKER, BRIDGE) else "normal", "at": incidents.utc(ts),
+            "cluster": cluster or None, "runbook": runbook or None,
+            "alerts": [{"labels": labels, "starts_at": ts, "annotations": {"summary": text,
+                                                                          "runbook": runbook or todo}}]}
     return Message(mid, kind, text, data)
-
-
-breaker_message = bridge_message
 
 
 # --- the notifier -----------------------------------------------------------------------
@@ -389,6 +413,8 @@ class Notifier:
         self.heartbeat_path = os.path.join(settings.dir, "delivering")
         #: When the next held-back message (an incident within its settle time) becomes due (clock time).
         self._settling: float | None = None
+        self._expired_at = float("-inf")
+        self._wake = threading.Event()
 
     # -- one pass
 
@@ -441,8 +467,14 @@ class Notifier:
                         self.deliver(time.monotonic() + max(poll, self.s.timeout * 2))
             except Exception as exc:  # noqa: BLE001 - a notifier bug must not stop the watcher
                 self._say_once(f"pass failed: {type(exc).__name__}: {exc}")
-            stop.wait(poll)
+            self._wake.wait(poll)
+            self._wake.clear()
         self.stopped()
+
+    def poke(self, *_: Any) -> None:
+        """Something to tell was just written to the log (the bridge's ``Reconciler(notify=...)``): the
+        running loop makes its next pass now, not at its next poll."""
+        self._wake.set()
 
     def _beat(self) -> None:
         os.makedirs(self.s.dir, mode=0o700, exist_ok=True)
@@ -527,41 +559,38 @@ class Notifier:
         told = inc.told
         out: list[Message] = []
         c, rb = self.s.cluster, self.s.runbook
-        if inc.opened_at < quiet_before:
-            told.setdefault("opened", "before this notifier")
-            told.setdefault("escalated", [a for _, a in inc.escalations])
-        if not told.get("opened"):
+        if inc.opened_at < quiet_before and not told.opened:
+            told.opened = told.backfilled = True
+            told.escalated = [a for _, a in inc.escalations]
+        if not told.opened:
             if inc.open and now < inc.opened_at + self.s.settle:
                 due = inc.opened_at + self.s.settle
                 self._settling = due if self._settling is None else min(self._settling, due)
                 return out  # let the hooks finish writing (requeued jobs) before the one message
             out.append(compose(inc, OPENED, now, cluster=c, runbook=rb))
-            told["opened"] = True
-            told["opened_at"] = now
-            told["escalated"] = [a for _, a in inc.escalations]
-            told["alert_action"] = inc.action
+            told.opened, told.opened_at, told.alert_action = True, now, inc.action
+            told.escalated = [a for _, a in inc.escalations]
         for _, action in inc.escalations:
-            if action not in told.setdefault("escalated", []):
+            if action not in told.escalated:
                 snapshot = Incident.from_dict({**inc.to_dict(), "action": action})
-                out.append(compose(snapshot, ESCALATED, now, cluster=c, runbook=rb,
-                                   previous_action=str(told.get("alert_action") or "")))
-                told["escalated"].append(action)
-                told["alert_action"] = action
+                out.append(compose(snapshot, ESCALATED, now, cluster=c, runbook=rb, previous_action=told.alert_action))
+                told.escalated.append(action)
+                told.alert_action = action
         if not inc.open:
-            if not told.get("resolved") and told["opened"] is True:
+            if not told.resolved and not told.backfilled:
                 out.append(compose(inc, RESOLVED, now, cluster=c, runbook=rb))
-            told["resolved"] = True
+            told.resolved = True
             return out
         if self.s.reminder_after > 0:
             n = int((now - inc.opened_at) // self.s.reminder_after)
-            if n > int(told.get("reminders", 0)):
+            if n > told.reminders:
                 out.append(compose(inc, REMINDER, now, n, cluster=c, runbook=rb))
-                told["reminders"] = n
-        if self.s.alertmanagers and told["opened"] is True:
-            n = int((now - float(told.get("opened_at", now))) // self.s.alert_repost)
-            if n > int(told.get("reposts", 0)):
+                told.reminders = n
+        if self.s.alertmanagers and not told.backfilled:
+            n = int((now - (told.opened_at if told.opened_at is not None else now)) // self.s.alert_repost)
+            if n > told.reposts:
                 out.append(compose(inc, FIRING, now, n, cluster=c, runbook=rb))
-                told["reposts"] = n
+                told.reposts = n
         return out
 
     def _load_state(self) -> dict[str, Any]:
@@ -612,8 +641,12 @@ class Notifier:
         own pace. Returns how many were delivered. One entry that fails never stops the others."""
         sent = 0
         now = self.clock()
-        if self.outbox.expire(now):
-            self._say_once("messages older than [notify] max_age were dropped (said in the next message)")
+        if not any(self.pace.may_send(name, now) for name in self.dests):
+            return 0  # every receiver held back (an outage): not even a look at the outbox
+        if now >= self._expired_at + EXPIRE_EVERY_S:
+            self._expired_at = now
+            if self.outbox.expire(now):
+                self._say_once("messages older than [notify] max_age were dropped (said in the next message)")
         held: set[str] = set()
         for entry in self.outbox.in_order():
             if time.monotonic() >= deadline:

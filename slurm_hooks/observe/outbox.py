@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from slurm_hooks import fsutil
 from slurm_hooks.observe.destinations import COALESCED, RESOLVED
+from slurm_hooks.values import dataclass, field
 
 #: Delivered message ids remembered (far more than a flood of incidents produces between restarts).
 LEDGER_SIZE = 5000
@@ -89,10 +90,26 @@ class Outbox:
         self.moved_aside: list[str] = []
         self._ledger: list[str] | None = None
         self._index: dict[str, Entry] | None = None
+        self._seen: tuple[int, int] | None = None
 
     def forget(self) -> None:
-        """Another process may have changed the box since: read it again."""
-        self._ledger = self._index = None
+        """Another process may have changed the box since: read it again (the ledger always; the
+        entries only when the directory changed since this process last looked: reading 500 files
+        every second of an outage would cost a node a fifth of a core)."""
+        self._ledger = None
+        if self._index is not None and self._stamp() != self._seen:
+            self._index = None
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.box)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns)
+
+    def _changed(self) -> None:
+        """This process changed the box: what it holds in memory is what is there."""
+        self._seen = self._stamp()
 
     # -- the ledger
 
@@ -120,6 +137,7 @@ class Outbox:
 
     def _entries(self) -> dict[str, Entry]:
         if self._index is None:
+            self._seen = self._stamp()
             self._index = {}
             try:
                 names = sorted(n for n in os.listdir(self.box) if n.endswith(".json") and not n.startswith("."))
@@ -171,6 +189,7 @@ class Outbox:
             os.unlink(entry.path)
         if self._index is not None:
             self._index.pop(entry.path, None)
+            self._changed()
 
     def put(self, mid: str, kind: str, message: dict[str, Any], incident: str, dest: str, now: float) -> bool:
         """Queue a message for ``dest`` unless it is queued or was delivered already. A reminder
@@ -188,6 +207,7 @@ class Outbox:
         os.makedirs(self.box, mode=0o700, exist_ok=True)
         fsutil.atomic_write(path, entry.to_json(), mode=0o600)
         index[path] = entry
+        self._changed()
         mine = sorted((e for e in index.values() if e.dest == dest), key=lambda e: (e.created, e.path))
         if len(mine) > self.max_queued:
             for old in mine[: len(mine) - self.max_queued]:
@@ -222,6 +242,8 @@ class Outbox:
         entry.attempts += 1
         entry.next_at, entry.last_error = next_at, error
         fsutil.atomic_write(entry.path, entry.to_json(), mode=0o600)
+        if self._index is not None:
+            self._changed()
 
     def give_up(self, entry: Entry, error: str) -> None:
         entry.last_error = error

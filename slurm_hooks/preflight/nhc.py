@@ -89,7 +89,7 @@ def detect(program: str, sysconfig_dirs: tuple[str, ...] = SYSCONFIG_DIRS) -> Nh
     """The NHC setup when ``program`` is NHC's driver or a script that runs it; else None."""
     if is_driver(program):
         return _setup(program, program, [], sysconfig_dirs)
-    for raw in _read(program).splitlines():
+    for raw in _read(program).replace("\\\n", " ").splitlines():  # a line continued with \ is one command
         line = raw.strip()
         if not line or line.startswith("#") or "nhc" not in line:
             continue

@@ -164,6 +164,12 @@ def start(fleet, name: str) -> subprocess.Popen:
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def admin(fleet, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slurm_hooks", "bridge", "--config", fleet["config"], *args],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                          timeout=60)
+
+
 def lease(server) -> dict | None:
     return server.get("coordination.k8s.io/v1/leases", "slurm-hooks-bridge", "ops")
 
@@ -214,6 +220,14 @@ def test_two_bridges_one_leader_takeover_within_the_lease_and_one_breaker(fleet)
         b.wait(15)
         assert lease(server)["spec"]["holderIdentity"] == ""
         b = None
+
+        # An admin reads and resets the breaker where it lives: the Lease.
+        status = json.loads(admin(fleet, "status").stdout)
+        assert status["open"] and status["state_file"] == "lease ops/slurm-hooks-bridge" and status["leader"] == ""
+        assert len(status["taken_in_window"]) == 2
+        assert admin(fleet, "reset-breaker", "--yes").returncode == 0
+        assert not json.loads(admin(fleet, "status").stdout)["open"]
+        assert json.loads(lease(server)["metadata"]["annotations"][BREAKER_ANNOTATION])["reset_at"]
     finally:
         for proc in (a, b):
             if proc is not None and proc.poll() is None:

@@ -43,3 +43,16 @@ def test_slinky_mode_finds_the_slurmd_pod_by_its_hostname_label():
     assert mapper.kube_name(NodeInfo("gpu-1", "IDLE"), kube) is None
     assert mapper.kube_name_offline(NodeInfo("gpu-0", "IDLE")) is None
     assert kube.calls["list_pods"] == 2
+
+
+def test_slinky_lookup_prefers_the_pod_that_is_not_terminating():
+    from kube.memory import InMemoryKube
+
+    from slurm_hooks.bridge.mapping import NodeMapper
+    from slurm_hooks.slurm import NodeInfo
+
+    kube = InMemoryKube()
+    label = {"nodeset.slinky.slurm.net/pod-hostname": "n1"}
+    kube.add_pod("a-old", "machine-1", "slurm", metadata={"labels": label, "deletionTimestamp": "2026-01-01T00:00:00Z"})
+    kube.add_pod("b-new", "spare-1", "slurm", metadata={"labels": label})
+    assert NodeMapper("slinky").kube_name(NodeInfo("n1", "IDLE"), kube) == "spare-1"

@@ -68,6 +68,11 @@ def kinds(audit_path):
     ("IDLE+DRAIN", "Prolog error", None),
     ("IDLE+DRAIN", "slurm-operator: cordoned", None),
     ("IDLE", XID79, None),
+    # Our reboot that never came back: DOWN, Slurm's suffixes on our reason (22.05 clears DRAIN).
+    ("DOWN", "slurm-hooks: XID 79 on GPU 0 [reboot 1/1] : reboot issued : reboot timed out", Action.REBOOT),
+    ("DOWN+DRAIN", "slurm-hooks: XID 79 on GPU 0 [replace] : Not responding", Action.REPLACE),
+    ("IDLE+DRAIN", "slurm-hooks: XID 79 on GPU 0 [reboot] : Prolog error", None),
+    ("DOWN+DRAIN", "NHC: check_gpu failed", None),
 ])
 def test_only_our_drains_with_reboot_or_replace_trigger_the_bridge(state, reason, expected):
     hit = trigger(NodeInfo("n1", state, reason), (Action.REBOOT, Action.REPLACE))

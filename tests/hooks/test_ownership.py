@@ -159,3 +159,12 @@ def test_a_released_reason_is_remembered_for_when_the_marker_is_lost(t):
     with open(os.path.join(t.cfg.state.dir, "released-n1.json"), encoding="utf-8") as fh:
         released = json.load(fh)
     assert released[-1]["reason"] == XID79 and released[-1]["reason_time"] == node.reason_time
+
+
+def test_slurm_s_own_verdict_in_the_health_check_s_environment_is_recorded(t, monkeypatch):
+    check(t)
+    assert not [r for r in t.audit.read() if r["kind"] == "slurm-view"]  # older Slurm: says nothing
+    monkeypatch.setenv("SLURM_NODE_IS_HEALTHY", "no")  # 26.05.2+, health_check_report
+    check(t)
+    [seen] = [r for r in t.audit.read() if r["kind"] == "slurm-view"]
+    assert (seen["node_is_healthy"], seen["ours"], seen["node"]) == ("no", "healthy", "n1")

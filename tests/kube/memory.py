@@ -36,6 +36,7 @@ class InMemoryKube:
         self.on_evict: list[Any] = []
         self.leases: dict[tuple[str, str], Obj] = {}
         self.events: list[Obj] = []
+        self._event_names: set[str] = set()
         self.objects: dict[tuple[Resource, str, str], Obj] = {}
         self.calls: collections.Counter[str] = collections.Counter()
         #: verb -> errors to raise on its next calls, in order.
@@ -72,6 +73,13 @@ class InMemoryKube:
         self.pods[(namespace, name)] = pod
         self._by_node[pod["spec"].get("nodeName", "")].add((namespace, name))
         return pod
+
+    def load_pod(self, pod: Obj) -> None:
+        """Store a complete pod as given (benchmarks loading 300,000 of them: no merge, no copy)."""
+        m = pod["metadata"]
+        self._drop_pod(m["namespace"], m["name"])
+        self.pods[(m["namespace"], m["name"])] = pod
+        self._by_node[pod["spec"].get("nodeName", "")].add((m["namespace"], m["name"]))
 
     def _drop_pod(self, namespace: str, name: str) -> None:
         old = self.pods.pop((namespace, name), None)
@@ -182,12 +190,13 @@ class InMemoryKube:
 
     def create_event(self, namespace: str, event: Obj, *, dry_run: bool = False) -> bool:
         self._call("create_event")
-        if any(e["metadata"]["name"] == event["metadata"]["name"] for e in self.events):
+        if event["metadata"]["name"] in self._event_names:
             return False
         if dry_run:
             self.dry_runs.append(f"create_event {event['metadata']['name']}")
         else:
             self.events.append(copy.deepcopy(event))
+            self._event_names.add(event["metadata"]["name"])
         return True
 
     def list_objects(self, resource: Resource, namespace: str | None = None, label_selector: str = "") -> list[Obj]:

@@ -9,6 +9,7 @@ here (no Slurm); what it does to Slurm under NHC is in test_e2e_nhc.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -208,7 +209,16 @@ def test_too_little_of_nhcs_timeout_left_skips_the_run_and_says_so(site):
     r = site.run("TIMEOUT=12")
     assert r.returncode == 0, r.stdout
     lines = site.syslog_lines()
-    assert len(lines) == 1 and "only 7s left of NHC's TIMEOUT=12s" in lines[0]
+    # 12 s less the 5 s reserve, less what NHC took to get here (a second on a loaded machine)
+    assert len(lines) == 1 and re.search(r"only [67]s left of NHC's TIMEOUT=12s .*: not run", lines[0]), lines
+
+
+def test_our_own_t_below_the_minimum_skips_the_run_and_says_so(site):
+    site.tree.write_conf("check_slurm_hooks -t 5")
+    r = site.run()
+    assert r.returncode == 0 and site.marked() == ["mark-online n1"], r.stdout
+    lines = site.syslog_lines()
+    assert len(lines) == 1 and "-t 5 is below the 8s a run needs: not run" in lines[0], lines
 
 
 def test_a_hung_run_is_killed_at_its_share_and_nhc_goes_on(site, tmp_path):

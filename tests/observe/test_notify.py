@@ -604,3 +604,54 @@ def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbe
         if watcher.poll() is None:
             watcher.terminate()
             watcher.wait(10)
+
+
+def test_the_bridge_tells_the_reboots_and_replacements_it_asked_for_but_not_a_dry_run(setup, receiver):
+    log, _, notifier = setup
+    log.write("bridge_replace", node="k8s-a", slurm_node="n1", backend="template", requested="RebootNode/n1",
+              action="reboot")
+    log.write("bridge_replace", node="k8s-b", slurm_node="n2", backend="karpenter", requested="NodeClaim/x",
+              action="replace")
+    log.write("bridge_replace", node="k8s-c", slurm_node="n3", backend="karpenter", requested="NodeClaim/y",
+              action="replace", dry_run=True)
+    notifier().flush(5)
+    msgs = receiver.bodies()
+    assert [(m["kind"], m["node"]) for m in msgs] == [("reboot", "n1"), ("replace", "n2")]
+    assert "asked for a reboot of node k8s-a (Slurm n1) through template: RebootNode/n1" in msgs[0]["text"]
+
+
+def test_what_an_older_notifier_saved_about_an_incident_still_reads():
+    from slurm_hooks.observe.incidents import Incident
+
+    inc = Incident.from_dict({"id": "n1-x", "node": "n1", "first_seen": 1.0, "opened_at": 1.0,
+                              "told": {"opened": "before this notifier", "escalated": ["replace"], "reminders": 2}})
+    assert inc.told.opened and inc.told.backfilled and inc.told.escalated == ["replace"] and inc.told.reminders == 2
+    assert Incident.from_dict(inc.to_dict()).told == inc.told
+
+
+def test_a_missing_permission_in_the_bridge_is_told_and_a_poke_delivers_at_once(setup, receiver):
+    log, _, notifier = setup
+    n = notifier()
+    stop = threading.Event()
+    worker = threading.Thread(target=n.run, args=(stop, 60.0), daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(n.heartbeat_path):  # the first pass is done: the next waits 60 s
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        log.write("bridge_permission_missing", level="error", node="k8s-a", slurm_node="n1", backend="karpenter",
+                  error="403", message="the bridge may not delete nodeclaims.karpenter.sh")
+        n.poke("bridge_permission_missing", {})  # what Reconciler(notify=...) calls
+        deadline = time.monotonic() + 10
+        while not receiver.bodies():
+            assert time.monotonic() < deadline, "the poke did not wake the notifier"
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        n.poke()
+        worker.join(10)
+    [msg] = receiver.bodies()
+    assert msg["kind"] == "bridge" and msg["urgency"] == "high"
+    assert msg["text"] == ("Kubernetes bridge, node k8s-a (Slurm n1): the bridge may not delete "
+                           "nodeclaims.karpenter.sh.")

@@ -32,7 +32,7 @@ def receiver():
 
 
 def route(receiver: Receiver) -> str:
-    return render_all(am_webhook_url=receiver.url("/am"), am_group_wait="2s", am_group_interval="1s")["alertmanager"]
+    return render_all(am_webhook_url=receiver.url("/am"), am_group_wait="4s", am_group_interval="1s")["alertmanager"]
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_alertmanager_down_for_a_while_each_alert_is_delivered_once_when_it_retu
         n.flush(5)
         assert n.outbox.entries() == []
     wait_for(lambda: sorted(alerted(receiver, "firing")) == [("n1", "firing"), ("n2", "firing")], what="both alerts")
-    time.sleep(3)  # a group_interval and more: nothing more comes
+    time.sleep(5)  # a group_wait and more: nothing more comes
     assert sorted(alerted(receiver, "firing")) == [("n1", "firing"), ("n2", "firing")]
     [group] = notifications(receiver)
     assert group["groupLabels"] == {"alertname": "SlurmHooksXid", "cluster": "lab"}
@@ -161,7 +161,7 @@ def test_xid79_on_two_nodes_is_one_grouped_notification_and_one_resolution(hooke
     for node in ("n1", "n2"):
         tb.wait_node(node, lambda x: x.drained and x.reason.startswith("slurm-hooks:"), timeout=30)
     firing = wait_for(lambda: notifications(receiver, "firing"), what="Alertmanager's notification")
-    time.sleep(3)
+    time.sleep(5)
     [group] = notifications(receiver, "firing")
     assert firing == [group]
     assert sorted(a["labels"]["node"] for a in group["alerts"]) == ["n1", "n2"]

@@ -72,8 +72,8 @@ def test_an_entry_after_1025_attempts_is_saved_and_retried_like_any_other(make, 
     clock.offset = 10 * DAY - 1
     entry["created"] = clock()
     path.write_text(json.dumps(entry))
-    n.pace.state.clear()
     (tmp_path / "notify" / "pace.json").unlink(missing_ok=True)
+    n = notifier(reminder_after=0.0)  # a restart, reading the entry as edited
     n.flush(5)
     after = json.loads(path.read_text())
     assert after["attempts"] == 1025 and after["next_at"] <= clock() + 300.0 * 1.2
@@ -130,7 +130,8 @@ def test_an_unreadable_entry_is_moved_aside_reported_once_and_blocks_nothing(mak
     n.flush(5)
     box = tmp_path / "notify" / "outbox"
     first = sorted(box.iterdir())[0]
-    first.write_text("{not json")
+    (box / ".torn").write_text("{not json")  # replaced under us (files here change only by rename)
+    os.replace(box / ".torn", first)
     receiver.start()
     clock.offset = 600
     assert n.flush(5)["sent"] == 1
@@ -363,3 +364,14 @@ def test_render_out_writes_0600_and_gives_slinky_a_secret(tmp_path):
     [vol] = [v for v in values["nodesets"]["slinky"]["podSpec"]["volumes"] if v["name"] == "slurm-hooks-config"]
     assert vol["secret"]["secretName"] == secret["metadata"]["name"]
     assert vol["secret"]["items"] == [{"key": "config.toml", "path": "config.toml", "mode": 0o600}]
+
+
+def test_render_refuses_a_bridge_config_with_a_receiver_url_in_it(tmp_path):
+    pytest.importorskip("jinja2")
+    bridge_cfg = tmp_path / "bridge.toml"
+    bridge_cfg.write_text('[bridge]\nmapping = "slinky"\n[[notify.alertmanager]]\nurl = "http://am:9093/s3cr3t"\n')
+    bridge_cfg.chmod(0o600)
+    r = subprocess.run([sys.executable, "-m", "slurm_hooks", "render", "--config", str(bridge_cfg)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "s3cr3t" not in r.stdout + r.stderr
+    assert "[[notify.alertmanager]] #1 url: the bridge's config is rendered into a ConfigMap" in r.stderr

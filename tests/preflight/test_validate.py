@@ -83,6 +83,7 @@ class Cluster:
         self.script("bin/scontrol", SCONTROL_UP)
         self.write_slurm_conf(GOOD_SLURM_CONF)
         self.write_config(GOOD_CONFIG)
+        (root / "etc" / "gres.conf").write_text("NodeName=n[1-2] Name=gpu File=/dev/nvidia[0-7]\n")
         sim.init(str(root / "sim"), "n1", gpus=8)
 
     def script(self, rel, text, mode=0o755):
@@ -141,7 +142,8 @@ def test_good_cluster_passes_every_check_and_exits_0(cluster, capsys):
     checks = {line.split()[1].rstrip(":") for line in out}
     assert {"config", "slurm-conf", "health-check-program", "prolog", "epilog", "health-check-interval",
             "health-check-node-state", "kill-wait", "prolog-epilog-timeout", "job-requeue", "nohold-on-prolog-fail",
-            "gres", "controller-failover", "gpu-backend", "gpu-count", "scontrol", "audit-log", "state-dir"} <= checks
+            "gres", "controller-failover", "gpu-backend", "gpu-count", "scontrol", "audit-log", "state-dir",
+            "gpu-map"} <= checks
 
 
 def test_json_output_lists_check_status_message_fix_and_where(cluster, capsys):
@@ -613,3 +615,41 @@ def test_one_controller_slower_than_our_timeout_warns(cluster):
     cluster.edit_slurm_conf("MessageTimeout=5\n", "")  # Slurm's default: 10 s
     r = only(cluster.run(), "controller-failover")
     assert r.status is validate.Status.WARN and "one controller" in r.message and r.fix.startswith("timeout = 12")
+
+
+def test_validate_reports_how_slurms_gpu_numbers_map_to_nvmls(cluster, capsys):
+    (cluster.root / "etc" / "gres.conf").write_text("NodeName=n[1-2] Name=gpu File=/dev/nvidia[4-7],/dev/nvidia[0-3]\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
+    out = [line for line in capsys.readouterr().out.splitlines() if " gpu-map: " in line]
+    assert exc.value.code == 0
+    assert f"gres.conf {cluster.root}/etc/gres.conf: 8 GRES index(es), 8 numbered differently" in out[0]
+    assert out[1].startswith("PASS  gpu-map: GRES 0 -> /dev/nvidia4 (minor 4) -> NVML 4 GPU-")
+
+
+def test_validate_warns_when_the_gpu_map_is_unknown_and_says_what_follows(cluster, capsys):
+    (cluster.root / "etc" / "gres.conf").write_text("NodeName=n[1-2] Name=gpu File=/dev/nvidia[0-3]\n")
+    with pytest.raises(SystemExit):
+        main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
+    [line] = [x for x in capsys.readouterr().out.splitlines() if " gpu-map: " in x]
+    assert line.startswith("WARN  gpu-map: ") and "Slurm gives this node 4 GPU(s), NVML sees 8" in line
+    assert "requeues every GPU job on this node" in line
+
+
+def test_validate_fails_when_gres_conf_and_slurmd_disagree(cluster, capsys):
+    # slurmd -G as captured on the testbed with gres.conf in reverse order, against a gres.conf in order.
+    from paths import FIXTURES
+
+    captured = os.path.join(FIXTURES, "slurm", "slurmd-G-22.05-gres-reverse.txt")
+    slurmd = cluster.script("bin/slurmd", f"#!/bin/sh\ncat {captured}\n")
+    with open(cluster.config, encoding="utf-8") as fh:
+        text = fh.read().replace('sim_dir = "', f'slurmd = "{slurmd}"\nsim_dir = "')
+    with open(cluster.config, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    results = [r for r in cluster.run() if r.check == "gpu-map"]
+    assert results == []  # preflight.run alone knows nothing of the map: the command adds it
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 1
+    assert "FAIL  gpu-map: " in out and "disagree: GRES 0: /dev/nvidia0 vs " in out

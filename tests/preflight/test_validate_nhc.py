@@ -194,6 +194,14 @@ def test_health_check_timeout_replaces_slurms_60_s(site):
     assert r.status is PASS and "Slurm's kill at 120 s" in r.message
 
 
+def test_an_nhc_command_continued_over_lines_is_read_whole(tmp_path):
+    prog = tmp_path / "hc"
+    prog.write_text("#!/bin/sh\nSLURM_CONF=/x/nhcsite/slurm.conf\nexec /opt/nhc/nhc -c /site/nhc.conf \\\n"
+                    "    INCDIR=/site/scripts \\\n    TIMEOUT=45\n")
+    setup = nhc.detect(str(prog), sysconfig_dirs=())
+    assert (setup.driver, setup.conf, setup.incdir, setup.timeout) == ("/opt/nhc/nhc", "/site/nhc.conf", "/site/scripts", 45)
+
+
 def test_sysconfig_is_read_after_the_command_line_and_wins(tmp_path):
     (tmp_path / "default").mkdir()
     (tmp_path / "default" / "nhc").write_text("# site\nexport TIMEOUT=50\nCONFFILE=/site/nhc.conf\n")

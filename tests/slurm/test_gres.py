@@ -98,3 +98,18 @@ def test_device_minor_is_the_char_devices_minor_else_the_names_number(tmp_path):
 ])
 def test_job_gres_detail_gpu_shares_and_cpu_only(text, want):
     assert parse_job_gpus(text, "n1") == want
+
+
+def test_slurmd_g_of_a_reverse_gres_conf_on_slurm_22_05_lists_gpus_in_file_order():
+    # Captured on the testbed (`testbed up --gres-order 7,...,0 --shards 2`, Slurm 22.05.8): shard and gpu
+    # records interleave, and Index= is the device file's number, not the GRES index.
+    conf = gres.parse_slurmd_g((SLURM / "slurmd-G-22.05-gres-reverse.txt").read_text())
+    assert [d.file.rsplit("/", 1)[1] for d in conf.devices] == [f"nvidia{k}" for k in range(7, -1, -1)]
+    assert [d.index for d in conf.devices] == list(range(8))
+
+
+def test_real_scontrol_detail_lines_of_gpu_cpu_only_and_shard_jobs():
+    # Captured on the same testbed: jobs 1..4 are gpu:1, CPU-only, shard:1 and gpu:2, all on n1.
+    lines = (SLURM / "scontrol-d-show-job-22.05-gres-reverse.txt").read_text().splitlines()
+    assert [parse_job_gpus(line, "n1") for line in lines] == [(0,), (), (1,), (1, 2)]
+    assert [parse_job_gpus(line, "n2") for line in lines] == [None] * 4

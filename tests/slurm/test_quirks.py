@@ -52,3 +52,24 @@ def test_26_05_health_check_timeout_is_read_not_assumed(version, setting, kill_s
     ({"SLURM_NODE_IS_HEALTHY": "maybe"}, ""), ({}, ""), (None, "")])
 def test_26_05_node_is_healthy_from_the_environment(env, said):
     assert quirks.node_is_healthy(env) == said
+
+
+def test_25_11_our_resume_is_not_sent_while_the_reboot_is_issued():
+    import json
+    from types import SimpleNamespace
+
+    from slurm_hooks.slurm.scontrol import ScontrolSlurm, SlurmCommandFailed
+
+    sent = []
+    node = {"name": "n1", "state": ["DOWN", "DRAIN", "REBOOT_ISSUED"], "reason": "slurm-hooks: XID 79 on GPU 0 "
+            "[reboot 1/1] : reboot issued", "reason_changed_at": 1, "reason_set_by_user": "root"}
+
+    def run(argv, timeout, **kw):
+        sent.append(argv[1:])
+        out = "slurm 25.11.0" if "--version" in argv else json.dumps({"nodes": [node]})
+        return SimpleNamespace(stdout=out, stderr="", returncode=0)
+
+    slurm = ScontrolSlurm(timeout=5, runner=run, bin_dir="/opt/slurm-25.11/bin")
+    with pytest.raises(SlurmCommandFailed, match="REBOOT_ISSUED"):
+        slurm.resume("n1")
+    assert not [a for a in sent if "update" in a]

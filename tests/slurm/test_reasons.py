@@ -71,3 +71,15 @@ def test_reason_time_and_user_come_from_scontrol_s_bracket():
     node = parse_node_line(line)
     assert (node.reason, node.reason_time, node.reason_user) == (
         f"{OURS} : reboot issued", "2026-12-01T15:37:46", "root")
+
+
+@pytest.mark.parametrize(("reason", "action"), [
+    ("slurm-hooks: XID 79 on GPU 0 [reboot 1/1] : reboot issued : reboot timed out", "reboot"),
+    ("slurm-hooks: row remap pending on GPU 6 [reset, at job end] : Not responding", "reset"),
+    ("slurm-hooks: XID 79 on GPU 0 [replace]", "replace"), ("Prolog error", "drain")])
+def test_the_incident_view_reads_the_action_through_slurm_s_suffixes(reason, action):
+    from slurm_hooks.observe.incidents import reason_action
+
+    assert reason_action(reason) == action
+    parsed = parse_reason(reason)
+    assert (parsed[1].value if parsed else "drain") == action
