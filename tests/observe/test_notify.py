@@ -398,6 +398,7 @@ def test_slack_and_json_receivers_each_get_their_shape(setup, receiver):
     assert {"type": "mrkdwn", "text": "*Node*\nn1"} in slack["blocks"][2]["fields"]
     assert plain["node"] == "n1" and plain["kind"] == "opened" and "12 (alice)" in plain["text"]
     assert plain["headline"] in slack["text"]
+    assert "alerts" not in plain  # Alertmanager's own
     assert all(r["headers"]["Content-Type"] == "application/json" for r in receiver.requests)
 
 
