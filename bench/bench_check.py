@@ -89,14 +89,21 @@ def main() -> None:
     if not os.path.exists(here):
         raise SystemExit(f"{here} not found: run this with the python of a venv that has slurm-hooks")
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = os.path.join(tmp, "config.toml")
-        with open(cfg, "w") as fh:
-            fh.write(f'[gpu]\nbackend = "sim"\nsim_dir = "{tmp}/sim"\n[log]\naudit = "{tmp}/audit.jsonl"\n'
-                     f'[state]\ndir = "{tmp}/state"\n[expect]\ngpus = 8\n')
-        env = {"PATH": "/usr/bin:/bin", "SLURM_HOOKS_CONFIG": cfg, "SLURMD_NODENAME": "bench1"}
-        job_env = {**env, "SLURM_JOB_ID": "1", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}
-        subprocess.run([here, "sim", "init", "--node", "bench1", "--gpus", "8"], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        def setup(label: str, exe: str) -> tuple[dict[str, str], dict[str, str]]:
+            """A config and 8 simulated GPUs of this installation's own (its sim format)."""
+            d = os.path.join(tmp, label)
+            os.makedirs(d)
+            cfg = os.path.join(d, "config.toml")
+            with open(cfg, "w") as fh:
+                fh.write(f'[gpu]\nbackend = "sim"\nsim_dir = "{d}/sim"\n[log]\naudit = "{d}/audit.jsonl"\n'
+                         f'[state]\ndir = "{d}/state"\n[expect]\ngpus = 8\n')
+            env = {"PATH": "/usr/bin:/bin", "SLURM_HOOKS_CONFIG": cfg, "SLURMD_NODENAME": "bench1"}
+            subprocess.run([exe, "sim", "init", "--node", "bench1", "--gpus", "8"], env=env, check=True,
+                           stdout=subprocess.DEVNULL)
+            return env, {**env, "SLURM_JOB_ID": "1", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}
+
+        env, job_env = setup("this", here)
+        cfg = env["SLURM_HOOKS_CONFIG"]
         prefix = os.path.join(tmp, "opt")
         subprocess.run([here, "install", "--prefix", prefix, "--config", cfg], env=env, check=True,
                        stdout=subprocess.DEVNULL)
@@ -113,8 +120,9 @@ def main() -> None:
         for spec in args.venv:
             label, _, vdir = spec.partition("=")
             exe = os.path.join(vdir, "bin", "slurm-hooks")
-            subjects[f"check ({label})"] = ([exe, "check"], env)
-            subjects[f"prolog, 8 GPUs ({label})"] = ([exe, "prolog"], job_env)
+            venv_env, venv_job_env = setup(label, exe)
+            subjects[f"check ({label})"] = ([exe, "check"], venv_env)
+            subjects[f"prolog, 8 GPUs ({label})"] = ([exe, "prolog"], venv_job_env)
         tarball = find_nhc(args.nhc)
         if tarball:
             subjects["NHC, 5 checks"] = nhc_subject(tarball, tmp)

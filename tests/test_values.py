@@ -117,3 +117,33 @@ def test_defining_a_class_costs_far_less_than_a_dataclass():
         return time.perf_counter() - t0
 
     assert define(dataclass) * 3 < define(dataclasses.dataclass)
+
+
+def test_the_healthy_check_and_prolog_define_no_class_with_dataclasses_exec(tmp_path):
+    """A module on the hot path that goes back to dataclasses.dataclass pays ~1 ms a class at every
+    check and prolog: caught here (and click must stay off that path too)."""
+    import subprocess
+    import sys
+
+    from fakes.config import write_sim_config
+
+    conf = write_sim_config(tmp_path)
+    code = f"""
+import sys
+from slurm_hooks.probes import sim
+from slurm_hooks import config
+cfg = config.load({str(conf)!r})
+sim.init(cfg.gpu.sim_dir, "n1", 8)
+from slurm_hooks.entry import _run_hook
+import os
+os.environ.update(SLURM_JOB_ID="7", SLURM_JOB_GPUS="0,1")
+assert _run_hook("check", {str(conf)!r}, "n1") == 0
+assert _run_hook("prolog", {str(conf)!r}, "n1") == 0
+slow = sorted(f"{{m}}.{{n}}" for m, mod in list(sys.modules.items()) if m.startswith("slurm_hooks")
+              for n, c in vars(mod).items() if isinstance(c, type) and c.__module__ == m
+              and "__dataclass_params__" in vars(c))
+print(slow, "click" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] False"

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
@@ -34,6 +34,7 @@ from slurm_hooks.hooks.actions import annotate_jobs, step
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.slurm import JobInfo, hostlist, job_ref
 from slurm_hooks.slurm.errors import AlreadyRequeued
+from slurm_hooks.values import dataclass
 
 if TYPE_CHECKING:
     from slurm_hooks.runner import Spawned
@@ -133,10 +134,10 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: Follow | str, *, pyth
     elif how is Follow.THREAD:
         threading.Thread(target=follow_requeued, args=(w, refs, timeout), name="follow-jobs", daemon=True).start()
     elif how is Follow.DETACHED:
-        from slurm_hooks.runner import spawn_detached
+        from slurm_hooks.runner import python_argv, spawn_detached
 
-        argv = [python or sys.executable, "-I", "-c", _FOLLOWER_BOOT, _package_parent(), "follow-jobs",
-                "--node", w.node, "--timeout", f"{timeout:.1f}", *refs]
+        argv = python_argv("slurm_hooks.entry", "follow-jobs", "--node", w.node, "--timeout", f"{timeout:.1f}", *refs,
+                           python=python)
         env = dict(os.environ)
         if w.config.path:
             env["SLURM_HOOKS_CONFIG"] = w.config.path
@@ -160,17 +161,6 @@ def follow_timeout(w: Wiring, records: Iterable[Followed]) -> float:
     """Long enough for the longest grace still to run, then a requeue's KillWait and its settling."""
     grace_left = max((r.grace_until - time.time() for r in records if r.phase is Phase.GRACE), default=0.0)
     return max(0.0, grace_left) + float(w.config.remediation.requeue_grace) + 60.0
-
-
-#: The follower's entry: ``-I`` keeps the current directory (slurmd's log dir, an admin's /tmp)
-#: and PYTHONPATH off sys.path, so the package comes from where the hook itself loaded it.
-_FOLLOWER_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from slurm_hooks.entry import main; main()"
-
-
-def _package_parent() -> str:
-    import slurm_hooks
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
 
 
 def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: float = 1.0,

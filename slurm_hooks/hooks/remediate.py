@@ -30,6 +30,7 @@ from slurm_hooks.slurm import (
     out_of_service,
     reboot_pending,
     split_reason,
+    status_tag,
 )
 from slurm_hooks.slurm.errors import AlreadyRequeued
 from slurm_hooks.values import dataclass, field
@@ -460,7 +461,9 @@ def _recover_marker(w: Wiring) -> DrainMarker | None:
         return None
     text = split_reason(info.reason)[0]
     # What it was drained for is lost with the marker; the reason still says whether it was DCGM.
-    return DrainMarker(reason=text, checks=("dcgm",) if "DCGM" in text else (), recovered=True).seen(info)
+    # A node drained [validating]/[unverified] waits for its diagnostic, which the periodic check does not run.
+    dcgm = "DCGM" in text or bool(status_tag(text))
+    return DrainMarker(reason=text, checks=("dcgm",) if dcgm else (), recovered=True).seen(info)
 
 
 def holds(w: Wiring, info: NodeInfo, *, our_reboot: bool = False) -> str:

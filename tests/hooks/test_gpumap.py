@@ -362,3 +362,16 @@ def test_gres_source_slurmd_builds_the_map_from_slurmd_g_and_says_why_when_it_fa
     script.write_text("#!/bin/sh\necho 'slurmd: fatal: Unable to determine this slurmd NodeName' >&2\nexit 1\n")
     gmap = gpumap.read(w, w.probe().snapshot())[0]
     assert not gmap.known and "slurmd -G -N n1 failed" in gmap.problem
+
+
+def test_epilog_judges_the_gpu_behind_its_gres_index(tmp_path):
+    t = node(tmp_path)
+    env = {"SLURM_JOB_ID": "1101", "SLURM_JOB_GPUS": "0"}  # GRES 0 is NVML 7
+    assert jobhooks.prolog(t.w, env) == 0
+    sim.inject(t.sim_dir, "n1", 0, xid=79)  # NVML 0: not this job's GPU
+    assert jobhooks.epilog(t.w, env) == 0 and not t.slurm.peek("n1").drained
+    env = {"SLURM_JOB_ID": "1102", "SLURM_JOB_GPUS": "0"}
+    assert jobhooks.prolog(t.w, env) == 0
+    sim.inject(t.sim_dir, "n1", 7, ecc_uncorrectable=2)  # during the job, on its own GPU
+    assert jobhooks.epilog(t.w, env) == 0
+    assert t.slurm.peek("n1").drained and "GPU 7" in t.slurm.peek("n1").reason
