@@ -69,7 +69,7 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
     reconciler = Reconciler(
         slurm_from_config(cfg), kube, settings, audit=audit, dry_run=dry_run,
         metrics_dir=cfg.metrics.textfile_dir, store=_store(settings, elector, kube),
-        leader=elector.is_leader if elector is not None else None,
+        leader=elector.check if elector is not None else None,
         notify=notifier.poke if notifier is not None else None,
     )
     stop = threading.Event()

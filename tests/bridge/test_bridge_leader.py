@@ -83,6 +83,19 @@ def test_leader_stops_acting_at_its_renew_deadline_when_the_api_server_is_gone()
     assert not a.try_acquire_or_renew() and not a.is_leader()
 
 
+def test_a_long_pass_renews_when_it_asks_whether_it_still_leads():
+    kube, clock = InMemoryKube(), Clock()
+    a = elector(kube, "a", clock)
+    assert a.try_acquire_or_renew()
+    writes = kube.calls["replace_lease"]
+    clock.advance(1)
+    assert a.check() and kube.calls["replace_lease"] == writes  # fresh: no call
+    for _ in range(10):  # 60 s of a pass, asking before each take: still the leader, renewed on the way
+        clock.advance(6)
+        assert a.check()
+    assert kube.calls["replace_lease"] > writes and a.is_leader()
+
+
 def test_release_lets_the_standby_take_over_at_once():
     kube, clock = InMemoryKube(), Clock()
     a, b = elector(kube, "a", clock), elector(kube, "b", clock)
