@@ -95,10 +95,13 @@ FOLLOW_FALLBACK_S = 10.0
 FOLLOWER_READY_S = 3.0
 #: A following record older than this is dropped: the job has long been dealt with or forgotten.
 FOLLOW_RECORD_TTL_S = 3600.0
-#: The follower's first look comes this soon, then each wait doubles up to its ``poll``: a job
-#: requeued by SIGTERM is PENDING again within a few tenths of a second on an idle controller,
-#: and every tenth spent waiting here is a tenth before it runs elsewhere.
+#: The follower's first wait; each next one is POLL_GROWTH times longer, up to its ``poll``. A
+#: job requeued by SIGTERM is PENDING again once its epilog is done, about a second later
+#: (bench/bench_checkpoint.py), and each tenth spent waiting here is a tenth before it runs
+#: elsewhere: a flat 1 s poll cost 0.5-0.8 s there. Growing waits keep a storm's squeue count
+#: close to the flat poll's (bench/bench_storm.py): 7 looks in the first 3 s, then one a second.
 FIRST_POLL_S = 0.1
+POLL_GROWTH = 1.5
 
 
 def follow_jobs(w: Wiring, refs: Iterable[int | str], how: Follow | str, *, python: str | None = None,
@@ -168,10 +171,10 @@ def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: floa
     """Follow each job through its grace (if it has one) until it is PENDING again, then release it
     if our prolog's refusal held it and start it now.
 
-    One ``squeue`` for all the jobs per look; the first look at once, then waits of
-    FIRST_POLL_S doubling up to ``poll`` (a job in its grace is looked at every ``poll``
-    at most); back as soon as every job is settled. ``final``: jobs still unsettled at
-    ``timeout`` are recorded as failures (else they are left to the next hook run).
+    One ``squeue`` for all the jobs per look; the first look at once, then waits from
+    FIRST_POLL_S growing by POLL_GROWTH up to ``poll``; back as soon as every job is
+    settled. ``final``: jobs still unsettled at ``timeout`` are recorded as failures (else
+    they are left to the next hook run).
     """
     pending = {str(r): time.monotonic() for r in refs}
     results: dict[str, str] = {}
@@ -194,7 +197,7 @@ def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: floa
         if not pending or polled + wait >= deadline:
             break
         time.sleep(max(0.0, wait - (time.monotonic() - polled)))
-        wait = min(poll, wait * 2)
+        wait = min(poll, wait * POLL_GROWTH)
     for ref, t0 in pending.items():
         if last_error is not None:
             results[ref] = f"failed: {last_error}"
@@ -351,17 +354,19 @@ def _valid_ref(text: str) -> bool:
 
 
 def _follower_alive(pid: object) -> bool:
-    """Whether the follower that owns a record still runs: this process (the watcher's thread),
-    or a ``follow-jobs`` process (a pid reused by anything else does not count)."""
+    """Whether the follower that owns a record still runs: this process, a ``follow-jobs``
+    process, or the watcher whose thread follows (a pid reused by anything else does not count)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     if pid == os.getpid():
         return True
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"follow-jobs" in fh.read()
+            argv = fh.read().split(b"\0")
     except OSError:
         return False
+    return b"follow-jobs" in argv or (b"watch" in argv and any(a.endswith(b"slurm_hooks") or a.endswith(b"slurm-hooks")
+                                                              for a in argv))
 
 
 def read_record(w: Wiring, ref: str) -> Followed | None:

@@ -159,6 +159,10 @@ class _Http(Destination):
             raise status_error(status)
 
 
+#: What a message carries for Alertmanager only (the JSON webhook gets the rest).
+_ALERTMANAGER_ONLY = ("alerts", "ended_alerts", "resolved_ts")
+
+
 class Webhook(_Http):
     """An incoming webhook: Slack's shape, or the message as one JSON object."""
 
@@ -170,7 +174,9 @@ class Webhook(_Http):
         if self.format == "slack":
             body = slack_payload(message, d.note)
         else:
-            body = {**message, "dropped": d.note} if d.note else message
+            body = {k: v for k, v in message.items() if k not in _ALERTMANAGER_ONLY}
+            if d.note:
+                body["dropped"] = d.note
         self._post(body, {"Idempotency-Key": entry_id}, d)
 
 

@@ -398,6 +398,7 @@ def test_slack_and_json_receivers_each_get_their_shape(setup, receiver):
     assert {"type": "mrkdwn", "text": "*Node*\nn1"} in slack["blocks"][2]["fields"]
     assert plain["node"] == "n1" and plain["kind"] == "opened" and "12 (alice)" in plain["text"]
     assert plain["headline"] in slack["text"]
+    assert "alerts" not in plain  # Alertmanager's own
     assert all(r["headers"]["Content-Type"] == "application/json" for r in receiver.requests)
 
 
@@ -586,7 +587,7 @@ def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbe
         assert receiver.requests[0]["at"] - drained_at < 5.0
         assert msg["kind"] == "opened" and msg["node"] == "n1" and msg["gpus"][0]["index"] == gpu
         assert msg["finding"]["xid"] == 79 and msg["action"] == "reboot"
-        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"], "how": "requeued"}]
+        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"], "how": "requeued", "gpus": [gpu]}]
         # Mended: the health check judges the node again, resumes its own drain, and (no watcher
         # delivering any more) tells it itself within its run.
         sim.clear(tb.sim_dir, "n1")
