@@ -196,7 +196,8 @@ def test_a_person_validates_a_node_and_it_returns_only_on_a_pass(t):
     assert t.slurm.peek("n1").state == "IDLE" and not t.slurm.peek("n1").reason
     sim.inject(t.sim_dir, "n1", 5, diag_failure=1)
     assert healthcheck.validate_node(t.w, "alice") == "failed"
-    assert t.slurm.peek("n1").drained
+    node = t.slurm.peek("n1")
+    assert node.drained and node.reason == "slurm-hooks: DCGM diag L2 failed on GPU 5 [reset]"
 
 
 def test_with_no_diagnostic_configured_the_nvml_check_alone_returns_the_node(tmp_path):
