@@ -555,5 +555,6 @@ def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
 
     done = ["drain"] * int(outcome.drained) + ["requeue"] * len(outcome.requeued) + ["resume"] * int(outcome.resumed)
     done += [f"repair-{r.split(':')[0]}" for r in outcome.repairs if not r.endswith(":start")]
+    done += ["drain-monitor-only"] * int(outcome.monitor_only)  # found, and not acted on: [check] drain = false
     waiting = pending.load(w.config.state.dir, w.node)
     metrics.record(w.config, w.node, report, remediations=done, pending=len(waiting.steps) if waiting else 0)

@@ -67,6 +67,19 @@ def test_health_check_and_the_repair_ladder_act_on_nothing(t):
     assert audited(t)[1] == [("drain", "monitor-only", REASON)]
 
 
+def test_the_metrics_count_what_was_not_acted_on(tmp_path):
+    cfg = sim_config(tmp_path, f'[check]\ndrain = false\n[metrics]\ntextfile_dir = "{tmp_path}/prom"\n')
+    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "IDLE")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    sim.inject(cfg.gpu.sim_dir, "n1", 3, xid=79)
+    healthcheck.run(w, follow="none")
+    prom = (tmp_path / "prom" / "slurm_hooks.prom").read_text()
+    assert 'slurm_hooks_remediations_total{node="n1",action="drain-monitor-only"} 1' in prom
+    assert 'action="drain"}' not in prom and slurm.calls == []
+
+
 def test_the_watcher_acts_on_nothing(t):
     sim.inject(t.sim_dir, "n1", 3, xid=79)
     [event] = [e for g in sim.SimProbe(t.sim_dir, "n1").snapshot().gpus for e in g.xids]
