@@ -213,3 +213,25 @@ def test_the_hook_holds_a_node_whose_reboot_is_pending_without_starting_a_worker
     assert outcome.repairs == ["reboot:start"]
     _, again = healthcheck.run(t.w, follow="none")  # the hooks' own mode: a worker only when one is due
     assert again.repairs == [] and not again.failed and len(t.slurm.called("reboot")) == 1
+
+
+def test_while_a_worker_holds_the_node_the_health_check_does_not_touch_the_gpus(t):
+    import fcntl
+
+    class Counting:
+        name = "counting"
+        calls = 0
+
+        def snapshot(self):
+            Counting.calls += 1
+            raise AssertionError("probed during a repair")
+
+    repair.save(t.w, repair.load(t.w))  # a repair ran on this node
+    fd = os.open(t.w.state_path("repair-n1.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the worker
+    try:
+        w = Wiring(t.w.config, "n1", t.audit, probe_override=Counting(), slurm_override=t.slurm)
+        report, outcome = healthcheck.run(w, follow="none")
+    finally:
+        os.close(fd)
+    assert Counting.calls == 0 and outcome.repairs == ["worker:busy"] and t.slurm.calls == []
