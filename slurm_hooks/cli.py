@@ -30,6 +30,10 @@ COMMANDS = {
     "render": "slurm_hooks.commands.render:render",
     "install": "slurm_hooks.commands.install:install",
     "follow-jobs": "slurm_hooks.commands.hooks:follow_jobs",
+    "repair": "slurm_hooks.commands.repair:repair",
+    "repair-worker": "slurm_hooks.commands.repair:repair_worker",
+    "sweep": "slurm_hooks.commands.sweep:sweep",
+    "sweep-node": "slurm_hooks.commands.sweep:sweep_node",
 }
 
 

@@ -12,7 +12,6 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,6 +20,7 @@ from slurm_hooks.models import Action, Expectations, Scope, Urgency
 from slurm_hooks.severity import CHECK_RULES, OVERRIDE_KEYS, Severities, xid_rule_key
 from slurm_hooks.slurm import hostlist
 from slurm_hooks.urlsecret import URL, bad_url
+from slurm_hooks.values import dataclass, field
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -93,6 +93,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "reboot_timeout": (_Num, 900.0),
         "reset_timeout": (_Num, 60.0),
         "dcgm_level": (int, 2),
+        "validate_timeout": (_Num, 1800.0),
+        "worker_timeout": (_Num, 3600.0),
         "nvidia_smi": (str, "/usr/bin/nvidia-smi"),
         "systemctl": (str, "/usr/bin/systemctl"),
         "services": (tuple, ()),
@@ -100,6 +102,13 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     "dcgm": {
         "dcgmi": (str, "/usr/bin/dcgmi"),
         "timeout": (_Num, 30.0),
+    },
+    "sweep": {
+        "level": (int, 2),
+        "max_parallel": (str, "1"),
+        "job_timeout": (_Num, 3600.0),
+        "nvbandwidth": (str, "/usr/bin/nvbandwidth"),
+        "all_reduce_perf": (str, "/usr/bin/all_reduce_perf"),
     },
     "metrics": {
         "textfile_dir": (str, ""),
@@ -159,6 +168,16 @@ def _expect_schema() -> dict[str, tuple[Any, Any]]:
 
 SCHEMA["expect"] = _expect_schema()
 
+def parse_share(text: str) -> tuple[int, bool]:
+    """``"4"`` -> (4, False): four nodes; ``"10%"`` -> (10, True): a tenth of the nodes chosen."""
+    value = str(text).strip()
+    percent = value.endswith("%")
+    digits = value[:-1].strip() if percent else value
+    if not digits.isdigit() or int(digits) < 1 or (percent and int(digits) > 100):
+        raise ValueError(f"must be a count of nodes (1, 2, ...) or a share (1%..100%), not {text!r}")
+    return int(digits), percent
+
+
 #: slurmd kills HealthCheckProgram at 60 s (hard-coded in slurmd, not configurable).
 HEALTH_CHECK_KILL_S = 60.0
 
@@ -214,6 +233,10 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("repair", "reboot_timeout"): _POSITIVE,
     ("repair", "reset_timeout"): _POSITIVE,
     ("repair", "dcgm_level"): _DCGM_LEVEL,
+    ("repair", "validate_timeout"): _POSITIVE,
+    ("repair", "worker_timeout"): _POSITIVE,
+    ("sweep", "level"): _Range(1, 4, why="dcgmi diag -r level"),
+    ("sweep", "job_timeout"): _POSITIVE,
     ("expect", "gpus"): _Range(0, 1024),
     ("expect", "pcie_gen"): _Range(1, 10),
     ("expect", "pcie_width"): _Range(1, 32),
@@ -331,6 +354,10 @@ def parse(text: str, path: str | None = "<string>") -> Config:
     services = sections["repair"].services
     if not all(isinstance(x, str) and x.strip() and not x.startswith("-") for x in services):
         where.fail("repair", "services", f"must be a list of service names, got {services!r}")
+    try:
+        parse_share(sections["sweep"].max_parallel)
+    except ValueError as exc:
+        where.fail("sweep", "max_parallel", str(exc))
     for kind in DESTINATION_KEYS:
         setattr(sections["notify"], kind, _check_destinations(kind, raw.get("notify", {}).get(kind, ()), where))
     _check_requeue_signals(sections["requeue"], where)

@@ -7,7 +7,6 @@ import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from slurm_hooks import checks as registry
@@ -26,6 +25,7 @@ from slurm_hooks.models import (
 from slurm_hooks.probes import Probe
 from slurm_hooks.severity import DEFAULT as DEFAULT_SEVERITIES
 from slurm_hooks.severity import Severities
+from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
     from slurm_hooks.xid.catalog import XidInfo

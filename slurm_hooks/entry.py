@@ -1,9 +1,10 @@
 """Process entry point: exit codes, one-line errors, and a fast path for Slurm's hooks.
 
-``slurm-hooks prolog`` runs in every job's launch path and ``epilog`` after
-every job. Slurm calls them with no arguments (or ``--config``/``--node``), so
-for exactly those forms this module runs the hook without importing click
-(~20 ms). Everything else goes through the click CLI in :mod:`slurm_hooks.cli`.
+``slurm-hooks prolog`` runs in every job's launch path, ``epilog`` after every job and
+``check`` on every node every few minutes. Slurm (through the programs ``slurm-hooks install``
+lays) calls them with ``--config`` (and maybe ``--node``) only, so for exactly those forms this
+module runs the hook without importing click (~20-50 ms). Everything else goes through the click
+CLI in :mod:`slurm_hooks.cli`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from slurm_hooks.errors import EXIT_INTERNAL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_UN
 
 __all__ = ["EXIT_INTERNAL", "EXIT_OK", "EXIT_UNAVAILABLE", "EXIT_UNHEALTHY", "EXIT_USAGE", "guard", "main"]
 
-_FAST = ("prolog", "epilog")
+_FAST = ("check", "prolog", "epilog")
 _FAST_OPTIONS = ("--config", "--node")
 
 
@@ -46,8 +47,16 @@ def _fast_args(args: list[str]) -> tuple[str, str | None, str | None] | None:
 
 
 def _run_hook(hook: str, config_path: str | None, node: str | None) -> int:
-    from slurm_hooks.hooks import jobhooks
     from slurm_hooks.hooks.wiring import Wiring
 
-    run = jobhooks.prolog if hook == "prolog" else jobhooks.epilog
-    return run(Wiring.load(config_path, node))
+    w = Wiring.load(config_path, node)
+    if hook == "check":  # as `slurm-hooks check` (commands.check) without its options
+        from slurm_hooks.commands.findings import print_findings
+        from slurm_hooks.hooks import healthcheck
+
+        report, outcome = healthcheck.run(w)
+        print_findings(report, outcome)
+        return 0 if report.healthy else 1
+    from slurm_hooks.hooks import jobhooks
+
+    return (jobhooks.prolog if hook == "prolog" else jobhooks.epilog)(w)

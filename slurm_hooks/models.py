@@ -7,9 +7,10 @@ finding can be compared, hashed, logged as JSON and rebuilt from JSON.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable
+
+from slurm_hooks.values import dataclass, field
 
 
 class Severity(str, Enum):

@@ -16,10 +16,10 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import IO, Callable
 
 from slurm_hooks.errors import CommandError, CommandTimeout
+from slurm_hooks.values import dataclass
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,26 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
+
+
+#: How :func:`python_argv` starts a module: ``-I`` keeps the current directory (slurmd's log dir, an
+#: admin's /tmp) and PYTHONPATH off sys.path, so the package comes from where the caller loaded it.
+_BOOT = ("import sys, importlib; sys.path.insert(0, sys.argv.pop(1)); "
+         "sys.exit(importlib.import_module(sys.argv.pop(1)).main(sys.argv[1:]))")
+
+
+def package_parent() -> str:
+    """The directory this package was loaded from (what a helper puts first on sys.path)."""
+    import slurm_hooks
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
+
+
+def python_argv(module: str, *args: str, python: str | None = None) -> list[str]:
+    """argv that runs ``module.main(args)`` with this interpreter and this copy of the package."""
+    import sys
+
+    return [python or sys.executable, "-I", "-c", _BOOT, package_parent(), module, *args]
 
 
 #: Environment variable naming the pipe a helper started by :func:`spawn_detached` writes

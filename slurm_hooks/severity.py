@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from slurm_hooks.models import Action, Finding, Scope, Severity, Urgency
+from slurm_hooks.values import dataclass, field
 
 _G, _N = Scope.GPU, Scope.NODE
 _NOW, _END, _WATCH = Urgency.NOW, Urgency.JOB_END, Urgency.WATCH

@@ -20,8 +20,10 @@ healthy sim GPUs, an empty audit log and empty hook state. Switching hooks is an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -75,21 +77,29 @@ class SlurmTestbed:
             return []
 
 
-@pytest.fixture(scope="session")
-def testbed(tmp_path_factory) -> SlurmTestbed:
-    """The session's cluster as it is (no cleaning); prefer clean_testbed or hooked_testbed."""
+@contextlib.contextmanager
+def own_testbed(tmp_path_factory, name: str, settings: Settings) -> Iterator[Testbed]:
+    """A cluster up for as long as the block runs (a session's, or a module's with its own
+    settings: ``with own_testbed(tmp_path_factory, "repairbed", SETTINGS) as tb: yield tb``)."""
     if os.geteuid() != 0:
         pytest.skip("the Slurm testbed needs root (it starts slurmctld/slurmd and makes /dev-style nodes with mknod)")
-    tb = Testbed(str(tmp_path_factory.mktemp("testbed")), TESTBED_SETTINGS)
+    tb = Testbed(str(tmp_path_factory.mktemp(name)), settings)
     try:
         tb.up()
     except BaseException:
         tb.down()
         raise
     try:
-        yield SlurmTestbed(tb)
+        yield tb
     finally:
         tb.down()
+
+
+@pytest.fixture(scope="session")
+def testbed(tmp_path_factory) -> SlurmTestbed:
+    """The session's cluster as it is (no cleaning); prefer clean_testbed or hooked_testbed."""
+    with own_testbed(tmp_path_factory, "testbed", TESTBED_SETTINGS) as tb:
+        yield SlurmTestbed(tb)
 
 
 @pytest.fixture

@@ -266,6 +266,7 @@ class Reconciler:
         res.breaker_limit = breaker.limit(max(res.slurm_nodes, 1))
         res.breaker_in_window = len(breaker.in_window(now))
         if not self.dry_run and state.to_dict() != saved:
+            self._still_leader()  # a long pass: renew before writing the state into the Lease
             try:
                 self.store.save(state)
             except (OSError, KubeError) as exc:

@@ -7,7 +7,6 @@ is adding one function in its family's module and one line here.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Callable
 
 from slurm_hooks.checks import (
@@ -25,6 +24,7 @@ from slurm_hooks.checks import (
     xid,
 )
 from slurm_hooks.models import CheckInput, Context, Finding
+from slurm_hooks.values import dataclass
 
 CheckFn = Callable[[CheckInput], Iterable[Finding]]
 

@@ -61,15 +61,18 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
         kubeconfig=settings.kubeconfig or None, context=settings.context or None, in_cluster=in_cluster,
         timeout=settings.request_timeout, retries=settings.retries,
     )
-    elector = _elector(settings, kube)
+    # A dry run persists nothing, the Lease included: it neither takes nor renews it, and reads the
+    # breaker's state from it (or the state file) without writing it back.
+    elector = None if dry_run else _elector(settings, kube)
     audit = AuditLog(cfg.log.audit)
+    notifier = _notifier(cfg, settings.state_file)
     reconciler = Reconciler(
         slurm_from_config(cfg), kube, settings, audit=audit, dry_run=dry_run,
-        metrics_dir=cfg.metrics.textfile_dir, store=_store(settings, elector),
-        leader=elector.is_leader if elector is not None else None,
+        metrics_dir=cfg.metrics.textfile_dir, store=_store(settings, elector, kube),
+        leader=elector.check if elector is not None else None,
+        notify=notifier.poke if notifier is not None else None,
     )
     stop = threading.Event()
-    notifier = _notifier(cfg, settings.state_file)
     if not once:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
@@ -110,8 +113,10 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
 
 
 def _notifier(cfg, state_file: str):
-    """The bridge tells its own news (breaker trips, replacements and reboots it asked for) through
-    [notify], as the nodes do; its outbox and cursor beside its state file, where a restart keeps them."""
+    """The bridge tells its own news (breaker trips, replacements and reboots it asked for, a missing
+    permission, a drain past its timeout) through [notify], as the nodes do: from its audit log (each
+    told once, across restarts), woken by the reconciler's ``notify`` hook as each is written; its
+    outbox and cursor beside its state file."""
     from slurm_hooks.observe.notify import Notifier
     from slurm_hooks.observe.notify import Settings as NotifySettings
 
@@ -142,11 +147,15 @@ def _elector(settings, kube):
                          lease_duration=settings.lease_duration)
 
 
-def _store(settings, elector):
-    from slurm_hooks.bridge.leader import LeaseStateStore
+def _store(settings, elector, kube):
+    from slurm_hooks.bridge.leader import LeaseAdminStore, LeaseStateStore
     from slurm_hooks.bridge.state import StateStore
 
-    return LeaseStateStore(elector) if elector is not None else StateStore(settings.state_file)
+    if elector is not None:
+        return LeaseStateStore(elector)
+    if settings.leader_election:  # a dry run: the leader's state, read only (run_pass never saves it)
+        return LeaseAdminStore(kube, _lease_namespace(settings), settings.lease_name)
+    return StateStore(settings.state_file)
 
 
 def _report(result, as_json: bool) -> None:

@@ -10,6 +10,7 @@ import json
 
 import click
 
+from slurm_hooks.commands.findings import print_findings
 from slurm_hooks.commands.options import config_option, dry_run_option, json_option, node_option
 from slurm_hooks.models import Severity
 
@@ -78,15 +79,7 @@ def print_report(report, as_json: bool, outcome=None) -> None:
                                    "resumed": outcome.resumed, "failed": outcome.failed}
         click.echo(json.dumps(data, indent=None))
         return
-    for f in report.findings:
-        if f.severity is not Severity.OK:
-            click.echo(f.line())
-    if outcome is not None:
-        for failure in outcome.failed:
-            click.echo(f"slurm-hooks: could not {failure}", err=True)
-        if outcome.guarded:
-            click.echo("slurm-hooks: not drained: the same configured expectation fails on many nodes; "
-                       "check [expect]/[groups] (see the audit log)", err=True)
+    print_findings(report, outcome)
 
 
 def print_explained(report, entries: list[dict], as_json: bool) -> None:
@@ -105,5 +98,7 @@ def print_explained(report, entries: list[dict], as_json: bool) -> None:
             effect = "drain now, requeue " + (", ".join(e["requeues"]) or "no job")
         else:
             effect = "drain, requeue nothing (remedy at job end)"
+        if e.get("gpu_map", "known") != "known":
+            effect += f" (every GPU job: GPU map unknown, {e['gpu_map']})"
         click.echo(f"{where} {e['check']}: {e['message']}: scope {e['scope']}, urgency {e['urgency']}, "
                    f"action {e['action']} -> {effect}" + (f" ({e['error']})" if e.get("error") else ""))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -64,9 +65,14 @@ def _int_list(text: str, option: str) -> list[int]:
 @click.option("--nvlink-down", type=click.IntRange(0, 63), metavar="LINK", help="Take one NVLink down.")
 @click.option("--recovery-action", type=click.Choice(["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"]),
               help="The driver's verdict (NVML's GPU recovery action).")
+@click.option("--diag-failure", type=click.IntRange(1, 4), metavar="LEVEL",
+              help="A latent fault NVML does not show: a DCGM diagnostic at LEVEL or deeper fails on this GPU.")
+@click.option("--reset-hang", type=click.FloatRange(0), metavar="S",
+              help="nvidia-smi --gpu-reset on this GPU (the sim's stand-in) hangs S seconds before it acts.")
 @click.option("--cleared-by", type=click.Choice(simstate.CLEARED_BY),
               help="What mends it: a GPU reset, a reboot, or never (a dead GPU). Default: NVIDIA's catalogue "
-                   "(reset-class XIDs and a pending row remap: reset; XID 79 and a lost GPU: reboot).")
+                   "(reset-class XIDs and a pending row remap: reset; XID 79 and a lost GPU: reboot; "
+                   "a diagnostic failure: never).")
 @config_option
 @_dir_option
 def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None, cleared_by: str | None,
@@ -76,7 +82,8 @@ def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | N
         raise click.UsageError("--instance goes with --xid")
     if not any(v is not None and v is not False for k, v in fault.items() if k != "instance"):
         raise click.UsageError("name a fault: --xid, --ecc-uncorrectable, --row-remap-pending, --row-remap-failure, "
-                               "--lost, --pcie-width, --temp, --process or --nvlink-down")
+                               "--lost, --pcie-width, --temp, --process, --nvlink-down, --diag-failure "
+                               "or --reset-hang")
     node = nodename.resolve(node)
     state = simstate.inject(_sim_dir(config_path, sim_dir), node, gpu, cleared_by=cleared_by, **fault)
     mends = simstate.gpu_entry(state, gpu).get("cleared_by", {})
@@ -125,6 +132,32 @@ def clear(node: str | None, gpu: int | None, config_path: str | None, sim_dir: s
     click.echo(f"{node}: {'gpu' + str(gpu) if gpu is not None else 'all GPUs'} healthy")
 
 
+@sim.command(name="set")
+@node_option
+@click.option("--diag-seconds", type=click.FloatRange(0), required=True, metavar="S",
+              help="Every simulated DCGM diagnostic on NODE takes S seconds (default: scaled down per level).")
+@config_option
+@_dir_option
+def set_(node: str | None, diag_seconds: float, config_path: str | None, sim_dir: str | None) -> None:
+    """Set how the simulated node behaves (not a fault of one GPU)."""
+    node = nodename.resolve(node)
+    simstate.set_diag_seconds(_sim_dir(config_path, sim_dir), node, diag_seconds)
+    click.echo(f"{node}: DCGM diagnostics take {diag_seconds:g}s")
+
+
+@sim.command()
+@click.option("--dir", "directory", required=True, metavar="DIR", help="Where to write them.")
+@config_option
+@_dir_option
+def tools(directory: str, config_path: str | None, sim_dir: str | None) -> None:
+    """Write stand-ins for nvidia-smi, systemctl and dcgmi that act on the simulated GPUs
+    (point [repair] nvidia_smi / systemctl and [dcgm] dcgmi at them to rehearse repairs and sweeps)."""
+    from slurm_hooks.probes import simtools
+
+    for tool, path in simtools.install(directory, os.path.abspath(_sim_dir(config_path, sim_dir))).items():
+        click.echo(f"{tool}: {path}")
+
+
 @sim.command()
 @node_option
 @click.option("--gpu", "gpu", type=click.IntRange(0, 63), help="Only this GPU's slot (default: every GPU).")
@@ -152,6 +185,9 @@ def show(node: str | None, as_json: bool, config_path: str | None, sim_dir: str 
         click.echo(json.dumps(state, indent=1))
         return
     click.echo(f"{node}: {len(state['gpus'])} x {state.get('model', '?')}")
+    stopped = sorted(n for n, v in state.get("services", {}).items() if v != "active")
+    if stopped:
+        click.echo(f"  services stopped: {', '.join(stopped)}")
     for g in state["gpus"]:
         faults = []
         if g.get("lost"):
@@ -167,4 +203,8 @@ def show(node: str | None, as_json: bool, config_path: str | None, sim_dir: str 
             faults.append(f"PCIe x{g.get('pcie_width')}")
         if g.get("processes"):
             faults.append(f"{len(g['processes'])} process(es)")
+        if g.get("diag_failure"):
+            faults.append(f"latent: fails DCGM L{g['diag_failure']['level']} {g['diag_failure']['test']}")
+        if g.get("reset_hang_s"):
+            faults.append(f"reset hangs {g['reset_hang_s']:g}s")
         click.echo(f"  gpu{g['index']} {g['uuid']} {g.get('temperature_c')}C {', '.join(faults) or 'healthy'}")

@@ -48,9 +48,12 @@ def testbed() -> None:
                    "in its nhc.conf.")
 @click.option("--nhc-check", default="check_slurm_hooks", show_default=True, metavar="LINE",
               help="Our check's part of the nhc.conf line ('check_slurm_hooks -r': report mode).")
+@click.option("--programs", default="", metavar="PREFIX",
+              help="Name the programs a `slurm-hooks install --prefix PREFIX` laid in slurm.conf (rehearse a "
+                   "roll-out), instead of the testbed's own wrappers.")
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
        requeue_grace: float, accounting: bool, repair: bool, gres_order: str | None, reboot_program: bool,
-       shards: int, mig: int, nhc: str, nhc_check: str) -> None:
+       shards: int, mig: int, nhc: str, nhc_check: str, programs: str) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
     from slurm_hooks.lab.testbed import Settings, Testbed
 
@@ -58,7 +61,7 @@ def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, healt
                         health_check_interval=health_check_interval, requeue_grace=requeue_grace,
                         accounting=accounting, repair=repair, gres_order=_order(gres_order),
                         reboot_program=reboot_program, shards=shards, mig=mig,
-                        nhc=os.path.abspath(nhc) if nhc else "", nhc_check=nhc_check)
+                        nhc=os.path.abspath(nhc) if nhc else "", nhc_check=nhc_check, programs=programs)
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
@@ -34,6 +34,7 @@ from slurm_hooks.hooks.actions import annotate_jobs, step
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.slurm import JobInfo, hostlist, job_ref
 from slurm_hooks.slurm.errors import AlreadyRequeued
+from slurm_hooks.values import dataclass
 
 if TYPE_CHECKING:
     from slurm_hooks.runner import Spawned
@@ -94,10 +95,13 @@ FOLLOW_FALLBACK_S = 10.0
 FOLLOWER_READY_S = 3.0
 #: A following record older than this is dropped: the job has long been dealt with or forgotten.
 FOLLOW_RECORD_TTL_S = 3600.0
-#: The follower's first look comes this soon, then each wait doubles up to its ``poll``: a job
-#: requeued by SIGTERM is PENDING again within a few tenths of a second on an idle controller,
-#: and every tenth spent waiting here is a tenth before it runs elsewhere.
+#: The follower's first wait; each next one is POLL_GROWTH times longer, up to its ``poll``. A
+#: job requeued by SIGTERM is PENDING again once its epilog is done, about a second later
+#: (bench/bench_checkpoint.py), and each tenth spent waiting here is a tenth before it runs
+#: elsewhere: a flat 1 s poll cost 0.5-0.8 s there. Growing waits keep a storm's squeue count
+#: close to the flat poll's (bench/bench_storm.py): 7 looks in the first 3 s, then one a second.
 FIRST_POLL_S = 0.1
+POLL_GROWTH = 1.5
 
 
 def follow_jobs(w: Wiring, refs: Iterable[int | str], how: Follow | str, *, python: str | None = None,
@@ -133,10 +137,10 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: Follow | str, *, pyth
     elif how is Follow.THREAD:
         threading.Thread(target=follow_requeued, args=(w, refs, timeout), name="follow-jobs", daemon=True).start()
     elif how is Follow.DETACHED:
-        from slurm_hooks.runner import spawn_detached
+        from slurm_hooks.runner import python_argv, spawn_detached
 
-        argv = [python or sys.executable, "-I", "-c", _FOLLOWER_BOOT, _package_parent(), "follow-jobs",
-                "--node", w.node, "--timeout", f"{timeout:.1f}", *refs]
+        argv = python_argv("slurm_hooks.entry", "follow-jobs", "--node", w.node, "--timeout", f"{timeout:.1f}", *refs,
+                           python=python)
         env = dict(os.environ)
         if w.config.path:
             env["SLURM_HOOKS_CONFIG"] = w.config.path
@@ -162,26 +166,15 @@ def follow_timeout(w: Wiring, records: Iterable[Followed]) -> float:
     return max(0.0, grace_left) + float(w.config.remediation.requeue_grace) + 60.0
 
 
-#: The follower's entry: ``-I`` keeps the current directory (slurmd's log dir, an admin's /tmp)
-#: and PYTHONPATH off sys.path, so the package comes from where the hook itself loaded it.
-_FOLLOWER_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from slurm_hooks.entry import main; main()"
-
-
-def _package_parent() -> str:
-    import slurm_hooks
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))
-
-
 def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: float = 1.0,
                     final: bool = True) -> dict[str, str]:
     """Follow each job through its grace (if it has one) until it is PENDING again, then release it
     if our prolog's refusal held it and start it now.
 
-    One ``squeue`` for all the jobs per look; the first look at once, then waits of
-    FIRST_POLL_S doubling up to ``poll`` (a job in its grace is looked at every ``poll``
-    at most); back as soon as every job is settled. ``final``: jobs still unsettled at
-    ``timeout`` are recorded as failures (else they are left to the next hook run).
+    One ``squeue`` for all the jobs per look; the first look at once, then waits from
+    FIRST_POLL_S growing by POLL_GROWTH up to ``poll``; back as soon as every job is
+    settled. ``final``: jobs still unsettled at ``timeout`` are recorded as failures (else
+    they are left to the next hook run).
     """
     pending = {str(r): time.monotonic() for r in refs}
     results: dict[str, str] = {}
@@ -204,7 +197,7 @@ def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: floa
         if not pending or polled + wait >= deadline:
             break
         time.sleep(max(0.0, wait - (time.monotonic() - polled)))
-        wait = min(poll, wait * 2)
+        wait = min(poll, wait * POLL_GROWTH)
     for ref, t0 in pending.items():
         if last_error is not None:
             results[ref] = f"failed: {last_error}"
@@ -361,17 +354,19 @@ def _valid_ref(text: str) -> bool:
 
 
 def _follower_alive(pid: object) -> bool:
-    """Whether the follower that owns a record still runs: this process (the watcher's thread),
-    or a ``follow-jobs`` process (a pid reused by anything else does not count)."""
+    """Whether the follower that owns a record still runs: this process, a ``follow-jobs``
+    process, or the watcher whose thread follows (a pid reused by anything else does not count)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     if pid == os.getpid():
         return True
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"follow-jobs" in fh.read()
+            argv = fh.read().split(b"\0")
     except OSError:
         return False
+    return b"follow-jobs" in argv or (b"watch" in argv and any(a.endswith(b"slurm_hooks") or a.endswith(b"slurm-hooks")
+                                                              for a in argv))
 
 
 def read_record(w: Wiring, ref: str) -> Followed | None:

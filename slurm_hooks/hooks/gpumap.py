@@ -20,10 +20,11 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
+from slurm_hooks.values import dataclass
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.wiring import Wiring
@@ -304,8 +305,8 @@ def read(w: Wiring, snap: NodeSnapshot, source: str | None = None,
     except gres.GresConfError as exc:
         return unknown(f"gres.conf unreadable: {exc}", f"gres.conf {path}"), [path]
     if any(d.mig for d in conf.devices):
-        minors = w.config.gpu.mig_minors
-        return build(conf, snap, f"gres.conf {path}", _read_mig_minors(minors)), [*conf.files, minors]
+        # mig-minors is not in the signature (a /proc file): a new MIG layout changes the snapshot's.
+        return build(conf, snap, f"gres.conf {path}", _read_mig_minors(w.config.gpu.mig_minors)), list(conf.files)
     return build(conf, snap, f"gres.conf {path}"), list(conf.files)
 
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, follow: str = "detached",
         events: Sequence[XidEvent] = (), retry: bool = False, history: XidState | None = None,
-        xid_lookup: Callable[[int], XidInfo | None] | None = None) -> tuple[Report, Outcome]:
+        xid_lookup: Callable[[int], XidInfo | None] | None = None, repair: str = "detached") -> tuple[Report, Outcome]:
     """Judge the node and act. ``events``: XIDs a source delivered (the watcher's NVML event)
     that the probe may not see, e.g. when the kernel log is unreadable in a container.
     ``history`` and ``xid_lookup``: see :func:`judge`.
@@ -44,9 +44,14 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     A pending action left by an earlier run is finished on the way: its events are judged
     with this run's, and acting on the verdict settles it (done, superseded, or retried later).
     ``retry``: this run exists only to finish the pending action (its alerts were recorded).
+    ``repair``: how a due repair runs (:data:`slurm_hooks.hooks.repair.MODES`): a detached worker.
     """
     if context is not Context.WATCH:  # the watcher is a daemon: nothing kills it at 60 s
         w.start_deadline(float(w.config.check.deadline))
+    if context is Context.CHECK and not dry_run and repair_under_way(w):
+        # A repair worker has the (drained, idle) node: it judges it itself, and a probe of ours
+        # now could hold a GPU open under its nvidia-smi --gpu-reset.
+        return Report(w.node, context, (), 0.0), Outcome(repairs=["worker:busy"])
     earlier = None if dry_run else pending.load(w.config.state.dir, w.node)
     if earlier is not None:
         events = (*events, *_events(earlier))
@@ -57,7 +62,7 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
             remediate.record_alerts(w, report)
             if context is Context.CHECK:
                 _record_slurm_view(w, report)
-        act(w, report, outcome, follow=follow, earlier=earlier)
+        act(w, report, outcome, follow=follow, earlier=earlier, repair=repair)
         follower.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
         if context is Context.CHECK and not retry:
             notify_flush(w)
@@ -142,7 +147,7 @@ def _events(rec: pending.Pending) -> list[XidEvent]:
 def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequence[XidEvent] = (),
           gpus: list[str] | None = None, baseline: NodeSnapshot | None = None, job_failed: bool = False,
           history: XidState | None = None, xid_lookup: Callable[[int], XidInfo | None] | None = None,
-          dcgm_level: int = 0) -> Report:
+          dcgm_level: int = 0, dcgm_timeout: float | None = None) -> Report:
     """Take one snapshot (with ``events`` a source delivered) and judge it; then, if we drained this
     node before and an admin has resumed it since, acknowledge the XIDs we drained for and judge
     the same snapshot again: in every context, so that the first job after the resume is not
@@ -151,7 +156,8 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
     ``history``: this node's XID history as the caller loaded it (the watcher, which also marks
     its event seen), saved by the caller; without one it is loaded here and saved once.
     ``xid_lookup``: where the XID check looks codes up (the watcher's, which has looked one up).
-    ``dcgm_level``: at least this deep a DCGM diag (the check after a repair).
+    ``dcgm_level``: at least this deep a DCGM diag (the validation after a repair), bounded by
+    ``dcgm_timeout`` instead of ``[dcgm] timeout`` when given.
     """
     started = time.monotonic()
     state = xid_history(w).load() if history is None else history
@@ -160,7 +166,7 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
     if dcgm_level > request.expect.dcgm_level_check and context is Context.CHECK:
         expect = dataclasses.replace(request.expect, dcgm_level_check=dcgm_level)
         request = dataclasses.replace(request, expect=expect,
-                                      dcgm=_dcgm_runner(w, context, expect, job_failed))
+                                      dcgm=_dcgm_runner(w, context, expect, job_failed, dcgm_timeout))
     snap = engine.take_snapshot(w.probe(), w.node, min(float(w.config.gpu.probe_timeout), request.deadline_s))
     if snap.error is None:
         # Slurm's GPU numbers to NVML's (a cached map: one small read), for the job's GPUs here and
@@ -274,11 +280,11 @@ def _keys(snap: NodeSnapshot) -> list[str]:
 
 
 def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
-        earlier: pending.Pending | None = None) -> None:
+        earlier: pending.Pending | None = None, repair: str = "detached") -> None:
     if earlier is not None and not _still_to_do(w, earlier, report, outcome):
         _metrics(w, report, outcome)
         return
-    if report.context is Context.CHECK and _repair(w, report, outcome):
+    if report.context is Context.CHECK and _repair(w, report, outcome, mode=repair):
         # A repair holds the node: it neither drains nor resumes it here. But an urgent new fault
         # (our reboot is pending while jobs finish) still requeues the jobs it touches.
         from slurm_hooks.hooks import repair
@@ -301,35 +307,91 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus,
                  instances=instances)
         if outcome.drained and report.context is Context.CHECK:
-            _repair(w, report, outcome)  # an idle node climbs at once
+            _repair(w, report, outcome, mode=repair)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
         remediate.resume_if_ours(w, outcome, report)
     _metrics(w, report, outcome)
 
 
-def _repair(w: Wiring, report: Report, outcome: Outcome, own_job: str = "") -> bool:
+def repair_under_way(w: Wiring) -> bool:
+    """A repair worker (or a person's ``repair --validate``) holds this node's repair lock now.
+    One ``stat`` when no repair ever ran on the node."""
+    if not (w.config.repair.enabled and os.path.exists(w.repair_state())):
+        return False
+    from slurm_hooks.hooks import repair
+
+    with repair.worker_lock(w) as mine:
+        return not mine
+
+
+def _repair(w: Wiring, report: Report, outcome: Outcome, own_job: str = "", mode: str = "detached") -> bool:
     """The repair ladder's turn (:mod:`slurm_hooks.hooks.repair`); True when it holds the node.
     Off with ``[check] drain = false`` too: a node side that may not drain repairs nothing."""
     if not (w.config.repair.enabled and w.config.check.drain):
         return False
+    if not report.drain_findings() and not os.path.exists(w.repair_state()):
+        return False  # healthy and no repair under way: the ladder has nothing to look at (not even an import)
     from slurm_hooks.hooks import repair
 
-    def rejudge(dcgm_level: int) -> Report:
-        return judge(w, Context.CHECK, acknowledge=False, dcgm_level=dcgm_level)
-
-    return repair.step(w, report, outcome, rejudge, own_job=own_job)
+    return repair.step(w, report, outcome, _rejudge(w), own_job=own_job, mode=mode)
 
 
-def repair_after_job(w: Wiring, job: str | None) -> Outcome | None:
+def _rejudge(w: Wiring) -> Callable[[int, float | None], Report]:
+    def rejudge(dcgm_level: int, dcgm_timeout: float | None = None) -> Report:
+        return judge(w, Context.CHECK, acknowledge=False, dcgm_level=dcgm_level, dcgm_timeout=dcgm_timeout)
+
+    return rejudge
+
+
+def repair_after_job(w: Wiring, job: str | None, mode: str = "detached") -> Outcome | None:
     """The epilog of a job on a node we drained: judge the whole node and let the ladder climb,
     once no other job is on it. Only a ``stat`` when we have not drained the node."""
     if not w.config.repair.enabled or not os.path.exists(w.drained_marker()):
         return None
     report = judge(w, Context.CHECK, acknowledge=False)
     outcome = Outcome()
-    _repair(w, report, outcome, own_job=job or "")
+    _repair(w, report, outcome, own_job=job or "", mode=mode)
     _metrics(w, report, outcome)
     return outcome
+
+
+def repair_worker(w: Wiring, own_job: str = "", ready: Callable[[], Any] | None = None) -> Outcome | None:
+    """The detached repair worker (``slurm-hooks repair-worker``, started by the hooks): take the
+    node's repair lock, say it runs, and run the ladder's due rung within ``[repair]
+    worker_timeout``. ``None`` when another worker holds the node (one per node)."""
+    from slurm_hooks.hooks import repair
+
+    with repair.worker_lock(w) as mine:
+        if ready is not None:
+            ready()
+        if not mine:
+            return None
+        w.start_deadline(float(w.config.repair.worker_timeout))
+        t0 = time.monotonic()
+        w.audit.write("action", node=w.node, action="repair-worker", target=w.node, result="start",
+                      duration_s=0.0, pid=os.getpid(), budget_s=float(w.config.repair.worker_timeout))
+        report = judge(w, Context.CHECK, acknowledge=False)
+        outcome = Outcome()
+        if w.config.check.drain:
+            repair.step(w, report, outcome, _rejudge(w), own_job=own_job, mode="held")
+        w.audit.write("action", node=w.node, action="repair-worker", target=w.node,
+                      result="failed" if outcome.failed else "done", duration_s=round(time.monotonic() - t0, 4),
+                      pid=os.getpid(), repairs=list(outcome.repairs),
+                      **({"error": "; ".join(outcome.failed)} if outcome.failed else {}))
+        _metrics(w, report, outcome)
+        return outcome
+
+
+def validate_node(w: Wiring, who: str) -> str:
+    """A person's ``slurm-hooks repair --validate`` on this node, in the foreground under the
+    node's repair lock: "ok" (validated, back in service), "failed", "unverified", or "busy"."""
+    from slurm_hooks.hooks import repair
+
+    with repair.worker_lock(w) as mine:
+        if not mine:
+            return "busy"
+        w.start_deadline(float(w.config.repair.worker_timeout))
+        return repair.validate_on_request(w, Outcome(), _rejudge(w), who)
 
 
 def repair_plan(w: Wiring, report: Report) -> str:
@@ -370,7 +432,9 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
             left = ["requeue"]
         # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its
         # failure is a warning, never a pending requeue).
-        remediate.annotate_jobs(w, outcome.requeued, f"requeued from {w.node}, {engine.drain_summary(report)}")
+        what = f"requeued from {w.node}, {engine.drain_summary(report)}"
+        for ref in outcome.requeued:
+            remediate.annotate_jobs(w, [ref], what + remediate.in_slurms_numbering(w, outcome.job_gpus.get(ref, ())))
     if earlier is not None and not requeue and "requeue" in earlier.steps:
         left.append("requeue")  # this run (a prolog, an epilog) does not requeue: the next one will
     _settle(w, report, outcome, earlier, left, seen.last_error())
@@ -475,12 +539,13 @@ def _close(w: Wiring, earlier: pending.Pending, result: str, detail: str) -> Non
                   duration_s=round(time.time() - earlier.created, 4), detail=detail)
 
 
-def _dcgm_runner(w: Wiring, context: Context, expect, job_failed: bool = False) -> Callable | None:
+def _dcgm_runner(w: Wiring, context: Context, expect, job_failed: bool = False,
+                 timeout: float | None = None) -> Callable | None:
     if engine.dcgm_level(context, expect, job_failed) <= 0:
         return None
     from slurm_hooks.probes.dcgm import make_runner
 
-    return make_runner(w.config.dcgm.dcgmi, max_timeout=float(w.config.dcgm.timeout))
+    return make_runner(w.config.dcgm.dcgmi, max_timeout=float(w.config.dcgm.timeout if timeout is None else timeout))
 
 
 def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
@@ -490,5 +555,6 @@ def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
 
     done = ["drain"] * int(outcome.drained) + ["requeue"] * len(outcome.requeued) + ["resume"] * int(outcome.resumed)
     done += [f"repair-{r.split(':')[0]}" for r in outcome.repairs if not r.endswith(":start")]
+    done += ["drain-monitor-only"] * int(outcome.monitor_only)  # found, and not acted on: [check] drain = false
     waiting = pending.load(w.config.state.dir, w.node)
     metrics.record(w.config, w.node, report, remediations=done, pending=len(waiting.steps) if waiting else 0)

@@ -76,7 +76,9 @@ def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
     if jid:
         # The job is requeued once this prolog exits: no point in waiting for it here.
         follower.follow_jobs(w, [jid], follower.Follow.DETACHED, fallback=False)
-        remediate.annotate_jobs(w, [jid], f"refused by the prolog on {w.node}, {drain_summary(report)}")
+        held = [int(g) for g in env.get("SLURM_JOB_GPUS", "").split(",") if g.strip().isdigit()]
+        remediate.annotate_jobs(w, [jid], f"refused by the prolog on {w.node}, {drain_summary(report)}"
+                                + remediate.in_slurms_numbering(w, held))
     return 1
 
 

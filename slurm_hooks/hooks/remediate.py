@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from slurm_hooks.engine import drain_summary, snapshot_xids
@@ -30,8 +30,10 @@ from slurm_hooks.slurm import (
     out_of_service,
     reboot_pending,
     split_reason,
+    status_tag,
 )
 from slurm_hooks.slurm.errors import AlreadyRequeued
+from slurm_hooks.values import dataclass, field
 
 _step = step
 __all__ = ["Outcome", "annotate_jobs", "drain", "requeue_jobs", "resume_if_ours", "touched_jobs"]
@@ -56,6 +58,8 @@ class Outcome:
     repairs: list[str] = field(default_factory=list)
     #: ``[check] drain = false``: a fault was found and audited, and not acted on.
     monitor_only: bool = False
+    #: The GPUs each touched job holds here as Slurm numbers them (its owner's SLURM_JOB_GPUS), by ref.
+    job_gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -75,6 +79,7 @@ def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
 def not_acted(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     """Monitor-only (``[check] drain = false``): audit the drain we would have made, and make none."""
     outcome.monitor_only = True
+    extra.setdefault("context", report.context.value)
     _step(w, "drain", w.node, "monitor-only", time.monotonic(), reason=drain_reason(report),
           detail="not acted on: [check] drain = false", **extra)
 
@@ -196,6 +201,8 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
             _step(w, "requeue", ref, "spared", t0, jobs=[ref], gpus=list(held or ()),
                   detail=f"runs on {where}, not on the faulty GPU {faulty}: left to run")
             continue
+        if held:
+            outcome.job_gpus[ref] = held
         why_not = _not_requeued(job)
         if why_not:
             result, level, detail = why_not
@@ -225,7 +232,8 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
             continue
         outcome.requeued.append(ref)
         seconds = round(time.time() - fault_at, 3)
-        _step(w, "requeue", ref, "ok", t0, jobs=[ref], requeued_by="ours", seconds_from_fault=seconds, **scope)
+        _step(w, "requeue", ref, "ok", t0, jobs=[ref], requeued_by="ours", seconds_from_fault=seconds,
+              **({"gpus": list(held)} if held else {}), **scope)
         record_requeue_seconds(w, "ours", seconds)
     if outcome.requeued or graced:
         follow_jobs(w, [*outcome.requeued, *outcome.signalled], follow, records=graced)
@@ -252,6 +260,19 @@ def _signal_first(w: Wiring, job: JobInfo, fault_at: float) -> Followed | None:
           grace_s=round(grace, 3), detail=f"sent {sig.name} ({how}); up to {grace:g}s to checkpoint and requeue itself")
     return Followed(job.ref, w.node, Phase.GRACE, fault_at=fault_at, signal=sig.spec, source=sig.source.value,
                     signalled_at=now, grace_until=now + grace, restarts=job.restarts)
+
+
+def in_slurms_numbering(w: Wiring, gres: Iterable[int]) -> str:
+    """`` (the job's GPU 0,1 as Slurm numbers them)``: what its owner knows a GPU by (SLURM_JOB_GPUS,
+    CUDA_VISIBLE_DEVICES), next to a finding that names NVML's index; "" when the job holds none
+    here, or when Slurm and NVML number its GPUs alike."""
+    held = sorted(set(gres))
+    if not held:
+        return ""
+    gmap = gpumap.cached(w)
+    if gmap.known and gpumap.nvml_of(gmap, held) == held:
+        return ""
+    return f" (the job's GPU {','.join(str(g) for g in held)} as Slurm numbers them)"
 
 
 def _scope_note(gmap: gpumap.GpuMap | None, held: tuple[int, ...] | None) -> dict[str, str]:
@@ -441,7 +462,9 @@ def _recover_marker(w: Wiring) -> DrainMarker | None:
         return None
     text = split_reason(info.reason)[0]
     # What it was drained for is lost with the marker; the reason still says whether it was DCGM.
-    return DrainMarker(reason=text, checks=("dcgm",) if "DCGM" in text else (), recovered=True).seen(info)
+    # A node drained [validating]/[unverified] waits for its diagnostic, which the periodic check does not run.
+    dcgm = "DCGM" in text or bool(status_tag(text))
+    return DrainMarker(reason=text, checks=("dcgm",) if dcgm else (), recovered=True).seen(info)
 
 
 def holds(w: Wiring, info: NodeInfo, *, our_reboot: bool = False) -> str:

@@ -15,6 +15,20 @@ that a crash lets go of), never on a node someone else drained.
    window after one): the drain stays, tagged ``[replace]`` (the bridge acts on it), the
    GPUs go on the RMA list, and nothing is tried again until a person resumes the node.
 
+The hooks only decide; a rung that is due runs in a **repair worker** (``slurm-hooks
+repair-worker``), started detached in its own session through :mod:`slurm_hooks.runner`, so
+that slurmd's kill of the health check (60 s) or the epilog (PrologEpilogTimeout) cannot cut a
+reset short. The worker holds the node's repair lock for as long as it runs (one worker per
+node), bounds every call by its own budget (``[repair] worker_timeout``), records each attempt
+before it acts (``result: started``: a worker that dies is counted) and the services it stops
+before it stops them, so that the next hook run restarts services a dead worker left stopped.
+
+**Validation before return to service**: after a reset or a reboot (and on a person's
+``slurm-hooks repair --validate``) the node stays drained with the tag ``[validating]`` while
+the worker runs ``dcgmi diag -r <[repair] dcgm_level>``; only a diagnostic that ran and passed
+in full resumes it. One that failed climbs the ladder; one that timed out, could not reach its
+host engine or is not installed leaves the node drained ``[unverified]`` for a person.
+
 Where to start is the finding's action (reset-class faults at reset; XID 79, a lost GPU,
 a missing GPU at reboot). A fault back on the same GPU (UUID) within ``[repair] window``
 after a repair starts one rung above it; a rung is tried at most ``attempts`` times per GPU
@@ -31,21 +45,21 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from slurm_hooks import fsutil
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import PermanentError, SlurmHooksError
 from slurm_hooks.hooks import remediate
 from slurm_hooks.models import Action, Finding, Report, Urgency, gpu_identity
-from slurm_hooks.slurm import format_reason, parse_reason, reason_attempt, reboot_pending
+from slurm_hooks.slurm import format_reason, format_status_reason, parse_reason, reason_attempt, reboot_pending
 from slurm_hooks.slurm.errors import ReasonNotOurs
+from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.remediate import Outcome
     from slurm_hooks.hooks.wiring import Wiring
-    from slurm_hooks.probes.gpureset import GpuResetter
+    from slurm_hooks.probes.gpureset import GpuResetter, NvidiaSmiReset
 
 RUNGS = ("reset", "reboot", "replace")
 _RUNG_ACTION = {"reset": Action.RESET, "reboot": Action.REBOOT, "replace": Action.REPLACE}
@@ -58,8 +72,19 @@ VERSION = 1
 #: Attempts older than this are dropped from the state file whatever the window.
 KEEP_S = 30 * 86400
 
-#: ``judge(dcgm_level)``: the node judged afresh after a repair (a new snapshot).
-Rejudge = Callable[[int], Report]
+#: ``judge(dcgm_level, dcgm_timeout)``: the node judged afresh after a repair (a new snapshot),
+#: with a DCGM diag of at least that level bounded by that timeout (None: ``[dcgm] timeout``).
+Rejudge = Callable[[int, Optional[float]], Report]
+#: How a due rung runs: handed to a detached worker (the hooks); here, taking the repair lock
+#: (tests, a person's command); or here under the lock the caller holds (the worker itself).
+MODES = ("detached", "inline", "held")
+#: Reason tags of a node proving itself (``[validating]``) or left for a person because its
+#: diagnostic did not run in full (``[unverified]``).
+VALIDATING, UNVERIFIED = "validating", "unverified"
+#: How long a worker has to say it runs (and holds the lock).
+WORKER_READY_S = 5.0
+#: A validation interrupted this often (its worker died) is given up: ``[unverified]``.
+VALIDATE_TRIES = 2
 
 
 def start_rung(finding: Finding) -> str | None:
@@ -140,45 +165,99 @@ def plan(w: Wiring, report: Report, state: dict[str, Any] | None = None, now: fl
 
 
 def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_job: str = "",
-         resetter: GpuResetter | None = None) -> bool:
+         resetter: GpuResetter | None = None, mode: str = "detached") -> bool:
     """One look at the ladder for this run; True when the repair holds the node (the caller
     then neither drains nor resumes it). Cheap on a healthy node with no repair under way
-    (one failed ``open``); never raises."""
+    (one failed ``open``); never raises. ``mode``: see :data:`MODES`."""
     cfg = w.config.repair
     if not cfg.enabled:
         return False
     state = load(w)
     active = state.get("active")
-    if active is None and not report.drain_findings() and not state.get("replaced"):
+    busy = active is not None or bool(state.get("stopped")) or bool(state.get("validating"))
+    if not busy and not report.drain_findings() and not state.get("replaced"):
         return False
     try:
         info = w.slurm.node(w.node)
         # A person's resume (or new hardware) ends our [replace] whatever reason Slurm kept after it.
         ended = bool(state.get("replaced")) and active is None and _replace_ended(w, report, state, info)
         if info.reason and remediate.holds(w, info, our_reboot=active is not None):
-            return False  # someone else's drain (or Slurm's own): never ours to repair
+            if state.get("validating"):
+                _forget_validation(w, state)  # someone else took the node over meanwhile
+            return bool(state.get("stopped")) and _restore_now(w, mode)
         if state.get("replaced") and active is None and (info.drained or _down(info)):
             return True  # waiting for a person (or new hardware): no reboot loop, no resume
         if ended and not report.drain_findings():
-            return False  # healthy: the caller resumes it
-        if active is None and not (info.drained or _down(info)):
+            if not ((info.drained or _down(info)) and _begin_validation(w, state, info, "replacement")):
+                return False  # healthy (or a person's resume): the caller resumes it
+        if active is None and not (info.drained or _down(info)) and not state.get("stopped"):
+            if state.get("validating"):
+                _forget_validation(w, state)  # resumed by a person: their call
             return False  # not drained (yet): the caller drains first
         jobs = [j for j in w.slurm.jobs_on_node(w.node) if j.active and j.ref != own_job and str(j.job_id) != own_job]
     except SlurmHooksError as exc:
         print(f"slurm-hooks: repair: {exc}", file=sys.stderr)
-        return active is not None
-    if jobs and active is None:
+        return busy
+    if jobs and active is None and not state.get("stopped"):
         return False  # repaired once the last job has left (its epilog, or the next check)
+    if mode == "held":
+        return _work(w, report, outcome, rejudge, info, resetter)
     with _locked(w) as mine:
         if not mine:
-            return True  # another repair of this node runs right now
+            return True  # a worker (or a person's repair) has the node right now
+        if mode == "inline":
+            return _work(w, report, outcome, rejudge, info, resetter)
         state = load(w)  # as the lock holder sees it
-        active = state.get("active")
-        if active is not None:
-            return _after_reboot(w, report, outcome, rejudge, state, active, info, resetter)
-        if _recall(w, report, state, info):
-            return True  # the state dir was lost, and Slurm's reason says a person must act
-        return _climb(w, report, outcome, rejudge, state, resetter)
+        restore_services(w, state)  # a worker died with them stopped
+        due = _due(w, report, state, info, resetter)
+    if due != "work":
+        return due == "wait"
+    hand_off(w, outcome, own_job)
+    return True
+
+
+def _restore_now(w: Wiring, mode: str) -> bool:
+    """Services a dead worker left stopped come back whoever holds the node now."""
+    if mode == "held":
+        restore_services(w, load(w))
+        return False
+    with _locked(w) as mine:
+        if mine:
+            restore_services(w, load(w))
+    return False
+
+
+def _due(w: Wiring, report: Report, state: dict[str, Any], info: Any, resetter: GpuResetter | None) -> str:
+    """What the hook does with the lock free: "work" (hand the node to a worker), "wait" (hold
+    it: a reboot under way, a node waiting for a person) or "none" (the ladder has nothing)."""
+    active = state.get("active")
+    if active is not None:
+        elapsed = time.time() - float(active.get("t", 0))
+        booted = (resetter or _resetter(w, state)).boot_id() != active.get("boot")
+        if (reboot_pending(info) or not booted) and elapsed < float(w.config.repair.reboot_timeout):
+            return "wait"
+        return "work"
+    validating = state.get("validating")
+    if validating:
+        return "wait" if validating.get("result") == UNVERIFIED else "work"
+    if _recall(w, report, state, info):
+        return "wait"  # the state dir was lost, and Slurm's reason says a person must act
+    return "work" if plan(w, report, state) is not None else "none"
+
+
+def _work(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, info: Any,
+          resetter: GpuResetter | None) -> bool:
+    """The ladder's due rung, run by the lock holder."""
+    state = load(w)
+    restore_services(w, state)
+    active = state.get("active")
+    if active is not None:
+        return _after_reboot(w, report, outcome, rejudge, state, active, info, resetter)
+    if state.get("validating"):
+        return _revalidate(w, report, outcome, rejudge, state, info, resetter)
+    if _recall(w, report, state, info):
+        return True  # the state dir was lost, and Slurm's reason says a person must act
+    return _climb(w, report, outcome, rejudge, state, resetter)
 
 
 def _climb(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, state: dict[str, Any],
@@ -187,7 +266,7 @@ def _climb(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, state:
     if p is None:
         return False
     if p.rung == "reset":
-        if _reset(w, p, outcome, rejudge, state, resetter):
+        if _reset(w, p, outcome, rejudge, state, resetter) != "failed":
             return True
         p = plan(w, report, state)  # the reset is now an attempt: the next rung
         if p is None:
@@ -200,13 +279,16 @@ def _climb(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, state:
 
 
 def _reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, state: dict[str, Any],
-           resetter: GpuResetter | None) -> bool:
-    """Rung 1; True when the node is healthy again (and resumed)."""
+           resetter: GpuResetter | None) -> str:
+    """Rung 1: "ok" when the node is healthy again and resumed, "unverified" when it checked
+    healthy but its diagnostic did not run in full, else "failed"."""
     from slurm_hooks.hooks.wiring import xid_history
 
-    backend = resetter or _resetter(w)
+    backend = resetter or _resetter(w, state)
     indexes = sorted(i for i, _ in p.gpus if i is not None)
     started, t0 = time.time(), time.monotonic()
+    attempt = _attempt(state, "reset", p, started, "started")
+    save(w, state)  # counted before it acts: a worker killed mid-reset still used this attempt
     _audit(w, "reset", "start", 0.0, p, gpus=indexes, backend=backend.name)
     result, detail = "failed", ""
     try:
@@ -219,19 +301,222 @@ def _reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, state: dict[s
         history.ack(remediate.drained_for(w) or [])
         with contextlib.suppress(SlurmHooksError):
             history.save()
-        after = rejudge(_dcgm_level(w))
+        after = rejudge(0, None)
         if after.drain_findings():
             detail = f"still {drain_summary(after)} after the reset"
         else:
-            remediate.resume_if_ours(w, outcome, after)
-            result = "ok" if outcome.resumed else "failed"
-            detail = "checked healthy, resumed" if outcome.resumed else "checked healthy, but not resumed: " + \
-                "; ".join(outcome.failed or ["see the resume record"])
-    _attempt(state, "reset", p, started, result)
+            result, detail, _ = _validate_and_resume(w, p.summary, "reset", outcome, rejudge, state)
+    attempt["result"] = result
     save(w, state)
     outcome.repairs.append(f"reset:{result}")
     _audit(w, "reset", result, time.monotonic() - t0, p, gpus=indexes, detail=detail)
-    return result == "ok"
+    return result
+
+
+# -- validation before return to service ----------------------------------------
+
+
+def _validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, rejudge: Rejudge,
+                         state: dict[str, Any], info: Any = None) -> tuple[str, str, Report | None]:
+    """The node checked healthy on NVML after ``after`` (reset, reboot, request): hold it drained
+    ``[validating]`` while the configured diagnostic runs, then resume it only on a full pass.
+    Returns (result, detail, the report judged): "ok", "failed" (the diagnostic found a fault: the
+    caller climbs on that report), or "unverified" (the node stays drained for a person)."""
+
+    level = int(w.config.repair.dcgm_level)
+    if level <= 0:
+        report = rejudge(0, None)
+        if report.drain_findings():
+            return "failed", f"still {drain_summary(report)}", report
+        return (*_resume_validated(w, outcome, report, info, "no diagnostic configured ([repair] dcgm_level = 0)"),
+                report)
+    reason = format_status_reason(summary, VALIDATING)
+    validating = state.setdefault("validating", {"t": time.time(), "after": after, "tries": 0})
+    validating.update(summary=summary, reason=reason, result="running", tries=int(validating.get("tries", 0)) + 1)
+    save(w, state)
+    t0 = time.monotonic()
+    try:
+        w.slurm.drain(w.node, reason)
+    except SlurmHooksError as exc:
+        outcome.failed.append(f"drain: {exc}")
+        _forget_validation(w, state)
+        return "failed", f"could not mark the node {reason!r}: {exc}", None
+    remediate.write_marker(w, reason, None)
+    budget = min(float(w.config.repair.validate_timeout), w.time_left(float(w.config.repair.validate_timeout)))
+    w.audit.write("action", node=w.node, action="repair-validate", target=w.node, result="start", duration_s=0.0,
+                  reason=reason, level=level, after=after, timeout_s=round(budget, 1),
+                  detail=f"dcgmi diag -r {level} before the node returns to service")
+    report = rejudge(level, budget)
+    found, detail = verdict(report, level)
+    w.audit.write("action", node=w.node, action="repair-validate", target=w.node, result=found,
+                  duration_s=round(time.monotonic() - t0, 4), reason=reason, level=level, after=after, detail=detail,
+                  **({"gpus": sorted({f.gpu for f in report.drain_findings() if f.gpu is not None})}
+                     if found == "failed" else {}))
+    if found == "ok":
+        _forget_validation(w, state)
+        return (*_resume_validated(w, outcome, report, info, detail), report)
+    if found == "failed":
+        _forget_validation(w, state)
+        return "failed", detail, report
+    _unverified(w, state, summary, detail)
+    return UNVERIFIED, detail, report
+
+
+def verdict(report: Report, level: int) -> tuple[str, str]:
+    """Passed only when the diagnostic ran and every test passed; one that could not run (not
+    installed, host engine down, timed out, cut by the deadline) is "unverified", never a pass."""
+    if report.drain_findings():
+        return "failed", f"{drain_summary(report)}: " + "; ".join(f.message for f in report.drain_findings()[:3])
+    dcgm = [f for f in report.findings if f.check == "dcgm"]
+    if dcgm:
+        return UNVERIFIED, dcgm[0].message
+    if "dcgm" not in report.checks_run:
+        return UNVERIFIED, f"DCGM diag L{level} did not run"
+    return "ok", f"DCGM diag L{level} passed"
+
+
+def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: Any, detail: str) -> tuple[str, str]:
+    """Back into service after a validation (or none configured): a node that came back DOWN from
+    our reboot is drained with our reason first, which resume accepts."""
+
+    try:
+        node = w.slurm.node(w.node)
+        if not node.drained and node.base_state == "DOWN" and node.ours:
+            w.slurm.drain(w.node, node.reason)
+    except SlurmHooksError as exc:
+        outcome.failed.append(f"resume: {exc}")
+        return "failed", f"{detail}, but not resumed: {exc}"
+    remediate.resume_if_ours(w, outcome, report)
+    if outcome.resumed:
+        return "ok", f"{detail}, resumed"
+    return "failed", f"{detail}, but not resumed: " + "; ".join(outcome.failed or ["see the resume record"])
+
+
+def _unverified(w: Wiring, state: dict[str, Any], summary: str, detail: str) -> None:
+    """The diagnostic did not run in full: the node stays drained, tagged for a person."""
+
+    reason = format_status_reason(summary, UNVERIFIED)
+    state.setdefault("validating", {})
+    state["validating"].update(result=UNVERIFIED, reason=reason, detail=detail)
+    save(w, state)
+    with contextlib.suppress(SlurmHooksError):
+        w.slurm.drain(w.node, reason)
+        remediate.write_marker(w, reason, None)
+
+
+def _begin_validation(w: Wiring, state: dict[str, Any], info: Any, after: str) -> bool:
+    """Hold a node that is still out (new hardware after ``[replace]``) for its validation,
+    which a worker then runs; False when none is configured ([repair] dcgm_level = 0)."""
+    if int(w.config.repair.dcgm_level) <= 0:
+        return False
+    parsed = parse_reason(info.reason)
+    summary = parsed[0] if parsed else "hardware replaced"
+    state["validating"] = {"t": time.time(), "after": after, "tries": 0, "summary": summary, "result": "running"}
+    save(w, state)
+    return True
+
+
+def _forget_validation(w: Wiring, state: dict[str, Any]) -> None:
+    if state.pop("validating", None) is not None:
+        save(w, state)
+
+
+def _revalidate(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, state: dict[str, Any], info: Any,
+                resetter: GpuResetter | None) -> bool:
+    """A validation that its worker did not finish (it died): run it again, at most VALIDATE_TRIES
+    times; a fault the node shows meanwhile climbs the ladder instead."""
+    validating = state["validating"]
+    if validating.get("result") == UNVERIFIED:
+        return True
+    summary = str(validating.get("summary", ""))
+    if report.drain_findings():
+        _forget_validation(w, state)
+        return _climb(w, report, outcome, rejudge, state, resetter)
+    if int(validating.get("tries", 0)) >= VALIDATE_TRIES:
+        _unverified(w, state, summary, f"validation interrupted {validating.get('tries')} time(s)")
+        outcome.repairs.append(f"validate:{UNVERIFIED}")
+        return True
+    result, _detail, judged = _validate_and_resume(w, summary, str(validating.get("after", "")), outcome, rejudge,
+                                                   state, info)
+    outcome.repairs.append(f"validate:{result}")
+    if result == "failed" and judged is not None and judged.drain_findings():
+        _climb(w, judged, outcome, rejudge, state, resetter)
+    return True
+
+
+def validate_on_request(w: Wiring, outcome: Outcome, rejudge: Rejudge, who: str) -> str:
+    """A person's ``slurm-hooks repair --validate``: drain ``[validating]``, run the configured
+    diagnostic, resume on a full pass. The caller holds the repair lock. Returns the verdict."""
+    state = load(w)
+    state.pop("validating", None)
+    report = rejudge(0, None)
+    if report.drain_findings():
+        return "failed"
+    result, _, judged = _validate_and_resume(w, f"validation asked by {who}", "request", outcome, rejudge, state)
+    if result == "failed" and judged is not None and judged.drain_findings():
+        remediate.drain(w, judged, outcome)  # what failed, as the reason: the ladder takes it from there
+    return result
+
+
+# -- the worker -------------------------------------------------------------------
+
+
+def hand_off(w: Wiring, outcome: Outcome, own_job: str = "", python: str | None = None) -> bool:
+    """Start the node's repair worker, detached in its own session; True once it runs."""
+    from slurm_hooks.runner import python_argv, spawn_detached
+
+    args = ["repair-worker", "--node", w.node] + (["--config", w.config.path] if w.config.path else [])
+    if own_job:
+        args += ["--job", own_job]
+    env = dict(os.environ)
+    if w.config.path:
+        env["SLURM_HOOKS_CONFIG"] = w.config.path
+    t0 = time.monotonic()
+    spawned = spawn_detached(python_argv("slurm_hooks.entry", *args, python=python), env=env, cwd="/",
+                             ready_timeout=WORKER_READY_S)
+    if spawned.started and spawned.proc is not None:
+        outcome.repairs.append("worker:start")
+        return True
+    outcome.failed.append(f"repair worker: {spawned.error}")
+    w.audit.write("action", node=w.node, action="repair-worker", target=w.node, result="failed",
+                  duration_s=round(time.monotonic() - t0, 4), level="error", error=spawned.error,
+                  detail="the repair worker did not start; the next health check tries again")
+    return False
+
+
+def worker_lock(w: Wiring) -> contextlib.AbstractContextManager[bool]:
+    """The node's repair lock, as the worker (or a person's repair command) holds it."""
+    return _locked(w)
+
+
+# -- services stopped around a reset ------------------------------------------------
+
+
+def restore_services(w: Wiring, state: dict[str, Any]) -> list[str]:
+    """Start the services the record says are stopped (a worker died between its stop and its
+    start); returns those still not running. Call with the repair lock held."""
+    stopped = state.get("stopped") or {}
+    names = [str(n) for n in stopped.get("services", ())]
+    if not names:
+        return []
+    t0 = time.monotonic()
+    backend = _resetter(w, state)
+    errors: list[str] = []
+    left = backend.start_services(names, errors)
+    _journal(w, state, left)
+    w.audit.write("action", node=w.node, action="repair-services", target=w.node,
+                  result="failed" if left else "ok", duration_s=round(time.monotonic() - t0, 4),
+                  services=names, **({"error": "; ".join(errors)} if errors else {}),
+                  detail=f"left stopped by a repair worker that did not finish (pid {stopped.get('pid')})")
+    return left
+
+
+def _journal(w: Wiring, state: dict[str, Any], services: list[str]) -> None:
+    if services:
+        state["stopped"] = {"services": list(services), "t": time.time(), "pid": os.getpid()}
+    else:
+        state.pop("stopped", None)
+    save(w, state)
 
 
 def _reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resetter: GpuResetter | None,
@@ -242,7 +527,7 @@ def _reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resette
     # The count rides in Slurm's reason ([reboot 1/2]): a lost state dir does not reset it.
     reason = format_reason(p.summary, Action.REBOOT, attempt=(tried + 1, int(w.config.repair.attempts)))
     t0, started = time.monotonic(), time.time()
-    boot = (resetter or _resetter(w)).boot_id()
+    boot = (resetter or _resetter(w, state)).boot_id()
     try:
         w.slurm.reboot(w.node, reason, "DOWN")
     except ReasonNotOurs as exc:
@@ -278,7 +563,7 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
     p = Plan("reboot", [tuple(g) for g in active.get("gpus", [])], active.get("why", ""),  # type: ignore[misc]
              active.get("summary", ""))
     elapsed = time.time() - float(active.get("t", 0))
-    booted = (resetter or _resetter(w)).boot_id() != active.get("boot")
+    booted = (resetter or _resetter(w, state)).boot_id() != active.get("boot")
     if not booted and not reboot_pending(info) and not _down(info):
         # No reboot happened and none is pending: a person cancelled it (cancel_reboot) or resumed
         # the node. Their decision: our tracking ends, no [replace] over it.
@@ -301,37 +586,24 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
     elif report.drain_findings():
         result, detail = "failed", f"still {drain_summary(report)} after the reboot"
     else:
-        after = rejudge(_dcgm_level(w)) if _dcgm_level(w) else report
-        if after.drain_findings():
-            result, detail = "failed", f"still {drain_summary(after)} after the reboot"
-        else:
-            result, detail = _back_in_service(w, active["reason"], info, outcome)
+        result, detail, judged = _validate_and_resume(w, str(active.get("summary", "")), "reboot", outcome,
+                                                      rejudge, state, info)
+        if result == "ok":
+            detail = f"checked healthy on the new boot; {detail}"
+        if judged is not None and judged.drain_findings():
+            report = judged  # the diagnostic's finding is what the ladder climbs on
     state.pop("active", None)
     _attempt(state, "reboot", p, float(active.get("t", time.time())), result)
     save(w, state)
     outcome.repairs.append(f"reboot:{result}")
     _audit(w, "reboot", result, elapsed, p, detail=detail, reason=active.get("reason"))
+    if result == UNVERIFIED:
+        return True
     if result != "ok" and report.drain_findings():
         _climb(w, report, outcome, rejudge, state, resetter)
     elif result != "ok":
         _replace(w, p, report, outcome, state)
     return True
-
-
-def _back_in_service(w: Wiring, reason: str, info: Any, outcome: Outcome) -> tuple[str, str]:
-    """The node came back DOWN (nextstate=DOWN) with our reason, and checked healthy: resume it."""
-    try:
-        if not info.drained:
-            w.slurm.drain(w.node, reason)  # DOWN -> DOWN+DRAIN with our reason, which resume accepts
-        w.slurm.resume(w.node)
-    except SlurmHooksError as exc:
-        outcome.failed.append(f"resume: {exc}")
-        return "failed", f"checked healthy, but not resumed: {exc}"
-    remediate.forget_drain(w)
-    outcome.resumed = True
-    w.audit.write("action", node=w.node, action="resume", target=w.node, result="ok", duration_s=0.0,
-                  reason=reason, detail="after the reboot, a passing check on the new boot")
-    return "ok", "checked healthy on the new boot, resumed"
 
 
 def _replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, state: dict[str, Any]) -> None:
@@ -472,7 +744,7 @@ def add_to_rma(w: Wiring, p: Plan, report: Report, state: dict[str, Any]) -> lis
 
 
 def state_path(w: Wiring) -> str:
-    return w.state_path(f"repair-{w.node}.json")
+    return w.repair_state()
 
 
 def load(w: Wiring) -> dict[str, Any]:
@@ -496,9 +768,10 @@ def save(w: Wiring, state: dict[str, Any]) -> None:
         print(f"slurm-hooks: cannot write {state_path(w)}: {exc.strerror}", file=sys.stderr)
 
 
-def _attempt(state: dict[str, Any], rung: str, p: Plan, started: float, result: str) -> None:
-    state["attempts"].append({"rung": rung, "t": started, "result": result, "gpus": [g for _, g in p.gpus],
-                              "summary": p.summary})
+def _attempt(state: dict[str, Any], rung: str, p: Plan, started: float, result: str) -> dict[str, Any]:
+    record = {"rung": rung, "t": started, "result": result, "gpus": [g for _, g in p.gpus], "summary": p.summary}
+    state["attempts"].append(record)
+    return record
 
 
 def _locked(w: Wiring) -> contextlib.AbstractContextManager[bool]:
@@ -520,15 +793,12 @@ def _gpus(report: Report, findings: Sequence[Finding]) -> list[tuple[int | None,
     return [(i, g) for g, i in out.items()]
 
 
-def _resetter(w: Wiring) -> GpuResetter:
+def _resetter(w: Wiring, state: dict[str, Any]) -> NvidiaSmiReset:
+    """The node's reset backend, bounded by this run's budget, journaling the services it stops."""
     from slurm_hooks.probes.gpureset import from_config
 
-    return from_config(w.config, w.node)
-
-
-def _dcgm_level(w: Wiring) -> int:
-    level = int(w.config.repair.dcgm_level)
-    return level if level > 0 and os.access(w.config.dcgm.dcgmi, os.X_OK) else 0
+    return from_config(w.config, w.node, time_left=lambda: w.time_left(float(w.config.repair.reset_timeout)),
+                       journal=lambda services: _journal(w, state, services))
 
 
 def _audit(w: Wiring, rung: str, result: str, duration: float, p: Plan, **fields: Any) -> None:

@@ -202,7 +202,8 @@ class Watcher:
                 report, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread", events=[event],
                                                   history=state, xid_lookup=lookup)
                 self.w.audit.write("watch", node=self.w.node, xid=event.code, gpu=event.gpu, event=event.key,
-                                   drained=outcome.drained, requeued=outcome.requeued, failed=outcome.failed,
+                                   drained=outcome.drained, requeued=outcome.requeued, signalled=outcome.signalled,
+                                   failed=outcome.failed,
                                    duration_s=round(time.monotonic() - started, 4))
             state.mark_seen([event.key])
             try:

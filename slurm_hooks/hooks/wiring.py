@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import config as config_mod
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import nodename
+from slurm_hooks.values import dataclass, field
 from slurm_hooks.xid.history import XidHistory
 
 if TYPE_CHECKING:
@@ -72,6 +72,10 @@ class Wiring:
 
     def state_path(self, *parts: str) -> str:
         return os.path.join(self.config.state.dir, *parts)
+
+    def repair_state(self) -> str:
+        """This node's repair ladder state (:mod:`slurm_hooks.hooks.repair`): absent while no repair ran."""
+        return self.state_path(f"repair-{self.node}.json")
 
     def drained_marker(self) -> str:
         """Present while this node is drained by us: the health check then looks at Slurm."""

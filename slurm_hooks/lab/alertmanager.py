@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import time
 import urllib.error
@@ -76,7 +77,18 @@ class LabAlertmanager:
         except (urllib.error.URLError, OSError):
             return False
 
+    def pause(self) -> None:
+        """Unreachable but alive (SIGSTOP): a request connects and gets no answer, as across a network
+        fault; the alerts it holds stay (Alertmanager keeps alerts in memory only)."""
+        if self.proc is not None and self.proc.proc is not None:
+            os.kill(self.proc.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.proc is not None:
+            os.kill(self.proc.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
+        self.resume()
         if self.proc is not None:
             self.proc.stop()
             self.proc = None

@@ -11,8 +11,8 @@ frameworks launch it, with its framework's handler:
 - ``none``: no handler at all (torchtitan): only what it saved every ``save_every`` steps survives.
 
 ``no_scontrol`` runs the step without ``scontrol`` on its PATH (a container without Slurm's
-binaries: its own requeue fails). Every step is logged as ``<step> <unix time>`` to the log
-file, and each start as ``start restart=<n> step=<s> on <node>`` on stdout, so work lost per
+binaries: its own requeue fails). Every step is logged as ``<step> <unix time> <restart>`` to
+the log file, and each start as ``start restart=<n> step=<s> on <node>`` on stdout, so work lost per
 fault is read back exactly (:func:`work_lost`). A stock submitit job is submitted by
 submitit itself (:func:`submitit_driver`).
 """
@@ -37,9 +37,11 @@ if os.path.exists(ckpt):
         step = json.load(fh)["step"]
 print(f"start restart={os.environ.get('SLURM_RESTART_COUNT', '0')} step={step} on {os.environ.get('SLURMD_NODENAME')}",
       flush=True)
+restart = os.environ.get("SLURM_RESTART_COUNT", "0")
 got = []
-signal.signal(signal.SIGUSR1, lambda s, f: got.append("USR1"))
-signal.signal(signal.SIGTERM, lambda s, f: got.append("TERM"))
+if contract != "none":  # torchtitan has no handler: SIGTERM ends it where it stands
+    signal.signal(signal.SIGUSR1, lambda s, f: got.append("USR1"))
+    signal.signal(signal.SIGTERM, lambda s, f: got.append("TERM"))
 
 def save(step):
     tmp = ckpt + ".tmp"
@@ -54,7 +56,7 @@ while True:
     time.sleep(STEP_S)
     step += 1
     with open(log, "a") as fh:
-        fh.write(f"{step} {time.time():.3f}\n")
+        fh.write(f"{step} {time.time():.3f} {restart}\n")
     if save_every and step % save_every == 0:
         save(step)
     while got:
@@ -99,14 +101,14 @@ def batch_script(contract: str, workdir: str, *, python: str | None = None, save
     return "\n".join(lines) + "\n"
 
 
-def steps(workdir: str) -> list[tuple[int, float]]:
-    """(step, unix time) of every step the job has logged, in order."""
+def steps(workdir: str, restart: int | None = None) -> list[tuple[int, float]]:
+    """(step, unix time) of every step the job has logged, in order (``restart``: only that run's)."""
     out = []
     try:
         with open(os.path.join(workdir, "steps.log"), encoding="utf-8") as fh:
             for line in fh:
                 parts = line.split()
-                if len(parts) == 2:
+                if len(parts) == 3 and (restart is None or parts[2] == str(restart)):
                     out.append((int(parts[0]), float(parts[1])))
     except (OSError, ValueError):
         pass
@@ -144,7 +146,7 @@ class Train(submitit.helpers.Checkpointable):
             time.sleep(STEP_S)
             self.step += 1
             with open(os.path.join(workdir, "steps.log"), "a") as fh:
-                fh.write(f"{self.step} {time.time():.3f}\n")
+                fh.write(f"{self.step} {time.time():.3f} {os.environ.get('SLURM_RESTART_COUNT', '0')}\n")
 
     def checkpoint(self, workdir):
         print(f"saved step={self.step} at={time.time():.3f}", flush=True)

@@ -40,6 +40,10 @@ HEALTH_CHECK_INTERVAL = 5
 
 _GPUS = re.compile(r"GPUs (\S+)")
 _RESUMED = re.compile(r"resumed from step (\d+) \(restart (\d+)\) on (\S+)")
+_SAVED = re.compile(r"^signal (\S+): saved step (\d+)")
+#: The demo job's own checkpoint signal (PyTorch Lightning's contract: it saves on it and
+#: requeues itself); slurm-hooks sends it first on a fault.
+JOB_SIGNAL = "USR1"
 _STEP = re.compile(r"^step (\d+)")
 
 
@@ -83,7 +87,8 @@ def run(state_dir: str, keep: bool = False, say: Say = print, steps_before_fault
     watchers = _start_watchers(tb, say)
     job_id = None
     try:
-        say("== 2. a training job that checkpoints every 5 steps and on SIGTERM")
+        say(f"== 2. a training job that checkpoints every 5 steps, and on SIG{JOB_SIGNAL} saves and requeues "
+            f"itself (#SBATCH --signal={JOB_SIGNAL}@90, as PyTorch Lightning does)")
         work = tb.path("demo")
         shutil.rmtree(work, ignore_errors=True)
         os.makedirs(work, mode=0o755)
@@ -138,10 +143,12 @@ def _submit(tb: Testbed, work: str, out: str) -> int:
     script = os.path.join(work, "train.sh")
     with open(script, "w", encoding="utf-8") as fh:
         fh.write("#!/bin/sh\n"
+                 f"#SBATCH --signal={JOB_SIGNAL}@90\n"
                  'echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME '
                  'GPUs ${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-none}}"\n'
-                 f"exec {sys.executable} {find_train_script()} --steps 100000 --every 5 --step-time 0.2 "
-                 f"--ckpt-dir {os.path.join(work, 'ckpt')}\n")
+                 f"exec srun --unbuffered {sys.executable} {find_train_script()} --steps 100000 --every 5 "
+                 f"--step-time 0.2 --ckpt-dir {os.path.join(work, 'ckpt')} --checkpoint-signal {JOB_SIGNAL} "
+                 "--requeue-self\n")
     os.chmod(script, 0o755)
     argv = ["/usr/bin/sbatch", "--parsable", "--job-name=train-demo", "--gres=gpu:1", "--requeue",
             "--open-mode=append", f"--output={out}", f"--chdir={work}", script]
@@ -205,11 +212,15 @@ def _follow(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeou
         if job.restarts >= 1 and state.startswith("RUNNING") and job.nodes and job.nodes != bad:
             show("job running again", f"job {job_id} RUNNING on {job.nodes} (restart {job.restarts})", now)
         for ln in lines[seen_lines:]:
-            if ln.startswith("signal"):
-                show("job got SIGTERM", ln, now)
+            saved = _SAVED.match(ln)
+            if saved:
+                name = "job checkpointed" if "requeued itself" in ln else f"job got {saved.group(1)}"
+                show(name, ln, now)
             m = _RESUMED.search(ln)
             if m:
                 show("resumed from checkpoint", f"step {m.group(1)} (restart {m.group(2)}) on {m.group(3)}", now)
+                if last_step is not None and "steps lost" not in ms.details:
+                    ms.details["steps lost"] = str(max(0, last_step - int(m.group(1))))
             s = _STEP.match(ln)
             if s:
                 last_step = int(s.group(1))
@@ -287,10 +298,15 @@ class _RepairWatch:
 
 def _summary(ms: Milestones, say: Say) -> None:
     say("== 6. how long it took")
-    for name in ("node drained", "job requeued", "job running again", "resumed from checkpoint",
+    for name in ("node drained", "job checkpointed", "job requeued", "job running again", "resumed from checkpoint",
                  "reboot requested", "node rebooted", "back in service"):
         if name in ms.times:
             say(f"  XID -> {name:<24} {ms.times[name]:6.2f} s")
+    lost = ms.details.get("steps lost")
+    if lost is not None:
+        how = "on its own signal" if "job checkpointed" in ms.times else "on SIGTERM"
+        say(f"  steps lost: {lost} (it checkpointed {how}: the steps done before the fault and not in the "
+            "checkpoint it resumed from)")
     down = ms.times.get("job running again")
     if down is not None:
         say(f"  field numbers (Crusoe AutoClusters): node replaced ~{FIELD_NUMBERS['node replaced'] / 60:.0f} min, "

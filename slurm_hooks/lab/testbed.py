@@ -32,10 +32,11 @@ import jinja2
 import slurm_hooks
 from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
+from slurm_hooks.install import layout
 from slurm_hooks.lab import accounting, packages
 from slurm_hooks.lab import nhc as nhc_lab
 from slurm_hooks.lab.accounting import Accounting
-from slurm_hooks.probes import sim
+from slurm_hooks.probes import sim, simtools
 from slurm_hooks.runner import run_command, spawn_detached
 from slurm_hooks.slurm import JobInfo, NodeInfo, quirks
 from slurm_hooks.slurm.errors import SlurmNotFound
@@ -105,6 +106,12 @@ class Settings:
     #: The repair ladder ([repair] enabled in the testbed's config.toml). Off by default, so that
     #: a drained node stays drained for the tests and demos that look at it.
     repair: bool = False
+    #: ``[repair] reset_timeout``: how long one nvidia-smi / systemctl call of a reset may take.
+    reset_timeout: float = 60.0
+    #: The prefix of a ``slurm-hooks install`` whose programs slurm.conf names (rehearse a roll-out:
+    #: the wheel in its own venv, ``install --prefix P --config <testbed config> --env SLURM_CONF=...``);
+    #: "" for the testbed's own wrappers, which run this checkout.
+    programs: str = ""
     #: RebootProgram in slurm.conf. Off (``testbed up --no-reboot-program``) as on sites that never
     #: set one: ``scontrol reboot`` is then refused ("Unspecified error").
     reboot_program: bool = True
@@ -320,6 +327,7 @@ class Testbed:
         for hook in HOOKS:
             self._write_hook(hook)
         self._write_reboot_program()
+        simtools.install(self.path("bin"), self.sim_dir, python=hook_interpreter())
         for name in s.node_names:
             if not os.path.exists(sim.state_path(self.sim_dir, name)):
                 sim.init(self.sim_dir, name, s.gpus, mig=s.mig)
@@ -330,6 +338,7 @@ class Testbed:
         return {
             **asdict(s),
             "hooks": s.hooks if hooks is None else hooks,
+            "programs": self._programs(),
             "cluster": CLUSTER,
             "partition": PARTITION,
             "state_dir": self.state_dir,
@@ -351,6 +360,15 @@ class Testbed:
             "slurm_bin_dir": BIN,
             "accounting_lines": Accounting(self.state_dir).slurm_conf_lines(self.munge_socket) if s.accounting else [],
         }
+
+    def _programs(self) -> dict[str, str]:
+        """hook -> the program slurm.conf names: the testbed's own wrapper, or an install's."""
+        programs = {hook: self.path("bin", hook) for hook in HOOKS}
+        if self.settings.programs:
+            programs.update({hook: layout.program_path(hook, self.settings.programs) for hook in HOOKS})
+        if self.settings.nhc:
+            programs["healthcheck"] = self.path("bin", "healthcheck")  # NHC's wrapper: NHC runs our check
+        return programs
 
     def _render(self, template: str, dest: str, ctx: dict, mode: int = 0o644) -> None:
         env = jinja2.Environment(
@@ -606,7 +624,17 @@ class Testbed:
         """
         if self._saved_hooks() == enabled:
             return
-        self.settings = _replace(self.settings, hooks=enabled)
+        self._reconfigure(_replace(self.settings, hooks=enabled))
+
+    def set_programs(self, prefix: str) -> None:
+        """Name the programs a ``slurm-hooks install --prefix`` laid in slurm.conf ("" for the
+        testbed's own wrappers): one ``scontrol reconfigure``, as :meth:`set_hooks`."""
+        if self.settings.programs == prefix:
+            return
+        self._reconfigure(_replace(self.settings, programs=prefix))
+
+    def _reconfigure(self, settings: Settings) -> None:
+        self.settings = settings
         self._render("slurm.conf.j2", self.slurm_conf, self._template_context())
         self._save_settings()
         if not self._alive("slurmctld"):
@@ -850,6 +878,7 @@ class Testbed:
             sim.init(self.sim_dir, name, self.settings.gpus, mig=self.settings.mig)
         if self.settings.nhc:
             self._write_nhc()  # our check as installed, our nhc.conf line, every site check passing
+        self.stop_repair_workers()
         self._clear_hook_state()
         self.cancel_all(timeout)
         slurm = self.slurm(timeout=5)
@@ -874,6 +903,16 @@ class Testbed:
                         self.scontrol("update", f"NodeName={name}", "State=RESUME")
             time.sleep(0.2)
         self._clear_hook_state()  # again: what a hook that ran during the reset wrote
+
+    def stop_repair_workers(self) -> list[int]:
+        """Kill this testbed's repair workers (a test's hung reset must not outlive it)."""
+        killed = []
+        for pid, argv in self._our_programs():
+            if b"repair-worker" in argv:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+                    killed.append(pid)
+        return killed
 
     def _clear_hook_state(self) -> None:
         shutil.rmtree(self.hooks_state_dir, ignore_errors=True)
@@ -925,14 +964,19 @@ class Testbed:
 
     def _hook_runs(self) -> list[int]:
         """Pids of slurm-hooks programs our slurmd's are running (prolog, epilog, health check; NHC too)."""
+        return sorted(pid for pid, _ in self._our_programs())
+
+    def _our_programs(self) -> list[tuple[int, list[bytes]]]:
+        """(pid, argv) of our processes that run slurm-hooks (or NHC) with this testbed's config."""
         marks = {self.config_path.encode(), self.nhc.conf.encode()}
         found = []
         for pid, _ in self._our_processes():
             with contextlib.suppress(OSError):
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if marks & set(fh.read().split(b"\0")):
-                        found.append(pid)
-        return sorted(found)
+                    argv = fh.read().split(b"\0")
+                if marks & set(argv):
+                    found.append((pid, argv))
+        return found
 
     def stop_controller(self, timeout: float = 15.0) -> None:
         """Stop slurmctld alone (an outage): slurmd's and running jobs carry on without it."""

@@ -9,18 +9,20 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from slurm_hooks.urlsecret import url_origin
+from slurm_hooks.values import dataclass
 
 #: What the notifier makes (``Message.kind``). Reminders and Alertmanager re-posts are state, not
 #: news: only the latest one of an incident waits in the outbox.
 OPENED, ESCALATED, RESOLVED, REMINDER, FIRING = "opened", "escalated", "resolved", "reminder", "firing"
-BREAKER, REPLACE, REBOOT = "breaker", "replace", "reboot"
+BREAKER, REPLACE, REBOOT, BRIDGE = "breaker", "replace", "reboot", "bridge"
+#: Monitor-only ([check] drain = false): a fault found and not acted on.
+MONITOR = "monitor"
 COALESCED = frozenset({REMINDER, FIRING})
-_NEWS = frozenset({OPENED, ESCALATED, RESOLVED, BREAKER, REPLACE, REBOOT})
+_NEWS = frozenset({OPENED, ESCALATED, RESOLVED, BREAKER, REPLACE, REBOOT, BRIDGE, MONITOR})
 
 #: Slack's documented limits (api.slack.com/reference/block-kit/blocks: a section's text 3000
 #: characters, at most 10 fields of 2000, 50 blocks; chat.postMessage: text truncated past 40000).
@@ -140,7 +142,8 @@ class Syslog(Destination):
         import syslog
 
         priority = {OPENED: syslog.LOG_CRIT, ESCALATED: syslog.LOG_CRIT, BREAKER: syslog.LOG_CRIT,
-                    REMINDER: syslog.LOG_WARNING}.get(kind, syslog.LOG_NOTICE)
+                    REMINDER: syslog.LOG_WARNING, BRIDGE: syslog.LOG_ERR,
+                    MONITOR: syslog.LOG_WARNING}.get(kind, syslog.LOG_NOTICE)
         self._send(priority, message["text"] + (f" {d.note}" if d.note else ""))
 
 
@@ -159,6 +162,10 @@ class _Http(Destination):
             raise status_error(status)
 
 
+#: What a message carries for Alertmanager only (the JSON webhook gets the rest).
+_ALERTMANAGER_ONLY = ("alerts", "ended_alerts", "resolved_ts")
+
+
 class Webhook(_Http):
     """An incoming webhook: Slack's shape, or the message as one JSON object."""
 
@@ -170,7 +177,9 @@ class Webhook(_Http):
         if self.format == "slack":
             body = slack_payload(message, d.note)
         else:
-            body = {**message, "dropped": d.note} if d.note else message
+            body = {k: v for k, v in message.items() if k not in _ALERTMANAGER_ONLY}
+            if d.note:
+                body["dropped"] = d.note
         self._post(body, {"Idempotency-Key": entry_id}, d)
 
 
@@ -178,7 +187,7 @@ class Alertmanager(_Http):
     """Prometheus Alertmanager's ``POST /api/v2/alerts``: each open finding an alert, posted again
     while open (``endsAt`` ahead by ``hold``), resolved with ``endsAt`` at the node's return."""
 
-    kinds = (_NEWS - {RESOLVED}) | {FIRING, RESOLVED}
+    kinds = _NEWS | {FIRING}
 
     def __init__(self, table: dict[str, str], url: str | None, post: Sender | None = None, hold: float = 240.0,
                  auth: str = ""):
@@ -230,7 +239,8 @@ def alerts(message: dict[str, Any], kind: str, now: float, hold: float, note: st
 # --- Slack ------------------------------------------------------------------------------------
 
 _SLACK_EMOJI = {OPENED: ":rotating_light:", ESCALATED: ":rotating_light:", RESOLVED: ":white_check_mark:",
-                REMINDER: ":hourglass:", BREAKER: ":no_entry:", REPLACE: ":recycle:", REBOOT: ":arrows_counterclockwise:"}
+                REMINDER: ":hourglass:", BREAKER: ":no_entry:", REPLACE: ":recycle:", REBOOT: ":arrows_counterclockwise:",
+                BRIDGE: ":warning:", MONITOR: ":eyes:"}
 
 
 def slack_escape(text: str) -> str:

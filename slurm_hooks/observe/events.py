@@ -77,7 +77,9 @@ def describe(r: dict[str, Any]) -> str:
             where = f"GPU {r['gpu']}" if r.get("gpu") is not None else "node"
             done = "drained" if r.get("drained") else "not drained"
             jobs = ",".join(str(j) for j in r.get("requeued") or []) or "none"
-            return f"watch   XID {r['xid']} on {where}: {done}, jobs requeued: {jobs}"
+            signalled = ",".join(str(j) for j in r.get("signalled") or [])
+            first = f", sent their own signal first: {signalled}" if signalled else ""
+            return f"watch   XID {r['xid']} on {where}: {done}, jobs requeued: {jobs}{first}"
         return f"watch   {r.get('message', '')}"
     if kind == "action" and r.get("action") == "pending":
         steps = "+".join(r.get("steps") or []) or "remediation"

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from typing import Any
 
 from slurm_hooks.observe import events
+from slurm_hooks.values import dataclass, field
 
 #: Harmless to most disruptive, as in :class:`slurm_hooks.models.Action`.
 ACTIONS = ("none", "warn", "drain", "reset", "reboot", "replace")
@@ -74,6 +75,9 @@ class Job:
     requeued_by: str = ""
     #: Seconds from the fault to its requeue.
     requeue_s: float | None = None
+    #: The GPUs it held on the node as Slurm numbers them (its SLURM_JOB_GPUS; hooks.gpumap ties
+    #: them to the finding's NVML index).
+    gpus: list[int] = field(default_factory=list)
 
     @property
     def how(self) -> str:
@@ -314,6 +318,8 @@ def _absorb(inc: Incident, r: dict[str, Any]) -> None:
             for job_id in r.get("jobs") or [r.get("target")]:
                 job = _job(inc, job_id, r)
                 job.requeued_at = job.requeued_at or ts
+                if isinstance(r.get("gpus"), list) and not job.gpus:
+                    job.gpus = [int(g) for g in r["gpus"] if isinstance(g, int)]
                 if r.get("requeued_by") and not job.requeued_by:
                     job.requeued_by = str(r["requeued_by"])
                     job.requeue_s = r.get("seconds_from_fault")
@@ -348,7 +354,8 @@ def summary(inc: Incident) -> dict[str, Any]:
         "urgency": "high" if action_rank(inc.action) >= action_rank("reboot") else "normal",
         "reason": inc.reason,
         "seen_by": list(inc.contexts),
-        "jobs": [{"job_id": j.job_id, "user": j.user or None, "how": j.how, **_checkpoint(j)}
+        "jobs": [{"job_id": j.job_id, "user": j.user or None, "how": j.how, **_checkpoint(j),
+                  **({"gpus": j.gpus} if j.gpus else {})}
                  for j in inc.jobs.values() if j.how],
         "time_to_job_running_s": None if inc.time_to_job_running is None else round(inc.time_to_job_running, 3),
         "opened_at": utc(inc.opened_at),

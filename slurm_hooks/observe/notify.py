@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import random
@@ -35,7 +36,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from slurm_hooks import fsutil
@@ -43,8 +43,10 @@ from slurm_hooks.observe import destinations as dst
 from slurm_hooks.observe import incidents
 from slurm_hooks.observe.destinations import (
     BREAKER,
+    BRIDGE,
     ESCALATED,
     FIRING,
+    MONITOR,
     OPENED,
     REBOOT,
     REMINDER,
@@ -61,6 +63,7 @@ from slurm_hooks.observe.destinations import (
 )
 from slurm_hooks.observe.incidents import Incident, duration
 from slurm_hooks.observe.outbox import Entry, Outbox
+from slurm_hooks.values import dataclass
 
 #: At most this much of the log is read per pass (a huge backlog is taken in steps).
 READ_CHUNK = 4 << 20
@@ -272,10 +275,22 @@ def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "",
     return Message(mid, kind, text, data, inc.id)
 
 
+#: The bridge's problems a person must act on: audit kind -> (alertname, what to do).
+_BRIDGE_PROBLEMS = {
+    "bridge_permission_missing": ("SlurmHooksBridgePermissionMissing",
+                                  "grant the bridge's ServiceAccount what `slurm-hooks render --only rbac` lists"),
+    "bridge_drain_timeout": ("SlurmHooksBridgeDrainTimeout",
+                             "look at the PodDisruptionBudgets of the pods named; the replacement was requested anyway"),
+}
+
+
 def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> Message | None:
     """The bridge's own news from its audit records: a circuit-breaker trip, a replacement or a reboot
-    asked of Kubernetes. ``None`` for any other record (and for a dry run)."""
-    kind = {"bridge_breaker_tripped": BREAKER, "bridge_replace": REPLACE}.get(str(r.get("kind")))
+    asked of Kubernetes, a missing permission, a drain that timed out. ``None`` for any other record
+    (and for a dry run)."""
+    source = str(r.get("kind"))
+    kind = {"bridge_breaker_tripped": BREAKER, "bridge_replace": REPLACE,
+            **{k: BRIDGE for k in _BRIDGE_PROBLEMS}}.get(source)
     if kind is None or r.get("dry_run"):
         return None
     ts = float(r.get("ts", 0))
@@ -286,6 +301,13 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
                 f" (Slurm {node}): {r.get('reason', '')}. "
                 f"{r.get('message') or 'No new nodes will be taken.'}")
         alertname, action = "SlurmHooksBreakerTripped", "none"
+        todo = "slurm-hooks bridge reset-breaker once the cause is understood"
+    elif kind == BRIDGE:
+        alertname, todo = _BRIDGE_PROBLEMS[source]
+        mid = f"{source.replace('_', '-')}-{kube_node}-{int(round(ts * 1000))}"
+        text = f"Kubernetes bridge, node {kube_node}" + (f" (Slurm {node})" if node != "?" else "") \
+            + f": {r.get('message') or r.get('error') or source}."
+        action = "none"
     else:
         kind = REBOOT if r.get("action") == "reboot" else REPLACE
         mid = f"bridge-{kind}-{node}-{int(round(ts * 1000))}"
@@ -293,18 +315,41 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
         text = (f"Kubernetes bridge asked for {what} of node {kube_node} (Slurm {node}) through "
                 f"{r.get('backend', '?')}: {r.get('requested', '')}.")
         alertname, action = ("SlurmHooksNodeReboot" if kind == REBOOT else "SlurmHooksNodeReplacement"), kind
+        todo = "the node returns to Slurm by itself after a passing check"
     labels = {k: v for k, v in {"alertname": alertname, "node": str(node), "kube_node": str(kube_node),
-                                "action": action, "severity": "critical" if kind == BREAKER else "warning",
-                                "cluster": cluster}.items() if v}
+                                "action": action, "severity": "critical" if kind in (BREAKER, BRIDGE) else "warning",
+                                "cluster": cluster}.items() if v and v != "?"}
     data = {"id": mid, "kind": kind, "text": text, "headline": text, "node": r.get("slurm_node"),
             "kube_node": r.get("node"), "reason": r.get("reason"), "action": action,
-            "urgency": "high" if kind == BREAKER else "normal", "at": incidents.utc(ts), "cluster": cluster or None,
-            "runbook": runbook or None,
-            "alerts": [{"labels": labels, "starts_at": ts, "annotations": {"summary": text, "runbook": runbook or (
-                "slurm-hooks bridge reset-breaker once the cause is understood" if kind == BREAKER
-                else "the node returns to Slurm by itself after a passing check")}}]}
+            "urgency": "high" if kind in (BREAKER, BRIDGE) else "normal", "at": incidents.utc(ts),
+            "cluster": cluster or None, "runbook": runbook or None,
+            "alerts": [{"labels": labels, "starts_at": ts, "annotations": {"summary": text,
+                                                                          "runbook": runbook or todo}}]}
     return Message(mid, kind, text, data)
 
+
+def monitor_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> Message | None:
+    """Monitor-only (``[check] drain = false``): what a hook found and would have drained the node
+    for, not acted on; from its ``drain``/``monitor-only`` audit record. Once a day per node and
+    reason (the message id carries both): a check every few minutes tells it once. ``None`` for
+    any other record."""
+    if not (r.get("kind") == "action" and r.get("action") == "drain" and r.get("result") == "monitor-only"):
+        return None
+    ts = float(r.get("ts", 0))
+    node, reason = str(r.get("node") or "?"), str(r.get("reason") or "")
+    day = time.strftime("%Y%m%d", time.gmtime(ts))
+    mid = f"monitor-{node}-{hashlib.sha256(reason.encode()).hexdigest()[:10]}-{day}"
+    seen = f" (seen by {r['context']})" if r.get("context") else ""
+    text = (f"{node}: {reason.replace('slurm-hooks: ', '', 1)}{seen}; not acted on: monitor-only "
+            f"([check] drain = false), the node stays in service. It would have been drained: \"{reason}\".")
+    labels = {k: v for k, v in {"alertname": "SlurmHooksMonitorOnly", "node": node, "action": "none",
+                                "severity": "info", "cluster": cluster}.items() if v and v != "?"}
+    data = {"id": mid, "kind": MONITOR, "text": text, "headline": text, "node": node, "reason": reason,
+            "action": "none", "acted": False, "urgency": "low", "at": incidents.utc(ts), "cluster": cluster or None,
+            "runbook": runbook or None,
+            "alerts": [{"labels": labels, "starts_at": ts,
+                        "annotations": {"summary": text, "runbook": runbook or f"slurm-hooks events --node {node}"}}]}
+    return Message(mid, MONITOR, text, data)
 
 
 # --- the notifier -----------------------------------------------------------------------
@@ -395,6 +440,7 @@ class Notifier:
         #: When the next held-back message (an incident within its settle time) becomes due (clock time).
         self._settling: float | None = None
         self._expired_at = float("-inf")
+        self._wake = threading.Event()
 
     # -- one pass
 
@@ -447,8 +493,14 @@ class Notifier:
                         self.deliver(time.monotonic() + max(poll, self.s.timeout * 2))
             except Exception as exc:  # noqa: BLE001 - a notifier bug must not stop the watcher
                 self._say_once(f"pass failed: {type(exc).__name__}: {exc}")
-            stop.wait(poll)
+            self._wake.wait(poll)
+            self._wake.clear()
         self.stopped()
+
+    def poke(self, *_: Any) -> None:
+        """Something to tell was just written to the log (the bridge's ``Reconciler(notify=...)``): the
+        running loop makes its next pass now, not at its next poll."""
+        self._wake.set()
 
     def _beat(self) -> None:
         os.makedirs(self.s.dir, mode=0o700, exist_ok=True)
@@ -513,7 +565,8 @@ class Notifier:
         messages: list[Message] = []
         for r in records:
             if float(r.get("ts", 0)) >= quiet_before:
-                m = bridge_message(r, self.s.cluster, self.s.runbook)
+                m = bridge_message(r, self.s.cluster, self.s.runbook) or monitor_message(r, self.s.cluster,
+                                                                                       self.s.runbook)
                 if m is not None:
                     messages.append(m)
         for inc in [*tracker.closed, *tracker.open.values()]:

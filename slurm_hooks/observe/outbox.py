@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from slurm_hooks import fsutil
 from slurm_hooks.observe.destinations import COALESCED, RESOLVED
+from slurm_hooks.values import dataclass, field
 
 #: Delivered message ids remembered (far more than a flood of incidents produces between restarts).
 LEDGER_SIZE = 5000

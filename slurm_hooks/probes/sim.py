@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import time
-import uuid as uuidlib
 from typing import Any, Callable
 
 from slurm_hooks import fsutil
@@ -42,6 +41,8 @@ def healthy_gpu(index: int, node: str, model: str, minor: int | None = None, mig
     told otherwise); ``mig``: that many MIG instances (GPU instance ids 1..mig); ``generation`` > 0:
     the hardware put in its place by the ``generation``-th replacement (new UUID and serial, same
     slot, PCI bus id and device file)."""
+    import uuid as uuidlib  # here: uuid imports platform, ~3 ms the snapshot does not need
+
     name, gen, width, links, power = MODELS[model]
     swap = f".{generation}" if generation else ""
     uid = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{node}.gpu{index}{swap}.slurm-hooks.sim")
@@ -164,8 +165,9 @@ def gpu_entry(state: dict[str, Any], index: int) -> dict[str, Any]:
     raise SimStateError(f"node {state.get('node')!r} has no GPU {index} (has {len(state['gpus'])})")
 
 
-#: Keys of a GPU entry that are the simulation's own, not what NVML would report.
-SIM_ONLY = frozenset({"cleared_by", "resets", "generation"})
+#: Keys of a GPU entry that are the simulation's own, not what NVML would report: a latent fault
+#: only a diagnostic finds (``diag_failure``) and a reset that hangs (``reset_hang_s``) among them.
+SIM_ONLY = frozenset({"cleared_by", "resets", "generation", "diag_failure", "reset_hang_s"})
 
 #: What mends a fault: a GPU reset, a reboot of the node, or nothing (a dead GPU).
 CLEARED_BY = ("reset", "reboot", "never")
@@ -176,6 +178,7 @@ CLEARED_BY = ("reset", "reboot", "never")
 STATE_CLEARED_BY = {
     "ecc_uncorrectable": "reset", "row_remap_pending": "reset", "row_remap_failure": "never",
     "lost": "reboot", "pcie_width": "reboot", "temp": "reset", "process": "reset", "nvlink_down": "reset",
+    "diag_failure": "never",
 }
 
 
@@ -197,6 +200,8 @@ def default_cleared_by(fault: str) -> str:
 
 
 def _new_boot() -> str:
+    import uuid as uuidlib
+
     return uuidlib.uuid4().hex[:12]
 
 
@@ -249,6 +254,13 @@ def inject(sim_dir: str, node: str, gpu: int, cleared_by: str | None = None, **f
         if fault.get("process") is not None:
             entry["processes"].append({"pid": int(fault["process"]), "used_memory_mib": 1024, "name": "python"})
             entry["memory_used_mib"] = int(entry.get("memory_used_mib") or 0) + 1024
+        if fault.get("diag_failure") is not None:
+            level = int(fault["diag_failure"])
+            if level not in DIAG_TESTS:
+                raise SimStateError(f"--diag-failure must be a DCGM level 1..{max(DIAG_TESTS)}, not {level}")
+            entry["diag_failure"] = {"level": level, "test": DIAG_TESTS[level][-1]}
+        if fault.get("reset_hang") is not None:
+            entry["reset_hang_s"] = float(fault["reset_hang"])
         if fault.get("nvlink_down") is not None:
             links = [link for link in entry.get("nvlinks") or [] if link["link"] == fault["nvlink_down"]]
             if not links:
@@ -269,8 +281,12 @@ def _mend(entry: dict[str, Any], healthy: dict[str, Any], name: str) -> None:
     fields = {"ecc_uncorrectable": ("ecc_volatile_uncorrectable",), "process": ("processes", "memory_used_mib"),
               "temp": ("temperature_c",), "nvlink_down": ("nvlinks",)}.get(name, (name,))
     for key in fields:
-        if not name.startswith("xid:"):
+        if name.startswith("xid:"):
+            continue
+        if key in healthy:
             entry[key] = healthy[key]
+        else:
+            entry.pop(key, None)
 
 
 def reset(sim_dir: str, node: str, gpu: int) -> dict[str, Any]:
@@ -315,6 +331,69 @@ def reboot(sim_dir: str, node: str) -> dict[str, Any]:
         state["boots"] = int(state.get("boots", 0)) + 1
 
     return update(sim_dir, node, change)
+
+
+# -- the node's GPU services and diagnostics: what the sim's nvidia-smi, systemctl and dcgmi act on
+
+#: DCGM's tests by the level that first runs them (dcgmi diag -r 1..4); a latent fault found at
+#: level L fails that level's last test, and every deeper run.
+DIAG_TESTS = {1: ("software",), 2: ("software", "pcie", "memory"),
+              3: ("software", "pcie", "memory", "targeted_stress", "targeted_power", "memory_bandwidth"),
+              4: ("software", "pcie", "memory", "targeted_stress", "targeted_power", "memory_bandwidth", "eud")}
+#: How long the simulated diagnostic takes per level: DCGM's seconds / ~2 min / ~15 min / ~hours,
+#: scaled down so a testbed runs them end to end (``sim inject --diag-seconds`` sets a node's own).
+DIAG_SECONDS = {1: 0.5, 2: 2.0, 3: 5.0, 4: 8.0}
+
+
+def set_service(sim_dir: str, node: str, name: str, active: bool) -> dict[str, Any]:
+    """``systemctl start|stop NAME`` on the simulated node."""
+    if not name or "/" in name or name.startswith("-"):
+        raise SimStateError(f"invalid service name {name!r}")
+
+    def change(state: dict[str, Any]) -> None:
+        state.setdefault("services", {})[name] = "active" if active else "inactive"
+
+    return update(sim_dir, node, change)
+
+
+def service_state(state: dict[str, Any], name: str) -> str:
+    """A simulated service's state: ``active`` unless something stopped it."""
+    return str(state.get("services", {}).get(name, "active"))
+
+
+def set_diag_seconds(sim_dir: str, node: str, seconds: float) -> dict[str, Any]:
+    """Every simulated diagnostic on this node takes ``seconds`` (a diag slower than its budget)."""
+
+    def change(state: dict[str, Any]) -> None:
+        state["diag_seconds"] = float(seconds)
+
+    return update(sim_dir, node, change)
+
+
+def diag_seconds(state: dict[str, Any], level: int) -> float:
+    own = state.get("diag_seconds")
+    return float(own) if own is not None else DIAG_SECONDS[level]
+
+
+def diag(state: dict[str, Any], level: int) -> dict[str, Any]:
+    """The simulated ``dcgmi diag -r LEVEL -j`` document (DCGM 4.x shape): every test of the level
+    on every GPU; a GPU with a latent fault found at this level or a shallower one fails its test."""
+    if level not in DIAG_TESTS:
+        raise SimStateError(f"dcgmi diag -r: level must be 1..{max(DIAG_TESTS)}, not {level}")
+    tests = []
+    for name in DIAG_TESTS[level]:
+        results = []
+        for gpu in state["gpus"]:
+            fault = gpu.get("diag_failure") or {}
+            failing = bool(fault) and int(fault.get("level", 99)) <= level and fault.get("test") == name
+            result: dict[str, Any] = {"entity_group": "GPU", "entity_id": gpu["index"],
+                                      "status": "Fail" if failing else "Pass"}
+            if failing:
+                result["warnings"] = [{"warning": f"GPU {gpu['index']}: {name} test failed (slurm-hooks sim, "
+                                                  f"latent fault found at level {fault['level']})"}]
+            results.append(result)
+        tests.append({"name": name, "results": results})
+    return {"DCGM Diagnostic": {"version": "sim", "test_categories": [{"category": "sim", "tests": tests}]}}
 
 
 def boot_id(sim_dir: str, node: str) -> str:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurm_hooks import REASON_PREFIX
 from slurm_hooks.models import Action
 from slurm_hooks.slurm import hostlist
+from slurm_hooks.values import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -340,13 +340,36 @@ def format_reason(summary: str, action: Action, limit: int = 120, at_job_end: bo
     The bracketed action is how the bridge, which sees only Slurm's node state,
     knows whether a node needs a reboot or a replacement.
     """
-    summary = "".join(ch if ch.isprintable() else " " for ch in summary).replace(SUFFIX_SEP, " - ").strip()
     count = f" {attempt[0]}/{attempt[1]}" if attempt else ""
-    tag = f" [{action.value}{count}, {AT_JOB_END}]" if at_job_end else f" [{action.value}{count}]"
+    return _tagged(summary, f" [{action.value}{count}, {AT_JOB_END}]" if at_job_end else f" [{action.value}{count}]",
+                   limit)
+
+
+def format_status_reason(summary: str, status: str, limit: int = 120) -> str:
+    """``slurm-hooks: row remap pending on GPU 3 [validating]``: our drain while the node is in a
+    state of the repair rather than waiting for an action (``validating``, ``unverified``)."""
+    return _tagged(summary, f" [{status}]", limit)
+
+
+def _tagged(summary: str, tag: str, limit: int) -> str:
+    """Our prefix, the summary (printable, cut to fit) and the tag, within ``limit`` characters."""
+    summary = "".join(ch if ch.isprintable() else " " for ch in summary).replace(SUFFIX_SEP, " - ").strip()
     room = limit - len(REASON_PREFIX) - 1 - len(tag)
     if len(summary) > room:
         summary = summary[: room - 3].rstrip() + "..."
     return f"{REASON_PREFIX} {summary}{tag}"
+
+
+def status_tag(reason: str) -> str:
+    """``validating`` of ``slurm-hooks: ... [validating]`` (Slurm's own `` : ...`` suffixes
+    aside); "" for any other reason."""
+    if not reason.startswith(REASON_PREFIX):
+        return ""
+    m = _STATUS_TAG.search(reason)
+    return m.group(1) if m else ""
+
+
+_STATUS_TAG = re.compile(r"\s\[(validating|unverified)\](?:\s:\s.*)?$")
 
 
 def parse_reason(reason: str) -> tuple[str, Action | None] | None:

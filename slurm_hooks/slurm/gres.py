@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.slurm import conffile, hostlist
+from slurm_hooks.values import dataclass
 
 #: Most GPUs one node's gres.conf may give (a typo in a range must not expand to millions).
 MAX_DEVICES = 1024

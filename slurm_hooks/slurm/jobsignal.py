@@ -16,7 +16,8 @@ from __future__ import annotations
 import enum
 import re
 import shlex
-from dataclasses import dataclass
+
+from slurm_hooks.values import dataclass
 
 #: How much of a batch script is read: sbatch stops at the first command, and the
 #: ``#SBATCH`` block is at the top; a 4 MB script costs no more than its first 64 KiB.

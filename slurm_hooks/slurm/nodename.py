@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 
 def resolve(explicit: str | None = None) -> str:
@@ -12,4 +11,4 @@ def resolve(explicit: str | None = None) -> str:
     env = os.environ.get("SLURMD_NODENAME")
     if env:
         return env
-    return socket.gethostname().split(".")[0]
+    return os.uname().nodename.split(".")[0]  # what socket.gethostname() returns, without importing socket

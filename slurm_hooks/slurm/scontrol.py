@@ -13,6 +13,7 @@ import contextlib
 import copy
 import os
 import re
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 
@@ -382,6 +383,7 @@ def call_timeout(timeout: float, deadline: float | None) -> float:
     return min(timeout, left)
 
 
+_RESV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _SIGNAL = re.compile(r"^(?:SIG)?([A-Z][A-Z0-9+]*|[0-9]{1,2})$")
 
 
@@ -664,6 +666,54 @@ class ScontrolSlurm:
             m = re.search(r"^KillWait\s*=\s*(\d+)", text, re.M)
             _KILL_WAITS[self.bin_dir] = float(m.group(1)) if m else None
         return _KILL_WAITS[self.bin_dir]
+
+    # -- maintenance reservations and jobs of our own (slurm-hooks sweep)
+
+    @staticmethod
+    def _name_arg(name: str) -> str:
+        if not _RESV_NAME.match(name or ""):
+            raise SlurmCommandFailed(f"invalid reservation name {name!r}")
+        return name
+
+    def partition_nodes(self, partition: str) -> list[str]:
+        """The nodes of one partition (``sinfo -N``), each once."""
+        if not _RESV_NAME.match(partition or ""):
+            raise SlurmCommandFailed(f"invalid partition name {partition!r}")
+        out = self._run("sinfo", "-h", "-N", "-p", partition, "-o", "%N")
+        return list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
+
+    def create_reservation(self, name: str, node: str, minutes: int, flags: str = "MAINT") -> None:
+        """A reservation of one node for root, starting now; refused by Slurm while a job runs on it."""
+        self._run("scontrol", "create", "reservation", f"ReservationName={self._name_arg(name)}",
+                  f"Nodes={self._node_arg(node)}", "StartTime=now", f"Duration={max(1, int(minutes))}",
+                  "Users=root", f"Flags={flags}")
+
+    def delete_reservation(self, name: str) -> None:
+        """Delete it; one that is already gone is not an error."""
+        try:
+            self._run("scontrol", "delete", f"ReservationName={self._name_arg(name)}")
+        except SlurmCommandFailed as exc:
+            if "invalid reservation" not in str(exc).lower() and "not found" not in str(exc).lower():
+                raise
+
+    def reservations(self) -> list[str]:
+        """Names of every reservation Slurm holds."""
+        out = self._run("scontrol", "show", "reservation", "-o")
+        return [m.group(1) for m in re.finditer(r"(?:^|\s)ReservationName=(\S+)", out)]
+
+    def submit(self, argv: Sequence[str], *, name: str, node: str, reservation: str, minutes: int,
+               output: str = "/dev/null") -> str:
+        """``sbatch`` one job that runs ``argv`` on ``node`` in ``reservation``, alone on the node;
+        returns its id. The argv is quoted into the job's script (``--wrap``), never interpreted."""
+        script = " ".join(shlex.quote(str(a)) for a in argv)
+        out = self._run("sbatch", "--parsable", f"--job-name={name}", f"--reservation={self._name_arg(reservation)}",
+                        f"--nodelist={self._node_arg(node)}", "--nodes=1", "--exclusive",
+                        f"--time={max(1, int(minutes))}", f"--output={output}", "--no-requeue", f"--wrap={script}")
+        job = out.strip().split(";")[0]
+        return self._job_arg(job)
+
+    def cancel(self, ref: int | str) -> None:
+        self._run("scancel", self._job_arg(ref))
 
 
 #: KillWait per bin_dir, asked once per process (a change needs a reconfigure; hooks are short-lived).

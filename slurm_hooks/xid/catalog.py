@@ -9,9 +9,8 @@ Do not edit: change the mapping in the generator and regenerate with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from slurm_hooks.models import Action, Scope, Severity, Urgency
+from slurm_hooks.values import dataclass
 
 
 @dataclass(frozen=True)

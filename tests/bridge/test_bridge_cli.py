@@ -172,6 +172,7 @@ def test_bridge_once_dry_run_json_changes_nothing(site):
     result = json.loads(proc.stdout)
     assert result["dry_run"] and result["taken"] == ["n1"] and result["api_calls"] > 0
     assert "unschedulable" not in site["server"].get("v1/nodes", "n1")["spec"]
+    assert site["server"].list("coordination.k8s.io/v1/leases") == []  # nor the leader's Lease
 
 
 @pytest.mark.k8s

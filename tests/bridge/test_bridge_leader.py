@@ -83,6 +83,19 @@ def test_leader_stops_acting_at_its_renew_deadline_when_the_api_server_is_gone()
     assert not a.try_acquire_or_renew() and not a.is_leader()
 
 
+def test_a_long_pass_renews_when_it_asks_whether_it_still_leads():
+    kube, clock = InMemoryKube(), Clock()
+    a = elector(kube, "a", clock)
+    assert a.try_acquire_or_renew()
+    writes = kube.calls["replace_lease"]
+    clock.advance(1)
+    assert a.check() and kube.calls["replace_lease"] == writes  # fresh: no call
+    for _ in range(10):  # 60 s of a pass, asking before each take: still the leader, renewed on the way
+        clock.advance(6)
+        assert a.check()
+    assert kube.calls["replace_lease"] > writes and a.is_leader()
+
+
 def test_release_lets_the_standby_take_over_at_once():
     kube, clock = InMemoryKube(), Clock()
     a, b = elector(kube, "a", clock), elector(kube, "b", clock)
@@ -164,6 +177,12 @@ def start(fleet, name: str) -> subprocess.Popen:
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def admin(fleet, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slurm_hooks", "bridge", "--config", fleet["config"], *args],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                          timeout=60)
+
+
 def lease(server) -> dict | None:
     return server.get("coordination.k8s.io/v1/leases", "slurm-hooks-bridge", "ops")
 
@@ -214,6 +233,14 @@ def test_two_bridges_one_leader_takeover_within_the_lease_and_one_breaker(fleet)
         b.wait(15)
         assert lease(server)["spec"]["holderIdentity"] == ""
         b = None
+
+        # An admin reads and resets the breaker where it lives: the Lease.
+        status = json.loads(admin(fleet, "status").stdout)
+        assert status["open"] and status["state_file"] == "lease ops/slurm-hooks-bridge" and status["leader"] == ""
+        assert len(status["taken_in_window"]) == 2
+        assert admin(fleet, "reset-breaker", "--yes").returncode == 0
+        assert not json.loads(admin(fleet, "status").stdout)["open"]
+        assert json.loads(lease(server)["metadata"]["annotations"][BREAKER_ANNOTATION])["reset_at"]
     finally:
         for proc in (a, b):
             if proc is not None and proc.poll() is None:

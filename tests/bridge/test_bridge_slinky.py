@@ -166,3 +166,23 @@ def test_prestop_overwrites_our_reason_and_the_bridge_replaces_once_and_closes_t
 
     res = bridge.run_pass()
     assert not res.closed and not res.taken and not res.replaced and res.detached == [bad], res.summary()
+
+
+def test_the_double_keeps_the_operators_reason_rule(slinky):
+    """IsNodeReasonOurs: the operator drains a cordoned node only when nobody drained it, and
+    undrains only its own reasons."""
+    tb, server, operator = slinky
+    ours, other = tb.nodes
+    tb.scontrol("update", f"NodeName={ours}", "State=DRAIN", "Reason=slurm-hooks: XID 79 on GPU 3 [replace]")
+    for name in (ours, other):
+        body = server.get("v1/nodes", name)
+        body["spec"]["unschedulable"] = True
+        server.put("v1/nodes", body)
+    assert operator.sync_cordons() == [other]
+    assert tb.slurm.node(ours).reason.startswith("slurm-hooks: XID 79")
+    assert tb.slurm.node(other).reason == "slurm-operator: node is cordoned"
+    operator.reschedule(ours, "spare-1")
+    operator.reschedule(other, "spare-1")
+    assert tb.slurm.node(ours).drained and tb.slurm.node(ours).reason.startswith("slurm-hooks: XID 79")
+    assert not tb.slurm.node(other).drained
+    tb.scontrol("update", f"NodeName={ours}", "State=RESUME")

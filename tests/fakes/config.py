@@ -44,6 +44,18 @@ def sim_config(tmp_path: Path, extra: str = ""):
     return config.load(str(write_sim_config(tmp_path, extra)))
 
 
+def repair_config(tmp_path: Path, extra: str = ""):
+    """:func:`sim_config` with the repair ladder on, ``[expect] gpus = 8``, and the sim's dcgmi
+    (``slurm-hooks sim tools``) as ``[dcgm] dcgmi``: each repair is validated before the node
+    returns ([repair] dcgm_level 2). ``extra`` goes into the ``[repair]`` table. Call
+    :func:`slurm_hooks.probes.sim.set_diag_seconds` for a fast diagnostic."""
+    from slurm_hooks.probes import simtools
+
+    tools = simtools.install(str(Path(tmp_path) / "bin"), str(Path(tmp_path) / "sim"))
+    return sim_config(tmp_path, f'[expect]\ngpus = 8\n[repair]\nenabled = true\n{extra}\n'
+                                f'[dcgm]\ndcgmi = "{tools["dcgmi"]}"\n')
+
+
 def nvml_wiring(tmp_path: Path, slurm, nvml, kmsg_path):
     """A node ``n1`` expecting 8 GPUs, read by the real NVML probe over ``nvml`` (a FakeNvml)
     and the kernel log at ``kmsg_path``, acting on ``slurm`` (a FakeSlurm)."""

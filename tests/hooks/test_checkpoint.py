@@ -210,3 +210,41 @@ def test_the_health_check_signals_first_and_the_incident_names_the_signal_and_th
     assert (job["job_id"], job["signal"], job["requeued_by"], job["checkpoint"]) == (
         "101", "USR2@90", "self", "requeued itself")
     assert 0 <= job["requeue_s"] < 5
+
+
+def test_jobs_the_watchers_thread_follows_are_left_to_it_by_the_other_hooks(t):
+    import subprocess
+    import sys
+
+    t.slurm.scripts[101] = USR2_SCRIPT
+    requeue_now(t)
+    watcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slurm_hooks", "watch"])
+    try:
+        rec = follower.read_record(t.w, "101")
+        follower.write_record(t.w, follower.replace(rec, pid=watcher.pid, grace_until=time.time() - 1))
+        assert follower.finish_followed(t.w) == {}  # the epilog on the node does not take it over
+        assert t.slurm.called("requeue") == []
+    finally:
+        watcher.kill()
+        watcher.wait()
+    assert follower.finish_followed(t.w) == {"101": "timed out"}  # the watcher is gone: the next run does it
+    assert t.slurm.called("requeue") == [("requeue", 101)]
+
+
+def test_the_watcher_signals_first_and_its_thread_sees_the_job_requeue_itself(t):
+    from slurm_hooks.hooks.watch import Watcher
+    from slurm_hooks.probes import sim
+
+    sim_dir = t.w.config.gpu.sim_dir
+    sim.init(sim_dir, "n1", 8)
+    t.slurm.scripts[101] = b"#!/bin/sh\n#SBATCH --signal=B:USR1@60\n"
+    sim.inject(sim_dir, "n1", 3, xid=79)
+    [event] = [e for g in sim.SimProbe(sim_dir, "n1").snapshot().gpus for e in g.xids]
+    Watcher(t.w, source=None, log=lambda m: None).handle(event)
+    assert t.slurm.called("signal") == [("signal", 101, "USR1", "batch")]
+    t.slurm.job_states(101, ["PENDING"], restarts=1, nodes="")
+    deadline = time.monotonic() + 10
+    while not t.slurm.called("start_now") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert t.slurm.called("start_now") == [("start_now", 101)] and t.slurm.called("requeue") == []
+    assert ("101", "self") in steps(t, "requeue")

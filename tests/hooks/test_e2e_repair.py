@@ -13,8 +13,9 @@ import os
 import time
 
 import pytest
+from conftest import own_testbed
 
-from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.lab.testbed import Settings
 from slurm_hooks.probes import sim
 
 pytestmark = pytest.mark.slurm
@@ -24,18 +25,8 @@ SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_inter
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
-    tb = Testbed(str(tmp_path_factory.mktemp("repairbed")), SETTINGS)
-    try:
-        tb.up()
-    except BaseException:
-        tb.down()
-        raise
-    try:
+    with own_testbed(tmp_path_factory, "repairbed", SETTINGS) as tb:
         yield tb
-    finally:
-        tb.down()
 
 
 @pytest.fixture
@@ -53,8 +44,12 @@ def _records(tb, action=None):
     return [r for r in recs if action is None or r.get("action") == action]
 
 
+RUNGS = ("repair-reset", "repair-reboot", "repair-replace")
+
+
 def _repairs(tb):
-    return [(r["action"], r["result"]) for r in _records(tb) if str(r.get("action", "")).startswith("repair-")]
+    """The rungs taken, in order (the worker's and the validation's own records aside)."""
+    return [(r["action"], r["result"]) for r in _records(tb) if r.get("action") in RUNGS]
 
 
 def _sim(tb, node="n1"):
@@ -129,7 +124,7 @@ def test_node_with_a_running_job_is_not_repaired_before_the_job_ends(tb):
     from slurm_hooks.runner import run_command
 
     run_command(["/usr/bin/scancel", str(job)], 10, env=tb.env())
-    _wait(lambda: ("repair-reset", "ok") in _repairs(tb), 30, "the reset once the job left")
+    _wait(lambda: ("repair-reset", "ok") in _repairs(tb), 30, "the reset once the job left", tb)
     tb.wait_node("n1", lambda n: n.state.upper() == "IDLE" and (not n.reason or tb.keeps_reasons), timeout=15)
 
 

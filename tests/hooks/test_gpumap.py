@@ -286,3 +286,92 @@ def test_sim_init_cli_takes_minors_and_mig(tmp_path, capsys):
         main([*argv, "--minors", "1,1"])
     err = capsys.readouterr().err
     assert bad.value.code != 0 and "distinct minor numbers" in err and "Traceback" not in err
+
+
+def test_admin_comment_names_the_jobs_gpu_as_slurm_numbers_it_when_nvmls_differs(tmp_path):
+    t = node(tmp_path)
+    run_jobs(t, {801: "gpu:1(IDX:0)"})
+    sim.inject(t.sim_dir, "n1", 7, xid=79)
+    healthcheck.run(t.w, follow="none")
+    assert t.slurm.admin_comments[801].startswith(
+        "slurm-hooks: requeued from n1, XID 79 on GPU 7 (the job's GPU 0 as Slurm numbers them), ")
+    (tmp_path / "p").mkdir()
+    refused = node(tmp_path / "p")
+    sim.inject(refused.sim_dir, "n1", 6, xid=79)
+    refused.slurm.add_job(802, "n1")
+    assert jobhooks.prolog(refused.w, {"SLURM_JOB_ID": "802", "SLURM_JOB_GPUS": "1"}) == 1
+    assert "XID 79 on GPU 6 (the job's GPU 1 as Slurm numbers them)" in refused.slurm.admin_comments[802]
+
+
+def test_incident_names_each_requeued_jobs_gpu_as_slurm_numbers_it(tmp_path):
+    from slurm_hooks.observe import incidents
+
+    t = node(tmp_path)
+    run_jobs(t, {901: "gpu:2(IDX:0-1)", 902: "gpu:1(IDX:2)"})
+    sim.inject(t.sim_dir, "n1", 6, xid=79)  # NVML 6 is GRES 1
+    healthcheck.run(t.w, follow="none")
+    [inc] = incidents.build(t.audit.read())
+    summary = incidents.summary(inc)
+    assert summary["gpus"][0]["index"] == 6
+    assert [(j["job_id"], j["how"], j.get("gpus")) for j in summary["jobs"]] == [("901", "requeued", [0, 1])]
+
+
+def test_explain_says_when_the_map_is_unknown_and_counts_every_gpu_job(tmp_path, capsys):
+    from slurm_hooks.commands.check import print_explained
+
+    t = node(tmp_path, None)
+    run_jobs(t, {1001: "gpu:1(IDX:0)", 1002: "gpu:1(IDX:7)", 1003: ""})
+    sim.inject(t.sim_dir, "n1", 7, xid=79)
+    report = healthcheck.judge(t.w, healthcheck.Context.CHECK)
+    entries = remediate.explain(t.w, report)
+    [xid] = [e for e in entries if e["check"] == "xid"]
+    assert xid["requeues"] == ["1001", "1002"] and xid["gpu_map"].startswith("gres.conf unreadable")
+    print_explained(report, entries, as_json=False)
+    line = next(x for x in capsys.readouterr().out.splitlines() if " xid: " in x)
+    assert "requeue 1001, 1002 (every GPU job: GPU map unknown, gres.conf unreadable" in line
+
+
+def test_nvml_probe_reads_mig_instances_and_a_gpu_lost_mid_read_keeps_its_minor():
+    import pynvml
+
+    fake = FakeNvml.healthy(gpus=2)
+    fake.set(1, mig=[("MIG-5c1e-a", 1, 0), ("MIG-5c1e-b", 2, 0)])
+    snap = NvmlProbe("n1", kmsg_path="/nonexistent", nvml=fake).snapshot()
+    assert snap.gpus[0].mig == () and snap.gpus[1].mig == (MigDevice("MIG-5c1e-a", 1, 0), MigDevice("MIG-5c1e-b", 2, 0))
+    fake.fail("nvmlDeviceGetTotalEccErrors", gpu=1, code=pynvml.NVML_ERROR_GPU_IS_LOST)
+    lost = NvmlProbe("n1", kmsg_path="/nonexistent", nvml=fake).snapshot().gpus[1]
+    assert lost.lost and lost.minor == 1 and lost.uuid
+
+
+def test_gres_source_slurmd_builds_the_map_from_slurmd_g_and_says_why_when_it_fails(tmp_path):
+    captured = SLURM / "slurmd-G-22.05-gres-reverse.txt"
+    script = tmp_path / "slurmd"
+    script.write_text(f"#!/bin/sh\n[ \"$1 $2 $3\" = '-G -N n1' ] || exit 3\ncat {captured}\n")
+    script.chmod(0o755)
+    (tmp_path / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-7]\n")  # what slurmd says wins
+    cfg = sim_config(tmp_path, '[expect]\ngpus = 8\n').path
+    text = Path(cfg).read_text().replace("[gpu]\n", f'[gpu]\ngres_source = "slurmd"\nslurmd = "{script}"\n')
+    Path(cfg).write_text(text)
+    from slurm_hooks import config
+
+    loaded = config.load(cfg)
+    sim.init(loaded.gpu.sim_dir, "n1", 8)
+    w = Wiring(loaded, "n1", AuditLog(loaded.log.audit), slurm_override=FakeSlurm())
+    gmap = gpumap.current(w, w.probe().snapshot())
+    assert gmap.known and gmap.source == "slurmd -G" and [s.gpu for s in gmap.slots] == list(range(7, -1, -1))
+    script.write_text("#!/bin/sh\necho 'slurmd: fatal: Unable to determine this slurmd NodeName' >&2\nexit 1\n")
+    gmap = gpumap.read(w, w.probe().snapshot())[0]
+    assert not gmap.known and "slurmd -G -N n1 failed" in gmap.problem
+
+
+def test_epilog_judges_the_gpu_behind_its_gres_index(tmp_path):
+    t = node(tmp_path)
+    env = {"SLURM_JOB_ID": "1101", "SLURM_JOB_GPUS": "0"}  # GRES 0 is NVML 7
+    assert jobhooks.prolog(t.w, env) == 0
+    sim.inject(t.sim_dir, "n1", 0, xid=79)  # NVML 0: not this job's GPU
+    assert jobhooks.epilog(t.w, env) == 0 and not t.slurm.peek("n1").drained
+    env = {"SLURM_JOB_ID": "1102", "SLURM_JOB_GPUS": "0"}
+    assert jobhooks.prolog(t.w, env) == 0
+    sim.inject(t.sim_dir, "n1", 7, ecc_uncorrectable=2)  # during the job, on its own GPU
+    assert jobhooks.epilog(t.w, env) == 0
+    assert t.slurm.peek("n1").drained and "GPU 7" in t.slurm.peek("n1").reason

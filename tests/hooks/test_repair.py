@@ -10,7 +10,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import sim_config
+from fakes.config import repair_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks import config
@@ -24,8 +24,11 @@ from slurm_hooks.probes.gpureset import NvidiaSmiReset, ResetFailed
 
 @pytest.fixture
 def t(tmp_path):
-    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n[repair]\nenabled = true\n")
+    """Node n1 with 8 simulated GPUs, the fake Slurm, and the sim's dcgmi (a fast diagnostic):
+    the ladder validates each repair before the node returns to service ([repair] dcgm_level 2)."""
+    cfg = repair_config(tmp_path)
     sim.init(cfg.gpu.sim_dir, "n1", 8)
+    sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
     slurm = FakeSlurm()
     slurm.add_node("n1", "IDLE")
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
@@ -51,48 +54,51 @@ def test_each_finding_starts_at_the_rung_of_its_action(finding, rung):
 
 def test_row_remap_pending_on_an_idle_node_is_reset_and_resumed_in_one_run(t):
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
-    report, outcome = healthcheck.run(t.w, follow="none")
+    report, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.drained and outcome.resumed and outcome.repairs == ["reset:ok"]
     assert t.slurm.peek("n1").state == "IDLE" and t.slurm.called("reboot") == []
-    assert rungs(t) == [("repair-reset", "start"), ("repair-reset", "ok")]
+    assert rungs(t) == [("repair-reset", "start"), ("repair-validate", "start"), ("repair-validate", "ok"),
+                        ("repair-reset", "ok")]
+    # Between the reset and the return to service the node was drained [validating].
+    assert ("drain", "n1", "slurm-hooks: row remap pending on GPU 3 [validating]") in t.slurm.called("drain")
     assert sim.gpu_entry(sim.read(t.sim_dir, "n1"), 3)["resets"] == 1
 
 
 def test_a_failed_reset_climbs_to_a_reboot_through_slurm_with_nextstate_down(t):
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True, cleared_by="reboot")
-    _, outcome = healthcheck.run(t.w, follow="none")
+    _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.repairs == ["reset:failed", "reboot:start"]
     assert t.slurm.called("reboot") == [("reboot", "n1", "slurm-hooks: row remap pending on GPU 3 [reboot 1/1]", "DOWN")]
     # While the reboot is pending, later checks leave the node to Slurm: no drain, no resume, no second reboot.
-    _, again = healthcheck.run(t.w, follow="none")
+    _, again = healthcheck.run(t.w, follow="none", repair="inline")
     assert again.repairs == [] and len(t.slurm.called("reboot")) == 1 and not again.resumed
     assert t.slurm.peek("n1").reason == "slurm-hooks: row remap pending on GPU 3 [reboot 1/1]"
 
 
 def test_after_the_reboot_a_healthy_check_resumes_the_node_that_came_back_down(t):
     sim.inject(t.sim_dir, "n1", 0, xid=79)
-    healthcheck.run(t.w, follow="none")
+    healthcheck.run(t.w, follow="none", repair="inline")
     assert len(t.slurm.called("reboot")) == 1
     sim.reboot(t.sim_dir, "n1")
     t.slurm.set_node("n1", state="DOWN", reason="slurm-hooks: XID 79 on GPU 0 [reboot 1/1] : reboot issued : reboot complete")
-    _, outcome = healthcheck.run(t.w, follow="none")
+    _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.repairs == ["reboot:ok"] and outcome.resumed
     assert t.slurm.peek("n1").state == "IDLE" and not t.slurm.peek("n1").reason
 
 
 def test_a_fault_that_survives_the_reboot_is_tagged_replace_and_put_on_the_rma_list_once(t):
     sim.inject(t.sim_dir, "n1", 0, xid=79, cleared_by="never")
-    healthcheck.run(t.w, follow="none")
+    healthcheck.run(t.w, follow="none", repair="inline")
     sim.reboot(t.sim_dir, "n1")
     t.slurm.set_node("n1", state="DOWN", reason="slurm-hooks: XID 79 on GPU 0 [reboot 1/1] : reboot issued : reboot complete")
-    _, outcome = healthcheck.run(t.w, follow="none")
+    _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.repairs == ["reboot:failed", "replace:ok"]
     assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 0 [replace]"
     entries = repair.read_rma(os.path.join(t.w.config.state.dir, "rma.json"))
     gpu = sim.gpu_entry(sim.read(t.sim_dir, "n1"), 0)
     assert [(e["uuid"], e["serial"], e["pci_bus_id"]) for e in entries] == [(gpu["uuid"], gpu["serial"], gpu["pci_bus_id"])]
     for _ in range(3):  # no reboot loop
-        _, later = healthcheck.run(t.w, follow="none")
+        _, later = healthcheck.run(t.w, follow="none", repair="inline")
         assert later.repairs == []
     assert len(t.slurm.called("reboot")) == 1
     assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 0 [replace]"
@@ -100,10 +106,10 @@ def test_a_fault_that_survives_the_reboot_is_tagged_replace_and_put_on_the_rma_l
 
 def test_a_fault_back_on_the_same_gpu_within_the_window_starts_one_rung_higher(t):
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
-    healthcheck.run(t.w, follow="none")
+    healthcheck.run(t.w, follow="none", repair="inline")
     assert t.slurm.peek("n1").state == "IDLE"
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
-    _, outcome = healthcheck.run(t.w, follow="none")
+    _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.repairs == ["reboot:start"]  # no second reset within the window
 
 
@@ -112,21 +118,21 @@ def test_turning_the_reset_rung_off_starts_a_reset_class_fault_at_the_reboot(t, 
                        '[repair]\nreset = false\n')
     w = Wiring(cfg, "n1", t.audit, slurm_override=t.slurm)
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
-    _, outcome = healthcheck.run(w, follow="none")
+    _, outcome = healthcheck.run(w, follow="none", repair="inline")
     assert outcome.repairs == ["reboot:start"]
 
 
 def test_a_node_with_a_running_job_is_drained_but_not_repaired(t):
     t.slurm.add_job(7, "n1")
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
-    _, outcome = healthcheck.run(t.w, follow="none")
+    _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.drained and outcome.repairs == []
 
 
 def test_someone_elses_drain_is_never_repaired(t):
     t.slurm.set_node("n1", state="IDLE+DRAIN", reason="admin: swap fan")
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
-    _, outcome = healthcheck.run(t.w, follow="none")
+    _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.repairs == [] and t.slurm.called("reboot") == []
     assert sim.gpu_entry(sim.read(t.sim_dir, "n1"), 3).get("resets", 0) == 0
 
@@ -139,7 +145,7 @@ def test_a_repair_under_way_elsewhere_holds_the_node(t):
     fd = os.open(t.w.state_path("repair-n1.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        _, outcome = healthcheck.run(t.w, follow="none")
+        _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     finally:
         os.close(fd)
     assert outcome.drained and outcome.repairs == []

@@ -9,7 +9,7 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import sim_config
+from fakes.config import repair_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks.errors import PermanentError
@@ -23,8 +23,10 @@ REFUSED = PermanentError("scontrol_reboot_nodes error: Unspecified error")
 
 @pytest.fixture
 def t(tmp_path):
-    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n[repair]\nenabled = true\n")
+    """With the sim's dcgmi: each repair is validated before the node returns ([repair] dcgm_level 2)."""
+    cfg = repair_config(tmp_path)
     sim.init(cfg.gpu.sim_dir, "n1", 8)
+    sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
     slurm = FakeSlurm()
     slurm.add_node("n1", "IDLE")
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
@@ -32,7 +34,7 @@ def t(tmp_path):
 
 
 def check(t):
-    return healthcheck.run(t.w, follow="none")
+    return healthcheck.run(t.w, follow="none", repair="inline")
 
 
 def rungs(t):
@@ -139,6 +141,18 @@ def test_replace_ends_when_the_faulty_gpu_is_gone_new_hardware(t):
     assert out.resumed and t.slurm.peek("n1").state == "IDLE"
     ended = [r for r in t.audit.read() if r.get("action") == "repair-replace" and r.get("result") == "ended"]
     assert ended and "hardware was replaced" in ended[0]["detail"]
+    # The new hardware proved itself first: drained [validating] until its diagnostic passed.
+    assert out.repairs == ["validate:ok"]
+    assert [r["after"] for r in t.audit.read() if r.get("action") == "repair-validate"] == ["replacement"] * 2
+
+
+def test_new_hardware_that_fails_its_validation_stays_out(t):
+    replaced(t)
+    sim.replace(t.sim_dir, "n1", 3)
+    sim.inject(t.sim_dir, "n1", 3, diag_failure=1)  # the replacement GPU is bad too
+    _, out = check(t)
+    assert not out.resumed and t.slurm.peek("n1").drained
+    assert "validate:failed" in out.repairs
     assert repair.read_rma(repair.rma_path(t.w))
 
 

@@ -193,8 +193,8 @@ def test_interpreter_gone_exits_0_with_one_line_and_a_status_that_validate_repor
     r = run_program(inp.prefix, hook, {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0"})
     assert r.returncode == 0
     [line] = [x for x in r.stderr.splitlines() if x.startswith("slurm-hooks ")]
-    assert line.startswith(f"slurm-hooks {layout.program_path(hook, 'x').split('-')[-1]}"[:12])
-    assert "could not run (exit 127)" in line
+    command = "check" if hook == "healthcheck" else hook
+    assert line.startswith(f"slurm-hooks {command} could not run (exit 127): ")
     status = layout.read_status(inp.state_dir)[hook]
     assert (status["exit"], status["action"], status["hook"]) == ("127", "allowed", hook)
     assert os.stat(layout.status_path(inp.state_dir, hook)).st_mode & 0o777 == 0o600
@@ -266,3 +266,29 @@ def test_metrics_textfile_says_the_wrapper_failed(tmp_path):
     run_program(inp.prefix, "epilog")
     text = (tmp_path / "prom" / "slurm_hooks_wrapper_epilog.prom").read_text()
     assert 'slurm_hooks_wrapper_failed{hook="epilog",exit_code="127"} 1\n' in text
+
+
+def test_validate_passes_the_programs_install_lays(tmp_path):
+    """validate's program checks (exists, safe to run as root, runs slurm-hooks <command> by absolute
+    path) pass for the installed programs, followed through their symlinks."""
+    from slurm_hooks.preflight import slurmconf
+    from slurm_hooks.preflight.slurmconf_checks import PROGRAMS, check_program
+
+    inp = inputs(tmp_path)
+    os.chmod(tmp_path, 0o755)
+    apply.install(inp)
+    conf = slurmconf.parse("\n".join(layout.slurm_conf_lines(inp.prefix)) + "\n", str(tmp_path / "slurm.conf"))
+    for key, check, sub, _ in PROGRAMS:
+        [result] = check_program(conf, key, check, sub, "")
+        assert result.status is Status.PASS, result
+        assert result.message.endswith(f"runs `slurm-hooks {sub}`")
+
+
+def test_env_is_quoted_for_sh_in_the_programs_and_for_systemd_in_the_unit(tmp_path):
+    laid = layout.render(inputs(tmp_path, env=(("SLURM_CONF", '/etc/slurm a/"x".conf'),))).files
+    assert 'Environment="SLURM_CONF=/etc/slurm a/\\"x\\".conf"\n' in laid[layout.UNIT][0]
+    prolog = tmp_path / "prolog"
+    prolog.write_text(laid["bin/slurm-hooks-prolog"][0].replace(f"{PY} -I -m slurm_hooks prolog",
+                                                                 'echo "$SLURM_CONF" #'))
+    out = subprocess.run(["sh", str(prolog)], capture_output=True, text=True, env={})
+    assert out.stdout == '/etc/slurm a/"x".conf\n'

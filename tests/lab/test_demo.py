@@ -25,6 +25,10 @@ def test_demo_recovers_the_training_job_from_its_checkpoint_in_seconds(tmp_path)
     assert "(restart 1)" in resumed, resumed
     step = int(resumed.split()[1])
     assert step >= 5  # it kept what it had learned: at least the first checkpoint
+    # It got its own signal first, saved, requeued itself: nothing lost.
+    assert "requeued itself" in ms.details["job checkpointed"], ms.details
+    assert ms.times["job checkpointed"] <= ms.times["job running again"]
+    assert ms.details["steps lost"] == "0" and "steps lost: 0" in text, text
     assert "drain   n" in text and "slurm-hooks: XID 79 on GPU" in text  # the timeline was shown
     # The job has moved on; the drained node comes back by itself: reboot through Slurm, checked, IDLE.
     assert ms.details["reboot requested"].endswith("[reboot 1/1]"), ms.details

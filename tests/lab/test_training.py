@@ -124,3 +124,16 @@ def test_sbatch_asks_for_requeue_append_and_a_gpu_and_execs_the_trainer():
     assert {"--requeue", "--open-mode=append", "--gres=gpu:1"} <= set(directives)
     assert re.search(r"^exec python3 .*examples/train\.py", text, re.M)
     subprocess.run(["bash", "-n", SBATCH], check=True)
+
+
+def test_on_its_own_checkpoint_signal_it_saves_requeues_itself_and_exits(tmp_path):
+    proc = start(tmp_path / "ckpt", "--steps", "1000", "--every", "1000", "--step-time", "0.02",
+                 "--checkpoint-signal", "USR1", "--requeue-self")
+    wait_for_line(proc, r"step 5 ")
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == EXIT_REQUEUE, err
+    saved = re.search(r"signal SIGUSR1: saved step (\d+), requeued itself \(scontrol requeue: (.+)\)", out)
+    assert saved, out
+    assert saved.group(2) == "no job id"  # outside Slurm: nothing to requeue, and it says so
+    assert Checkpointer(str(tmp_path / "ckpt")).load_latest()[0] == int(saved.group(1))

@@ -398,6 +398,7 @@ def test_slack_and_json_receivers_each_get_their_shape(setup, receiver):
     assert {"type": "mrkdwn", "text": "*Node*\nn1"} in slack["blocks"][2]["fields"]
     assert plain["node"] == "n1" and plain["kind"] == "opened" and "12 (alice)" in plain["text"]
     assert plain["headline"] in slack["text"]
+    assert "alerts" not in plain  # Alertmanager's own
     assert all(r["headers"]["Content-Type"] == "application/json" for r in receiver.requests)
 
 
@@ -586,7 +587,7 @@ def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbe
         assert receiver.requests[0]["at"] - drained_at < 5.0
         assert msg["kind"] == "opened" and msg["node"] == "n1" and msg["gpus"][0]["index"] == gpu
         assert msg["finding"]["xid"] == 79 and msg["action"] == "reboot"
-        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"], "how": "requeued"}]
+        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"], "how": "requeued", "gpus": [gpu]}]
         # Mended: the health check judges the node again, resumes its own drain, and (no watcher
         # delivering any more) tells it itself within its run.
         sim.clear(tb.sim_dir, "n1")
@@ -627,3 +628,31 @@ def test_what_an_older_notifier_saved_about_an_incident_still_reads():
                               "told": {"opened": "before this notifier", "escalated": ["replace"], "reminders": 2}})
     assert inc.told.opened and inc.told.backfilled and inc.told.escalated == ["replace"] and inc.told.reminders == 2
     assert Incident.from_dict(inc.to_dict()).told == inc.told
+
+
+def test_a_missing_permission_in_the_bridge_is_told_and_a_poke_delivers_at_once(setup, receiver):
+    log, _, notifier = setup
+    n = notifier()
+    stop = threading.Event()
+    worker = threading.Thread(target=n.run, args=(stop, 60.0), daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(n.heartbeat_path):  # the first pass is done: the next waits 60 s
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        log.write("bridge_permission_missing", level="error", node="k8s-a", slurm_node="n1", backend="karpenter",
+                  error="403", message="the bridge may not delete nodeclaims.karpenter.sh")
+        n.poke("bridge_permission_missing", {})  # what Reconciler(notify=...) calls
+        deadline = time.monotonic() + 10
+        while not receiver.bodies():
+            assert time.monotonic() < deadline, "the poke did not wake the notifier"
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        n.poke()
+        worker.join(10)
+    [msg] = receiver.bodies()
+    assert msg["kind"] == "bridge" and msg["urgency"] == "high"
+    assert msg["text"] == ("Kubernetes bridge, node k8s-a (Slurm n1): the bridge may not delete "
+                           "nodeclaims.karpenter.sh.")

@@ -375,3 +375,23 @@ def test_render_refuses_a_bridge_config_with_a_receiver_url_in_it(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "s3cr3t" not in r.stdout + r.stderr
     assert "[[notify.alertmanager]] #1 url: the bridge's config is rendered into a ConfigMap" in r.stderr
+
+
+def test_alertmanager_gets_the_authorization_from_its_file(make, receiver, tmp_path):
+    log, _, notifier, _ = make
+    token = tmp_path / "am.auth"
+    token.write_text("s3cr3t-token\n")
+    token.chmod(0o600)
+    basic = tmp_path / "am.basic"
+    basic.write_text("Basic dXNlcjpwYXNz\n")
+    xid79(log)
+    n = notifier(webhooks=(), alertmanagers=({"url": receiver.url("/am1"), "auth_file": str(token)},
+                                             {"url": receiver.url("/am2/api/v2/alerts"), "auth_file": str(basic)}))
+    assert n.flush(5)["sent"] == 2
+    by_path = {r["path"]: r for r in receiver.requests}
+    assert by_path["/am1/api/v2/alerts"]["headers"]["Authorization"] == "Bearer s3cr3t-token"
+    assert by_path["/am2/api/v2/alerts"]["headers"]["Authorization"] == "Basic dXNlcjpwYXNz"
+    [alert] = by_path["/am1/api/v2/alerts"]["body"]
+    assert alert["labels"] == {"alertname": "SlurmHooksXid", "node": "n1", "gpu": "3", "xid": "79",
+                               "action": "replace", "severity": "critical"}
+    assert alert["annotations"]["summary"].startswith("n1 drained [replace]: XID 79")

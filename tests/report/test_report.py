@@ -180,3 +180,18 @@ def test_queries_are_bounded_and_times_read_as_utc_epoch_whatever_the_caller_say
     assert " -s REQUEUED -N n1 --starttime=2026-11-30T15:39:52 " in requeued  # only the incident's node
     assert " -j 5 " in runs
     assert rep["sources"]["accounting_queries"][0].startswith("sacctmgr -n -P show event")
+
+
+def test_a_report_scoped_to_nodes_asks_slurmdbd_for_those_nodes_only(tmp_path):
+    bin_dir = _fake_bin(tmp_path, "echo 'n2|1796139592|Unknown|DRAIN|slurm-hooks: XID 48 on GPU 1 [reset]|root(0)'")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[slurm]\nbin_dir = "{bin_dir}"\n[log]\naudit = "{tmp_path}/a.jsonl"\n')
+    out = subprocess.run([sys.executable, "-m", "slurm_hooks", "report", "--config", str(cfg), "--json",
+                          "--nodes", "n[1-2]"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    events, requeued = (tmp_path / "argv").read_text().splitlines()
+    assert " States=DRAIN Nodes=n1,n2 Start=" in events
+    assert " -s REQUEUED -N n2 " in requeued
+    bad = subprocess.run([sys.executable, "-m", "slurm_hooks", "report", "--config", str(cfg), "--nodes", "n[1-"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--nodes" in bad.stderr and "Traceback" not in bad.stderr
