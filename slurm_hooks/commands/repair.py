@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from slurm_hooks.commands.options import config_option, node_option
-from slurm_hooks.errors import EXIT_OK, EXIT_UNAVAILABLE, EXIT_UNHEALTHY, EXIT_USAGE
+from slurm_hooks.errors import EXIT_INTERNAL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_UNHEALTHY, EXIT_USAGE
 
 #: verdict -> (exit code, what a person reads)
 _VERDICTS = {
@@ -67,5 +67,11 @@ def repair_worker(config_path: str | None, node: str | None, own_job: str) -> in
     from slurm_hooks.runner import signal_ready
 
     w = Wiring.load(config_path, node)
-    outcome = healthcheck.repair_worker(w, own_job, ready=signal_ready)
+    try:
+        outcome = healthcheck.repair_worker(w, own_job, ready=signal_ready)
+    except Exception as exc:  # noqa: BLE001 - its stderr is /dev/null once it runs: the audit log must say
+        w.audit.write("action", node=w.node, action="repair-worker", target=w.node, result="failed", duration_s=0.0,
+                      level="error", error=f"{type(exc).__name__}: {exc}",
+                      detail="the repair worker crashed; the next health check looks again")
+        return EXIT_INTERNAL
     return EXIT_OK if outcome is None or outcome.ok else EXIT_UNHEALTHY

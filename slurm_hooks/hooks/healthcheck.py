@@ -48,6 +48,10 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     """
     if context is not Context.WATCH:  # the watcher is a daemon: nothing kills it at 60 s
         w.start_deadline(float(w.config.check.deadline))
+    if context is Context.CHECK and not dry_run and repair_under_way(w):
+        # A repair worker has the (drained, idle) node: it judges it itself, and a probe of ours
+        # now could hold a GPU open under its nvidia-smi --gpu-reset.
+        return Report(w.node, context, (), 0.0), Outcome(repairs=["worker:busy"])
     earlier = None if dry_run else pending.load(w.config.state.dir, w.node)
     if earlier is not None:
         events = (*events, *_events(earlier))
@@ -309,6 +313,17 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
     _metrics(w, report, outcome)
 
 
+def repair_under_way(w: Wiring) -> bool:
+    """A repair worker (or a person's ``repair --validate``) holds this node's repair lock now.
+    One ``stat`` when no repair ever ran on the node."""
+    if not (w.config.repair.enabled and os.path.exists(w.repair_state())):
+        return False
+    from slurm_hooks.hooks import repair
+
+    with repair.worker_lock(w) as mine:
+        return not mine
+
+
 def _repair(w: Wiring, report: Report, outcome: Outcome, own_job: str = "", mode: str = "detached") -> bool:
     """The repair ladder's turn (:mod:`slurm_hooks.hooks.repair`); True when it holds the node.
     Off with ``[check] drain = false`` too: a node side that may not drain repairs nothing."""
@@ -540,5 +555,6 @@ def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
 
     done = ["drain"] * int(outcome.drained) + ["requeue"] * len(outcome.requeued) + ["resume"] * int(outcome.resumed)
     done += [f"repair-{r.split(':')[0]}" for r in outcome.repairs if not r.endswith(":start")]
+    done += ["drain-monitor-only"] * int(outcome.monitor_only)  # found, and not acted on: [check] drain = false
     waiting = pending.load(w.config.state.dir, w.node)
     metrics.record(w.config, w.node, report, remediations=done, pending=len(waiting.steps) if waiting else 0)

@@ -452,7 +452,10 @@ def validate_on_request(w: Wiring, outcome: Outcome, rejudge: Rejudge, who: str)
     report = rejudge(0, None)
     if report.drain_findings():
         return "failed"
-    return _validate_and_resume(w, f"validation asked by {who}", "request", outcome, rejudge, state)[0]
+    result, _, judged = _validate_and_resume(w, f"validation asked by {who}", "request", outcome, rejudge, state)
+    if result == "failed" and judged is not None and judged.drain_findings():
+        remediate.drain(w, judged, outcome)  # what failed, as the reason: the ladder takes it from there
+    return result
 
 
 # -- the worker -------------------------------------------------------------------

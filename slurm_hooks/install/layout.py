@@ -201,7 +201,8 @@ def render(inp: Inputs) -> Laid:
     write_paths = ["-" + p for p in sorted({inp.state_dir, os.path.dirname(inp.audit) or "/",
                                             *(p for p in (textfile,) if p), *inp.extra_write_paths})]
     files[UNIT] = (env.from_string(_template("install", "slurm-hooks-watch.service.j2")).render(
-        version=inp.version, python=inp.python, config=inp.config, env=list(inp.env),
+        version=inp.version, python=inp.python, config=inp.config,
+        env=[(name, value.replace("\\", "\\\\").replace('"', '\\"')) for name, value in inp.env],
         unit_path=os.path.join(inp.prefix, UNIT), write_paths=write_paths), 0o644)
     files[NHC] = (env.from_string(_template("nhc", "slurm_hooks.nhc.j2")).render(
         version=inp.version, healthcheck=program_path("healthcheck", inp.prefix),

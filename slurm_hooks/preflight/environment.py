@@ -171,6 +171,21 @@ def check_paths(cfg: Config) -> list[Result]:
     return out
 
 
+def check_validation(cfg: Config) -> list[Result]:
+    """The repair ladder validates before a node returns ([repair] dcgm_level): without a runnable
+    dcgmi every repaired node ends [unverified] and waits for a person."""
+    level, dcgmi = int(cfg.repair.dcgm_level), cfg.dcgm.dcgmi
+    if not (cfg.repair.enabled and cfg.check.drain) or level <= 0:
+        return []
+    if os.path.isfile(dcgmi) and os.access(dcgmi, os.X_OK):
+        return [Result("repair-validation", Status.PASS, f"repaired nodes return after dcgmi diag -r {level} ({dcgmi})")]
+    return [Result("repair-validation", Status.WARN,
+                   f"[repair] dcgm_level = {level} but no dcgmi at {dcgmi}: every repaired node stays drained "
+                   "[unverified] until a person looks",
+                   "install DCGM (datacenter-gpu-manager) and point [dcgm] dcgmi at it, or set [repair] dcgm_level = 0 "
+                   "to return nodes on the NVML check alone", cfg.path or "")]
+
+
 def check_notify_secrets(cfg: Config) -> list[Result]:
     """A receiver's URL is a credential (anyone holding a Slack webhook URL can post to the channel): the
     file it is written in, the config or its ``url_file``, must not be readable by others; and it

@@ -180,3 +180,23 @@ def test_with_dcgmi_absent_the_node_stays_drained_unverified(tb):
         assert tb.slurm().node("n1").reason.endswith("[unverified]"), "no pass without a diagnostic"
     finally:
         os.rename(dcgmi + ".away", dcgmi)
+
+
+def test_a_person_validates_a_node_on_it_and_it_returns_only_on_a_pass(tb):
+    import subprocess
+    import sys
+
+    def validate():
+        return subprocess.run([sys.executable, "-m", "slurm_hooks", "repair", "--validate", "--node", "n1"],
+                              capture_output=True, text=True, env={**tb.env(), "SLURMD_NODENAME": "n1"}, timeout=120)
+
+    done = validate()
+    assert done.returncode == 0 and "validated" in done.stdout, done.stdout + done.stderr
+    assert [(r["result"], r["after"]) for r in records(tb, "repair-validate")] == [("start", "request"), ("ok", "request")]
+    node = tb.slurm().node("n1")
+    assert node.base_state == "IDLE" and not node.drained and not node.reason
+    sim.inject(tb.sim_dir, "n1", 5, diag_failure=2)
+    done = validate()
+    assert done.returncode == 1, done.stdout + done.stderr
+    node = tb.slurm().node("n1")
+    assert node.drained and node.reason.startswith("slurm-hooks: DCGM diag L2 failed on GPU 5 [reset")

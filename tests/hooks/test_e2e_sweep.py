@@ -21,7 +21,9 @@ from slurm_hooks.runner import run_command
 
 pytestmark = pytest.mark.slurm
 
-SETTINGS = Settings(nodes=3, gpus=8, hooks=True, kill_wait=2, health_check_interval=30, requeue_grace=3.0)
+#: With accounting (slurmdbd on a private MariaDB): the sweep's jobs show in sacct like any job.
+SETTINGS = Settings(nodes=3, gpus=8, hooks=True, kill_wait=2, health_check_interval=30, requeue_grace=3.0,
+                    accounting=True)
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,16 @@ def test_a_latent_fault_only_dcgm_finds_drains_its_node_naming_the_gpu_and_the_r
     assert tb.slurm().admin_comment(failed_job) == ("slurm-hooks: sweep L2 failed: drained: slurm-hooks: DCGM diag L2 "
                                                     "failed on GPU 3 [reset]")
     assert took < 60, f"the sweep took {took:.1f}s"
+    # Accounting shows the sweep's jobs like any job: root's, named, FAILED (exit 1) with the verdict.
+    deadline = time.monotonic() + 30
+    while True:
+        rows = run_command([os.path.join(BIN, "sacct"), "-n", "-P", "-X", "-j", failed_job, "-o",
+                            "JobName,User,State,AdminComment%300"], 10, env=tb.env()).stdout.strip()
+        if "failed on GPU 3" in rows or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert rows.startswith("slurm-hooks-sweep|root|FAILED|slurm-hooks: sweep L2 failed: drained: slurm-hooks: "
+                           "DCGM diag L2 failed on GPU 3 [reset]"), rows
 
 
 def test_json_output_and_a_passing_partition(tb):
@@ -109,3 +121,15 @@ def test_two_sweeps_at_once_do_not_overlap_and_an_interrupted_one_leaves_no_rese
     assert reservations(tb) == [], out + err
     assert first.returncode == 130 and "interrupted: its jobs cancelled, its reservations deleted" in err
     tb.wait_node("n2", lambda n: n.state.upper() == "IDLE" and not n.reason, timeout=20)  # its job cancelled
+
+
+def test_a_diagnostic_past_the_jobs_limit_is_unverified_never_a_pass_and_leaves_no_reservation(tb):
+    sim.set_diag_seconds(tb.sim_dir, "n2", 60.0)
+    done, took = sweep(tb, "--nodes", "n2", "--level", "1", "--timeout", "5")
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = done.stdout.splitlines()[-1]
+    assert summary.startswith("sweep L1: 1 node(s): 0 passed, 0 failed, 1 unverified (n2), 0 skipped"), summary
+    assert "did not finish within our" in done.stdout
+    assert reservations(tb) == [] and took < 40
+    node = tb.slurm().node("n2")
+    assert not node.drained and not node.reason, "a test that did not run drains nothing, and passes nothing"

@@ -67,6 +67,19 @@ def test_health_check_and_the_repair_ladder_act_on_nothing(t):
     assert audited(t)[1] == [("drain", "monitor-only", REASON)]
 
 
+def test_the_metrics_count_what_was_not_acted_on(tmp_path):
+    cfg = sim_config(tmp_path, f'[check]\ndrain = false\n[metrics]\ntextfile_dir = "{tmp_path}/prom"\n')
+    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "IDLE")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    sim.inject(cfg.gpu.sim_dir, "n1", 3, xid=79)
+    healthcheck.run(w, follow="none")
+    prom = (tmp_path / "prom" / "slurm_hooks.prom").read_text()
+    assert 'slurm_hooks_remediations_total{node="n1",action="drain-monitor-only"} 1' in prom
+    assert 'action="drain"}' not in prom and slurm.calls == []
+
+
 def test_the_watcher_acts_on_nothing(t):
     sim.inject(t.sim_dir, "n1", 3, xid=79)
     [event] = [e for g in sim.SimProbe(t.sim_dir, "n1").snapshot().gpus for e in g.xids]
@@ -75,3 +88,22 @@ def test_the_watcher_acts_on_nothing(t):
     alerts, steps = audited(t)
     assert alerts and all(a["monitor_only"] for a in alerts)
     assert steps == [("drain", "monitor-only", REASON)]
+
+
+def test_notifications_tell_a_monitor_only_finding_once_marked_not_acted_on(t):
+    """The health check runs every few minutes on a node with XID 79, monitor-only: the receiver
+    (syslog here) gets one message, saying it was not acted on; the node stays in service."""
+    from slurm_hooks.observe.notify import Notifier, Settings
+
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    for _ in range(3):
+        healthcheck.run(t.w, follow="none")
+    lines = []
+    settings = Settings(audit=t.cfg.log.audit, dir=t.cfg.state.dir + "/notify", syslog=True, settle=0.0)
+    notifier = Notifier(settings, syslog=lambda priority, text: lines.append(text), log=lambda m: None)
+    notifier.flush(5)
+    healthcheck.run(t.w, follow="none")
+    notifier.flush(5)
+    assert lines == [f"n1: XID 79 on GPU 3 [reboot] (seen by check); not acted on: monitor-only ([check] drain = "
+                     f"false), the node stays in service. It would have been drained: \"{REASON}\"."]
+    assert t.slurm.calls == []

@@ -196,7 +196,8 @@ def test_a_person_validates_a_node_and_it_returns_only_on_a_pass(t):
     assert t.slurm.peek("n1").state == "IDLE" and not t.slurm.peek("n1").reason
     sim.inject(t.sim_dir, "n1", 5, diag_failure=1)
     assert healthcheck.validate_node(t.w, "alice") == "failed"
-    assert t.slurm.peek("n1").drained
+    node = t.slurm.peek("n1")
+    assert node.drained and node.reason == "slurm-hooks: DCGM diag L2 failed on GPU 5 [reset]"
 
 
 def test_with_no_diagnostic_configured_the_nvml_check_alone_returns_the_node(tmp_path):
@@ -212,3 +213,25 @@ def test_the_hook_holds_a_node_whose_reboot_is_pending_without_starting_a_worker
     assert outcome.repairs == ["reboot:start"]
     _, again = healthcheck.run(t.w, follow="none")  # the hooks' own mode: a worker only when one is due
     assert again.repairs == [] and not again.failed and len(t.slurm.called("reboot")) == 1
+
+
+def test_while_a_worker_holds_the_node_the_health_check_does_not_touch_the_gpus(t):
+    import fcntl
+
+    class Counting:
+        name = "counting"
+        calls = 0
+
+        def snapshot(self):
+            Counting.calls += 1
+            raise AssertionError("probed during a repair")
+
+    repair.save(t.w, repair.load(t.w))  # a repair ran on this node
+    fd = os.open(t.w.state_path("repair-n1.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the worker
+    try:
+        w = Wiring(t.w.config, "n1", t.audit, probe_override=Counting(), slurm_override=t.slurm)
+        report, outcome = healthcheck.run(w, follow="none")
+    finally:
+        os.close(fd)
+    assert Counting.calls == 0 and outcome.repairs == ["worker:busy"] and t.slurm.calls == []

@@ -79,3 +79,50 @@ def test_repair_validate_refuses_under_monitor_only(tmp_path):
     path = write_sim_config(tmp_path, "[check]\ndrain = false\n")
     done = _cli("repair", "--validate", "--config", str(path), "--node", "n1")
     assert done.returncode == 2 and "monitor-only" in done.stderr
+
+
+def _tool(path, code, text=""):
+    path.write_text(f"#!/bin/sh\necho '{text}'\nexit {code}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_the_validation_job_runs_dcgm_then_nvbandwidth_and_nccl_where_installed_and_drains_on_a_failure(tmp_path):
+    from fakes.config import repair_config
+
+    from slurm_hooks.probes import sim
+
+    nvb = _tool(tmp_path / "nvbandwidth", 1, "device to device bandwidth 12 GB/s below 300 GB/s")
+    nccl = _tool(tmp_path / "all_reduce_perf", 0, "# Avg bus bandwidth : 180.5")
+    cfg = repair_config(tmp_path, f'[sweep]\nnvbandwidth = "{nvb}"\nall_reduce_perf = "{nccl}"\n')
+    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "ALLOCATED")
+    slurm.add_job(9, "n1")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    verdict, detail = sweep.validate_here(w, 2, 60.0, job="9")
+    assert verdict == "failed"
+    tests = [(r["test"], r["result"]) for r in w.audit.read() if r.get("action") == "sweep-test"]
+    assert tests == [("dcgmi diag -r 2", "passed"), ("nvbandwidth", "failed"), ("all_reduce_perf", "passed")]
+    node = slurm.peek("n1")
+    assert node.drained and node.reason.startswith("slurm-hooks: nvbandwidth failed [drain")
+    assert detail == f"drained: {node.reason}"
+    assert slurm.admin_comment(9).startswith("slurm-hooks: sweep L2 failed: drained: slurm-hooks: nvbandwidth failed")
+
+
+def test_a_validation_job_that_passes_drains_nothing_and_says_so_in_its_admin_comment(tmp_path):
+    from fakes.config import repair_config
+
+    from slurm_hooks.probes import sim
+
+    cfg = repair_config(tmp_path, f'[sweep]\nnvbandwidth = "{tmp_path}/none"\nall_reduce_perf = "{tmp_path}/none"\n')
+    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "ALLOCATED")
+    slurm.add_job(9, "n1")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    assert sweep.validate_here(w, 3, 60.0, job="9") == ("passed", "DCGM diag L3 passed")
+    assert not slurm.peek("n1").drained and slurm.called("drain") == []
+    assert slurm.admin_comment(9) == "slurm-hooks: sweep L3 passed: DCGM diag L3 passed"

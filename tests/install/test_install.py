@@ -282,3 +282,13 @@ def test_validate_passes_the_programs_install_lays(tmp_path):
         [result] = check_program(conf, key, check, sub, "")
         assert result.status is Status.PASS, result
         assert result.message.endswith(f"runs `slurm-hooks {sub}`")
+
+
+def test_env_is_quoted_for_sh_in_the_programs_and_for_systemd_in_the_unit(tmp_path):
+    laid = layout.render(inputs(tmp_path, env=(("SLURM_CONF", '/etc/slurm a/"x".conf'),))).files
+    assert 'Environment="SLURM_CONF=/etc/slurm a/\\"x\\".conf"\n' in laid[layout.UNIT][0]
+    prolog = tmp_path / "prolog"
+    prolog.write_text(laid["bin/slurm-hooks-prolog"][0].replace(f"{PY} -I -m slurm_hooks prolog",
+                                                                 'echo "$SLURM_CONF" #'))
+    out = subprocess.run(["sh", str(prolog)], capture_output=True, text=True, env={})
+    assert out.stdout == '/etc/slurm a/"x".conf\n'

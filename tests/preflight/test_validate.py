@@ -15,7 +15,7 @@ from slurm_hooks import __version__
 from slurm_hooks import preflight as validate
 from slurm_hooks.cli import main
 from slurm_hooks.install.layout import install_command
-from slurm_hooks.probes import sim
+from slurm_hooks.probes import sim, simtools
 
 GOOD_SLURM_CONF = """\
 ClusterName=hooks-test
@@ -55,6 +55,9 @@ dir = "{root}/state"
 [remediation]
 requeue_grace = 120
 
+[dcgm]
+dcgmi = "{root}/bin/dcgmi"
+
 [expect]
 gpus = 8
 """
@@ -85,6 +88,7 @@ class Cluster:
         self.write_config(GOOD_CONFIG)
         (root / "etc" / "gres.conf").write_text("NodeName=n[1-2] Name=gpu File=/dev/nvidia[0-7]\n")
         sim.init(str(root / "sim"), "n1", gpus=8)
+        simtools.install(str(root / "bin"), str(root / "sim"))  # a dcgmi: repairs are validated
 
     def script(self, rel, text, mode=0o755):
         path = self.root / rel
@@ -653,3 +657,11 @@ def test_validate_fails_when_gres_conf_and_slurmd_disagree(cluster, capsys):
     out = capsys.readouterr().out
     assert exc.value.code == 1
     assert "FAIL  gpu-map: " in out and "disagree: GRES 0: /dev/nvidia0 vs " in out
+
+
+def test_a_repair_ladder_that_validates_without_dcgmi_warns_that_nodes_will_wait_unverified(cluster):
+    os.unlink(cluster.root / "bin" / "dcgmi")
+    warn = only(cluster.run(), "repair-validation")
+    assert warn.status.name == "WARN" and "[unverified]" in warn.message and "dcgm_level = 0" in warn.fix
+    cluster.write_config(GOOD_CONFIG + "[repair]\ndcgm_level = 0\n")
+    assert not [r for r in cluster.run() if r.check == "repair-validation"]
