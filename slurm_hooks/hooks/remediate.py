@@ -79,6 +79,7 @@ def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
 def not_acted(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     """Monitor-only (``[check] drain = false``): audit the drain we would have made, and make none."""
     outcome.monitor_only = True
+    extra.setdefault("context", report.context.value)
     _step(w, "drain", w.node, "monitor-only", time.monotonic(), reason=drain_reason(report),
           detail="not acted on: [check] drain = false", **extra)
 

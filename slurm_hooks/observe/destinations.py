@@ -19,8 +19,10 @@ from slurm_hooks.values import dataclass
 #: news: only the latest one of an incident waits in the outbox.
 OPENED, ESCALATED, RESOLVED, REMINDER, FIRING = "opened", "escalated", "resolved", "reminder", "firing"
 BREAKER, REPLACE, REBOOT, BRIDGE = "breaker", "replace", "reboot", "bridge"
+#: Monitor-only ([check] drain = false): a fault found and not acted on.
+MONITOR = "monitor"
 COALESCED = frozenset({REMINDER, FIRING})
-_NEWS = frozenset({OPENED, ESCALATED, RESOLVED, BREAKER, REPLACE, REBOOT, BRIDGE})
+_NEWS = frozenset({OPENED, ESCALATED, RESOLVED, BREAKER, REPLACE, REBOOT, BRIDGE, MONITOR})
 
 #: Slack's documented limits (api.slack.com/reference/block-kit/blocks: a section's text 3000
 #: characters, at most 10 fields of 2000, 50 blocks; chat.postMessage: text truncated past 40000).
@@ -140,7 +142,8 @@ class Syslog(Destination):
         import syslog
 
         priority = {OPENED: syslog.LOG_CRIT, ESCALATED: syslog.LOG_CRIT, BREAKER: syslog.LOG_CRIT,
-                    REMINDER: syslog.LOG_WARNING, BRIDGE: syslog.LOG_ERR}.get(kind, syslog.LOG_NOTICE)
+                    REMINDER: syslog.LOG_WARNING, BRIDGE: syslog.LOG_ERR,
+                    MONITOR: syslog.LOG_WARNING}.get(kind, syslog.LOG_NOTICE)
         self._send(priority, message["text"] + (f" {d.note}" if d.note else ""))
 
 
@@ -237,7 +240,7 @@ def alerts(message: dict[str, Any], kind: str, now: float, hold: float, note: st
 
 _SLACK_EMOJI = {OPENED: ":rotating_light:", ESCALATED: ":rotating_light:", RESOLVED: ":white_check_mark:",
                 REMINDER: ":hourglass:", BREAKER: ":no_entry:", REPLACE: ":recycle:", REBOOT: ":arrows_counterclockwise:",
-                BRIDGE: ":warning:"}
+                BRIDGE: ":warning:", MONITOR: ":eyes:"}
 
 
 def slack_escape(text: str) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import random
@@ -45,6 +46,7 @@ from slurm_hooks.observe.destinations import (
     BRIDGE,
     ESCALATED,
     FIRING,
+    MONITOR,
     OPENED,
     REBOOT,
     REMINDER,
@@ -326,6 +328,30 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
     return Message(mid, kind, text, data)
 
 
+def monitor_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> Message | None:
+    """Monitor-only (``[check] drain = false``): what a hook found and would have drained the node
+    for, not acted on; from its ``drain``/``monitor-only`` audit record. Once a day per node and
+    reason (the message id carries both): a check every few minutes tells it once. ``None`` for
+    any other record."""
+    if not (r.get("kind") == "action" and r.get("action") == "drain" and r.get("result") == "monitor-only"):
+        return None
+    ts = float(r.get("ts", 0))
+    node, reason = str(r.get("node") or "?"), str(r.get("reason") or "")
+    day = time.strftime("%Y%m%d", time.gmtime(ts))
+    mid = f"monitor-{node}-{hashlib.sha256(reason.encode()).hexdigest()[:10]}-{day}"
+    seen = f" (seen by {r['context']})" if r.get("context") else ""
+    text = (f"{node}: {reason.replace('slurm-hooks: ', '', 1)}{seen}; not acted on: monitor-only "
+            f"([check] drain = false), the node stays in service. It would have been drained: \"{reason}\".")
+    labels = {k: v for k, v in {"alertname": "SlurmHooksMonitorOnly", "node": node, "action": "none",
+                                "severity": "info", "cluster": cluster}.items() if v and v != "?"}
+    data = {"id": mid, "kind": MONITOR, "text": text, "headline": text, "node": node, "reason": reason,
+            "action": "none", "acted": False, "urgency": "low", "at": incidents.utc(ts), "cluster": cluster or None,
+            "runbook": runbook or None,
+            "alerts": [{"labels": labels, "starts_at": ts,
+                        "annotations": {"summary": text, "runbook": runbook or f"slurm-hooks events --node {node}"}}]}
+    return Message(mid, MONITOR, text, data)
+
+
 # --- the notifier -----------------------------------------------------------------------
 
 
@@ -539,7 +565,8 @@ class Notifier:
         messages: list[Message] = []
         for r in records:
             if float(r.get("ts", 0)) >= quiet_before:
-                m = bridge_message(r, self.s.cluster, self.s.runbook)
+                m = bridge_message(r, self.s.cluster, self.s.runbook) or monitor_message(r, self.s.cluster,
+                                                                                       self.s.runbook)
                 if m is not None:
                     messages.append(m)
         for inc in [*tracker.closed, *tracker.open.values()]:

@@ -88,3 +88,22 @@ def test_the_watcher_acts_on_nothing(t):
     alerts, steps = audited(t)
     assert alerts and all(a["monitor_only"] for a in alerts)
     assert steps == [("drain", "monitor-only", REASON)]
+
+
+def test_notifications_tell_a_monitor_only_finding_once_marked_not_acted_on(t):
+    """The health check runs every few minutes on a node with XID 79, monitor-only: the receiver
+    (syslog here) gets one message, saying it was not acted on; the node stays in service."""
+    from slurm_hooks.observe.notify import Notifier, Settings
+
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    for _ in range(3):
+        healthcheck.run(t.w, follow="none")
+    lines = []
+    settings = Settings(audit=t.cfg.log.audit, dir=t.cfg.state.dir + "/notify", syslog=True, settle=0.0)
+    notifier = Notifier(settings, syslog=lambda priority, text: lines.append(text), log=lambda m: None)
+    notifier.flush(5)
+    healthcheck.run(t.w, follow="none")
+    notifier.flush(5)
+    assert lines == [f"n1: XID 79 on GPU 3 [reboot] (seen by check); not acted on: monitor-only ([check] drain = "
+                     f"false), the node stays in service. It would have been drained: \"{REASON}\"."]
+    assert t.slurm.calls == []
