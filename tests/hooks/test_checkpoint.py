@@ -248,3 +248,14 @@ def test_the_watcher_signals_first_and_its_thread_sees_the_job_requeue_itself(t)
         time.sleep(0.05)
     assert t.slurm.called("start_now") == [("start_now", 101)] and t.slurm.called("requeue") == []
     assert ("101", "self") in steps(t, "requeue")
+
+
+def test_full_delivery_where_configured_reaches_the_batch_shell_and_every_step(tmp_path):
+    cfg = sim_config(tmp_path, f'[requeue]\nfull = true\nspool_dir = "{tmp_path}/spool/%n"\n')
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "MIXED")
+    slurm.add_job(7, "n1")
+    slurm.scripts[7] = b"#!/bin/sh\n#SBATCH --signal=R:USR2@90\n"
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    remediate.requeue_jobs(w, remediate.Outcome(), follow="none")
+    assert slurm.called("signal") == [("signal", 7, "USR2", "full")]

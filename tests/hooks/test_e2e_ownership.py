@@ -63,11 +63,19 @@ def tb(bed):
 
 
 def check(tb, node="n1") -> subprocess.CompletedProcess:
-    """`slurm-hooks check` exactly as the testbed's wrapper runs it for slurmd."""
+    """`slurm-hooks check` exactly as the testbed's wrapper runs it for slurmd, and then the repair
+    worker it handed a due rung to (detached), to its end: one step of the ladder per call."""
     env = {"SLURMD_NODENAME": node, "SLURM_CONF": tb.slurm_conf, "SLURM_HOOKS_CONFIG": tb.config_path,
            "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(sim.__file__)))}
-    return subprocess.run([hook_interpreter(), "-m", "slurm_hooks", "check", "--config", tb.config_path], env=env,
+    done = subprocess.run([hook_interpreter(), "-m", "slurm_hooks", "check", "--config", tb.config_path], env=env,
                           capture_output=True, text=True, timeout=60)
+    wait(lambda: _workers_done(tb), 60, "the repair worker's end")
+    return done
+
+
+def _workers_done(tb) -> bool:
+    worker = results(tb, "repair-worker")
+    return worker.count("start") <= worker.count("done") + worker.count("failed")
 
 
 def records(tb, action=None):
@@ -140,7 +148,7 @@ def test_prolog_error_and_an_admin_reboot_over_our_old_text_are_neither_resumed_
     sim.inject(tb.sim_dir, "n1", 2, row_remap_pending=True)
     check(tb)
     wait(lambda: results(tb, "resume") == ["ok"], 60, "n1 reset, validated and resumed by the worker")
-    ours = records(tb, "drain")[0]["reason"]
+    ours = records(tb, "resume")[0]["reason"]  # the last text of ours: what 23.11+ keeps after a resume
     after = node(tb)
     assert not after.drained and after.reason == (ours if tb.keeps_reasons else ""), after
     # Slurm drains the node itself: a prolog fails.

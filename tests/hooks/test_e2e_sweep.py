@@ -133,3 +133,14 @@ def test_a_diagnostic_past_the_jobs_limit_is_unverified_never_a_pass_and_leaves_
     assert reservations(tb) == [] and took < 40
     node = tb.slurm().node("n2")
     assert not node.drained and not node.reason, "a test that did not run drains nothing, and passes nothing"
+
+
+def test_a_killed_sweeps_leftover_reservation_is_deleted_by_the_next_sweep(tb):
+    # What a SIGKILLed sweep leaves: its maintenance reservation on an idle node.
+    tb.scontrol("create", "reservation", "ReservationName=slurm-hooks-sweep-n3-1", "Nodes=n3", "StartTime=now",
+                "Duration=60", "Users=root", "Flags=MAINT")
+    assert len(reservations(tb)) == 1
+    done, _ = sweep(tb, "--nodes", "n1", "--level", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "deleted slurm-hooks-sweep-n3-1, left by an earlier sweep" in done.stdout
+    assert reservations(tb) == []

@@ -235,3 +235,21 @@ def test_while_a_worker_holds_the_node_the_health_check_does_not_touch_the_gpus(
     finally:
         os.close(fd)
     assert Counting.calls == 0 and outcome.repairs == ["worker:busy"] and t.slurm.calls == []
+
+
+@pytest.mark.parametrize("tries,result", [(1, "ok"), (2, "unverified")])
+def test_a_validation_whose_worker_died_is_run_again_then_given_up_unverified(t, tries, result):
+    reason = "slurm-hooks: row remap pending on GPU 3 [validating]"
+    t.slurm.set_node("n1", state="IDLE+DRAIN", reason=reason)
+    remediate.write_marker(t.w, reason, None)
+    state = repair.load(t.w)
+    state["validating"] = {"t": time.time(), "after": "reset", "tries": tries, "result": "running",
+                           "summary": "row remap pending on GPU 3", "reason": reason}
+    repair.save(t.w, state)
+    _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
+    assert outcome.repairs == [f"validate:{result}"]
+    node = t.slurm.peek("n1")
+    if result == "ok":
+        assert outcome.resumed and node.state == "IDLE" and "validating" not in repair.load(t.w)
+    else:
+        assert node.drained and node.reason == "slurm-hooks: row remap pending on GPU 3 [unverified]"

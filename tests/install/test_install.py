@@ -292,3 +292,36 @@ def test_env_is_quoted_for_sh_in_the_programs_and_for_systemd_in_the_unit(tmp_pa
                                                                  'echo "$SLURM_CONF" #'))
     out = subprocess.run(["sh", str(prolog)], capture_output=True, text=True, env={})
     assert out.stdout == '/etc/slurm a/"x".conf\n'
+
+
+def test_programs_started_during_upgrades_run_one_version_or_the_other_never_neither(tmp_path):
+    """Versions switched back and forth while the prolog keeps starting: every start finds a
+    program (no window without one) and runs exactly one version."""
+    import threading
+
+    fakes = {}
+    for name in ("A", "B"):
+        fake = tmp_path / f"python-{name}"
+        fake.write_text(f"#!/bin/sh\necho {name}\nexit 0\n")
+        fake.chmod(0o755)
+        fakes[name] = inputs(tmp_path, python=str(fake))
+    apply.install(fakes["A"])
+    stop = threading.Event()
+    switches = []
+
+    def switch() -> None:
+        while not stop.is_set():
+            for name in ("B", "A"):
+                apply.install(fakes[name])
+                switches.append(name)
+
+    t = threading.Thread(target=switch)
+    t.start()
+    try:
+        seen = [run_program(fakes["A"].prefix, "prolog") for _ in range(60)]
+    finally:
+        stop.set()
+        t.join()
+    assert len(switches) > 10
+    assert all(r.returncode == 0 for r in seen), [r.stderr for r in seen if r.returncode]
+    assert {r.stdout for r in seen} <= {"A\n", "B\n"}
