@@ -122,15 +122,23 @@ def _differs(marker: DrainMarker, node: NodeInfo, our_reboot: bool, same_text: b
     if text != marker.reason:
         if same_text:
             return f"drained for {node.reason!r}, but our record is of a drain for {marker.reason!r}"
-    elif suffixes:
-        pass  # Slurm appended to our reason, and may have stamped it anew (a reboot's: verified on 22.05)
-    elif marker.reason_time and node.reason_time and node.reason_time != marker.reason_time:
-        return (f"the reason was set again at {node.reason_time} by {node.reason_user or '?'} "
-                f"(ours at {marker.reason_time}): a later party's drain with our text")
-    elif marker.reason_user and node.reason_user and node.reason_user != marker.reason_user:
-        return f"the reason was set again by {node.reason_user} (ours by {marker.reason_user})"
+    elif not suffixes:
+        # Set again with our very text? (Slurm's own suffixes may restamp it: a reboot's, seen on 22.05.)
+        restamped = _restamped(marker, node)
+        if restamped:
+            return restamped
     if reboot_pending(node) and not our_reboot:
         return "a reboot we did not ask for is pending on the node (someone else's scontrol reboot)"
+    return ""
+
+
+def _restamped(marker: DrainMarker, node: NodeInfo) -> str:
+    """Why ReasonTime/ReasonUser say a later party set our text again ("" when they do not)."""
+    if marker.reason_time and node.reason_time and node.reason_time != marker.reason_time:
+        return (f"the reason was set again at {node.reason_time} by {node.reason_user or '?'} "
+                f"(ours at {marker.reason_time}): a later party's drain with our text")
+    if marker.reason_user and node.reason_user and node.reason_user != marker.reason_user:
+        return f"the reason was set again by {node.reason_user} (ours by {marker.reason_user})"
     return ""
 
 
