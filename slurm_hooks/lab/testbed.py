@@ -550,6 +550,7 @@ class Testbed:
                          f"--log-file={self.path('log', 'munged.log')}", f"--seed-file={self.path('munge', 'seed')}"],
                         env, "munged")
         if not self._alive("slurmctld"):
+            self._stop_strays("slurmctld")
             if self.settings.accounting:  # slurmctld registers with slurmdbd as it starts
                 Accounting(self.state_dir, self.progress).start(CLUSTER, self.munge_socket, self.env())
             self.progress("starting slurmctld")
@@ -718,6 +719,20 @@ class Testbed:
             if info is not None:
                 out.add((pid, info[1]))
         return out
+
+    def _stop_strays(self, program: str, timeout: float = 10.0) -> None:
+        """Stop our ``program`` processes that no pid file names: 24.11's `scontrol reconfigure`
+        hands slurmctld over to a new process, and when that one cannot bind (seen under load)
+        a leftover keeps the port, so that every later start fails "Address already in use"."""
+        strays = set()
+        for pid, start in self._our_processes():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/comm", encoding="utf-8") as fh:
+                    if fh.read().strip() == program:
+                        strays.add((pid, start))
+        if strays:
+            self.progress(f"stopping {len(strays)} stray {program} process(es) of this testbed")
+            _terminate(strays, timeout)
 
     def _holds_our_file(self, pid: int) -> bool:
         prefix = os.path.join(self.state_dir, "")
@@ -997,6 +1012,7 @@ class Testbed:
         return, not ours to time (seen: a job eligible on the healthy node still PENDING, "Nodes
         required for job are DOWN...", 8 s after slurmctld answered)."""
         if not self._alive("slurmctld"):
+            self._stop_strays("slurmctld")
             self._start(["slurmctld", "-f", self.slurm_conf], self._daemon_env(), "slurmctld")
         slurm = self.slurm(timeout=5)
 
