@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -93,6 +94,18 @@ def own_testbed(tmp_path_factory, name: str, settings: Settings) -> Iterator[Tes
         yield tb
     finally:
         tb.down()
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.1):
+    """``pred()``'s first truthy value, polled every ``interval`` s; AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what}")
+        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")

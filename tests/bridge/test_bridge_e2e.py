@@ -9,7 +9,6 @@ scontrol adapter and writes Kubernetes through the official client.
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 import time
@@ -127,22 +126,10 @@ def test_opt_out_pod_on_n1_means_cordon_only(cluster, bridge):
 @pytest.fixture(scope="module")
 def twelve(tmp_path_factory):
     """A second, 12-node cluster for the blast-radius scenario (the session testbed has two)."""
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
-    from conftest import TESTBED_SETTINGS
+    from conftest import TESTBED_SETTINGS, own_testbed
 
-    from slurm_hooks.lab.testbed import Testbed
-
-    tb = Testbed(str(tmp_path_factory.mktemp("testbed12")), dataclasses.replace(TESTBED_SETTINGS, nodes=12))
-    try:
-        tb.up()
-    except BaseException:
-        tb.down()
-        raise
-    try:
+    with own_testbed(tmp_path_factory, "testbed12", dataclasses.replace(TESTBED_SETTINGS, nodes=12)) as tb:
         yield tb
-    finally:
-        tb.down()
 
 
 def test_ten_of_twelve_failing_at_once_cordons_no_more_than_the_cap(twelve, kube_server, kube_client, tmp_path):
@@ -181,23 +168,11 @@ while true; do sleep 0.1; done
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory):
     """A two-node cluster whose KillWait (30 s) outlasts the job's 20 s checkpoint, as a site's 120 s does."""
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
-    from conftest import TESTBED_SETTINGS, SlurmTestbed
-
-    from slurm_hooks.lab.testbed import Testbed
+    from conftest import TESTBED_SETTINGS, SlurmTestbed, own_testbed
 
     settings = dataclasses.replace(TESTBED_SETTINGS, kill_wait=30, requeue_grace=25.0)
-    tb = Testbed(str(tmp_path_factory.mktemp("testbed-killwait")), settings)
-    try:
-        tb.up()
-    except BaseException:
-        tb.down()
-        raise
-    try:
+    with own_testbed(tmp_path_factory, "testbed-killwait", settings) as tb:
         yield SlurmTestbed(tb)
-    finally:
-        tb.down()
 
 
 def output_line(tb, job: int, word: str, timeout: float, **want: str) -> dict[str, str]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
+from conftest import wait_for
 from paths import ROOT
 
 pytest.importorskip("kmock")
@@ -57,17 +57,6 @@ while true; do sleep 0.1; done
 def check(tb, name: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "slurm_hooks", "check", "--node", name, "--config", tb.config_path],
                           env={**tb.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=60)
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        time.sleep(interval)
 
 
 def job_line(tb, job: int, restart: str) -> str | None:

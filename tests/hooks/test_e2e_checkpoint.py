@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from conftest import wait_for
 
 from slurm_hooks.lab import contracts
 from slurm_hooks.probes import sim
@@ -30,24 +31,12 @@ GRACE_S = 8.0
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory):
     """A two-node cluster with slurm-hooks wired in and KillWait 30 s, as a site runs it."""
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
-    from conftest import TESTBED_SETTINGS, SlurmTestbed
-
-    from slurm_hooks.lab.testbed import Testbed
+    from conftest import TESTBED_SETTINGS, SlurmTestbed, own_testbed
 
     settings = dataclasses.replace(TESTBED_SETTINGS, hooks=True, kill_wait=30, requeue_grace=35.0,
                                    checkpoint_grace=GRACE_S)
-    tb = Testbed(str(tmp_path_factory.mktemp("testbed-ckpt")), settings)
-    try:
-        tb.up()
-    except BaseException:
-        tb.down()
-        raise
-    try:
+    with own_testbed(tmp_path_factory, "testbed-ckpt", settings) as tb:
         yield SlurmTestbed(tb)
-    finally:
-        tb.down()
 
 
 @pytest.fixture
@@ -69,17 +58,6 @@ def actions(tb, name: str) -> list[dict]:
     while it completes)."""
     return [r for r in tb.audit_events() if r.get("kind") == "action" and r.get("action") == name
             and r.get("result") not in ("already", "skipped")]
-
-
-def wait_for(pred, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        time.sleep(interval)
 
 
 def start_line(text: str, restart: int) -> dict[str, str] | None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import SlurmTestbed
+from conftest import SlurmTestbed, own_testbed
 from hooks.test_e2e_slurm import TRAP_JOB, actions, drained_by_us, healthcheck, wait_running_elsewhere, wait_started
 
-from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.lab.testbed import Settings
 from slurm_hooks.probes import sim
 
 pytestmark = pytest.mark.slurm
@@ -25,21 +25,10 @@ def nvml_of(gres: int) -> int:
 
 @pytest.fixture(scope="module")
 def reverse_testbed(tmp_path_factory):
-    import os
-
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
-    tb = Testbed(str(tmp_path_factory.mktemp("testbed-reverse")),
-                 Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, requeue_grace=3.0, gres_order=REVERSE, shards=2))
-    try:
-        tb.up()
-    except BaseException:
-        tb.down()
-        raise
-    try:
+    with own_testbed(tmp_path_factory, "testbed-reverse",
+                     Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, requeue_grace=3.0, gres_order=REVERSE,
+                              shards=2)) as tb:
         yield SlurmTestbed(tb)
-    finally:
-        tb.down()
 
 
 @pytest.fixture
@@ -123,21 +112,10 @@ def test_prolog_refuses_a_job_whose_gres_index_names_the_bad_gpu(tb):
 
 @pytest.fixture(scope="module")
 def mig_testbed(tmp_path_factory):
-    import os
-
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
-    tb = Testbed(str(tmp_path_factory.mktemp("testbed-mig")),
-                 Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, requeue_grace=3.0, gres_order=REVERSE, mig=2))
-    try:
-        tb.up()
-    except BaseException:
-        tb.down()
-        raise
-    try:
+    with own_testbed(tmp_path_factory, "testbed-mig",
+                     Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, requeue_grace=3.0, gres_order=REVERSE,
+                              mig=2)) as tb:
         yield SlurmTestbed(tb)
-    finally:
-        tb.down()
 
 
 @pytest.fixture

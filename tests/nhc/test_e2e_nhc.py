@@ -8,7 +8,6 @@ inside one of NHC's runs, as slurmd started them.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from conftest import own_testbed
 from hooks.test_e2e_slurm import TRAP_JOB, wait_running_elsewhere, wait_started
 from paths import ROOT
 
@@ -31,23 +31,13 @@ INTERVAL = 5
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
     tarball = nhc.find_source(ROOT)
     if tarball is None:
         pytest.skip("NHC's source (../shared/third_party/lbnl-nhc-*.tar.gz) is not beside the project")
     settings = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=INTERVAL,
                         requeue_grace=3.0, nhc=tarball)
-    tb = Testbed(str(tmp_path_factory.mktemp("nhcbed")), settings)
-    try:
-        tb.up()
-    except BaseException:
-        tb.down()
-        raise
-    try:
+    with own_testbed(tmp_path_factory, "nhcbed", settings) as tb:
         yield tb
-    finally:
-        tb.down()
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ give each node's MTTR, and agree with what slurmdbd recorded.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import own_testbed
 
 from slurm_hooks.lab.testbed import Settings, Testbed
 from slurm_hooks.probes import sim
@@ -24,16 +24,10 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture(scope="module")
 def accounted(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
-    tb = Testbed(str(tmp_path_factory.mktemp("acct")), Settings(nodes=2, gpus=4, hooks=False, accounting=True,
-                                                                kill_wait=2, requeue_grace=3.0))
-    try:
-        tb.up()
+    with own_testbed(tmp_path_factory, "acct", Settings(nodes=2, gpus=4, hooks=False, accounting=True,
+                                                        kill_wait=2, requeue_grace=3.0)) as tb:
         _accounting_live(tb)
         yield tb
-    finally:
-        tb.down()
 
 
 def _accounting_live(tb: Testbed, timeout: float = 30.0) -> None:
