@@ -32,8 +32,15 @@ def receiver():
         rx.stop()
 
 
+#: Alertmanager's group_wait in these tests: long enough that two nodes' checks, run at once on a loaded
+#: CI machine (three suites side by side), post into the same group; the sleeps after a notification
+#: wait one group_wait and more to show that nothing else comes.
+GROUP_WAIT_S = 8
+
+
 def route(receiver: Receiver) -> str:
-    return render_all(am_webhook_url=receiver.url("/am"), am_group_wait="4s", am_group_interval="1s")["alertmanager"]
+    return render_all(am_webhook_url=receiver.url("/am"), am_group_wait=f"{GROUP_WAIT_S}s",
+                      am_group_interval="1s")["alertmanager"]
 
 
 @pytest.fixture
@@ -112,7 +119,7 @@ def test_alertmanager_down_for_a_while_each_alert_is_delivered_once_when_it_retu
         n.flush(5)
         assert n.outbox.entries() == []
     wait_for(lambda: sorted(alerted(receiver, "firing")) == [("n1", "firing"), ("n2", "firing")], what="both alerts")
-    time.sleep(5)  # a group_wait and more: nothing more comes
+    time.sleep(GROUP_WAIT_S + 1)  # a group_wait and more: nothing more comes
     assert sorted(alerted(receiver, "firing")) == [("n1", "firing"), ("n2", "firing")]
     [group] = notifications(receiver)
     assert group["groupLabels"] == {"alertname": "SlurmHooksXid", "cluster": "lab"}
@@ -163,7 +170,7 @@ def test_xid79_on_two_nodes_is_one_grouped_notification_and_one_resolution(hooke
     for node in ("n1", "n2"):
         tb.wait_node(node, lambda x: x.drained and x.reason.startswith("slurm-hooks:"), timeout=30)
     firing = wait_for(lambda: notifications(receiver, "firing"), what="Alertmanager's notification")
-    time.sleep(5)
+    time.sleep(GROUP_WAIT_S + 1)
     [group] = notifications(receiver, "firing")
     assert firing == [group]
     assert sorted(a["labels"]["node"] for a in group["alerts"]) == ["n1", "n2"]
@@ -197,6 +204,6 @@ def test_xid79_on_two_nodes_is_one_grouped_notification_and_one_resolution(hooke
 
     # (A resolution that came in before the other may have been told first, with the other still firing.)
     wait_for(both_resolved, what="the resolution of both")
-    time.sleep(5)
+    time.sleep(GROUP_WAIT_S + 1)
     assert len(both_resolved()) == 1, json.dumps(receiver.bodies("/am"))[:2000]
     assert len(notifications(receiver, "firing")) <= 2  # the grouped one, and at most one partial update
