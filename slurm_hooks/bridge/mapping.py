@@ -28,16 +28,23 @@ class SlinkyComment:
     pod: str = ""
 
 
-def parse_comment(comment: str) -> SlinkyComment | None:
-    """The operator's JSON Comment, or ``None`` for anything else (admins write comments too)."""
-    text = (comment or "").strip()
+def json_object(text: str) -> dict | None:
+    """A node text field (Comment, Extra) read as a JSON object, or ``None`` for anything else:
+    admins write free text in these fields too."""
+    text = (text or "").strip()
     if not text.startswith("{"):
         return None
     try:
         data = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("node"), str) or not data["node"]:
+    return data if isinstance(data, dict) else None
+
+
+def parse_comment(comment: str) -> SlinkyComment | None:
+    """The operator's JSON Comment, or ``None`` for anything else (admins write comments too)."""
+    data = json_object(comment)
+    if data is None or not isinstance(data.get("node"), str) or not data["node"]:
         return None
     return SlinkyComment(node=data["node"], namespace=str(data.get("namespace") or ""), pod=str(data.get("podName") or ""))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, replace
 
+from slurm_hooks.bridge.mapping import json_object
 from slurm_hooks.slurm import NodeInfo
 
 KEY = "slurm-hooks"
@@ -53,14 +54,8 @@ class Verdict:
 
     @classmethod
     def parse(cls, text: str) -> Verdict | None:
-        text = (text or "").strip()
-        if not text.startswith("{"):
-            return None
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return None
-        body = data.get(KEY) if isinstance(data, dict) else None
+        data = json_object(text)
+        body = data.get(KEY) if data is not None else None
         if not isinstance(body, dict):
             return None
         try:
