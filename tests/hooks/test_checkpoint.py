@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import wait_for
 from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 
@@ -220,6 +222,9 @@ def test_jobs_the_watchers_thread_follows_are_left_to_it_by_the_other_hooks(t):
     requeue_now(t)
     watcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slurm_hooks", "watch"])
     try:
+        # Popen returns before the child has exec'd: until then /proc shows pytest's argv
+        wait_for(lambda: b"watch" in Path(f"/proc/{watcher.pid}/cmdline").read_bytes().split(b"\0"),
+                 10, "the stand-in watcher runs")
         rec = follower.read_record(t.w, "101")
         follower.write_record(t.w, follower.replace(rec, pid=watcher.pid, grace_until=time.time() - 1))
         assert follower.finish_followed(t.w) == {}  # the epilog on the node does not take it over
