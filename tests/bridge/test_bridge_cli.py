@@ -6,10 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import yaml
+from kube.site import write_bridge_site
 from paths import ROOT
 
 from slurm_hooks import config as config_mod
@@ -106,50 +106,19 @@ pytest_plugins = ["kube.fixtures"]
 
 @pytest.fixture
 def site(tmp_path, kube_server):
-    """A config, a fake scontrol that prints node lines from a file, and a kubeconfig for kmock."""
+    """n1 drained for XID 79, n2 healthy, each with a job pod; the bridge's config, fake Slurm and kubeconfig."""
     from kube.doubles import controlled_by
     from kube.emulator import node, pod
 
     for name in ("n1", "n2"):
         kube_server.put("v1/nodes", node(name))
         kube_server.put("v1/pods", pod(f"job-{name}", name, "jobs", **controlled_by()), "jobs")
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    nodes = tmp_path / "nodes.txt"
-    nodes.write_text(
-        "NodeName=n1 Arch=x86_64 CoresPerSocket=1 State=IDLE+DRAIN Partitions=gpu "
-        "Reason=slurm-hooks: XID 79 on GPU 3 [replace] [root@2025-01-01T00:00:00]\n"
-        "NodeName=n2 Arch=x86_64 CoresPerSocket=1 State=IDLE Partitions=gpu\n")
-    scontrol = bindir / "scontrol"
-    scontrol.write_text(f"#!/bin/sh\ncat {nodes}\n")
-    scontrol.chmod(0o755)
-    squeue = bindir / "squeue"  # no job on any node
-    squeue.write_text("#!/bin/sh\nexit 0\n")
-    squeue.chmod(0o755)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(textwrap.dedent(f"""\
-        apiVersion: v1
-        kind: Config
-        clusters: [{{name: kmock, cluster: {{server: "{kube_server.url}"}}}}]
-        users: [{{name: bridge, user: {{token: test}}}}]
-        contexts: [{{name: kmock, context: {{cluster: kmock, user: bridge}}}}]
-        current-context: kmock
-    """))
-    config = tmp_path / "config.toml"
-    config.write_text(textwrap.dedent(f"""\
-        [log]
-        audit = "{tmp_path}/audit.jsonl"
-        [slurm]
-        backend = "scontrol"
-        bin_dir = "{bindir}"
-        [metrics]
-        textfile_dir = "{tmp_path}/prom"
-        [bridge]
-        state_file = "{tmp_path}/bridge-state.json"
-        kubeconfig = "{kubeconfig}"
-        drain_pass_budget = 2
-    """))
-    return {"config": str(config), "tmp": tmp_path, "server": kube_server}
+    nodes = ["NodeName=n1 Arch=x86_64 CoresPerSocket=1 State=IDLE+DRAIN Partitions=gpu "
+             "Reason=slurm-hooks: XID 79 on GPU 3 [replace] [root@2025-01-01T00:00:00]",
+             "NodeName=n2 Arch=x86_64 CoresPerSocket=1 State=IDLE Partitions=gpu"]
+    config = write_bridge_site(tmp_path, kube_server.url, nodes, extra=f'[metrics]\ntextfile_dir = "{tmp_path}/prom"\n',
+                               state_file=f"{tmp_path}/bridge-state.json", drain_pass_budget=2)
+    return {"config": config, "tmp": tmp_path, "server": kube_server}
 
 
 @pytest.mark.k8s

@@ -10,7 +10,7 @@ pytest.importorskip("kmock")
 pytest.importorskip("kubernetes")
 
 from fakes.slurm import FakeSlurm  # noqa: E402
-from kube.doubles import controlled_by, read_audit  # noqa: E402
+from kube.doubles import TAINT, XID79, controlled_by, read_audit  # noqa: E402
 from kube.emulator import node, pdb_429, pod  # noqa: E402
 
 from slurm_hooks.bridge.reconciler import Reconciler  # noqa: E402
@@ -20,8 +20,6 @@ from slurm_hooks.slurm import NodeInfo  # noqa: E402
 pytestmark = pytest.mark.k8s
 pytest_plugins = ["kube.fixtures"]
 
-XID79 = "slurm-hooks: XID 79 on GPU 3 [replace]"
-TAINT = "slurm-hooks.io/gpu-unhealthy"
 
 
 @pytest.fixture

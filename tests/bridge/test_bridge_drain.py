@@ -17,36 +17,20 @@ import dataclasses
 
 import pytest
 from fakes.slurm import FakeSlurm
-from kube.doubles import controlled_by, read_audit
+from kube.doubles import XID79, controlled_by, records
+from kube.doubles import make_reconciler as make
 
 from slurm_hooks.bridge.api import OWNER_ANNOTATION, OWNER_LABEL, Eviction, Resource
 from slurm_hooks.bridge.ownership import Ownership
-from slurm_hooks.bridge.reconciler import Reconciler
 from slurm_hooks.bridge.settings import BreakerSettings
 from slurm_hooks.bridge.state import BreakerState, StateStore
 from slurm_hooks.bridge.verdict import Verdict
-from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import NodeInfo
 
 pytest_plugins = ["kube.fixtures"]
 
-XID79 = "slurm-hooks: XID 79 on GPU 3 [replace]"
 PRESTOP_REASON = "slurm-operator: Pod is terminating"
 SLURMD = controlled_by("NodeSet", "slinky", labels={"nodeset.slinky.slurm.net/pod-hostname": "n1"})
-
-
-@pytest.fixture
-def audit_path(tmp_path):
-    return str(tmp_path / "audit.jsonl")
-
-
-def make(slurm, kube, settings, clock, audit_path, **kw):
-    return Reconciler(slurm, kube, settings, audit=AuditLog(audit_path), clock=clock, monotonic=clock,
-                      sleep=clock.sleep, **kw)
-
-
-def records(audit_path, kind):
-    return [r for r in read_audit(audit_path) if r["kind"] == kind]
 
 
 def one_node(kube, *, slurmd: bool = False):

@@ -12,41 +12,31 @@ import dataclasses
 
 import pytest
 from fakes.slurm import FakeSlurm
-from kube.doubles import controlled_by, read_audit
+from kube.doubles import TAINT, XID79, add_gpu_node, controlled_by, records
+from kube.doubles import make_reconciler as make
 from kube.memory import InMemoryKube
 
 from slurm_hooks.bridge.api import Eviction, Resource
 from slurm_hooks.bridge.drain import Drainer, protection
 from slurm_hooks.bridge.ownership import Ownership
-from slurm_hooks.bridge.reconciler import Reconciler
 from slurm_hooks.bridge.replace import CREATED_FOR_ANNOTATION, KarpenterBackend, TemplateBackend
 from slurm_hooks.bridge.settings import BreakerSettings, parse
 from slurm_hooks.errors import ConfigError
-from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import NodeInfo
 from slurm_hooks.slurm.scontrol import SlurmUnavailable
 
 pytest_plugins = ["kube.fixtures"]
 
-XID79 = "slurm-hooks: XID 79 on GPU 3 [replace]"
-TAINT = "slurm-hooks.io/gpu-unhealthy"
 SLURMD = controlled_by("NodeSet", "slurm-worker-gpu",
                        labels={"nodeset.slinky.slurm.net/pod-hostname": "n1"})
 NODECLAIMS = Resource("karpenter.sh", "v1", "nodeclaims")
 
 
 @pytest.fixture
-def audit_path(tmp_path):
-    return str(tmp_path / "audit.jsonl")
-
-
-@pytest.fixture
 def cluster(kube):
     """n1 and n2 as on Slinky: a training pod, a DaemonSet pod and the slurmd pod (owned by a NodeSet)."""
     for name in ("n1", "n2"):
-        kube.add_node(name)
-        kube.add_pod(f"job-{name}", name, "jobs", **controlled_by())
-        kube.add_pod(f"dcgm-{name}", name, "gpu", metadata={"ownerReferences": [{"kind": "DaemonSet", "name": "dcgm"}]})
+        add_gpu_node(kube, name)
         kube.add_pod(f"slurmd-{name}", name, "slurm", **controlled_by(
             "NodeSet", "slurm-worker-gpu", labels={"nodeset.slinky.slurm.net/pod-hostname": name}))
     return kube
@@ -55,15 +45,6 @@ def cluster(kube):
 @pytest.fixture
 def slurm():
     return FakeSlurm(NodeInfo("n1", "IDLE"), NodeInfo("n2", "IDLE"))
-
-
-def make(slurm, kube, settings, clock, audit_path, **kw):
-    return Reconciler(slurm, kube, settings, audit=AuditLog(audit_path), clock=clock, monotonic=clock,
-                      sleep=clock.sleep, **kw)
-
-
-def records(audit_path, kind):
-    return [r for r in read_audit(audit_path) if r["kind"] == kind]
 
 
 def job_running_on_n1(slurm, job=4711):

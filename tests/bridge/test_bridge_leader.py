@@ -12,12 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 from kube.doubles import Clock
 from kube.memory import InMemoryKube
+from kube.site import write_bridge_site
 from paths import ROOT
 
 from slurm_hooks.bridge.api import KubeTransient
@@ -131,8 +131,6 @@ def fleet(tmp_path, kube_server):
 
     for name in NAMES:
         kube_server.put("v1/nodes", node(name))
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
     lines = []
     for i, name in enumerate(NAMES):
         if i < 10:
@@ -140,34 +138,9 @@ def fleet(tmp_path, kube_server):
                          "Reason=slurm-hooks: XID 79 on GPU 3 [replace] [root@2025-01-01T00:00:00]")
         else:
             lines.append(f"NodeName={name} State=IDLE Partitions=gpu")
-    (tmp_path / "nodes.txt").write_text("\n".join(lines) + "\n")
-    for tool, body in (("scontrol", f'[ "$1" = update ] && exit 0\ncat {tmp_path}/nodes.txt'), ("squeue", "exit 0")):
-        (bindir / tool).write_text(f"#!/bin/sh\n{body}\n")
-        (bindir / tool).chmod(0o755)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(textwrap.dedent(f"""\
-        apiVersion: v1
-        kind: Config
-        clusters: [{{name: kmock, cluster: {{server: "{kube_server.url}"}}}}]
-        users: [{{name: bridge, user: {{token: test}}}}]
-        contexts: [{{name: kmock, context: {{cluster: kmock, user: bridge}}}}]
-        current-context: kmock
-    """))
-    config = tmp_path / "config.toml"
-    config.write_text(textwrap.dedent(f"""\
-        [log]
-        audit = "{tmp_path}/audit.jsonl"
-        [slurm]
-        backend = "scontrol"
-        bin_dir = "{bindir}"
-        [bridge]
-        kubeconfig = "{kubeconfig}"
-        interval = 0.5
-        lease_namespace = "ops"
-        lease_duration = 3
-        drain_pass_budget = 1
-    """))
-    return {"config": str(config), "server": kube_server, "tmp": tmp_path}
+    config = write_bridge_site(tmp_path, kube_server.url, lines, interval=0.5, lease_namespace="ops",
+                               lease_duration=3, drain_pass_budget=1)
+    return {"config": config, "server": kube_server, "tmp": tmp_path}
 
 
 def start(fleet, name: str) -> subprocess.Popen:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from fakes.slurm import FakeSlurm
 from kube.emulator import node
+from kube.site import write_kubeconfig
 
 from slurm_hooks import config as config_mod
 from slurm_hooks.bridge.reconciler import Reconciler
@@ -46,15 +47,7 @@ KINDS = {"ServiceAccount": None, "ClusterRole": "rbac.authorization.k8s.io/v1/cl
 def site(tmp_path, kube_server):
     template = tmp_path / "rebootnode.yaml.j2"
     template.write_text(REBOOT_NODE)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(textwrap.dedent(f"""\
-        apiVersion: v1
-        kind: Config
-        clusters: [{{name: kmock, cluster: {{server: "{kube_server.url}"}}}}]
-        users: [{{name: bridge, user: {{token: test}}}}]
-        contexts: [{{name: kmock, context: {{cluster: kmock, user: bridge}}}}]
-        current-context: kmock
-    """))
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_server.url)
     text = textwrap.dedent(f"""\
         [log]
         audit = "{tmp_path}/audit.jsonl"

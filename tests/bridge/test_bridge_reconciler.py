@@ -7,37 +7,27 @@ import json
 
 import pytest
 from fakes.slurm import FakeSlurm
-from kube.doubles import controlled_by, read_audit
+from kube.doubles import TAINT, XID79, add_gpu_node, controlled_by, read_audit
+from kube.doubles import make_reconciler as make
 from kube.memory import InMemoryKube
 
 from slurm_hooks.bridge.api import OWNER_LABEL, Eviction, KubeTransient, Resource
 from slurm_hooks.bridge.ownership import Ownership
-from slurm_hooks.bridge.reconciler import Reconciler, trigger
+from slurm_hooks.bridge.reconciler import trigger
 from slurm_hooks.bridge.replace import CapiBackend, KarpenterBackend, TemplateBackend
 from slurm_hooks.bridge.settings import BreakerSettings
 from slurm_hooks.errors import CommandTimeout
 from slurm_hooks.models import Action
-from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import NodeInfo
 
 pytest_plugins = ["kube.fixtures"]
-
-XID79 = "slurm-hooks: XID 79 on GPU 3 [replace]"
-TAINT = "slurm-hooks.io/gpu-unhealthy"
-
-
-@pytest.fixture
-def audit_path(tmp_path):
-    return str(tmp_path / "audit.jsonl")
 
 
 @pytest.fixture
 def cluster(kube):
     """n1 and n2, each with a job pod, a DaemonSet pod and a static (mirror) pod."""
     for name in ("n1", "n2"):
-        kube.add_node(name)
-        kube.add_pod(f"job-{name}", name, "jobs", **controlled_by())
-        kube.add_pod(f"dcgm-{name}", name, "gpu", metadata={"ownerReferences": [{"kind": "DaemonSet", "name": "dcgm"}]})
+        add_gpu_node(kube, name)
         kube.add_pod(f"static-{name}", name, "kube-system",
                      metadata={"annotations": {"kubernetes.io/config.mirror": "abc"}})
     return kube
@@ -46,11 +36,6 @@ def cluster(kube):
 @pytest.fixture
 def slurm():
     return FakeSlurm(NodeInfo("n1", "IDLE"), NodeInfo("n2", "IDLE"))
-
-
-def make(slurm, kube, settings, clock, audit_path, **kw):
-    return Reconciler(slurm, kube, settings, audit=AuditLog(audit_path), clock=clock, monotonic=clock,
-                      sleep=clock.sleep, **kw)
 
 
 def kinds(audit_path):

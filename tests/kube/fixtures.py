@@ -28,6 +28,11 @@ def clock() -> Clock:
 
 
 @pytest.fixture
+def audit_path(tmp_path) -> str:
+    return str(tmp_path / "audit.jsonl")
+
+
+@pytest.fixture
 def bridge_settings(tmp_path) -> BridgeSettings:
     return BridgeSettings(state_file=str(tmp_path / "bridge-state.json"), drain_pass_budget=10.0)
 
