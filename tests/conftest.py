@@ -71,11 +71,16 @@ class SlurmTestbed:
 
     def audit_events(self) -> list[dict]:
         """Every audit record written since the last reset."""
-        try:
-            with open(self.audit_log, encoding="utf-8") as fh:
-                return [json.loads(line) for line in fh if line.strip()]
-        except FileNotFoundError:
-            return []
+        return audit_records(self.audit_log)
+
+
+def audit_records(path: str) -> list[dict]:
+    """Every record of the audit log at ``path``; none while the hooks have not written it yet."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
 
 
 @contextlib.contextmanager

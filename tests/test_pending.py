@@ -14,8 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import sim_config, write_sim_config
-from fakes.slurm import FakeSlurm
+from fakes.config import sim_config, sim_node, write_sim_config
 
 from slurm_hooks import config, pending
 from slurm_hooks.errors import PermanentError
@@ -34,11 +33,7 @@ XID79_REASON = "slurm-hooks: XID 79 on GPU 3 [reboot]"
 @pytest.fixture
 def t(tmp_path):
     cfg = sim_config(tmp_path, "[expect]\ngpus = 8")
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "MIXED")
-    slurm.add_job(7, "n1")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    slurm, w = sim_node(cfg, "MIXED", 7)
     return SimpleNamespace(w=w, slurm=slurm, sim_dir=cfg.gpu.sim_dir, state=cfg.state.dir, audit=w.audit)
 
 

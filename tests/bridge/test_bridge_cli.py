@@ -199,7 +199,7 @@ def test_render_template_backend_may_get_its_resource_to_tell_its_own(tmp_path):
 
 @pytest.mark.k8s
 def test_the_bridge_tells_the_replacement_it_asked_for_through_the_notifier(site):
-    from observe.test_notify import Receiver
+    from fakes.webhook import Receiver
 
     rx = Receiver()
     try:

@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from conftest import wait_for
 from kube.doubles import Clock
 from kube.memory import InMemoryKube
 from kube.site import write_bridge_site
@@ -164,27 +165,16 @@ def cordoned(server) -> list[str]:
     return [n for n in NAMES if (server.get("v1/nodes", n)["spec"] or {}).get("unschedulable")]
 
 
-def poll(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        time.sleep(0.1)
-
-
 @pytest.mark.k8s
 def test_two_bridges_one_leader_takeover_within_the_lease_and_one_breaker(fleet):
     server = fleet["server"]
     a = start(fleet, "a")
     b = None
     try:
-        holder_a = poll(lambda: (lease(server) or {}).get("spec", {}).get("holderIdentity"), 30, "a leads")
-        poll(lambda: len(cordoned(server)) == 2, 30, "a cordons the cap's two nodes")
+        holder_a = wait_for(lambda: (lease(server) or {}).get("spec", {}).get("holderIdentity"), 30, "a leads")
+        wait_for(lambda: len(cordoned(server)) == 2, 30, "a cordons the cap's two nodes")
         b = start(fleet, "b")
-        poll(lambda: "standing by" in (fleet["tmp"] / "b.log").read_text(), 30, "b stands by")
+        wait_for(lambda: "standing by" in (fleet["tmp"] / "b.log").read_text(), 30, "b stands by")
         time.sleep(2)  # several of a's passes and b's tries: still one leader, still two nodes
         assert lease(server)["spec"]["holderIdentity"] == holder_a and len(cordoned(server)) == 2
         breaker = json.loads(lease(server)["metadata"]["annotations"][BREAKER_ANNOTATION])
@@ -193,11 +183,11 @@ def test_two_bridges_one_leader_takeover_within_the_lease_and_one_breaker(fleet)
         os.killpg(a.pid, signal.SIGKILL)  # no release: b must wait out the lease
         a.wait(10)
         killed = time.monotonic()
-        holder_b = poll(lambda: (lease(server)["spec"]["holderIdentity"] not in (holder_a, "")
-                                 and lease(server)["spec"]["holderIdentity"]), 30, "b takes over")
+        holder_b = wait_for(lambda: (lease(server)["spec"]["holderIdentity"] not in (holder_a, "")
+                                     and lease(server)["spec"]["holderIdentity"]), 30, "b takes over")
         took = time.monotonic() - killed
         assert took <= 3 + 1.5, f"took over after {took:.1f} s with a 3 s lease"
-        poll(lambda: "leading" in (fleet["tmp"] / "b.log").read_text(), 10, "b says it leads")
+        wait_for(lambda: "leading" in (fleet["tmp"] / "b.log").read_text(), 10, "b says it leads")
         time.sleep(1.5)  # b's passes: the breaker it read from the Lease is still open
         assert len(cordoned(server)) == 2 and lease(server)["spec"]["holderIdentity"] == holder_b
         assert lease(server)["spec"]["leaseTransitions"] >= 1

@@ -8,13 +8,11 @@ import stat
 import time
 
 import pytest
-from fakes.config import sim_config
-from fakes.slurm import FakeSlurm
+from fakes.config import sim_config, sim_node
 
 from slurm_hooks import engine
 from slurm_hooks.checks.dcgm import check_diag
 from slurm_hooks.hooks import healthcheck, jobhooks
-from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import (
     Action,
     CheckInput,
@@ -25,8 +23,6 @@ from slurm_hooks.models import (
     NodeSnapshot,
     Severity,
 )
-from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.probes import sim
 from slurm_hooks.probes.dcgm import make_runner, parse, run_diag
 
 # DCGM 3.x shape (as `dcgmi diag -r 1 -j` prints it: a banner line, nulls between tests).
@@ -305,10 +301,7 @@ DCGM_PASS = {"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware"
 def test_node_drained_by_epilog_dcgm_diag_is_not_resumed_by_a_check_that_runs_no_diag(tmp_path):
     dcgmi = fake_dcgmi(tmp_path, json.dumps(DCGM_FAIL_GPU3), exit_code=226)
     cfg = sim_config(tmp_path, f'[dcgm]\ndcgmi = "{dcgmi}"\n[expect]\ngpus = 8\ndcgm_level_after_failure = 2\n')
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "IDLE")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    slurm, w = sim_node(cfg, "IDLE")
     jobhooks.epilog(w, {"SLURM_JOB_ID": "5", "SLURM_JOB_GPUS": "0,1,2,3", "SLURM_JOB_EXIT_CODE": "256"})
     assert slurm.peek("n1").reason == "slurm-hooks: DCGM diag L2 failed on GPU 3 [reset]"
     healthcheck.run(w, follow="none")  # HealthCheckInterval later; dcgm_level_check = 0 (the default)
@@ -323,10 +316,7 @@ def test_dcgm_diag_cut_off_by_our_own_budget_does_not_drain_a_healthy_node(tmp_p
     dcgmi = fake_dcgmi(tmp_path, json.dumps(DCGM_PASS), sleep=3)
     cfg = sim_config(tmp_path, f'[dcgm]\ndcgmi = "{dcgmi}"\ntimeout = 1.0\n'
                                 '[expect]\ngpus = 8\ndcgm_level_after_failure = 2\n')
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "IDLE")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    slurm, w = sim_node(cfg, "IDLE")
     # The user's script exited 1: nothing to do with the GPUs.
     jobhooks.epilog(w, {"SLURM_JOB_ID": "6", "SLURM_JOB_GPUS": "0", "SLURM_JOB_EXIT_CODE": "256"})
     assert slurm.called("drain") == []

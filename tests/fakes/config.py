@@ -66,3 +66,20 @@ def nvml_wiring(tmp_path: Path, slurm, nvml, kmsg_path):
     cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n")
     probe = NvmlProbe("n1", kmsg_path=str(kmsg_path), nvml=nvml)
     return Wiring(cfg, "n1", AuditLog(cfg.log.audit), probe_override=probe, slurm_override=slurm)
+
+
+def sim_node(cfg, state: str, *jobs: int):
+    """Node ``n1`` with 8 healthy simulated GPUs in ``cfg``'s sim dir, in Slurm ``state`` in a fresh
+    FakeSlurm with ``jobs`` on it: ``(slurm, wiring)``, the :class:`Wiring` a hook runs with there."""
+    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.observe.audit import AuditLog
+    from slurm_hooks.probes import sim
+
+    from .slurm import FakeSlurm
+
+    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", state)
+    for job in jobs:
+        slurm.add_job(job, "n1")
+    return slurm, Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)

@@ -10,13 +10,10 @@ import re
 import time
 
 import pytest
-from fakes.config import sim_config
-from fakes.slurm import FakeSlurm
+from fakes.config import sim_config, sim_node
 
 from slurm_hooks.errors import TransientError
 from slurm_hooks.hooks import healthcheck, jobhooks, remediate
-from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.slurm import ADMIN_COMMENT_MAX, join_admin_comment
 from slurm_hooks.slurm.scontrol import parse_admin_comment
@@ -58,12 +55,9 @@ def test_a_line_is_appended_keeping_what_is_there_within_the_limit():
 @pytest.fixture
 def node(tmp_path):
     cfg = sim_config(tmp_path, "[expect]\ngpus = 8")
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "MIXED")
-    slurm.add_job(12, "n1")
+    slurm, w = sim_node(cfg, "MIXED", 12)
     slurm.admin_comments[12] = "site: budget 42"
-    return Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm), slurm
+    return w, slurm
 
 
 def annotations(w):

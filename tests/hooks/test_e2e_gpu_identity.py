@@ -5,6 +5,7 @@ written here in reverse (``testbed up --gres-order 7,...,0``), so Slurm's GRES i
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -17,6 +18,8 @@ from slurm_hooks.probes import sim
 pytestmark = pytest.mark.slurm
 
 REVERSE = tuple(range(7, -1, -1))
+#: Both module testbeds: two nodes of 8 GPUs with the hooks, gres.conf's File= lines in reverse.
+SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, requeue_grace=3.0, gres_order=REVERSE)
 
 
 def nvml_of(gres: int) -> int:
@@ -25,9 +28,7 @@ def nvml_of(gres: int) -> int:
 
 @pytest.fixture(scope="module")
 def reverse_testbed(tmp_path_factory):
-    with own_testbed(tmp_path_factory, "testbed-reverse",
-                     Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, requeue_grace=3.0, gres_order=REVERSE,
-                              shards=2)) as tb:
+    with own_testbed(tmp_path_factory, "testbed-reverse", dataclasses.replace(SETTINGS, shards=2)) as tb:
         yield SlurmTestbed(tb)
 
 
@@ -112,9 +113,7 @@ def test_prolog_refuses_a_job_whose_gres_index_names_the_bad_gpu(tb):
 
 @pytest.fixture(scope="module")
 def mig_testbed(tmp_path_factory):
-    with own_testbed(tmp_path_factory, "testbed-mig",
-                     Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, requeue_grace=3.0, gres_order=REVERSE,
-                              mig=2)) as tb:
+    with own_testbed(tmp_path_factory, "testbed-mig", dataclasses.replace(SETTINGS, mig=2)) as tb:
         yield SlurmTestbed(tb)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -20,6 +19,7 @@ import sys
 import time
 
 import pytest
+from conftest import audit_records
 
 from slurm_hooks.lab.testbed import Settings, Testbed, hook_interpreter
 from slurm_hooks.probes import sim
@@ -79,12 +79,8 @@ def _workers_done(tb) -> bool:
 
 
 def records(tb, action=None):
-    try:
-        with open(tb.audit_log, encoding="utf-8") as fh:
-            recs = [json.loads(line) for line in fh if line.strip()]
-    except FileNotFoundError:
-        return []
-    return [r for r in recs if r.get("kind") == "action" and (action is None or r.get("action") == action)]
+    return [r for r in audit_records(tb.audit_log)
+            if r.get("kind") == "action" and (action is None or r.get("action") == action)]
 
 
 def results(tb, action):

@@ -13,7 +13,7 @@ import os
 import time
 
 import pytest
-from conftest import own_testbed
+from conftest import audit_records, own_testbed
 
 from slurm_hooks.lab.testbed import Settings
 from slurm_hooks.probes import sim
@@ -36,12 +36,7 @@ def tb(bed):
 
 
 def _records(tb, action=None):
-    try:
-        with open(tb.audit_log, encoding="utf-8") as fh:
-            recs = [json.loads(line) for line in fh if line.strip()]
-    except FileNotFoundError:
-        return []
-    return [r for r in recs if action is None or r.get("action") == action]
+    return [r for r in audit_records(tb.audit_log) if action is None or r.get("action") == action]
 
 
 RUNGS = ("repair-reset", "repair-reboot", "repair-replace")

@@ -15,7 +15,7 @@ import os
 import time
 
 import pytest
-from conftest import own_testbed
+from conftest import audit_records, own_testbed
 
 from slurm_hooks.lab.testbed import MARKER, Settings
 from slurm_hooks.probes import sim
@@ -54,12 +54,7 @@ def health_check(tb, node="n1") -> float:
 
 
 def records(tb, action):
-    try:
-        with open(tb.audit_log, encoding="utf-8") as fh:
-            recs = [json.loads(line) for line in fh if line.strip()]
-    except FileNotFoundError:
-        return []
-    return [r for r in recs if action is None or r.get("action") == action]
+    return [r for r in audit_records(tb.audit_log) if action is None or r.get("action") == action]
 
 
 def results(tb, action):

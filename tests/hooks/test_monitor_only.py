@@ -9,13 +9,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import sim_config
-from fakes.slurm import FakeSlurm
+from fakes.config import sim_config, sim_node
 
 from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.hooks.watch import Watcher
-from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 
 REASON = "slurm-hooks: XID 79 on GPU 3 [reboot]"
@@ -24,11 +21,7 @@ REASON = "slurm-hooks: XID 79 on GPU 3 [reboot]"
 @pytest.fixture
 def t(tmp_path):
     cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n[check]\ndrain = false\n[repair]\nenabled = true\n")
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "MIXED")
-    slurm.add_job(41, "n1")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    slurm, w = sim_node(cfg, "MIXED", 41)
     return SimpleNamespace(w=w, cfg=cfg, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit)
 
 
@@ -69,10 +62,7 @@ def test_health_check_and_the_repair_ladder_act_on_nothing(t):
 
 def test_the_metrics_count_what_was_not_acted_on(tmp_path):
     cfg = sim_config(tmp_path, f'[check]\ndrain = false\n[metrics]\ntextfile_dir = "{tmp_path}/prom"\n')
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "IDLE")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    slurm, w = sim_node(cfg, "IDLE")
     sim.inject(cfg.gpu.sim_dir, "n1", 3, xid=79)
     healthcheck.run(w, follow="none")
     prom = (tmp_path / "prom" / "slurm_hooks.prom").read_text()

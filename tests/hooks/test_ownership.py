@@ -13,13 +13,10 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import sim_config
-from fakes.slurm import FakeSlurm
+from fakes.config import sim_config, sim_node
 
 from slurm_hooks.hooks import healthcheck, remediate
 from slurm_hooks.hooks.marker import DrainMarker, MarkerUnreadable
-from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 
 XID79 = "slurm-hooks: XID 79 on GPU 3 [reboot]"
@@ -28,11 +25,8 @@ XID79 = "slurm-hooks: XID 79 on GPU 3 [reboot]"
 @pytest.fixture
 def t(tmp_path):
     cfg = sim_config(tmp_path, "[expect]\ngpus = 8")
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "IDLE")
+    slurm, w = sim_node(cfg, "IDLE")
     slurm.keeps_reason = True
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
     return SimpleNamespace(w=w, cfg=cfg, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit)
 
 

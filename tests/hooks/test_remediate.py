@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 from fakes import FakeNvml
-from fakes.config import nvml_wiring, sim_config
+from fakes.config import nvml_wiring, sim_config, sim_node
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks import config
@@ -34,10 +34,7 @@ SOCKET_TIMEOUT = TransientError("slurm_update error: Socket timed out on send/re
 @pytest.fixture
 def t(tmp_path):
     cfg = sim_config(tmp_path, "[expect]\ngpus = 8")
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "IDLE")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    slurm, w = sim_node(cfg, "IDLE")
     return SimpleNamespace(w=w, cfg=cfg, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit, tmp=tmp_path)
 
 

@@ -10,14 +10,12 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import repair_config
-from fakes.slurm import FakeSlurm
+from fakes.config import repair_config, sim_node
 
 from slurm_hooks import config
 from slurm_hooks.hooks import healthcheck, repair
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Finding, Severity
-from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import NvidiaSmiReset, ResetFailed
 
@@ -27,11 +25,8 @@ def t(tmp_path):
     """Node n1 with 8 simulated GPUs, the fake Slurm, and the sim's dcgmi (a fast diagnostic):
     the ladder validates each repair before the node returns to service ([repair] dcgm_level 2)."""
     cfg = repair_config(tmp_path)
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm, w = sim_node(cfg, "IDLE")
     sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "IDLE")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
     return SimpleNamespace(w=w, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit)
 
 

@@ -9,13 +9,10 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import repair_config
-from fakes.slurm import FakeSlurm
+from fakes.config import repair_config, sim_node
 
 from slurm_hooks.errors import PermanentError
 from slurm_hooks.hooks import healthcheck, repair
-from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 
 REFUSED = PermanentError("scontrol_reboot_nodes error: Unspecified error")
@@ -25,11 +22,8 @@ REFUSED = PermanentError("scontrol_reboot_nodes error: Unspecified error")
 def t(tmp_path):
     """With the sim's dcgmi: each repair is validated before the node returns ([repair] dcgm_level 2)."""
     cfg = repair_config(tmp_path)
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm, w = sim_node(cfg, "IDLE")
     sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "IDLE")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
     return SimpleNamespace(w=w, cfg=cfg, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit)
 
 

@@ -11,14 +11,12 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import repair_config
-from fakes.slurm import FakeSlurm
+from fakes.config import repair_config, sim_node
 
 from slurm_hooks.hooks import healthcheck, remediate, repair
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Context
-from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import SimReset
 
@@ -29,11 +27,8 @@ def _bed(tmp_path, extra: str = "", dcgmi: bool = True, services=tuple(SERVICES)
     cfg = repair_config(tmp_path, f"services = {json.dumps(list(services))}\n{extra}")
     if not dcgmi:
         os.unlink(cfg.dcgm.dcgmi)
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm, w = sim_node(cfg, "IDLE")
     sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "IDLE")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
     return SimpleNamespace(w=w, slurm=slurm, sim_dir=cfg.gpu.sim_dir, audit=w.audit)
 
 

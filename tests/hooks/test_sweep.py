@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from fakes.config import write_sim_config
+from fakes.config import sim_node, write_sim_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks import config
@@ -95,12 +95,8 @@ def test_the_validation_job_runs_dcgm_then_nvbandwidth_and_nccl_where_installed_
     nvb = _tool(tmp_path / "nvbandwidth", 1, "device to device bandwidth 12 GB/s below 300 GB/s")
     nccl = _tool(tmp_path / "all_reduce_perf", 0, "# Avg bus bandwidth : 180.5")
     cfg = repair_config(tmp_path, f'[sweep]\nnvbandwidth = "{nvb}"\nall_reduce_perf = "{nccl}"\n')
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm, w = sim_node(cfg, "ALLOCATED", 9)
     sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "ALLOCATED")
-    slurm.add_job(9, "n1")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
     verdict, detail = sweep.validate_here(w, 2, 60.0, job="9")
     assert verdict == "failed"
     tests = [(r["test"], r["result"]) for r in w.audit.read() if r.get("action") == "sweep-test"]
@@ -117,12 +113,8 @@ def test_a_validation_job_that_passes_drains_nothing_and_says_so_in_its_admin_co
     from slurm_hooks.probes import sim
 
     cfg = repair_config(tmp_path, f'[sweep]\nnvbandwidth = "{tmp_path}/none"\nall_reduce_perf = "{tmp_path}/none"\n')
-    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    slurm, w = sim_node(cfg, "ALLOCATED", 9)
     sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
-    slurm = FakeSlurm()
-    slurm.add_node("n1", "ALLOCATED")
-    slurm.add_job(9, "n1")
-    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
     assert sweep.validate_here(w, 3, 60.0, job="9") == ("passed", "DCGM diag L3 passed")
     assert not slurm.peek("n1").drained and slurm.called("drain") == []
     assert slurm.admin_comment(9) == "slurm-hooks: sweep L3 passed: DCGM diag L3 passed"

@@ -16,7 +16,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from conftest import own_testbed
+from conftest import audit_records, own_testbed, wait_for
 from hooks.test_e2e_slurm import TRAP_JOB, wait_running_elsewhere, wait_started
 from paths import ROOT
 
@@ -78,24 +78,7 @@ def syslog(tb, tag: str) -> list[str]:
 
 
 def records(tb, action: str) -> list[dict]:
-    import json
-
-    try:
-        with open(tb.audit_log, encoding="utf-8") as fh:
-            recs = [json.loads(line) for line in fh if line.strip()]
-    except FileNotFoundError:
-        return []
-    return [r for r in recs if r.get("kind") == "action" and r.get("action") == action]
-
-
-def poll(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
+    return [r for r in audit_records(tb.audit_log) if r.get("kind") == "action" and r.get("action") == action]
 
 
 def reason_of(tb, node: str) -> tuple[bool, str]:
@@ -137,15 +120,15 @@ def test_xid79_under_a_job_on_n1_is_drained_by_us_requeued_and_resumed_by_us_ins
 
     sim.clear(tb.sim_dir, "n1")
     cleared = time.monotonic()
-    poll(lambda: idle_without_reason(tb, "n1"), 3 * INTERVAL + 10, "n1 not resumed after the fault cleared")
+    wait_for(lambda: idle_without_reason(tb, "n1"), 3 * INTERVAL + 10, "n1 not resumed after the fault cleared")
     print(f"XID 79 -> job running on n2: {took:.1f}s; fault cleared -> n1 IDLE: {time.monotonic() - cleared:.1f}s")
     assert [r["result"] for r in records(tb, "resume")] == ["ok"]
 
 
 def test_nhcs_own_failing_site_check_drains_n2_with_nhc_which_we_never_resume(tb):
     tb.nhc_site_fault("n2", True)
-    drained = poll(lambda: reason_of(tb, "n2")[0] and reason_of(tb, "n2")[1], 3 * INTERVAL + 10,
-                   "NHC did not drain n2")
+    drained = wait_for(lambda: reason_of(tb, "n2")[0] and reason_of(tb, "n2")[1], 3 * INTERVAL + 10,
+                       "NHC did not drain n2")
     assert re.fullmatch(r"NHC: check_file_test: +-e \S+/n2\.ok returned 1\.", drained), drained
     wait_runs(tb, "n2", 3)  # our check runs first in each of them, on a node with healthy GPUs
     assert reason_of(tb, "n2") == (True, drained)
@@ -153,7 +136,7 @@ def test_nhcs_own_failing_site_check_drains_n2_with_nhc_which_we_never_resume(tb
     assert idle_without_reason(tb, "n1")
 
     tb.nhc_site_fault("n2", False)
-    poll(lambda: idle_without_reason(tb, "n2"), 3 * INTERVAL + 10, "NHC did not resume n2")
+    wait_for(lambda: idle_without_reason(tb, "n2"), 3 * INTERVAL + 10, "NHC did not resume n2")
     assert records(tb, "resume") == []  # NHC did, not us
 
 
@@ -183,11 +166,11 @@ def test_a_broken_install_of_ours_drains_nothing_and_says_so_in_syslog(tb, mode,
 def test_report_mode_lets_nhc_drain_with_our_reason_and_resume_once_clear(tb):
     tb.set_nhc_check(f"{nhc.CHECK} -r")
     sim.inject(tb.sim_dir, "n1", 3, xid=79)
-    poll(lambda: reason_of(tb, "n1")[0], 3 * INTERVAL + 10, "NHC did not drain n1")
+    wait_for(lambda: reason_of(tb, "n1")[0], 3 * INTERVAL + 10, "NHC did not drain n1")
     assert reason_of(tb, "n1") == (True, "NHC: slurm-hooks: XID 79 on GPU 3")
     assert records(tb, "drain") == [] and records(tb, "requeue") == []  # we act on nothing
     sim.clear(tb.sim_dir, "n1")
-    poll(lambda: idle_without_reason(tb, "n1"), 3 * INTERVAL + 10, "NHC did not resume n1")
+    wait_for(lambda: idle_without_reason(tb, "n1"), 3 * INTERVAL + 10, "NHC did not resume n1")
     assert records(tb, "resume") == []
 
 
@@ -200,18 +183,18 @@ def test_a_gpu_fault_and_a_site_fault_on_one_node_each_owner_resumes_only_its_ow
                     "drain's (README, Beside NHC)")
     sim.inject(tb.sim_dir, "n1", 3, xid=79)
     tb.nhc_site_fault("n1", True)
-    poll(lambda: reason_of(tb, "n1")[0], 3 * INTERVAL + 10, "n1 not drained")
+    wait_for(lambda: reason_of(tb, "n1")[0], 3 * INTERVAL + 10, "n1 not drained")
     ours = reason_of(tb, "n1")[1]
     assert ours == "slurm-hooks: XID 79 on GPU 3 [reboot]"
     wait_runs(tb, "n1", 2)  # NHC's check fails in each of them too
     assert reason_of(tb, "n1") == (True, ours)
     sim.clear(tb.sim_dir, "n1")
-    nhcs = poll(lambda: reason_of(tb, "n1")[1].startswith("NHC:") and reason_of(tb, "n1")[1],
-                3 * INTERVAL + 10, "n1 not handed over to NHC's drain")
+    nhcs = wait_for(lambda: reason_of(tb, "n1")[1].startswith("NHC:") and reason_of(tb, "n1")[1],
+                    3 * INTERVAL + 10, "n1 not handed over to NHC's drain")
     assert reason_of(tb, "n1") == (True, nhcs)
     assert [r["result"] for r in records(tb, "resume")] == ["ok"]  # ours, then NHC's own drain
     tb.nhc_site_fault("n1", False)
-    poll(lambda: idle_without_reason(tb, "n1"), 3 * INTERVAL + 10, "NHC did not resume n1")
+    wait_for(lambda: idle_without_reason(tb, "n1"), 3 * INTERVAL + 10, "NHC did not resume n1")
     assert [r["result"] for r in records(tb, "resume")] == ["ok"]
 
 

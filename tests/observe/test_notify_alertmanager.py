@@ -1,6 +1,6 @@
 """The fleet path: our alerts through the real Prometheus Alertmanager (Debian's package, installed
 and started by the lab), configured with ``slurm-hooks render alertmanager``'s route, its receiver
-a local webhook (test_notify's ``Receiver``).
+a local webhook (``fakes.webhook.Receiver``).
 
 Without the package and no way to install it (not root, no apt), these tests skip.
 """
@@ -15,7 +15,8 @@ import sys
 import time
 
 import pytest
-from observe.test_notify import Clock, Receiver, xid79
+from fakes.webhook import Receiver
+from observe.test_notify import Clock, xid79
 
 from slurm_hooks.commands.render import render_all
 from slurm_hooks.lab.alertmanager import AMTOOL, AlertmanagerError, LabAlertmanager, ensure_installed
@@ -23,14 +24,7 @@ from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.observe.notify import Notifier, Settings
 from slurm_hooks.probes import sim
 
-
-@pytest.fixture
-def receiver():
-    rx = Receiver()
-    yield rx
-    if rx.server is not None:
-        rx.stop()
-
+pytest_plugins = ["fakes.webhook"]
 
 #: Alertmanager's group_wait in these tests: long enough that two nodes' checks, run at once on a loaded
 #: CI machine (three suites side by side), post into the same group; the sleeps after a notification

@@ -1,7 +1,7 @@
 """Notifications at fleet scale, direct webhooks: a bounded outbox, a pace per receiver, Slack's
 limits, secrets kept secret.
 
-Receivers are real HTTP servers on 127.0.0.1 (test_notify's ``Receiver``; a Slack-like one here
+Receivers are real HTTP servers on 127.0.0.1 (``fakes.webhook.Receiver``; a Slack-like one here
 that refuses what Slack's documented limits refuse). The clock and the randomness are injected:
 thirty days of outage pass in a loop, nothing sleeps.
 """
@@ -16,7 +16,8 @@ import subprocess
 import sys
 
 import pytest
-from observe.test_notify import Clock, Receiver, resume, xid79
+from fakes.webhook import Receiver
+from observe.test_notify import Clock, resume, xid79
 
 from slurm_hooks import config, urlsecret
 from slurm_hooks.errors import ConfigError
@@ -25,15 +26,9 @@ from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.observe.notify import BACKOFF_EXP_MAX, Notifier, Settings, backoff
 from slurm_hooks.observe.outbox import FAILED_KEEP
 
+pytest_plugins = ["fakes.webhook"]
+
 DAY = 86400.0
-
-
-@pytest.fixture
-def receiver():
-    rx = Receiver()
-    yield rx
-    if rx.server is not None:
-        rx.stop()
 
 
 @pytest.fixture
