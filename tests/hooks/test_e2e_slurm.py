@@ -261,8 +261,9 @@ def test_an_array_task_on_the_bad_node_is_requeued_alone_even_the_one_carrying_t
     sim.inject(tb.sim_dir, bad, tb.slurm.job_gpus(base.ref, bad)[0], xid=79)
     assert healthcheck(tb, bad).returncode == 1
     assert [r["target"] for r in actions(tb, "requeue") if r["result"] == "ok"] == [base.ref]
-    assert [r["target"] for r in actions(tb, "requeue") if r["result"] == "spared"] == \
-        [j.ref for j in tasks if j.nodes == bad and j.ref != base.ref]
+    # the requeued task's epilog judges the node again and may log the neighbour spared once more
+    assert {r["target"] for r in actions(tb, "requeue") if r["result"] == "spared"} == \
+        {j.ref for j in tasks if j.nodes == bad and j.ref != base.ref}
     time.sleep(1.0)
     for task in tasks:
         now = tb.slurm.job(task.ref)
