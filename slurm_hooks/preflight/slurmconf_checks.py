@@ -229,6 +229,26 @@ def check_kill_wait(conf: SlurmConf, cfg: Config) -> list[Result]:
     return [Result(check, Status.PASS, f"{shown} >= requeue_grace {grace:g} s", "", where)]
 
 
+def check_checkpoint_grace(conf: SlurmConf, cfg: Config) -> list[Result]:
+    """A job given its checkpoint signal waits at most KillWait for itself to requeue
+    (hooks.checkpoint.grace_seconds): a longer ``[requeue] checkpoint_grace`` is silently cut."""
+    check = "checkpoint-grace"
+    value, err = _seconds(conf, check, "KillWait", 30)
+    if err:
+        return []  # kill-wait says what is wrong with it
+    grace = float(cfg.requeue.checkpoint_grace)
+    shown = str(conf.entry("KillWait") or "KillWait unset (default 30)")
+    if grace > value:
+        return [Result(check, Status.WARN,
+                       f"[requeue] checkpoint_grace = {grace:g} s is cut to {shown}: a job given its checkpoint "
+                       f"signal (USR1, USR2, ...) has {value:g} s to save and requeue itself before we requeue it",
+                       f"KillWait={int(grace + 0.999)} in slurm.conf, or checkpoint_grace = {value:g} in "
+                       f"{cfg.path or 'the config'}", conf.where("KillWait") or cfg.path or "")]
+    what = "no grace: a signalled job is requeued at once" if grace == 0 else f"<= {shown}"
+    return [Result(check, Status.PASS, f"[requeue] checkpoint_grace = {grace:g} s: {what}", "",
+                   cfg.path or "")]
+
+
 def check_prolog_epilog_timeout(conf: SlurmConf, cfg: Config) -> list[Result]:
     check = "prolog-epilog-timeout"
     deadline = float(cfg.check.deadline)
@@ -434,6 +454,7 @@ def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Res
     out += check_health_check_interval(conf)
     out += check_health_check_node_state(conf)
     out += check_kill_wait(conf, cfg)
+    out += check_checkpoint_grace(conf, cfg)
     out += check_prolog_epilog_timeout(conf, cfg)
     out += check_job_requeue(conf, cfg)
     out += check_nohold_on_prolog_fail(conf)

@@ -303,6 +303,16 @@ def test_kill_wait_shorter_than_requeue_grace_warns_naming_file_and_line(cluster
     assert r.fix.startswith("KillWait=120 in slurm.conf")
 
 
+def test_a_checkpoint_grace_longer_than_kill_wait_warns_that_it_is_cut(cluster):
+    assert only(cluster.run(), "checkpoint-grace").status is validate.Status.PASS  # 90 s <= KillWait=120
+    cluster.edit_slurm_conf("KillWait=120", "KillWait=30")
+    r = only(cluster.run(), "checkpoint-grace")
+    assert r.status is validate.Status.WARN, r.line()
+    assert "checkpoint_grace = 90 s is cut to KillWait=30" in r.message and "has 30 s to save" in r.message
+    assert r.where == f"{cluster.slurm_conf}:{cluster.line_of('KillWait')}"
+    assert r.fix == f"KillWait=90 in slurm.conf, or checkpoint_grace = 30 in {cluster.config}"
+
+
 def test_kill_wait_unset_uses_slurms_default_of_30(cluster):
     cluster.edit_slurm_conf("KillWait=120\n", "")
     r = only(cluster.run(), "kill-wait")
