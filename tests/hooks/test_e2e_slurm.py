@@ -253,6 +253,8 @@ def test_an_array_task_on_the_bad_node_is_requeued_alone_even_the_one_carrying_t
             break
         assert time.monotonic() < deadline, tasks
         time.sleep(0.1)
+    for task in tasks:  # past the prolog: an XID while a task's prolog runs is the prolog's to refuse
+        wait_started(tb, task.job_id)
     base = next(j for j in tasks if j.job_id == array)  # Slurm gives one task the array's own id
     bad = base.nodes
     assert {j.nodes for j in tasks} == {"n1", "n2"}, tasks
@@ -260,7 +262,8 @@ def test_an_array_task_on_the_bad_node_is_requeued_alone_even_the_one_carrying_t
     # addressed as <array>_<task>, not by the id that names every task.
     sim.inject(tb.sim_dir, bad, tb.slurm.job_gpus(base.ref, bad)[0], xid=79)
     assert healthcheck(tb, bad).returncode == 1
-    assert [r["target"] for r in actions(tb, "requeue") if r["result"] == "ok"] == [base.ref]
+    requeues = actions(tb, "requeue")
+    assert [r["target"] for r in requeues if r["result"] == "ok"] == [base.ref], requeues
     # the requeued task's epilog judges the node again and may log the neighbour spared once more
     assert {r["target"] for r in actions(tb, "requeue") if r["result"] == "spared"} == \
         {j.ref for j in tasks if j.nodes == bad and j.ref != base.ref}

@@ -177,15 +177,15 @@ def test_requeue_then_start_now_runs_the_job_again_within_seconds(clean_testbed)
     pending = tb.wait_job(job, ["PENDING"], timeout=20, interval=0.05)
     assert pending.reason == "BeginTime"  # Slurm holds a requeued job back ~121 s unless told otherwise
     assert pending.restarts == 1
-    # -w n1 brings it back to the node it left: let n1 finish cleaning up the old run first
-    # (relaunched onto a node still COMPLETING it, 22.05 sometimes fails the new run at once).
-    tb.wait_node("n1", lambda n: n.state.upper() == "IDLE", timeout=15, interval=0.05)
+    # Elsewhere, as after our drain: relaunched onto the node it left, 22.05 sometimes fails the
+    # new run at once (FAILED, NonZeroExitCode), even once that node shows IDLE again.
+    tb.scontrol("update", f"JobId={job}", "ReqNodeList=n2")
     slurm.start_now(job)
     started = time.monotonic()
     running = tb.wait_job(job, ["RUNNING"], timeout=30, interval=0.05)  # not the 121 s BeginTime
     again = time.monotonic()
     assert again - requeued_at < 60
-    assert running.restarts == 1
+    assert running.restarts == 1 and running.nodes == "n2"
     print(f"requeue->PENDING {started - requeued_at:.2f}s, start_now->RUNNING {again - started:.2f}s")
 
 
