@@ -109,8 +109,9 @@ def test_dead_gpu_climbs_reset_then_reboot_then_replace_and_stops(tb):
 
 def test_node_with_a_running_job_is_not_repaired_before_the_job_ends(tb):
     # --no-requeue: the job stays on the drained node until it ends (as a job-end drain keeps it).
-    job = tb.sbatch("#!/bin/sh\nsleep 30\n", "-w", "n1", "--no-requeue", "--gres=gpu:1")
+    job = tb.sbatch("#!/bin/sh\necho started\nsleep 30\n", "-w", "n1", "--no-requeue", "--gres=gpu:1")
     tb.wait_job(job, ("RUNNING",), timeout=20)
+    _wait(lambda: "started" in tb.job_output(job), 20, "the script runs (past the prolog, which would refuse it)")
     sim.inject(tb.sim_dir, "n1", 2, row_remap_pending=True)
     tb.wait_node("n1", lambda n: n.drained, timeout=10)
     time.sleep(5)  # health checks ran on the drained node with the job on it
