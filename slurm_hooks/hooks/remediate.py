@@ -197,6 +197,10 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
         t0 = time.monotonic()
         scope = _scope_note(gmap, held)
         if not touched:
+            ended = _ended(job)
+            if ended is not None:  # a requeue under way shows no GPUs: not "left to run"
+                _step(w, "requeue", ref, ended[0], t0, jobs=[ref], detail=ended[2])
+                continue
             where = "no GPU on this node" if held == () else f"GPU {_fmt(gpumap.nvml_of(gmap, held or ()))}"
             _step(w, "requeue", ref, "spared", t0, jobs=[ref], gpus=list(held or ()),
                   detail=f"runs on {where}, not on the faulty GPU {faulty}: left to run")
@@ -350,11 +354,19 @@ def _fmt(gpus: Iterable[int]) -> str:
     return ",".join(str(g) for g in sorted(gpus)) or "-"
 
 
-def _not_requeued(job: JobInfo) -> tuple[str, str, str] | None:
-    """(result, level, detail) for a job that is not to be requeued; ``None`` for one that is."""
+def _ended(job: JobInfo) -> tuple[str, str, str] | None:
+    """(result, level, detail) for a job that ended or is being requeued; ``None`` for a live one."""
     if job.completing or job.finished or not job.active:
         return ("skipped", "", f"job is {job.base_state} (it ended, or a requeue is already under way): "
                                "requeuing it now would run it again")
+    return None
+
+
+def _not_requeued(job: JobInfo) -> tuple[str, str, str] | None:
+    """(result, level, detail) for a job that is not to be requeued; ``None`` for one that is."""
+    ended = _ended(job)
+    if ended is not None:
+        return ended
     if not job.batch:
         return ("skipped", "", "interactive job (srun/salloc) cannot be requeued; it will fail with the node")
     if not job.requeue:

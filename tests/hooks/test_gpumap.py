@@ -141,6 +141,18 @@ def test_cpu_only_job_beside_a_gpu_job_is_never_touched_by_a_gpu_fault(tmp_path)
     assert "no GPU on this node" in spared["201"] and "GPU 6" in spared["202"]
 
 
+def test_a_job_whose_requeue_is_under_way_is_not_logged_as_left_to_run(tmp_path):
+    # A requeued job still COMPLETING on the node shows no GPUs any more: the next run (its
+    # epilog) must not call it spared, "left to run".
+    t = node(tmp_path)
+    run_jobs(t, {101: "gpu:1(IDX:0)", 102: "gpu:1(IDX:1)"})
+    t.slurm.add_job(103, "n1", "COMPLETING")
+    t.slurm.set_job_gpus(103, detail(""))
+    sim.inject(t.sim_dir, "n1", 7, xid=79)
+    healthcheck.run(t.w, follow="none")
+    assert requeues(t) == {"ok": ["101"], "spared": ["102"], "skipped": ["103"]}
+
+
 def test_shard_job_on_the_faulty_gpu_is_requeued_one_on_another_is_not(tmp_path):
     t = node(tmp_path)
     run_jobs(t, {301: "shard:2(0/4,2/4,0/4,0/4,0/4,0/4,0/4,0/4)",  # GRES 1: NVML 6
