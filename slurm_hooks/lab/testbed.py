@@ -873,8 +873,18 @@ class Testbed:
         if ids:
             run_command([os.path.join(BIN, "scancel"), "--signal=KILL", "--full", *ids], 10, env=self.env(), check=False)
             run_command([os.path.join(BIN, "scancel"), *ids], 10, env=self.env(), check=False)
-        if not _wait(lambda: not run_command(squeue, 10, env=self.env()).stdout.split(), timeout):
-            raise TestbedError(f"jobs still queued {timeout:g}s after scancel")
+        if _wait(lambda: not run_command(squeue, 10, env=self.env()).stdout.split(), timeout / 2):
+            return
+        # Still COMPLETING half-way (an epilog's reboot request in flight, a slow slurmd): what an
+        # admin does with a stuck CG job, set its nodes DOWN; Slurm then lets the job go. The
+        # reset that called us resumes them.
+        where = run_command([os.path.join(BIN, "squeue"), "-h", "-o", "%N"], 10, env=self.env()).stdout.split()
+        for nodes in sorted(set(where)):
+            self.progress(f"jobs still completing on {nodes}: setting it DOWN")
+            run_command([os.path.join(BIN, "scontrol"), "update", f"NodeName={nodes}", "State=DOWN",
+                         "Reason=testbed reset: job stuck completing"], 10, env=self.env(), check=False)
+        if not _wait(lambda: not run_command(squeue, 10, env=self.env()).stdout.split(), timeout / 2):
+            raise TestbedError(f"jobs still queued {timeout:g}s after scancel (their nodes set DOWN half-way)")
 
     def reset(self, timeout: float = 30.0) -> None:
         """Back to a clean cluster: no jobs, every node IDLE with no reason, healthy GPUs, empty logs.
