@@ -207,10 +207,14 @@ def test_the_watcher_retries_in_the_background_and_keeps_judging_new_events(t):
         _wait(lambda: any(r.get("xid") == 48 for r in t.audit.read() if r["kind"] == "watch"))
         assert len(pending.load(t.state, "n1").events) == 2
         controller_back(t)
-        _wait(lambda: pending.load(t.state, "n1") is None, timeout=10)
+        # The record's end is the audit line, written after the file goes (an fsync on a loaded CI disk
+        # took seconds between the two): wait for that, not for the file.
+        _wait(lambda: any(r["result"] == "done" for r in pending_records(t)), timeout=20)
+        assert pending.load(t.state, "n1") is None
     finally:
         stop.set()
-        runner.join(5)
+        runner.join(20)
+    assert not runner.is_alive()
     assert t.slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 3; XID 48 on GPU 5 [reboot]"
     assert t.slurm.called("requeue") == [("requeue", 7)]
     results = [r["result"] for r in pending_records(t)]

@@ -162,6 +162,9 @@ def default_source(w: Wiring, log: Callable[[str], None] | None = None) -> Sourc
 
 #: How often the retry thread looks for a pending action (one failed ``open`` when there is none).
 RETRY_POLL_S = 1.0
+#: How long a stopping watcher waits for a retry under way (every Slurm call in it is bounded;
+#: systemd's stop timeout, 90 s by default, is well above).
+RETRY_JOIN_S = 30.0
 
 
 class Watcher:
@@ -256,11 +259,15 @@ class Watcher:
 
     def run(self, stop: threading.Event) -> None:
         self.w.audit.write("watch", node=self.w.node, message="watcher started")
-        threading.Thread(target=self._retry_loop, args=(stop,), name="pending-retry", daemon=True).start()
+        retry = threading.Thread(target=self._retry_loop, args=(stop,), name="pending-retry", daemon=True)
+        retry.start()
         notifier = self.start_notifier(stop)
         try:
             self._watch(stop)
         finally:
+            # A retry under way finishes, audit line included, before the process ends with its
+            # daemon threads (a pending record cleared but never closed in the log is lost history).
+            retry.join(RETRY_JOIN_S)
             if notifier is not None:
                 notifier.stopped()  # the process ends with its daemon threads: say so before
 
