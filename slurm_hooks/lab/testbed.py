@@ -867,24 +867,54 @@ class Testbed:
             time.sleep(interval)
 
     def cancel_all(self, timeout: float = 30.0) -> None:
-        """Cancel every job and wait until the queue is empty."""
-        squeue = [os.path.join(BIN, "squeue"), "-h", "-o", "%A"]
-        ids = run_command(squeue, 10, env=self.env()).stdout.split()
-        if ids:
-            run_command([os.path.join(BIN, "scancel"), "--signal=KILL", "--full", *ids], 10, env=self.env(), check=False)
-            run_command([os.path.join(BIN, "scancel"), *ids], 10, env=self.env(), check=False)
-        if _wait(lambda: not run_command(squeue, 10, env=self.env()).stdout.split(), timeout / 2):
-            return
-        # Still COMPLETING half-way (an epilog's reboot request in flight, a slow slurmd): what an
-        # admin does with a stuck CG job, set its nodes DOWN; Slurm then lets the job go. The
-        # reset that called us resumes them.
-        where = run_command([os.path.join(BIN, "squeue"), "-h", "-o", "%N"], 10, env=self.env()).stdout.split()
-        for nodes in sorted(set(where)):
-            self.progress(f"jobs still completing on {nodes}: setting it DOWN")
-            run_command([os.path.join(BIN, "scontrol"), "update", f"NodeName={nodes}", "State=DOWN",
-                         "Reason=testbed reset: job stuck completing"], 10, env=self.env(), check=False)
-        if not _wait(lambda: not run_command(squeue, 10, env=self.env()).stdout.split(), timeout / 2):
-            raise TestbedError(f"jobs still queued {timeout:g}s after scancel (their nodes set DOWN half-way)")
+        """Cancel every job and wait until the queue is empty.
+
+        Cancels again whatever is still queued each second (a hook's requeue or a reboot racing the
+        first scancel must not leave a job PENDING for Slurm's requeue delay). On failure it says
+        which jobs are left, in which state, where and why. Half-way, the nodes of jobs still COMPLETING are
+        set DOWN (an epilog's reboot request in flight, a slow slurmd: what an admin does with a
+        stuck CG job); the reset that called us resumes them.
+        """
+        deadline = time.monotonic() + timeout
+        half_way = time.monotonic() + timeout / 2
+        downed: set[str] = set()
+        next_cancel = 0.0
+        while True:
+            queue = self._queue_rows()
+            if not queue:
+                return
+            now = time.monotonic()
+            if now > deadline:
+                left = "; ".join(f"{job} {state} on {nodes or '-'} ({why})" for job, state, nodes, why in queue)
+                with contextlib.suppress(SlurmHooksError):
+                    left += "; nodes: " + ", ".join(f"{n.name} {n.state}" for n in self.slurm(timeout=5).nodes())
+                raise TestbedError(f"jobs still queued {timeout:g}s after scancel: {left}")
+            if now >= next_cancel:
+                ids = [job for job, *_ in queue]
+                run_command([os.path.join(BIN, "scancel"), "--signal=KILL", "--full", *ids], 10, env=self.env(),
+                            check=False)
+                run_command([os.path.join(BIN, "scancel"), *ids], 10, env=self.env(), check=False)
+                next_cancel = now + 1.0
+            stuck = {nodes for _, state, nodes, _ in queue if state == "COMPLETING" and nodes} - downed
+            if now > half_way and stuck:
+                for nodes in sorted(stuck):
+                    self.progress(f"jobs still completing on {nodes}: setting it DOWN")
+                    done = run_command([os.path.join(BIN, "scontrol"), "update", f"NodeName={nodes}", "State=DOWN",
+                                        "Reason=testbed reset: job stuck completing"], 10, env=self.env(), check=False)
+                    if done.returncode != 0:
+                        self.progress(f"setting {nodes} DOWN failed: {done.stderr.strip()}")
+                    downed.add(nodes)
+                for label in self._labels():  # a slurmd a reboot helper stopped and did not start again
+                    if not self._alive(label):
+                        self.progress(f"{label} is not running: starting the daemons again")
+                        self._start_daemons()
+                        break
+            time.sleep(0.05)
+
+    def _queue_rows(self) -> list[tuple[str, str, str, str]]:
+        """(job id, state, nodes, reason) of every job slurmctld still holds."""
+        out = run_command([os.path.join(BIN, "squeue"), "-h", "-o", "%i|%T|%N|%r"], 10, env=self.env()).stdout
+        return [tuple((line.split("|") + ["", "", ""])[:4]) for line in out.splitlines() if line.strip()]
 
     def reset(self, timeout: float = 30.0) -> None:
         """Back to a clean cluster: no jobs, every node IDLE with no reason, healthy GPUs, empty logs.

@@ -78,6 +78,17 @@ def test_reset_clears_jobs_drains_and_injected_faults(testbed):
     assert sim.read(testbed.sim_dir, "n1")["gpus"][3]["xids"] == []
 
 
+def test_reset_cancels_a_job_that_was_being_requeued_when_it_began(testbed):
+    """A health check's requeue just before a reset: the job is COMPLETING when the reset begins
+    and would come back PENDING for Slurm's requeue delay (121 s); it must be gone at once."""
+    testbed.set_hooks(False)
+    job = testbed.sbatch("#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 0.2; done\n", "-w", "n1", "--requeue")
+    testbed.wait_job(job, ["RUNNING"])
+    testbed.scontrol("requeue", str(job))  # the job ignores SIGTERM: COMPLETING for KillWait (5 s)
+    testbed.cancel_all(timeout=30)
+    assert testbed.tb._queue() == []
+
+
 def test_reset_waits_out_the_hooks_and_leaves_every_node_idle_without_a_reason(testbed):
     from slurm_hooks.probes import sim
 
