@@ -31,6 +31,7 @@ import time
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.lab import contracts
 from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.lab.waiting import poll
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import spawn_detached
@@ -41,14 +42,10 @@ GRACE_S = 8.0
 
 
 def wait_for(pred, timeout: float, what: str, interval: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise SystemExit(f"not within {timeout:g}s: {what}")
-        time.sleep(interval)
+    value = poll(pred, timeout, interval)
+    if not value:
+        raise SystemExit(f"not within {timeout:g}s: {what}")
+    return value
 
 
 def stamp(tb: Testbed, job: int, restart: int) -> tuple[float, str] | None:

@@ -23,12 +23,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.lab.waiting import poll
 
 #: Short timers for fast tests; everything else as `slurm-hooks testbed up`.
 TESTBED_SETTINGS = Settings(
@@ -103,14 +103,10 @@ def own_testbed(tmp_path_factory, name: str, settings: Settings) -> Iterator[Tes
 
 def wait_for(pred, timeout: float, what: str, interval: float = 0.1):
     """``pred()``'s first truthy value, polled every ``interval`` s; AssertionError after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        time.sleep(interval)
+    value = poll(pred, timeout, interval)
+    if not value:
+        raise AssertionError(f"not within {timeout:g}s: {what}")
+    return value
 
 
 @pytest.fixture(scope="session")

@@ -21,12 +21,12 @@ import secrets
 import shutil
 import signal
 import socket
-import time
 from collections.abc import Callable, Mapping
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import CommandError, SlurmHooksError
 from slurm_hooks.lab import packages
+from slurm_hooks.lab.waiting import poll
 from slurm_hooks.runner import run_command, spawn_detached
 
 PACKAGES = ("mariadb-server", "slurmdbd")
@@ -198,7 +198,7 @@ class Accounting:
             self.progress(f"stopping {label}")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            if not _wait_for(lambda p=pid, lbl=label: self._pid(lbl) != p, timeout):
+            if not poll(lambda p=pid, lbl=label: self._pid(lbl) != p, timeout):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             stopped.append(pid)
@@ -237,7 +237,7 @@ class Accounting:
             return ""
 
     def _wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-        if not _wait_for(predicate, timeout, 0.2):
+        if not poll(predicate, timeout, 0.2):
             raise AccountingError(f"{what} after {timeout:g}s")
 
 
@@ -257,13 +257,3 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)

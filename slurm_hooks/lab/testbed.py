@@ -36,6 +36,7 @@ from slurm_hooks.install import layout
 from slurm_hooks.lab import accounting, packages
 from slurm_hooks.lab import nhc as nhc_lab
 from slurm_hooks.lab.accounting import Accounting
+from slurm_hooks.lab.waiting import poll
 from slurm_hooks.probes import sim, simtools
 from slurm_hooks.runner import run_command, spawn_detached
 from slurm_hooks.slurm import JobInfo, NodeInfo, quirks
@@ -507,10 +508,10 @@ class Testbed:
         if self._pid(label) == slurmd_pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(slurmd_pid, signal.SIGTERM)
-            if not _wait(lambda: not self._alive(label), timeout):
+            if not poll(lambda: not self._alive(label), timeout):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(slurmd_pid, signal.SIGKILL)
-                _wait(lambda: not self._alive(label), 5)
+                poll(lambda: not self._alive(label), 5)
         # slurmctld takes the reboot as done only for a BootTime (whole seconds) after its request:
         # the new boot is at least a second younger than the request, whatever the rounding.
         time.sleep(REBOOT_SETTLE_S)
@@ -521,7 +522,7 @@ class Testbed:
             run_command(argv, 30, env=self._daemon_env())
         except CommandError as exc:
             raise TestbedError(f"{label} did not start again after the reboot: {exc}{self._log_tail(label)}") from None
-        if not _wait(lambda: self._alive(label), 10):
+        if not poll(lambda: self._alive(label), 10):
             raise TestbedError(f"{label} started again but wrote no live pid file{self._log_tail(label)}")
 
     def _pick_ports(self) -> dict[str, int]:
@@ -643,7 +644,7 @@ class Testbed:
         logs = {name: self.path("log", f"slurmd-{name}.log") for name in self.node_names}
         sizes = {name: _size(log) for name, log in logs.items()}
         self.scontrol("reconfigure")
-        _wait(lambda: all(_log_grew(logs[n], sizes[n], _RECONFIG_MARKS) for n in self.node_names), 10)
+        poll(lambda: all(_log_grew(logs[n], sizes[n], _RECONFIG_MARKS) for n in self.node_names), 10)
 
     def _saved_hooks(self) -> bool | None:
         try:
@@ -667,7 +668,7 @@ class Testbed:
             with contextlib.suppress(SlurmHooksError):
                 run_command([os.path.join(BIN, "scontrol"), "shutdown"], 10, env=self.env())
         slurm_daemons = [label for label in self._labels() if label != "munged"]
-        _wait(lambda: not any(self._alive(lbl) for lbl in slurm_daemons), min(timeout, 10))
+        poll(lambda: not any(self._alive(lbl) for lbl in slurm_daemons), min(timeout, 10))
         victims |= self._our_processes()
         daemons = {pid for pid in (self._pid(label) for label in self._labels()) if pid}
         munged = self._pid("munged")
@@ -1040,7 +1041,7 @@ class Testbed:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        if not _wait(lambda: not self._alive("slurmctld"), timeout):
+        if not poll(lambda: not self._alive("slurmctld"), timeout):
             raise TestbedError(f"slurmctld (pid {pid}) still running {timeout:g}s after SIGTERM")
 
     def start_controller(self, timeout: float = 30.0) -> None:
@@ -1063,7 +1064,7 @@ class Testbed:
                 return False
             return True
 
-        if not _wait(answers, timeout, interval=0.1):
+        if not poll(answers, timeout, interval=0.1):
             raise TestbedError(f"slurmctld does not answer {timeout:g}s after start{self._log_tail('slurmctld')}")
         self.wait_ready(timeout, idle=False)
 
@@ -1253,15 +1254,5 @@ def _terminate(procs: set[tuple[int, int]], timeout: float,
             if _same_process(pid, start):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
-        if _wait(lambda: not any(_same_process(p, s) for p, s in procs), timeout):
+        if poll(lambda: not any(_same_process(p, s) for p, s in procs), timeout):
             return
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)

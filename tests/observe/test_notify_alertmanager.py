@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from conftest import wait_for
 from fakes.webhook import Receiver
 from observe.test_notify import Clock, xid79
 
@@ -47,16 +48,6 @@ def alertmanager(tmp_path, receiver):
     am.start()
     yield am
     am.stop()
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"waited {timeout:g}s for {what}"
-        time.sleep(0.1)
 
 
 def notifications(receiver: Receiver, status: str | None = None) -> list[dict]:
@@ -112,7 +103,7 @@ def test_alertmanager_down_for_a_while_each_alert_is_delivered_once_when_it_retu
     for _, n in nodes.values():
         n.flush(5)
         assert n.outbox.entries() == []
-    wait_for(lambda: sorted(alerted(receiver, "firing")) == [("n1", "firing"), ("n2", "firing")], what="both alerts")
+    wait_for(lambda: sorted(alerted(receiver, "firing")) == [("n1", "firing"), ("n2", "firing")], 30, what="both alerts")
     time.sleep(GROUP_WAIT_S + 1)  # a group_wait and more: nothing more comes
     assert sorted(alerted(receiver, "firing")) == [("n1", "firing"), ("n2", "firing")]
     [group] = notifications(receiver)
@@ -130,12 +121,12 @@ def test_an_escalation_ends_the_alert_of_the_action_it_replaced(tmp_path, receiv
               message="XID 48 (double-bit ECC)")
     log.write("action", node="n1", action="drain", target="n1", result="ok", reason="slurm-hooks: XID 48 on GPU 1 [reset]")
     n.flush(5)
-    wait_for(lambda: alerted(receiver, "firing"), what="the first alert")
+    wait_for(lambda: alerted(receiver, "firing"), 30, what="the first alert")
     log.write("action", node="n1", action="drain", target="n1", result="ok",
               reason="slurm-hooks: XID 48 on GPU 1 [replace]")
     n.flush(5)
     actions = wait_for(lambda: {(a["labels"]["action"], a["status"]) for b in notifications(receiver)
-                                for a in b["alerts"]} >= {("reset", "resolved"), ("replace", "firing")}, what="escalation")
+                                for a in b["alerts"]} >= {("reset", "resolved"), ("replace", "firing")}, 30, what="escalation")
     assert actions
 
 
@@ -166,7 +157,7 @@ def test_xid79_on_two_nodes_is_one_grouped_notification_and_one_resolution(hooke
     # only within its short flush budget, and under CI's load may leave its alert to the next run.
     # That next run, as on a node: one `notify flush`, a no-op when both were told.
     subprocess.run([sys.executable, "-m", "slurm_hooks", "notify", "flush"], env=env, capture_output=True, timeout=60)
-    firing = wait_for(lambda: notifications(receiver, "firing"), what="Alertmanager's notification")
+    firing = wait_for(lambda: notifications(receiver, "firing"), 30, what="Alertmanager's notification")
     time.sleep(GROUP_WAIT_S + 1)
     [group] = notifications(receiver, "firing")
     assert firing == [group]
@@ -192,7 +183,7 @@ def test_xid79_on_two_nodes_is_one_grouped_notification_and_one_resolution(hooke
                        timeout=60)
         return not os.listdir(tmp_path / "notify" / "outbox")
 
-    wait_for(flushed, what="the outbox to empty")
+    wait_for(flushed, 30, what="the outbox to empty")
 
     def both_resolved() -> list[dict]:
         return [b for b in notifications(receiver, "resolved")
@@ -200,7 +191,7 @@ def test_xid79_on_two_nodes_is_one_grouped_notification_and_one_resolution(hooke
                                                                                        ("n2", "resolved")]]
 
     # (A resolution that came in before the other may have been told first, with the other still firing.)
-    wait_for(both_resolved, what="the resolution of both")
+    wait_for(both_resolved, 30, what="the resolution of both")
     time.sleep(GROUP_WAIT_S + 1)
     assert len(both_resolved()) == 1, json.dumps(receiver.bodies("/am"))[:2000]
     assert len(notifications(receiver, "firing")) <= 2  # the grouped one, and at most one partial update
