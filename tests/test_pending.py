@@ -293,7 +293,7 @@ def test_without_a_deadline_a_slurm_call_keeps_its_own_timeout(tmp_path):
         bounded.node("n1")
 
 
-def _wait(predicate, timeout=5.0):
+def _wait(predicate, timeout=15.0):
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out waiting"
