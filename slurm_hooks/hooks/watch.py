@@ -267,6 +267,8 @@ class Watcher:
         finally:
             # A retry under way finishes, audit line included, before the process ends with its
             # daemon threads (a pending record cleared but never closed in the log is lost history).
+            # The watcher is ending, on a stop or an error: no new retry begins.
+            stop.set()
             retry.join(RETRY_JOIN_S)
             if notifier is not None:
                 notifier.stopped()  # the process ends with its daemon threads: say so before

@@ -12,7 +12,7 @@ from fakes.config import nvml_wiring, sim_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks.errors import ProbeError
-from slurm_hooks.hooks.watch import FirstWorking, SimSource, Watcher
+from slurm_hooks.hooks.watch import RETRY_JOIN_S, FirstWorking, SimSource, Watcher
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import XidEvent
 from slurm_hooks.observe.audit import AuditLog
@@ -200,6 +200,25 @@ def test_watcher_survives_a_source_failure_and_keeps_watching(wiring):
 
     Watcher(w, Flaky(), log=logs.append).run(stop)
     assert Flaky.calls == 2 and "retrying" in logs[0]
+
+
+def test_a_watcher_that_dies_of_an_unexpected_error_ends_its_retry_thread_at_once(wiring):
+    w, _ = wiring
+    stop = threading.Event()
+
+    class Broken(ListSource):
+        def follow(self, stop_event, on_event):
+            raise RuntimeError("a bug")
+
+    def retry_threads() -> set:
+        return {t for t in threading.enumerate() if t.name == "pending-retry"}
+
+    before = retry_threads()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError):
+        Watcher(w, Broken(), log=lambda m: None, retry_poll=0.05).run(stop)
+    assert stop.is_set() and time.monotonic() - started < RETRY_JOIN_S
+    assert retry_threads() <= before
 
 
 # --- one identity per XID: the kernel log's line is tied to its GPU at the source --------------
