@@ -905,12 +905,16 @@ class Testbed:
                     if done.returncode != 0:
                         self.progress(f"setting {nodes} DOWN failed: {done.stderr.strip()}")
                     downed.add(nodes)
-                for label in self._labels():  # a slurmd a reboot helper stopped and did not start again
-                    if not self._alive(label):
-                        self.progress(f"{label} is not running: starting the daemons again")
-                        self._start_daemons()
-                        break
+                self._restart_dead_daemons()  # a slurmd a reboot helper stopped and did not start again
             time.sleep(0.05)
+
+    def _restart_dead_daemons(self) -> None:
+        """Start again whichever of our daemons is not running (``_start_daemons`` skips live ones)."""
+        for label in self._labels():
+            if not self._alive(label):
+                self.progress(f"restarting {label}")
+                self._start_daemons()
+                return
 
     def _queue_rows(self) -> list[tuple[str, str, str, str]]:
         """(job id, state, nodes, reason) of every job slurmctld still holds."""
@@ -924,11 +928,7 @@ class Testbed:
         started before the reset (on a GPU still faulty then) can drain a node after it.
         TestbedError, with what is still unclean, when that takes longer than ``timeout``.
         """
-        for label in self._labels():
-            if not self._alive(label):
-                self.progress(f"restarting {label}")
-                self._start_daemons()
-                break
+        self._restart_dead_daemons()
         # Healthy GPUs and no hook state first: a hook that runs from here on finds nothing to drain.
         for name in self.node_names:
             sim.init(self.sim_dir, name, self.settings.gpus, mig=self.settings.mig)
@@ -1015,8 +1015,7 @@ class Testbed:
 
     def _queue(self) -> list[str]:
         """Every job slurmctld still holds (completing ones too), as "ID:STATE"."""
-        out = run_command([os.path.join(BIN, "squeue"), "-h", "-o", "%i:%T"], 10, env=self.env()).stdout
-        return out.split()
+        return [f"{job}:{state}" for job, state, _, _ in self._queue_rows()]
 
     def _hook_runs(self) -> list[int]:
         """Pids of slurm-hooks programs our slurmd's are running (prolog, epilog, health check; NHC too)."""
