@@ -162,11 +162,11 @@ def test_bounded_queries_and_utc_times_whatever_the_callers_environment(accounte
     rep = json.loads(out.stdout)
     # slurmdbd stamps the drain in whole seconds when slurmctld took it; our record is written once the
     # call returned, up to a second later (a TZ read wrong would be hours off)
-    n1 = [i for i in rep["incidents"] if i["node"] == "n1"]
-    mine = min(n1, key=lambda i: abs(calendar.timegm(time.strptime(i["opened_at"], "%Y-%m-%dT%H:%M:%SZ"))
-                                     - drain["ts"]))
-    opened = calendar.timegm(time.strptime(mine["opened_at"], "%Y-%m-%dT%H:%M:%SZ"))
-    assert -2 < opened - drain["ts"] < 1, (drain["ts"], [i["opened_at"] for i in rep["incidents"]])
+    def opened(incident: dict) -> int:
+        return calendar.timegm(time.strptime(incident["opened_at"], "%Y-%m-%dT%H:%M:%SZ"))
+
+    mine = min((i for i in rep["incidents"] if i["node"] == "n1"), key=lambda i: abs(opened(i) - drain["ts"]))
+    assert -2 < opened(mine) - drain["ts"] < 1, (drain["ts"], [i["opened_at"] for i in rep["incidents"]])
     assert mine["out_of_service_s"] == pytest.approx(back["ts"] - drain["ts"], abs=1.01)
     queries = rep["sources"]["accounting_queries"]
     assert queries[0].startswith("sacctmgr -n -P show event Event=Node States=DRAIN Start=")
