@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
+import sys
 
 import pytest
 
@@ -110,20 +110,49 @@ def test_the_models_round_trip_as_before():
     assert models.snapshot_from_dict(models.snapshot_to_dict(snap)) == snap
 
 
-def test_defining_a_class_costs_far_less_than_a_dataclass():
-    def define(decorator):
-        t0 = time.perf_counter()
-        for _ in range(20):
+_COMPILED: list[str] = []
+_WATCHING = False
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _WATCHING and event in ("exec", "compile"):
+        _COMPILED.append(event)
+
+
+sys.addaudithook(_audit)  # cannot be removed; it only counts while _WATCHING
+
+
+def _source_compiled_while(define) -> int:
+    global _WATCHING
+    _COMPILED.clear()
+    _WATCHING = True
+    try:
+        define()
+    finally:
+        _WATCHING = False
+    return len(_COMPILED)
+
+
+def test_defining_a_class_compiles_no_source_where_dataclasses_does():
+    """What makes dataclasses cost ~1 ms a class is compiling its methods from source text; ours
+    must compile nothing (the cost itself is measured in bench/, not asserted in a timed test)."""
+    def define_with(decorator):
+        def define():
             @decorator(frozen=True)
             class C:
                 a: int
                 b: str = ""
-                c: float = 0.0
-                d: tuple = ()
                 e: int | None = None
-        return time.perf_counter() - t0
 
-    assert define(dataclass) * 3 < define(dataclasses.dataclass)
+            @decorator
+            class D:
+                n: int = 0
+                items: list = field(default_factory=list)
+            return C, D
+        return define
+
+    assert _source_compiled_while(define_with(dataclasses.dataclass)) > 0  # the hook sees it
+    assert _source_compiled_while(define_with(dataclass)) == 0
 
 
 def test_the_healthy_check_and_prolog_define_no_class_with_dataclasses_exec(tmp_path):
