@@ -186,7 +186,7 @@ def test_two_bridges_one_leader_takeover_within_the_lease_and_one_breaker(fleet)
         holder_b = wait_for(lambda: (lease(server)["spec"]["holderIdentity"] not in (holder_a, "")
                                      and lease(server)["spec"]["holderIdentity"]), 30, "b takes over")
         took = time.monotonic() - killed
-        assert took <= 3 + 1.5, f"took over after {took:.1f} s with a 3 s lease"
+        assert took <= 3 + 3, f"took over after {took:.1f} s with a 3 s lease (not the 60 s default)"
         wait_for(lambda: "leading" in (fleet["tmp"] / "b.log").read_text(), 10, "b says it leads")
         time.sleep(1.5)  # b's passes: the breaker it read from the Lease is still open
         assert len(cordoned(server)) == 2 and lease(server)["spec"]["holderIdentity"] == holder_b
