@@ -14,6 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from conftest import wait_for
 from fakes.config import sim_config, sim_node, write_sim_config
 
 from slurm_hooks import config, pending
@@ -202,14 +203,15 @@ def test_the_watcher_retries_in_the_background_and_keeps_judging_new_events(t):
     runner = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
     runner.start()
     try:
-        _wait(lambda: pending.load(t.state, "n1") is not None)
+        wait_for(lambda: pending.load(t.state, "n1") is not None, 15, "a pending record", 0.02)
         sim.inject(t.sim_dir, "n1", 5, xid=48)  # another GPU fails while the first action waits
-        _wait(lambda: any(r.get("xid") == 48 for r in t.audit.read() if r["kind"] == "watch"))
+        wait_for(lambda: any(r.get("xid") == 48 for r in t.audit.read() if r["kind"] == "watch"), 15,
+                 "XID 48 judged while the drain is pending", 0.02)
         assert len(pending.load(t.state, "n1").events) == 2
         controller_back(t)
         # The record's end is the audit line, written after the file goes (an fsync on a loaded CI disk
         # took seconds between the two): wait for that, not for the file.
-        _wait(lambda: any(r["result"] == "done" for r in pending_records(t)), timeout=20)
+        wait_for(lambda: any(r["result"] == "done" for r in pending_records(t)), 20, "the pending record's done line", 0.02)
         assert pending.load(t.state, "n1") is None
     finally:
         stop.set()
@@ -291,13 +293,6 @@ def test_without_a_deadline_a_slurm_call_keeps_its_own_timeout(tmp_path):
     time.sleep(0.3)
     with pytest.raises(SlurmUnavailable, match="no time left"):
         bounded.node("n1")
-
-
-def _wait(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def test_pending_record_round_trips_and_ignores_unknown_keys(tmp_path):
