@@ -2,7 +2,7 @@
 
 Several writers on one node (health check, prolog, epilog, watcher) append to
 one file. Each record is written with a single ``write`` on an ``O_APPEND``
-descriptor under ``flock``, then ``fsync``ed, so records never interleave and
+descriptor under ``flock`` (held for the append only), then ``fsync``ed, so records never interleave and
 a crash loses at most the record being written.
 
 The action comes first: a record never blocks it. The lock is waited for at most
@@ -80,10 +80,16 @@ class AuditLog:
                 if not _lock(fd, LOCK_WAIT_S):
                     problem.append(f"locked by another process for over {LOCK_WAIT_S:g}s")
                     return
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, 1, size - 1) != b"\n":
-                    line = "\n" + line  # a writer died mid-line: end its torn line, keep ours whole
-                os.write(fd, line.encode())
+                try:
+                    size = os.fstat(fd).st_size
+                    if size and os.pread(fd, 1, size - 1) != b"\n":
+                        line = "\n" + line  # a writer died mid-line: end its torn line, keep ours whole
+                    os.write(fd, line.encode())
+                finally:
+                    # The lock guards the torn-line check and the append only: an fsync under it made
+                    # every other writer wait for this one's disk (8 writers on a loaded disk ran past
+                    # LOCK_WAIT_S and lost records). O_APPEND keeps the line whole without it.
+                    fcntl.flock(fd, fcntl.LOCK_UN)
                 os.fsync(fd)
             finally:
                 os.close(fd)

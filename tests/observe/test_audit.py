@@ -157,3 +157,25 @@ def test_a_hung_fsync_is_abandoned_within_the_bound(tmp_path, capsys, monkeypatc
     assert len(err) == 2
     assert "no answer within 1s (hung filesystem?)" in err[0] and '"action":"drain"' in err[0]
     assert "an earlier write still hangs" in err[1] and '"action":"requeue"' in err[1]
+
+
+def test_writers_do_not_wait_for_each_others_fsync_and_lose_no_record(tmp_path, capsys, monkeypatch):
+    """Eight writers whose disk syncs slowly: each fsync waits until all eight have appended. A
+    writer that synced under the lock made the others wait past LOCK_WAIT_S (records lost)."""
+    import threading
+
+    from slurm_hooks.observe import audit
+
+    writers = 8
+    all_appended = threading.Barrier(writers, timeout=20)
+    monkeypatch.setattr(audit, "WRITE_BOUND_S", 30.0)
+    monkeypatch.setattr(audit.os, "fsync", lambda fd: all_appended.wait())
+    path = str(tmp_path / "audit.jsonl")
+    threads = [threading.Thread(target=AuditLog(path).write, args=("alert",), kwargs={"writer": i})
+               for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert capsys.readouterr().err == ""
+    assert sorted(json.loads(line)["writer"] for line in lines(path)) == list(range(writers))
