@@ -19,7 +19,9 @@ def testbed() -> None:
 
 
 @testbed.command()
-@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 99), help="Number of slurmd's.")
+@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 99),
+              help="Number of slurmd's (99 at most: one port each in a block of 100; each idle slurmd holds "
+                   "about 6 MiB).")
 @click.option("--gpus", default=8, show_default=True, type=click.IntRange(1, 64), help="GPUs per node.")
 @_state_dir_option
 @click.option("--hooks/--no-hooks", default=True, show_default=True,
@@ -48,12 +50,15 @@ def testbed() -> None:
                    "in its nhc.conf.")
 @click.option("--nhc-check", default="check_slurm_hooks", show_default=True, metavar="LINE",
               help="Our check's part of the nhc.conf line ('check_slurm_hooks -r': report mode).")
+@click.option("--own-addresses/--shared-address", default=False, show_default=True,
+              help="Each node on a loopback address of its own (NodeAddr=127.1.B.K), so that a fault can be put "
+                   "on one node's traffic (`testbed fault`).")
 @click.option("--programs", default="", metavar="PREFIX",
               help="Name the programs a `slurm-hooks install --prefix PREFIX` laid in slurm.conf (rehearse a "
                    "roll-out), instead of the testbed's own wrappers.")
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
        requeue_grace: float, accounting: bool, repair: bool, gres_order: str | None, reboot_program: bool,
-       shards: int, mig: int, nhc: str, nhc_check: str, programs: str) -> None:
+       shards: int, mig: int, nhc: str, nhc_check: str, own_addresses: bool, programs: str) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
     from slurm_hooks.lab.testbed import Settings, Testbed
 
@@ -61,7 +66,8 @@ def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, healt
                         health_check_interval=health_check_interval, requeue_grace=requeue_grace,
                         accounting=accounting, repair=repair, gres_order=_order(gres_order),
                         reboot_program=reboot_program, shards=shards, mig=mig,
-                        nhc=os.path.abspath(nhc) if nhc else "", nhc_check=nhc_check, programs=programs)
+                        nhc=os.path.abspath(nhc) if nhc else "", nhc_check=nhc_check, programs=programs,
+                        own_addresses=own_addresses)
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))
@@ -107,6 +113,26 @@ def env(state_dir: str) -> None:
 
     for key, value in Testbed(state_dir).exports().items():
         click.echo(f"export {key}={shlex.quote(value)}")
+
+
+@testbed.command()
+@_state_dir_option
+@click.option("--node", required=True, help="The node whose traffic the fault is on.")
+@click.argument("fault", nargs=-1, required=True, metavar="hang | slow FACTOR | drop | none")
+def fault(state_dir: str, node: str, fault: tuple[str, ...]) -> None:
+    """Put a simulated fault on one node's traffic (or clear it: none).
+
+    The kernel's netem is not everywhere (not in this lab's VMs): the fault is a file in the
+    testbed's faults/ that the lab's collective test and DDP job honour on that node.
+    """
+    from slurm_hooks.lab.testbed import Testbed, TestbedError
+
+    text = " ".join(fault)
+    try:
+        Testbed(state_dir).set_fault(node, "" if text == "none" else text)
+    except TestbedError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{node}: {text}")
 
 
 @testbed.command("reboot-program", hidden=True)

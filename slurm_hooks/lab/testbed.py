@@ -64,6 +64,12 @@ NVIDIA_MAJOR = 195
 NVIDIA_CAPS_MAJOR = 509
 #: Ports are picked from here (below Linux's ephemeral range, away from 6817/6818).
 PORT_FIRST, PORT_BLOCKS, PORT_BLOCK = 20000, 120, 100
+#: One port per slurmd in a block, after slurmctld's: what bounds ``--nodes`` (memory comes next:
+#: an idle slurmd holds about 6 MiB resident).
+MAX_NODES = PORT_BLOCK - 1
+#: What a node's fault file (``faults/<node>``, :meth:`Testbed.set_fault`) may say; the lab's
+#: collective and training jobs honour it (``slow FACTOR``: each step FACTOR times as long).
+FAULTS = ("hang", "slow", "drop")
 #: Environment marker on every daemon we start; slurmstepd inherits it, so ``down``
 #: finds the step daemons of running jobs too.
 MARKER = "SLURM_HOOKS_TESTBED"
@@ -129,6 +135,10 @@ class Settings:
     #: MIG instances per GPU (``--mig``): the sim's GPUs get them, and gres.conf declares each to
     #: Slurm as its own GPU (``MultipleFiles=`` the GPU's file and the instance's nvidia-cap file).
     mig: int = 0
+    #: Each node on a loopback address of its own (``NodeAddr=127.1.B.K``, B from the testbed's port
+    #: block, so two testbeds never share one), so that a fault can be put on one node's traffic.
+    #: Off: every node is ``localhost``, as before.
+    own_addresses: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gres_order", tuple(int(m) for m in self.gres_order))
@@ -141,8 +151,8 @@ class Settings:
         if self.gres_order and sorted(self.gres_order) != list(range(self.gpus)):
             raise TestbedError(f"--gres-order must list 0..{self.gpus - 1} once each, got "
                                f"{','.join(map(str, self.gres_order))}")
-        if not 1 <= self.nodes <= PORT_BLOCK - 1:
-            raise TestbedError(f"--nodes must be 1..{PORT_BLOCK - 1}, got {self.nodes}")
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise TestbedError(f"--nodes must be 1..{MAX_NODES}, got {self.nodes}")
         if not 1 <= self.gpus <= 64:
             raise TestbedError(f"--gpus must be 1..64, got {self.gpus}")
 
@@ -209,6 +219,54 @@ class Testbed:
         return self.path("jobs")
 
     @property
+    def faults_dir(self) -> str:
+        """One file per node with a simulated traffic fault (:meth:`set_fault`)."""
+        return self.path("faults")
+
+    def node_addr(self, name: str) -> str:
+        """The node's NodeAddr: ``localhost``, or its own 127.1.B.K with ``own_addresses``."""
+        if not self.settings.own_addresses:
+            return "localhost"
+        if name not in self.node_names:
+            raise TestbedError(f"no node {name!r} in this testbed ({', '.join(self.node_names)})")
+        block = (self._ports.get("slurmctld", PORT_FIRST) - PORT_FIRST) // PORT_BLOCK
+        return f"127.1.{block}.{self.node_names.index(name) + 1}"
+
+    def set_fault(self, node: str, fault: str = "") -> None:
+        """Put a simulated fault on ``node``'s traffic, or clear it (``""``): ``hang`` (its rank
+        stops answering), ``slow FACTOR`` (each collective FACTOR times as long), ``drop`` (its
+        rank's connection is cut). Where the kernel has no netem (this one's has only htb), this
+        file is the fault: :mod:`slurm_hooks.lab.collective` and the DDP job read it by
+        SLURMD_NODENAME (``SLURM_HOOKS_FAULT_DIR``)."""
+        if node not in self.node_names:
+            raise TestbedError(f"no node {node!r} in this testbed ({', '.join(self.node_names)})")
+        path = os.path.join(self.faults_dir, node)
+        if not fault:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return
+        words = fault.split()
+        if words[0] not in FAULTS or len(words) > 2 or (words[0] == "slow") != (len(words) == 2):
+            raise TestbedError(f"fault must be hang, slow FACTOR or drop, got {fault!r}")
+        if words[0] == "slow":
+            try:
+                if float(words[1]) < 1:
+                    raise ValueError
+            except ValueError:
+                raise TestbedError(f"slow FACTOR must be a number >= 1, got {words[1]!r}") from None
+        _mkdir(self.faults_dir, 0o755)
+        fsutil.atomic_write(path, " ".join(words) + "\n", mode=0o644)
+
+    def faults(self) -> dict[str, str]:
+        """node -> its simulated fault."""
+        out = {}
+        for name in self.node_names:
+            with contextlib.suppress(OSError):
+                with open(os.path.join(self.faults_dir, name), encoding="utf-8") as fh:
+                    out[name] = fh.read().strip()
+        return out
+
+    @property
     def munge_socket(self) -> str:
         return self.path("munge", "munge.socket")
 
@@ -234,6 +292,7 @@ class Testbed:
         """A full environment for a subprocess that talks to this cluster."""
         env = {k: v for k, v in os.environ.items() if k != MARKER}
         env.update(self.exports())
+        env["SLURM_HOOKS_FAULT_DIR"] = self.faults_dir  # a job submitted with it honours set_fault
         return env
 
     def slurm(self, timeout: float = 10.0) -> ScontrolSlurm:
@@ -294,7 +353,7 @@ class Testbed:
         s = self.settings
         for sub, mode in (("", 0o755), ("spool", 0o755), ("spool/ctld", 0o700), ("run", 0o755), ("log", 0o755),
                           ("bin", 0o755), ("dev", 0o755), ("munge", 0o755), ("sim", 0o755), ("state", 0o700),
-                          ("jobs", 0o755)):
+                          ("jobs", 0o755), ("faults", 0o755)):
             _mkdir(self.path(sub), mode)
         for name in s.node_names:
             _mkdir(self.path("spool", name), 0o755)
@@ -347,7 +406,7 @@ class Testbed:
             "dev_dir": self.path("dev"),
             "munge_socket": self.munge_socket,
             "ctld_port": self._ports["slurmctld"],
-            "nodes": [{"name": n, "port": self._ports[n]} for n in s.node_names],
+            "nodes": [{"name": n, "port": self._ports[n], "addr": self.node_addr(n)} for n in s.node_names],
             "cgroup_disabled": quirks.cgroup_disabled(slurm_version()),
             "sim_dir": self.sim_dir,
             "gres_files": [self.path("dev", f"nvidia{m}") for m in (s.gres_order or range(s.gpus))],
@@ -932,6 +991,7 @@ class Testbed:
         # Healthy GPUs and no hook state first: a hook that runs from here on finds nothing to drain.
         for name in self.node_names:
             sim.init(self.sim_dir, name, self.settings.gpus, mig=self.settings.mig)
+            self.set_fault(name, "")
         if self.settings.nhc:
             self._write_nhc()  # our check as installed, our nhc.conf line, every site check passing
         self.stop_repair_workers()
