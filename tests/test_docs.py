@@ -1,4 +1,4 @@
-"""Docs that cannot drift: every ``slurm-hooks ...`` command line shown in README.md and docs/
+"""Docs that cannot drift: every ``slurm-hooks ...`` command line shown in README.md, docs/ and docs/dev/
 runs with ``--help`` (click parses the whole line first, so a renamed command or option fails),
 every path under the install prefix they name is one ``slurm-hooks install`` lays, and every
 file of the checkout they name exists."""
@@ -18,7 +18,9 @@ from slurm_hooks.cli import COMMANDS
 from slurm_hooks.cli import main as cli_main
 from slurm_hooks.install import apply, layout
 
-DOCS = sorted([os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "docs", "*.md"))])
+#: Every page: the README, docs/ and docs/dev/.
+DOCS = sorted([os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "docs", "*.md")),
+               *glob.glob(os.path.join(ROOT, "docs", "dev", "*.md"))])
 _FENCE = re.compile(r"^```([a-z]*)\n(.*?)^```", re.M | re.S)
 _INLINE = re.compile(r"`([^`\n]+(?:\n[^`\n]+)?)`")
 
@@ -68,6 +70,11 @@ LINES = command_lines()
 
 def test_the_docs_show_command_lines():
     assert len(LINES) > 20  # the extraction itself works
+
+
+def test_every_page_is_read():
+    names = {os.path.relpath(doc, ROOT) for doc in DOCS}
+    assert {"README.md", "docs/install.md", "docs/dev/testing.md"} <= names
 
 
 @pytest.mark.parametrize("where, args", LINES, ids=[w for w, _ in LINES])

@@ -1,0 +1,113 @@
+"""How long the no-root tier takes (the developer's inner loop), and its ten slowest tests.
+
+    python bench/bench_tests.py [--workers N] [--no-write] [--check-markers]
+
+Runs the tier ``./scripts/test`` runs on Python 3.9 (no Slurm, no Kubernetes, no GPU) once, with
+this interpreter and ``--durations=10``, and writes what it measured (date, machine, commit,
+the result line, the wall time, the ten slowest) between the markers of docs/dev/testing.md, so
+that no one copies the figures by hand. ``--no-write`` only prints them; ``--check-markers``
+only says whether the page still has its markers (exit 1 when not), without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGE = os.path.join(ROOT, "docs", "dev", "testing.md")
+BEGIN = "<!-- bench_tests: written by bench/bench_tests.py -->"
+END = "<!-- /bench_tests -->"
+TIER = ["-m", "not slurm and not k8s and not gpu", "--ignore=tests/bridge", "--ignore=tests/kube"]
+_RESULT = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*?) in ([\d.]+)s", re.M)
+_DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)$", re.M)
+
+
+def machine() -> str:
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{os.cpu_count()} CPU(s){' ' + model if model else ''}, load average {load:.1f} at the start, "
+            f"Python {platform.python_version()}")
+
+
+def commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=30)
+    return r.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def run(workers: int) -> tuple[str, float, list[tuple[str, str, str]], int]:
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TIER, "--durations=10"]
+    if workers > 1:
+        argv += ["-n", str(workers)]
+    t0 = time.monotonic()
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    found = _RESULT.findall(r.stdout)
+    result = found[-1][0] if found else f"no result line (pytest exited {r.returncode})"
+    slowest = _DURATION.findall(r.stdout)[:10]
+    return result, wall, slowest, r.returncode
+
+
+def render(result: str, wall: float, slowest: list[tuple[str, str, str]], workers: int) -> str:
+    tier = " ".join(f'"{a}"' if " " in a else a for a in TIER)
+    lines = [
+        f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at {commit()} on "
+        f"{platform.node() or 'this machine'} ({machine()}), "
+        f"{workers} process(es): `python -m pytest -q -p no:cacheprovider {tier} --durations=10`",
+        "",
+        f"**{wall:.0f} s** wall; {result}.",
+        "",
+        "| seconds | phase | test |",
+        "|---|---|---|",
+        *(f"| {secs} | {phase} | `{test}` |" for secs, phase, test in slowest),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write(block: str) -> None:
+    with open(PAGE, encoding="utf-8") as fh:
+        text = fh.read()
+    head, sep, rest = text.partition(BEGIN)
+    _, sep2, tail = rest.partition(END)
+    if not sep or not sep2:
+        raise SystemExit(f"{PAGE} lacks the markers {BEGIN} ... {END}")
+    with open(PAGE, "w", encoding="utf-8") as fh:
+        fh.write(f"{head}{BEGIN}\n{block}{END}{tail}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=1, help="pytest-xdist processes (default: 1, no xdist)")
+    ap.add_argument("--no-write", action="store_true", help="print the figures, leave the page alone")
+    ap.add_argument("--check-markers", action="store_true", help="only check that the page has its markers")
+    args = ap.parse_args()
+    if args.check_markers:
+        with open(PAGE, encoding="utf-8") as fh:
+            text = fh.read()
+        ok = BEGIN in text and END in text.partition(BEGIN)[2]
+        print(f"{os.path.relpath(PAGE, ROOT)}: {'markers found' if ok else 'markers missing'}")
+        return 0 if ok else 1
+    result, wall, slowest, rc = run(args.workers)
+    block = render(result, wall, slowest, args.workers)
+    print(block)
+    if not args.no_write:
+        write(block)
+        print(f"written to {os.path.relpath(PAGE, ROOT)}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
