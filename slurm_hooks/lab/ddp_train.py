@@ -1,0 +1,190 @@
+"""A real ``torch.distributed`` training job that survives a requeue: DDP, its signal, a checkpoint.
+
+The talk's demo job: one rank per node (``sbatch -N2 --ntasks-per-node=1``, launched by
+``srun``), a small model trained with DistributedDataParallel over gloo on CPU (NCCL where
+GPUs exist). On SIGTERM (what ``scontrol requeue`` sends to every step on every node) or
+its ``--signal`` (SIGUSR1/SIGUSR2) each rank records the signal; at the end of the step the
+ranks agree (an all-reduce of the flag, so all stop at the same step even when the signals
+arrive apart), rank 0 saves the checkpoint atomically (temp file, fsync, rename) and every
+rank exits :data:`EXIT_REQUEUE`. On start it resumes from the newest checkpoint.
+
+Runs as a plain script under any Python that has torch (Debian's ``python3-torch``:
+``/usr/bin/python3``), with no slurm_hooks import::
+
+    #SBATCH -N2 --ntasks-per-node=1 --open-mode=append --requeue
+    srun /usr/bin/python3 ddp_train.py --ckpt-dir DIR --log DIR/steps.log
+
+Rendezvous: ``env://`` when MASTER_ADDR is set, else a FileStore in ``--ckpt-dir`` (a shared
+filesystem, as a checkpoint directory is); on one host (the testbed) ``GLOO_SOCKET_IFNAME=lo``. Each rank prints ``start restart=R step=S on NODE
+rank=K``, ``got SIGTERM at step=S on NODE rank=K``; rank 0 logs ``<step> <unix time>
+<restart>`` per step to ``--log``, so the work lost to a fault is read back exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import re
+import signal
+import socket
+import sys
+import tempfile
+import time
+
+EXIT_REQUEUE = 75
+#: Debian's python3-torch is installed for the system interpreter.
+TORCH_PYTHON = "/usr/bin/python3"
+_NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
+
+
+def newest(directory: str) -> str | None:
+    """The newest checkpoint's path in ``directory`` (None when there is none)."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if _NAME.match(n))
+    except FileNotFoundError:
+        return None
+    return os.path.join(directory, names[-1]) if names else None
+
+
+def save(torch, directory: str, step: int, state: dict, keep: int = 2) -> str:
+    """Write ``ckpt-<step>.pt`` atomically (temp file, fsync, rename, fsync the directory)."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"ckpt-{step:010d}.pt")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".ckpt-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save({"step": step, **state}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    for old in sorted(n for n in os.listdir(directory) if _NAME.match(n))[:-keep]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, old))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ckpt-dir", required=True)
+    p.add_argument("--log", default="", help="rank 0's step log")
+    p.add_argument("--step-s", type=float, default=0.1, help="seconds per step (paced)")
+    p.add_argument("--steps", type=int, default=0, help="stop after this step (0: run until signalled)")
+    p.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: only on a signal)")
+    p.add_argument("--timeout", type=float, default=60.0, help="collective timeout (s)")
+    args = p.parse_args(argv)
+
+    got: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, lambda s, f: got.append(s))
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    env = os.environ
+    rank = int(env.get("SLURM_PROCID", env.get("RANK", "0")))
+    world = int(env.get("SLURM_NTASKS", env.get("WORLD_SIZE", "1")))
+    restart = env.get("SLURM_RESTART_COUNT", "0")
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    job = env.get("SLURM_JOB_ID", "local")
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(env.get("SLURM_LOCALID", "0")) % torch.cuda.device_count())
+    os.makedirs(args.ckpt_dir, exist_ok=True)
+    init = "env://" if env.get("MASTER_ADDR") else \
+        "file://" + os.path.join(os.path.abspath(args.ckpt_dir), f".rdzv-{job}-{restart}")
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    device = torch.device("cuda") if cuda else torch.device("cpu")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    step = 0
+    latest = newest(args.ckpt_dir)
+    if latest:
+        data = torch.load(latest, map_location=device)
+        model.load_state_dict(data["model"])
+        opt.load_state_dict(data["opt"])
+        step = int(data["step"])
+    print(f"start restart={restart} step={step} on {node} rank={rank} world={world} "
+          f"backend={dist.get_backend()}", flush=True)
+    flag = torch.zeros(1, device=device)
+    gen = torch.Generator().manual_seed(1000 * rank + step)
+    while not args.steps or step < args.steps:
+        t0 = time.monotonic()
+        x = torch.randn(64, 32, generator=gen).to(device)
+        loss = ((ddp(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        if rank == 0 and args.log:
+            with open(args.log, "a", encoding="utf-8") as fh:
+                fh.write(f"{step} {time.time():.3f} {restart}\n")
+        time.sleep(max(0.0, args.step_s - (time.monotonic() - t0)))
+        flag[0] = 1.0 if got else 0.0
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+        stopping = bool(flag.item())
+        for signum in got:
+            print(f"got {signal.Signals(signum).name} at step={step} on {node} rank={rank}", flush=True)
+        got.clear()
+        if stopping or (args.save_every and step % args.save_every == 0):
+            if rank == 0:
+                path = save(torch, args.ckpt_dir, step, {"model": model.state_dict(), "opt": opt.state_dict()})
+                print(f"saved step={step} at={time.time():.3f} to {path}", flush=True)
+            dist.barrier()
+        if stopping:
+            print(f"stopping at step={step} on {node} rank={rank}: checkpoint saved, exit {EXIT_REQUEUE}", flush=True)
+            dist.destroy_process_group()
+            return EXIT_REQUEUE
+    dist.destroy_process_group()
+    print(f"done step={step} on {node} rank={rank}", flush=True)
+    return 0
+
+
+def torch_missing(python: str = TORCH_PYTHON) -> str:
+    """Why ``python`` cannot run this job ("" when it can): what a test skips with, what the demo says."""
+    import subprocess
+
+    try:
+        done = subprocess.run([python, "-c", "import torch.distributed as d; assert d.is_available()"],
+                              capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python} does not run: {exc}"
+    if done.returncode != 0:
+        return (f"{python} has no torch.distributed (install Debian's python3-torch: apt-get install -y "
+                "python3-torch; scripts/setup does as root)")
+    return ""
+
+
+def batch_script(workdir: str, *, nodes: int = 2, python: str = TORCH_PYTHON, signal_spec: str = "",
+                 step_s: float = 0.1, extra: str = "") -> str:
+    """The sbatch script of this job on ``nodes`` nodes, one rank and one GPU each, keeping its
+    checkpoints (``ckpt/``) and rank 0's step log (``steps.log``) in ``workdir``."""
+    import shlex
+
+    ckpt, log = os.path.join(workdir, "ckpt"), os.path.join(workdir, "steps.log")
+    os.makedirs(ckpt, exist_ok=True)
+    argv = [python, os.path.abspath(__file__), "--ckpt-dir", ckpt, "--log", log, "--step-s", f"{step_s:g}"]
+    lines = ["#!/bin/sh", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1", "#SBATCH --gres=gpu:1",
+             "#SBATCH --open-mode=append", "#SBATCH --requeue"] + (
+        [f"#SBATCH --signal={signal_spec}"] if signal_spec else []) + [
+        "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}",
+        f"exec srun --unbuffered --kill-on-bad-exit=0 {' '.join(shlex.quote(a) for a in argv)} {extra}".rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
