@@ -57,6 +57,16 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "on_check_error": (str, "drain"),
         "drain_guard": (int, 3),
     },
+    #: Hysteresis of the threshold checks (slurm_hooks.checks.hysteresis): take the node out only
+    #: on K bad of the last N readings ("2/3"), resume only after this many good ones in a row.
+    "hysteresis": {
+        "confirm": (str, "1/1"),
+        "resume_after": (int, 1),
+    },
+    #: InfiniBand/RoCE ports (slurm_hooks.probes.ib, slurm_hooks.checks.links); ``%n``: the node's name.
+    "links": {
+        "sysfs_root": (str, "/sys/class/infiniband"),
+    },
     "slurm": {
         "backend": (str, "auto"),
         "bin_dir": (str, "/usr/bin"),
@@ -159,6 +169,7 @@ _EXPECT_TYPES: dict[str, Any] = {
     "persistence_mode": bool, "fabric_manager": bool,
     "xid_repeat_count": int, "xid_repeat_window_s": int,
     "dcgm_level_prolog": int, "dcgm_level_epilog": int, "dcgm_level_check": int, "dcgm_level_after_failure": int,
+    "ib_ports": int, "ib_rate_gbps": int,
 }
 
 
@@ -176,6 +187,14 @@ def parse_share(text: str) -> tuple[int, bool]:
     if not digits.isdigit() or int(digits) < 1 or (percent and int(digits) > 100):
         raise ValueError(f"must be a count of nodes (1, 2, ...) or a share (1%..100%), not {text!r}")
     return int(digits), percent
+
+
+def parse_confirm(text: str) -> tuple[int, int] | None:
+    """``"2/3"`` -> (2, 3): bad in 2 of the last 3 readings; ``None`` if it is no such ratio."""
+    k, _, n = str(text).partition("/")
+    if not (k.strip().isdigit() and n.strip().isdigit()) or not 1 <= int(k) <= int(n) <= 20:
+        return None
+    return int(k), int(n)
 
 
 #: slurmd kills HealthCheckProgram at 60 s (hard-coded in slurmd, not configurable).
@@ -248,6 +267,9 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("expect", "dcgm_level_epilog"): _DCGM_LEVEL,
     ("expect", "dcgm_level_check"): _DCGM_LEVEL,
     ("expect", "dcgm_level_after_failure"): _DCGM_LEVEL,
+    ("expect", "ib_ports"): _Range(0, 64),
+    ("expect", "ib_rate_gbps"): _Range(1, 3200, why="Gb/s, as /sys/class/infiniband/*/ports/*/rate says"),
+    ("hysteresis", "resume_after"): _Range(1, 100),
 }
 _GROUP_KEYS = {"nodes": (str, None), **SCHEMA["expect"]}
 #: Sections kept raw by :func:`parse` and validated on demand against :data:`BRIDGE_SCHEMA`
@@ -361,6 +383,9 @@ def parse(text: str, path: str | None = "<string>") -> Config:
     for kind in DESTINATION_KEYS:
         setattr(sections["notify"], kind, _check_destinations(kind, raw.get("notify", {}).get(kind, ()), where))
     _check_requeue_signals(sections["requeue"], where)
+    if parse_confirm(sections["hysteresis"].confirm) is None:
+        where.fail("hysteresis", "confirm",
+                   f'must be "K/N" with 1 <= K <= N <= 20 (e.g. "2/3"), not {sections["hysteresis"].confirm!r}')
     default_expect = Expectations(**vars(sections["expect"]))
     _check_temperatures(default_expect, raw.get("expect", {}), "expect", where)
     groups = []

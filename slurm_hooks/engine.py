@@ -28,6 +28,8 @@ from slurm_hooks.severity import Severities
 from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
+    from slurm_hooks.checks.hysteresis import Hysteresis
+    from slurm_hooks.models import IbPort
     from slurm_hooks.xid.catalog import XidInfo
 
 DcgmRunner = Callable[[int, float], DcgmResult]
@@ -152,6 +154,12 @@ class JudgeRequest:
     if_idle: bool = False
     #: The severity table with the admin's overrides (scope and urgency of every finding).
     severities: Severities = DEFAULT_SEVERITIES
+    #: The gather step of the node's InfiniBand/RoCE ports (:class:`slurm_hooks.probes.ib.LinkGatherer`),
+    #: called once per judgement; ``None``: links are not looked at.
+    links: Callable[[], tuple[IbPort, ...] | None] | None = None
+    #: Confirms threshold findings over several runs and holds their drain until enough good
+    #: readings (:mod:`slurm_hooks.checks.hysteresis`); ``None``: every reading stands alone.
+    hysteresis: Hysteresis | None = None
 
     def __post_init__(self) -> None:
         if self.gpus is not None:
@@ -162,6 +170,9 @@ class JudgeRequest:
 
 #: The severity rule of a check that crashed or was not run for want of time.
 CHECK_ERROR = "check-error"
+
+#: The checks that look at the gathered links: without one of them the links are not read.
+LINK_CHECKS = frozenset({"links", "link-errors", "link-flaps"})
 
 #: The check that :attr:`JudgeRequest.if_idle` runs.
 IDLE_CHECK = "leftover"
@@ -195,6 +206,8 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
         except Exception as exc:
             dcgm_result = DcgmResult(level, True, False, (), f"dcgmi failed: {exc}")
     selected, missing = (None, []) if request.gpus is None else select_gpus(snap, request.gpus)
+    checks = request.checks if request.checks is not None else registry.for_context(context)
+    links, link_error = _gather_links(request.links if any(c.name in LINK_CHECKS for c in checks) else None)
     inp = CheckInput(
         snapshot=snap,
         expect=expect,
@@ -206,11 +219,15 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
         acked_xids=request.acked_xids,
         now=time.time(),
         xid_lookup=request.xid_lookup,
+        links=links,
     )
     findings = [Finding("gpu-count", Severity.FAIL, Action.REBOOT, f"job GPU {token} is not visible on this node",
                         summary=f"GPU {token} missing") for token in (*request.missing, *missing)]
+    if link_error is not None:
+        findings.append(Finding("links", Severity.FAIL, request.on_check_error, f"cannot read the links: {link_error}",
+                                summary="IB links unreadable", rule=CHECK_ERROR))
     ran = [PROBE_FAILED]
-    for check in request.checks if request.checks is not None else registry.for_context(context):
+    for check in checks:
         if time.monotonic() > deadline:
             findings.append(Finding(check.name, Severity.FAIL, request.on_check_error,
                                     f"not run: deadline of {request.deadline_s:g}s passed",
@@ -224,9 +241,20 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
     if request.if_idle:
         idle = next(c for c in registry.REGISTRY if c.name == IDLE_CHECK)
         if_idle = tuple(_run_check(idle, dataclasses.replace(inp, gpus=None), request.on_check_error))
+    if request.hysteresis is not None:
+        findings = request.hysteresis.fold(findings, inp.now)
     graded = tuple(request.severities.apply(f) for f in findings)
     return Report(snap.node, context, graded, time.monotonic() - start, snap,
                   checks_run=tuple(ran), if_idle=tuple(request.severities.apply(f) for f in if_idle))
+
+
+def _gather_links(gather: Callable[[], tuple[IbPort, ...] | None] | None) -> tuple[tuple | None, str | None]:
+    if gather is None:
+        return None, None
+    try:
+        return gather(), None
+    except Exception as exc:  # a gather that crashes is a finding, never a crashed run
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def _run_check(check: registry.Check, inp: CheckInput, on_error: Action) -> list[Finding]:

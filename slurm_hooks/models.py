@@ -193,6 +193,41 @@ class GpuSnapshot:
 
 
 @dataclass(frozen=True)
+class IbPort:
+    """One InfiniBand/RoCE port as ``/sys/class/infiniband/<device>/ports/<port>`` shows it, with
+    its counters' rates over the real time since the last reading (:mod:`slurm_hooks.probes.ib`)."""
+
+    device: str
+    port: int
+    state: str = ""  # "ACTIVE", "DOWN", "INIT", "ARMED" (the text after "4: ")
+    phys_state: str = ""  # "LinkUp", "Polling", "Disabled", ...
+    rate_gbps: float | None = None
+    link_layer: str = ""  # "InfiniBand" or "Ethernet" (RoCE)
+    #: Counter name -> its value now; and -> its growth since the last reading, over ``window_s``.
+    counters: tuple[tuple[str, int], ...] = ()
+    deltas: tuple[tuple[str, int], ...] = ()
+    window_s: float = 0.0
+    #: When each flap ended (a drop of at least the flap length that came back), newest last.
+    flaps: tuple[float, ...] = ()
+    #: Seconds this port has been seen down (0: up).
+    down_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.device} port {self.port}"
+
+    @property
+    def up(self) -> bool:
+        return self.state.upper() == "ACTIVE" and self.phys_state.lower() in ("linkup", "")
+
+    def delta(self, counter: str) -> int | None:
+        for key, value in self.deltas:
+            if key == counter:
+                return value
+        return None
+
+
+@dataclass(frozen=True)
 class NodeSnapshot:
     node: str
     backend: str
@@ -298,6 +333,9 @@ class Expectations:
     dcgm_level_check: int = 0
     #: Epilog of a job that failed (non-zero exit): look deeper, e.g. 2 (~2 min).
     dcgm_level_after_failure: int = 0
+    #: InfiniBand/RoCE ports that must be up, and the rate each must run at (Gb/s); ``None``: unchecked.
+    ib_ports: int | None = None
+    ib_rate_gbps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -322,6 +360,8 @@ class CheckInput:
     now: float = 0.0
     #: Where the XID check looks a code up (``None``: NVIDIA's catalogue, ``xid.catalog.lookup``).
     xid_lookup: Callable[[int], Any] | None = None
+    #: The node's InfiniBand/RoCE ports, gathered once per run; ``None``: not gathered here.
+    links: tuple[IbPort, ...] | None = None
 
     def selected(self) -> tuple[GpuSnapshot, ...]:
         if self.gpus is None:

@@ -69,6 +69,14 @@ CHECK_RULES: dict[str, Rule] = {
     "driver-drain-p2p": Rule(_G, _END, Action.DRAIN),
     "driver-drain-and-reset": Rule(_G, _END, Action.RESET),
     "driver-unknown": Rule(_G, _WATCH, Action.WARN),
+    # InfiniBand/RoCE (slurm_hooks.checks.links): a link is no GPU, every job on the node uses it.
+    "ib-down": Rule(_N, _NOW, Action.DRAIN),
+    "ib-ports": Rule(_N, _NOW, Action.DRAIN),
+    "ib-rate": Rule(_N, _END, Action.DRAIN),
+    "ib-errors": Rule(_N, _END, Action.DRAIN),
+    "ib-degraded": Rule(_N, _WATCH, Action.WARN),
+    "ib-flaps": Rule(_N, _END, Action.DRAIN),
+    "ib-flap": Rule(_N, _WATCH, Action.WARN),
     # A check that crashed or ran out of time says nothing about the jobs.
     "check-error": Rule(_N, _END, None),
 }

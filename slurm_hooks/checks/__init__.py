@@ -14,6 +14,7 @@ from slurm_hooks.checks import (
     ecc,
     fabric,
     gpus,
+    links,
     nvlink,
     pcie,
     persistence,
@@ -30,6 +31,8 @@ CheckFn = Callable[[CheckInput], Iterable[Finding]]
 
 _ALL = frozenset(Context)
 _NOT_EPILOG_ONLY = frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG, Context.WATCH})
+#: Where the hooks gather the node's links (slurm_hooks.probes.ib): elsewhere they look at nothing.
+_LINKS = frozenset({Context.CHECK, Context.WATCH})
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ REGISTRY: tuple[Check, ...] = (
     Check("fabric", fabric.check_fabric_manager, frozenset({Context.CHECK, Context.PROLOG})),
     Check("leftover", processes.check_leftovers, frozenset({Context.EPILOG})),
     Check("busy", processes.check_busy_idle_node, frozenset({Context.PROLOG})),
+    Check("links", links.check_ports, _LINKS),
+    Check("link-errors", links.check_counters, _LINKS),
+    Check("link-flaps", links.check_flaps, _LINKS),
     Check("dcgm", dcgm.check_diag, frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG})),
 )
 

@@ -200,8 +200,17 @@ def _request(w: Wiring, context: Context, state: XidState, **kw: Any) -> engine.
         dcgm=_dcgm_runner(w, context, expect, kw.get("job_failed", False)),
         on_check_error=Action(cfg.check.on_check_error),
         if_idle=context is Context.CHECK,  # what resume_if_ours looks at on an idle node
+        **(_node_wide(w) if context in (Context.CHECK, Context.WATCH) else {}),
         **kw,
     )
+
+
+def _node_wide(w: Wiring) -> dict[str, Any]:
+    """The node's links to gather and the hysteresis of the threshold checks (not on the job path)."""
+    from slurm_hooks.checks import hysteresis
+    from slurm_hooks.probes import ib
+
+    return {"links": ib.from_config(w.config, w.node), "hysteresis": hysteresis.from_config(w.config, w.node)}
 
 
 def _save(state: XidState) -> None:
@@ -432,9 +441,11 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
             left = ["requeue"]
         # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its
         # failure is a warning, never a pending requeue).
-        what = f"requeued from {w.node}, {engine.drain_summary(report)}"
+        # Each names only what touched its own GPUs (and node-wide faults).
         for ref in outcome.requeued:
-            remediate.annotate_jobs(w, [ref], what + remediate.in_slurms_numbering(w, outcome.job_gpus.get(ref, ())))
+            held = outcome.job_gpus.get(ref, ())
+            remediate.annotate_jobs(w, [ref], f"requeued from {w.node}, {remediate.job_summary(w, report, held)}"
+                                    + remediate.in_slurms_numbering(w, held))
     if earlier is not None and not requeue and "requeue" in earlier.steps:
         left.append("requeue")  # this run (a prolog, an epilog) does not requeue: the next one will
     _settle(w, report, outcome, earlier, left, seen.last_error())

@@ -1,0 +1,129 @@
+"""Hysteresis for the threshold checks, in one place: confirm a fault before acting, hold it
+until it has stayed away.
+
+A threshold check (a link's rate or error counters, PCIe width, NVLink, temperature) may read
+bad once and good the next time: draining on one reading and resuming on one reading flaps the
+node (gpud 1247, azurehpc 628). Here a finding of such a rule takes the node out only when
+``confirm = "K/N"`` of its last N readings were bad (one bad reading is a warning saying so),
+and once out it stays out (the finding repeated, marked held) until ``resume_after`` readings in
+a row were good. A state the node is in (a link down) acts at once but is held the same way.
+Rules not named here (XIDs, a lost GPU, ECC) pass through untouched: never delayed.
+
+:func:`fold` is the pure step (findings, memory, clock -> findings, memory); :class:`Hysteresis`
+keeps the memory in the state dir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slurm_hooks.models import Action, Finding, Severity
+
+#: Rules judged against a threshold: confirmed over readings before they act.
+CONFIRMED = frozenset({"ib-rate", "ib-errors", "pcie", "nvlink", "nvlink-errors", "thermal"})
+#: Rules whose drain is held until ``resume_after`` good readings: the above, and link states.
+HELD = CONFIRMED | frozenset({"ib-down", "ib-ports", "ib-flaps"})
+#: Two folds closer than this are one run judged twice (the health check's re-judge after an
+#: admin's resume): the second starts from the memory the first started from.
+SAME_RUN_S = 1.0
+
+
+def _key(f: Finding) -> str:
+    return f"{f.rule_key}|{'' if f.gpu is None else f.gpu}"
+
+
+def fold(findings: Sequence[Finding], memory: Mapping[str, Any] | None, now: float, confirm: tuple[int, int],
+         resume_after: int) -> tuple[list[Finding], dict[str, Any]]:
+    """This run's findings as hysteresis lets them act, and the memory for the next run.
+
+    Memory: ``{"at": t, "before": <memory before the run at t>, "rules": {key: {"seen": [bool...],
+    "held": finding dict | None, "good": n}}}``.
+    """
+    memory = dict(memory or {})
+    if memory and now - float(memory.get("at", 0.0)) < SAME_RUN_S and isinstance(memory.get("before"), dict):
+        memory = memory["before"]
+    before = {k: v for k, v in memory.items() if k != "before"}
+    rules: dict[str, Any] = {k: dict(v) for k, v in (memory.get("rules") or {}).items() if isinstance(v, dict)}
+    need, last = confirm
+    out: list[Finding] = []
+    bad: dict[str, Finding] = {}
+    for f in findings:
+        if f.rule_key in HELD and f.action.takes_node_out:
+            bad.setdefault(_key(f), f)
+        else:
+            out.append(f)
+    for key in sorted(set(rules) | set(bad)):
+        entry = rules.get(key, {})
+        seen = ([bool(x) for x in entry.get("seen", ())] + [key in bad])[-last:]
+        held = entry.get("held")
+        if key in bad:
+            f = bad[key]
+            count = sum(seen)
+            if f.rule_key not in CONFIRMED or held is not None or count >= need:
+                out.append(f)
+                entry = {"seen": seen, "held": f.to_dict(), "good": 0}
+            else:
+                out.append(dataclasses.replace(
+                    f, severity=Severity.WARN, action=Action.WARN,
+                    message=f"{f.message} (bad in {count} of the last {len(seen)} readings; "
+                            f"acts on {need} of {last})"))
+                entry = {"seen": seen, "held": None, "good": 0}
+        elif held is not None:
+            good = int(entry.get("good", 0)) + 1
+            if good >= resume_after:
+                entry = {"seen": seen, "held": None, "good": 0}
+            else:
+                was = Finding.from_dict(held)
+                out.append(dataclasses.replace(
+                    was, message=f"{was.message} (held: {good} of {resume_after} good readings before resuming)"))
+                entry = {"seen": seen, "held": held, "good": good}
+        else:
+            entry = {"seen": seen, "held": None, "good": 0}
+        if any(entry["seen"]) or entry["held"] is not None:
+            rules[key] = entry
+        else:
+            rules.pop(key, None)
+    return out, {"at": now, "rules": rules, "before": before}
+
+
+class Hysteresis:
+    """:func:`fold` with its memory in ``<state_dir>/hysteresis-<node>.json``. A memory that cannot
+    be read starts afresh (every reading stands alone once); one that cannot be written is said
+    on stderr by the caller's next run finding the old one."""
+
+    def __init__(self, state_dir: str, node: str, confirm: tuple[int, int] = (1, 1), resume_after: int = 1):
+        self.path = os.path.join(state_dir, f"hysteresis-{node}.json")
+        self.confirm, self.resume_after = confirm, resume_after
+
+    @property
+    def off(self) -> bool:
+        return self.confirm[0] <= 1 and self.resume_after <= 1
+
+    def fold(self, findings: Sequence[Finding], now: float) -> list[Finding]:
+        if self.off:
+            return list(findings)
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                memory = json.load(fh)
+        except (OSError, ValueError):
+            memory = None
+        out, memory = fold(findings, memory if isinstance(memory, dict) else None, now, self.confirm,
+                           self.resume_after)
+        from slurm_hooks import fsutil
+
+        try:
+            fsutil.atomic_write(self.path, json.dumps(memory, sort_keys=True), mode=0o600, durable=False)
+        except OSError:
+            pass
+        return out
+
+
+def from_config(config: Any, node: str) -> Hysteresis:
+    from slurm_hooks.config import parse_confirm
+
+    h = config.hysteresis
+    return Hysteresis(config.state.dir, node, parse_confirm(h.confirm) or (1, 1), int(h.resume_after))

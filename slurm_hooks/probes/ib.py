@@ -1,0 +1,235 @@
+"""InfiniBand/RoCE ports: gathered once per run from ``/sys/class/infiniband/*/ports/*``.
+
+A counter means something only as a rate, and a drop only if it lasts: the last reading of
+every port (its counters, when it went down, its recent flaps) is kept in the state dir, keyed
+by the kernel's boot id, so each run judges the growth over the real time since the one
+before, and a reboot (counters back at zero) starts afresh. :func:`advance` is that step as a
+pure function of the reading, the kept memory and the clock; :class:`LinkGatherer` adds the
+files around it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+from slurm_hooks import fsutil
+from slurm_hooks.models import IbPort
+
+SYSFS_ROOT = "/sys/class/infiniband"
+
+#: The counters judged (slurm_hooks.checks.links). Only these are read: on some converged systems
+#: every counter read costs the driver a firmware command (gpud 1164, ``ACCESS_REG failed``).
+COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "excessive_buffer_overrun_errors",
+            "link_error_recovery", "local_link_integrity_errors")
+
+#: A drop shorter than this is no flap (gpud's ``ib-port-drop-threshold``).
+FLAP_DOWN_S = 25.0
+#: Flaps are kept this long (the flap window of the check).
+FLAP_KEEP_S = 12 * 3600.0
+#: Two readings closer than this are one reading (the re-judge of one run, a fast watcher poll):
+#: the rates of the earlier window stand.
+MIN_WINDOW_S = 1.0
+
+RawPort = dict  # {"device", "port", "state", "phys_state", "rate_gbps", "link_layer", "counters": {...}}
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def state_word(text: str) -> str:
+    """``"4: ACTIVE"`` -> ``"ACTIVE"``, ``"5: LinkUp"`` -> ``"LinkUp"`` (sysfs prefixes the number)."""
+    head, sep, tail = text.partition(":")
+    return tail.strip() if sep and head.strip().isdigit() else text.strip()
+
+
+def parse_rate(text: str) -> float | None:
+    """``"400 Gb/sec (4X NDR)"`` -> 400.0; ``"2.5 Gb/sec (1X SDR)"`` -> 2.5; ibstat's ``"400"`` -> 400.0."""
+    word = text.strip().split(" ", 1)[0]
+    try:
+        return float(word)
+    except ValueError:
+        return None
+
+
+def read_ports(root: str = SYSFS_ROOT, counters: Sequence[str] = COUNTERS) -> list[RawPort]:
+    """Every port under ``root`` (``<device>/ports/<n>/``), sorted; none when there is no such tree."""
+    out: list[RawPort] = []
+    try:
+        devices = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for device in devices:
+        ports_dir = os.path.join(root, device, "ports")
+        try:
+            ports = sorted((p for p in os.listdir(ports_dir) if p.isdigit()), key=int)
+        except OSError:
+            continue
+        for port in ports:
+            base = os.path.join(ports_dir, port)
+            values: dict[str, int] = {}
+            for name in counters:
+                text = _read(os.path.join(base, "counters", name))
+                if text.isdigit():
+                    values[name] = int(text)
+            out.append({"device": device, "port": int(port),
+                        "state": state_word(_read(os.path.join(base, "state"))),
+                        "phys_state": state_word(_read(os.path.join(base, "phys_state"))),
+                        "rate_gbps": parse_rate(_read(os.path.join(base, "rate"))),
+                        "link_layer": _read(os.path.join(base, "link_layer")),
+                        "counters": values})
+    return out
+
+
+def port_states(root: str = SYSFS_ROOT) -> dict[str, str]:
+    """``"mlx5_0:1"`` -> ``"ACTIVE/LinkUp"``: two small reads a port, what the watcher polls."""
+    return {f"{p['device']}:{p['port']}": f"{p['state']}/{p['phys_state']}" for p in read_ports(root, ())}
+
+
+def parse_ibstat(text: str) -> list[RawPort]:
+    """``ibstat`` output as :func:`read_ports` gives it (no counters): for captured outputs."""
+    out: list[RawPort] = []
+    device = ""
+    current: RawPort | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("CA '") and line.endswith("'"):
+            device, current = line[4:-1], None
+        elif line.startswith("Port ") and line.endswith(":") and line[5:-1].isdigit():
+            current = {"device": device, "port": int(line[5:-1]), "state": "", "phys_state": "",
+                       "rate_gbps": None, "link_layer": "", "counters": {}}
+            out.append(current)
+        elif current is not None and ":" in line:
+            key, _, value = line.partition(":")
+            value = value.strip()
+            if key == "State":
+                current["state"] = value.upper()
+            elif key == "Physical state":
+                current["phys_state"] = value
+            elif key == "Rate":
+                current["rate_gbps"] = parse_rate(value)
+            elif key == "Link layer":
+                current["link_layer"] = value
+    return out
+
+
+def _up(raw: Mapping[str, Any]) -> bool:
+    return str(raw.get("state", "")).upper() == "ACTIVE" and str(raw.get("phys_state", "")).lower() in ("linkup", "")
+
+
+def advance(ports: Sequence[RawPort], memory: Mapping[str, Any] | None, now: float,
+            boot: str) -> tuple[tuple[IbPort, ...], dict[str, Any]]:
+    """The ports with their counters' growth since the last reading, and the memory to keep.
+
+    Counters count from the last boot: a memory of another boot (or none) gives no growth, only
+    a new baseline. A counter that went backwards (a driver reload) starts afresh too. A drop is
+    a flap once the port comes back after at least :data:`FLAP_DOWN_S`; a ``link_downed`` that
+    grew between two readings that both saw the port up is a drop that came and went unseen,
+    and counts as a flap too.
+    """
+    memory = dict(memory or {})
+    same_boot = bool(memory) and memory.get("boot") == boot
+    last_at = float(memory.get("at", 0.0)) if same_boot else 0.0
+    kept = memory.get("ports", {}) if isinstance(memory.get("ports"), dict) else {}
+    too_soon = same_boot and now - last_at < MIN_WINDOW_S
+    out: list[IbPort] = []
+    new_ports: dict[str, Any] = {}
+    for raw in ports:
+        key = f"{raw['device']}:{raw['port']}"
+        before = kept.get(key, {}) if isinstance(kept.get(key), dict) else {}
+        counters = {k: int(v) for k, v in raw.get("counters", {}).items()}
+        flaps = [float(t) for t in before.get("flaps", ()) if now - float(t) < FLAP_KEEP_S]
+        down_since = before.get("down_since")
+        up = _up(raw)
+        if too_soon:
+            deltas, window, base = dict(before.get("deltas", {})), float(before.get("window", 0.0)), \
+                dict(before.get("counters", {}))
+        else:
+            base = counters
+            window = now - last_at if same_boot and before.get("counters") is not None else 0.0
+            deltas = {}
+            if window > 0:
+                old = before.get("counters", {})
+                deltas = {k: v - int(old[k]) for k, v in counters.items() if k in old and v >= int(old[k])}
+            if up and down_since is None and before.get("up") and deltas.get("link_downed", 0) > 0:
+                flaps.append(now)  # a drop between two readings that both saw it up
+        if not up and down_since is None:
+            down_since = now
+        elif up and down_since is not None:
+            if now - float(down_since) >= FLAP_DOWN_S:
+                flaps.append(now)
+            down_since = None
+        out.append(IbPort(raw["device"], int(raw["port"]), raw.get("state", ""), raw.get("phys_state", ""),
+                          raw.get("rate_gbps"), raw.get("link_layer", ""),
+                          counters=tuple(sorted(counters.items())), deltas=tuple(sorted(deltas.items())),
+                          window_s=window, flaps=tuple(flaps),
+                          down_s=0.0 if down_since is None else max(now - float(down_since), 0.0)))
+        new_ports[key] = {"counters": base, "deltas": deltas, "window": window, "up": up,
+                          "down_since": down_since, "flaps": flaps}
+    return tuple(out), {"boot": boot, "at": last_at if too_soon else now, "ports": new_ports}
+
+
+class LinkGatherer:
+    """The gather step the engine calls once per run: read the ports, advance the kept memory.
+
+    ``root`` may hold ``%n`` (the node's name: the sim lays one tree per node). Memory lives in
+    ``<state_dir>/ib-<node>.json``; a memory that cannot be read or written is a fresh start, never
+    a failed run (the next run has a baseline again)."""
+
+    def __init__(self, root: str, state_dir: str, node: str, boot: Callable[[], str] | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.root = root.replace("%n", node)
+        self.path = os.path.join(state_dir, f"ib-{node}.json")
+        self._boot = boot
+        self._clock = clock
+
+    def boot(self) -> str:
+        if self._boot is not None:
+            return self._boot()
+        from slurm_hooks.probes.kmsg import boot_id
+
+        return boot_id()
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def __call__(self) -> tuple[IbPort, ...] | None:
+        """The ports, or ``None`` when this node has none (no tree: nothing to judge)."""
+        raw = read_ports(self.root)
+        if not raw and not os.path.isdir(self.root):
+            return None
+        ports, memory = advance(raw, self.load(), self._clock(), self.boot())
+        try:
+            fsutil.atomic_write(self.path, json.dumps(memory, sort_keys=True), mode=0o600, durable=False)
+        except OSError:
+            pass
+        return ports
+
+
+def from_config(config: Any, node: str) -> LinkGatherer:
+    """The gatherer for ``[links]`` (the sim backend's boot id when the GPUs are simulated)."""
+    boot = None
+    if config.gpu.backend == "sim":
+        from slurm_hooks.probes import sim
+
+        sim_dir = config.gpu.sim_dir
+
+        def boot() -> str:
+            try:
+                return sim.boot_id(sim_dir, node)
+            except Exception:  # noqa: BLE001 - no sim state: no boot to key on
+                return ""
+    return LinkGatherer(config.links.sysfs_root, config.state.dir, node, boot=boot)

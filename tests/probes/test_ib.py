@@ -1,0 +1,127 @@
+"""The InfiniBand gather step on captured /sys trees and ibstat output (tests/fixtures/ib)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from paths import FIXTURES
+
+from slurm_hooks.probes import ib
+
+IB = os.path.join(FIXTURES, "ib")
+H100_SYS = os.path.join(IB, "sys-class-infiniband-h100")
+
+
+def read(name: str) -> str:
+    with open(os.path.join(IB, name)) as fh:
+        return fh.read()
+
+
+def test_captured_h100_tree_reads_eight_ndr_ports_and_the_roce_bond():
+    ports = ib.read_ports(H100_SYS)
+    names = [f"{p['device']}:{p['port']}" for p in ports]
+    assert names == ["mlx5_0:1", "mlx5_1:1", "mlx5_4:1", "mlx5_5:1", "mlx5_6:1", "mlx5_7:1", "mlx5_8:1",
+                     "mlx5_9:1", "mlx5_bond_0:1"]
+    first = ports[0]
+    assert (first["state"], first["phys_state"], first["rate_gbps"], first["link_layer"]) == \
+        ("ACTIVE", "LinkUp", 400.0, "InfiniBand")
+    assert first["counters"]["symbol_error"] == 0 and first["counters"]["port_rcv_errors"] == 14
+    assert set(first["counters"]) == set(ib.COUNTERS)
+    assert ports[1]["counters"]["link_downed"] == 255
+    assert (ports[-1]["rate_gbps"], ports[-1]["link_layer"]) == (200.0, "Ethernet")
+
+
+def test_no_infiniband_tree_reads_no_ports(tmp_path):
+    assert ib.read_ports(str(tmp_path / "absent")) == []
+    gather = ib.LinkGatherer(str(tmp_path / "absent"), str(tmp_path), "n1", boot=lambda: "b1")
+    assert gather() is None
+
+
+def test_sysfs_values_parse_as_the_kernel_writes_them():
+    assert ib.state_word("4: ACTIVE") == "ACTIVE"
+    assert ib.state_word("3: Disabled") == "Disabled"
+    assert ib.parse_rate("400 Gb/sec (4X NDR)") == 400.0
+    assert ib.parse_rate("2.5 Gb/sec (1X SDR)") == 2.5
+    assert ib.parse_rate("") is None
+
+
+def test_ibstat_all_active_gives_the_ports_and_rates():
+    ports = ib.parse_ibstat(read("ibstat.47.0.h100.all.active.0"))
+    assert len(ports) == 12
+    assert all(p["state"] == "ACTIVE" and p["phys_state"] == "LinkUp" for p in ports)
+    assert sorted({p["rate_gbps"] for p in ports}) == [100.0, 400.0]
+
+
+def test_ibstat_some_down_names_the_disabled_ports():
+    ports = ib.parse_ibstat(read("ibstat.47.0.h100.some.down.0"))
+    down = [(p["device"], p["phys_state"]) for p in ports if p["state"] != "ACTIVE"]
+    assert len(down) == 3 and all(phys == "Disabled" for _, phys in down)
+    assert ("mlx5_2", "Disabled") in down
+
+
+def raw(symbols: int = 0, state: str = "ACTIVE", phys: str = "LinkUp", downed: int = 0) -> list[dict]:
+    return [{"device": "mlx5_0", "port": 1, "state": state, "phys_state": phys, "rate_gbps": 400.0,
+             "link_layer": "InfiniBand", "counters": {"symbol_error": symbols, "link_downed": downed}}]
+
+
+def test_first_reading_has_no_rate_then_the_growth_over_the_real_window():
+    ports, memory = ib.advance(raw(symbols=100), None, 1000.0, "boot-a")
+    assert ports[0].window_s == 0 and ports[0].deltas == ()
+    ports, memory = ib.advance(raw(symbols=160), memory, 1300.0, "boot-a")
+    assert ports[0].window_s == 300.0 and ports[0].delta("symbol_error") == 60
+
+
+def test_a_new_boot_id_starts_the_counters_afresh():
+    _, memory = ib.advance(raw(symbols=5000), None, 1000.0, "boot-a")
+    ports, memory = ib.advance(raw(symbols=3), memory, 1300.0, "boot-b")
+    assert ports[0].window_s == 0 and ports[0].delta("symbol_error") is None
+    ports, _ = ib.advance(raw(symbols=13), memory, 1600.0, "boot-b")
+    assert ports[0].delta("symbol_error") == 10
+
+
+def test_a_second_reading_within_a_second_keeps_the_window_of_the_first():
+    _, memory = ib.advance(raw(symbols=0), None, 1000.0, "b")
+    ports, memory = ib.advance(raw(symbols=600), memory, 1060.0, "b")
+    again, memory2 = ib.advance(raw(symbols=600), memory, 1060.4, "b")
+    assert again[0].delta("symbol_error") == 600 and again[0].window_s == 60.0
+    later, _ = ib.advance(raw(symbols=660), memory2, 1120.0, "b")
+    assert later[0].delta("symbol_error") == 60 and later[0].window_s == 60.0
+
+
+def test_a_drop_of_25_s_that_comes_back_is_a_flap_a_shorter_one_is_not():
+    _, m = ib.advance(raw(), None, 0.0, "b")
+    ports, m = ib.advance(raw(state="DOWN", phys="Polling"), m, 10.0, "b")
+    assert ports[0].down_s == 0.0 and not ports[0].up
+    ports, m = ib.advance(raw(state="DOWN", phys="Polling"), m, 30.0, "b")
+    assert ports[0].down_s == 20.0
+    ports, m = ib.advance(raw(downed=1), m, 40.0, "b")
+    assert ports[0].flaps == (40.0,)
+    ports, m = ib.advance(raw(state="DOWN", phys="Polling", downed=1), m, 50.0, "b")
+    ports, m = ib.advance(raw(downed=2), m, 60.0, "b")
+    assert ports[0].flaps == (40.0,)  # down 10 s: no flap
+
+
+def test_link_downed_grown_between_two_up_readings_is_an_unseen_flap():
+    _, m = ib.advance(raw(downed=0), None, 0.0, "b")
+    ports, _ = ib.advance(raw(downed=1), m, 300.0, "b")
+    assert ports[0].flaps == (300.0,)
+
+
+def test_memory_survives_a_restart_of_the_gatherer(tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(H100_SYS, root)
+    clock = iter([1000.0, 4600.0])
+    first = ib.LinkGatherer(str(root), str(tmp_path), "n1", boot=lambda: "b1", clock=lambda: next(clock))
+    assert all(p.window_s == 0 for p in first())
+    (root / "mlx5_0" / "ports" / "1" / "counters" / "symbol_error").write_text("500\n")
+    second = ib.LinkGatherer(str(root), str(tmp_path), "n1", boot=lambda: "b1", clock=lambda: next(clock))
+    ports = {p.name: p for p in second()}
+    assert ports["mlx5_0 port 1"].window_s == 3600.0
+    assert ports["mlx5_0 port 1"].delta("symbol_error") == 500
+    assert oct(os.stat(tmp_path / "ib-n1.json").st_mode & 0o777) == "0o600"
+
+
+def test_root_names_the_node_with_percent_n(tmp_path):
+    gather = ib.LinkGatherer(str(tmp_path / "ib-%n"), str(tmp_path), "n7", boot=lambda: "b")
+    assert gather.root == str(tmp_path / "ib-n7")
