@@ -260,6 +260,9 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
         info = w.slurm.node(w.node)
         if info.drained:
             return False
+        from slurm_hooks.hooks import repair
+
+        repair.note_person_resume(w, info)  # closes the incident as resumed by a person
         keys = sorted(set(drained_for) & set(_keys(report.snapshot)))
         if keys:
             state.ack(keys)
@@ -318,7 +321,12 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         if outcome.drained and report.context is Context.CHECK:
             _repair(w, report, outcome, mode=repair)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
+        held = os.path.exists(w.drained_marker())
         remediate.resume_if_ours(w, outcome, report)
+        if held and not outcome.resumed and not os.path.exists(w.drained_marker()):
+            from slurm_hooks.hooks import repair
+
+            repair.note_person_resume(w)  # our drain let go of, the node in service: a person resumed it
     _metrics(w, report, outcome)
 
 

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from typing import Callable
 
 from slurm_hooks import fsutil
-from slurm_hooks.engine import drain_summary, parse_gpu_list
+from slurm_hooks.engine import parse_gpu_list
+from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import follower, healthcheck, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring
@@ -77,9 +78,27 @@ def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
         # The job is requeued once this prolog exits: no point in waiting for it here.
         follower.follow_jobs(w, [jid], follower.Follow.DETACHED, fallback=False)
         held = [int(g) for g in env.get("SLURM_JOB_GPUS", "").split(",") if g.strip().isdigit()]
-        remediate.annotate_jobs(w, [jid], f"refused by the prolog on {w.node}, {drain_summary(report)}"
+        remediate.annotate_jobs(w, [jid], f"refused by the prolog on {w.node}, "
+                                f"{remediate.findings_summary(report.drain_findings())}{_not_requeued_note(w, jid)}"
                                 + remediate.in_slurms_numbering(w, held))
     return 1
+
+
+def _not_requeued_note(w: Wiring, jid: str) -> str:
+    """What Slurm does with a job the prolog refuses and cannot requeue: a ``--no-requeue`` batch
+    job (unless ``PrologFlags=ForceRequeueOnFail``) and every salloc/srun allocation are cancelled,
+    not started elsewhere (slurmd's ``_launch_job_fail``). "" for a job Slurm requeues, or when
+    Slurm cannot say."""
+    try:
+        job = w.slurm.job(jid)
+    except SlurmHooksError:
+        return ""
+    if not job.batch:
+        return "; an interactive allocation cannot be requeued: Slurm cancels it, run it again"
+    if not job.requeue:
+        return ("; --no-requeue: Slurm cancels the job rather than start it elsewhere (unless PrologFlags="
+                "ForceRequeueOnFail), resubmit it")
+    return ""
 
 
 def _epilog(w: Wiring, env: Mapping[str, str]) -> int:

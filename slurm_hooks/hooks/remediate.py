@@ -14,23 +14,25 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from slurm_hooks.engine import drain_summary, snapshot_xids
+from slurm_hooks.engine import snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import checkpoint, gpumap
 from slurm_hooks.hooks.actions import annotate_jobs, step
 from slurm_hooks.hooks.follower import Follow, Followed, Phase, follow_jobs, in_grace, record_requeue_seconds
 from slurm_hooks.hooks.marker import DrainMarker, MarkerUnreadable, Released, foreign
 from slurm_hooks.hooks.wiring import Wiring
-from slurm_hooks.models import Context, Report, Scope, Severity, Urgency
+from slurm_hooks.models import Context, Finding, Report, Scope, Severity, Urgency
 from slurm_hooks.slurm import (
     JobInfo,
     NodeInfo,
     format_reason,
     may_drain,
     out_of_service,
+    parse_reason,
     reboot_pending,
     split_reason,
     status_tag,
+    waits_for_job_end,
 )
 from slurm_hooks.slurm.errors import AlreadyRequeued
 from slurm_hooks.values import dataclass, field
@@ -95,6 +97,10 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
             write_marker(w, reason, report, info)  # an earlier drain may have landed after its scontrol timed out
             _step(w, "drain", w.node, "already", started, reason=reason, **extra)
             return
+        if info.drained and info.ours and covers(split_reason(info.reason)[0], reason) and _still_ours(w, info):
+            outcome.drained = outcome.node_out = True
+            _step(w, "drain", w.node, "already", started, reason=split_reason(info.reason)[0], found=reason, **extra)
+            return
         if _config_suspected(w, report, reason, started, extra):
             outcome.guarded = True
             return
@@ -136,7 +142,55 @@ def _still_ours(w: Wiring, info: NodeInfo) -> bool:
 
 def drain_reason(report: Report) -> str:
     """``slurm-hooks: <what broke> [<action>]``, with ``, at job end`` when no finding is urgent."""
-    return format_reason(drain_summary(report), report.worst_action, at_job_end=not report.urgent())
+    return format_reason(findings_summary(report.drain_findings()), report.worst_action,
+                         at_job_end=not report.urgent())
+
+
+def findings_summary(findings: Iterable[Finding]) -> str:
+    """``XID 79 on GPU 3; row remap pending on GPU 6``: one text for one set of findings, whichever
+    hook found them in whichever order: worst action first, then node-wide before each GPU in
+    order, then the text; each text once."""
+    def order(f: Finding) -> tuple[int, int, str]:
+        return -f.action.rank, -1 if f.gpu is None else f.gpu, f.summary or f.message
+
+    parts: list[str] = []
+    for f in sorted(findings, key=order):
+        text = f.summary or f.message
+        if text not in parts:
+            parts.append(text)
+    return "; ".join(parts)
+
+
+def findings_on(report: Report, nvml: Iterable[int] | None) -> tuple[Finding, ...]:
+    """The drain-worthy findings that touch a job on the GPUs ``nvml`` (NVML indexes): node-wide
+    ones and those on its GPUs; all of them when ``nvml`` is ``None`` (its GPUs are not known)."""
+    if nvml is None:
+        return report.drain_findings()
+    mine = set(nvml)
+    return tuple(f for f in report.drain_findings() if f.scope is Scope.NODE or f.gpu is None or f.gpu in mine)
+
+
+def job_summary(w: Wiring, report: Report, held: Iterable[int] | None) -> str:
+    """What touched a job holding GRES ``held`` here (Slurm's numbering), for its AdminComment: only
+    the findings on its GPUs (and node-wide ones); all of them when the map or its GPUs are unknown."""
+    held = tuple(held or ())
+    gmap = gpumap.cached(w) if held else None
+    nvml = gpumap.nvml_of(gmap, held) if gmap is not None and gmap.known else None
+    return findings_summary(findings_on(report, nvml) or report.drain_findings())
+
+
+def covers(current: str, reason: str) -> bool:
+    """Whether our drain reason ``current`` already says everything ``reason`` says: each of its
+    findings, an action at least as strong, and no later remedy. A hook that judges fewer GPUs
+    (the prolog and epilog judge the job's) then keeps the wider reason the check wrote instead of
+    narrowing it, and the next check widening it again: the reason does not flap."""
+    now, new = parse_reason(current), parse_reason(reason)
+    if now is None or new is None or now[1] is None or new[1] is None:
+        return False
+    if now[1].rank < new[1].rank or (waits_for_job_end(current) and not waits_for_job_end(reason)):
+        return False
+    have = set(now[0].split("; "))
+    return all(part in have for part in new[0].split("; "))
 
 
 def _config_suspected(w: Wiring, report: Report, reason: str, started: float, extra: dict) -> bool:

@@ -388,3 +388,19 @@ def test_a_job_whose_follower_died_is_made_eligible_by_the_next_health_check(hoo
     again = wait_running_elsewhere(tb, job, bad, timeout=10)
     assert again.restarts == 1
     assert [r["result"] for r in actions(tb, "start_now")] == ["ok"]
+
+
+def test_a_no_requeue_job_the_prolog_refuses_is_cancelled_and_its_admin_comment_says_why(hooked_testbed):
+    """slurmd's ``_launch_job_fail``: Slurm does not requeue a ``--no-requeue`` batch job whose prolog
+    failed (without PrologFlags=ForceRequeueOnFail): it is cancelled, not started elsewhere."""
+    tb = hooked_testbed
+    sim.inject(tb.sim_dir, "n1", 3, xid=79)
+    job = tb.sbatch(TRAP_JOB, "--gres=gpu:8", "--nodes=1", "--no-requeue")
+    ended = tb.wait_job(job, ("FAILED", "CANCELLED", "NODE_FAIL", "COMPLETED", "BOOT_FAIL"), timeout=30)
+    time.sleep(2.0)
+    info = tb.slurm.job(job)
+    assert (info.base_state, info.restarts) == ("CANCELLED", 0), (ended, info)
+    assert "start restart=" not in tb.job_output(job)
+    comment = tb.slurm.admin_comment(job)
+    assert comment.startswith("slurm-hooks: refused by the prolog on n1, XID 79 on GPU 3, --no-requeue: Slurm cancels "
+                              "the job rather than start it elsewhere"), comment

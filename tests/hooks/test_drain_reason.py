@@ -1,0 +1,64 @@
+"""One stable drain reason for one set of findings, whichever hook judged the node last.
+
+The check judges every GPU, the prolog and epilog only the job's: a node drained by the check for
+two faults keeps that reason through an epilog that sees one of them, instead of flapping
+between the two texts. A requeued job's AdminComment names only what touched its GPUs.
+Simulated GPUs and the shared in-memory Slurm (tests/fakes/slurm.py).
+"""
+
+from __future__ import annotations
+
+from fakes.config import sim_config, sim_node
+
+from slurm_hooks.hooks import healthcheck, jobhooks, remediate
+from slurm_hooks.models import Action, Finding, Scope, Severity
+from slurm_hooks.probes import sim
+
+BOTH = "slurm-hooks: XID 48 on GPU 0; row remap pending on GPU 3 [reset]"
+
+
+def _node(tmp_path, state="IDLE", *jobs):
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8")
+    slurm, w = sim_node(cfg, state, *jobs)
+    sim.inject(cfg.gpu.sim_dir, "n1", 3, row_remap_pending=True)
+    sim.inject(cfg.gpu.sim_dir, "n1", 0, xid=48)
+    return cfg, slurm, w
+
+
+def test_the_reason_stays_the_checks_through_an_epilog_that_sees_one_of_its_two_faults(tmp_path):
+    cfg, slurm, w = _node(tmp_path)
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").reason == BOTH
+    jobhooks.epilog(w, {"SLURM_JOB_ID": "700", "SLURM_JOB_GPUS": "0"})
+    assert slurm.peek("n1").reason == BOTH
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").reason == BOTH
+    assert [c for c in slurm.called("drain")] == [("drain", "n1", BOTH)]  # written once, never rewritten
+
+
+def test_a_new_fault_still_widens_the_reason(tmp_path):
+    cfg, slurm, w = _node(tmp_path)
+    jobhooks.epilog(w, {"SLURM_JOB_ID": "700", "SLURM_JOB_GPUS": "0"})
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 48 on GPU 0 [reset]"
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").reason == BOTH
+
+
+def _finding(gpu, summary, action=Action.RESET):
+    return Finding("x", Severity.FAIL, action, summary, gpu=gpu, summary=summary, scope=Scope.GPU)
+
+
+def test_one_set_of_findings_reads_the_same_in_any_order():
+    found = [_finding(3, "row remap pending on GPU 3"), _finding(0, "XID 48 on GPU 0"),
+             _finding(None, "PCIe gone", Action.REBOOT), _finding(0, "XID 48 on GPU 0")]
+    texts = {remediate.findings_summary(order) for order in (found, found[::-1], found[1:] + found[:1])}
+    assert texts == {"PCIe gone; XID 48 on GPU 0; row remap pending on GPU 3"}
+
+
+def test_our_wider_reason_covers_a_narrower_one_and_not_the_other_way():
+    narrow = "slurm-hooks: XID 48 on GPU 0 [reset]"
+    assert remediate.covers(BOTH, narrow)
+    assert not remediate.covers(narrow, BOTH)
+    assert not remediate.covers(BOTH, "slurm-hooks: XID 48 on GPU 0 [reboot]")  # a stronger action
+    assert not remediate.covers(BOTH.replace("[reset]", "[reset, at job end]"), narrow)  # sooner now
+    assert not remediate.covers("admin: bad fan", narrow)
