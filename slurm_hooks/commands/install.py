@@ -40,10 +40,14 @@ def interpreter() -> str:
                    "(fail closed: Slurm drains the node).")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", callback=_env_pair,
               help="An environment variable the programs set (repeatable), e.g. SLURM_CONF for a non-default slurm.conf.")
-@click.option("--uninstall", is_flag=True, help="Remove exactly what installs laid under --prefix.")
+@click.option("--uninstall", is_flag=True, help="Remove exactly what installs laid under --prefix (refused while "
+                                                 "slurm.conf still names its programs).")
+@click.option("--force", is_flag=True, help="With --uninstall: remove even while slurm.conf names the programs.")
+@click.option("--slurm-conf", "slurm_conf", metavar="FILE",
+              help="The slurm.conf --uninstall looks in (default: $SLURM_CONF, then /etc/slurm/slurm.conf).")
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 def install(prefix: str, config_path: str, on_internal_error: str, env: tuple[tuple[str, str], ...],
-            uninstall: bool, dry_run: bool) -> int:
+            uninstall: bool, force: bool, slurm_conf: str | None, dry_run: bool) -> int:
     """Lay PREFIX/bin/slurm-hooks-{healthcheck,prolog,epilog} (this interpreter and --config baked in),
     the watcher's systemd unit and the NHC check; print the slurm.conf lines to add.
 
@@ -53,6 +57,20 @@ def install(prefix: str, config_path: str, on_internal_error: str, env: tuple[tu
 
     prefix = os.path.abspath(prefix)
     if uninstall:
+        from slurm_hooks.errors import EXIT_USAGE
+        from slurm_hooks.slurm import conffile
+
+        named = layout.programs_named(prefix, conffile.resolve_path(slurm_conf))
+        if named and not force:
+            click.echo("slurm-hooks install: refusing to uninstall: slurm.conf still names its programs, and "
+                       "slurmd would run files that are gone (every job start fails on Prolog=, every node "
+                       "drains on HealthCheckProgram=):", err=True)
+            for line in named:
+                click.echo(f"  {line}", err=True)
+            click.echo("remove those lines, `scontrol reconfigure`, then uninstall (or pass --force)", err=True)
+            return EXIT_USAGE
+        for line in named:
+            click.echo(f"warning: slurm.conf still names a removed program: {line}", err=True)
         done = apply.uninstall(prefix, dry=dry_run)
         _show(done, dry_run)
         for path in done.kept:
@@ -68,6 +86,9 @@ def install(prefix: str, config_path: str, on_internal_error: str, env: tuple[tu
     click.echo("\nslurm.conf (on every node and the controller; then `scontrol reconfigure`):\n")
     for line in layout.slurm_conf_lines(prefix):
         click.echo(f"  {line}")
+    click.echo("\nWhat these do to every job on the cluster (not only to those slurm-hooks touches):\n")
+    for note in layout.slurm_conf_notes():
+        click.echo(f"  - {note}")
     click.echo(f"\nwatcher: systemctl enable --now {os.path.join(prefix, layout.UNIT)}")
     click.echo(f"NHC:     ln -s {os.path.join(prefix, layout.NHC)} /etc/nhc/scripts/, then `* || check_slurm_hooks` "
                "in nhc.conf")

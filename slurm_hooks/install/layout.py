@@ -52,7 +52,8 @@ PROGRAMS = (
     Program("prolog", "prolog", "Prolog",
             "the job runs",
             "the job is refused and Slurm drains the node (Prolog error)",
-            "the job is refused (slurm-hooks drained the node and the job starts elsewhere)"),
+            "the job is refused (slurm-hooks drained the node and the job starts elsewhere; Slurm cancels a "
+            "--no-requeue job and a salloc/srun allocation instead, unless PrologFlags=ForceRequeueOnFail)"),
     Program("epilog", "epilog", "Epilog",
             "the node stays in service",
             "Slurm drains the node (Epilog error)",
@@ -117,12 +118,67 @@ def slurm_conf_lines(prefix: str) -> list[str]:
         f"Prolog={program_path('prolog', prefix)}",
         f"Epilog={program_path('epilog', prefix)}",
         "PrologEpilogTimeout=120",
-        "JobRequeue=1",
-        "KillWait=120                          # the grace a requeued job gets to checkpoint after SIGTERM",
-        "SchedulerParameters=nohold_on_prolog_fail",
+        "JobRequeue=1                          # cluster-wide: see below",
+        "KillWait=120                          # cluster-wide: see below",
+        "SchedulerParameters=nohold_on_prolog_fail   # MERGE into your existing line: see below",
+        "PrologFlags=ForceRequeueOnFail        # MERGE into your existing line: see below",
         "RebootProgram=/usr/sbin/reboot       # the repair ladder reboots through `scontrol reboot`; without it Slurm refuses",
         "ResumeTimeout=900                     # > the node's boot time; match [repair] reboot_timeout",
     ]
+
+
+def slurm_conf_notes() -> list[str]:
+    """What the settings of :func:`slurm_conf_lines` do to every job on the cluster, not just to the
+    ones slurm-hooks requeues, and which of them must be merged with what slurm.conf already says."""
+    return [
+        "JobRequeue=1: every batch job is requeueable unless submitted with --no-requeue (Slurm also "
+        "requeues jobs on a node failure, not only ours).",
+        "KillWait=120: every job Slurm ends (scancel, time limit, preemption, requeue) gets 120 s "
+        "between SIGTERM and SIGKILL, up from 30: a node takes that much longer to free; nodes stay "
+        "COMPLETING meanwhile. Lower it if your jobs checkpoint faster.",
+        "SchedulerParameters is ONE comma-separated list: add nohold_on_prolog_fail to the options your "
+        "line already has (a second SchedulerParameters= line replaces the first, dropping its options). "
+        "Effect: a job whose prolog fails is requeued without Slurm's hold, for every prolog failure.",
+        "PrologFlags is ONE comma-separated list too (merge, e.g. Alloc,Contain,ForceRequeueOnFail): a "
+        "--no-requeue batch job our prolog refuses is requeued instead of cancelled. Without it Slurm "
+        "cancels such jobs, and every salloc/srun allocation on a bad GPU, whatever slurm-hooks does.",
+    ]
+
+
+def programs_named(prefix: str, slurm_conf: str) -> list[str]:
+    """The slurm.conf lines (``file:line: Key=value``, Include files followed) that still name a
+    program under ``prefix``: uninstalling then leaves slurmd running a file that is gone, and
+    every job start fails (Prolog) or every node drains (HealthCheckProgram)."""
+    from slurm_hooks.slurm import conffile
+
+    keys = {p.slurm_key.lower() for p in PROGRAMS}
+    root = os.path.abspath(prefix) + os.sep
+    found: list[str] = []
+    todo, seen = [slurm_conf], set()
+    while todo:
+        path = todo.pop(0)
+        if path in seen or len(seen) > 64:
+            continue
+        seen.add(path)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        for no, line in conffile.logical_lines(text):
+            inc = conffile.INCLUDE.match(line)
+            if inc:
+                todo.extend(conffile.include_paths(inc.group(1), path))
+                continue
+            try:
+                pairs = conffile.split_pairs(line)
+            except ValueError:
+                continue
+            for key, value in pairs:
+                if key.lower() in keys and any(os.path.abspath(v.strip()).startswith(root)
+                                               for v in value.split(",") if v.strip()):
+                    found.append(f"{path}:{no}: {key}={value}")
+    return found
 
 
 @dataclass(frozen=True)

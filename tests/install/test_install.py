@@ -135,6 +135,51 @@ def test_uninstall_keeps_what_it_did_not_make_and_what_was_changed_since(tmp_pat
         "etc", "etc/config.toml", "opt", "opt/bin", "opt/bin/site-tool", "opt/venv"]
 
 
+def test_install_says_what_its_slurm_conf_settings_do_to_every_job_and_which_to_merge(tmp_path):
+    r = cli("install", "--prefix", str(tmp_path / "opt"), "--config", str(tmp_path / "c.toml"))
+    assert r.returncode == 0, r.stderr
+    notes = r.stdout.split("What these do to every job on the cluster", 1)[1]
+    assert "KillWait=120: every job Slurm ends" in notes and "JobRequeue=1: every batch job is requeueable" in notes
+    assert "SchedulerParameters is ONE comma-separated list: add nohold_on_prolog_fail" in notes
+    assert "PrologFlags is ONE comma-separated list" in notes and "ForceRequeueOnFail" in notes
+    assert "SchedulerParameters=nohold_on_prolog_fail   # MERGE into your existing line" in r.stdout
+
+
+def _slurm_conf_naming(tmp_path, prefix):
+    """A slurm.conf that names the installed prolog, through an Include as sites split theirs."""
+    (tmp_path / "slurm.d").mkdir()
+    (tmp_path / "slurm.d" / "hooks.conf").write_text(f"Prolog={prefix}/bin/slurm-hooks-prolog\n"
+                                                     f"HealthCheckProgram={prefix}/bin/slurm-hooks-healthcheck\n")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=c\nInclude slurm.d/*.conf\nKillWait=120\n")
+    return conf
+
+
+def test_uninstall_is_refused_while_slurm_conf_names_the_programs_and_forced_with_force(tmp_path):
+    prefix = tmp_path / "opt"
+    assert cli("install", "--prefix", str(prefix), "--config", str(tmp_path / "etc" / "config.toml")).returncode == 0
+    conf = _slurm_conf_naming(tmp_path, prefix)
+    r = cli("install", "--uninstall", "--prefix", str(prefix), env={"SLURM_CONF": str(conf)})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "refusing to uninstall: slurm.conf still names its programs" in r.stderr
+    assert f"hooks.conf:1: Prolog={prefix}/bin/slurm-hooks-prolog" in r.stderr
+    assert f"hooks.conf:2: HealthCheckProgram={prefix}/bin/slurm-hooks-healthcheck" in r.stderr
+    assert os.path.exists(prefix / "bin" / "slurm-hooks-prolog")  # nothing removed
+    r = cli("install", "--uninstall", "--prefix", str(prefix), "--force", "--slurm-conf", str(conf))
+    assert r.returncode == 0, r.stderr
+    assert "warning: slurm.conf still names a removed program" in r.stderr
+    assert not os.path.lexists(prefix / "bin" / "slurm-hooks-prolog")
+
+
+def test_uninstall_goes_ahead_once_slurm_conf_no_longer_names_the_programs(tmp_path):
+    prefix = tmp_path / "opt"
+    assert cli("install", "--prefix", str(prefix), "--config", str(tmp_path / "etc" / "config.toml")).returncode == 0
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=c\n# Prolog=" + str(prefix) + "/bin/slurm-hooks-prolog\nProlog=/etc/slurm/prolog.sh\n")
+    r = cli("install", "--uninstall", "--prefix", str(prefix), "--slurm-conf", str(conf))
+    assert r.returncode == 0 and not r.stderr, r.stderr
+
+
 def test_uninstall_without_a_manifest_says_so(tmp_path):
     r = cli("install", "--uninstall", "--prefix", str(tmp_path))
     assert r.returncode == 2 and "install-manifest.json not found" in r.stderr
