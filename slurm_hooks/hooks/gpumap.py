@@ -117,6 +117,7 @@ def build(conf: GresConf, snap: NodeSnapshot, source: str = "",
     if not conf.devices:
         why = (f"{conf.fileless} GPU(s) given by Count= without File=: Slurm cannot say which is which"
                if conf.fileless else "no gpu GRES with File= for this node")
+        why = conf.problem or why  # slurmd -G printed no list: unknown, never "no GPUs"
         return unknown(why, source)
     by_minor = {g.minor: g for g in gpus if g.minor is not None}
     if not by_minor and gpus:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
 
 from slurm_hooks.errors import ConfigError
-from slurm_hooks.slurm import hostlist
+from slurm_hooks.slurm import gres, hostlist
 from slurm_hooks.slurm.conffile import (  # noqa: F401  (the syntax lives with the Slurm adapter; names kept)
     DEFAULT_PATHS,
     ENV_VAR,
@@ -88,14 +87,7 @@ class Record:
     @property
     def gpus(self) -> int:
         """GPUs in this line's ``Gres=`` (0 when none)."""
-        return sum(g.count for g in parse_gres(self.get("gres") or "") if g.name == "gpu")
-
-
-@dataclass(frozen=True)
-class Gres:
-    name: str
-    type: str = ""
-    count: int = 1
+        return sum(g.count for g in gres.parse_counts(self.get("gres") or "") if g.name == "gpu")
 
 
 @dataclass(frozen=True)
@@ -219,38 +211,6 @@ def parse_duration(text: str, unit: float = 1.0) -> float:
     if len(nums) == 2:
         return float(nums[0] * 60 + nums[1])
     return float(nums[0] * 3600 + nums[1] * 60 + nums[2])
-
-
-_COUNT = re.compile(r"^(\d+)([KMGTP]?)$", re.IGNORECASE)
-_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
-
-
-def parse_gres(text: str) -> list[Gres]:
-    """``gpu:h100:8(S:0-1),mps:100`` -> [Gres("gpu", "h100", 8), Gres("mps", "", 100)]."""
-    out = []
-    depth, cur, items = 0, [], []
-    for ch in text:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            items.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    items.append("".join(cur))
-    for item in items:
-        item = re.sub(r"\(.*?\)", "", item).strip()
-        if not item or item.lower() == "(null)":
-            continue
-        fields = item.split(":")
-        name, rest, count = fields[0].lower(), fields[1:], 1
-        m = _COUNT.match(rest[-1]) if rest else None
-        if m:
-            count = int(m.group(1)) * _SUFFIX[m.group(2).lower()]
-            rest = rest[:-1]
-        types = [f for f in rest if f.lower() not in ("no_consume",)]
-        out.append(Gres(name, types[0] if types else "", count))
-    return out
 
 
 # --- reading files ---------------------------------------------------------------------

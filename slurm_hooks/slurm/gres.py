@@ -65,6 +65,8 @@ class GresConf:
     source: str = "gres.conf"
     #: GPUs given by ``Count=`` alone (no ``File=``): Slurm cannot tell which GPU is which.
     fileless: int = 0
+    #: Why the list is unknown rather than empty ("" when it is what Slurm says).
+    problem: str = ""
 
 
 def device_minor(path: str) -> int | None:
@@ -185,6 +187,54 @@ class _Builder:
         return GresConf(tuple(self.devices), auto, tuple(self.files), "gres.conf", self.fileless)
 
 
+# --- GRES lists: slurm.conf's ``Gres=``, a job's ``GRES=`` ------------------------------------
+
+_COUNT = re.compile(r"^(\d+)([KMGTP]?)$", re.IGNORECASE)
+_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+
+
+@dataclass(frozen=True)
+class GresCount:
+    """One item of slurm.conf's ``Gres=``: ``gpu:h100:8`` is ("gpu", "h100", 8)."""
+
+    name: str
+    type: str = ""
+    count: int = 1
+
+
+def split_list(value: str) -> list[str]:
+    """``gpu:2(IDX:0-1),shard:2(2/4,0/4)`` -> its items, the way Slurm writes a GRES list (slurm.conf's
+    ``Gres=``, a job's ``GRES=``): commas inside parentheses stay; blanks and ``(null)`` go."""
+    items, depth, cur = [], 0, []
+    for ch in value:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    items.append("".join(cur))
+    return [i.strip() for i in items if i.strip() and i.strip().lower() != "(null)"]
+
+
+def parse_counts(text: str) -> list[GresCount]:
+    """slurm.conf's ``Gres=gpu:h100:8(S:0-1),mps:100`` -> [GresCount("gpu", "h100", 8), GresCount("mps", "", 100)]."""
+    out = []
+    for item in split_list(text):
+        item = re.sub(r"\(.*?\)", "", item).strip()
+        if not item:
+            continue
+        fields = item.split(":")
+        name, rest, count = fields[0].lower(), fields[1:], 1
+        m = _COUNT.match(rest[-1]) if rest else None
+        if m:
+            count = int(m.group(1)) * _SUFFIX[m.group(2).lower()]
+            rest = rest[:-1]
+        types = [f for f in rest if f.lower() not in ("no_consume",)]
+        out.append(GresCount(name, types[0] if types else "", count))
+    return out
+
+
 # --- ``slurmd -G`` and slurmd's GRES log ------------------------------------------------------
 
 #: ``Gres Name=gpu Type=h100 Count=1 Index=0 ID=7696487 File=/dev/nvidia0 Links=(null) Flags=...``
@@ -192,35 +242,78 @@ class _Builder:
 _G_LINE = re.compile(r"\bGres Name=(?P<name>\S+)(?P<rest>.*)$")
 _LOG_LINE = re.compile(r"\bGRES\[(?P<name>[^\]]+)\](?P<rest>.*)$")
 _FIELD = re.compile(r"\b(Type|Count|File|UniqueId)[=:](\S*)")
+#: The debug log's header before slurmd's final list (``gres_gpu.c``; ``gres_c_s.c`` for shards).
+_FINAL = re.compile(r"Final (?:normalized )?gres\.conf list:")
+#: What slurmd prints before GRES lines that are *not* in its final list: GPUs it ignores
+#: (``_merge_system_gres_conf``), a configured GPU whose Cores/Links mismatch the system's
+#: (the configured and the system record both follow), a config-only GPU it discards.
+_NOT_FINAL = re.compile(r"being ignored|mismatching|Discarding|\[slurm\|gres\]\.conf:|\berror: system:")
+#: Why an answer of ``slurmd -G`` holds no GPU list.
+NO_LIST = "slurmd -G printed no GPU list (Slurm 24.11.0 to 24.11.x print none): Slurm's numbering is unknown"
 
 
 def parse_slurmd_g(text: str) -> GresConf:
-    """slurmd's final GPU list, in GRES index order, from ``slurmd -G`` output (or the same list in
-    slurmd's debug log). A record of Count=N with a File range is N GPUs; Count=1 with a file list
-    is one GPU with several files (MIG)."""
+    """slurmd's final GPU list, in GRES index order, from ``slurmd -G`` output: its ``Gres Name=``
+    lines only. A record of Count=N with N files (a list or a range) is N GPUs; Count=1 with a file
+    list is one GPU with several files (MIG). Without ``Gres Name=`` lines, the debug log's
+    ``GRES[gpu]`` lines count where they are the final list: under its header, or a bare excerpt
+    that names no GPU slurmd ignored. No list at all (24.11 prints none) is :attr:`GresConf.problem`:
+    unknown, never "no GPUs"."""
+    final = [m for m in map(_G_LINE.search, text.splitlines()) if m]
+    if not final:
+        final = _final_log_lines(text.splitlines())
+    if final is None:
+        return GresConf((), "", (), "slurmd -G", problem="slurmd -G printed only GPUs it ignores or rejects, "
+                        "not its final list: Slurm's numbering is unknown")
     devices: list[GresDevice] = []
-    for raw in text.splitlines():
-        m = _G_LINE.search(raw) or _LOG_LINE.search(raw)
-        if not m or m.group("name").lower() != "gpu":
+    for m in final:
+        if m.group("name").lower() != "gpu":
             continue
         fields = {k.lower(): v for k, v in _FIELD.findall(m.group("rest"))}
-        file_expr = "" if fields.get("file", "(null)") == "(null)" else fields.get("file", "")
-        gtype = "" if fields.get("type", "(null)") == "(null)" else fields.get("type", "")
-        uid = "" if fields.get("uniqueid", "(null)") == "(null)" else fields.get("uniqueid", "")
+        file_expr, gtype, uid = (_value(fields, k) for k in ("file", "type", "uniqueid"))
         try:
             count = int(fields.get("count", "1"))
+            files = hostlist.expand(file_expr) if file_expr else []
         except ValueError:
             continue
-        if not file_expr:
+        if not files:
             continue
-        try:
-            files = hostlist.expand(file_expr)
-        except ValueError:
-            continue
-        if count == 1 or len(files) != count:
-            devices.append(GresDevice(len(devices), tuple(files), gtype, uid, "slurmd -G"))
-        else:
-            devices.extend(GresDevice(len(devices) + i, (f,), gtype, "", "slurmd -G") for i, f in enumerate(files))
+        per_gpu = [(f,) for f in files] if count > 1 and len(files) == count else [tuple(files)]
+        for gpu_files in per_gpu:
+            devices.append(GresDevice(len(devices), gpu_files, gtype, uid if len(per_gpu) == 1 else "",
+                                      "slurmd -G"))
         if len(devices) > MAX_DEVICES:
             break
-    return GresConf(tuple(devices[:MAX_DEVICES]), "", (), "slurmd -G")
+    problem = "" if final else NO_LIST
+    return GresConf(tuple(devices[:MAX_DEVICES]), "", (), "slurmd -G", problem=problem)
+
+
+def _value(fields: dict[str, str], key: str) -> str:
+    value = fields.get(key, "")
+    return "" if value == "(null)" else value
+
+
+def _final_log_lines(lines: list[str]) -> list[re.Match] | None:
+    """The debug log's ``GRES[...]`` lines of slurmd's final list: those under its last "Final
+    ... list:" header; without one, every such line where nothing says some are not final; None
+    when the only ones are GPUs slurmd ignores or rejects."""
+    headed: list[re.Match] | None = None
+    bare: list[re.Match] = []
+    state = ""
+    for raw in lines:
+        m = _LOG_LINE.search(raw)
+        if m is None:
+            if _FINAL.search(raw):
+                state, headed = "final", []
+            elif _NOT_FINAL.search(raw):
+                state = "not-final"
+            continue
+        if state == "final" and headed is not None:
+            headed.append(m)
+        elif state == "":
+            bare.append(m)
+    if headed is not None:
+        return headed
+    if state == "not-final":
+        return None
+    return bare

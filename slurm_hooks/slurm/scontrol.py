@@ -24,6 +24,7 @@ from slurm_hooks.slurm import (
     ADMIN_COMMENT_MAX,
     JobInfo,
     NodeInfo,
+    gres,
     hostlist,
     job_ref,
     may_resume,
@@ -267,7 +268,7 @@ def parse_job_gpus(text: str, node: str) -> tuple[int, ...] | None:
         except ValueError:
             continue
         here = True
-        for item in _gres_items(m.group("gres")):
+        for item in gres.split_list(m.group("gres")):
             name, _, rest = item.partition(":")
             if name.split("(")[0].lower() not in GPU_GRES:
                 continue
@@ -278,20 +279,6 @@ def parse_job_gpus(text: str, node: str) -> tuple[int, ...] | None:
     if not here:
         return None
     return tuple(sorted(found))
-
-
-def _gres_items(value: str) -> list[str]:
-    """``gpu:2(IDX:0-1),shard:2(2/4,0/4)`` -> its items (commas inside parentheses stay)."""
-    items, depth, cur = [], 0, []
-    for ch in value:
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            items.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    items.append("".join(cur))
-    return [i.strip() for i in items if i.strip() and i.strip() != "(null)"]
 
 
 def _gres_indexes(item: str) -> list[int] | None:

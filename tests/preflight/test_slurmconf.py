@@ -90,20 +90,6 @@ def test_list_settings_split_on_commas(conf):
     assert conf.list("NotSet") == []
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("gpu:8", [("gpu", "", 8)]),
-    ("gpu", [("gpu", "", 1)]),
-    ("gpu:h100:4(S:0),gpu:h100:4(S:1)", [("gpu", "h100", 4), ("gpu", "h100", 4)]),
-    ("gpu:a100:no_consume:2,mps:100", [("gpu", "a100", 2), ("mps", "", 100)]),
-    ("gpu:8(S:0,1)", [("gpu", "", 8)]),
-    ("shard:1K", [("shard", "", 1024)]),
-    ("(null)", []),
-    ("", []),
-])
-def test_gres_strings_parse_into_name_type_and_count(text, expected):
-    assert [(g.name, g.type, g.count) for g in slurmconf.parse_gres(text)] == expected
-
-
 @pytest.mark.parametrize("text,seconds", [
     ("30", 30), ("0", 0), ("1:30", 90), ("1:00:00", 3600), ("2-0", 172800),
     ("1-02:03", 93780), ("1-02:03:04", 93784), ("INFINITE", math.inf), ("unlimited", math.inf),

@@ -683,3 +683,24 @@ def test_a_repair_ladder_that_validates_without_dcgmi_warns_that_nodes_will_wait
     assert warn.status.name == "WARN" and "[unverified]" in warn.message and "dcgm_level = 0" in warn.fix
     cluster.write_config(GOOD_CONFIG + "[repair]\ndcgm_level = 0\n")
     assert not [r for r in cluster.run() if r.check == "repair-validation"]
+
+
+def test_validate_passes_on_the_projects_own_testbed(hooked_testbed, capsys):
+    testbed = hooked_testbed
+    # The testbed's real slurmd -G (22.05) prints its one File= list of 8 as one Count=8 record: that was
+    # GRES 0,2,...,14 and a gpu-map FAIL against gres.conf.
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--config", testbed.config_path, "--slurm-conf", testbed.slurm_conf, "--node", "n1"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0, out
+    assert "PASS  gpu-map: slurmd -G agrees" in out.splitlines(), out
+
+
+def test_slurmd_that_prints_no_gpu_list_leaves_the_map_uncompared_not_zero_gpus(cluster, capsys):
+    cluster.script("bin/slurmd", "#!/bin/sh\nexit 0\n")  # Slurm 24.11.x: `slurmd -G` prints nothing
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
+    out = [line for line in capsys.readouterr().out.splitlines() if " gpu-map: " in line]
+    assert exc.value.code == 0, out
+    if os.geteuid() == 0:
+        assert out[-1].startswith("PASS  gpu-map: slurmd -G not compared: slurmd -G printed no GPU list"), out

@@ -113,3 +113,66 @@ def test_real_scontrol_detail_lines_of_gpu_cpu_only_and_shard_jobs():
     lines = (SLURM / "scontrol-d-show-job-22.05-gres-reverse.txt").read_text().splitlines()
     assert [parse_job_gpus(line, "n1") for line in lines] == [(0,), (), (1,), (1, 2)]
     assert [parse_job_gpus(line, "n2") for line in lines] == [None] * 4
+
+
+
+def test_slurmd_g_count_8_file_list_record_is_gres_0_to_7_in_file_order():
+    # Captured from Slurm 22.05.8's `slurmd -G` with the testbed's gres.conf (one File= list of 8): one record,
+    # Count=8, Index= the last file's number. Was GRES 0,2,4,...,14 (the index grew while it was consumed).
+    conf = gres.parse_slurmd_g((SLURM / "slurmd-G-22.05-count8-file-list.txt").read_text())
+    assert [d.index for d in conf.devices] == list(range(8))
+    assert [d.file.rsplit("/", 1)[1] for d in conf.devices] == [f"nvidia{k}" for k in range(8)]
+    assert conf.problem == ""
+
+
+def test_slurmd_g_count_2_file_range_record_is_two_gpus():
+    conf = gres.parse_slurmd_g("slurmd-n1: Gres Name=gpu Type=(null) Count=2 Index=0 ID=7696487 "
+                               "File=/dev/nvidia[0-1] (null)\n")
+    assert [(d.index, d.files) for d in conf.devices] == [(0, ("/dev/nvidia0",)), (1, ("/dev/nvidia1",))]
+
+
+def test_slurmd_g_counts_only_its_final_list_not_the_autodetected_gpus_it_ignores():
+    # Captured (Slurm 22.05.8, fake_gpus.conf of 4 GPUs, gres.conf File=nvidia[0-1]): slurmd logs the two
+    # GPUs it ignores as GRES[gpu] lines, then its final list of two.
+    conf = gres.parse_slurmd_g((SLURM / "slurmd-G-22.05-ignored-autodetected.txt").read_text())
+    assert [d.file.rsplit("/", 1)[1] for d in conf.devices] == ["nvidia0", "nvidia1"]
+
+
+def test_slurmd_g_that_rejects_every_gpu_for_a_cores_mismatch_is_unknown_not_their_log_lines():
+    # Captured (same fake GPUs, gres.conf Cores=1 against the system's 0-1): every GPU is ignored, the final
+    # list is empty; the log names each GPU twice (configured and system) and once more as ignored.
+    conf = gres.parse_slurmd_g((SLURM / "slurmd-G-22.05-cores-mismatch.txt").read_text())
+    assert conf.devices == () and "ignores or rejects" in conf.problem
+
+
+def test_slurmd_g_of_24_11_prints_nothing_which_is_unknown_never_no_gpus():
+    conf = gres.parse_slurmd_g((SLURM / "slurmd-G-24.11-empty.txt").read_text())
+    assert conf.devices == () and conf.problem == gres.NO_LIST
+
+
+def test_slurmd_debug_log_counts_the_gres_lines_under_its_final_list_header_only():
+    log = ("slurmd: gres/gpu: _merge_system_gres_conf: WARNING: The following autodetected GPUs are being ignored:\n"
+           "slurmd:     GRES[gpu] Type:(null) Count:1 Cores(2):0-1  Links:0,-1 Flags:HAS_FILE File:/dev/nvidia1 "
+           "UniqueId:(null)\n"
+           "slurmd: gres/gpu: Final normalized gres.conf list:\n"
+           "slurmd:     GRES[gpu] Type:(null) Count:1 Cores(2):0-1  Links:-1,0 Flags:HAS_FILE File:/dev/nvidia0 "
+           "UniqueId:(null)\n"
+           "slurmd: other line\n")
+    assert [d.file for d in gres.parse_slurmd_g(log).devices] == ["/dev/nvidia0"]
+
+
+def test_gres_list_split_is_one_function_for_slurm_conf_and_job_detail():
+    assert gres.split_list("gpu:2(IDX:0-1), shard:2(2/4,0/4),(null),") == ["gpu:2(IDX:0-1)", "shard:2(2/4,0/4)"]
+
+@pytest.mark.parametrize("text,expected", [
+    ("gpu:8", [("gpu", "", 8)]),
+    ("gpu", [("gpu", "", 1)]),
+    ("gpu:h100:4(S:0),gpu:h100:4(S:1)", [("gpu", "h100", 4), ("gpu", "h100", 4)]),
+    ("gpu:a100:no_consume:2,mps:100", [("gpu", "a100", 2), ("mps", "", 100)]),
+    ("gpu:8(S:0,1)", [("gpu", "", 8)]),
+    ("shard:1K", [("shard", "", 1024)]),
+    ("(null)", []),
+    ("", []),
+])
+def test_slurm_conf_gres_strings_parse_into_name_type_and_count(text, expected):
+    assert [(g.name, g.type, g.count) for g in gres.parse_counts(text)] == expected
