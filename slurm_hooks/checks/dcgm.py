@@ -1,9 +1,10 @@
 """DCGM diagnostic results, as run by the engine for the context's level.
 
-No DCGM on the node is a reason, not a failure; a host engine that did not
-answer is a warning; a failing GPU asks for a reset; a diagnostic that failed
-as a whole (timeout, unreadable output) drains, since nothing vouches for the
-GPUs.
+No DCGM on the node is a reason, not a failure. A diagnostic that could not run
+(host engine down, our budget, no JSON, a runtime error) or did not pass every
+test (Skip, Warn) vouches for nothing: a warning, which ``repair --validate``
+and the sweep report as unverified; never a GPU fault, never a drain. A failing
+GPU asks for a reset, named; a failure DCGM ties to no one GPU drains the node.
 """
 
 from __future__ import annotations
@@ -22,15 +23,11 @@ def check_diag(inp: CheckInput) -> Iterator[Finding]:
         yield Finding("dcgm", Severity.OK, Action.NONE, "DCGM not installed: diagnostics skipped"
                       + (f" ({result.reason})" if result.reason else ""))
         return
-    if result.passed is None:
-        yield Finding("dcgm", Severity.WARN, Action.WARN, f"DCGM diag {level} not run: {result.reason}",
-                      summary=f"DCGM diag {level} not run")
-        return
     if result.passed:
         return
-    if not result.failures:
-        yield Finding("dcgm", Severity.FAIL, Action.DRAIN, f"DCGM diag {level} failed: {result.reason}",
-                      summary=f"DCGM diag {level} failed")
+    if not result.failures:  # passed None, or a producer's False with nothing named: the tool's, not a GPU's
+        yield Finding("dcgm", Severity.WARN, Action.WARN, f"DCGM diag {level} not verified: {result.reason}",
+                      summary=f"DCGM diag {level} not verified")
         return
     wanted = None if inp.gpus is None else set(inp.gpus)
     by_gpu: dict[int | None, list[str]] = {}

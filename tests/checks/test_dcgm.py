@@ -25,8 +25,9 @@ from slurm_hooks.models import (
 )
 from slurm_hooks.probes.dcgm import make_runner, parse, run_diag
 
-# DCGM 3.x shape (as `dcgmi diag -r 1 -j` prints it: a banner line, nulls between tests).
-PASS_3X = """Successfully ran diagnostic for group.
+# DCGM 3.x shape (as `dcgmi diag -r 1 -j` prints it: a banner line, nulls between tests). Row remap skipped,
+# PCIe warned on GPU 1: not a pass (nvvs starts every entity at SKIP; only every test PASS is a pass).
+SKIP_WARN_3X = """Successfully ran diagnostic for group.
 {
   "DCGM GPU Diagnostic": {
     "test_categories": [
@@ -47,6 +48,8 @@ PASS_3X = """Successfully ran diagnostic for group.
   }
 }
 """
+
+PASS_3X = SKIP_WARN_3X.replace('"Skip"', '"Pass"').replace('"Warn"', '"Pass"')
 
 # DCGM 3.x, GPU 3 fails the memory test (dcgmi exits non-zero).
 FAIL_3X = {
@@ -150,28 +153,53 @@ def test_a_run_cut_off_by_our_budget_is_unfinished_not_failed_and_dcgmi_is_kille
     assert result.reason.startswith("dcgmi diag -r 3 did not finish within our 0.5s budget")
 
 
-def test_output_without_json_fails_the_run_with_one_line(tmp_path):
+def test_output_without_json_is_not_verified_with_one_line(tmp_path):
     dcgmi = fake_dcgmi(tmp_path, "", exit_code=1, stderr="Usage: dcgmi diag\nError: Invalid parameter -j\n")
     result = run_diag(1, 10.0, dcgmi=dcgmi)
-    assert result.passed is False and result.failures == ()
+    assert result.passed is None and result.failures == ()
     assert result.reason == "dcgmi diag -r 1 (exit 1) gave no JSON: Error: Invalid parameter -j"
 
 
-def test_truncated_json_fails_the_run(tmp_path):
+def test_truncated_json_is_not_verified(tmp_path):
     result = run_diag(1, 10.0, dcgmi=fake_dcgmi(tmp_path, PASS_3X[: len(PASS_3X) // 2] + "}"))
-    assert result.passed is False and "gave no JSON" in result.reason
+    assert result.passed is None and "gave no JSON" in result.reason
 
 
-def test_json_without_any_result_is_not_a_pass():
+def test_json_without_any_result_is_not_a_pass_nor_a_fault():
     result = parse(1, json.dumps({"DCGM GPU Diagnostic": {"version": "4.2.3"}}))
-    assert result.passed is False and result.reason == "dcgmi diag -r 1 reported no test results"
+    assert result.passed is None and result.reason == "dcgmi diag -r 1 reported no test results"
 
 
-def test_runtime_error_fails_the_run():
-    result = parse(1, json.dumps({"DCGM GPU Diagnostic": {"runtime_error": "Couldn't start the diagnostic: \n"
-                                                                          "nvvs failed", "version": "3.3.9"}}))
-    assert result.passed is False and result.failures == ()
-    assert result.reason == "DCGM runtime error: nvvs failed"
+@pytest.mark.parametrize("error", [
+    "Couldn't start the diagnostic: \nnvvs failed",
+    "Error: Another diagnostic is currently running (-29)",
+    "The version of nvvs does not match the version of the host engine",
+])
+def test_runtime_error_is_the_tools_trouble_not_a_gpu_fault(error):
+    result = parse(1, json.dumps({"DCGM GPU Diagnostic": {"runtime_error": error, "version": "3.3.9"}}))
+    assert result.passed is None and result.failures == ()
+    assert result.reason == f"DCGM runtime error: {error.splitlines()[-1]}"
+
+
+def test_skipped_and_warned_tests_are_not_a_pass_and_name_test_gpu_and_status(tmp_path):
+    result = run_diag(1, 10.0, dcgmi=fake_dcgmi(tmp_path, SKIP_WARN_3X))
+    assert result.passed is None and result.failures == ()
+    assert result.reason == ("2 of 6 result(s) did not pass: skip: Page Retirement/Row Remap on GPUs 0,1,2,3,4,5,6,7; "
+                             "warn: PCIe on GPU 1: PCIe replay rate on GPU 1 is elevated")
+
+
+def test_dcgm4_entities_left_at_skip_are_not_a_pass():
+    doc = json.loads(json.dumps(FAIL_4X))
+    doc["DCGM Diagnostic"]["test_categories"][1]["tests"][0]["results"][1]["status"] = "Skip"
+    del doc["DCGM Diagnostic"]["test_categories"][1]["tests"][0]["results"][1]["warnings"]
+    result = parse(2, json.dumps(doc))
+    assert result.passed is None and result.reason == "1 of 4 result(s) did not pass: skip: memory on GPU 1"
+
+
+def test_a_failure_over_several_gpus_names_them():
+    doc = {"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests": [
+        {"name": "Denylist", "results": [{"gpu_ids": "0,1", "status": "Fail", "warnings": ["denylisted"]}]}]}]}}
+    assert parse(1, json.dumps(doc)).failures == ((None, "Denylist on GPUs 0,1: denylisted"),)
 
 
 def test_host_engine_down_means_not_run(tmp_path):
@@ -246,15 +274,27 @@ def test_failure_without_a_gpu_drains_the_node():
     assert (f.gpu, f.severity, f.action) == (None, Severity.FAIL, Action.DRAIN)
 
 
-def test_a_run_that_failed_as_a_whole_drains():
+def test_a_run_that_failed_as_a_whole_names_no_gpu_and_drains_nothing():
     (f,) = check_diag(inp(DcgmResult(3, True, False, reason="dcgmi diag -r 3 timed out after 900s")))
-    assert (f.severity, f.action, f.gpu) == (Severity.FAIL, Action.DRAIN, None)
-    assert f.message == "DCGM diag L3 failed: dcgmi diag -r 3 timed out after 900s"
+    assert (f.severity, f.action, f.gpu) == (Severity.WARN, Action.WARN, None)
+    assert f.message == "DCGM diag L3 not verified: dcgmi diag -r 3 timed out after 900s"
 
 
 def test_diag_that_did_not_run_warns():
     (f,) = check_diag(inp(DcgmResult(1, True, None, reason="nv-hostengine not reachable: connection refused")))
     assert (f.severity, f.action) == (Severity.WARN, Action.WARN)
+    assert f.summary == "DCGM diag L1 not verified"
+
+
+@pytest.mark.parametrize("stdout, stderr, exit_code", [
+    ("", "sim: no simulated node 'n1' in /var/lib/slurm-hooks/sim\n", 1),  # the stand-in cannot find its node
+    (json.dumps({"DCGM GPU Diagnostic": {"runtime_error": "Another diagnostic is currently running"}}), "", 226),
+    (SKIP_WARN_3X, "", 0),
+])
+def test_a_diag_that_could_not_run_or_pass_in_full_is_a_warning_never_a_gpu_fault(tmp_path, stdout, stderr, exit_code):
+    result = run_diag(2, 10.0, dcgmi=fake_dcgmi(tmp_path, stdout, exit_code=exit_code, stderr=stderr))
+    (f,) = check_diag(inp(result))
+    assert (f.severity, f.action, f.gpu) == (Severity.WARN, Action.WARN, None)
 
 
 # --- through the engine -----------------------------------------------------------------------
@@ -320,3 +360,60 @@ def test_dcgm_diag_cut_off_by_our_own_budget_does_not_drain_a_healthy_node(tmp_p
     # The user's script exited 1: nothing to do with the GPUs.
     jobhooks.epilog(w, {"SLURM_JOB_ID": "6", "SLURM_JOB_GPUS": "0", "SLURM_JOB_EXIT_CODE": "256"})
     assert slurm.called("drain") == []
+
+
+# --- what repair --validate and the sweep make of a diag that could not run ----------------------
+
+
+def _repair_bed(tmp_path, stdout: str, stderr: str = "", exit_code: int = 1):
+    from fakes.config import repair_config
+
+    from slurm_hooks.probes import sim
+
+    cfg = repair_config(tmp_path, 'services = ["nvidia-fabricmanager", "nvidia-dcgm"]\n')
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    os.replace(fake_dcgmi(fake, stdout, exit_code=exit_code, stderr=stderr), cfg.dcgm.dcgmi)
+    slurm, w = sim_node(cfg, "IDLE")
+    sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
+    return slurm, w, cfg.gpu.sim_dir
+
+
+STAND_IN_LOST = ("", "sim: no simulated node 'n1' in /var/lib/slurm-hooks/sim\n")
+
+
+@pytest.mark.parametrize("stdout, stderr", [
+    STAND_IN_LOST,
+    (json.dumps({"DCGM GPU Diagnostic": {"runtime_error": "Another diagnostic is currently running"}}), ""),
+])
+def test_repair_validation_whose_diag_could_not_run_is_unverified_not_a_drain_for_the_diag(tmp_path, stdout, stderr):
+    from slurm_hooks.probes import sim
+
+    slurm, w, sim_dir = _repair_bed(tmp_path, stdout, stderr)
+    sim.inject(sim_dir, "n1", 3, row_remap_pending=True)
+    _, outcome = healthcheck.run(w, follow="none", repair="inline")
+    assert outcome.repairs == ["reset:unverified"] and not outcome.resumed
+    reason = slurm.peek("n1").reason
+    assert reason == "slurm-hooks: row remap pending on GPU 3 [unverified]", reason  # was "DCGM diag L2 failed [drain]"
+    assert not any("DCGM diag" in r for _, _, r in slurm.called("drain"))
+
+
+def test_repair_validation_that_finds_a_failing_gpu_names_it_and_keeps_its_reset(tmp_path):
+    from slurm_hooks.probes import sim
+
+    slurm, w, sim_dir = _repair_bed(tmp_path, json.dumps(DCGM_FAIL_GPU3), exit_code=226)
+    sim.inject(sim_dir, "n1", 3, row_remap_pending=True)
+    _, outcome = healthcheck.run(w, follow="none", repair="inline")
+    assert outcome.repairs[0] == "reset:failed" and not outcome.resumed
+    assert slurm.peek("n1").drained
+
+
+@pytest.mark.parametrize("stdout, stderr", [STAND_IN_LOST, (SKIP_WARN_3X, "")])
+def test_sweep_validation_whose_diag_could_not_run_or_pass_in_full_is_unverified_and_drains_nothing(
+        tmp_path, stdout, stderr):
+    from slurm_hooks.hooks import sweep
+
+    slurm, w, _ = _repair_bed(tmp_path, stdout, stderr, exit_code=1 if stderr else 0)
+    verdict, detail = sweep.validate_here(w, 2, 30.0)
+    assert verdict == "unverified" and "DCGM diag L2 not verified" in detail, detail
+    assert slurm.called("drain") == [] and not slurm.peek("n1").drained
