@@ -179,6 +179,7 @@ class KubeClient:
         backoff: float = 0.5,
         backoff_max: float = 8.0,
         sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
     ):
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
@@ -196,6 +197,10 @@ class KubeClient:
         self.backoff = backoff
         self.backoff_max = backoff_max
         self.sleep = sleep
+        self.monotonic = monotonic
+        #: ``monotonic()`` by which every call but the Lease's must be over (the leader's renew
+        #: deadline: a pass never acts past it), or ``None``; the bridge sets it to its elector's.
+        self.deadline: Callable[[], float | None] | None = None
         #: verb -> number of HTTP requests sent (retries included).
         self.calls: collections.Counter[str] = collections.Counter()
 
@@ -213,13 +218,20 @@ class KubeClient:
         throttling 429 is retried here like any other).
         """
         give_up: Callable[[Any], bool] = kwargs.pop("give_up", lambda exc: False)
+        until = self.deadline() if self.deadline is not None and not verb.endswith("_lease") else None
         attempt = 0
         while True:
             attempt += 1
+            timeout = self.timeout
+            if until is not None:
+                left = until - self.monotonic()
+                if left <= 0.05:
+                    raise KubeTransient(f"{verb}: not sent: past the leader's renew deadline")
+                timeout = min(timeout, left)
             self.calls[verb] += 1
             delay: float | None = None
             try:
-                resp = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+                resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
             except self._api_exception as exc:
                 error = classify(exc.status, _status_message(exc), _causes(exc))
                 if give_up(exc):
@@ -238,7 +250,10 @@ class KubeClient:
                 raise error from None
             if delay is None:
                 delay = self.backoff * (2 ** (attempt - 1))
-            self.sleep(min(delay, self.backoff_max))
+            delay = min(delay, self.backoff_max)
+            if until is not None and self.monotonic() + delay >= until:
+                raise error from None  # no retry past the renew deadline
+            self.sleep(delay)
 
     def _maybe(self, verb: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Like :meth:`_request`, but a 404 is ``None`` (patching a gone object is a no-op)."""

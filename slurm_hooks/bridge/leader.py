@@ -27,7 +27,7 @@ import time
 from typing import Callable
 
 from slurm_hooks.bridge.api import KubeApi, KubeConflict, KubeError, Obj, annotations_of, meta
-from slurm_hooks.bridge.state import BreakerState
+from slurm_hooks.bridge.state import BreakerState, rebase
 
 BREAKER_ANNOTATION = "slurm-hooks.io/breaker"
 #: Where a pod finds its own namespace (the Lease's, unless ``lease_namespace`` names one).
@@ -76,11 +76,14 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         """One attempt (one GET and at most one write); True while this process leads."""
         self.last_error = ""
+        # Counted from before the request: the standby starts its own count when it sees this
+        # renewal, which is after it was sent, so this leader's deadline always ends first.
+        sent = self.monotonic()
         try:
             lease = self.kube.get_lease(self.namespace, self.name)
             if lease is None:
                 created = self.kube.create_lease(self.namespace, self._body(None, transitions=0))
-                return self._won(created)
+                return self._won(created, sent)
             spec = lease.get("spec") or {}
             holder = str(spec.get("holderIdentity") or "")
             record = (holder, str(spec.get("renewTime") or ""))
@@ -91,7 +94,7 @@ class LeaderElector:
                 self._lost(lease)
                 return False
             transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
-            return self._won(self.kube.replace_lease(self.namespace, self.name, self._body(lease, transitions)))
+            return self._won(self.kube.replace_lease(self.namespace, self.name, self._body(lease, transitions)), sent)
         except KubeConflict:
             self._lost(None)
             return False
@@ -102,6 +105,13 @@ class LeaderElector:
 
     def is_leader(self) -> bool:
         return self._renewed_at is not None and self.monotonic() - self._renewed_at < self.renew_deadline
+
+    def acting_deadline(self) -> float:
+        """``monotonic()`` by which this leader stops acting unless it renews (in the past when it does
+        not lead): what bounds each API call of a pass (:attr:`~.kubeclient.KubeClient.deadline`)."""
+        if self._renewed_at is None:
+            return self.monotonic()
+        return self._renewed_at + self.renew_deadline
 
     def check(self) -> bool:
         """Leader now? Renews first when the last renewal is ``retry_period`` old, so a long pass
@@ -131,22 +141,36 @@ class LeaderElector:
     # -- the breaker's state, in the Lease ----------------------------------------------------------
 
     def load_state(self) -> BreakerState:
-        text = annotations_of(self._lease or {}).get(BREAKER_ANNOTATION)
-        try:
-            data = json.loads(text) if text else {}
-        except ValueError:
-            data = {}  # unreadable: the nodes' ownership annotations still bound the window
-        return BreakerState.from_dict(data if isinstance(data, dict) else {})
+        return _state_of(self._lease)
 
-    def save_state(self, state: BreakerState) -> None:
-        """Write the state into the Lease (a guarded PUT that renews it too); only the leader writes."""
-        if self._lease is None or not self.is_leader():
-            raise KubeConflict(f"lease {self.namespace}/{self.name}: not the leader, the breaker's state is not "
-                               "written")
-        body = self._body(self._lease, int((self._lease.get("spec") or {}).get("leaseTransitions") or 0))
-        body["metadata"].setdefault("annotations", {})[BREAKER_ANNOTATION] = json.dumps(state.to_dict(),
-                                                                                       separators=(",", ":"))
-        self._won(self.kube.replace_lease(self.namespace, self.name, body))
+    def save_state(self, state: BreakerState, base: BreakerState | None = None) -> None:
+        """Write the state into the Lease (a guarded PUT that renews it too); only the leader writes.
+
+        A compare-and-swap against ``base`` (what the pass loaded): when the Lease's state changed
+        since (an admin's ``reset-breaker``), the pass's changes are laid over it (:func:`~.state.rebase`);
+        a 409 re-reads the Lease and tries again, so the reset is never written over.
+        """
+        for _ in range(4):
+            if self._lease is None or not self.is_leader():
+                raise KubeConflict(f"lease {self.namespace}/{self.name}: not the leader, the breaker's state is not "
+                                   "written")
+            current = _state_of(self._lease)
+            merged = state if base is None or current.to_dict() == base.to_dict() else rebase(state, base, current)
+            body = self._body(self._lease, int((self._lease.get("spec") or {}).get("leaseTransitions") or 0))
+            body["metadata"].setdefault("annotations", {})[BREAKER_ANNOTATION] = json.dumps(
+                merged.to_dict(), separators=(",", ":"))
+            sent = self.monotonic()
+            try:
+                self._won(self.kube.replace_lease(self.namespace, self.name, body), sent)
+                return
+            except KubeConflict:
+                fresh = self.kube.get_lease(self.namespace, self.name)  # someone wrote it: read again
+                if fresh is None or (fresh.get("spec") or {}).get("holderIdentity") != self.identity:
+                    self._lost(fresh)
+                    raise
+                self._lease = fresh
+        raise KubeConflict(f"lease {self.namespace}/{self.name}: kept changing under us; the breaker's state is "
+                           "written next pass")
 
     # -- plumbing -------------------------------------------------------------------------------------
 
@@ -174,12 +198,12 @@ class LeaderElector:
             },
         }
 
-    def _won(self, lease: Obj | None) -> bool:
+    def _won(self, lease: Obj | None, sent: float) -> bool:
         if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
             self._lost(lease)
             return False
         self._lease = lease
-        self._renewed_at = self.monotonic()
+        self._renewed_at = sent
         spec = lease.get("spec") or {}
         self._observed, self._observed_at = (self.identity, str(spec.get("renewTime") or "")), self._renewed_at
         return True
@@ -190,11 +214,21 @@ class LeaderElector:
         self._renewed_at = None
 
 
+def _state_of(lease: Obj | None) -> BreakerState:
+    text = annotations_of(lease or {}).get(BREAKER_ANNOTATION)
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        data = {}  # unreadable: the nodes' ownership annotations still bound the window
+    return BreakerState.from_dict(data if isinstance(data, dict) else {})
+
+
 class LeaseStateStore:
     """The breaker's state in the leader's Lease: the :class:`~.state.StateStore` interface."""
 
     def __init__(self, elector: LeaderElector):
         self.elector = elector
+        self._base: BreakerState | None = None
 
     def __str__(self) -> str:
         return f"lease {self.elector.namespace}/{self.elector.name}"
@@ -204,10 +238,13 @@ class LeaseStateStore:
         return str(self)
 
     def load(self) -> BreakerState:
-        return self.elector.load_state()
+        state = self.elector.load_state()
+        self._base = BreakerState.from_dict(state.to_dict())
+        return state
 
     def save(self, state: BreakerState) -> None:
-        self.elector.save_state(state)
+        self.elector.save_state(state, self._base)
+        self._base = self.elector.load_state()
 
     def exists(self) -> bool:
         return BREAKER_ANNOTATION in annotations_of(self.elector._lease or {})
@@ -222,26 +259,27 @@ class LeaseAdminStore:
         self.namespace = namespace
         self.name = name
         self.lease: Obj | None = None
+        self._base: BreakerState | None = None
 
     def __str__(self) -> str:
         return f"lease {self.namespace}/{self.name}"
 
     def load(self) -> BreakerState:
         self.lease = self.kube.get_lease(self.namespace, self.name)
-        text = annotations_of(self.lease or {}).get(BREAKER_ANNOTATION)
-        try:
-            data = json.loads(text) if text else {}
-        except ValueError:
-            data = {}
-        return BreakerState.from_dict(data if isinstance(data, dict) else {})
+        state = _state_of(self.lease)
+        self._base = BreakerState.from_dict(state.to_dict())
+        return state
 
     def save(self, state: BreakerState) -> None:
         for _ in range(4):
             lease = self.kube.get_lease(self.namespace, self.name)
             if lease is None:
                 raise KubeError(f"{self}: no such Lease (no bridge has run against this cluster yet)")
+            current = _state_of(lease)
+            base = self._base
+            merged = state if base is None or current.to_dict() == base.to_dict() else rebase(state, base, current)
             lease.setdefault("metadata", {}).setdefault("annotations", {})[BREAKER_ANNOTATION] = json.dumps(
-                state.to_dict(), separators=(",", ":"))
+                merged.to_dict(), separators=(",", ":"))
             try:
                 self.lease = self.kube.replace_lease(self.namespace, self.name, lease)
                 return

@@ -44,6 +44,7 @@ from slurm_hooks.bridge.api import (
 )
 from slurm_hooks.bridge.breaker import CircuitBreaker
 from slurm_hooks.bridge.drain import Drainer, opt_out
+from slurm_hooks.bridge.guard import LeaderGuard, LeadershipLost
 from slurm_hooks.bridge.mapping import NodeMapper
 from slurm_hooks.bridge.ownership import Drained, Ownership, Released, VerdictKept
 from slurm_hooks.bridge.replace import Backend, ReplacementError, Target, make_backend, make_reboot_backend
@@ -220,7 +221,10 @@ class Reconciler:
         leader: Callable[[], bool] | None = None,
     ):
         self.slurm = slurm
-        self.kube = kube
+        #: Whether this process still holds the leader's Lease: asked before every write of a pass
+        #: (the Kubernetes ones through :class:`~.guard.LeaderGuard`, Slurm's in :meth:`_slurm_write`).
+        self.leader = leader
+        self.kube: KubeApi = LeaderGuard(kube, leader) if leader is not None else kube
         self.settings = settings
         self.audit = audit
         self.backend = backend or make_backend(settings.replace)
@@ -232,14 +236,12 @@ class Reconciler:
         self.monotonic = monotonic
         self.mapper = NodeMapper(settings.mapping, settings.nodes, settings.slinky_namespace)
         self.sleep = sleep
-        self.drainer = Drainer(kube, force=settings.drain_force,
+        self.drainer = Drainer(self.kube, force=settings.drain_force,
                                delete_emptydir_data=settings.drain_delete_emptydir_data)
         self.instance = socket.gethostname()
         #: The place for notifications (breaker trips, replacements and reboot requests, incidents
         #: closed, missing permissions): called with the audit kind and its fields, after the audit.
         self.notify = notify
-        #: Whether this process still holds the leader's Lease (checked before each new request).
-        self.leader = leader
         #: node -> last error text, so a failure repeated every pass is audited once.
         self._last_error: dict[str, str] = {}
         #: node -> a backend's 403: not asked again until the bridge restarts (fix the RBAC first).
@@ -257,16 +259,19 @@ class Reconciler:
         breaker = CircuitBreaker(self.settings.breaker, state)
         breaker.expire(now)
         ctx = PassContext(res=res, breaker=breaker, now=now, deadline=t0 + self.settings.drain_pass_budget)
+        lost = False
         try:
             self._pass(ctx)
         except _Abort as exc:
             res.aborted = str(exc)
             self._audit("bridge_pass_aborted", error=res.aborted)
+        except LeadershipLost as exc:
+            res.aborted, lost = str(exc), True
+            self._audit("bridge_pass_aborted", level="warning", error=res.aborted, leadership_lost=True)
         res.breaker_open = breaker.is_open(now)
         res.breaker_limit = breaker.limit(max(res.slurm_nodes, 1))
         res.breaker_in_window = len(breaker.in_window(now))
-        if not self.dry_run and state.to_dict() != saved:
-            self._still_leader()  # a long pass: renew before writing the state into the Lease
+        if not self.dry_run and not lost and state.to_dict() != saved and self._still_leader():
             try:
                 self.store.save(state)
             except (OSError, KubeError) as exc:
@@ -295,6 +300,10 @@ class Reconciler:
             ctx.transient = 0
             self._last_error.pop(node_name, None)
         except (KubeError, SlurmHooksError) as exc:
+            if isinstance(exc, KubeError) and not self._still_leader():
+                # A call cut at the renew deadline, or any failure once the Lease is gone: stop here.
+                raise LeadershipLost(f"lost the leader's Lease ({exc}): this pass stops; the leader finishes it") \
+                    from None
             text = str(exc)
             if isinstance(exc, KubePermanent) and exc.status == 403:
                 text = f"missing permission: {exc} (grant it in the bridge's ClusterRole: slurm-hooks render)"
@@ -384,7 +393,7 @@ class Reconciler:
         it, or a person resumed it): close our incident. The old machine, if we hold it, stays
         cordoned for its repair backend (reported as detached)."""
         if verdict is not None and not self.dry_run:
-            self.slurm.set_node_extra(sn.name, "")
+            self._set_extra(sn.name, "")
         kname = name_of(node) if node is not None else (verdict.kube_node if verdict else "")
         if record is not None:
             record.closed = self.clock()
@@ -496,6 +505,8 @@ class Reconciler:
         before = record.to_json()
         try:
             self._steps(node, record, ctx, sn, pods)
+        except LeadershipLost:
+            raise  # no write at all: the next leader reads the record as it is
         except Exception:
             if record.to_json() != before:
                 try:
@@ -642,7 +653,7 @@ class Reconciler:
         verdict = Verdict(reason=record.reason, action=record.action, since=record.since, kube_node=kname,
                           requested=record.replacement)
         try:
-            self.slurm.set_node_extra(sn.name, verdict.to_text())
+            self._set_extra(sn.name, verdict.to_text())
         except SlurmHooksError as exc:
             record.verdict = f"failed: {exc}"[:200]
             self._audit("bridge_verdict_not_kept", level="warning", node=kname, slurm_node=sn.name, error=str(exc),
@@ -769,7 +780,7 @@ class Reconciler:
         kname = name_of(node)
         undone: list[str] = []
         if sn is not None and Verdict.of(sn) is not None and not self.dry_run:
-            self.slurm.set_node_extra(sn.name, "")  # our verdict, never someone else's Extra
+            self._set_extra(sn.name, "")  # our verdict, never someone else's Extra
             undone.append("verdict cleared from the Slurm node's Extra")
         asked = next((b for b in (self.backend, self.reboot_backend) if b is not None and b.name == record.backend), None)
         if record.replacement and asked is not None:
@@ -827,6 +838,12 @@ class Reconciler:
 
     def _still_leader(self) -> bool:
         return self.leader is None or self.leader()
+
+    def _set_extra(self, slurm_node: str, text: str) -> None:
+        """Write (or clear) our verdict in the Slurm node's Extra: a write, so only while leading."""
+        if not self._still_leader():
+            raise LeadershipLost(f"lost the leader's Lease before writing Slurm node {slurm_node}'s Extra")
+        self.slurm.set_node_extra(slurm_node, text)
 
     def _audit(self, kind: str, **fields: Any) -> None:
         if self.dry_run:

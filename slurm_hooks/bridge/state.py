@@ -10,6 +10,7 @@ budget; only the latch and nodes already given back are forgotten.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,16 +53,48 @@ class BreakerState:
         )
 
 
+def rebase(ours: BreakerState, base: BreakerState, theirs: BreakerState) -> BreakerState:
+    """A pass's changes (``base`` -> ``ours``) laid over what someone else wrote meanwhile (``theirs``).
+
+    The compare-and-swap's merge: an admin's ``reset-breaker`` during a pass wins over whatever
+    the pass admitted or tripped before the reset (the pass's clock is its start); admissions and
+    a trip after it are kept.
+    """
+    if ours.reset_at != base.reset_at and theirs.reset_at == base.reset_at:
+        return rebase(theirs, base, ours)  # ours is the reset: it wins over what the other side did before it
+    reset = theirs.reset_at if theirs.reset_at is not None and theirs.reset_at != base.reset_at else None
+    horizon = reset if reset is not None else -math.inf
+    merged = BreakerState.from_dict(theirs.to_dict())
+    for node, ts in ours.taken.items():
+        if base.taken.get(node) != ts and ts > horizon:
+            merged.taken[node] = ts
+    if ours.tripped_at is not None and ours.tripped_at != base.tripped_at and ours.tripped_at > horizon:
+        merged.tripped_at, merged.trip_reason, merged.blocked = ours.tripped_at, ours.trip_reason, ours.blocked
+    elif reset is None and ours.blocked != base.blocked:
+        merged.blocked = ours.blocked
+    return merged
+
+
 class StateStore:
-    """Load and save :class:`BreakerState`; ``path=""`` keeps it in memory only."""
+    """Load and save :class:`BreakerState`; ``path=""`` keeps it in memory only.
+
+    ``save`` is a compare-and-swap against what ``load`` read: a file changed since (an admin's
+    ``reset-breaker``) is merged with :func:`rebase`, never written over.
+    """
 
     def __init__(self, path: str):
         self.path = path
+        self._base: BreakerState | None = None
 
     def __str__(self) -> str:
         return self.path or "memory"
 
     def load(self) -> BreakerState:
+        state = self._read()
+        self._base = BreakerState.from_dict(state.to_dict())
+        return state
+
+    def _read(self) -> BreakerState:
         if not self.path:
             return BreakerState()
         try:
@@ -77,6 +110,11 @@ class StateStore:
     def save(self, state: BreakerState) -> None:
         if not self.path:
             return
+        if self._base is not None:
+            theirs = self._read()
+            if theirs.to_dict() != self._base.to_dict():
+                state = rebase(state, self._base, theirs)
+        self._base = BreakerState.from_dict(state.to_dict())
         fsutil.atomic_write(self.path, json.dumps(state.to_dict(), indent=1) + "\n", mode=0o640)
 
     def exists(self) -> bool:

@@ -64,6 +64,8 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
     # A dry run persists nothing, the Lease included: it neither takes nor renews it, and reads the
     # breaker's state from it (or the state file) without writing it back.
     elector = None if dry_run else _elector(settings, kube)
+    if elector is not None:
+        kube.deadline = elector.acting_deadline  # no call of a pass outlives the renew deadline
     audit = AuditLog(cfg.log.audit)
     notifier = _notifier(cfg, settings.state_file)
     reconciler = Reconciler(

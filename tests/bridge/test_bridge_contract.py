@@ -213,7 +213,7 @@ def test_reboot_backend_over_http_creates_a_rebootnode_for_reboot_and_replaces_o
     assert server.get(plural, "slurm-hooks-n2") is None  # [replace] goes to the replacement backend
     n2 = server.get("v1/nodes", "n2")
     assert [c["status"] for c in n2["status"]["conditions"] if c["type"] == "GpuHealthy"] == ["False"]
-    audit = [r for r in read_audit(tmp_path / "audit.jsonl") if r.get("kind") == "bridge_replace"]
+    audit = [r for r in read_audit(str(tmp_path / "audit.jsonl")) if r.get("kind") == "bridge_replace"]
     assert {r["node"]: r["backend"] for r in audit} == {"n1": "reboot-template", "n2": "condition"}
     slurm.resume("n1")  # the node side checked the rebooted node healthy
     assert reconciler.run_pass().restored == ["n1"]

@@ -320,6 +320,7 @@ SNR = Resource("remediation.medik8s.io", "v1alpha1", "selfnoderemediations", nam
 
 @pytest.fixture
 def template(tmp_path):
+    pytest.importorskip("yaml", reason="a YAML template needs PyYAML (the k8s extra)")
     tpl = tmp_path / "cr.yaml.j2"
     tpl.write_text("apiVersion: remediation.medik8s.io/v1alpha1\nkind: SelfNodeRemediation\n"
                    "metadata:\n  name: {{ node }}\n  namespace: medik8s\nspec: {}\n")

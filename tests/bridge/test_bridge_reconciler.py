@@ -541,6 +541,7 @@ def test_capi_backend_annotates_the_machine_and_withdraws_on_recovery(slurm, clu
 
 
 def test_template_backend_creates_the_rendered_resource_once(slurm, cluster, bridge_settings, clock, audit_path, tmp_path):
+    pytest.importorskip("yaml", reason="a YAML template needs PyYAML (the k8s extra)")
     tpl = tmp_path / "cr.yaml.j2"
     tpl.write_text(
         "apiVersion: remediation.medik8s.io/v1alpha1\n"

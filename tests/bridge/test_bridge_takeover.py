@@ -1,0 +1,110 @@
+"""A pass acts only while its leader holds the Lease: two leaders, each with its own client, one kmock.
+
+Leader ``a`` takes ``n1`` and starts draining it; a PodDisruptionBudget holds the eviction.
+Then ``a``'s renewals fail (kmock answers its Lease PUTs with 503) and ``b`` takes the Lease
+over once it has seen it unrenewed for the lease duration; only then does the PDB let go.
+Before the fix ``a`` went on with its drain rounds and evicted the pod, set the condition
+(the request) and saved its record after ``b`` led; now it stops at its renew deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import wait_for
+from fakes.slurm import FakeSlurm
+from kube.doubles import XID79, controlled_by
+
+from slurm_hooks.bridge.leader import LeaderElector, LeaseStateStore
+from slurm_hooks.bridge.reconciler import Reconciler
+from slurm_hooks.bridge.settings import BridgeSettings
+from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.slurm import NodeInfo
+
+pytestmark = pytest.mark.k8s
+pytest_plugins = ["kube.fixtures"]
+
+LEASE_URL = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/slurm-hooks-bridge"
+EVICTION_URL = "/api/v1/namespaces/jobs/pods/job-n1/eviction"
+
+
+def holder(request) -> str:
+    data = request.data if isinstance(request.data, dict) else {}
+    return str((data.get("spec") or {}).get("holderIdentity") or "")
+
+
+def is_write(request) -> bool:
+    """A write of a pass: anything but a read and the Lease's own calls."""
+    return str(request.method.value).upper() not in ("GET",) and "/leases" not in str(request.url)
+
+
+@pytest.fixture
+def two_leaders(kube_server):
+    from kube.emulator import node, pod
+
+    from slurm_hooks.bridge.kubeclient import connect
+
+    kube_server.put("v1/nodes", node("n1"))
+    kube_server.put("v1/nodes", node("n2"))
+    kube_server.put("v1/pods", pod("job-n1", "n1", "jobs", **controlled_by()), "jobs")
+    clients, electors = [], []
+    for name in ("a", "b"):
+        client = connect(url=kube_server.url, timeout=5.0, retries=2, backoff=0.01, backoff_max=0.05)
+        elector = LeaderElector(client, "ops", "slurm-hooks-bridge", name, lease_duration=6)
+        client.deadline = elector.acting_deadline
+        clients.append(client)
+        electors.append(elector)
+    try:
+        yield kube_server, clients, electors
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_old_leader_neither_evicts_nor_requests_nor_writes_after_the_lease_moved(two_leaders, tmp_path):
+    server, (client_a, _), (a, b) = two_leaders
+    blocked, failing = threading.Event(), threading.Event()
+    blocked.set()
+    server.kmock["post " + EVICTION_URL, lambda: blocked.is_set()] << 429 << pdb_body()
+    server.kmock["put " + LEASE_URL, lambda request: failing.is_set() and holder(request) == "a"] \
+        << 503 << {"kind": "Status", "code": 503, "message": "etcd leader changed"}
+
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE"), NodeInfo("n2", "IDLE"))
+    slurm.drain("n1", XID79)
+    settings = BridgeSettings(state_file=str(tmp_path / "state.json"), drain_pass_budget=60.0)
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    bridge = Reconciler(slurm, client_a, settings, audit=audit, store=LeaseStateStore(a), leader=a.check)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(bridge.run_pass()), name="leader-a", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: (server.get("v1/nodes", "n1")["spec"] or {}).get("unschedulable"), 30, "a cordons n1")
+        wait_for(lambda: [r for r in server.requests("POST") if str(r.url).endswith("/eviction")], 30,
+                 "a tries to evict job-n1 (the PDB says not now)")
+        failing.set()  # a's renewals fail from now on
+        wait_for(lambda: b.try_acquire_or_renew(), 60, "b takes the Lease over", interval=0.2)
+        takeover = next(i for i, r in enumerate(server.requests())
+                        if str(r.method.value).upper() == "PUT" and holder(r) == "b")
+        blocked.clear()  # the PDB lets go: a leader still acting would evict now
+        thread.join(90)
+        assert not thread.is_alive(), "a's pass did not end"
+    finally:
+        blocked.clear()
+        thread.join(90)
+
+    (res,) = results
+    assert "Lease" in res.aborted and not res.replaced and not res.drained, res.summary()
+    late = [f"{r.method.value} {r.url}" for r in server.requests()[takeover:] if is_write(r)]
+    assert late == [], f"a wrote after b took over: {late}"
+    assert server.get("v1/pods", "job-n1", "jobs") is not None  # never evicted
+    assert server.get("coordination.k8s.io/v1/leases", "slurm-hooks-bridge", "ops")["spec"]["holderIdentity"] == "b"
+    aborted = [r for r in audit.read() if r["kind"] == "bridge_pass_aborted"]
+    assert aborted and aborted[0].get("leadership_lost") is True
+
+
+def pdb_body() -> dict:
+    from kube.emulator import pdb_429
+
+    return pdb_429("jobs/job-n1")
