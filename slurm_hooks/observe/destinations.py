@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -33,6 +34,7 @@ SLACK_BLOCKS_MAX = 50
 SLACK_TEXT_MAX = 40000
 
 Sender = Callable[[str, bytes, dict, float], int]
+Getter = Callable[[str, dict, float], bytes]
 SyslogSender = Callable[[int, str], None]
 
 
@@ -40,13 +42,24 @@ SyslogSender = Callable[[int, str], None]
 
 
 class DeliveryError(Exception):
-    """A request that did not deliver. ``permanent``: the receiver refused this message (a 4xx other
-    than 408/429), trying again will not help; ``retry_after``: seconds the receiver asked us to wait."""
+    """A request that did not deliver. ``permanent``: the receiver refused this message for what it is
+    (:data:`REFUSED_MESSAGE`), trying again will not help; anything else (the receiver's credentials,
+    its address, its health, the network) is an outage of the receiver: held back and retried.
+    ``retry_after``: seconds the receiver asked us to wait."""
 
     def __init__(self, message: str, permanent: bool = False, retry_after: float | None = None):
         super().__init__(message)
         self.permanent = permanent
         self.retry_after = retry_after
+
+
+#: Answers about the message itself (malformed, too large, unprocessable): that message goes to
+#: ``failed/``. Every other answer (401/403 an expired token, 404/410 a webhook moved or deleted,
+#: 5xx, 408/429) says nothing about the message: the receiver is out, every message waits.
+REFUSED_MESSAGE = frozenset({400, 413, 422})
+#: Answers that mean the receiver's credentials or address are wrong, worth saying so.
+_ADMIN_ANSWERS = {401: "check its credentials", 403: "check its credentials",
+                  404: "check its URL (the webhook may have been deleted)", 410: "check its URL (the webhook was deleted)"}
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -67,31 +80,69 @@ def _retry_after(value: str | None) -> float | None:
 
 def status_error(code: int, reason: str = "", retry_after: str | None = None) -> DeliveryError:
     """One rule for every HTTP answer that is not 2xx."""
-    permanent = 400 <= code < 500 and code not in (408, 429)
-    return DeliveryError(f"HTTP {code}{' ' + reason if reason else ''}", permanent, _retry_after(retry_after))
+    hint = f" ({_ADMIN_ANSWERS[code]})" if code in _ADMIN_ANSWERS else ""
+    return DeliveryError(f"HTTP {code}{' ' + _no_url(reason) if reason else ''}{hint}", code in REFUSED_MESSAGE,
+                         _retry_after(retry_after))
 
 
 def http_post(url: str, body: bytes, headers: dict, timeout: float) -> int:
     """POST with the stdlib; the status code, or :class:`DeliveryError` (never naming the URL)."""
+    return _request("POST", url, body, headers, timeout)[0]
+
+
+def http_get(url: str, headers: dict, timeout: float) -> bytes:
+    """GET with the stdlib; the body of a 2xx, or :class:`DeliveryError` (never naming the URL)."""
+    return _request("GET", url, None, headers, timeout)[1]
+
+
+def _request(method: str, url: str, body: bytes | None, headers: dict, timeout: float) -> tuple[int, bytes]:
+    """Every exception a request can raise, caught by its class: an HTTP answer (:func:`status_error`);
+    a URL urllib refuses (``ValueError``, ``http.client.InvalidURL``, whose text holds the URL: only
+    the class is said); a broken exchange (``http.client.HTTPException``: ``BadStatusLine``,
+    ``RemoteDisconnected``, ``IncompleteRead``); the network (``OSError``, ``URLError``)."""
+    import http.client
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
+        request = urllib.request.Request(url, data=body, headers=headers, method=method)
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http(s) only, checked in config
-            response.read(65536)
-            return int(response.status)
+            data = response.read(1 << 20)
+            return int(response.status), data
     except urllib.error.HTTPError as exc:
         raise status_error(exc.code, str(exc.reason or ""), exc.headers.get("Retry-After") if exc.headers else None) \
             from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise DeliveryError(f"{type(reason).__name__}: {_no_url(str(reason))}") from None
+    except (http.client.InvalidURL, ValueError) as exc:
+        raise DeliveryError(f"{type(exc).__name__}: the URL is not one urllib can send to (not shown: it is a "
+                            "secret; slurm-hooks validate checks it)") from None
+    except http.client.HTTPException as exc:
+        raise DeliveryError(f"{type(exc).__name__}: the receiver broke off the exchange") from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
+        raise DeliveryError(f"{type(reason).__name__}: {_no_url(text)}") from None
+    except OSError as exc:
+        raise DeliveryError(f"{type(exc).__name__}: {_no_url(exc.strerror or str(exc))}") from None
 
 
 def _no_url(text: str) -> str:
     """An error text with any URL in it cut to its scheme and host."""
     return re.sub(r"[a-z][a-z0-9+.-]*://\S+", lambda m: url_origin(m.group(0)), text)
+
+
+def scrub(text: str, url: str | None) -> str:
+    """``text`` without ``url`` or its path (what a sender we did not write may have put in an error)."""
+    if url:
+        origin = url_origin(url)
+        text = text.replace(url, origin)
+        rest = url[len(origin):] if url.startswith(origin) else ""
+        if len(rest) > 1:
+            text = text.replace(rest, "/<secret>")
+    return _no_url(text)
+
+
+#: Where syslog(3) writes; without it ``syslog.syslog`` drops the line without a word.
+DEV_LOG = "/dev/log"
 
 
 def syslog_send(priority: int, text: str) -> None:
@@ -121,8 +172,13 @@ class Destination:
     def accepts(self, kind: str) -> bool:
         return kind in self.kinds
 
-    def send(self, entry_id: str, kind: str, message: dict[str, Any], d: Delivery) -> None:
+    def send(self, entry_id: str, kind: str, message: dict[str, Any], d: Delivery) -> int | None:
+        """Deliver, or raise :class:`DeliveryError`; the HTTP status where there is one."""
         raise NotImplementedError
+
+    def scrub(self, text: str) -> str:
+        """``text`` safe to print or keep (a receiver's URL is a secret)."""
+        return _no_url(text)
 
 
 def _source_name(prefix: str, table: dict[str, str]) -> str:
@@ -133,14 +189,26 @@ def _source_name(prefix: str, table: dict[str, str]) -> str:
 
 
 class Syslog(Destination):
+    """syslog(3) through ``socket`` (``/dev/log``): a line written with no socket there is lost without
+    an error from libc, so a missing socket is a failed delivery (retried), never a delivered one."""
+
     name = where = "syslog"
 
-    def __init__(self, send: SyslogSender | None = None):
+    def __init__(self, send: SyslogSender | None = None, socket: str | None = None):
         self._send = send or syslog_send
+        self.socket = socket if socket is not None else (DEV_LOG if send is None else "")
 
     def send(self, entry_id: str, kind: str, message: dict[str, Any], d: Delivery) -> None:
+        import stat
         import syslog
 
+        if self.socket:
+            try:
+                ok = stat.S_ISSOCK(os.stat(self.socket).st_mode)
+            except OSError:
+                ok = False
+            if not ok:
+                raise DeliveryError(f"no syslog socket at {self.socket} (is rsyslog or journald running?)")
         priority = {OPENED: syslog.LOG_CRIT, ESCALATED: syslog.LOG_CRIT, BREAKER: syslog.LOG_CRIT,
                     REMINDER: syslog.LOG_WARNING, BRIDGE: syslog.LOG_ERR,
                     MONITOR: syslog.LOG_WARNING}.get(kind, syslog.LOG_NOTICE)
@@ -153,13 +221,20 @@ class _Http(Destination):
         self.name = _source_name(prefix, table)
         self.where = table.get("name") or (url_origin(url) if url else self.name)
 
-    def _post(self, body: dict[str, Any], headers: dict[str, str], d: Delivery) -> None:
+    def _post(self, body: dict[str, Any], headers: dict[str, str], d: Delivery) -> int:
         if not self.url:
             raise DeliveryError("its URL could not be read (see the error above)")
-        status = self.post(self.url, json.dumps(body).encode(), {"Content-Type": "application/json",
-                                                                  "User-Agent": "slurm-hooks", **headers}, d.timeout)
+        try:
+            status = self.post(self.url, json.dumps(body).encode(), {"Content-Type": "application/json",
+                                                                      "User-Agent": "slurm-hooks", **headers}, d.timeout)
+        except DeliveryError as exc:
+            raise DeliveryError(scrub(str(exc), self.url), exc.permanent, exc.retry_after) from None
         if not 200 <= status < 300:
             raise status_error(status)
+        return status
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, self.url)
 
 
 #: What a message carries for Alertmanager only (the JSON webhook gets the rest).
@@ -173,33 +248,69 @@ class Webhook(_Http):
         super().__init__(table, url, post, "webhook")
         self.format = table.get("format", "json")
 
-    def send(self, entry_id: str, kind: str, message: dict[str, Any], d: Delivery) -> None:
+    def send(self, entry_id: str, kind: str, message: dict[str, Any], d: Delivery) -> int:
         if self.format == "slack":
             body = slack_payload(message, d.note)
         else:
             body = {k: v for k, v in message.items() if k not in _ALERTMANAGER_ONLY}
             if d.note:
                 body["dropped"] = d.note
-        self._post(body, {"Idempotency-Key": entry_id}, d)
+        return self._post(body, {"Idempotency-Key": entry_id}, d)
 
 
 class Alertmanager(_Http):
     """Prometheus Alertmanager's ``POST /api/v2/alerts``: each open finding an alert, posted again
-    while open (``endsAt`` ahead by ``hold``), resolved with ``endsAt`` at the node's return."""
+    while open (``endsAt`` ahead by ``hold``, or the message's own hold), resolved with ``endsAt`` at
+    the node's return. A message with ``end_node`` (the bridge saw a node return that cannot say so
+    itself) also ends every alert Alertmanager holds for that node, as it holds them."""
 
     kinds = _NEWS | {FIRING}
 
     def __init__(self, table: dict[str, str], url: str | None, post: Sender | None = None, hold: float = 240.0,
-                 auth: str = ""):
+                 auth: str = "", get: Getter | None = None):
         super().__init__(table, url, post, "alertmanager")
         if self.url:
             base = self.url.rstrip("/")
             self.url = base if base.endswith("/api/v2/alerts") else base + "/api/v2/alerts"
-        self.hold, self.auth = hold, auth
+        self.hold, self.auth, self.get = hold, auth, get or http_get
 
-    def send(self, entry_id: str, kind: str, message: dict[str, Any], d: Delivery) -> None:
-        self._post(alerts(message, kind, d.now, self.hold, d.note),
-                   {"Authorization": self.auth} if self.auth else {}, d)
+    def send(self, entry_id: str, kind: str, message: dict[str, Any], d: Delivery) -> int:
+        headers = {"Authorization": self.auth} if self.auth else {}
+        body = alerts(message, kind, d.now, self.hold, d.note)
+        if message.get("end_node"):
+            body += self._node_alerts(str(message["end_node"]), str(message.get("cluster") or ""), headers, d)
+        return self._post(body, headers, d) if body else 200
+
+    def _node_alerts(self, node: str, cluster: str, headers: dict[str, str], d: Delivery) -> list[dict[str, Any]]:
+        """What Alertmanager holds for ``node`` (ours, not the bridge's standing ones), ended ``now``."""
+        from urllib.parse import quote
+
+        if not self.url:
+            raise DeliveryError("its URL could not be read (see the error above)")
+        wanted = [f'node="{node}"'] + ([f'cluster="{cluster}"'] if cluster else [])
+        query = "&".join(f"filter={quote(f)}" for f in wanted) + "&active=true&silenced=true&inhibited=true"
+        try:
+            held = json.loads(self.get(f"{self.url}?{query}", {"Accept": "application/json", **headers}, d.timeout))
+        except DeliveryError as exc:
+            raise DeliveryError(scrub(str(exc), self.url), exc.permanent, exc.retry_after) from None
+        except ValueError:
+            raise DeliveryError("Alertmanager's alert list is not JSON") from None
+        out = []
+        for a in held if isinstance(held, list) else ():
+            labels = a.get("labels") if isinstance(a, dict) else None
+            if not isinstance(labels, dict) or labels.get("node") != node:
+                continue
+            name = str(labels.get("alertname", ""))
+            if not name.startswith("SlurmHooks") or name in STANDING_ALERTS:
+                continue
+            out.append({"labels": labels, "annotations": a.get("annotations") or {},
+                        "startsAt": a.get("startsAt") or _iso(d.now), "endsAt": _iso(d.now)})
+        return out
+
+
+#: The bridge's alerts that stay true until the bridge says otherwise (its breaker, a permission):
+#: a node's return does not end them.
+STANDING_ALERTS = frozenset({"SlurmHooksBreakerTripped", "SlurmHooksBridgePermissionMissing"})
 
 
 def read_auth(path: str) -> str:
@@ -216,8 +327,10 @@ def _iso(ts: float) -> str:
 
 def alerts(message: dict[str, Any], kind: str, now: float, hold: float, note: str = "") -> list[dict[str, Any]]:
     """The request body: the message's alerts, firing until ``now + hold`` or resolved at the node's
-    return; an escalation also ends the alerts of the action it replaced."""
+    return; an escalation also ends the alerts of the action it replaced. A message may ask a longer
+    hold (``hold_s``: a node gone to reboot cannot post again until it is back)."""
     out = []
+    hold = max(hold, float(message.get("hold_s") or 0.0))
     for alert in message.get("alerts") or ():
         if kind == RESOLVED:
             ends = float(message.get("resolved_ts") or now)

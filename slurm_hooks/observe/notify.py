@@ -85,6 +85,53 @@ HEARTBEAT_S = 30.0
 ALERT_HOLD_MIN_S = 900.0
 #: Jobs named in a message's text at most (the JSON carries them all; Slack shows what fits).
 TEXT_JOBS_MAX = 20
+#: Findings named in a message's text at most (the alerts carry every one).
+TEXT_FINDINGS_MAX = 8
+#: A node waiting for a new GPU may be powered off for its repair: its alerts are held this long.
+REPLACE_HOLD_S = 86400.0
+
+
+def slurm_conf_values(keys: tuple[str, ...], path: str | None = None) -> dict[str, str]:
+    """Global ``keys`` of slurm.conf (lowercased names; its includes followed): ``ClusterName`` for the
+    ``cluster`` label (slurmd gives a health check only ``SLURMD_NODENAME``), ``ResumeTimeout`` for
+    how long a reboot may last. Empty where slurm.conf cannot be read: a default, never an error."""
+    from slurm_hooks.slurm import conffile
+
+    wanted = {k.lower() for k in keys}
+    found: dict[str, str] = {}
+
+    def read(file: str, depth: int) -> None:
+        try:
+            with open(file, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(4 << 20)
+        except OSError:
+            return
+        for _, line in conffile.logical_lines(text):
+            inc = conffile.INCLUDE.match(line)
+            if inc:
+                if depth < 8:
+                    for p in conffile.include_paths(inc.group(1), file):
+                        read(p, depth + 1)
+                continue
+            try:
+                pairs = conffile.split_pairs(line)
+            except ValueError:
+                continue
+            if pairs and pairs[0][0].lower() in ("nodename", "partitionname", "nodeset", "downnodes"):
+                continue
+            for key, value in pairs:
+                if key.lower() in wanted:
+                    found[key.lower()] = value
+
+    read(conffile.resolve_path(path), 0)
+    return found
+
+
+def _seconds(value: str | None) -> float:
+    try:
+        return float(value) if value else 0.0
+    except ValueError:
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -106,16 +153,37 @@ class Settings:
     rate: float = 1.0
     alert_repost: float = 60.0
     runbook: str = ""
+    #: How long a reboot may keep a node silent (Slurm's ``ResumeTimeout``, or ``[repair] reboot_timeout``
+    #: when longer): a node's alerts are held that much longer while it reboots.
+    resume_timeout: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: Any, directory: str | None = None) -> Settings:
         n = cfg.notify
+        conf = slurm_conf_values(("ClusterName", "ResumeTimeout"))
+        cluster = n.cluster or os.environ.get("SLURM_CLUSTER_NAME", "") or conf.get("clustername", "")
+        resume = max(_seconds(conf.get("resumetimeout")), float(getattr(cfg.repair, "reboot_timeout", 0.0) or 0.0))
         return cls(audit=cfg.log.audit, dir=n.outbox or directory or os.path.join(cfg.state.dir, "notify"),
                    webhooks=tuple(n.webhook), alertmanagers=tuple(n.alertmanager), syslog=bool(n.syslog),
                    settle=float(n.settle), reminder_after=float(n.reminder_after), timeout=float(n.timeout),
-                   retry_max=float(n.retry_max), cluster=n.cluster or os.environ.get("SLURM_CLUSTER_NAME", ""),
+                   retry_max=float(n.retry_max), cluster=cluster,
                    max_queued=int(n.max_queued), max_age=float(n.max_age), rate=float(n.rate),
-                   alert_repost=float(n.alert_repost), runbook=n.runbook)
+                   alert_repost=float(n.alert_repost), runbook=n.runbook, resume_timeout=resume)
+
+    @property
+    def hold(self) -> float:
+        """A firing alert's ``endsAt`` ahead of its post (see :data:`ALERT_HOLD_MIN_S`)."""
+        return max(4 * self.alert_repost, ALERT_HOLD_MIN_S)
+
+    def hold_for(self, action: str) -> float:
+        """The hold of a node's alerts while its action is ``action``: a node sent to reboot (or to a
+        person for a new GPU, powered off) posts nothing until it is back, and its alert must not
+        resolve in between; only its real return (a resolution) ends it sooner."""
+        if action == "reboot":
+            return self.hold + self.resume_timeout
+        if action == "replace":
+            return max(self.hold + self.resume_timeout, REPLACE_HOLD_S)
+        return self.hold
 
     @property
     def configured(self) -> bool:
@@ -136,11 +204,20 @@ class Settings:
                 return None
 
         out: dict[str, Destination] = {}
+
+        def add(dest: Destination) -> None:
+            # Two tables with one source of their URL (a copied table) stay two receivers: the second
+            # and later get a suffix, so that neither silently replaces the other.
+            base, k = dest.name, 1
+            while dest.name in out:
+                k += 1
+                dest.name = f"{base}-{k}"
+            out[dest.name] = dest
+
         if self.syslog:
-            out["syslog"] = Syslog(syslog)
+            add(Syslog(syslog))
         for n, table in enumerate(self.webhooks):
-            hook = Webhook(table, url_of("webhook", n, table), send)
-            out[hook.name] = hook
+            add(Webhook(table, url_of("webhook", n, table), send))
         for n, table in enumerate(self.alertmanagers):
             auth = ""
             if table.get("auth_file"):
@@ -149,9 +226,7 @@ class Settings:
                 except OSError as exc:
                     (problem or (lambda m: None))(f"[[notify.alertmanager]] #{n + 1} auth_file "
                                                   f"{table['auth_file']}: cannot read: {exc.strerror}")
-            am = Alertmanager(table, url_of("alertmanager", n, table), send,
-                              hold=max(4 * self.alert_repost, ALERT_HOLD_MIN_S), auth=auth)
-            out[am.name] = am
+            add(Alertmanager(table, url_of("alertmanager", n, table), send, hold=self.hold, auth=auth))
         return out
 
 
@@ -169,9 +244,11 @@ class Message:
 
 
 def _gpu_words(f: incidents.Finding) -> str:
-    if f.gpu is None and not f.gpu_key:
+    """`` on GPU 3 (GPU-8f2c..., serial 1652...)``: the index Slurm's reason uses, and what an RMA needs."""
+    uuid, serial = str(getattr(f, "uuid", "") or ""), str(getattr(f, "serial", "") or "")
+    if f.gpu is None and not (uuid or serial):
         return ""
-    ids = ", ".join(x for x in (f.uuid, f"serial {f.serial}" if f.serial else "") if x)
+    ids = ", ".join(x for x in (uuid, f"serial {serial}" if serial else "") if x)
     return f" on GPU {f.gpu if f.gpu is not None else '?'}" + (f" ({ids})" if ids else "")
 
 
@@ -185,7 +262,10 @@ def _jobs_words(inc: Incident, most: int = TEXT_JOBS_MAX) -> str:
     words = [f"{label}: {jobs}" for label, jobs in (("jobs requeued", named("requeued")),
                                                    ("jobs refused at start (Slurm requeues them)", named("refused")))
              if jobs]
-    return "; ".join(words) or "no job requeued"
+    if not words:
+        words = ["no job requeued"]
+    on_it = named("")  # named by a finding, not requeued: whose they are is still news
+    return "; ".join(words + ([f"jobs on it: {on_it}"] if on_it else []))
 
 
 def _checkpoint_words(job: incidents.Job) -> str:
@@ -200,11 +280,18 @@ def _checkpoint_words(job: incidents.Job) -> str:
     return f" [{job.signal} sent: in its grace]"
 
 
-def _what(inc: Incident) -> str:
-    f = inc.main_finding()
-    if f is None:
+def _what(inc: Incident, most: int = TEXT_FINDINGS_MAX) -> str:
+    """Every finding, the one behind the harshest action first (a second GPU's fault is news too)."""
+    main = inc.main_finding()
+    if main is None:
         return inc.reason.replace("slurm-hooks: ", "", 1) or "a fault"
-    return f"{f.message}{_gpu_words(f)}"
+    named: list[str] = []
+    for f in [main, *(g for g in inc.findings if g is not main)]:
+        words = f"{f.message}{_gpu_words(f)}"
+        if words not in named:
+            named.append(words)
+    more = f"; and {len(named) - most} more" if len(named) > most else ""
+    return "; ".join(named[:most]) + more
 
 
 def _severity(action: str) -> str:
@@ -237,7 +324,7 @@ _RUNBOOK = ("slurm-hooks events --node {node} shows what was seen and done; the 
 
 
 def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "", runbook: str = "",
-            previous_action: str = "") -> Message:
+            previous_action: str = "", hold: float = 0.0) -> Message:
     """One message about one incident; link-free text that reads alone in a channel or a log."""
     data = incidents.summary(inc)
     if kind == OPENED:
@@ -248,7 +335,8 @@ def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "",
             text += f" Seen by {', '.join(inc.contexts)}."
         mid = f"{inc.id}/opened"
     elif kind == ESCALATED:
-        headline = text = f"{inc.node} escalated to [{inc.action}]: {inc.reason.replace('slurm-hooks: ', '', 1)}."
+        headline = text = (f"{inc.node} escalated to [{inc.action}]: {inc.reason.replace('slurm-hooks: ', '', 1)}."
+                           + (f" Found: {_what(inc)}." if inc.findings else ""))
         mid = f"{inc.id}/escalated-{inc.action}"
     elif kind == RESOLVED:
         who = "by slurm-hooks after a passing check" if inc.resolved_by == "slurm-hooks" else "by an admin"
@@ -268,6 +356,8 @@ def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "",
     headline += f" Incident {inc.id}."
     data.update({"id": mid, "kind": kind, "text": text, "headline": headline, "cluster": cluster or None,
                  "runbook": runbook or None, "alerts": incident_alerts(inc, cluster, runbook)})
+    if hold:
+        data["hold_s"] = hold
     if previous_action and previous_action != inc.action:
         data["ended_alerts"] = incident_alerts(inc, cluster, runbook, previous_action)
     if inc.resolved_at is not None:
@@ -284,17 +374,32 @@ _BRIDGE_PROBLEMS = {
 }
 
 
+def standing_key(r: dict[str, Any]) -> str:
+    """The bridge's problem a record tells of that stays true until the bridge says it ended (its
+    breaker, one node's missing permission): the key its alert is held under; "" for any other."""
+    kind = r.get("kind")
+    if kind == "bridge_breaker_tripped":
+        return "breaker"
+    if kind == "bridge_permission_missing":
+        return f"permission-missing-{r.get('node') or '?'}"
+    return ""
+
+
 def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> Message | None:
     """The bridge's own news from its audit records: a circuit-breaker trip, a replacement or a reboot
-    asked of Kubernetes, a missing permission, a drain that timed out. ``None`` for any other record
-    (and for a dry run)."""
+    asked of Kubernetes, a missing permission, a drain that timed out, and a node back in service
+    (closed by the bridge: on Slinky the node's own outbox went with its machine, so the bridge says
+    "back in service" and ends the node's alerts). ``None`` for any other record (and for a dry run)."""
     source = str(r.get("kind"))
+    if source == "bridge_incident_closed" and not r.get("dry_run"):
+        return _bridge_closed(r, cluster, runbook)
     kind = {"bridge_breaker_tripped": BREAKER, "bridge_replace": REPLACE,
             **{k: BRIDGE for k in _BRIDGE_PROBLEMS}}.get(source)
     if kind is None or r.get("dry_run"):
         return None
     ts = float(r.get("ts", 0))
     node, kube_node = r.get("slurm_node") or "?", r.get("node") or "?"
+    labelled = {"node": str(node), "kube_node": str(kube_node)}
     if kind == BREAKER:
         mid = f"bridge-breaker-{int(round(ts * 1000))}"
         text = (f"Kubernetes bridge circuit breaker tripped at node {kube_node}"
@@ -302,6 +407,7 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
                 f"{r.get('message') or 'No new nodes will be taken.'}")
         alertname, action = "SlurmHooksBreakerTripped", "none"
         todo = "slurm-hooks bridge reset-breaker once the cause is understood"
+        labelled = {}  # one breaker per bridge: its alert is the same whichever node tripped it
     elif kind == BRIDGE:
         alertname, todo = _BRIDGE_PROBLEMS[source]
         mid = f"{source.replace('_', '-')}-{kube_node}-{int(round(ts * 1000))}"
@@ -316,7 +422,7 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
                 f"{r.get('backend', '?')}: {r.get('requested', '')}.")
         alertname, action = ("SlurmHooksNodeReboot" if kind == REBOOT else "SlurmHooksNodeReplacement"), kind
         todo = "the node returns to Slurm by itself after a passing check"
-    labels = {k: v for k, v in {"alertname": alertname, "node": str(node), "kube_node": str(kube_node),
+    labels = {k: v for k, v in {"alertname": alertname, **labelled,
                                 "action": action, "severity": "critical" if kind in (BREAKER, BRIDGE) else "warning",
                                 "cluster": cluster}.items() if v and v != "?"}
     data = {"id": mid, "kind": kind, "text": text, "headline": text, "node": r.get("slurm_node"),
@@ -325,7 +431,23 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
             "cluster": cluster or None, "runbook": runbook or None,
             "alerts": [{"labels": labels, "starts_at": ts, "annotations": {"summary": text,
                                                                           "runbook": runbook or todo}}]}
-    return Message(mid, kind, text, data)
+    key = standing_key(r)
+    return Message(mid, kind, text, data, f"bridge-{key}" if key else "")
+
+
+def _bridge_closed(r: dict[str, Any], cluster: str, runbook: str) -> Message:
+    ts = float(r.get("ts", 0))
+    node = str(r.get("node") or "?")
+    back_on = f" on {r['back_on']}" if r.get("back_on") else ""
+    why = str(r.get("reason") or "").replace("slurm-hooks: ", "", 1)
+    mid = f"bridge-closed-{node}-{int(round(ts * 1000))}"
+    text = (f"{node} back in service{back_on} (seen by the Kubernetes bridge in Slurm)"
+            + (f"; it was out for: {why}" if why else "") + ".")
+    data = {"id": mid, "kind": RESOLVED, "text": text, "headline": text, "node": node,
+            "kube_node": r.get("kube_node"), "back_on": r.get("back_on"), "reason": r.get("reason"),
+            "resolved_by": "bridge", "at": incidents.utc(ts), "resolved_at": incidents.utc(ts),
+            "cluster": cluster or None, "runbook": runbook or None, "alerts": [], "end_node": node}
+    return Message(mid, RESOLVED, text, data)
 
 
 def monitor_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> Message | None:
@@ -421,14 +543,15 @@ class Notifier:
     ``run(stop)`` is the watcher's thread (a pass every second); :meth:`flush` one
     bounded pass for the health check. ``send`` and ``syslog`` are how a message
     leaves (stdlib urllib and syslog unless given); ``clock`` and ``rng`` are time and
-    chance (tests pass their own: nothing here sleeps on the clock).
+    chance, ``sleep`` how a flush waits out an incident's settle time (tests pass their own, and
+    move their clock in it: nothing here sleeps on the clock).
     """
 
     def __init__(self, settings: Settings, send: Sender | None = None, syslog: SyslogSender | None = None,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, sleep: Callable[[float], None] = time.sleep):
         self.s = settings
-        self.clock = clock
+        self.clock, self.sleep = clock, sleep
         self.log = log or (lambda msg: print(f"slurm-hooks notify: {msg}", file=sys.stderr, flush=True))
         self._said: set[str] = set()
         self.dests = settings.destinations(send, syslog, problem=self._say_once)
@@ -436,6 +559,7 @@ class Notifier:
         self.pace = Pace(os.path.join(settings.dir, "pace.json"), settings.rate, settings.retry_max,
                          rng or random.Random())
         self.state_path = os.path.join(settings.dir, "cursor.json")
+        self.standing_path = os.path.join(settings.dir, "standing.json")
         self.heartbeat_path = os.path.join(settings.dir, "delivering")
         #: When the next held-back message (an incident within its settle time) becomes due (clock time).
         self._settling: float | None = None
@@ -460,7 +584,7 @@ class Notifier:
             if wait_settle and self._settling is not None:
                 wait = self._settling - self.clock()
                 if 0 < wait <= (deadline - time.monotonic()) / 2:
-                    time.sleep(wait)
+                    self.sleep(wait)
                     queued += self.collect()
             sent = self.deliver(deadline)
         return {"queued": queued, "sent": sent, "waiting": self.outbox.waiting(), "busy": 0}
@@ -501,6 +625,56 @@ class Notifier:
         """Something to tell was just written to the log (the bridge's ``Reconciler(notify=...)``): the
         running loop makes its next pass now, not at its next poll."""
         self._wake.set()
+
+    def standing(self, records: Any) -> None:
+        """The bridge's problems that are true now, given every pass (each as the audit record that told
+        it: ``bridge_breaker_tripped``, ``bridge_permission_missing``; any other is ignored). While true,
+        its alert is posted again every ``alert_repost`` (Alertmanager honours ``endsAt``: an alert not
+        posted again resolves); one that is no longer given is ended, said once. Cheap: one small file,
+        read by the next pass (which this wakes)."""
+        true = {}
+        for r in records or ():
+            key = standing_key(r) if isinstance(r, dict) else ""
+            if key and not r.get("dry_run"):
+                true[key] = {k: v for k, v in r.items() if isinstance(v, (str, int, float, bool, type(None)))}
+        os.makedirs(self.s.dir, mode=0o700, exist_ok=True)
+        fsutil.atomic_write(self.standing_path, json.dumps({"at": self.clock(), "true": true}), mode=0o600,
+                            durable=False)
+        self.poke()
+
+    def _standing(self, told: dict[str, Any], now: float) -> list[Message]:
+        """Re-posts of the bridge's problems still true, and the end of those that are not (``told``:
+        what was posted, by key; updated)."""
+        try:
+            with open(self.standing_path, encoding="utf-8") as fh:
+                true = json.load(fh).get("true")
+        except (OSError, ValueError, AttributeError):
+            return []  # never told (a node's notifier): nothing to hold or end
+        if not isinstance(true, dict):
+            return []
+        out: list[Message] = []
+        for key, r in true.items():
+            m = bridge_message(r, self.s.cluster, self.s.runbook) if isinstance(r, dict) else None
+            if m is None:
+                continue
+            t = told.setdefault(key, {"since": now, "n": 0})
+            t["record"] = r
+            n = int((now - float(t["since"])) // self.s.alert_repost)
+            if self.s.alertmanagers and n > int(t.get("n", 0)):
+                t["n"] = n
+                mid = f"bridge-{key}-{int(float(t['since']) * 1000)}-firing-{n}"
+                out.append(Message(mid, FIRING, m.text, {**m.data, "id": mid, "kind": FIRING}, f"bridge-{key}"))
+        for key in [k for k in told if k not in true]:
+            t = told.pop(key)
+            m = bridge_message(t.get("record") or {}, self.s.cluster, self.s.runbook)
+            if m is None:
+                continue
+            mid = f"bridge-{key}-{int(float(t['since']) * 1000)}-resolved"
+            text = f"No longer true (the bridge's pass at {incidents.utc(now)}): {m.text}"
+            out.append(Message(mid, RESOLVED, text, {**m.data, "id": mid, "kind": RESOLVED, "text": text,
+                                                     "headline": text, "resolved_ts": now, "urgency": "normal"},
+                               f"bridge-{key}"))
+        return out
 
     def _beat(self) -> None:
         os.makedirs(self.s.dir, mode=0o700, exist_ok=True)
@@ -571,6 +745,8 @@ class Notifier:
                     messages.append(m)
         for inc in [*tracker.closed, *tracker.open.values()]:
             messages.extend(self._due(inc, now, quiet_before))
+        standing = state.get("standing") if isinstance(state.get("standing"), dict) else {}
+        messages.extend(self._standing(standing, now))
         queued = 0
         for m in messages:
             for name, dest in self.dests.items():
@@ -578,7 +754,7 @@ class Notifier:
                     queued += self.outbox.put(m.id, m.kind, m.data, m.incident, name, now)
         self._report_moved()
         # Closed incidents are done once told; open ones stay with what was told about them.
-        state = {"cursor": cursor, "tracker": tracker.to_dict()}
+        state = {"cursor": cursor, "tracker": tracker.to_dict(), **({"standing": standing} if standing else {})}
         fsutil.atomic_write(self.state_path, json.dumps(state), mode=0o600)
         return queued
 
@@ -586,6 +762,7 @@ class Notifier:
         told = inc.told
         out: list[Message] = []
         c, rb = self.s.cluster, self.s.runbook
+        hold = self.s.hold_for(inc.action)
         if inc.opened_at < quiet_before and not told.opened:
             told.opened = told.backfilled = True
             told.escalated = [a for _, a in inc.escalations]
@@ -594,13 +771,14 @@ class Notifier:
                 due = inc.opened_at + self.s.settle
                 self._settling = due if self._settling is None else min(self._settling, due)
                 return out  # let the hooks finish writing (requeued jobs) before the one message
-            out.append(compose(inc, OPENED, now, cluster=c, runbook=rb))
+            out.append(compose(inc, OPENED, now, cluster=c, runbook=rb, hold=hold))
             told.opened, told.opened_at, told.alert_action = True, now, inc.action
             told.escalated = [a for _, a in inc.escalations]
         for _, action in inc.escalations:
             if action not in told.escalated:
                 snapshot = Incident.from_dict({**inc.to_dict(), "action": action})
-                out.append(compose(snapshot, ESCALATED, now, cluster=c, runbook=rb, previous_action=told.alert_action))
+                out.append(compose(snapshot, ESCALATED, now, cluster=c, runbook=rb, previous_action=told.alert_action,
+                                   hold=self.s.hold_for(action)))
                 told.escalated.append(action)
                 told.alert_action = action
         if not inc.open:
@@ -616,7 +794,7 @@ class Notifier:
         if self.s.alertmanagers and not told.backfilled:
             n = int((now - (told.opened_at if told.opened_at is not None else now)) // self.s.alert_repost)
             if n > told.reposts:
-                out.append(compose(inc, FIRING, now, n, cluster=c, runbook=rb))
+                out.append(compose(inc, FIRING, now, n, cluster=c, runbook=rb, hold=hold))
                 told.reposts = n
         return out
 
@@ -675,11 +853,14 @@ class Notifier:
             if self.outbox.expire(now):
                 self._say_once("messages older than [notify] max_age were dropped (said in the next message)")
         held: set[str] = set()
+        #: (receiver, incident) with a message not yet sent: the incident's later ones wait behind it.
+        behind: set[tuple[str, str]] = set()
         for entry in self.outbox.in_order():
             if time.monotonic() >= deadline:
                 break
             now = self.clock()
-            if entry.dest in held or entry.next_at > now:
+            if entry.dest in held or entry.next_at > now or (entry.dest, entry.incident or entry.id) in behind:
+                behind.add((entry.dest, entry.incident or entry.id))
                 continue
             if self.outbox.was_delivered(entry):
                 self.outbox.discard(entry)
@@ -691,6 +872,7 @@ class Notifier:
                 continue
             if not self.pace.may_send(entry.dest, now):
                 held.add(entry.dest)
+                behind.add((entry.dest, entry.incident or entry.id))
                 continue
             dropped = self.outbox.dropped(entry.dest)
             note = (f"{dropped} older message(s) for this receiver were dropped while it could not be reached "
@@ -699,20 +881,24 @@ class Notifier:
                 dest.send(entry.id, entry.kind, entry.message,
                           Delivery(max(0.1, min(self.s.timeout, deadline - time.monotonic())), now, note))
             except DeliveryError as exc:
+                error = dest.scrub(str(exc))
                 if exc.permanent:
-                    self.outbox.give_up(entry, str(exc))
-                    self.log(f"message {entry.id} refused by {dest.where}: {exc}; kept in {self.outbox.failed}")
+                    self.outbox.give_up(entry, error)
+                    self.log(f"message {entry.id} refused by {dest.where}: {error}; kept in {self.outbox.failed}")
                 else:
+                    # The receiver is out (its credentials, its address, its health, the network): every
+                    # message waits, in order, until it answers again; none is thrown away for it.
                     until = self.pace.failed(entry.dest, now, exc.retry_after)
-                    self.outbox.retry(entry, str(exc), max(until, now + backoff(entry.attempts + 1, self.s.retry_max,
-                                                                                self.pace.rng)))
+                    self.outbox.retry(entry, error, max(until, now + backoff(entry.attempts + 1, self.s.retry_max,
+                                                                             self.pace.rng)))
                     held.add(entry.dest)
-                    self._say_once(f"cannot deliver to {dest.where}: {exc}; retrying with backoff")
+                    behind.add((entry.dest, entry.incident or entry.id))
+                    self._say_once(f"cannot deliver to {dest.where}: {error}; retrying with backoff")
                 continue
             except Exception as exc:  # noqa: BLE001 - a message we cannot even build must not block the rest
-                self.outbox.give_up(entry, f"{type(exc).__name__}: {exc}")
-                self.log(f"message {entry.id} could not be sent ({type(exc).__name__}: {exc}); kept in "
-                         f"{self.outbox.failed}")
+                error = dest.scrub(f"{type(exc).__name__}: {exc}")
+                self.outbox.give_up(entry, error)
+                self.log(f"message {entry.id} could not be sent ({error}); kept in {self.outbox.failed}")
                 continue
             self.pace.sent(entry.dest, now)
             if dropped:

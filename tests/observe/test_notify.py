@@ -297,8 +297,9 @@ def test_a_rotated_log_is_read_from_its_start(setup, receiver):
 
 def test_a_refused_message_is_kept_aside_not_retried_forever(setup, receiver, tmp_path):
     log, clock, notifier = setup
-    # A 404 (a webhook deleted on the receiver's side) is a permanent refusal.
-    n = notifier(send=lambda url, body, headers, timeout: 404)
+    # A 422 is about this message (the receiver cannot process it): kept aside, the others go on.
+    # (A 404, a webhook deleted or moved, is about the receiver: test_delivery holds those.)
+    n = notifier(send=lambda url, body, headers, timeout: 422)
     xid79(log)
     n.flush(5)
     clock.offset = 100
