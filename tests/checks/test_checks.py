@@ -215,8 +215,8 @@ def test_nvlinks_down_on_a100_gpu2_ask_for_a_reset_and_crc_errors_on_gpu5_warn()
     findings = problems(run("a100-nvlink-down-and-crc.json", A100))
     assert [(f.check, f.severity, f.action, f.gpu, f.message) for f in findings] == [
         ("nvlink", Severity.FAIL, Action.RESET, 2, "10 NVLinks active, 12 expected (down: 7,8)"),
-        ("nvlink", Severity.WARN, Action.WARN, 5, "NVLink 3: 1873 CRC errors (max 100)"),
-        ("nvlink", Severity.WARN, Action.WARN, 5, "NVLink 3: 212 replay errors (max 100)"),
+        ("nvlink", Severity.WARN, Action.WARN, 5, "NVLink errors on link 3: 1873 CRC, 212 replay "
+                                                 "(max 100 CRC, 100 replay)"),
     ]
 
 
