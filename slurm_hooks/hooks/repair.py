@@ -39,6 +39,7 @@ across reboots. Every rung is an audit record (start, result, duration) and a me
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -55,6 +56,7 @@ from slurm_hooks.models import Action, Finding, Report, Urgency, gpu_identity
 from slurm_hooks.slurm import format_reason, format_status_reason, parse_reason, reason_attempt, reboot_pending
 from slurm_hooks.slurm.errors import ReasonNotOurs
 from slurm_hooks.values import dataclass, field
+from slurm_hooks.xid.history import ladder_start
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.remediate import Outcome
@@ -85,6 +87,11 @@ VALIDATING, UNVERIFIED = "validating", "unverified"
 WORKER_READY_S = 5.0
 #: A validation interrupted this often (its worker died) is given up: ``[unverified]``.
 VALIDATE_TRIES = 2
+#: The evidence kept before a reboot or a [replace]: at most this long (never past the rung's
+#: budget), this many bytes per file, this many bundles per node (the oldest go).
+EVIDENCE_S = 10.0
+EVIDENCE_FILE_MAX = 256 * 1024
+EVIDENCE_KEEP = 10
 
 
 def start_rung(finding: Finding) -> str | None:
@@ -145,6 +152,7 @@ def plan(w: Wiring, report: Report, state: dict[str, Any] | None = None, now: fl
             else:
                 why = f"{drain_summary(report)}: back on the same GPU within {_span(cfg.window)} after a {top}"
             rung = higher
+    rung, why = ladder_start(rung, why, state["attempts"], [g for _, g in gpus], now)  # repeat offenders
     skipped = []
     while rung != "replace":
         tried = sum(1 for a in recent if a["rung"] == rung)
@@ -526,6 +534,7 @@ def _reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resette
                 and set(a["gpus"]) & {g for _, g in p.gpus})
     # The count rides in Slurm's reason ([reboot 1/2]): a lost state dir does not reset it.
     reason = format_reason(p.summary, Action.REBOOT, attempt=(tried + 1, int(w.config.repair.attempts)))
+    evidence = keep_evidence(w, report, "reboot")  # a reboot wipes the kernel log and the GPU's state
     t0, started = time.monotonic(), time.time()
     boot = (resetter or _resetter(w, state)).boot_id()
     try:
@@ -554,7 +563,8 @@ def _reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resette
                        "findings": [[f.check, f.gpu] for f in report.drain_findings()] if report else []}
     save(w, state)
     outcome.repairs.append("reboot:start")
-    _audit(w, "reboot", "start", time.monotonic() - t0, p, reason=reason,
+    _audit(w, "reboot", "start", time.monotonic() - t0, p, reason=reason, gpu_ids=gpu_ids(report, p),
+           evidence=evidence,
            detail="scontrol reboot ASAP nextstate=DOWN: back in service only after a passing check on the new boot")
 
 
@@ -621,10 +631,11 @@ def _replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, state: dict[s
     _attempt(state, "replace", p, time.time(), "ok")
     state["replaced"] = {"t": time.time(), "reason": reason, "gpus": [g for _, g in p.gpus]}
     save(w, state)
-    rma = add_to_rma(w, p, report, state)
+    evidence = keep_evidence(w, report, "replace")
+    rma = add_to_rma(w, p, report, state, evidence)
     outcome.repairs.append("replace:ok")
-    _audit(w, "replace", "ok", time.monotonic() - t0, p, reason=reason, rma=rma,
-           detail=f"{p.why}; drain stays for a person or the bridge; GPU(s) on the RMA list")
+    _audit(w, "replace", "ok", time.monotonic() - t0, p, reason=reason, rma=rma, gpu_ids=gpu_ids(report, p),
+           evidence=evidence, detail=f"{p.why}; drain stays for a person or the bridge; GPU(s) on the RMA list")
 
 
 def new_urgent(w: Wiring, report: Report) -> list[Finding]:
@@ -703,6 +714,27 @@ def _recall(w: Wiring, report: Report, state: dict[str, Any], info: Any) -> bool
     return False
 
 
+# -- a person's resume -------------------------------------------------------
+
+
+def note_person_resume(w: Wiring, info: Any = None) -> bool:
+    """We drained this node (our marker was there) and it is back in service, not by our resume:
+    a person resumed it. Closes its incident as "resumed by <user>" (Slurm's ``ReasonUser`` only
+    when it is not the drain's own, else "a person"). One Slurm read, once per incident. True
+    when it wrote the closing record."""
+    from slurm_hooks.observe import incidents
+    from slurm_hooks.slurm import out_of_service
+
+    try:
+        info = w.slurm.node(w.node) if info is None else info
+    except SlurmHooksError:
+        return False
+    if out_of_service(info):
+        return False
+    incidents.record_person_resume(w.audit, w.node, reason=info.reason, state=info.state)
+    return True
+
+
 # -- the RMA list -------------------------------------------------------------
 
 
@@ -721,8 +753,9 @@ def read_rma(path: str) -> list[dict[str, Any]]:
     return [e for e in data.get("gpus", []) if isinstance(e, dict)] if isinstance(data, dict) else []
 
 
-def add_to_rma(w: Wiring, p: Plan, report: Report, state: dict[str, Any]) -> list[str]:
-    """Put the plan's GPUs on the RMA list (UUID, serial, PCI bus id, history); returns their UUIDs."""
+def add_to_rma(w: Wiring, p: Plan, report: Report, state: dict[str, Any], evidence: str = "") -> list[str]:
+    """Put the plan's GPUs on the RMA list (UUID, serial, PCI bus id, history, the evidence kept);
+    returns their UUIDs."""
     snap = report.snapshot
     path = rma_path(w)
     added = []
@@ -732,12 +765,116 @@ def add_to_rma(w: Wiring, p: Plan, report: Report, state: dict[str, Any]) -> lis
             gpu = snap.gpu(index) if snap is not None and index is not None else None
             entry = {"uuid": gpu.uuid if gpu else ident, "serial": gpu.serial if gpu else "",
                      "pci_bus_id": gpu.pci_bus_id if gpu else "", "node": w.node, "gpu": index,
-                     "reason": p.why, "added": time.time(),
+                     "reason": p.why, "added": time.time(), **({"evidence": evidence} if evidence else {}),
                      "history": [a for a in state["attempts"] if ident in a["gpus"]]}
             entries = [e for e in entries if e.get("uuid") != entry["uuid"]] + [entry]
             added.append(entry["uuid"])
         fsutil.atomic_write(path, json.dumps({"version": VERSION, "gpus": entries}, indent=1), mode=0o600)
     return added
+
+
+def gpu_ids(report: Report | None, p: Plan) -> list[dict[str, Any]]:
+    """The plan's GPUs as the audit record and the RMA list name them: index, UUID, serial, PCI bus id."""
+    snap = report.snapshot if report is not None else None
+    out = []
+    for index, ident in p.gpus:
+        if index is None:
+            continue
+        gpu = snap.gpu(index) if snap is not None else None
+        out.append({"index": index, "uuid": gpu.uuid if gpu else (ident if _is_uuid(ident) else ""),
+                    "serial": gpu.serial if gpu else "", "pci_bus_id": gpu.pci_bus_id if gpu else ""})
+    return out
+
+
+# -- evidence before a repair that wipes it -------------------------------------
+
+
+def evidence_dir(w: Wiring) -> str:
+    return w.state_path("evidence", w.node)
+
+
+def keep_evidence(w: Wiring, report: Report | None, rung: str) -> str:
+    """Before a reboot or a [replace]: keep the NVML snapshot, the kernel log's tail and
+    ``nvidia-smi -q`` (where present) in ``<state dir>/evidence/<node>/<time>-<rung>/``, each file at
+    most EVIDENCE_FILE_MAX bytes, the whole at most EVIDENCE_S (and never past what is left of the
+    rung's budget), the oldest bundles beyond EVIDENCE_KEEP removed. Returns the directory ("" when
+    nothing could be kept); never raises."""
+    t0 = time.monotonic()
+    budget = min(EVIDENCE_S, w.time_left(EVIDENCE_S) / 4)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = os.path.join(evidence_dir(w), f"{stamp}-{rung}")
+    manifest: dict[str, Any] = {"node": w.node, "rung": rung, "at": stamp, "files": {}, "skipped": {}}
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        print(f"slurm-hooks: repair: cannot keep evidence in {path}: {exc.strerror}", file=sys.stderr)
+        return ""
+    parts: list[tuple[str, Callable[[float], str]]] = [
+        ("snapshot.json", lambda _left: _snapshot_text(report)),
+        ("kernel-log.txt", lambda left: _kernel_tail(w, left)),
+        ("nvidia-smi-q.txt", lambda left: _nvidia_smi_q(left)),
+    ]
+    for name, gather in parts:
+        left = budget - (time.monotonic() - t0)
+        if left <= 0.1:
+            manifest["skipped"][name] = "out of time"
+            continue
+        try:
+            text = gather(left)
+        except (SlurmHooksError, OSError, ValueError) as exc:
+            manifest["skipped"][name] = str(exc)[:200]
+            continue
+        if not text:
+            manifest["skipped"][name] = "nothing to keep"
+            continue
+        data = text.encode("utf-8", "replace")[-EVIDENCE_FILE_MAX:]
+        with contextlib.suppress(OSError):
+            fsutil.atomic_write(os.path.join(path, name), data, mode=0o600, durable=False)
+            manifest["files"][name] = len(data)
+    manifest["seconds"] = round(time.monotonic() - t0, 3)
+    with contextlib.suppress(OSError):
+        fsutil.atomic_write(os.path.join(path, "manifest.json"), json.dumps(manifest, indent=1), mode=0o600,
+                            durable=False)
+    _prune_evidence(evidence_dir(w))
+    return path
+
+
+def _snapshot_text(report: Report | None) -> str:
+    snap = report.snapshot if report is not None else None
+    return "" if snap is None else json.dumps(dataclasses.asdict(snap), indent=1, default=str)
+
+
+def _kernel_tail(w: Wiring, left: float) -> str:
+    """The kernel log's tail: the configured file where it is one (a container's copy, a test's), else ``dmesg``."""
+    from slurm_hooks.runner import run_command
+
+    path = w.config.watch.kmsg
+    if path and os.path.isfile(path):
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - EVIDENCE_FILE_MAX))
+            return fh.read().decode("utf-8", "replace")
+    return run_command(["dmesg", "--time-format", "iso"], timeout=left).stdout
+
+
+def _nvidia_smi_q(left: float) -> str:
+    import shutil
+
+    from slurm_hooks.runner import run_command
+
+    if shutil.which("nvidia-smi") is None:
+        return ""
+    return run_command(["nvidia-smi", "-q"], timeout=left, check=False).stdout
+
+
+def _prune_evidence(root: str) -> None:
+    import shutil
+
+    try:
+        bundles = sorted(os.listdir(root))
+    except OSError:
+        return
+    for old in bundles[:-EVIDENCE_KEEP]:
+        shutil.rmtree(os.path.join(root, old), ignore_errors=True)
 
 
 # -- state ---------------------------------------------------------------------

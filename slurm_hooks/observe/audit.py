@@ -9,14 +9,23 @@ The action comes first: a record never blocks it. The lock is waited for at most
 ``LOCK_WAIT_S`` and the whole append (open, lock, write, fsync) at most
 ``WRITE_BOUND_S``, in a daemon thread; a record that could not be written in time
 goes to stderr (slurmd's log) as one line instead.
+
+**Repeats** (:func:`repeatable`): an alert, or a step that changed nothing (``already``,
+``skipped``), written again for a node with nothing new in between is not a new line: it is
+counted in ``<log>.repeats.json`` (under the same lock) and written as one ``repeat`` record
+(count, first and last seen) when the node's next change is written, or every
+``REPEAT_SUMMARY_S`` while it lasts. A node waiting two weeks for an RMA writes a few dozen
+lines, not thousands; :meth:`AuditLog.history` also yields the counts not yet written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -29,6 +38,30 @@ LOCK_WAIT_S = 0.5
 #: How long an append may take before the caller goes on without it (a hung log filesystem).
 WRITE_BOUND_S = 1.0
 _LOCK_RETRY_S = 0.005
+#: A repeat still going on is written as a ``repeat`` record at least this often.
+REPEAT_SUMMARY_S = 6 * 3600.0
+#: A repeat not seen for this long is forgotten: the next one is a new line.
+REPEAT_FORGET_S = 3600.0
+#: Action results that change nothing: written again, they are repeats.
+_NO_CHANGE = frozenset({"already", "skipped", "spared", "monitor-only", "guarded", "not requeued"})
+#: Fields that differ between two repeats of one record.
+_VOLATILE = frozenset({"ts", "duration_s", "seconds_from_fault"})
+_ROTATED = re.compile(r"\.(\d+)(?:\.gz)?$")
+
+
+def repeatable(record: dict[str, Any]) -> bool:
+    """A record that says again what an earlier one said: an alert, Slurm's view, a step that changed nothing."""
+    if not record.get("node"):
+        return False
+    kind = record.get("kind")
+    return kind in ("alert", "slurm-view") or (kind == "action" and record.get("result") in _NO_CHANGE)
+
+
+def signature(record: dict[str, Any]) -> str:
+    import hashlib  # only for a record that may repeat: not on a healthy run's path
+
+    same = {k: v for k, v in record.items() if k not in _VOLATILE}
+    return hashlib.sha1(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class AuditLog:
@@ -46,7 +79,7 @@ class AuditLog:
             return record
         done, problem = threading.Event(), []
         self._start_writer()
-        self._requests.put((line, done, problem))
+        self._requests.put((record, line, done, problem))
         if not done.wait(WRITE_BOUND_S):
             self._unfinished = done
             _say(f"cannot write audit log {self.path}: no answer within {WRITE_BOUND_S:g}s (hung filesystem?); "
@@ -66,13 +99,13 @@ class AuditLog:
 
     def _serve(self, requests: queue.SimpleQueue) -> None:
         while True:
-            line, done, problem = requests.get()
+            record, line, done, problem = requests.get()
             try:
-                self._append(line, problem)
+                self._append(record, line, problem)
             finally:
                 done.set()
 
-    def _append(self, line: str, problem: list[str]) -> None:
+    def _append(self, record: dict[str, Any], line: str, problem: list[str]) -> None:
         try:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o750, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, _MODE)
@@ -84,7 +117,9 @@ class AuditLog:
                     size = os.fstat(fd).st_size
                     if size and os.pread(fd, 1, size - 1) != b"\n":
                         line = "\n" + line  # a writer died mid-line: end its torn line, keep ours whole
-                    os.write(fd, line.encode())
+                    line = self._fold(record, line)
+                    if line:
+                        os.write(fd, line.encode())
                 finally:
                     # The lock guards the torn-line check and the append only: an fsync under it made
                     # every other writer wait for this one's disk (8 writers on a loaded disk ran past
@@ -96,12 +131,113 @@ class AuditLog:
         except OSError as exc:
             problem.append(str(exc.strerror or exc))
 
-    def read(self) -> Iterator[dict[str, Any]]:
+    # -- repeats ------------------------------------------------------------------
+
+    @property
+    def repeats_path(self) -> str:
+        return self.path + ".repeats.json"
+
+    def _fold(self, record: dict[str, Any], line: str) -> str:
+        """What to append for ``record`` (under the lock): "" for a repeat (counted instead), else its
+        line, after the ``repeat`` records of its node that it ends (a change) or that are due."""
+        node = record.get("node")
+        if not node:
+            return line
+        seen = self._load_repeats()
+        mine = seen.get(str(node), {})
+        ts = float(record["ts"])
+        out: list[dict[str, Any]] = []
+        if repeatable(record):
+            sig = signature(record)
+            for key, entry in list(mine.items()):
+                if ts - float(entry.get("last", 0)) > REPEAT_FORGET_S:
+                    out.extend(_summary(node, entry))
+                    del mine[key]
+            entry = mine.get(sig)
+            if entry is None:
+                mine[sig] = {"of": {k: v for k, v in record.items() if k not in _VOLATILE}, "count": 0,
+                             "first": ts, "last": ts, "since": ts}
+                line_out: str | None = line
+            else:
+                entry["count"] = int(entry.get("count", 0)) + 1
+                entry["last"] = ts
+                if ts - float(entry.get("since", ts)) >= REPEAT_SUMMARY_S:
+                    out.extend(_summary(node, entry))
+                    entry.update(count=0, since=ts, first=ts)
+                line_out = None
+        else:
+            for entry in mine.values():
+                out.extend(_summary(node, entry))
+            mine = {}
+            line_out = line
+        if mine:
+            seen[str(node)] = mine
+        else:
+            seen.pop(str(node), None)
+        self._save_repeats(seen)
+        text = "".join(json.dumps(r, default=str, separators=(",", ":")) + "\n" for r in out)
+        return text + (line_out or "")
+
+    def _load_repeats(self) -> dict[str, dict[str, dict[str, Any]]]:
         try:
-            fh = open(self.path, encoding="utf-8", errors="replace")
-        except FileNotFoundError:
+            with open(self.repeats_path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _save_repeats(self, seen: dict[str, Any]) -> None:
+        if not seen and not os.path.exists(self.repeats_path):
             return
-        with fh:
+        tmp = f"{self.repeats_path}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _MODE)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(seen, fh, separators=(",", ":"), default=str)
+            os.replace(tmp, self.repeats_path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    # -- reading --------------------------------------------------------------------
+
+    def read(self) -> Iterator[dict[str, Any]]:
+        """The records of the live file, as written."""
+        yield from _read_lines(self.path)
+
+    def history(self) -> Iterator[dict[str, Any]]:
+        """Every record kept: the rotated files (``<log>.2.gz``, ``<log>.1``, oldest first), the live
+        file, then the repeats counted and not yet written (``repeat`` records)."""
+        for path in rotated(self.path):
+            yield from _read_lines(path)
+        yield from self.read()
+        for node, mine in sorted(self._load_repeats().items()):
+            for entry in mine.values():
+                yield from _summary(node, entry)
+
+
+def rotated(path: str) -> list[str]:
+    """``<path>.N`` and ``<path>.N.gz`` (logrotate's names), oldest (highest N) first."""
+    import glob
+
+    found = []
+    for p in glob.glob(glob.escape(path) + ".*"):
+        m = _ROTATED.search(p[len(path):])
+        if m and m.start() == 0:
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _read_lines(path: str) -> Iterator[dict[str, Any]]:
+    import gzip
+
+    try:
+        fh = gzip.open(path, "rt", encoding="utf-8", errors="replace") if path.endswith(".gz") else \
+            open(path, encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return
+    with fh:
+        try:
             for line in fh:
                 line = line.strip()
                 if not line:
@@ -110,6 +246,18 @@ class AuditLog:
                     yield json.loads(line)
                 except ValueError:
                     continue  # a torn last line after a crash: skip it, keep the rest
+        except (OSError, EOFError):
+            return  # a truncated .gz: what was read stands
+
+
+def _summary(node: str, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``repeat`` record for a count (none for a count of 0)."""
+    count = int(entry.get("count", 0))
+    if count <= 0:
+        return []
+    last = float(entry.get("last", 0))
+    return [{"ts": last, "kind": "repeat", "node": node, "count": count, "first_ts": float(entry.get("first", last)),
+             "last_ts": last, "of": entry.get("of") or {}}]
 
 
 def _lock(fd: int, wait_s: float) -> bool:

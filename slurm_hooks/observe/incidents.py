@@ -2,9 +2,15 @@
 
 One incident is one time a node was taken out of service by us: it opens at our
 drain, gathers what every hook wrote about it (the alerts that led to it, the
-jobs requeued, a later drain with a harsher action), and closes when the node is
-back in service (our resume after a passing check, or an admin's resume that the
-health check acknowledged). Several hooks seeing one fault make one incident.
+jobs requeued, a harsher action wherever it is recorded: a later drain, a reboot
+started, a ``[replace]``), and closes when the node is back in service (our resume
+after a passing check, a person's resume the health check saw, new hardware
+validated). Several hooks seeing one fault make one incident.
+
+Its lifecycle (:class:`slurm_hooks.observe.records.Stage`): opened -> acting (which
+step, since when) -> waiting (for jobs to leave, a reboot, validation, or a person:
+why, and what to do) -> closed (by whom). The record kinds it reads are declared in
+:mod:`slurm_hooks.observe.records`.
 
 Records are grouped per node with :func:`slurm_hooks.observe.events.incidents` (the same
 grouping ``slurm-hooks events`` shows); a :class:`Tracker` carries what is still
@@ -20,21 +26,17 @@ from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from typing import Any
 
-from slurm_hooks.observe import events
+from slurm_hooks.observe import events, records
+from slurm_hooks.observe.records import ACTIONS, ClosedBy, Stage, WaitingFor, action_rank, reason_action
 from slurm_hooks.values import dataclass, field
 
-#: Harmless to most disruptive, as in :class:`slurm_hooks.models.Action`.
-ACTIONS = ("none", "warn", "drain", "reset", "reboot", "replace")
+__all__ = ["ACTIONS", "Incident", "Tracker", "action_rank", "build", "duration", "reason_action", "summary", "utc"]
+
 _XID = re.compile(r"\bXID (\d+)\b")
-#: Our reason's action tag (``[reboot]``, ``[reboot 1/1]``, ``[reset, at job end]``), then any of
-#: Slurm's ``" : ..."`` suffixes (``reboot timed out``). Observe stands below the Slurm adapter, so
-#: this is the one regex that mirrors :func:`slurm_hooks.slurm.parse_reason`.
-_REASON_ACTION = re.compile(r"\[(\w+)(?: \d+/\d+)?(?:, at job end)?\](?: : [^\[\]]*)?\s*$")
 _TAKE_OUT_RESULTS = ("ok", "already")
-
-
-def action_rank(action: str | None) -> int:
-    return ACTIONS.index(action) if action in ACTIONS else 0
+#: What a person does for a node that waits for them, by why it waits.
+_TODO_RESUME = "mend it, then resume it: scontrol update NodeName={node} State=RESUME"
+_TODO_VALIDATE = "run `slurm-hooks repair --validate` on {node} (or resume it by hand once mended)"
 
 
 def incident_id(node: str, ts: float) -> str:
@@ -125,15 +127,41 @@ class Incident:
     contexts: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     jobs: dict[str, Job] = field(default_factory=dict)
-    #: (ts, action) of each later drain with a harsher action.
+    #: (ts, action) of each harsher action, wherever recorded (a drain, a reboot started, a [replace]).
     escalations: list[list[Any]] = field(default_factory=list)
     resolved_at: float | None = None
+    #: Who put it back: "slurm-hooks", or the person (their user name, "a person" when unknown).
     resolved_by: str = ""
+    #: How it closed (:class:`records.ClosedBy`).
+    closed_by: str = ""
+    #: The step under way (a rung, "drain") and since when.
+    step: str = "drain"
+    step_since: float | None = None
+    #: What it waits for (:class:`records.WaitingFor`; "" while we act), why, and what to do.
+    waiting_for: str = ""
+    why: str = ""
+    todo: str = ""
+    #: GPUs put on the RMA list: {index, uuid, serial, pci_bus_id}.
+    rma: list[dict[str, Any]] = field(default_factory=list)
+    #: Where the repair kept its evidence before a reboot or [replace].
+    evidence: list[str] = field(default_factory=list)
+    #: The last time any record named the node during the incident (a repeat's last one too).
+    last_seen: float | None = None
     told: Told = field(default_factory=Told)
 
     @property
     def open(self) -> bool:
         return self.resolved_at is None
+
+    @property
+    def stage(self) -> Stage:
+        if not self.open:
+            return Stage.CLOSED
+        return Stage.WAITING if self.waiting_for else Stage.ACTING
+
+    @property
+    def waits_for_person(self) -> bool:
+        return self.open and self.waiting_for == WaitingFor.PERSON.value
 
     @property
     def time_to_drain(self) -> float:
@@ -173,7 +201,8 @@ class Incident:
         data["findings"] = [Finding(**f) for f in data.get("findings", [])]
         data["jobs"] = {k: Job(**v) for k, v in data.get("jobs", {}).items()}
         data["told"] = Told.from_dict(data.get("told") or {})
-        return cls(**data)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def takes_out(r: dict[str, Any]) -> bool:
@@ -183,19 +212,39 @@ def takes_out(r: dict[str, Any]) -> bool:
 
 def resolution(r: dict[str, Any]) -> str:
     """Who put the node back in service, when this record says so; "" otherwise."""
-    if r.get("kind") != "action" or r.get("result") != "ok":
-        return ""
+    return closing(r)[0]
+
+
+def closing(r: dict[str, Any]) -> tuple[str, str]:
+    """(who, how: :class:`records.ClosedBy`) when this record closes the node's incident; ("", "") else."""
+    kind = r.get("kind")
+    if kind == records.Kind.INCIDENT.value:
+        rec = records.parse(r)
+        if isinstance(rec, records.Lifecycle) and rec.stage == Stage.CLOSED.value:
+            by = rec.by or ClosedBy.PERSON.value
+            return (rec.user or "a person") if by == ClosedBy.PERSON.value else by, by
+        return "", ""
+    if kind != "action" or r.get("result") != "ok":
+        return "", ""
     if r.get("action") == "resume":
-        return "slurm-hooks"
+        return ClosedBy.US.value, ClosedBy.US.value
     if r.get("action") == "ack-xids":
-        return "admin"
-    return ""
+        return "admin", ClosedBy.PERSON.value
+    return "", ""
 
 
-def reason_action(reason: str) -> str:
-    """The action our reason names (``[reboot 1/1] : reboot timed out`` is a reboot); "drain" else."""
-    m = _REASON_ACTION.search(reason or "")
-    return m.group(1) if m and m.group(1) in ACTIONS else "drain"
+def record_person_resume(audit: Any, node: str, user: str = "", reason: str = "", state: str = "") -> None:
+    """The incident of ``node`` closed by a person's resume (the health check saw the node back in
+    service with our drain gone, not by our resume): one ``incident`` record, stage closed."""
+    detail = f"node {state or 'in service'}: resumed by {user or 'a person'}, not by slurm-hooks"
+    audit.write(records.Kind.INCIDENT.value, node=node,
+                **records.lifecycle(Stage.CLOSED, by=ClosedBy.PERSON.value, user=user, reason=reason, detail=detail))
+
+
+def record_waiting(audit: Any, node: str, waiting_for: WaitingFor, why: str, todo: str) -> None:
+    """The incident of ``node`` waits (for a person, say): why, and what to do."""
+    audit.write(records.Kind.INCIDENT.value, node=node,
+                **records.lifecycle(Stage.WAITING, waiting_for=waiting_for.value, why=why, todo=todo))
 
 
 def finding_of(r: dict[str, Any]) -> Finding:
@@ -250,7 +299,7 @@ class Tracker:
                     ts = float(r["ts"])
                     inc = Incident(id=incident_id(node, ts), node=node, first_seen=float((waiting or [r])[0]["ts"]),
                                    opened_at=ts, reason=str(r.get("reason") or ""),
-                                   action=reason_action(str(r.get("reason") or "")))
+                                   action=reason_action(str(r.get("reason") or "")), step_since=ts)
                     self.open[node] = inc
                     for w in waiting:
                         _absorb(inc, w)
@@ -259,9 +308,12 @@ class Tracker:
                 elif _evidence(r):
                     waiting.append(r)
                 continue
-            who = resolution(r)
+            who, how = closing(r)
             if who:
                 inc.resolved_at, inc.resolved_by = float(r["ts"]), who
+                if how == ClosedBy.US.value and inc.closed_by == ClosedBy.HARDWARE.value:
+                    how = ClosedBy.HARDWARE.value  # new hardware, validated, resumed by us
+                inc.closed_by, inc.waiting_for = how, ""
                 self.closed.append(self.open.pop(node))
                 inc = None
                 continue
@@ -285,6 +337,13 @@ def _evidence(r: dict[str, Any]) -> bool:
 
 def _absorb(inc: Incident, r: dict[str, Any]) -> None:
     kind, ts = r.get("kind"), float(r["ts"])
+    inc.last_seen = max(inc.last_seen or ts, float(r.get("last_ts") or ts))
+    if kind == records.Kind.INCIDENT.value:
+        rec = records.parse(r)
+        if isinstance(rec, records.Lifecycle) and rec.stage == Stage.WAITING.value:
+            inc.step_since = ts if inc.waiting_for != rec.waiting_for else inc.step_since
+            inc.waiting_for, inc.why, inc.todo = rec.waiting_for, rec.why, rec.todo
+        return
     context = r.get("context") or ("watch" if kind == "watch" else "")
     if context and context not in inc.contexts and (kind != "watch" or _evidence(r)):
         inc.contexts.append(str(context))
@@ -306,12 +365,14 @@ def _absorb(inc: Incident, r: dict[str, Any]) -> None:
         if takes_out(r) and r.get("context") == "prolog" and r.get("job") is not None:
             job = _job(inc, r["job"], r)  # the prolog exits 1: Slurm requeues the job
             job.refused_at = job.refused_at or ts
-        if action == "drain" and result == "ok":
-            harsher = reason_action(str(r.get("reason") or ""))
-            if action_rank(harsher) > action_rank(inc.action):
-                inc.escalations.append([ts, harsher])
-                inc.action, inc.reason = harsher, str(r.get("reason") or inc.reason)
-        elif action == "signal" and result == "ok":
+        rec = records.parse(r)
+        harsher = records.escalates_to(rec)
+        if action_rank(harsher) > action_rank(inc.action):
+            inc.escalations.append([ts, harsher])
+            inc.action, inc.reason = harsher, str(r.get("reason") or inc.reason)
+        if isinstance(rec, records.Action):
+            _step(inc, rec)
+        if action == "signal" and result == "ok":
             for job_id in r.get("jobs") or [r.get("target")]:
                 _job(inc, job_id, r).signal = str(r.get("signal") or "")
         elif action == "requeue" and result in ("ok", "already", "self"):
@@ -328,6 +389,68 @@ def _absorb(inc: Incident, r: dict[str, Any]) -> None:
                 job = _job(inc, job_id, r)
                 if action == "start_now":
                     job.restarted_at = job.restarted_at or ts
+
+
+def _step(inc: Incident, rec: records.Action) -> None:
+    """Where the incident stands after this action record: acting (on which step) or waiting (for what)."""
+    action, result, ts = rec.action, rec.result, rec.ts
+    node = inc.node
+
+    def now(step: str, waiting: WaitingFor | None = None, why: str = "", todo: str = "") -> None:
+        if step != inc.step or (waiting.value if waiting else "") != inc.waiting_for:
+            inc.step_since = ts
+        inc.step, inc.waiting_for, inc.why, inc.todo = step, waiting.value if waiting else "", why, todo
+
+    if action == "drain" and result == "ok":
+        if records.at_job_end(rec.reason):
+            now("drain", WaitingFor.JOBS, "the fault is not urgent: the node is drained, its jobs run to their end")
+        elif inc.step in ("drain", ""):
+            now("drain")
+    elif action == "repair-reset" and result == "start":
+        now("reset")
+    elif action == "repair-reboot" and result == "start":
+        now("reboot", WaitingFor.REBOOT, rec.detail or "rebooted through Slurm (scontrol reboot ASAP nextstate=DOWN)")
+    elif action == "repair-validate" and result == "start":
+        now("validate", WaitingFor.VALIDATION, rec.detail)
+    elif action.startswith("repair-") and result == "unverified":
+        now("validate", WaitingFor.PERSON, rec.detail or "the diagnostic did not run in full",
+            _TODO_VALIDATE.format(node=node))
+    elif action == "repair-replace" and result == "ok":
+        _rma(inc, rec)
+        now("replace", WaitingFor.PERSON, rec.why or rec.reason, "replace " + _gpu_list(inc) +
+            "; new hardware is validated and resumed by itself (or resume the node by hand)")
+    elif action == "repair-replace" and result == "ended":
+        if "hardware was replaced" in rec.detail:
+            inc.closed_by = ClosedBy.HARDWARE.value
+            now("validate", WaitingFor.VALIDATION, rec.detail)
+    elif action == "resume" and result == "skipped" and ("by hand" in rec.detail or "not ours" in rec.detail):
+        now("drain", WaitingFor.PERSON, rec.detail, _TODO_RESUME.format(node=node))
+    if rec.evidence and rec.evidence not in inc.evidence:
+        inc.evidence.append(rec.evidence)
+
+
+def _rma(inc: Incident, rec: records.Action) -> None:
+    """The GPUs a [replace] names, kept on the incident and lent to its findings (UUID, serial)."""
+    for g in rec.gpu_ids:
+        if not isinstance(g, dict):
+            continue
+        key = g.get("serial") or g.get("uuid")
+        if not any((e.get("serial") or e.get("uuid")) == key for e in inc.rma):
+            inc.rma.append(dict(g))
+        for f in inc.findings:
+            if f.gpu is not None and f.gpu == g.get("index"):
+                f.uuid = f.uuid or str(g.get("uuid") or "")
+                f.serial = f.serial or str(g.get("serial") or "")
+
+
+def _gpu_list(inc: Incident) -> str:
+    if not inc.rma:
+        return "the faulty hardware"
+    words = []
+    for g in inc.rma:
+        ids = ", ".join(x for x in (str(g.get("uuid") or ""), f"serial {g['serial']}" if g.get("serial") else "") if x)
+        words.append(f"GPU {g.get('index', '?')}" + (f" ({ids})" if ids else ""))
+    return ", ".join(words)
 
 
 def _job(inc: Incident, job_id: Any, r: dict[str, Any]) -> Job:
@@ -363,6 +486,15 @@ def summary(inc: Incident) -> dict[str, Any]:
         "resolved_by": inc.resolved_by or None,
         "time_to_drain_s": round(inc.time_to_drain, 3),
         "out_of_service_s": None if inc.mttr is None else round(inc.mttr, 3),
+        "stage": inc.stage.value,
+        "step": inc.step,
+        "step_since": utc(inc.step_since) if inc.step_since is not None else None,
+        "waiting_for": inc.waiting_for or None,
+        "why": inc.why or None,
+        "todo": inc.todo or None,
+        "closed_by": inc.closed_by or None,
+        "rma": [dict(g) for g in inc.rma],
+        "evidence": list(inc.evidence),
     }
 
 

@@ -1,0 +1,200 @@
+"""The audit record kinds and their fields, declared once; and an incident's lifecycle words.
+
+Every line of the audit log is a JSON object with ``ts``, ``kind`` and ``node``. What each
+kind carries is written here, as frozen dataclasses read back with :func:`parse` (unknown
+keys kept in ``extra``, missing ones at their default), so a reader asks a typed record,
+not ``r.get("some key")``. The writers still call ``AuditLog.write(kind, **fields)``; a new
+field is added here first.
+
+An incident moves opened -> acting -> waiting -> closed (:class:`Stage`); each step is
+one record of kind ``incident`` (:class:`Lifecycle`) where the hooks know it directly (a
+person's resume), or follows from the action records (our drain opens, a repair rung acts,
+``[replace]`` waits for a person, our resume closes): :mod:`.incidents` folds both.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import fields as dc_fields
+from typing import Any, ClassVar
+
+from slurm_hooks.values import dataclass, field
+
+
+class Kind(str, enum.Enum):
+    ALERT = "alert"
+    ACTION = "action"
+    WATCH = "watch"
+    SLURM_VIEW = "slurm-view"
+    #: A lifecycle step the hooks saw directly (:class:`Lifecycle`).
+    INCIDENT = "incident"
+    #: Repeats of one record that were not written one by one (:class:`Repeat`).
+    REPEAT = "repeat"
+
+
+class Stage(str, enum.Enum):
+    OPENED = "opened"
+    ACTING = "acting"
+    WAITING = "waiting"
+    CLOSED = "closed"
+
+
+class WaitingFor(str, enum.Enum):
+    JOBS = "jobs to leave"
+    REBOOT = "a reboot"
+    VALIDATION = "validation"
+    PERSON = "a person"
+
+
+class ClosedBy(str, enum.Enum):
+    US = "slurm-hooks"
+    PERSON = "person"
+    HARDWARE = "new hardware"
+    BRIDGE = "bridge"
+
+
+#: Harmless to most disruptive, as in :class:`slurm_hooks.models.Action`.
+ACTIONS = ("none", "warn", "drain", "reset", "reboot", "replace")
+#: Our reason's action tag (``[reboot]``, ``[reboot 1/1]``, ``[reset, at job end]``), then any of
+#: Slurm's ``" : ..."`` suffixes. Observe stands below the Slurm adapter: this mirrors
+#: :func:`slurm_hooks.slurm.parse_reason`.
+_REASON_ACTION = re.compile(r"\[(\w+)(?: \d+/\d+)?(, at job end)?\](?: : [^\[\]]*)?\s*$")
+
+
+def action_rank(action: str | None) -> int:
+    return ACTIONS.index(action) if action in ACTIONS else 0
+
+
+def reason_action(reason: str) -> str:
+    """The action our reason names (``[reboot 1/1] : reboot timed out`` is a reboot); "drain" else."""
+    m = _REASON_ACTION.search(reason or "")
+    return m.group(1) if m and m.group(1) in ACTIONS else "drain"
+
+
+def at_job_end(reason: str) -> bool:
+    m = _REASON_ACTION.search(reason or "")
+    return bool(m and m.group(2))
+
+
+@dataclass(frozen=True)
+class Record:
+    KIND: ClassVar[str] = ""
+    ts: float = 0.0
+    node: str = ""
+    context: str = ""
+    #: Keys this declaration does not name (kept, never lost on a read).
+    extra: dict = field(default_factory=dict, compare=False)
+    #: How many times it was seen (a :class:`Repeat` folded in), and the last time.
+    count: int = 1
+    last_ts: float = 0.0
+
+
+@dataclass(frozen=True)
+class Alert(Record):
+    """One finding as a hook saw it, with the GPU's identity (index, UUID, serial, PCI bus id)."""
+
+    KIND: ClassVar[str] = Kind.ALERT.value
+    check: str = ""
+    severity: str = ""
+    action: str = ""
+    message: str = ""
+    gpu: int | None = None
+    uuid: str = ""
+    serial: str = ""
+    pci_bus_id: str = ""
+    xid: int | None = None
+    job: Any = None
+
+
+@dataclass(frozen=True)
+class Action(Record):
+    """One step taken (drain, requeue, resume, repair-<rung>, ...) and its result."""
+
+    KIND: ClassVar[str] = Kind.ACTION.value
+    action: str = ""
+    target: str = ""
+    result: str = ""
+    duration_s: float = 0.0
+    reason: str = ""
+    detail: str = ""
+    error: str = ""
+    why: str = ""
+    jobs: list = field(default_factory=list)
+    #: The GPUs a repair rung names, each {index, uuid, serial, pci_bus_id}.
+    gpu_ids: list = field(default_factory=list)
+    #: Where a repair kept its evidence (a directory under the state dir).
+    evidence: str = ""
+    rma: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Lifecycle(Record):
+    """A lifecycle step the hooks saw directly: ``stage`` closed ``by`` a person, who (``user``)."""
+
+    KIND: ClassVar[str] = Kind.INCIDENT.value
+    stage: str = ""
+    by: str = ""
+    user: str = ""
+    waiting_for: str = ""
+    why: str = ""
+    todo: str = ""
+    reason: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Repeat(Record):
+    """``count`` more records like ``of`` (its kind and fields, without ``ts``) up to ``last_ts``."""
+
+    KIND: ClassVar[str] = Kind.REPEAT.value
+    of: dict = field(default_factory=dict)
+    first_ts: float = 0.0
+
+
+_BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in (Alert, Action, Lifecycle, Repeat)}
+_NAMES: dict[type[Record], frozenset[str]] = {}
+
+
+def parse(r: dict[str, Any]) -> Record:
+    """A record of the audit log as its declared kind (a :class:`Record` for any other)."""
+    cls = _BY_KIND.get(str(r.get("kind")), Record)
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = frozenset(f.name for f in dc_fields(cls)) - {"extra"}
+    known: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for k, v in r.items():
+        if k in names and v is not None:
+            known[k] = v
+        elif k != "kind":
+            extra[k] = v
+    try:
+        known["ts"] = float(known.get("ts", 0.0))
+        return cls(**known, extra=extra)
+    except (TypeError, ValueError):
+        return Record(ts=float(r.get("ts") or 0) if isinstance(r.get("ts"), (int, float)) else 0.0,
+                      node=str(r.get("node") or ""), extra=dict(r))
+
+
+def escalates_to(r: Record) -> str:
+    """The action this record puts the node under, wherever it is recorded: our drain (its reason's
+    tag), a reboot started, a ``[replace]`` made; "" for any other record."""
+    if not isinstance(r, Action):
+        return ""
+    if r.action == "drain" and r.result == "ok":
+        return reason_action(r.reason)
+    if r.action == "repair-reboot" and r.result == "start":
+        return "reboot"
+    if r.action == "repair-replace" and r.result == "ok":
+        return "replace"
+    return ""
+
+
+def lifecycle(stage: Stage, **fields: Any) -> dict[str, Any]:
+    """The fields of a :class:`Lifecycle` record (for ``AuditLog.write(Kind.INCIDENT.value, ...)``)."""
+    declared = {f.name for f in dc_fields(Lifecycle)}
+    unknown = set(fields) - declared
+    if unknown:
+        raise TypeError(f"not a field of an incident record: {', '.join(sorted(unknown))}")
+    return {"stage": stage.value, **{k: v for k, v in fields.items() if v not in (None, "")}}

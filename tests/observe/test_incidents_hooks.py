@@ -1,0 +1,91 @@
+"""The lifecycle as the hooks write it: a person's resume closes the incident, a node drained for
+weeks writes a handful of lines. Simulated GPUs and the shared fake Slurm, the checks in-process."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from fakes.config import sim_config, sim_node
+
+from slurm_hooks.hooks import healthcheck
+from slurm_hooks.observe import incidents
+from slurm_hooks.probes import sim
+
+#: What a check may ask of Slurm and change there.
+WRITES = ("drain", "resume", "reboot", "requeue", "release", "start_now", "signal", "set_admin_comment")
+
+
+@pytest.fixture
+def node(tmp_path):
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n")
+    slurm, w = sim_node(cfg, "IDLE")
+    return slurm, w, cfg.gpu.sim_dir
+
+
+def lines(w):
+    with open(w.audit.path) as fh:
+        return sum(1 for _ in fh)
+
+
+def test_a_persons_resume_of_a_node_we_drained_closes_its_incident_as_resumed_by_a_person(node):
+    slurm, w, sim_dir = node
+    sim.inject(sim_dir, "n1", 3, row_remap_pending=True)
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").drained
+    sim.clear(sim_dir, "n1", 3)  # mended by hand
+    slurm.set_node("n1", state="IDLE", reason="")  # scontrol update nodename=n1 state=resume
+    _, outcome = healthcheck.run(w, follow="none")
+    assert not outcome.resumed  # not ours: the person's
+    [inc] = incidents.build(w.audit.read())
+    assert not inc.open and inc.resolved_by == "a person" and inc.closed_by == "person"
+    assert inc.mttr is not None and inc.mttr >= 0
+    healthcheck.run(w, follow="none")
+    assert len([r for r in w.audit.read() if r["kind"] == "incident"]) == 1  # closed once
+
+
+def test_a_persons_resume_with_the_xid_still_in_the_kernel_log_closes_the_incident_too(node):
+    slurm, w, sim_dir = node
+    sim.inject(sim_dir, "n1", 0, xid=79)
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").drained
+    slurm.set_node("n1", state="IDLE", reason="")
+    healthcheck.run(w, follow="none")
+    [inc] = incidents.build(w.audit.read())
+    assert not inc.open and inc.resolved_by == "a person"
+    assert not slurm.peek("n1").drained  # the acknowledged XID does not drain it again
+
+
+def test_a_thousand_checks_on_a_drained_node_write_a_handful_of_lines_and_change_nothing_in_slurm(node):
+    slurm, w, sim_dir = node
+    sim.inject(sim_dir, "n1", 0, xid=79)
+    healthcheck.run(w, follow="none")
+    healthcheck.run(w, follow="none")
+    settled = lines(w)
+    calls = len(slurm.calls)
+    for _ in range(1000):
+        healthcheck.run(w, follow="none")
+    assert lines(w) == settled  # each repeat counted, none written
+    later = [c[0] for c in slurm.calls[calls:]]
+    assert not set(later) & set(WRITES)
+    assert len(later) <= 3 * 1000  # reads only (the node twice, its jobs once)
+    # Still counted: the history says how often and until when.
+    repeats = [r for r in w.audit.history() if r["kind"] == "repeat"]
+    assert sum(r["count"] for r in repeats) >= 2000
+    # The next change writes the counts out, then itself.
+    slurm.set_node("n1", state="IDLE", reason="")
+    healthcheck.run(w, follow="none")
+    written = list(w.audit.read())
+    assert written[-1]["kind"] in ("incident", "action") and any(r["kind"] == "repeat" for r in written)
+    [inc] = incidents.build(w.audit.history())
+    assert not inc.open and inc.last_seen is not None and inc.last_seen > inc.opened_at
+    assert lines(w) - settled <= 10
+
+
+def test_no_record_is_kept_only_in_the_repeat_count_file_after_a_change(node):
+    _, w, sim_dir = node
+    sim.inject(sim_dir, "n1", 0, xid=79)
+    for _ in range(5):
+        healthcheck.run(w, follow="none")
+    w.audit.write("action", node="n1", action="resume", result="ok")
+    assert not os.path.exists(w.audit.repeats_path) or "n1" not in open(w.audit.repeats_path).read()
