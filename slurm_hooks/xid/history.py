@@ -17,7 +17,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
 from slurm_hooks import fsutil
@@ -267,3 +267,55 @@ def _prune(state: dict[str, Any], now: float) -> None:
     # Acknowledged events stay in the kernel log until a reboot, however old: keep them by count only.
     acked = sorted((t, k) for k, t in state["acked"].items())[-MAX_SEEN:]
     state["acked"] = {k: t for t, k in acked}
+
+
+#: A GPU (or a node, for node-wide faults) remediated this often within REPEAT_WINDOW_S goes to a
+#: person (``[replace]``) instead of another reset or reboot (NVSentinel: >= 5 in 7 days -> support).
+REPEAT_LIMIT = 5
+REPEAT_WINDOW_S = 7 * 86400.0
+#: XIDs that are the application's fault when they spread across GPUs, the GPU's when they stay on one.
+APP_OR_HARDWARE_XIDS = frozenset({13, 31})
+
+
+def repeat_offender(attempts: Iterable[Mapping[str, Any]], ids: Iterable[str], now: float,
+                    limit: int = REPEAT_LIMIT, window: float = REPEAT_WINDOW_S) -> str:
+    """Why this remediation should go to a person: "" when it may go ahead, else the history of the
+    GPU (repair ladder ``attempts``: ``{"rung", "t", "gpus", "result"}``) that makes this one the
+    ``limit``-th within ``window``. A refused reboot mended nothing and is not counted."""
+    wanted = set(ids)
+    worst: tuple[str, list[Mapping[str, Any]]] = ("", [])
+    for ident in sorted(wanted):
+        mine = sorted((a for a in attempts if a.get("rung") in ("reset", "reboot") and a.get("result") != "refused"
+                       and now - float(a.get("t", 0.0)) < window and ident in (a.get("gpus") or ())),
+                      key=lambda a: float(a.get("t", 0.0)))
+        if len(mine) > len(worst[1]):
+            worst = (ident, mine)
+    ident, mine = worst
+    if len(mine) + 1 < limit:
+        return ""
+    days = window / 86400.0
+    told = ", ".join(f"{a['rung']} {time.strftime('%Y-%m-%d %H:%M', time.gmtime(float(a['t'])))}" for a in mine)
+    return (f"repeat offender: {ident} would have its remediation {len(mine) + 1} within {days:g} days "
+            f"(limit {limit}; before: {told}): a person must look")
+
+
+def ladder_start(rung: str, why: str, attempts: Iterable[Mapping[str, Any]], ids: Iterable[str],
+                 now: float) -> tuple[str, str]:
+    """The repair ladder's start rung with the repeat-offender policy laid over it."""
+    told = repeat_offender(list(attempts), ids, now) if rung != "replace" else ""
+    return ("replace", f"{why}; {told}") if told else (rung, why)
+
+
+def app_or_hardware(recorded: Mapping[str, tuple[str, int, float]], gpu: str, now: float,
+                    window: float = 86400.0) -> str:
+    """XID 13/31 on ``gpu`` read against the node's history (:meth:`XidState.recorded`):
+    ``"hardware"`` when they keep coming back on this GPU alone, ``"application"`` when they spread
+    across GPUs (a job's bug hits every GPU it runs on), ``""`` with too little to tell."""
+    hits = [(ident, t) for ident, code, t in recorded.values() if code in APP_OR_HARDWARE_XIDS and now - t < window]
+    mine = sum(1 for ident, _ in hits if ident == gpu)
+    others = {ident for ident, _ in hits if ident != gpu}
+    if mine >= 2 and not others:
+        return "hardware"
+    if others:
+        return "application"
+    return ""

@@ -249,3 +249,72 @@ def test_an_xid_after_a_reboot_is_not_hidden_by_an_acknowledged_one_from_the_pre
     kmsg.write_text(kmsg_xid(1234, 39_500_000))  # boot 2: the same fault at driver load, same record number
     healthcheck.run(w, follow="none")
     assert slurm.peek("n1").drained
+
+
+# --- repeat offenders (issue 33) ----------------------------------------------------------------
+
+
+def remediations(ident: str, times: list[float], rung: str = "reset", result: str = "ok") -> list[dict]:
+    return [{"rung": rung, "t": t, "gpus": [ident], "result": result} for t in times]
+
+
+def test_fifth_remediation_of_one_gpu_in_7_days_goes_to_a_person_with_its_history():
+    done = remediations("GPU-aaa", [NOW - 6 * DAY, NOW - 4 * DAY, NOW - 2 * DAY, NOW - DAY])
+    told = xid_history.repeat_offender(done, ["GPU-aaa"], NOW)
+    assert told.startswith("repeat offender: GPU-aaa would have its remediation 5 within 7 days (limit 5; before: "
+                           "reset 2025-06-09")
+    assert told.count("reset 2025-06-") == 4 and told.endswith("a person must look")
+    assert xid_history.ladder_start("reset", "row remap pending on GPU 3: starts at reset", done, ["GPU-aaa"],
+                                    NOW) == ("replace", f"row remap pending on GPU 3: starts at reset; {told}")
+
+
+def test_fourth_remediation_or_an_old_one_or_another_gpu_goes_ahead():
+    four = remediations("GPU-aaa", [NOW - 3 * DAY, NOW - 2 * DAY, NOW - DAY])
+    assert xid_history.repeat_offender(four, ["GPU-aaa"], NOW) == ""
+    old = remediations("GPU-aaa", [NOW - 9 * DAY, NOW - 3 * DAY, NOW - 2 * DAY, NOW - DAY])
+    assert xid_history.repeat_offender(old, ["GPU-aaa"], NOW) == ""
+    spread = remediations("GPU-aaa", [NOW - 3 * DAY, NOW - 2 * DAY]) + remediations("GPU-bbb", [NOW - DAY] * 2)
+    assert xid_history.repeat_offender(spread, ["GPU-aaa"], NOW) == ""
+    refused = remediations("GPU-aaa", [NOW - 4 * DAY, NOW - 3 * DAY, NOW - 2 * DAY]) + \
+        remediations("GPU-aaa", [NOW - DAY], rung="reboot", result="refused")
+    assert xid_history.ladder_start("reset", "why", refused, ["GPU-aaa"], NOW) == ("reset", "why")
+
+
+def test_repair_plan_sends_the_fifth_remediation_in_7_days_to_replace(tmp_path):
+    from fakes.config import repair_config, sim_node
+
+    from slurm_hooks.hooks import repair
+    from slurm_hooks.models import Action, Finding, Report, Severity
+
+    cfg = repair_config(tmp_path)
+    _, w = sim_node(cfg, "IDLE")
+    finding = Finding("row-remap", Severity.FAIL, Action.RESET, "row remapping pending", 3,
+                      "row remap pending on GPU 3")
+    report = Report("n1", healthcheck.Context.CHECK, (finding,), 0.0)
+    state = {"attempts": remediations("gpu3", [NOW - 6 * DAY, NOW - 5 * DAY, NOW - 3 * DAY])}
+    assert repair.plan(w, report, state, now=NOW).rung == "reset"
+    state["attempts"] += remediations("gpu3", [NOW - 2 * DAY], rung="reboot")
+    p = repair.plan(w, report, state, now=NOW)
+    assert p.rung == "replace"
+    assert "repeat offender: gpu3 would have its remediation 5 within 7 days" in p.why
+    assert "reboot 2025-06-13" in p.why
+
+
+def recorded(*events: tuple[str, int, float]) -> dict:
+    return {f"k{i}": e for i, e in enumerate(events)}
+
+
+def test_xid_13_again_on_the_same_gpu_is_hardware():
+    assert xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 600), ("GPU-a", 31, NOW - 60)),
+                                       "GPU-a", NOW) == "hardware"
+
+
+def test_xid_13_spread_across_gpus_is_the_application():
+    assert xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 600), ("GPU-b", 13, NOW - 590),
+                                                ("GPU-c", 13, NOW - 580)), "GPU-a", NOW) == "application"
+
+
+def test_one_xid_13_or_old_ones_tell_nothing():
+    assert xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 60)), "GPU-a", NOW) == ""
+    assert xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 2 * DAY), ("GPU-a", 13, NOW - 60),
+                                                ("GPU-b", 79, NOW - 30)), "GPU-a", NOW) == ""
