@@ -179,3 +179,63 @@ def test_writers_do_not_wait_for_each_others_fsync_and_lose_no_record(tmp_path, 
         t.join(30)
     assert capsys.readouterr().err == ""
     assert sorted(json.loads(line)["writer"] for line in lines(path)) == list(range(writers))
+
+
+def test_the_same_alert_again_and_again_is_one_line_then_one_repeat_record_at_the_next_change(tmp_path):
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    for _ in range(50):
+        log.write("alert", node="n1", gpu=0, check="xid", message="XID 79", action="reboot")
+        log.write("action", node="n1", action="drain", target="n1", result="already", duration_s=0.001)
+    assert [r["kind"] for r in log.read()] == ["alert", "action"]
+    log.write("action", node="n1", action="resume", target="n1", result="ok")
+    written = list(log.read())
+    assert [r["kind"] for r in written] == ["alert", "action", "repeat", "repeat", "action"]
+    assert sorted((r["count"], r["of"]["kind"]) for r in written[2:4]) == [(49, "action"), (49, "alert")]
+    assert all(r["first_ts"] <= r["last_ts"] <= written[-1]["ts"] for r in written[2:4])
+
+
+def test_a_repeat_on_another_node_or_with_other_words_is_a_line_of_its_own(tmp_path):
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    log.write("alert", node="n1", check="xid", message="XID 79")
+    log.write("alert", node="n2", check="xid", message="XID 79")
+    log.write("alert", node="n1", check="xid", message="XID 48")
+    log.write("action", node="n1", action="drain", result="ok")
+    log.write("action", node="n1", action="drain", result="ok")  # a change is never a repeat
+    assert len(list(log.read())) == 5
+
+
+def test_counts_not_yet_written_are_in_the_history(tmp_path):
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    for _ in range(3):
+        log.write("action", node="n1", action="resume", result="skipped", detail="drained for dcgm")
+    [first, repeat] = list(log.history())
+    assert first["result"] == "skipped" and repeat["kind"] == "repeat" and repeat["count"] == 2
+
+
+def test_a_long_repeat_is_summed_up_every_few_hours_not_never(tmp_path, monkeypatch):
+    from slurm_hooks.observe import audit
+
+    clock = [1_764_000_000.0]
+    monkeypatch.setattr(audit.time, "time", lambda: clock[0])
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    for _ in range(14 * 24 * 6):  # two weeks of a check every 10 minutes
+        log.write("alert", node="n1", check="xid", message="XID 79")
+        clock[0] += 600
+    written = list(log.read())
+    assert 1 + 14 * 24 * 3600 // audit.REPEAT_SUMMARY_S - 1 <= len(written) <= 1 + 14 * 24 * 3600 // audit.REPEAT_SUMMARY_S
+    assert 1 + sum(r["count"] for r in log.history() if r["kind"] == "repeat") == 14 * 24 * 6
+
+
+def test_history_reads_rotated_and_gzipped_files_oldest_first(tmp_path):
+    import gzip
+
+    path = tmp_path / "audit.jsonl"
+    with gzip.open(f"{path}.2.gz", "wt") as fh:
+        fh.write('{"ts": 1, "kind": "alert", "n": 1}\n')
+    Path(f"{path}.1").write_text('{"ts": 2, "kind": "alert", "n": 2}\n')
+    Path(f"{path}.10.gz").write_bytes(gzip.compress(b'{"ts": 0, "kind": "alert", "n": 0}\n'))
+    Path(f"{path}.repeats.json").write_text("{}")  # not a rotated log
+    log = AuditLog(str(path))
+    log.write("alert", n=3)
+    assert [r["n"] for r in log.history()] == [0, 1, 2, 3]
+    assert [r["n"] for r in log.read()] == [3]
