@@ -55,6 +55,24 @@ def resolve_url(table: dict[str, Any], label: str, environ: Mapping[str, str] | 
         where = f"{label} url_file {path}"
         if not url:
             raise ConfigError(f"{where}: the file is empty")
+    flaw = _flaw(url)
+    if flaw:
+        raise ConfigError(f"{where}: {flaw}; it must hold the URL alone, on one line (its content is not shown: "
+                          "a webhook URL is a secret)")
     if not URL.match(url):
         raise ConfigError(f"{where}: {bad_url(url)}")
     return url
+
+
+def _flaw(url: str) -> str:
+    """What makes ``url`` (already stripped) something urllib would refuse, said without it: a second
+    line (``http.client.InvalidURL`` at every send), a control character, a space."""
+    lines = len(url.splitlines())
+    if lines > 1:
+        return f"it holds {lines} lines"
+    for n, ch in enumerate(url):
+        if ord(ch) < 32 or ord(ch) == 127:
+            return f"it holds a control character (code {ord(ch)}) at character {n + 1}"
+        if ch.isspace():
+            return f"it holds a space at character {n + 1}"
+    return ""

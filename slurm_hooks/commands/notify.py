@@ -60,3 +60,31 @@ def status(config_path: str | None) -> None:
         click.echo(f"refused, kept in {box.failed}: {len(failed)}")
         for line in failed:
             click.echo(f"  {line}")
+
+
+@notify.command("test")
+@config_option
+@json_option
+@click.pass_context
+def test_(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
+    """Send one marked test message to each receiver now and say what each answered (exit 1 if any
+    did not take it). The URLs are not shown: only each receiver's host."""
+    import json
+
+    from slurm_hooks import config as config_mod
+    from slurm_hooks.observe.notify import Settings, send_test
+
+    settings = Settings.from_config(config_mod.load(config_path))
+    if not settings.configured:
+        click.echo("notify: no receiver configured ([notify] syslog, [[notify.webhook]] or [[notify.alertmanager]])")
+        ctx.exit(1)
+    answers = send_test(settings)
+    if as_json:
+        click.echo(json.dumps([{"receiver": a.name, "where": a.where, "ok": a.ok, "answer": a.said}
+                               for a in answers]))
+    else:
+        for a in answers:
+            click.echo(f"{'OK  ' if a.ok else 'FAIL'} {a.where or 'receiver'}" + (f" ({a.name})" if a.name != a.where
+                                                                                  and a.name else "")
+                       + f": {a.said}")
+    ctx.exit(0 if all(a.ok for a in answers) else 1)

@@ -921,6 +921,53 @@ class Notifier:
             self.log(message)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What one receiver answered to ``notify test``."""
+
+    name: str
+    where: str
+    ok: bool
+    said: str
+
+
+def send_test(settings: Settings, send: Sender | None = None, syslog: SyslogSender | None = None,
+              clock: Callable[[], float] = time.time, host: str = "") -> list[Answer]:
+    """One marked message straight to each receiver (not through the outbox: a test says what the
+    receiver answers now). For Alertmanager an ``info`` alert, ``SlurmHooksTest``, that ends by itself
+    after a few minutes."""
+    import socket
+
+    problems: list[str] = []
+    dests = settings.destinations(send, syslog, problem=problems.append)
+    now = clock()
+    host = host or socket.gethostname()
+    mid = f"test-{host}-{int(now * 1000)}"
+    text = (f"slurm-hooks test message from {host} at {incidents.utc(now)}: this receiver is reached; "
+            "no action needed.")
+    labels = {k: v for k, v in {"alertname": "SlurmHooksTest", "node": host, "severity": "info",
+                                "cluster": settings.cluster}.items() if v}
+    message = {"id": mid, "kind": "test", "test": True, "text": text, "headline": text, "node": host,
+               "cluster": settings.cluster or None, "at": incidents.utc(now),
+               "alerts": [{"labels": labels, "starts_at": now, "ends_at": now + 300.0,
+                           "annotations": {"summary": text}}]}
+    out = []
+    for name, dest in dests.items():
+        try:
+            status = dest.send(mid, "test", message, Delivery(settings.timeout, now))
+        except DeliveryError as exc:
+            kind = "refused this message" if exc.permanent else "could not be reached"
+            out.append(Answer(name, dest.where, False, f"{kind}: {dest.scrub(str(exc))}"))
+            continue
+        except Exception as exc:  # noqa: BLE001 - a test reports what any receiver did
+            out.append(Answer(name, dest.where, False, dest.scrub(f"{type(exc).__name__}: {exc}")))
+            continue
+        out.append(Answer(name, dest.where, True, f"delivered (HTTP {status})" if status else "delivered"))
+    for problem in problems:
+        out.append(Answer("", "", False, problem))
+    return out
+
+
 def pending(entries: list[Entry]) -> list[str]:
     """One line per waiting message (for ``notify status``)."""
     return [f"{e.id} -> {e.dest}: {e.attempts} attempt(s)" + (f", last error: {e.last_error}" if e.last_error else "")

@@ -195,6 +195,8 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
     if not tables:
         return []
     problems: list[str] = []
+    seen: dict[tuple[str, str], str] = {}
+    same: list[str] = []
     for kind, n, table in tables:
         label = f"[[notify.{kind}]] #{n + 1}"
         if urlsecret.holds_secret(table) and cfg.path and os.stat(cfg.path).st_mode & 0o004:
@@ -206,7 +208,10 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
                 problems.append(f"{label} {key} {path} is readable by others "
                                 f"(mode {os.stat(path).st_mode & 0o777:04o})")
         try:
-            urlsecret.resolve_url(table, label)
+            url = urlsecret.resolve_url(table, label)
+            if (kind, url) in seen:
+                same.append(f"{label} and {seen[kind, url]} name the same URL")
+            seen.setdefault((kind, url), label)
             if table.get("auth_file"):
                 with open(table["auth_file"], encoding="utf-8"):
                     pass
@@ -214,11 +219,16 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
             problems.append(str(exc))
         except OSError as exc:
             problems.append(f"{label} auth_file {table['auth_file']}: cannot read: {exc.strerror}")
+    out = []
+    if same:
+        out.append(Result("notify-duplicates", Status.WARN,
+                          "; ".join(same) + ": both are kept, so every message goes there twice",
+                          "remove one of the tables, or point it at the receiver it was meant for", cfg.path or ""))
     if problems:
         return [Result(check, Status.FAIL, "; ".join(problems),
-                       "chmod 600 the file (owned by root), or move the URL to url_file = \"/etc/slurm-hooks/"
-                       "<name>.url\" (mode 0600)", cfg.path or "")]
-    return [Result(check, Status.PASS, f"{len(tables)} receiver URL(s) readable by us and by no one else")]
+                       "chmod 600 the file (owned by root), keep the URL alone on one line, or move it to "
+                       "url_file = \"/etc/slurm-hooks/<name>.url\" (mode 0600)", cfg.path or ""), *out]
+    return [Result(check, Status.PASS, f"{len(tables)} receiver URL(s) readable by us and by no one else"), *out]
 
 
 #: File systems that do not survive a reboot.
