@@ -88,9 +88,11 @@ def print_explained(report, entries: list[dict], as_json: bool) -> None:
         data["findings"] = entries
         click.echo(json.dumps(data, indent=None))
         return
-    for e in entries:
-        if e["severity"] == Severity.OK.value:
-            continue
+    shown = [e for e in entries if e["severity"] != Severity.OK.value]
+    if not shown:  # a healthy node: one line, so that "nothing printed" never means "nothing ran"
+        gpus = len(report.snapshot.gpus) if report.snapshot is not None else 0
+        click.echo(f"{report.node}: {gpus} GPU{'' if gpus == 1 else 's'}, 0 findings")
+    for e in shown:
         where = f"gpu{e['gpu']}" if e["gpu"] is not None else "node"
         if not e["acts"]:
             effect = "no action"

@@ -242,16 +242,16 @@ def render(inp: Inputs) -> Laid:
     for p in PROGRAMS:
         status = status_path(inp.state_dir, p.hook)
         prom = os.path.join(textfile, f"slurm_hooks_wrapper_{p.hook}.prom") if textfile else ""
-        drain = ""
+        drain = show = ""
         if p.hook == "healthcheck" and refuse:
-            drain = f"{q(inp.scontrol)} update"
+            drain, show = f"{q(inp.scontrol)} update", q(inp.scontrol)
         files[program_rel(p.hook)] = (hook_t.render(
             hook=p.hook, command=p.command, slurm_key=p.slurm_key, program=program_path(p.hook, inp.prefix),
             program_q=q(program_path(p.hook, inp.prefix)),
             version=inp.version, python=q(inp.python), config=q(inp.config), env=env_pairs,
             status=q(status), status_dir=q(inp.state_dir), prom=q(prom) if prom else "", prom_dir=q(textfile),
             refuse=refuse, consequence=p.refused if refuse else p.allowed, verdict=EXIT_WRAPPED_UNHEALTHY,
-            verdict_meaning=p.verdict, drain_argv=drain,
+            verdict_meaning=p.verdict, drain_argv=drain, show_argv=show,
         ), 0o755)
     # "-": a path that does not exist yet does not stop the unit from starting
     write_paths = ["-" + p for p in sorted({inp.state_dir, os.path.dirname(inp.audit) or "/",

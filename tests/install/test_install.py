@@ -293,6 +293,36 @@ def test_refuse_opt_in_fails_closed(tmp_path):
     assert layout.read_status(inp.state_dir)["prolog"]["action"] == "refused"
 
 
+def _fake_scontrol(tmp_path, reason: str):
+    """An scontrol that logs each call and shows node n1 with ``reason`` ("" for none), as 22.05 prints it."""
+    log = tmp_path / "scontrol.log"
+    shown = "NodeName=n1 Arch=x86_64\n   State=IDLE ThreadsPerCore=1\n   Partitions=gpu\n" + (
+        f"   Reason={reason} [root@2026-12-01T10:00:00]\n" if reason else "")
+    fake = tmp_path / "scontrol"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >>{log}\n[ \"$1\" = show ] && printf '%s' '{shown}'\nexit 0\n")
+    fake.chmod(0o755)
+    return str(fake), log
+
+
+@pytest.mark.parametrize("reason", ["admin: bad fan", "NHC: check_fs_mount: /scratch", "slurm-hooks: XID 79 on GPU 3 [reboot]"])
+def test_refuse_mode_never_overwrites_a_reason_already_on_the_node(tmp_path, reason):
+    scontrol, log = _fake_scontrol(tmp_path, reason)
+    inp = inputs(tmp_path, python=str(tmp_path / "gone"), on_error="refuse", scontrol=scontrol)
+    apply.install(inp)
+    r = run_program(inp.prefix, "healthcheck")
+    assert r.returncode == 1 and "node not drained: it already carries a reason" in r.stderr
+    assert log.read_text() == "show node n1\n"
+
+
+def test_refuse_mode_drains_a_node_without_a_reason(tmp_path):
+    scontrol, log = _fake_scontrol(tmp_path, "")
+    inp = inputs(tmp_path, python=str(tmp_path / "gone"), on_error="refuse", scontrol=scontrol)
+    apply.install(inp)
+    assert run_program(inp.prefix, "healthcheck").returncode == 1
+    assert log.read_text() == ("show node n1\nupdate NodeName=n1 State=DRAIN Reason=slurm-hooks cannot run "
+                               "(exit 127): see syslog\n")
+
+
 def test_the_verdict_unhealthy_passes_through_the_wrapper_as_exit_1_without_a_status(tmp_path):
     conf = write_sim_config(tmp_path, "[check]\ndrain = false\n")
     inp = inputs(tmp_path, config=str(conf), state_dir=str(tmp_path / "state"))

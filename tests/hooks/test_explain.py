@@ -1,0 +1,36 @@
+"""``check --explain`` as an admin runs it on day one: a healthy node says so in one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from fakes.config import write_sim_config
+
+
+def sim(conf, *args):
+    r = subprocess.run([sys.executable, "-m", "slurm_hooks", "sim", *args, "--config", str(conf)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def explain(conf, *args):
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_HOOKS_CONFIG", "SLURMD_NODENAME")}
+    return subprocess.run([sys.executable, "-m", "slurm_hooks", "check", "--explain", "--config", str(conf),
+                           "--node", "n1", *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_a_healthy_node_explained_is_one_line_naming_its_gpus_and_no_findings(tmp_path):
+    conf = write_sim_config(tmp_path, "[expect]\ngpus = 8")
+    sim(conf, "init", "--node", "n1", "--gpus", "8")
+    r = explain(conf)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "n1: 8 GPUs, 0 findings\n", "")
+
+
+def test_a_faulty_node_explained_lists_its_findings_without_the_healthy_line(tmp_path):
+    conf = write_sim_config(tmp_path, "[expect]\ngpus = 8")
+    sim(conf, "init", "--node", "n1", "--gpus", "8")
+    sim(conf, "inject", "--node", "n1", "--gpu", "3", "--xid", "79")
+    r = explain(conf)
+    assert r.returncode == 1 and "gpu3 xid: XID 79" in r.stdout and "0 findings" not in r.stdout, r.stdout
