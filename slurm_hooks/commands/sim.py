@@ -31,15 +31,21 @@ def sim() -> None:
 @click.option("--minors", metavar="M0,M1,...",
               help="Device minor numbers in NVML order: GPU K is /dev/nvidia<MK> (default: /dev/nvidiaK).")
 @click.option("--mig", default=0, show_default=True, type=click.IntRange(0, 7), help="MIG instances per GPU.")
+@click.option("--ib", "ib", default=0, type=click.IntRange(0, 64), metavar="N",
+              help="Also N healthy InfiniBand ports mlx5_0:1 .. (a /sys/class/infiniband-like tree).")
 @config_option
 @_dir_option
-def init(node: str | None, gpus: int, model: str, minors: str | None, mig: int, config_path: str | None,
+def init(node: str | None, gpus: int, model: str, minors: str | None, mig: int, ib: int, config_path: str | None,
          sim_dir: str | None) -> None:
     """Create NODE with healthy GPUs (replaces any earlier state)."""
     node = nodename.resolve(node)
     order = _int_list(minors, "--minors") if minors else None
-    simstate.init(_sim_dir(config_path, sim_dir), node, gpus, model, minors=order, mig=mig)
-    click.echo(f"{node}: {gpus} simulated {model} GPUs" + (f", {mig} MIG instances each" if mig else ""))
+    directory = _sim_dir(config_path, sim_dir)
+    simstate.init(directory, node, gpus, model, minors=order, mig=mig)
+    if ib:
+        simstate.init_ib(directory, node, ib)
+    click.echo(f"{node}: {gpus} simulated {model} GPUs" + (f", {mig} MIG instances each" if mig else "")
+               + (f", {ib} InfiniBand ports" if ib else ""))
 
 
 def _int_list(text: str, option: str) -> list[int]:
@@ -51,7 +57,12 @@ def _int_list(text: str, option: str) -> list[int]:
 
 @sim.command()
 @node_option
-@click.option("--gpu", "gpu", required=True, type=click.IntRange(0, 63), help="GPU index.")
+@click.option("--gpu", "gpu", type=click.IntRange(0, 63), help="GPU index (or --ib for a port).")
+@click.option("--ib", "ib", metavar="DEV:PORT", help="An InfiniBand port instead of a GPU, e.g. mlx5_0:1.")
+@click.option("--state", "ib_state", type=click.Choice(["down", "up"]), help="With --ib: take the port down or up.")
+@click.option("--counter", "ib_counter", metavar="NAME+=N", help="With --ib: add N to a counter (symbol_error+=200).")
+@click.option("--flap", "ib_flap", is_flag=True, help="With --ib: a drop that came and went (link_downed + 1).")
+@click.option("--rate", "ib_rate", type=click.IntRange(1, 3200), metavar="GBPS", help="With --ib: the trained rate.")
 @click.option("--xid", type=click.IntRange(1, 1000), help="Record an XID event.")
 @click.option("--instance", type=click.IntRange(0, 63), metavar="GI",
               help="The XID names this MIG GPU instance (GPU-I: in the kernel line), not the whole GPU.")
@@ -75,9 +86,26 @@ def _int_list(text: str, option: str) -> list[int]:
                    "a diagnostic failure: never).")
 @config_option
 @_dir_option
-def inject(node: str | None, gpu: int, config_path: str | None, sim_dir: str | None, cleared_by: str | None,
+def inject(node: str | None, gpu: int | None, ib: str | None, ib_state: str | None, ib_counter: str | None,
+           ib_flap: bool, ib_rate: int | None, config_path: str | None, sim_dir: str | None, cleared_by: str | None,
            **fault) -> None:
-    """Inject a fault on one simulated GPU."""
+    """Inject a fault on one simulated GPU (--gpu) or InfiniBand port (--ib)."""
+    port_change = ib_state is not None or ib_counter is not None or ib_flap or ib_rate is not None
+    if ib is not None:
+        if gpu is not None or any(v is not None and v is not False for v in fault.values()):
+            raise click.UsageError("--ib goes with --state, --counter, --flap or --rate only")
+        if not port_change:
+            raise click.UsageError("name a change of the port: --state, --counter, --flap or --rate")
+        node = nodename.resolve(node)
+        counter = simstate.parse_counter(ib_counter) if ib_counter is not None else None
+        done = simstate.inject_ib(_sim_dir(config_path, sim_dir), node, ib, state=ib_state, counter=counter,
+                                  flap=ib_flap, rate_gbps=ib_rate)
+        click.echo(f"{node} {ib}: {done}")
+        return
+    if port_change:
+        raise click.UsageError("--state, --counter, --flap and --rate go with --ib DEV:PORT")
+    if gpu is None:
+        raise click.UsageError("name a GPU (--gpu) or an InfiniBand port (--ib)")
     if fault.get("instance") is not None and fault.get("xid") is None:
         raise click.UsageError("--instance goes with --xid")
     if not any(v is not None and v is not False for k, v in fault.items() if k != "instance"):

@@ -220,16 +220,19 @@ class LinkGatherer:
 
 
 def from_config(config: Any, node: str) -> LinkGatherer:
-    """The gatherer for ``[links]`` (the sim backend's boot id when the GPUs are simulated)."""
-    boot = None
+    """The gatherer for ``[links]``; with simulated GPUs, the sim's ports and boot id (unless
+    ``sysfs_root`` says otherwise)."""
+    boot, root = None, config.links.sysfs_root
     if config.gpu.backend == "sim":
         from slurm_hooks.probes import sim
 
         sim_dir = config.gpu.sim_dir
+        if root == SYSFS_ROOT:
+            root = os.path.join(sim_dir, "ib", node)  # the ports `sim init --ib` lays
 
         def boot() -> str:
             try:
                 return sim.boot_id(sim_dir, node)
             except Exception:  # noqa: BLE001 - no sim state: no boot to key on
                 return ""
-    return LinkGatherer(config.links.sysfs_root, config.state.dir, node, boot=boot)
+    return LinkGatherer(root, config.state.dir, node, boot=boot)

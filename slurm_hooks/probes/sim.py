@@ -330,7 +330,9 @@ def reboot(sim_dir: str, node: str) -> dict[str, Any]:
                     _add_xid(state, entry, int(name[4:]), "came back after a reboot (slurm-hooks sim)")
         state["boots"] = int(state.get("boots", 0)) + 1
 
-    return update(sim_dir, node, change)
+    done = update(sim_dir, node, change)
+    _reset_ib_counters(sim_dir, node)
+    return done
 
 
 # -- the node's GPU services and diagnostics: what the sim's nvidia-smi, systemctl and dcgmi act on
@@ -394,6 +396,119 @@ def diag(state: dict[str, Any], level: int) -> dict[str, Any]:
             results.append(result)
         tests.append({"name": name, "results": results})
     return {"DCGM Diagnostic": {"version": "sim", "test_categories": [{"category": "sim", "tests": tests}]}}
+
+
+# -- the node's InfiniBand/RoCE ports: a tree shaped like /sys/class/infiniband (slurm_hooks.probes.ib)
+
+IB_UP = ("4: ACTIVE", "5: LinkUp")
+IB_DOWN = ("1: DOWN", "2: Polling")
+
+
+def ib_root(sim_dir: str, node: str) -> str:
+    """Where the simulated node's ports live (``[links] sysfs_root`` for the sim backend)."""
+    state_path(sim_dir, node)  # the same check of the node's name
+    return os.path.join(sim_dir, "ib", node)
+
+
+def _ib_port(sim_dir: str, node: str, target: str) -> str:
+    device, _, port = target.partition(":")
+    base = os.path.join(ib_root(sim_dir, node), device, "ports", port or "1")
+    if not device or "/" in device or device.startswith(".") or not (port or "1").isdigit() or not os.path.isdir(base):
+        raise SimStateError(f"{node} has no IB port {target!r} (sim init --ib N lays mlx5_0:1 .. mlx5_<N-1>:1)")
+    return base
+
+
+def _put(path: str, text: str) -> None:
+    fsutil.atomic_write(path, text + "\n", durable=False)
+
+
+def init_ib(sim_dir: str, node: str, ports: int, rate_gbps: int = 400) -> list[str]:
+    """``ports`` healthy NDR ports ``mlx5_0:1`` ..., every counter at 0 (replaces an earlier tree)."""
+    import shutil
+
+    from slurm_hooks.probes.ib import COUNTERS
+
+    if not 0 < ports <= 64:
+        raise SimStateError(f"--ib must be 1..64 ports, got {ports}")
+    root = ib_root(sim_dir, node)
+    shutil.rmtree(root, ignore_errors=True)
+    names = []
+    for i in range(ports):
+        base = os.path.join(root, f"mlx5_{i}", "ports", "1")
+        os.makedirs(os.path.join(base, "counters"), exist_ok=True)
+        _put(os.path.join(base, "state"), IB_UP[0])
+        _put(os.path.join(base, "phys_state"), IB_UP[1])
+        _put(os.path.join(base, "rate"), f"{rate_gbps} Gb/sec (4X NDR)")
+        _put(os.path.join(base, "link_layer"), "InfiniBand")
+        for counter in COUNTERS:
+            _put(os.path.join(base, "counters", counter), "0")
+        names.append(f"mlx5_{i}:1")
+    return names
+
+
+def _bump(base: str, counter: str, by: int) -> int:
+    path = os.path.join(base, "counters", counter)
+    try:
+        with open(path) as fh:
+            now = int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        now = 0
+    _put(path, str(now + by))
+    return now + by
+
+
+def inject_ib(sim_dir: str, node: str, target: str, state: str | None = None, counter: tuple[str, int] | None = None,
+              flap: bool = False, rate_gbps: int | None = None) -> str:
+    """Change one port: ``state`` "down" (``link_downed`` counts the drop) or "up"; add to a
+    counter; ``flap``: a drop that came and went between two readings (``link_downed`` + 1);
+    ``rate_gbps``: the rate it trained at. Returns what was done."""
+    from slurm_hooks.probes.ib import COUNTERS
+
+    base = _ib_port(sim_dir, node, target)
+    done = []
+    if state is not None:
+        if state not in ("down", "up"):
+            raise SimStateError(f"--state must be down or up, got {state!r}")
+        pair = IB_DOWN if state == "down" else IB_UP
+        with open(os.path.join(base, "state")) as fh:
+            was_up = fh.read().strip() == IB_UP[0]
+        _put(os.path.join(base, "state"), pair[0])
+        _put(os.path.join(base, "phys_state"), pair[1])
+        if state == "down" and was_up:
+            _bump(base, "link_downed", 1)
+        done.append(f"state {state}")
+    if counter is not None:
+        name, by = counter
+        if name not in COUNTERS:
+            raise SimStateError(f"unknown counter {name!r} (known: {', '.join(COUNTERS)})")
+        done.append(f"{name}={_bump(base, name, by)}")
+    if flap:
+        done.append(f"flap (link_downed={_bump(base, 'link_downed', 1)})")
+    if rate_gbps is not None:
+        _put(os.path.join(base, "rate"), f"{rate_gbps} Gb/sec")
+        done.append(f"rate {rate_gbps} Gb/s")
+    return ", ".join(done)
+
+
+def parse_counter(text: str) -> tuple[str, int]:
+    """``"symbol_error+=200"`` -> ("symbol_error", 200)."""
+    name, sep, by = text.partition("+=")
+    if not sep or not name.strip() or not by.strip().isdigit():
+        raise SimStateError(f"--counter must be NAME+=N (e.g. symbol_error+=200), got {text!r}")
+    return name.strip(), int(by)
+
+
+def _reset_ib_counters(sim_dir: str, node: str) -> None:
+    """A reboot starts every counter at 0 again, as the kernel does."""
+    root = os.path.join(sim_dir, "ib", node)
+    if not os.path.isdir(root):
+        return
+    for device in os.listdir(root):
+        ports = os.path.join(root, device, "ports")
+        for port in os.listdir(ports) if os.path.isdir(ports) else ():
+            counters = os.path.join(ports, port, "counters")
+            for name in os.listdir(counters) if os.path.isdir(counters) else ():
+                _put(os.path.join(counters, name), "0")
 
 
 def boot_id(sim_dir: str, node: str) -> str:

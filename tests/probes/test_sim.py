@@ -400,3 +400,84 @@ def test_sim_replace_command_names_the_new_uuid_and_refuses_an_unknown_gpu(sim_d
                                    f"(serial {sim.gpu_entry(sim.read(sim_dir, 'n1'), 2)['serial']})")
     bad = cli("replace", "--node", "n1", "--gpu", "9", "--sim-dir", sim_dir)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "9" in bad.stderr
+
+
+# --- InfiniBand ports (issue 33) ----------------------------------------------------------------
+
+
+def ib_ports(sim_dir, node="n1", clock=None, boot=None):
+    """One gather of the simulated node's ports, as the health check does it."""
+    from slurm_hooks.probes import ib
+
+    gather = ib.LinkGatherer(sim.ib_root(sim_dir, node), os.path.join(sim_dir, "state"), node,
+                             boot=boot or (lambda: sim.boot_id(sim_dir, node)), clock=clock or (lambda: 1000.0))
+    return {p.name: p for p in gather()}
+
+
+def test_sim_init_ib_lays_healthy_ndr_ports_the_sysfs_reader_reads(sim_dir):
+    sim.init(sim_dir, "n1", 8)
+    assert sim.init_ib(sim_dir, "n1", 8) == [f"mlx5_{i}:1" for i in range(8)]
+    ports = ib_ports(sim_dir)
+    assert len(ports) == 8
+    assert all(p.up and p.rate_gbps == 400.0 and p.link_layer == "InfiniBand" for p in ports.values())
+
+
+def test_sim_inject_port_down_and_up_counts_the_drop(sim_dir):
+    sim.init(sim_dir, "n1", 8)
+    sim.init_ib(sim_dir, "n1", 2)
+    assert sim.inject_ib(sim_dir, "n1", "mlx5_0:1", state="down") == "state down"
+    p = ib_ports(sim_dir)["mlx5_0 port 1"]
+    assert (p.state, p.phys_state, dict(p.counters)["link_downed"]) == ("DOWN", "Polling", 1)
+    sim.inject_ib(sim_dir, "n1", "mlx5_0:1", state="up")
+    assert ib_ports(sim_dir)["mlx5_0 port 1"].up
+
+
+def test_sim_inject_counter_and_flap(sim_dir):
+    sim.init(sim_dir, "n1", 8)
+    sim.init_ib(sim_dir, "n1", 1)
+    assert sim.inject_ib(sim_dir, "n1", "mlx5_0:1", counter=sim.parse_counter("symbol_error+=200")) == \
+        "symbol_error=200"
+    assert sim.inject_ib(sim_dir, "n1", "mlx5_0:1", flap=True) == "flap (link_downed=1)"
+
+
+def test_sim_reboot_starts_the_counters_at_zero_with_a_new_boot_id(sim_dir):
+    sim.init(sim_dir, "n1", 8)
+    sim.init_ib(sim_dir, "n1", 1)
+    sim.inject_ib(sim_dir, "n1", "mlx5_0:1", counter=("symbol_error", 50))
+    before = sim.boot_id(sim_dir, "n1")
+    sim.reboot(sim_dir, "n1")
+    assert sim.boot_id(sim_dir, "n1") != before
+    assert dict(ib_ports(sim_dir)["mlx5_0 port 1"].counters)["symbol_error"] == 0
+
+
+@pytest.mark.parametrize("target", ["mlx5_9:1", "../x:1", "mlx5_0:a", ":1"])
+def test_sim_inject_names_a_port_that_is_not_there(sim_dir, target):
+    sim.init(sim_dir, "n1", 8)
+    sim.init_ib(sim_dir, "n1", 1)
+    with pytest.raises(SimStateError, match="has no IB port"):
+        sim.inject_ib(sim_dir, "n1", target, state="down")
+
+
+def test_sim_counter_must_be_name_plus_equals_n():
+    with pytest.raises(SimStateError, match="NAME\\+=N"):
+        sim.parse_counter("symbol_error=5")
+
+
+def test_sim_cli_init_ib_and_inject_port(sim_dir):
+    r = cli("init", "--node", "n1", "--ib", "8", "--sim-dir", sim_dir)
+    assert r.returncode == 0 and "8 InfiniBand ports" in r.stdout, r.stderr
+    r = cli("inject", "--node", "n1", "--ib", "mlx5_0:1", "--state", "down", "--sim-dir", sim_dir)
+    assert r.returncode == 0 and r.stdout.strip() == "n1 mlx5_0:1: state down", r.stderr
+    r = cli("inject", "--node", "n1", "--ib", "mlx5_0:1", "--counter", "symbol_error+=7", "--sim-dir", sim_dir)
+    assert r.stdout.strip() == "n1 mlx5_0:1: symbol_error=7"
+    assert not ib_ports(sim_dir)["mlx5_0 port 1"].up
+
+
+def test_sim_cli_port_options_without_ib_are_a_usage_error(sim_dir):
+    cli("init", "--node", "n1", "--sim-dir", sim_dir)
+    r = cli("inject", "--node", "n1", "--gpu", "0", "--state", "down", "--sim-dir", sim_dir)
+    assert r.returncode != 0 and "go with --ib" in r.stderr and "Traceback" not in r.stderr
+    r = cli("inject", "--node", "n1", "--sim-dir", sim_dir)
+    assert r.returncode != 0 and "--gpu" in r.stderr
+    r = cli("inject", "--node", "n1", "--ib", "mlx5_7:1", "--flap", "--sim-dir", sim_dir)
+    assert r.returncode != 0 and "has no IB port" in r.stderr and "Traceback" not in r.stderr
