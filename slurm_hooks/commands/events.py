@@ -1,4 +1,4 @@
-"""``slurm-hooks events``: the audit log as incident timelines."""
+"""``slurm-hooks events``: the audit log (rotated files too) as incident timelines."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def events(config_path: str | None, node: str | None, since: str | None, as_json
     """Show alerts and remediations, grouped into incidents."""
     from slurm_hooks import config as config_mod
     from slurm_hooks.observe import events as ev
+    from slurm_hooks.observe import incidents
     from slurm_hooks.observe.audit import AuditLog
 
     cfg = config_mod.load(config_path)
@@ -25,11 +26,19 @@ def events(config_path: str | None, node: str | None, since: str | None, as_json
         cutoff = ev.parse_since(since) if since else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
-    records = ev.select(AuditLog(cfg.log.audit).read(), node, cutoff)
-    if as_json:
-        for r in records:
-            click.echo(json.dumps(r))
+    every = ev.select(AuditLog(cfg.log.audit).history(), node)
+    if as_json:  # the records themselves, from the cutoff on
+        for r in every:
+            if cutoff is None or float(r.get("ts", 0)) >= cutoff:
+                click.echo(json.dumps(r))
         return
+    built = incidents.build(every)
+    records = every
+    if cutoff is not None:
+        # An incident still going on at the cutoff is shown from its real start, not relabelled.
+        starts = {i.node: i.first_seen for i in built
+                  if i.opened_at < cutoff and (i.resolved_at is None or i.resolved_at >= cutoff)}
+        records = [r for r in every if float(r.get("ts", 0)) >= min(cutoff, starts.get(str(r.get("node")), cutoff))]
     if not records:
         click.echo("no events")
         return

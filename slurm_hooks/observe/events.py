@@ -47,7 +47,7 @@ def select(records: Iterable[dict[str, Any]], node: str | None = None, since: fl
 def incidents(records: list[dict[str, Any]], gap: float = INCIDENT_GAP_S) -> list[list[dict[str, Any]]]:
     """Records per node, a new incident after ``gap`` seconds of quiet; the records of one
     pending action (same ``pending`` id: queued, each retry, the result) stay in one incident
-    however long the controller was away."""
+    however long the controller was away, and so do the repeats a ``repeat`` record counts."""
     groups: dict[str, list[list[dict[str, Any]]]] = {}
     by_pending: dict[str, list[dict[str, Any]]] = {}
     for r in records:
@@ -56,7 +56,8 @@ def incidents(records: list[dict[str, Any]], gap: float = INCIDENT_GAP_S) -> lis
         if held is not None:
             held.append(r)
             continue
-        if not runs or float(r["ts"]) - float(runs[-1][-1]["ts"]) > gap:
+        # A repeat stands for the records from its first_ts on: a node waiting weeks stays one incident.
+        if not runs or float(r.get("first_ts") or r["ts"]) - float(runs[-1][-1]["ts"]) > gap:
             runs.append([])
         runs[-1].append(r)
         if r.get("pending"):
@@ -68,6 +69,18 @@ def incidents(records: list[dict[str, Any]], gap: float = INCIDENT_GAP_S) -> lis
 
 def describe(r: dict[str, Any]) -> str:
     kind = r.get("kind")
+    if kind == "repeat":
+        of = r.get("of") if isinstance(r.get("of"), dict) else {}
+        last = datetime.fromtimestamp(float(r.get("last_ts") or r.get("ts", 0)), tz=timezone.utc)
+        return f"repeat  x{r.get('count', '?')} more until {last.strftime('%Y-%m-%d %H:%M:%S')}: {describe(of)}"
+    if kind == "incident":
+        stage = r.get("stage", "")
+        if stage == "closed":
+            who = r.get("user") or ("a person" if r.get("by") == "person" else r.get("by", ""))
+            return f"closed  resumed by {who}" + (f" ({r['detail']})" if r.get("detail") else "")
+        words = [f"for {r['waiting_for']}" if r.get("waiting_for") else "", r.get("why") or "",
+                 f"to do: {r['todo']}" if r.get("todo") else ""]
+        return f"{stage:<7} " + "; ".join(w for w in words if w)
     if kind == "alert":
         where = f"gpu{r['gpu']}" if r.get("gpu") is not None else "node"
         seen_by = f" (seen by {r['context']})" if r.get("context") else ""
