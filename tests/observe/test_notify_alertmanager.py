@@ -195,3 +195,100 @@ def test_xid79_on_two_nodes_is_one_grouped_notification_and_one_resolution(hooke
     time.sleep(GROUP_WAIT_S + 1)
     assert len(both_resolved()) == 1, json.dumps(receiver.bodies("/am"))[:2000]
     assert len(notifications(receiver, "firing")) <= 2  # the grouped one, and at most one partial update
+
+
+# --- alerts that stay true: held while true, ended once on a real return ----------------------
+
+
+def held(am: LabAlertmanager, alertname: str) -> list[dict]:
+    """The alerts Alertmanager holds under ``alertname``, active or not (its own view, its own clock)."""
+    import urllib.parse
+    import urllib.request
+
+    query = urllib.parse.quote(f'alertname="{alertname}"')
+    with urllib.request.urlopen(f"{am.url}/api/v2/alerts?filter={query}", timeout=10) as r:  # noqa: S310 - 127.0.0.1
+        return json.loads(r.read())
+
+
+def told(receiver: Receiver, alertname: str, status: str) -> list[dict]:
+    """Alertmanager's notifications that carry ``alertname`` with ``status``."""
+    return [b for b in receiver.bodies("/am")
+            if any(a["labels"].get("alertname") == alertname and a["status"] == status for a in b["alerts"])]
+
+
+def test_the_breaker_alert_stays_firing_past_its_old_15_minutes_until_the_bridge_says_it_is_reset(
+        tmp_path, receiver, alertmanager):
+    """The breaker tripped 30 minutes ago and is still latched: the bridge says so every pass, the
+    alert is posted again each minute and stays firing (posted once with endsAt = trip + 15 min, it
+    resolved at minute 15 while the breaker was still latched). The reset ends it, once."""
+    clock = Clock()
+    clock.offset = -1800.0
+    log, n = node_notifier(tmp_path, "bridge", alertmanager, clock)
+    trip = log.write("bridge_breaker_tripped", ts=clock(), level="critical", node="k8s-3", slurm_node="n3",
+                     reason="3 nodes taken within 600 s (limit 2)")
+    n.standing([trip])
+    n.flush(5)
+    for _ in range(30):
+        clock.offset += 60.0
+        n.standing([trip])
+        n.flush(5)
+    [alert] = held(alertmanager, "SlurmHooksBreakerTripped")
+    assert alert["status"]["state"] == "active"
+    wait_for(lambda: told(receiver, "SlurmHooksBreakerTripped", "firing"), 30, what="the breaker's page")
+    n.standing([])  # reset
+    n.flush(5)
+    wait_for(lambda: told(receiver, "SlurmHooksBreakerTripped", "resolved"), 30, what="the breaker's resolution")
+    time.sleep(GROUP_WAIT_S + 1)
+    assert len(told(receiver, "SlurmHooksBreakerTripped", "firing")) == 1
+    assert len(told(receiver, "SlurmHooksBreakerTripped", "resolved")) == 1
+    assert all(a["status"]["state"] != "active" for a in held(alertmanager, "SlurmHooksBreakerTripped"))
+
+
+def test_a_node_rebooting_20_minutes_has_one_firing_alert_no_flap_and_one_resolution(tmp_path, receiver,
+                                                                                     alertmanager):
+    """[reboot] 21 minutes ago, the node silent since (it posts nothing while it reboots): its alert is
+    held across Slurm's ResumeTimeout, still active; back, it posts again, then its resolution."""
+    clock = Clock()
+    clock.offset = -1260.0
+    log = AuditLog(str(tmp_path / "n1" / "audit.jsonl"))
+    s = Settings(audit=log.path, dir=str(tmp_path / "n1" / "notify"), alertmanagers=({"url": alertmanager.url},),
+                 settle=0.0, timeout=2.0, retry_max=30.0, cluster="lab", alert_repost=60.0, resume_timeout=1800.0)
+    n = Notifier(s, clock=clock, log=lambda m: None, rng=random.Random(3))
+    log.write("alert", ts=clock(), node="n1", context="check", gpu=2, check="xid", severity="fail", action="reboot",
+              message="XID 119 (GSP RPC timeout)")
+    log.write("action", ts=clock(), node="n1", action="drain", target="n1", result="ok",
+              reason="slurm-hooks: XID 119 on GPU 2 [reboot]")
+    n.flush(5)  # then the node reboots: nothing from it for 20 minutes
+    wait_for(lambda: told(receiver, "SlurmHooksXid", "firing"), 30, what="the node's page")
+    [alert] = held(alertmanager, "SlurmHooksXid")
+    assert alert["status"]["state"] == "active"
+    clock.offset = -60.0  # back: its checks post again while it validates
+    n.flush(5)
+    clock.offset = 0.0
+    log.write("action", ts=clock(), node="n1", action="resume", target="n1", result="ok",
+              reason="slurm-hooks: XID 119 on GPU 2 [reboot]")
+    n.flush(5)
+    wait_for(lambda: told(receiver, "SlurmHooksXid", "resolved"), 30, what="the resolution")
+    time.sleep(GROUP_WAIT_S + 1)
+    statuses = [a["status"] for b in receiver.bodies("/am") for a in b["alerts"]
+                if a["labels"].get("node") == "n1"]
+    assert statuses == ["firing", "resolved"], statuses
+
+
+def test_the_bridge_closing_an_evicted_node_ends_the_alert_the_node_can_no_longer_end(tmp_path, receiver,
+                                                                                    alertmanager):
+    """Slinky: the node posted its alert, then its machine (and its outbox) went; the bridge sees the
+    Slurm node back on another machine and ends the alert Alertmanager holds for it."""
+    clock = Clock()
+    log, node = node_notifier(tmp_path, "n1", alertmanager, clock)
+    xid79(log, node="n1", gpu=3)
+    node.flush(5)
+    wait_for(lambda: told(receiver, "SlurmHooksXid", "firing"), 30, what="the node's page")
+    blog, bridge = node_notifier(tmp_path, "bridge", alertmanager, clock)
+    blog.write("bridge_incident_closed", node="n1", kube_node="k8s-1", back_on="k8s-7", state="IDLE",
+               reason="slurm-hooks: XID 79 on GPU 3 [replace]", message="Slurm node back in service on k8s-7")
+    assert bridge.flush(5)["sent"] == 1
+    wait_for(lambda: told(receiver, "SlurmHooksXid", "resolved"), 30, what="the resolution")
+    assert all(a["status"]["state"] != "active" for a in held(alertmanager, "SlurmHooksXid"))
+    time.sleep(GROUP_WAIT_S + 1)
+    assert len(told(receiver, "SlurmHooksXid", "resolved")) == 1
