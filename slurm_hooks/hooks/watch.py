@@ -165,6 +165,8 @@ RETRY_POLL_S = 1.0
 #: How long a stopping watcher waits for a retry under way (every Slurm call in it is bounded;
 #: systemd's stop timeout, 90 s by default, is well above).
 RETRY_JOIN_S = 30.0
+#: How often the watcher reads the InfiniBand ports' state (a port down is seen within this).
+LINK_POLL_S = 1.0
 
 
 class Watcher:
@@ -244,6 +246,30 @@ class Watcher:
                 rec = None
             stop.wait(min(rec.wait_s(), self.retry_poll) if rec else self.retry_poll)
 
+    def _link_loop(self, stop: threading.Event, interval: float = LINK_POLL_S) -> None:
+        """Poll the InfiniBand/RoCE ports' state (two small reads a port): a port that goes down is
+        judged at once, as an XID is, instead of at the next health check."""
+        from slurm_hooks.probes import ib
+
+        root = ib.from_config(self.w.config, self.w.node).root
+        last = ib.port_states(root)
+        while not stop.wait(interval):
+            try:
+                now = ib.port_states(root)
+                went_down = sorted(p for p, s in now.items() if not s.startswith("ACTIVE/LinkUp")
+                                   and last.get(p, "").startswith("ACTIVE/LinkUp"))
+                last = now
+                if went_down:
+                    self.log(f"slurm-hooks watch: IB {', '.join(went_down)} down")
+                    started = time.monotonic()
+                    with self._lock:
+                        _, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread")
+                    self.w.audit.write("watch", node=self.w.node, links=went_down, drained=outcome.drained,
+                                       requeued=outcome.requeued, failed=outcome.failed,
+                                       duration_s=round(time.monotonic() - started, 4))
+            except Exception as exc:  # noqa: BLE001 - the link poller must outlive any one failure
+                self.log(f"slurm-hooks watch: polling the IB ports failed: {type(exc).__name__}: {exc}")
+
     def start_notifier(self, stop: threading.Event) -> Notifier | None:
         """Deliver what the audit log has to tell ([notify]) from a daemon thread, when a receiver
         is configured; the health check then leaves delivery to it."""
@@ -261,6 +287,7 @@ class Watcher:
         self.w.audit.write("watch", node=self.w.node, message="watcher started")
         retry = threading.Thread(target=self._retry_loop, args=(stop,), name="pending-retry", daemon=True)
         retry.start()
+        threading.Thread(target=self._link_loop, args=(stop,), name="ib-ports", daemon=True).start()
         notifier = self.start_notifier(stop)
         try:
             self._watch(stop)

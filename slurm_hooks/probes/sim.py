@@ -107,6 +107,7 @@ def init(sim_dir: str, node: str, gpus: int = 8, model: str = "H100", minors: li
     path = state_path(sim_dir, node)
     with fsutil.locked(path):
         fsutil.atomic_write(path, json.dumps(state, indent=1))
+    _remove_ib(sim_dir, node)  # a fresh node has no ports until `sim init --ib N` lays them
     return state
 
 
@@ -418,20 +419,26 @@ def _ib_port(sim_dir: str, node: str, target: str) -> str:
     return base
 
 
+def _remove_ib(sim_dir: str, node: str) -> None:
+    root = os.path.join(sim_dir, "ib", node)
+    if os.path.isdir(root):
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _put(path: str, text: str) -> None:
     fsutil.atomic_write(path, text + "\n", durable=False)
 
 
 def init_ib(sim_dir: str, node: str, ports: int, rate_gbps: int = 400) -> list[str]:
     """``ports`` healthy NDR ports ``mlx5_0:1`` ..., every counter at 0 (replaces an earlier tree)."""
-    import shutil
-
     from slurm_hooks.probes.ib import COUNTERS
 
     if not 0 < ports <= 64:
         raise SimStateError(f"--ib must be 1..64 ports, got {ports}")
     root = ib_root(sim_dir, node)
-    shutil.rmtree(root, ignore_errors=True)
+    _remove_ib(sim_dir, node)
     names = []
     for i in range(ports):
         base = os.path.join(root, f"mlx5_{i}", "ports", "1")

@@ -481,3 +481,10 @@ def test_sim_cli_port_options_without_ib_are_a_usage_error(sim_dir):
     assert r.returncode != 0 and "--gpu" in r.stderr
     r = cli("inject", "--node", "n1", "--ib", "mlx5_7:1", "--flap", "--sim-dir", sim_dir)
     assert r.returncode != 0 and "has no IB port" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_sim_init_without_ib_removes_the_ports_of_an_earlier_init(sim_dir):
+    sim.init(sim_dir, "n1", 8)
+    sim.init_ib(sim_dir, "n1", 2)
+    sim.init(sim_dir, "n1", 8)  # what the testbed's reset does: no port of the last test's stays down
+    assert not os.path.exists(sim.ib_root(sim_dir, "n1"))

@@ -1,0 +1,183 @@
+"""InfiniBand/RoCE links end to end: the simulated ports, the health check, the watcher, Slurm.
+
+First with the fake Slurm (the hooks' own decisions, a fake clock where rates need one), then on
+the real testbed (``pytest -m slurm``): a port down on n1 drains it with the reason the issue
+names within one check, and three good passes resume it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import wait_for
+from fakes.config import sim_config
+from fakes.slurm import FakeSlurm
+
+from slurm_hooks.hooks import healthcheck
+from slurm_hooks.hooks.watch import Watcher
+from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.probes import sim
+
+DOWN_REASON = "slurm-hooks: IB mlx5_0 port 1 down [drain]"
+
+
+def node(tmp_path, extra: str = "", ports: int = 8):
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\nib_ports = 8\nib_rate_gbps = 400\n" + extra)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "IDLE")
+    sim.init(cfg.gpu.sim_dir, "n1")
+    sim.init_ib(cfg.gpu.sim_dir, "n1", ports)
+    return Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm), slurm
+
+
+def check(w: Wiring):
+    return healthcheck.run(Wiring(w.config, w.node, w.audit, slurm_override=w.slurm_override), follow="none",
+                           repair="inline")
+
+
+def test_healthy_node_with_eight_ports_stays_up(tmp_path):
+    w, slurm = node(tmp_path)
+    report, outcome = check(w)
+    assert report.healthy and not outcome.drained
+    assert {"links", "link-errors", "link-flaps"} <= set(report.checks_run)
+
+
+def test_port_down_drains_within_one_check_and_one_good_pass_resumes_by_default(tmp_path):
+    w, slurm = node(tmp_path)
+    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="down")
+    _, outcome = check(w)
+    assert outcome.drained and slurm.peek("n1").reason == DOWN_REASON
+    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="up")
+    _, outcome = check(w)
+    assert outcome.resumed and not slurm.peek("n1").drained
+
+
+def test_with_resume_after_3_the_node_comes_back_on_the_third_good_pass(tmp_path):
+    w, slurm = node(tmp_path, '[hysteresis]\nconfirm = "2/3"\nresume_after = 3\n')
+    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="down")
+    _, outcome = check(w)
+    assert outcome.drained and slurm.peek("n1").reason == DOWN_REASON  # a state acts at once
+    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="up")
+    resumed = []
+    for _ in range(3):
+        time.sleep(1.1)  # runs 1 s apart are one run to the hysteresis (a re-judge)
+        report, outcome = check(w)
+        resumed.append(outcome.resumed)
+    assert resumed == [False, False, True]
+    assert not slurm.peek("n1").drained
+
+
+def test_a_single_node_job_is_requeued_for_a_port_down_as_every_job_on_the_node(tmp_path):
+    """A link is no GPU: the finding is node scope (see the report: multi-node only is not done)."""
+    w, slurm = node(tmp_path)
+    slurm.set_node("n1", state="MIXED")
+    slurm.add_job(7, "n1")
+    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="down")
+    _, outcome = check(w)
+    assert outcome.drained and slurm.called("requeue") == [("requeue", 7)]
+
+
+def test_slow_port_drains_at_job_end(tmp_path):
+    w, slurm = node(tmp_path)
+    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_3:1", rate_gbps=200)
+    _, outcome = check(w)
+    assert slurm.peek("n1").reason == "slurm-hooks: IB mlx5_3 port 1 at 200 Gb/s [drain, at job end]"
+
+
+def memory(w: Wiring) -> dict:
+    with open(os.path.join(w.config.state.dir, "ib-n1.json")) as fh:
+        return json.load(fh)
+
+
+def age_memory(w: Wiring, seconds: float) -> None:
+    """The last reading as if taken ``seconds`` ago (the fake clock of a rate over real time)."""
+    data = memory(w)
+    data["at"] -= seconds
+    with open(os.path.join(w.config.state.dir, "ib-n1.json"), "w") as fh:
+        json.dump(data, fh)
+
+
+def test_counter_rates_survive_a_restart_and_a_reboot_starts_them_afresh(tmp_path):
+    w, slurm = node(tmp_path)
+    check(w)  # the baseline
+    age_memory(w, 3600.0)
+    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_2:1", counter=("symbol_error", 200))
+    report, outcome = check(w)  # a new process: the memory on disk is the only link to the last run
+    assert slurm.peek("n1").reason == "slurm-hooks: IB mlx5_2 port 1 symbol errors [drain, at job end]"
+    [f] = report.drain_findings()
+    assert "200 symbol errors in 1 h (200/h, limit 120/h)" in f.message
+    before = memory(w)["boot"]
+    sim.reboot(w.config.gpu.sim_dir, "n1")
+    report, _ = check(w)
+    assert memory(w)["boot"] != before
+    assert not [f for f in report.findings if f.check == "link-errors"]  # no rate across a reboot
+
+
+def test_the_watcher_sees_a_port_down_in_seconds(tmp_path):
+    w, slurm = node(tmp_path)
+
+    class Quiet:
+        def backlog(self):
+            return []
+
+        def follow(self, stop, on_event):
+            stop.wait()
+
+    stop = threading.Event()
+    watcher = Watcher(w, Quiet(), log=lambda m: None)
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.2)  # the poller's first reading: every port up
+        sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="down")
+        wait_for(lambda: slurm.peek("n1").drained, 20.0, "n1 drained by the watcher's port poll")
+        assert slurm.peek("n1").reason == DOWN_REASON
+        [rec] = [r for r in AuditLog(w.config.log.audit).read() if r.get("kind") == "watch" and r.get("links")]
+        assert rec["links"] == ["mlx5_0:1"] and rec["drained"]
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+# --- the real testbed ----------------------------------------------------------------------------
+
+
+def run_healthcheck(tb, name: str) -> subprocess.CompletedProcess:
+    """The HealthCheckProgram exactly as slurmd runs it: the wrapper, no PATH, SLURMD_NODENAME only."""
+    return subprocess.run([os.path.join(tb.state_dir, "bin", "healthcheck")], env={"SLURMD_NODENAME": name},
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slurm
+def test_testbed_port_down_on_n1_drains_it_in_one_check_and_three_good_passes_resume_it(hooked_testbed):
+    tb = hooked_testbed
+    with open(tb.config_path) as fh:
+        original = fh.read()
+    try:
+        with open(tb.config_path, "a") as fh:
+            fh.write('\n[hysteresis]\nconfirm = "2/3"\nresume_after = 3\n')
+        sim.init_ib(tb.sim_dir, "n1", 8)
+        assert run_healthcheck(tb, "n1").returncode == 0
+        assert not tb.slurm.node("n1").drained
+        sim.inject_ib(tb.sim_dir, "n1", "mlx5_0:1", state="down")
+        run_healthcheck(tb, "n1")
+        info = tb.slurm.node("n1")
+        assert info.drained and info.reason == DOWN_REASON
+        sim.inject_ib(tb.sim_dir, "n1", "mlx5_0:1", state="up")
+        still = []
+        for _ in range(3):
+            time.sleep(1.1)
+            run_healthcheck(tb, "n1")
+            still.append(tb.slurm.node("n1").drained)
+        # slurmd's own HealthCheckProgram may run in between and count a good pass too.
+        assert still[-1] is False and still[0] is True
+    finally:
+        with open(tb.config_path, "w") as fh:
+            fh.write(original)
+        sim.init(tb.sim_dir, "n1", tb.settings.gpus)
