@@ -37,6 +37,17 @@ def parse_since(text: str, now: float | None = None) -> float:
     return dt.timestamp()
 
 
+def parse_duration(text: str) -> float:
+    """``30m``, ``12h``, ``2d``, ``0`` -> seconds."""
+    text = text.strip()
+    if text in ("0", "0s"):
+        return 0.0
+    m = _REL.match(text)
+    if not m:
+        raise ValueError(f"cannot read duration {text!r}: use 30m, 12h, 2d or 0")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
 def select(records: Iterable[dict[str, Any]], node: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
     out = [r for r in records
            if (node is None or r.get("node") == node) and (since is None or float(r.get("ts", 0)) >= since)]

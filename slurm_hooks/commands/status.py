@@ -1,0 +1,160 @@
+"""``slurm-hooks status``: the fleet now. Which nodes we hold, at which step, since when, who acts next.
+
+From Slurm alone (our reason's grammar, the node's state, ``Extra``), so it answers on any host
+that reaches slurmctld; the local audit log and RMA list, where this host has them, add the
+lifecycle (why it waits, what to do, the GPU's serial). Exit 1 when a node has waited for a
+person longer than ``--max-wait``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import click
+
+from slurm_hooks.commands.options import config_option, json_option
+from slurm_hooks.errors import EXIT_OK, EXIT_UNHEALTHY
+
+PERSON, US, SLURM, JOBS = "a person", "slurm-hooks", "Slurm", "its jobs"
+
+
+def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dict[str, Any]],
+         now: float) -> list[dict[str, Any]]:
+    """One row per node carrying our drain (or DOWN with our reason): node, tag, since, who acts
+    next and what they do. ``open_incidents``: node -> its open :class:`Incident` from the local
+    log (may be empty); ``rma``: the RMA list's entries (may be empty)."""
+    from slurm_hooks.models import Action
+    from slurm_hooks.slurm import out_of_service, parse_reason, reboot_pending, split_reason, status_tag
+
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for e in rma:
+        by_node.setdefault(str(e.get("node")), []).append(e)
+    out = []
+    for info in nodes:
+        if not (info.ours and out_of_service(info)):
+            continue
+        parsed = parse_reason(info.reason) or ("", None)
+        summary, action = parsed
+        text = split_reason(info.reason)[0]
+        tag = text[text.rfind("["):] if text.endswith("]") else ""
+        inc = open_incidents.get(info.name)
+        since = _since(info, inc)
+        status = status_tag(info.reason)
+        why = todo = ""
+        if inc is not None and inc.waiting_for == PERSON:
+            who, todo, why = PERSON, inc.todo, inc.why
+        elif action is Action.REPLACE:
+            who, todo = PERSON, "replace " + (_gpus(inc, by_node.get(info.name, [])) or "the faulty hardware") + \
+                "; new hardware is validated and resumed by itself"
+            why = summary
+        elif status == "unverified":
+            who, todo = PERSON, f"run `slurm-hooks repair --validate` on {info.name} (or resume it once mended)"
+            why = "its diagnostic did not run in full"
+        elif "DCGM" in summary:
+            who, todo = PERSON, f"mend it, then scontrol update NodeName={info.name} State=RESUME"
+            why = "drained for a DCGM diagnostic, which the periodic check does not run"
+        elif status == "validating":
+            who, todo = US, "validating (DCGM diag) before it returns"
+        elif reboot_pending(info):
+            who, todo = SLURM, "reboot (RebootProgram) once idle"
+        elif action is Action.REBOOT and info.base_state == "DOWN":
+            who, todo = US, "the first check on the new boot"
+        elif info.base_state in ("MIXED", "ALLOCATED", "COMPLETING") or "DRAINING" in info.flags:
+            who, todo = JOBS, "run to their end; then the repair"
+        else:
+            who = US
+            todo = (f"{inc.step} ({inc.waiting_for})" if inc is not None and inc.waiting_for else
+                    f"{action.value if action else 'repair'} at the next check")
+        out.append({"node": info.name, "state": info.state, "tag": tag, "reason": info.reason,
+                    "since": since, "waited_s": None if since is None else round(max(0.0, now - since), 1),
+                    "next": who, "todo": todo, "why": why or None, "extra": info.extra_text or None,
+                    "incident": inc.id if inc is not None else None,
+                    "evidence": list(inc.evidence) if inc is not None else []})
+    out.sort(key=lambda r: (r["next"] != PERSON, r["node"]))
+    return out
+
+
+def _since(info: Any, inc: Any) -> float | None:
+    """Since when it is where it is: the lifecycle's step when the log has it, else Slurm's ReasonTime."""
+    if inc is not None:
+        return float(inc.step_since if inc.step_since is not None else inc.opened_at)
+    stamp = info.reason_time
+    if not stamp or stamp in ("None", "Unknown"):
+        return None
+    try:
+        return datetime.fromisoformat(stamp).timestamp()  # slurmctld prints its local time
+    except ValueError:
+        return None
+
+
+def _gpus(inc: Any, entries: list[dict[str, Any]]) -> str:
+    gpus = list(inc.rma) if inc is not None and inc.rma else \
+        [{"index": e.get("gpu"), "uuid": e.get("uuid"), "serial": e.get("serial")} for e in entries]
+    words = []
+    for g in gpus:
+        ids = ", ".join(x for x in (g.get("uuid") or "", f"serial {g['serial']}" if g.get("serial") else "") if x)
+        words.append(f"GPU {g.get('index', '?')}" + (f" ({ids})" if ids else ""))
+    return ", ".join(words)
+
+
+def render(table: list[dict[str, Any]]) -> list[str]:
+    from slurm_hooks.observe.incidents import duration
+
+    if not table:
+        return ["no node held by slurm-hooks"]
+    width = max(len(r["node"]) for r in table)
+    tag_w = max(len(r["tag"]) for r in table)
+    lines = []
+    for r in table:
+        waited = duration(r["waited_s"]) if r["waited_s"] is not None else "?"
+        line = f"{r['node']:<{width}}  {r['tag']:<{tag_w}}  {waited:>7}  {r['next']}: {r['todo']}"
+        if r["why"]:
+            line += f" (why: {r['why']})"
+        lines.append(line)
+    return lines
+
+
+@click.command()
+@config_option
+@click.option("--max-wait", default="1d", show_default=True, metavar="DURATION",
+              help="Exit 1 when a node has waited for a person longer than this (30m, 12h, 2d; 0: never).")
+@json_option
+def status(config_path: str | None, max_wait: str, as_json: bool) -> int:
+    """Which nodes slurm-hooks holds, at which step, since when, and who must act next."""
+    from slurm_hooks import config as config_mod
+    from slurm_hooks.hooks.repair import read_rma
+    from slurm_hooks.observe import incidents
+    from slurm_hooks.observe.audit import AuditLog
+    from slurm_hooks.slurm.factory import from_config
+
+    limit = _seconds(max_wait)
+    cfg = config_mod.load(config_path)
+    nodes = from_config(cfg).nodes()
+    held = {n.name for n in nodes if n.ours}
+    records = [r for r in AuditLog(cfg.log.audit).history() if r.get("node") in held]
+    open_ = {i.node: i for i in incidents.build(records) if i.open}
+    table = rows(nodes, open_, read_rma(os.path.join(cfg.state.dir, "rma.json")), time.time())
+    late = [r for r in table if r["next"] == PERSON and limit > 0 and (r["waited_s"] or 0) > limit]
+    if as_json:
+        click.echo(json.dumps({"nodes": table, "waiting_for_a_person_too_long": [r["node"] for r in late]}, indent=1))
+    else:
+        for line in render(table):
+            click.echo(line)
+        if late:
+            click.echo(f"{len(late)} node(s) waiting for a person longer than {max_wait}: "
+                       + ", ".join(r["node"] for r in late), err=True)
+    return EXIT_UNHEALTHY if late else EXIT_OK
+
+
+def _seconds(text: str) -> float:
+    from slurm_hooks.observe.events import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--max-wait") from None

@@ -1,0 +1,75 @@
+"""``slurm-hooks status``: the fleet from Slurm's view plus the local lifecycle, who acts next."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from fakes.config import repair_config, sim_node
+from fakes.slurm import FakeSlurm
+
+from slurm_hooks.commands import status
+from slurm_hooks.hooks import healthcheck, repair
+from slurm_hooks.observe import incidents
+from slurm_hooks.probes import sim
+
+
+def test_status_names_who_acts_next_for_each_node_we_hold_and_skips_the_rest():
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "IDLE+DRAIN", "slurm-hooks: XID 79 on GPU 6 [replace]")
+    slurm.add_node("n2", "IDLE+DRAIN", "slurm-hooks: DCGM diag L2 failed on GPU 5 [reset]")
+    slurm.add_node("n3", "IDLE+DRAIN", "disk replaced by bob")
+    slurm.add_node("n4", "IDLE")
+    slurm.add_node("n5", "DOWN", "slurm-hooks: GPU lost [reboot 1/1] : reboot issued : reboot complete")
+    slurm.add_node("n6", "MIXED+DRAIN", "slurm-hooks: row remap pending on GPU 3 [reset, at job end]")
+    rma = [{"node": "n1", "gpu": 6, "uuid": "GPU-8f2c", "serial": "1650923012345"}]
+    table = status.rows(slurm.nodes(), {}, rma, time.time())
+    assert [(r["node"], r["tag"], r["next"]) for r in table] == [
+        ("n1", "[replace]", "a person"), ("n2", "[reset]", "a person"), ("n5", "[reboot 1/1]", "slurm-hooks"),
+        ("n6", "[reset, at job end]", "its jobs")]
+    assert table[0]["todo"].startswith("replace GPU 6 (GPU-8f2c, serial 1650923012345)")
+    assert "periodic check does not run" in table[1]["why"] and "State=RESUME" in table[1]["todo"]
+    lines = status.render(table)
+    assert lines[0].startswith("n1  [replace]") and "a person: replace GPU 6 (GPU-8f2c, serial 1650923012345)" in lines[0]
+
+
+def test_xid79_never_cleared_climbs_to_replace_named_by_serial_waits_for_a_person_then_closes_once_on_new_hardware(
+        tmp_path):
+    cfg = repair_config(tmp_path)
+    slurm, w = sim_node(cfg, "IDLE")
+    sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
+    gpu = sim.gpu_entry(sim.read(cfg.gpu.sim_dir, "n1"), 0)
+    sim.inject(cfg.gpu.sim_dir, "n1", 0, xid=79, cleared_by="never")
+    healthcheck.run(w, follow="none", repair="inline")
+    sim.reboot(cfg.gpu.sim_dir, "n1")
+    slurm.set_node("n1", state="DOWN", reason="slurm-hooks: XID 79 on GPU 0 [reboot 1/1] : reboot issued : reboot complete")
+    healthcheck.run(w, follow="none", repair="inline")
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 0 [replace]"
+
+    # The records: a [reboot] then a [replace] escalation naming GPU, UUID and serial.
+    [inc] = incidents.build(w.audit.history())
+    assert inc.action == "replace" and [a for _, a in inc.escalations][-1] == "replace"
+    assert inc.rma and inc.rma[0]["serial"] == gpu["serial"] and inc.rma[0]["uuid"] == gpu["uuid"]
+    assert inc.waits_for_person and gpu["serial"] in inc.todo
+    # Evidence kept before the reboot and before the [replace], named by the RMA entry.
+    entries = repair.read_rma(os.path.join(cfg.state.dir, "rma.json"))
+    assert entries[0]["serial"] == gpu["serial"] and os.path.isdir(entries[0]["evidence"])
+    assert os.path.exists(os.path.join(entries[0]["evidence"], "snapshot.json"))
+    assert entries[0]["evidence"] in inc.evidence
+
+    table = status.rows(slurm.nodes(), {inc.node: inc}, entries, time.time())
+    assert [(r["node"], r["tag"], r["next"]) for r in table] == [("n1", "[replace]", "a person")]
+    assert f"serial {gpu['serial']}" in table[0]["todo"]
+
+    # New hardware: validated, resumed, the incident closed once; the RMA entry stays.
+    for _ in range(3):
+        healthcheck.run(w, follow="none", repair="inline")  # waiting: nothing changes, nothing written twice
+    sim.replace(cfg.gpu.sim_dir, "n1", 0)
+    for _ in range(3):
+        healthcheck.run(w, follow="none", repair="inline")
+    assert slurm.peek("n1").state == "IDLE"
+    built = incidents.build(w.audit.history())
+    assert len(built) == 1 and not built[0].open and built[0].closed_by == "new hardware"
+    assert [r for r in w.audit.read() if r.get("action") == "resume" and r.get("result") == "ok"].__len__() == 1
+    assert [e["serial"] for e in repair.read_rma(os.path.join(cfg.state.dir, "rma.json"))] == [gpu["serial"]]
+    assert status.rows(slurm.nodes(), {}, entries, time.time()) == []
