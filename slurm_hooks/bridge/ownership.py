@@ -82,6 +82,9 @@ class Ownership:
     #: When the incident closed (the Slurm node back in service on another machine); this
     #: machine stays cordoned for its repair and no longer counts as held by the breaker.
     closed: float | None = None
+    #: The Node's ``status.nodeInfo.bootID`` when a repair that keeps the machine (a reboot) was
+    #: asked for: the machine is back once it reports another one (a kubelet after the reboot).
+    boot_id: str = ""
 
     @property
     def complete(self) -> bool:

@@ -66,7 +66,7 @@ _CONFLICT_TRIES = 4
 _DRAIN_BACKOFF = 0.5
 _DRAIN_BACKOFF_MAX = 5.0
 #: Audit kinds a notifier hears about (``Reconciler(notify=...)``): what a person wants told.
-NOTIFIED = frozenset({"bridge_breaker_tripped", "bridge_replace", "bridge_incident_closed",
+NOTIFIED = frozenset({"bridge_breaker_tripped", "bridge_replace", "bridge_incident_closed", "bridge_held_too_long",
                       "bridge_permission_missing", "bridge_drain_timeout"})
 
 
@@ -117,6 +117,12 @@ class PassResult:
     breaker_in_window: int = 0
     aborted: str = ""
     api_calls: int | None = None
+    #: Machines held (cordoned by us) longer than ``held_alert_after``.
+    held_too_long: list[str] = field(default_factory=list)
+    #: The bridge's problems true at the end of this pass, each as the audit record that told it
+    #: (``bridge_breaker_tripped``, ``bridge_permission_missing``, ``bridge_held_too_long``): given to
+    #: the notifier every pass, so their alerts keep firing while true and end when not.
+    standing: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def acted(self) -> bool:
@@ -246,6 +252,10 @@ class Reconciler:
         self._last_error: dict[str, str] = {}
         #: node -> a backend's 403: not asked again until the bridge restarts (fix the RBAC first).
         self._denied: dict[str, str] = {}
+        #: node -> the audit record that told of its missing permission (a standing problem).
+        self._denied_told: dict[str, dict[str, Any]] = {}
+        #: (node, take) of machines already told to be held too long; node -> the record that told it.
+        self._held_told: dict[str, dict[str, Any]] = {}
 
     # -- the pass ----------------------------------------------------------------------
 
@@ -269,6 +279,7 @@ class Reconciler:
             res.aborted, lost = str(exc), True
             self._audit("bridge_pass_aborted", level="warning", error=res.aborted, leadership_lost=True)
         res.breaker_open = breaker.is_open(now)
+        res.standing = self._standing_problems(breaker, res, now)
         res.breaker_limit = breaker.limit(max(res.slurm_nodes, 1))
         res.breaker_in_window = len(breaker.in_window(now))
         if not self.dry_run and not lost and state.to_dict() != saved and self._still_leader():
@@ -333,6 +344,7 @@ class Reconciler:
             raise _Abort(f"cannot list nodes held by the bridge: {exc}") from None
         res.owned = len(ctx.held)
         records = {k: Ownership.of(n) for k, n in ctx.held.items()}
+        self._note_held_too_long(records, res)
         # A closed incident's machine waits for its repair: it no longer holds Slurm capacity.
         ctx.owned_since = {k: r.since for k, r in records.items() if r is not None and r.closed is None}
         #: Slurm nodes an open record on a held Kubernetes node speaks for.
@@ -380,10 +392,37 @@ class Reconciler:
             self._restore(node, record, ctx.res, sn)
         elif elsewhere and record.closed is None and slurm_healthy(sn) and (record.replacement or record.drained):
             self._close(ctx, sn, Verdict.of(sn), node, record, back_on=target)
+            self._give_back_repaired(node, record, ctx)
         elif not record.complete and record.closed is None:
             self._progress(node, record, ctx, None if elsewhere else sn)
+        elif record.closed is not None and self._give_back_repaired(node, record, ctx):
+            pass
         elif elsewhere or record.closed is not None:
             ctx.res.detached.append(kname)
+
+    def _repaired_in_place(self, node: Obj, record: Ownership) -> bool:
+        """The machine a repair kept (a reboot) is back: its request was made by a backend that keeps
+        the machine, the Node is Ready, and it reports another boot than when the reboot was asked."""
+        asked = next((b for b in (self.backend, self.reboot_backend) if b is not None and b.name == record.backend),
+                     None)
+        if asked is None or not getattr(asked, "keeps_machine", False) or not record.replacement:
+            return False
+        status = node.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+        boot = str((status.get("nodeInfo") or {}).get("bootID") or "")
+        return ready and (not record.boot_id or boot != record.boot_id)
+
+    def _give_back_repaired(self, node: Obj, record: Ownership, ctx: PassContext) -> bool:
+        """Every request the bridge makes is ended by the bridge: once the Slurm node is back in service
+        (its incident closed) and the machine its repair kept is back too, the request is withdrawn
+        (the CR deleted) and the machine uncordoned and untainted. True when given back."""
+        if not self._repaired_in_place(node, record):
+            return False
+        kname = name_of(node)
+        if kname in ctx.res.detached:
+            ctx.res.detached.remove(kname)
+        self._restore(node, record, ctx.res)
+        return True
 
     # -- the incident: closed when the Slurm node is back in service -------------------------
 
@@ -623,11 +662,15 @@ class Reconciler:
             self._denied[kname] = (f"missing permission for the {backend.name} backend: {exc}; grant it "
                                    "(slurm-hooks render, slurm-hooks validate) and restart the bridge")
             res.errors.append((kname, self._denied[kname]))
-            self._audit("bridge_permission_missing", level="error", node=kname, slurm_node=record.slurm_node,
-                        backend=backend.name, error=str(exc), message=self._denied[kname])
+            told = {"level": "error", "node": kname, "slurm_node": record.slurm_node, "backend": backend.name,
+                    "error": str(exc), "message": self._denied[kname]}
+            self._denied_told[kname] = {"kind": "bridge_permission_missing", "ts": self.clock(), **told}
+            self._audit("bridge_permission_missing", **told)
             return False
         record.replacement = asked or backend.name
         record.backend = backend.name
+        if getattr(backend, "keeps_machine", False):
+            record.boot_id = str(((w.node.get("status") or {}).get("nodeInfo") or {}).get("bootID") or "")
         res.replaced.append(kname)
         self._audit("bridge_replace", node=kname, slurm_node=record.slurm_node, backend=backend.name,
                     requested=record.replacement, action=target.action.value)
@@ -836,6 +879,41 @@ class Reconciler:
                             reason=breaker.state.trip_reason)
             breaker.state.blocked = blocked
 
+    def _note_held_too_long(self, records: dict[str, Ownership | None], res: PassResult) -> None:
+        """Machines we have held longer than ``held_alert_after``: a gauge, and an alert once per take
+        (a standing problem while it lasts)."""
+        now = self.clock()
+        bound = self.settings.held_alert_after
+        for kname, record in sorted(records.items()):
+            if record is None or now - record.since < bound:
+                continue
+            res.held_too_long.append(kname)
+            told = self._held_told.get(kname)
+            if told is None or told.get("since") != record.since:
+                fields = {"level": "warning", "node": kname, "slurm_node": record.slurm_node, "since": record.since,
+                          "held_s": round(now - record.since, 1), "backend": record.backend,
+                          "requested": record.replacement or None, "closed": record.closed is not None,
+                          "message": f"held (cordoned by the bridge) for more than {bound:g} s: "
+                                     f"{record.replacement or 'nothing requested yet'}"}
+                self._held_told[kname] = {"kind": "bridge_held_too_long", "ts": now, **fields}
+                self._audit("bridge_held_too_long", **fields)
+        for kname in [k for k in self._held_told if k not in res.held_too_long]:
+            del self._held_told[kname]
+
+    def _standing_problems(self, breaker: CircuitBreaker, res: PassResult, now: float) -> list[dict[str, Any]]:
+        """The bridge's own problems true now, re-told every pass (an alert that is not re-posted
+        resolves in Alertmanager while the breaker is still latched)."""
+        out: list[dict[str, Any]] = []
+        state = breaker.state
+        if breaker.is_open(now) and state.tripped_at is not None:
+            out.append({"kind": "bridge_breaker_tripped", "ts": state.tripped_at, "level": "critical",
+                        "node": (state.blocked or res.blocked or [""])[0], "slurm_node": "",
+                        "reason": state.trip_reason, "message": "no new nodes will be taken until "
+                        "`slurm-hooks bridge reset-breaker` or the window passes"})
+        out.extend(self._denied_told[k] for k in sorted(self._denied_told) if k in self._denied)
+        out.extend(self._held_told[k] for k in sorted(self._held_told))
+        return out
+
     def _still_leader(self) -> bool:
         return self.leader is None or self.leader()
 
@@ -866,6 +944,7 @@ class Reconciler:
                 "slurm_hooks_bridge_breaker_blocked_nodes": len(res.blocked),
                 "slurm_hooks_bridge_owned_nodes": res.owned + len(res.taken) - len(res.restored),
                 "slurm_hooks_bridge_detached_nodes": len(res.detached),
+                "slurm_hooks_bridge_held_too_long_nodes": len(res.held_too_long),
                 "slurm_hooks_bridge_waiting_nodes": len(res.waiting),
                 "slurm_hooks_bridge_pass_errors": len(res.errors) + int(bool(res.aborted)),
                 "slurm_hooks_bridge_pass_duration_seconds": res.duration,

@@ -65,6 +65,8 @@ class Backend(Protocol):
     name: str
     #: The GpuHealthy=False condition is itself the request (so it waits for Slurm's jobs too).
     condition_is_request: bool
+    #: The repair keeps the machine (a reboot): the bridge gives it back once it is back, and ends the request.
+    keeps_machine: bool
 
     def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
         """Ask for a replacement; return what was asked for (kept in the ownership record)."""
@@ -78,6 +80,7 @@ class Backend(Protocol):
 class ConditionBackend:
     name = "condition"
     condition_is_request = True
+    keeps_machine = False
 
     def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
         return "node condition"
@@ -89,6 +92,7 @@ class ConditionBackend:
 class KarpenterBackend:
     name = "karpenter"
     condition_is_request = False
+    keeps_machine = False
 
     def __init__(self, version: str = "v1"):
         self.resource = Resource("karpenter.sh", version, "nodeclaims")
@@ -132,6 +136,7 @@ class KarpenterBackend:
 class CapiBackend:
     name = "capi"
     condition_is_request = False
+    keeps_machine = False
 
     def __init__(self, version: str = "v1beta1", cancel_on_recovery: bool = True):
         self.resource = Resource("cluster.x-k8s.io", version, "machines", namespaced=True)
@@ -171,6 +176,7 @@ class AnnotationRebootBackend:
 
     name = "reboot-annotation"
     condition_is_request = False
+    keeps_machine = True
 
     def __init__(self, key: str = "slurm-hooks.io/reboot-requested", cancel_on_recovery: bool = True):
         self.key = key
@@ -194,8 +200,11 @@ class TemplateBackend:
     name = "template"
     condition_is_request = False
 
-    def __init__(self, template_path: str, plural: str, cancel_on_recovery: bool = True, name: str = "template"):
+    def __init__(self, template_path: str, plural: str, cancel_on_recovery: bool = True, name: str = "template",
+                 keeps_machine: bool = False):
         self.name = name
+        #: The reboot backend's objects repair the machine in place (NVSentinel RebootNode, medik8s SNR).
+        self.keeps_machine = keeps_machine
         import jinja2
 
         try:
@@ -272,10 +281,10 @@ class TemplateBackend:
         if there is None or annotations_of(there).get(CREATED_FOR_ANNOTATION) != marker:
             return None  # gone, or deleted and made again by someone else since
         try:
-            # Preconditions: the object read above, not one made again under the same name since
-            # (NodeHealthCheck recreates its remediation objects): 409 means it is not ours.
+            # UID only: the object read above, not one made again under the same name since
+            # (NodeHealthCheck recreates its remediation objects): 409 means it is not ours. No
+            # resourceVersion: SNR and RebootNode controllers rewrite their status all the time.
             deleted = kube.delete_object(resource, name, namespace or None, uid=str(meta(there).get("uid") or ""),
-                                         resource_version=str(meta(there).get("resourceVersion") or ""),
                                          dry_run=dry_run)
         except KubeConflict:
             return None
@@ -340,7 +349,8 @@ def make_backend(settings: ReplaceSettings) -> Backend:
 def make_reboot_backend(settings: RebootSettings) -> Backend | None:
     """The backend for ``[reboot]`` drains; ``None``: the replacement backend takes them."""
     if settings.backend == "template":
-        return TemplateBackend(settings.template, settings.plural, settings.cancel_on_recovery, name="reboot-template")
+        return TemplateBackend(settings.template, settings.plural, settings.cancel_on_recovery, name="reboot-template",
+                               keeps_machine=True)
     if settings.backend == "annotation":
         return AnnotationRebootBackend(settings.annotation, settings.cancel_on_recovery)
     return None

@@ -95,6 +95,9 @@ class BridgeSettings:
     lease_duration: float = _top("lease_duration")
     kubeconfig: str = _top("kubeconfig")
     context: str = _top("context")
+    #: Seconds the bridge may hold a machine before it counts in ``slurm_hooks_bridge_held_too_long_nodes``
+    #: and is alerted (not a config key yet: the schema's key needs docs/configuration.md regenerated).
+    held_alert_after: float = 86400.0
     #: ``[bridge.nodes]``: Slurm node name -> Kubernetes node name, for bare metal where they differ.
     nodes: dict[str, str] = field(default_factory=dict)
     breaker: BreakerSettings = BreakerSettings()

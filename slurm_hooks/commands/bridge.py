@@ -98,8 +98,13 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
                        f"{holder or 'nobody yet'}", err=True)
         audit.write("bridge_leader", leading=now, holder=holder, identity=elector.identity)
 
+    def passed(result) -> None:
+        _report(result, as_json)
+        if notifier is not None and hasattr(notifier, "standing") and not dry_run:
+            notifier.standing(result.standing)  # alerts that stay firing while true, ended when not
+
     try:
-        result = serve(reconciler, elector, stop, settings.interval, once=once, on_pass=lambda r: _report(r, as_json),
+        result = serve(reconciler, elector, stop, settings.interval, once=once, on_pass=passed,
                        on_error=failed, on_leading=leading)
     finally:
         kube.close()

@@ -175,3 +175,89 @@ def test_the_double_keeps_the_operators_reason_rule(slinky):
     assert tb.slurm.node(ours).drained and tb.slurm.node(ours).reason.startswith("slurm-hooks: XID 79")
     assert not tb.slurm.node(other).drained
     tb.scontrol("update", f"NodeName={ours}", "State=RESUME")
+
+
+REBOOTNODES = "janitor.dgxc.nvidia.com/v1alpha1/rebootnodes"
+REBOOT_TEMPLATE = """\
+apiVersion: janitor.dgxc.nvidia.com/v1alpha1
+kind: RebootNode
+metadata:
+  name: slurm-hooks-{{ node }}
+spec:
+  nodeName: {{ node }}
+"""
+
+
+def rebooted(server, name: str, boot_id: str) -> None:
+    """The kubelet after a reboot: Ready again with another boot id (the bridge's cordon and taint stay)."""
+    body = server.get("v1/nodes", name)
+    body.setdefault("status", {}).setdefault("nodeInfo", {})["bootID"] = boot_id
+    server.put("v1/nodes", body)
+
+
+def test_a_machine_rebooted_in_place_is_given_back_once_its_slurm_node_is_healthy_again(
+        slinky, kube_client, tmp_path):
+    """Every request the bridge makes is ended by the bridge: the slurmd pod moves to the spare while
+    the machine reboots; once the Slurm node is back and the machine reports a new boot, the RebootNode
+    is deleted and the machine uncordoned and untainted (before: detached, cordoned for ever)."""
+    from slurm_hooks.bridge.settings import RebootSettings
+
+    tb, server, operator = slinky
+    bad = tb.nodes[0]
+    rebooted(server, bad, "boot-1")
+    template = tmp_path / "rebootnode.yaml.j2"
+    template.write_text(REBOOT_TEMPLATE)
+    settings = BridgeSettings(mapping="auto", state_file=str(tmp_path / "state.json"), drain_pass_budget=15,
+                              reboot=RebootSettings(backend="template", template=str(template), plural="rebootnodes"))
+    bridge = Reconciler(tb.slurm, kube_client, settings, audit=AuditLog(tb.audit_log))
+
+    tb.scontrol("update", f"NodeName={bad}", "State=DRAIN", "Reason=slurm-hooks: XID 79 on GPU 0 [reboot]")
+    res = wait_for(lambda: (lambda r: r if r.replaced or r.errors else None)(bridge.run_pass()), 60,
+                   "the bridge drains the node and asks for the reboot")
+    assert res.replaced == [bad] and not res.errors, res.summary()
+    assert server.get(REBOOTNODES, f"slurm-hooks-{bad}")["spec"] == {"nodeName": bad}
+    assert server.get("v1/nodes", bad)["spec"]["unschedulable"] is True
+
+    # The machine reboots; the NodeSet moved the slurmd pod to the spare meanwhile, slurmd registers.
+    operator.reschedule(bad, "spare-1")
+    tb.wait_node(bad, slurm_healthy, timeout=60)
+    rebooted(server, bad, "boot-2")
+    res = bridge.run_pass()
+    assert res.closed == [bad] and res.restored == [bad] and not res.detached and not res.errors, res.summary()
+
+    machine = server.get("v1/nodes", bad)
+    assert not machine["spec"].get("unschedulable")
+    assert not [t for t in machine["spec"].get("taints") or () if t["key"].startswith("slurm-hooks.io/")]
+    assert server.get(REBOOTNODES, f"slurm-hooks-{bad}") is None
+    assert "slurm-hooks.io/owned" not in (machine["metadata"].get("labels") or {})
+    closed = [r for r in tb.audit_events() if r.get("kind") == "bridge_incident_closed"]
+    assert len(closed) == 1 and closed[0]["node"] == bad
+    res = bridge.run_pass()
+    assert not res.restored and not res.detached and not res.taken, res.summary()
+
+
+def test_a_machine_whose_reboot_has_not_happened_yet_stays_held(slinky, kube_client, tmp_path):
+    """The Slurm node is back on the spare, but the machine reports the boot it had when the reboot
+    was asked: the request stands and the machine stays cordoned until it comes back."""
+    from slurm_hooks.bridge.settings import RebootSettings
+
+    tb, server, operator = slinky
+    bad = tb.nodes[0]
+    rebooted(server, bad, "boot-1")
+    template = tmp_path / "rebootnode.yaml.j2"
+    template.write_text(REBOOT_TEMPLATE)
+    settings = BridgeSettings(mapping="auto", state_file=str(tmp_path / "state.json"), drain_pass_budget=15,
+                              reboot=RebootSettings(backend="template", template=str(template), plural="rebootnodes"))
+    bridge = Reconciler(tb.slurm, kube_client, settings, audit=AuditLog(tb.audit_log))
+    tb.scontrol("update", f"NodeName={bad}", "State=DRAIN", "Reason=slurm-hooks: XID 79 on GPU 0 [reboot]")
+    wait_for(lambda: bridge.run_pass().replaced, 60, "the reboot is asked for")
+    operator.reschedule(bad, "spare-1")
+    tb.wait_node(bad, slurm_healthy, timeout=60)
+    res = bridge.run_pass()
+    assert res.closed == [bad] and res.detached == [bad] and not res.restored, res.summary()
+    assert server.get(REBOOTNODES, f"slurm-hooks-{bad}") is not None
+    assert server.get("v1/nodes", bad)["spec"]["unschedulable"] is True
+    rebooted(server, bad, "boot-2")
+    res = bridge.run_pass()
+    assert res.restored == [bad] and not res.closed, res.summary()
+    assert server.get(REBOOTNODES, f"slurm-hooks-{bad}") is None
