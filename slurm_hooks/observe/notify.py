@@ -498,7 +498,7 @@ class Pace:
 
     def save(self) -> None:
         if self.changed:
-            fsutil.atomic_write(self.path, json.dumps(self.state), mode=0o600)
+            fsutil.atomic_write(self.path, json.dumps(self.state), mode=0o600, durable=False)  # lost: a fresh pace
             self.changed = False
 
     def _of(self, dest: str, now: float) -> dict[str, float]:
@@ -560,6 +560,8 @@ class Notifier:
                          rng or random.Random())
         self.state_path = os.path.join(settings.dir, "cursor.json")
         self.standing_path = os.path.join(settings.dir, "standing.json")
+        #: cursor.json as last read or written by this process.
+        self._state_text: str | None = None
         self.heartbeat_path = os.path.join(settings.dir, "delivering")
         #: When the next held-back message (an incident within its settle time) becomes due (clock time).
         self._settling: float | None = None
@@ -755,7 +757,10 @@ class Notifier:
         self._report_moved()
         # Closed incidents are done once told; open ones stay with what was told about them.
         state = {"cursor": cursor, "tracker": tracker.to_dict(), **({"standing": standing} if standing else {})}
-        fsutil.atomic_write(self.state_path, json.dumps(state), mode=0o600)
+        text = json.dumps(state)
+        if text != self._state_text:  # a quiet pass (the watcher's, every second) writes nothing
+            fsutil.atomic_write(self.state_path, text, mode=0o600)
+            self._state_text = text
         return queued
 
     def _due(self, inc: Incident, now: float, quiet_before: float) -> list[Message]:
@@ -799,10 +804,15 @@ class Notifier:
         return out
 
     def _load_state(self) -> dict[str, Any]:
+        self._state_text = None
         try:
             with open(self.state_path, encoding="utf-8") as fh:
-                data = json.load(fh)
-            return data if isinstance(data, dict) else {}
+                text = fh.read()
+            data = json.loads(text)
+            if isinstance(data, dict):
+                self._state_text = text
+                return data
+            return {}
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:

@@ -239,9 +239,11 @@ class Outbox:
     # -- retries and refusals
 
     def retry(self, entry: Entry, error: str, next_at: float) -> None:
+        """Count a failed try. Not synced: after a crash the entry is there with an older count, which
+        only makes its next try sooner."""
         entry.attempts += 1
         entry.next_at, entry.last_error = next_at, error
-        fsutil.atomic_write(entry.path, entry.to_json(), mode=0o600)
+        fsutil.atomic_write(entry.path, entry.to_json(), mode=0o600, durable=False)
         if self._index is not None:
             self._changed()
 

@@ -317,3 +317,20 @@ def test_the_cluster_label_defaults_to_slurm_confs_cluster_name(tmp_path, monkey
     assert s.hold_for("reboot") >= 1800.0 + s.hold_for("drain")
     cfg = config.parse('[notify]\ncluster = "beta"\n[[notify.alertmanager]]\nurl = "http://127.0.0.1:9"\n')
     assert Settings.from_config(cfg, str(tmp_path / "n")).cluster == "beta"
+
+
+def test_a_quiet_pass_writes_nothing(tmp_path, receiver):
+    """The watcher makes a pass every second: with nothing new, no file is rewritten (each write is an
+    fsync on the node's disk)."""
+    clock, said = Clock(), []
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    n = notifier(tmp_path, receiver.url(), clock, said, reminder_after=0.0)
+    xid79(log)
+    n.flush(5)
+    cursor = tmp_path / "notify" / "cursor.json"
+    before = os.stat(cursor)
+    for _ in range(3):
+        n.flush(5)
+        assert notifier(tmp_path, receiver.url(), clock, said, reminder_after=0.0).flush(5)["sent"] == 0
+    after = os.stat(cursor)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
