@@ -162,15 +162,27 @@ class Grace(str, enum.Enum):
     WAITING = "waiting"
     SELF_REQUEUED = "self"
     ENDED = "ended"
+    #: Ended FAILED in its grace: its framework could not honour the signal (submitit late in
+    #: its time limit raises "timed-out and not checkpointable"), or the fault crashed it.
+    FAILED = "failed"
     OVER = "over"
+
+
+#: States a job that ends in its grace is requeued from: it did not choose to stop (COMPLETED),
+#: was not cancelled, and did not run out of time; Slurm requeues a finished batch job.
+REQUEUE_ENDED_STATES = ("FAILED",)
 
 
 def judge_grace(job: JobInfo, now: float, grace_until: float, restarts: int) -> Grace:
     """A job is self-requeued once it is PENDING again or its restart count rose past ``restarts``
-    (it may already run elsewhere); ended once finished; a job still completing is on its way
-    (never requeue one: Slurm would run it again); a running one is waited for until ``grace_until``."""
+    (it may already run elsewhere); failed once it ended in :data:`REQUEUE_ENDED_STATES` (ours to
+    requeue: the fault touched it); ended once otherwise finished; a job still completing is on
+    its way (never requeue one: Slurm would run it again); a running one is waited for until
+    ``grace_until``."""
     if job.pending or job.restarts > restarts:
         return Grace.SELF_REQUEUED
+    if job.base_state in REQUEUE_ENDED_STATES:
+        return Grace.FAILED
     if job.finished:
         return Grace.ENDED
     if job.completing or now < grace_until:

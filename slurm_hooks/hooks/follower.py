@@ -5,7 +5,9 @@ A job touched by a fault is in one of two phases, written down per job under
 
 - :attr:`Phase.GRACE`: it got its own checkpoint signal (:mod:`.checkpoint`) and has
   until ``grace_until`` to requeue itself or end. A job that requeues itself is not
-  requeued again; one still running when the grace is over is requeued by us.
+  requeued again; one still running when the grace is over is requeued by us, and so is one
+  that ended FAILED in it (submitit late in its time limit cannot checkpoint and fails: never
+  lose a job the fault touched).
 - :attr:`Phase.REQUEUED`: requeued (by us, by itself, or refused by our prolog):
   once PENDING again it is released (our prolog's hold only) and made eligible now
   (``StartTime=now``), saving Slurm's ~121 s requeue delay.
@@ -33,7 +35,7 @@ from slurm_hooks.hooks import checkpoint
 from slurm_hooks.hooks.actions import annotate_jobs, step
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.slurm import JobInfo, hostlist, job_ref
-from slurm_hooks.slurm.errors import AlreadyRequeued
+from slurm_hooks.slurm.errors import AlreadyRequeued, SlurmCommandFailed
 from slurm_hooks.values import dataclass
 
 if TYPE_CHECKING:
@@ -73,7 +75,11 @@ class Followed:
     restarts: int = 0
     #: The follower that owns the record (None: none yet, the next hook run finishes it).
     pid: int | None = None
+    #: When the record was written; for a requeued job, when it was requeued.
     ts: float = 0.0
+    #: How many nodes the job ran on (1 when not known): a multi-node job is not started again
+    #: until CRED_REVOKE_DELAY_S after its requeue.
+    nodes: int = 1
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "phase": self.phase.value})
@@ -102,6 +108,12 @@ FOLLOW_RECORD_TTL_S = 3600.0
 #: close to the flat poll's (bench/bench_storm.py): 7 looks in the first 3 s, then one a second.
 FIRST_POLL_S = 0.1
 POLL_GROWTH = 1.5
+#: A requeue revokes the job's credential on each of its nodes, and slurmd refuses a launch whose
+#: credential is not newer than the revocation (second resolution; Slurm's own requeue delay is what
+#: keeps that apart). ``StartTime=now`` skips that delay: a multi-node job sent back within the same
+#: second to a node it ran on is refused there and killed. So one is made eligible only this long
+#: after its requeue; a single-node job at once (its own node is drained).
+CRED_REVOKE_DELAY_S = 2.0
 
 
 def follow_jobs(w: Wiring, refs: Iterable[int | str], how: Follow | str, *, python: str | None = None,
@@ -231,16 +243,26 @@ def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
                  detail=f"the job ended {job.state} after its {rec.signal} (it checkpointed and stopped, or "
                         "failed): not requeued")
             return f"ended {job.state}"
-        elif verdict is checkpoint.Grace.OVER:
+        elif verdict in (checkpoint.Grace.OVER, checkpoint.Grace.FAILED):
+            kind = "ours" if verdict is checkpoint.Grace.OVER else "failed"
             try:
                 w.slurm.requeue(ref)
             except AlreadyRequeued:
                 _requeued(w, rec, "self", t0)  # it did, a moment before us
                 return None
+            except SlurmCommandFailed as exc:
+                if kind == "ours":
+                    step(w, "requeue", ref, "failed", t0, jobs=[ref], error=str(exc), signal=rec.signal)
+                    return None  # the record stays: the next look (or hook run) tries again
+                forget_record(w, ref)  # Slurm refuses to requeue the ended job (--no-requeue, purged): final
+                step(w, "requeue", ref, "failed", t0, jobs=[ref], error=str(exc), signal=rec.signal, level="error",
+                     detail=f"the job ended {job.state} in its grace after its {rec.signal}, and Slurm refused "
+                            "to requeue it")
+                return f"ended {job.state}, requeue refused"
             except SlurmHooksError as exc:
                 step(w, "requeue", ref, "failed", t0, jobs=[ref], error=str(exc), signal=rec.signal)
-                return None  # the record stays: the next look (or hook run) tries again
-            _requeued(w, rec, "ours", t0)
+                return None  # transient: the record stays, the next look (or hook run) tries again
+            _requeued(w, rec, kind, t0, state=job.state)
             return None
     if job is None:
         forget_record(w, ref)
@@ -248,6 +270,8 @@ def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
         return "gone"
     if job.pending:
         target = job.ref  # the given id may be an array's base id: act on exactly this task
+        if rec is not None and rec.nodes > 1 and time.time() < rec.ts + CRED_REVOKE_DELAY_S:
+            return None  # a multi-node job: not within a second of its credential's revocation
         if job.held_by_admin or job.held_by_user or (job.priority == "0" and not job.held_by_launch_failure):
             forget_record(w, ref)
             step(w, "start_now", ref, "skipped", t0, jobs=[ref],
@@ -275,9 +299,10 @@ def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
     return None
 
 
-def _requeued(w: Wiring, rec: Followed, kind: str, t0: float) -> None:
-    """A job in its grace is requeued, by itself (``kind`` "self") or by us ("ours"): say so once
-    (audit, AdminComment, metric) and follow it on as any requeued job."""
+def _requeued(w: Wiring, rec: Followed, kind: str, t0: float, state: str = "") -> None:
+    """A job in its grace is requeued, by itself (``kind`` "self"), by us after the grace ("ours"),
+    or by us once it ended FAILED in it ("failed", ``state`` its end state): say so once (audit,
+    AdminComment, metric) and follow it on as any requeued job."""
     now = time.time()
     seconds = round(now - rec.fault_at, 3)
     write_record(w, replace(rec, phase=Phase.REQUEUED, ts=now))
@@ -285,11 +310,16 @@ def _requeued(w: Wiring, rec: Followed, kind: str, t0: float) -> None:
         detail = f"requeued itself {seconds:g}s after the fault, on its {rec.signal} (checkpoint)"
         step(w, "requeue", rec.ref, "self", t0, jobs=[rec.ref], signal=rec.signal, seconds_from_fault=seconds,
              requeued_by="self", detail=detail)
+    elif kind == "failed":
+        detail = (f"ended {state or 'FAILED'} in its grace after its {rec.signal} (its framework could not "
+                  f"checkpoint it): requeued {seconds:g}s after the fault")
+        step(w, "requeue", rec.ref, "ok", t0, jobs=[rec.ref], signal=rec.signal, seconds_from_fault=seconds,
+             requeued_by="ours", ended=state, detail=detail)
     else:
         detail = f"no checkpoint: requeued after the grace ({rec.signal} sent, {seconds:g}s after the fault)"
         step(w, "requeue", rec.ref, "ok", t0, jobs=[rec.ref], signal=rec.signal, seconds_from_fault=seconds,
              requeued_by="ours", detail=detail)
-    record_requeue_seconds(w, kind, seconds)
+    record_requeue_seconds(w, "self" if kind == "self" else "ours", seconds)
     annotate_jobs(w, [rec.ref], f"{detail}, from {w.node}")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Callable
 
@@ -76,12 +77,24 @@ def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
         return 0
     if jid:
         # The job is requeued once this prolog exits: no point in waiting for it here.
-        follower.follow_jobs(w, [jid], follower.Follow.DETACHED, fallback=False)
+        now = time.time()
+        rec = follower.Followed(jid, w.node, fault_at=now, ts=now, nodes=_node_count(env))
+        follower.follow_jobs(w, [jid], follower.Follow.DETACHED, fallback=False, records=[rec])
         held = [int(g) for g in env.get("SLURM_JOB_GPUS", "").split(",") if g.strip().isdigit()]
         remediate.annotate_jobs(w, [jid], f"refused by the prolog on {w.node}, "
                                 f"{remediate.findings_summary(report.drain_findings())}{_not_requeued_note(w, jid)}"
                                 + remediate.in_slurms_numbering(w, held))
     return 1
+
+
+def _node_count(env: Mapping[str, str]) -> int:
+    """The job's node count from the prolog's SLURM_JOB_NODELIST (1 when it does not say)."""
+    from slurm_hooks.slurm import hostlist
+
+    try:
+        return max(1, len(hostlist.expand(env.get("SLURM_JOB_NODELIST", "").strip() or "x")))
+    except ValueError:
+        return 1
 
 
 def _not_requeued_note(w: Wiring, jid: str) -> str:

@@ -26,6 +26,7 @@ from slurm_hooks.slurm import (
     JobInfo,
     NodeInfo,
     format_reason,
+    hostlist,
     may_drain,
     out_of_service,
     parse_reason,
@@ -244,6 +245,7 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
         _step(w, "requeue", w.node, "failed", started, error=f"cannot list jobs: {exc}")
         return
     graced: list[Followed] = []
+    requeued: list[Followed] = []
     gmap = gpumap.cached(w) if gpus is not None else None
     faulty = _fmt(gpus or ()) + "".join(f", GPU {g} instance {i}" for g, i in sorted(instances))
     for job, held, touched in touched_jobs(w, jobs, gpus, instances, gmap):
@@ -289,12 +291,14 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
             _step(w, "requeue", ref, "failed", t0, jobs=[ref], error=str(exc))
             continue
         outcome.requeued.append(ref)
+        requeued.append(Followed(ref, w.node, Phase.REQUEUED, fault_at=fault_at, ts=time.time(),
+                                 nodes=node_count(job)))
         seconds = round(time.time() - fault_at, 3)
         _step(w, "requeue", ref, "ok", t0, jobs=[ref], requeued_by="ours", seconds_from_fault=seconds,
               **({"gpus": list(held)} if held else {}), **scope)
         record_requeue_seconds(w, "ours", seconds)
     if outcome.requeued or graced:
-        follow_jobs(w, [*outcome.requeued, *outcome.signalled], follow, records=graced)
+        follow_jobs(w, [*outcome.requeued, *outcome.signalled], follow, records=[*requeued, *graced])
 
 
 def _signal_first(w: Wiring, job: JobInfo, fault_at: float) -> Followed | None:
@@ -317,7 +321,15 @@ def _signal_first(w: Wiring, job: JobInfo, fault_at: float) -> Followed | None:
     _step(w, "signal", job.ref, "ok", t0, jobs=[job.ref], signal=sig.spec, source=sig.source.value, via=how,
           grace_s=round(grace, 3), detail=f"sent {sig.name} ({how}); up to {grace:g}s to checkpoint and requeue itself")
     return Followed(job.ref, w.node, Phase.GRACE, fault_at=fault_at, signal=sig.spec, source=sig.source.value,
-                    signalled_at=now, grace_until=now + grace, restarts=job.restarts)
+                    signalled_at=now, grace_until=now + grace, restarts=job.restarts, nodes=node_count(job))
+
+
+def node_count(job: JobInfo) -> int:
+    """How many nodes the job runs on (1 when its node list does not parse)."""
+    try:
+        return max(1, len(hostlist.expand(job.nodes))) if job.nodes else 1
+    except ValueError:
+        return 1
 
 
 def in_slurms_numbering(w: Wiring, gres: Iterable[int]) -> str:

@@ -126,14 +126,22 @@ def work_lost(reached: int, resumed: int) -> float:
     return max(0, reached - resumed) * STEP_S
 
 
-#: A stock submitit job: ``python -c SUBMITIT <folder> <workdir>`` submits it and prints its id.
-#: The task logs its steps like the loop above; submitit's own USR2 handler calls ``checkpoint()``
-#: (which pickles the task with its step) and runs ``scontrol requeue`` itself.
+#: A stock submitit job: ``python -c SUBMITIT <folder> <workdir> [<timeout_min> [plain|class [<signal_delay_s>]]]``
+#: submits it and prints its id (Slurm itself sends USR2 ``signal_delay_s``, default submitit's 90, before
+#: the limit: a short limit needs a short delay, or Slurm's own signal lands first). The task logs its steps like the loop above; submitit's own USR2 handler calls
+#: ``checkpoint()`` (which pickles the task with its step) and runs ``scontrol requeue`` itself.
+#: ``plain``: a function with no ``checkpoint()`` that saves its step to ``<workdir>/ckpt.json``
+#: itself; late in its time limit (submitit's ``has_timed_out()``: elapsed >= min(0.8 x limit,
+#: limit - 600 s), so a limit under 10 minutes always) submitit's handler raises "timed-out and
+#: not checkpointable" and the job ends FAILED.
 SUBMITIT_DRIVER = r'''
-import os, sys, time
+import json, os, sys, time
 import submitit
 
 folder, workdir = sys.argv[1], sys.argv[2]
+timeout_min = int(sys.argv[3]) if len(sys.argv) > 3 else 60
+plain = len(sys.argv) > 4 and sys.argv[4] == "plain"
+delay = {"slurm_signal_delay_s": int(sys.argv[5])} if len(sys.argv) > 5 else {}
 
 class Train(submitit.helpers.Checkpointable):
     def __init__(self):
@@ -152,9 +160,27 @@ class Train(submitit.helpers.Checkpointable):
         print(f"saved step={self.step} at={time.time():.3f}", flush=True)
         return super().checkpoint(workdir)
 
+def train_plain(workdir):
+    ckpt, step = os.path.join(workdir, "ckpt.json"), 0
+    if os.path.exists(ckpt):
+        with open(ckpt) as fh:
+            step = json.load(fh)["step"]
+    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+    print(f"start restart={restart} step={step} on {os.environ.get('SLURMD_NODENAME')}", flush=True)
+    while True:
+        time.sleep(STEP_S)
+        step += 1
+        with open(os.path.join(workdir, "steps.log"), "a") as fh:
+            fh.write(f"{step} {time.time():.3f} {restart}\n")
+        if step % 10 == 0:
+            with open(ckpt + ".tmp", "w") as fh:
+                json.dump({"step": step}, fh)
+            os.replace(ckpt + ".tmp", ckpt)
+
 ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
-ex.update_parameters(timeout_min=60, slurm_gres="gpu:1", slurm_additional_parameters={"requeue": True})
-job = ex.submit(Train(), workdir)
+ex.update_parameters(timeout_min=timeout_min, slurm_gres="gpu:1", slurm_additional_parameters={"requeue": True},
+                     **delay)
+job = ex.submit(train_plain, workdir) if plain else ex.submit(Train(), workdir)
 print(job.job_id)
 '''.replace("STEP_S", repr(STEP_S))
 

@@ -212,3 +212,38 @@ def test_an_array_task_gets_its_signal_alone(tb):
         else:
             assert (now.base_state, now.restarts) == ("RUNNING", 0), now
             assert "got USR1" not in output, output
+
+
+#: The late-hit submitit job's time limit (minutes). submitit's has_timed_out() is true once elapsed >=
+#: min(0.8 x limit, limit - 600 s): under 10 minutes that is the whole run, so a fault at any moment of a
+#: 5-minute job meets exactly what one at 85% of a long job meets, without waiting for it. (Waiting for
+#: 85% of a short limit does not work either: Slurm sends the job's own USR2 up to 60 s before its
+#: @TIME, so it lands first.)
+LATE_LIMIT_MIN = 5
+
+
+def test_a_submitit_job_hit_in_its_timed_out_window_fails_on_usr2_and_is_requeued_by_us_from_its_checkpoint(
+        tb, tmp_path):
+    """submitit's handler, late in the limit (85% of it, or any moment of a limit under 10 minutes),
+    raises "timed-out and not checkpointable": the job ends FAILED in its grace. It must run again
+    (from what it saved), never be left FAILED."""
+    folder, work = str(tmp_path / "submitit"), str(tmp_path / "work")
+    os.makedirs(work)
+    env = {**tb.env, "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", contracts.SUBMITIT_DRIVER, folder, work, str(LATE_LIMIT_MIN),
+                          "plain"], env=env, capture_output=True, text=True, timeout=60, check=True)
+    ref = out.stdout.split()[-1]
+    bad, fault, reached = fault_under(tb, ref, work)
+    [sent] = actions(tb, "signal")
+    assert (sent["result"], sent["signal"]) == ("ok", "USR2@90")
+    again = running_elsewhere(tb, ref, bad, timeout=GRACE_S + 30)
+    assert again.restarts == 1
+    text = contracts.submitit_output(folder, ref)
+    assert "this job is timed-out" in text and "timed-out and not checkpointable" in text, text
+    resumed = wait_for(lambda: start_line(contracts.submitit_output(folder, ref), 1), 30, "the restart's start line")
+    assert resumed["on"] == again.nodes
+    assert 0 < int(resumed["step"]) <= reached  # from its own checkpoint, not from zero
+    requeues = actions(tb, "requeue")
+    assert [(r["result"], r.get("requeued_by"), r.get("ended")) for r in requeues] == [("ok", "ours", "FAILED")], \
+        requeues
+    assert "ended FAILED in its grace" in tb.slurm.admin_comment(ref)
