@@ -66,9 +66,14 @@ def report(config_path: str | None, since: str, audit_path: str | None, accounti
             if accounting:
                 raise
             used = f"not used ({exc})"
+    from slurm_hooks.hooks.repair import read_rma
+
+    rma_list = read_rma(os.path.join(cfg.state.dir, "rma.json"))  # where readable: this host's RMA list
+    if scope:
+        rma_list = [e for e in rma_list if e.get("node") in scope]
     data = rep_mod.build(records, start, now, node_events, job_runs,
                          sources={"audit": path, "audit_files": len(files), "accounting": used,
-                                  "accounting_queries": [" ".join(q) for q in db.queries]})
+                                  "accounting_queries": [" ".join(q) for q in db.queries]}, rma_list=rma_list)
     if html_path:
         try:
             fsutil.atomic_write(html_path, html.render(data), mode=0o644)

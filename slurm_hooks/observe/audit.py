@@ -203,14 +203,18 @@ class AuditLog:
 
     def read(self) -> Iterator[dict[str, Any]]:
         """The records of the live file, as written."""
-        yield from _read_lines(self.path)
+        yield from read_file(self.path)
 
     def history(self) -> Iterator[dict[str, Any]]:
         """Every record kept: the rotated files (``<log>.2.gz``, ``<log>.1``, oldest first), the live
         file, then the repeats counted and not yet written (``repeat`` records)."""
         for path in rotated(self.path):
-            yield from _read_lines(path)
+            yield from read_file(path)
         yield from self.read()
+        yield from self.counted()
+
+    def counted(self) -> Iterator[dict[str, Any]]:
+        """The repeats counted and not yet written, as ``repeat`` records."""
         for node, mine in sorted(self._load_repeats().items()):
             for entry in mine.values():
                 yield from _summary(node, entry)
@@ -228,7 +232,7 @@ def rotated(path: str) -> list[str]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def _read_lines(path: str) -> Iterator[dict[str, Any]]:
+def read_file(path: str) -> Iterator[dict[str, Any]]:
     import gzip
 
     try:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from slurm_hooks.observe import incidents
-from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.observe.audit import AuditLog, read_file, rotated
 from slurm_hooks.observe.incidents import Finding, Incident
 from slurm_hooks.report.slurmdb import OUR_PREFIX, JobRun, NodeEvent
 
@@ -36,18 +36,24 @@ HOW_GPU_HOURS = ("for each run a requeue ended (sacct -D, state REQUEUED): its r
 
 
 def audit_files(path: str) -> list[str]:
-    """One log, or every ``*.jsonl`` (and rotated ``*.jsonl.N``) under a directory."""
+    """One log, or every ``*.jsonl`` under a directory; each with its rotated files (``.1``, ``.2.gz``)."""
     if os.path.isdir(path):
-        found = glob.glob(os.path.join(path, "**", "*.jsonl"), recursive=True)
-        found += glob.glob(os.path.join(path, "**", "*.jsonl.[0-9]*"), recursive=True)
-        return sorted(set(found))
-    return [path] if os.path.exists(path) else []
+        live = glob.glob(os.path.join(path, "**", "*.jsonl"), recursive=True)
+    else:
+        live = [path]
+    found: list[str] = []
+    for p in sorted(set(live)):
+        found += rotated(p) + ([p] if os.path.exists(p) else [])
+    return found
 
 
 def read_audit(paths: Iterable[str]) -> list[dict[str, Any]]:
+    """Every record of these files (``.gz`` ones too), and the repeats a live log has counted."""
     out: list[dict[str, Any]] = []
     for p in paths:
-        out.extend(r for r in AuditLog(p).read() if isinstance(r, dict) and isinstance(r.get("ts"), (int, float)))
+        out.extend(r for r in read_file(p) if isinstance(r, dict) and isinstance(r.get("ts"), (int, float)))
+        if p.endswith(".jsonl"):
+            out.extend(AuditLog(p).counted())
     return out
 
 
@@ -112,7 +118,8 @@ def _gpu_key(node: str, f: Finding) -> str:
 
 def build(records: list[dict[str, Any]], since: float, until: float | None = None,
           node_events: list[NodeEvent] | None = None, job_runs: list[JobRun] | None = None,
-          sources: dict[str, Any] | None = None) -> dict[str, Any]:
+          sources: dict[str, Any] | None = None, rma_list: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``rma_list``: the repair ladder's RMA list (``rma.json`` entries), where readable."""
     until = until or time.time()
     found = incidents.build(records)
     if node_events is not None:
@@ -151,18 +158,7 @@ def build(records: list[dict[str, Any]], since: float, until: float | None = Non
         n["findings"] = dict(n["findings"])
         n["gpus"] = [{k: v for k, v in g.items() if k != "_spans"} for g in gpus.values() if g["node"] == n["node"]]
 
-    rma = []
-    for g in gpus.values():
-        spans = sorted(g["_spans"])
-        why = []
-        if any(end is not None and any(s > end for s, _ in spans[k + 1:]) for k, (_, end) in enumerate(spans)):
-            why.append("fault came back after the node was repaired and back in service")
-        if len(spans) >= RECUR_COUNT:
-            why.append(f"{len(spans)} incidents in the window")
-        if why:
-            rma.append({"gpu": g["gpu"], "node": g["node"], "index": g["index"], "uuid": g["uuid"],
-                        "serial": g["serial"], "incidents": len(spans), "why": why})
-    rma.sort(key=lambda r: (-r["incidents"], r["gpu"]))
+    rma = _rma_candidates(found, gpus, rma_list or [])
 
     mttrs = [i.mttr for i in found if i.mttr is not None]
     return {
@@ -180,6 +176,9 @@ def build(records: list[dict[str, Any]], since: float, until: float | None = Non
             "time_to_drain": _stats([i.time_to_drain for i in found if "accounting" not in i.contexts]),
             "time_to_job_running": _stats([r["time_to_job_running_s"] for r in rows
                                            if r["time_to_job_running_s"] is not None]),
+            # Without slurmdbd, what the log knows is when a requeued job was made eligible (StartTime=now),
+            # not when it ran: said so, never called "running again".
+            "time_to_job_running_how": "started again (sacct)" if job_runs is not None else "made eligible",
             "mttr": _stats(mttrs),
         },
         "incidents": rows,
@@ -190,6 +189,52 @@ def build(records: list[dict[str, Any]], since: float, until: float | None = Non
         "rma_candidates": rma,
         "trend": _trend(found, since, until),
     }
+
+
+def _rma_candidates(found: list[Incident], gpus: dict[str, dict[str, Any]],
+                    rma_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """GPUs to send back, keyed by serial (else UUID, else node and slot): the ones the repair ladder
+    tagged [replace] or put on its RMA list, and the ones whose fault keeps coming back. A replaced
+    board has a new serial: it starts a clean history."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def entry(key: str, node: str, index: Any, uuid: Any, serial: Any, pci: Any = None) -> dict[str, Any]:
+        e = out.setdefault(key, {"gpu": key, "node": node, "index": index, "uuid": uuid or None,
+                                 "serial": serial or None, "pci_bus_id": pci or None, "incidents": 0, "why": [],
+                                 "evidence": []})
+        for k, v in (("uuid", uuid), ("serial", serial), ("pci_bus_id", pci)):
+            e[k] = e[k] or v or None
+        return e
+
+    for g in gpus.values():
+        spans = sorted(g["_spans"])
+        why = []
+        if any(end is not None and any(s > end for s, _ in spans[k + 1:]) for k, (_, end) in enumerate(spans)):
+            why.append("fault came back after the node was repaired and back in service")
+        if len(spans) >= RECUR_COUNT:
+            why.append(f"{len(spans)} incidents in the window")
+        if why:
+            e = entry(g["gpu"], g["node"], g["index"], g["uuid"], g["serial"])
+            e["incidents"] = len(spans)
+            e["why"] += why
+    for inc in found:
+        for r in inc.rma:
+            key = str(r.get("serial") or r.get("uuid") or f"{inc.node}:gpu{r.get('index')}")
+            e = entry(key, inc.node, r.get("index"), r.get("uuid"), r.get("serial"), r.get("pci_bus_id"))
+            e["incidents"] = max(e["incidents"], len(gpus.get(key, {}).get("_spans", [])) or 1)
+            why = f"[replace]: {inc.why or inc.reason} (incident {inc.id})"
+            if why not in e["why"]:
+                e["why"].append(why)
+            e["evidence"] += [p for p in inc.evidence if p not in e["evidence"]]
+    for r in rma_list:
+        key = str(r.get("serial") or r.get("uuid") or f"{r.get('node')}:gpu{r.get('gpu')}")
+        e = entry(key, str(r.get("node") or ""), r.get("gpu"), r.get("uuid"), r.get("serial"), r.get("pci_bus_id"))
+        e["incidents"] = max(e["incidents"], 1)
+        if not any(w.startswith("[replace]") for w in e["why"]):
+            e["why"].append(f"on the repair ladder's RMA list: {r.get('reason') or 'tagged [replace]'}")
+        if r.get("evidence") and r["evidence"] not in e["evidence"]:
+            e["evidence"].append(r["evidence"])
+    return sorted(out.values(), key=lambda r: (-r["incidents"], r["gpu"]))
 
 
 def _job_restarts_from_accounting(found: list[Incident], rows: list[dict], job_runs: list[JobRun]) -> None:

@@ -112,7 +112,9 @@ def render(rep: dict[str, Any]) -> str:
            + _rows([(n["node"], float(n["incidents"])) for n in rep["nodes"]], _BAR, "nodes by incidents") + "</div>",
            "</div>"]
     out.append("<h2>Repair times</h2><table><tr><th></th><th>median</th><th>p90</th><th>incidents</th></tr>")
-    for label, key in (("time to drain", "time_to_drain"), ("job running again", "time_to_job_running"),
+    eligible = s.get("time_to_job_running_how") == "made eligible"
+    for label, key in (("time to drain", "time_to_drain"),
+                       ("job made eligible" if eligible else "job running again", "time_to_job_running"),
                        ("back in service (MTTR)", "mttr")):
         st = s[key]
         out.append(f'<tr><td>{label}</td><td class="n">{_d(st["median_s"])}</td><td class="n">{_d(st["p90_s"])}</td>'

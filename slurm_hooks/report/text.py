@@ -20,7 +20,9 @@ def render(rep: dict[str, Any], width: int = 40) -> list[str]:
     lines.append(f"{s['incidents']} incidents ({s['open']} open) on {s['nodes']} nodes, {s['gpus']} GPUs; "
                  f"{s['jobs_requeued']} jobs requeued; GPU-hours lost: {lost}")
     lines += ["", f"{'':<20}{'median':>10}{'p90':>10}{'n':>5}"]
-    for label, key in (("time to drain", "time_to_drain"), ("job running again", "time_to_job_running"),
+    eligible = s.get("time_to_job_running_how") == "made eligible"
+    for label, key in (("time to drain", "time_to_drain"),
+                       ("job made eligible" if eligible else "job running again", "time_to_job_running"),
                        ("back in service", "mttr")):
         st = s[key]
         lines.append(f"{label:<20}{_d(st['median_s']):>10}{_d(st['p90_s']):>10}{st['count']:>5}")
