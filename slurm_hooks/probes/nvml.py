@@ -3,7 +3,10 @@
 Field rules: unsupported -> ``None`` (a reason, not a failure); GPU lost ->
 ``lost`` and no more questions to that GPU; reset required -> ``needs_reset``;
 any other error or an answer that cannot be true -> ``None`` plus an entry in
-``errors``, so a check can say "unreadable" instead of guessing.
+``errors``, so a check can say "unreadable" instead of guessing. The same rules
+hold for the return code NVML gives inside an answer (a field value's own
+``nvmlReturn``). A process list that grew between the binding's count and fill
+calls (INSUFFICIENT_SIZE) is asked again.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ _FABRIC_STATES = {1: "not_started", 2: "in_progress"}
 _FABRIC_COMPLETED = 3
 _COUNTER_MAX = 0xFFFFFFFF  # NVML's "not available" sentinels are 0xFFFFFFFF and above
 _MIB = 1024 * 1024
+#: How often a list that keeps changing while read (INSUFFICIENT_SIZE) is asked for.
+_LIST_TRIES = 3
 
 
 class _Lost(Exception):
@@ -45,6 +50,7 @@ class _Garbled(ValueError):
 
 
 _MISSING = object()
+_UNSUPPORTED = object()
 
 
 class NvmlProbe:
@@ -185,24 +191,39 @@ class _GpuReader:
         self.needs_reset = False
 
     def ask(self, field: str, fn_names: str | tuple[str, ...], *args: Any,
-            check: Callable[[Any], Any] | None = None) -> Any:
+            check: Callable[[Any], Any] | None = None, tries: int = 1) -> Any:
         """Value of ``nvml.<fn_name>(handle, *args)`` after ``check``, or _MISSING.
 
-        Several names: the first one this driver and binding support answers.
+        Several names: the first one this driver and binding support answers. ``tries``: how
+        often a list that changed while read (INSUFFICIENT_SIZE) is asked for.
         """
         for fn_name in (fn_names,) if isinstance(fn_names, str) else fn_names:
-            try:
-                raw = self.call(fn_name, *args)
-            except NotSupported:
+            raw = self._ask_one(field, fn_name, args, tries)
+            if raw is _UNSUPPORTED:
                 continue
-            except nvml_errors.NvmlError as err:
-                if not isinstance(err, ResetRequired):
-                    self.errors.append((field, f"{fn_name} failed: {err}"))
+            if raw is _MISSING:
                 return _MISSING
             try:
                 return check(raw) if check is not None else raw
             except Exception as exc:
                 self.errors.append((field, f"garbled answer from {fn_name}: {exc}"))
+                return _MISSING
+        return _MISSING
+
+    def _ask_one(self, field: str, fn_name: str, args: tuple, tries: int) -> Any:
+        for attempt in range(1, max(1, tries) + 1):
+            try:
+                return self.call(fn_name, *args)
+            except NotSupported:
+                return _UNSUPPORTED
+            except nvml_errors.InsufficientSize as err:
+                if attempt < tries:
+                    continue
+                self.errors.append((field, f"{fn_name} failed {tries} time(s): {err}"))
+                return _MISSING
+            except nvml_errors.NvmlError as err:
+                if not isinstance(err, ResetRequired):
+                    self.errors.append((field, f"{fn_name} failed: {err}"))
                 return _MISSING
         return _MISSING
 
@@ -223,6 +244,15 @@ class _GpuReader:
         if kind is ResetRequired:
             self.needs_reset = True
         return nvml_errors.translate(exc)
+
+    def returned(self, code: int, where: str) -> nvml_errors.NvmlError:
+        """A return code inside an answer, typed as a raised one; GPU_IS_LOST raises _Lost."""
+        err = nvml_errors.for_code(code, where)
+        if isinstance(err, GpuLost):
+            raise _Lost(f"GPU is lost ({nvml_errors.code_name(code)} at {where})")
+        if isinstance(err, ResetRequired):
+            self.needs_reset = True
+        return err
 
 
 def _read_gpu(nvml: Any, index: int) -> GpuSnapshot:
@@ -289,7 +319,7 @@ def _read_fields(r: _GpuReader, out: dict[str, Any]) -> None:
     put("recovery_action", _recovery_action(r))
 
     procs = ask("processes", ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
-                check=_processes)
+                check=_processes, tries=_LIST_TRIES)
     if procs is not _MISSING:
         out["processes"] = tuple(GpuProcess(pid, mib, _process_name(nvml, pid)) for pid, mib in procs)
     put("memory_used_mib", ask("memory_used_mib", "nvmlDeviceGetMemoryInfo", check=_memory_used_mib))
@@ -341,13 +371,19 @@ def _mig_devices(r: _GpuReader) -> Any:
     nvml, out = r.nvml, []
     for j in range(count):
         try:
-            handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(r.handle, j)
-        except Exception:
-            continue  # no instance in this slot
+            handle = r.call("nvmlDeviceGetMigDeviceHandleByIndex", j)
+        except nvml_errors.NvmlError:
+            continue  # no instance in this slot (a lost GPU raises _Lost: no more questions)
         try:
             uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        except _Garbled as exc:
+            r.errors.append(("mig", f"MIG device {j}: garbled answer from nvmlDeviceGetUUID: {exc}"))
+            continue
         except Exception as exc:
-            r.errors.append(("mig", f"MIG device {j}: nvmlDeviceGetUUID failed: {exc}"))
+            err = r.typed(exc, "nvmlDeviceGetUUID")
+            if isinstance(err, _Lost):
+                raise err from None
+            r.errors.append(("mig", f"MIG device {j}: nvmlDeviceGetUUID failed: {err}"))
             continue
         ids = []
         for fn in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
@@ -378,7 +414,9 @@ RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
 
 def _recovery_action(r: _GpuReader) -> Any:
     """The driver's verdict on this GPU (:data:`RECOVERY_ACTIONS`, judged by checks/recovery.py);
-    absent (old driver, old binding, field unknown) is no error: the field stays ``None``."""
+    absent (old driver, old binding, field unknown) is no error: the field stays ``None``. The
+    call succeeds and the field carries its own return code: NOT_SUPPORTED where the driver does
+    not know field 230, GPU_IS_LOST as from any call; other codes are recorded."""
     field = getattr(r.nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", RECOVERY_ACTION_FIELD)
     try:
         values = r.call("nvmlDeviceGetFieldValues", [field])
@@ -386,11 +424,15 @@ def _recovery_action(r: _GpuReader) -> Any:
         return _MISSING
     try:
         value = values[0]
-        if int(value.nvmlReturn) != 0:
-            return _MISSING  # the driver does not know the field: it has no verdict to give
-        code = int(value.value.uiVal)
+        returned = int(value.nvmlReturn)
+        code = int(value.value.uiVal) if returned == 0 else None
     except (IndexError, AttributeError, TypeError, ValueError) as exc:
         r.errors.append(("recovery_action", f"garbled answer from nvmlDeviceGetFieldValues: {exc}"))
+        return _MISSING
+    if code is None:
+        err = r.returned(returned, f"nvmlDeviceGetFieldValues field {field}")
+        if not isinstance(err, (NotSupported, ResetRequired)):
+            r.errors.append(("recovery_action", f"nvmlDeviceGetFieldValues failed for field {field}: {err}"))
         return _MISSING
     return _recovery_names(r.nvml).get(code, f"unknown ({code})")
 

@@ -55,6 +55,12 @@ class NvmlTimeout(NvmlFailure, TransientError):
     what = "NVML call timed out"
 
 
+class InsufficientSize(NvmlFailure, TransientError):
+    """A list (processes) grew between the binding's count call and its fill call: ask again."""
+
+    what = "list changed while read"
+
+
 _BY_CODE: dict[int, type[NvmlError]] = {
     pynvml.NVML_ERROR_GPU_IS_LOST: GpuLost,
     pynvml.NVML_ERROR_RESET_REQUIRED: ResetRequired,
@@ -65,6 +71,7 @@ _BY_CODE: dict[int, type[NvmlError]] = {
     pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: LibraryNotFound,
     pynvml.NVML_ERROR_DRIVER_NOT_LOADED: DriverNotLoaded,
     pynvml.NVML_ERROR_TIMEOUT: NvmlTimeout,
+    pynvml.NVML_ERROR_INSUFFICIENT_SIZE: InsufficientSize,
 }
 
 _MISMATCH = getattr(pynvml, "NVMLLibraryMismatchError", ())
@@ -94,6 +101,12 @@ def classify(exc: BaseException) -> type[NvmlError]:
     if code is None:
         return NvmlFailure
     return _BY_CODE.get(code, NvmlFailure)
+
+
+def for_code(code: int, where: str) -> NvmlError:
+    """The typed error for a return code NVML gives inside a successful call's answer (a field
+    value's own ``nvmlReturn``)."""
+    return _BY_CODE.get(code, NvmlFailure)(f"{code_name(code)} ({where})", code)
 
 
 def translate(exc: BaseException) -> NvmlError:

@@ -1,8 +1,12 @@
 """XIDs as NVML delivers them: an event set registered for critical XID errors.
 
 The watcher's source on real GPUs. ``nvmlEventSetWait_v2`` blocks for at most
-``poll`` seconds so a stop request is seen promptly; NVML errors become typed
-:mod:`nvml_errors` so the watcher can log, wait and register again.
+``poll`` seconds so a stop request is seen promptly (each event comes once, then
+NVML_ERROR_TIMEOUT until the next); NVML errors become typed :mod:`nvml_errors`
+so the watcher can log, wait and register again. The binding's event
+(``c_nvmlEventData_t``: device, eventType, eventData, gpuInstanceId,
+computeInstanceId) carries no time and no sequence number: the time we received
+it is its identity (:attr:`XidEvent.seq`, kept strictly increasing).
 """
 
 from __future__ import annotations
@@ -14,11 +18,16 @@ from typing import Any, Callable
 from slurm_hooks.models import XidEvent
 from slurm_hooks.probes import nvml_errors
 
+#: ``gpuInstanceId`` of an event that is not a MIG instance's (NVML's 0xFFFFFFFF).
+_NO_INSTANCE = 0xFFFFFFFF
+
 
 class NvmlEventSource:
-    def __init__(self, nvml: Any = None, poll: float = 0.5):
+    def __init__(self, nvml: Any = None, poll: float = 0.5, clock: Callable[[], float] = time.time):
         self._nvml = nvml
         self.poll = poll
+        self.clock = clock
+        self._last_seq = 0
 
     @property
     def nvml(self) -> Any:
@@ -68,8 +77,7 @@ class NvmlEventSource:
             raise nvml_errors.translate(exc) from None
         return event_set, indexes
 
-    @staticmethod
-    def _event(nv: Any, data: Any, indexes: dict[Any, int], uuids: dict[int, str] | None = None) -> XidEvent:
+    def _event(self, nv: Any, data: Any, indexes: dict[Any, int], uuids: dict[int, str] | None = None) -> XidEvent:
         key = _key(data.device)
         gpu = indexes.get(key) if key is not None else None
         if gpu is None:
@@ -77,11 +85,14 @@ class NvmlEventSource:
                 gpu = int(nv.nvmlDeviceGetIndex(data.device))
             except Exception:
                 gpu = None
-        now = time.time()
-        # NVML gives no sequence number; the event's own timestamp (microseconds) identifies it.
-        stamp = getattr(data, "timeStamp", 0) or int(now * 1e6)
+        now = self.clock()
+        # The struct has no timestamp and NVML no sequence number: the microsecond we received
+        # it names the event, one more than the last where two arrive within one microsecond.
+        self._last_seq = max(int(now * 1e6), self._last_seq + 1)
+        instance = getattr(data, "gpuInstanceId", _NO_INSTANCE)
         return XidEvent(code=int(data.eventData), gpu=gpu, ts=now, message="NVML XID event", source="nvml",
-                        seq=int(stamp), uuid=(uuids or {}).get(gpu, "") if gpu is not None else "")
+                        seq=self._last_seq, uuid=(uuids or {}).get(gpu, "") if gpu is not None else "",
+                        instance=None if not isinstance(instance, int) or instance >= _NO_INSTANCE else instance)
 
 
 def _uuids(nv: Any) -> dict[int, str]:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .fake_nvml import FakeHandle, FakeLink, FakeNvml, healthy_gpu
+from .fake_nvml import FakeLink, FakeNvml, healthy_gpu
 
-__all__ = ["FakeHandle", "FakeLink", "FakeNvml", "healthy_gpu"]
+__all__ = ["FakeLink", "FakeNvml", "healthy_gpu"]

@@ -7,7 +7,17 @@ subclasses, so the probe's error mapping runs exactly as with a driver::
     fake = FakeNvml.healthy(gpus=8, model="NVIDIA H100 80GB HBM3")
     fake.fail("nvmlDeviceGetTemperature", gpu=2, code=pynvml.NVML_ERROR_NOT_SUPPORTED)
     fake.set(gpu=3, temperature=0xFFFFFFFF)
-    fake.lose(gpu=5)
+    fake.lose(gpu=5)                                   # gone before the read
+    fake.lose(gpu=6, at="nvmlDeviceGetPowerUsage")     # gone in the middle of it
+
+It answers in NVML's own shapes, as libnvidia-ml does through nvidia-ml-py: device handles
+are ``c_nvmlDevice_t`` pointers; a link past the last NVLink is INVALID_ARGUMENT;
+``nvmlDeviceGetFieldValues`` succeeds with a per-field ``nvmlReturn`` (NOT_SUPPORTED for a
+field the driver does not know); an event is a ``c_nvmlEventData_t`` (device, eventType,
+eventData, gpuInstanceId, computeInstanceId: no timestamp), delivered once, then TIMEOUT;
+a lost GPU answers GPU_IS_LOST to every later call; process lists go through the
+INSUFFICIENT_SIZE count protocol (``processes_started`` adds processes between the binding's
+count and fill calls).
 
 State keys are raw NVML answers (milliwatts, bytes, bit masks), see ``GPU_KEYS``.
 Constants and ctypes structs come from the real pynvml; a function the fake
@@ -17,6 +27,7 @@ does not implement is absent, as in an old binding (``remove`` makes more so).
 from __future__ import annotations
 
 import copy
+import ctypes
 import inspect
 import time
 import types
@@ -61,6 +72,8 @@ GPU_KEYS = {
     "memory_used": "nvmlDeviceGetMemoryInfo().used (bytes)",
     "memory_total": "nvmlDeviceGetMemoryInfo().total (bytes)",
     "recovery_action": "nvmlDeviceGetFieldValues([NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]) uiVal; None: field unknown",
+    "field_returns": "field id -> the nvmlReturn NVML gives that field in nvmlDeviceGetFieldValues",
+    "processes_started": "processes (as ``processes``) that start between the binding's count and fill calls",
 }
 
 #: Functions that name no GPU: errors for them are set with ``gpu=None``.
@@ -73,11 +86,6 @@ class FakeLink:
     replay: int = 0
     recovery: int = 0
     crc_flit: int = 0
-
-
-@dataclass(frozen=True)
-class FakeHandle:
-    index: int
 
 
 @dataclass(frozen=True)
@@ -97,8 +105,11 @@ class FakeNvml:
         self.shutdowns = 0
         self._errors: dict[tuple[str, int | None], int] = {}
         self._removed: set[str] = set()
-        self._pending_xids: list[tuple[int, int]] = []  # (gpu, xid) for nvmlEventSetWait_v2
+        self._pending_xids: list[tuple[int, int, int | None]] = []  # (gpu, xid, GPU instance)
         self.registered: list[tuple[int, int]] = []  # (gpu, event mask)
+        self._lost_at: dict[int, str] = {}  # gpu -> the call from which on it is lost
+        self._lost: set[int] = set()
+        self._devices: dict[int, Any] = {}  # gpu -> the memory its c_nvmlDevice_t handle points at
 
     # --- building a scenario ---------------------------------------------------
 
@@ -121,18 +132,24 @@ class FakeNvml:
         self._errors[(function, gpu)] = code
         return self
 
-    def lose(self, gpu: int) -> FakeNvml:
-        """The GPU fell off the bus: NVML cannot even get its handle."""
-        return self.fail("nvmlDeviceGetHandleByIndex", gpu=gpu, code=pynvml.NVML_ERROR_GPU_IS_LOST)
+    def lose(self, gpu: int, at: str = "") -> FakeNvml:
+        """The GPU fell off the bus: NVML cannot even get its handle; with ``at``, it falls off in
+        the middle of a read: that call and every later one naming the GPU answer GPU_IS_LOST."""
+        if not at:
+            return self.fail("nvmlDeviceGetHandleByIndex", gpu=gpu, code=pynvml.NVML_ERROR_GPU_IS_LOST)
+        if not at.startswith("nvml") or not hasattr(pynvml, at):
+            raise TypeError(f"{at!r} is not a pynvml function")
+        self._lost_at[gpu] = at
+        return self
 
     def remove(self, *functions: str) -> FakeNvml:
         """Hide functions, as an older pynvml would not have them."""
         self._removed.update(functions)
         return self
 
-    def emit_xid(self, gpu: int, xid: int) -> FakeNvml:
-        """Queue a critical XID for the next ``nvmlEventSetWait_v2``."""
-        self._pending_xids.append((gpu, xid))
+    def emit_xid(self, gpu: int, xid: int, instance: int | None = None) -> FakeNvml:
+        """Queue a critical XID (on MIG GPU instance ``instance``) for the next ``nvmlEventSetWait_v2``."""
+        self._pending_xids.append((gpu, xid, instance))
         return self
 
     def called(self, function: str) -> int:
@@ -154,15 +171,32 @@ class FakeNvml:
 
     def _enter(self, function: str, gpu: int | None = None) -> None:
         self.calls.append((function, gpu))
+        if gpu is not None and self._lost_at.get(gpu) == function:
+            self._lost.add(gpu)
+        if gpu in self._lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         code = self._errors.get((function, gpu), self._errors.get((function, None)))
         if code is not None:
             raise pynvml.NVMLError(code)
 
+    def _handle(self, index: int) -> Any:
+        """The GPU's ``c_nvmlDevice_t``, as NVML's: a pointer that is the same for the same GPU."""
+        if index not in self._devices:
+            self._devices[index] = ctypes.create_string_buffer(8)
+        return ctypes.cast(self._devices[index], pynvml.c_nvmlDevice_t)
+
+    def _index(self, handle: Any) -> int:
+        if isinstance(handle, pynvml.c_nvmlDevice_t) and handle:
+            address = ctypes.addressof(handle.contents)
+            for index, buf in self._devices.items():
+                if ctypes.addressof(buf) == address:
+                    return index
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
     def _gpu(self, function: str, handle: Any) -> dict[str, Any]:
-        if not isinstance(handle, FakeHandle):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self._enter(function, handle.index)
-        return self.gpus[handle.index]
+        index = self._index(handle)
+        self._enter(function, index)
+        return self.gpus[index]
 
     @staticmethod
     def _answer(gpu: dict[str, Any], key: str) -> Any:
@@ -189,11 +223,11 @@ class FakeNvml:
         self._enter("nvmlDeviceGetCount")
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
         self._enter("nvmlDeviceGetHandleByIndex", index)
         if not 0 <= index < len(self.gpus):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return FakeHandle(index)
+        return self._handle(index)
 
     def nvmlEventSetCreate(self) -> object:
         self._enter("nvmlEventSetCreate")
@@ -201,20 +235,27 @@ class FakeNvml:
 
     def nvmlDeviceRegisterEvents(self, handle: Any, mask: int, event_set: object) -> None:
         self._gpu("nvmlDeviceRegisterEvents", handle)
-        self.registered.append((handle.index, mask))
+        self.registered.append((self._index(handle), mask))
 
     def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Any:
+        """Each queued XID once, as the binding returns it (a ``c_nvmlEventData_t``: no timestamp,
+        no sequence number); then NVML_ERROR_TIMEOUT."""
         self._enter("nvmlEventSetWait_v2")
         if not self._pending_xids:
             time.sleep(min(timeout_ms, 50) / 1000)
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-        gpu, xid = self._pending_xids.pop(0)
-        return types.SimpleNamespace(device=FakeHandle(gpu), eventType=pynvml.nvmlEventTypeXidCriticalError,
-                                     eventData=xid, timeStamp=1_700_000_000_000_000 + len(self.calls))
+        gpu, xid, instance = self._pending_xids.pop(0)
+        data = pynvml.c_nvmlEventData_t()
+        data.device = self._handle(gpu)
+        data.eventType = pynvml.nvmlEventTypeXidCriticalError
+        data.eventData = xid
+        data.gpuInstanceId = 0xFFFFFFFF if instance is None else instance
+        data.computeInstanceId = 0xFFFFFFFF
+        return data
 
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         self._gpu("nvmlDeviceGetIndex", handle)
-        return handle.index
+        return self._index(handle)
 
     def nvmlSystemGetProcessName(self, pid: int) -> str:
         self._enter("nvmlSystemGetProcessName")
@@ -245,7 +286,7 @@ class FakeNvml:
         migs = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", handle).get("mig") or []
         if not 0 <= index < len(migs):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return FakeMigHandle(handle.index, index)
+        return FakeMigHandle(self._index(handle), index)
 
     def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
         return self._mig(handle)[1]
@@ -349,30 +390,66 @@ class FakeNvml:
         info.status = gpu["fabric_status"]
         return pynvml.NVML_SUCCESS
 
-    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> list:
-        """Per field, its own return code as NVML gives it: a field the driver does not know
-        answers NOT_SUPPORTED inside an otherwise successful call (``recovery_action`` None)."""
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> Any:
+        """The binding's array of ``c_nvmlFieldValue_t``, each with its own return code: the call
+        succeeds while a field the driver does not know answers NOT_SUPPORTED (``recovery_action``
+        None), or whatever ``field_returns`` says for that field."""
         gpu = self._gpu("nvmlDeviceGetFieldValues", handle)
-        out = []
-        for field_id in field_ids:
-            value = pynvml.c_nvmlFieldValue_t()
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for value, field_id in zip(values, field_ids):
             value.fieldId = field_id
             answer = gpu.get("recovery_action") if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION else None
-            if answer is None:
-                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            code = (gpu.get("field_returns") or {}).get(field_id)
+            if code is not None or answer is None:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if code is None else code
             else:
                 value.nvmlReturn = pynvml.NVML_SUCCESS
                 value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
                 value.value.uiVal = answer
-            out.append(value)
-        return out
+        return values
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list:
-        procs = self._answer(self._gpu("nvmlDeviceGetComputeRunningProcesses", handle), "processes")
+        """nvidia-ml-py's own wrapper over the C call: ask the count (NULL buffer: SUCCESS when
+        none, else INSUFFICIENT_SIZE and the count), then fill a buffer of 2n+5; more processes
+        than that by then is INSUFFICIENT_SIZE raised. Friendly objects, as the binding's."""
+        index = self._index(handle)
+        gpu = self._gpu("nvmlDeviceGetComputeRunningProcesses", handle)
+        procs = self._answer(gpu, "processes")
         if not isinstance(procs, list):
-            return procs
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF,
-                                      computeInstanceId=0xFFFFFFFF) for pid, used, _ in procs]
+            return procs  # a garbled answer, as a test sets it
+        c_count = ctypes.c_uint(0)
+        ret = self._c_running_processes(index, c_count, None)
+        if ret == pynvml.NVML_SUCCESS:
+            return []
+        if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise pynvml.NVMLError(ret)
+        gpu["processes"] = list(gpu["processes"]) + list(gpu.get("processes_started") or ())
+        gpu["processes_started"] = []
+        c_count.value = c_count.value * 2 + 5
+        c_procs = (pynvml.c_nvmlProcessInfo_v3_t * c_count.value)()
+        ret = self._c_running_processes(index, c_count, c_procs)
+        if ret != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(ret)
+        out = []
+        for i in range(c_count.value):
+            obj = pynvml.nvmlStructToFriendlyObject(c_procs[i])
+            if obj.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                obj.usedGpuMemory = None
+            out.append(obj)
+        return out
+
+    def _c_running_processes(self, index: int, c_count: Any, c_procs: Any) -> int:
+        """``nvmlDeviceGetComputeRunningProcesses_v3`` as libnvidia-ml answers it."""
+        procs = self.gpus[index]["processes"]
+        if c_procs is None or c_count.value < len(procs):
+            c_count.value = len(procs)
+            return pynvml.NVML_SUCCESS if not procs and c_procs is None else pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for slot, (pid, used, _) in zip(c_procs, procs):
+            slot.pid = pid
+            slot.usedGpuMemory = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if used is None else used
+            slot.gpuInstanceId = slot.computeInstanceId = 0xFFFFFFFF
+        c_count.value = len(procs)
+        return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
         gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
@@ -410,4 +487,6 @@ def healthy_gpu(index: int, model: str = "NVIDIA H100 80GB HBM3") -> dict[str, A
         "memory_used": 4 * 1024**2 + 512 * 1024**2,
         "memory_total": memory,
         "recovery_action": 0,  # NONE (driver 570 knows field 230; None: a driver before 565)
+        "field_returns": {},
+        "processes_started": [],
     }

@@ -442,3 +442,125 @@ def test_typed_errors_fit_the_project_hierarchy():
     assert issubclass(nvml_errors.NvmlTimeout, TransientError)
     assert nvml_errors.classify(ValueError("x")) is nvml_errors.NvmlFailure
     assert nvml_errors.classify(pynvml.NVMLLibraryMismatchError("old driver")) is nvml_errors.NotSupported
+
+
+# --- NVML as libnvidia-ml answers it through nvidia-ml-py (the fake teaches each) ------------
+
+
+def test_gpu_lost_in_the_middle_of_a_read_keeps_identity_and_nothing_is_asked_of_it_again():
+    fake = FakeNvml.healthy(gpus=3).lose(gpu=1, at="nvmlDeviceGetTotalEccErrors")
+    s = snap(fake)
+    gpu = s.gpus[1]
+    assert gpu.lost and gpu.errors == (("*", "GPU is lost (NVML_ERROR_GPU_IS_LOST at nvmlDeviceGetTotalEccErrors)"),)
+    assert (gpu.uuid, gpu.minor, gpu.pci_bus_id, gpu.model) == (
+        fake.gpus[1]["uuid"], 1, "00000000:28:00.0", "NVIDIA H100 80GB HBM3")
+    assert [name for name, idx in fake.calls if idx == 1][-1] == "nvmlDeviceGetTotalEccErrors"
+    assert not s.gpus[0].lost and not s.gpus[2].lost and s.gpus[2].temperature_c == 33
+
+
+def test_gpu_lost_while_its_mig_instances_are_listed_is_lost_not_an_empty_mig_list():
+    fake = FakeNvml.healthy(gpus=2).set(gpu=0, mig=[("MIG-a", 1, 0), ("MIG-b", 2, 0)])
+    fake.lose(gpu=0, at="nvmlDeviceGetMigDeviceHandleByIndex")
+    gpu = snap(fake).gpus[0]
+    assert gpu.lost and gpu.uuid == fake.gpus[0]["uuid"]
+    assert [name for name, idx in fake.calls if idx == 0].count("nvmlDeviceGetMigDeviceHandleByIndex") == 1
+
+
+def test_gpu_lost_inside_the_nvlink_counters_stops_the_link_walk():
+    fake = FakeNvml.healthy(gpus=1).lose(gpu=0, at="nvmlDeviceGetNvLinkErrorCounter")
+    gpu = snap(fake).gpus[0]
+    assert gpu.lost and gpu.nvlinks is None and gpu.uuid
+    assert fake.called("nvmlDeviceGetNvLinkErrorCounter") == 1
+
+
+def test_nvlink_past_the_last_link_is_invalid_argument_and_ends_the_walk_without_an_error():
+    fake = FakeNvml.healthy(gpus=1, model="NVIDIA A100-SXM4-80GB")
+    with pytest.raises(pynvml.NVMLError) as err:
+        fake.nvmlDeviceGetNvLinkState(fake.nvmlDeviceGetHandleByIndex(0), 12)
+    assert err.value.value == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    gpu = snap(fake).gpus[0]
+    assert len(gpu.nvlinks) == 12 and gpu.errors == ()
+
+
+def test_field_230_unknown_to_the_driver_answers_not_supported_inside_a_successful_call():
+    fake = FakeNvml.healthy(gpus=1).set(gpu=0, recovery_action=None)
+    values = fake.nvmlDeviceGetFieldValues(fake.nvmlDeviceGetHandleByIndex(0), [230])
+    assert values[0].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED  # the call itself succeeded
+    gpu = snap(fake).gpus[0]
+    assert gpu.recovery_action is None and gpu.errors == () and not gpu.lost
+
+
+def test_field_230_answering_gpu_lost_in_its_own_return_code_is_a_lost_gpu():
+    fake = FakeNvml.healthy(gpus=2).set(gpu=1, field_returns={230: pynvml.NVML_ERROR_GPU_IS_LOST})
+    gpu = snap(fake).gpus[1]
+    assert gpu.lost and gpu.uuid == fake.gpus[1]["uuid"]
+    assert gpu.errors == (("*", "GPU is lost (NVML_ERROR_GPU_IS_LOST at nvmlDeviceGetFieldValues field 230)"),)
+
+
+def test_field_230_with_another_error_in_its_return_code_is_recorded_not_swallowed():
+    fake = FakeNvml.healthy(gpus=1).set(gpu=0, field_returns={230: pynvml.NVML_ERROR_UNKNOWN})
+    gpu = snap(fake).gpus[0]
+    assert gpu.recovery_action is None and not gpu.lost
+    assert "NVML_ERROR_UNKNOWN" in gpu.error("recovery_action")
+
+
+def test_processes_that_start_between_the_count_and_the_fill_call_are_asked_for_again():
+    started = [(5000 + k, GIB, "worker") for k in range(10)]  # more than the binding's 2n+5 headroom
+    fake = FakeNvml.healthy(gpus=1).set(gpu=0, processes=[(4242, 2 * GIB, "python")], processes_started=started)
+    gpu = snap(fake).gpus[0]
+    assert [p.pid for p in gpu.processes] == [4242] + [5000 + k for k in range(10)]
+    assert gpu.errors == () and fake.called("nvmlDeviceGetComputeRunningProcesses") == 2
+
+
+def test_a_few_processes_starting_mid_read_fit_the_bindings_headroom():
+    fake = FakeNvml.healthy(gpus=1).set(gpu=0, processes=[(4242, GIB, "python")],
+                                        processes_started=[(4243, None, "")])
+    gpu = snap(fake).gpus[0]
+    assert gpu.processes == (GpuProcess(4242, 1024, "python"), GpuProcess(4243, None, ""))
+    assert fake.called("nvmlDeviceGetComputeRunningProcesses") == 1
+
+
+def test_a_process_list_that_never_settles_is_an_unreadable_field_not_a_crash():
+    fake = FakeNvml.healthy(gpus=1).fail("nvmlDeviceGetComputeRunningProcesses",
+                                         code=pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+    gpu = snap(fake).gpus[0]
+    assert gpu.processes == () and "failed 3 time(s): NVML_ERROR_INSUFFICIENT_SIZE" in gpu.error("processes")
+    assert fake.called("nvmlDeviceGetComputeRunningProcesses") == 3
+
+
+def _events(fake: FakeNvml, clock=None, until: int = 1, stop_after: float = 10.0) -> list:
+    import threading
+
+    from slurm_hooks.probes.nvml_events import NvmlEventSource
+
+    got, stop = [], threading.Event()
+
+    def on_event(event):
+        got.append(event)
+        if len(got) >= until:
+            stop.set()
+
+    timer = threading.Timer(stop_after, stop.set)
+    timer.start()
+    try:
+        kw = {"clock": clock} if clock is not None else {}
+        NvmlEventSource(nvml=fake, poll=0.05, **kw).follow(stop, on_event)
+    finally:
+        timer.cancel()
+    return got
+
+
+def test_nvml_event_struct_has_no_timestamp_and_two_xids_in_one_microsecond_are_two_events():
+    fake = FakeNvml.healthy(gpus=2).emit_xid(1, 48).emit_xid(1, 48)
+    data_fields = {name for name, _ in pynvml.c_nvmlEventData_t._fields_}
+    assert "timeStamp" not in data_fields  # what the watcher gets from nvidia-ml-py
+    first, second = _events(fake, clock=lambda: 1_700_000_000.0, until=2)
+    assert (first.gpu, first.code, second.gpu, second.code) == (1, 48, 1, 48)
+    assert first.key != second.key and second.seq == first.seq + 1
+
+
+def test_nvml_xid_is_delivered_once_then_timeouts_and_names_its_mig_instance():
+    fake = FakeNvml.healthy(gpus=2).emit_xid(0, 94, instance=3)
+    got = _events(fake, until=2, stop_after=0.5)
+    assert [(e.gpu, e.code, e.instance) for e in got] == [(0, 94, 3)]
+    assert fake.called("nvmlEventSetWait_v2") >= 3  # the XID, then TIMEOUT after TIMEOUT
