@@ -92,6 +92,73 @@ def parse_line(line: str) -> XidEvent | None:
                     instance=int(instance.group(1)) if instance else None)
 
 
+#: mlx5 (ConnectX) kernel lines that are events like XIDs: severity rule -> pattern (gpud's
+#: ``infiniband/kmsg_matcher.go``, after drivers/net/ethernet/mellanox/mlx5/core/events.c and cmd.c).
+MLX5_PATTERNS = (
+    ("ib-module-temperature", r"Port module event.*High Temperature"),
+    ("ib-power", r"Detected insufficient power on the PCIe slot \((\d+)W\)"),
+    ("ib-access-reg", r"mlx5_cmd_out_err.*ACCESS_REG.*failed"),
+)
+_mlx5: list = []  # compiled on first use: the XID path never pays for them
+
+
+def _mlx5_patterns() -> list:
+    if not _mlx5:
+        _mlx5.extend((rule, re.compile(pattern)) for rule, pattern in MLX5_PATTERNS)
+        _mlx5.append(("", re.compile(r"\b([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")))
+    return _mlx5
+
+
+def parse_mlx5_line(line: str) -> tuple[str, str, float | None, int | None, str] | None:
+    """One kernel log line -> (rule, PCI bus id or "", ts, seq, message) of an mlx5 event, or ``None``.
+
+    The rule is the severity table's (``ib-module-temperature``, ``ib-power``, ``ib-access-reg``);
+    ``ts`` and ``seq`` as :func:`parse_line` gives them; ``<6>`` priority prefixes of a
+    ``dmesg -r`` or pstore capture are skipped."""
+    text = line.split("\n", 1)[0].rstrip("\r")
+    if "mlx5" not in text and "Port module event" not in text:
+        return None
+    seq = ts = None
+    record = _KMSG_RECORD.match(text)
+    if record:
+        seq, ts, text = int(record.group(2)), int(record.group(3)) / 1e6, record.group(4)
+    else:
+        if text.startswith("<") and ">" in text[:5]:
+            text = text[text.index(">") + 1:]
+        prefixed = _DMESG_PREFIX.match(text)
+        if prefixed:
+            ts, text = _dmesg_time(prefixed.group(1)), prefixed.group(2)
+    *patterns, (_, pci) = _mlx5_patterns()
+    for rule, pattern in patterns:
+        if pattern.search(text):
+            where = pci.search(text)
+            return rule, normalize_pci(where.group(1)) if where else "", ts, seq, text.strip()
+    return None
+
+
+def read_mlx5(path: str = "/dev/kmsg", max_records: int = 100000) -> list[tuple[str, str, float | None, int | None, str]]:
+    """Every mlx5 event line still in the kernel ring buffer (or in a captured log file)."""
+    fd = _open(path)
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                lines = [line for _, line in zip(range(max_records), fh)]
+        else:
+            lines = []
+            try:
+                while len(lines) < max_records:
+                    record = _read_record(fd)
+                    if not record:
+                        break
+                    lines.append(record)
+            except OSError as exc:
+                raise ProbeError(f"cannot read kernel log {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    events = (parse_mlx5_line(raw.decode("utf-8", "replace")) for raw in lines)
+    return [e for e in events if e is not None]
+
+
 def _open(path: str) -> int:
     try:
         return os.open(path, os.O_RDONLY | os.O_NONBLOCK)

@@ -279,3 +279,35 @@ def test_mig_instance_of_a_real_contained_error_line_is_read_and_the_whole_gpus_
     one, whole = (kmsg.parse_line(line) for line in lines)
     assert (one.code, one.instance, one.pci_bus_id) == (94, 5, "00000000:01:00.0")
     assert (whole.code, whole.instance) == (94, None)
+
+
+# --- mlx5 (ConnectX) kernel lines (issue 33) ----------------------------------------------------
+
+MLX5 = os.path.join(FIXTURES, "mlx5-events.log")
+
+
+def test_mlx5_capture_finds_power_module_temperature_and_access_reg_but_no_benign_line():
+    events = kmsg.read_mlx5(MLX5)
+    assert [rule for rule, *_ in events] == ["ib-power"] + ["ib-module-temperature"] * 3 + ["ib-access-reg"] * 3
+    rule, pci, ts, seq, message = events[0]
+    assert pci == "00000000:5C:00.0" and seq is None
+    assert ts == time.mktime((2024, 12, 1, 14, 54, 40, 0, 0, -1))
+    assert message.endswith("Detected insufficient power on the PCIe slot (27W).")
+    assert events[1][1] == ""  # the module line names no PCI device
+    assert {e[1] for e in events[-3:]} == {"00000000:D2:00.0", "00000000:5C:00.0"}
+
+
+def test_a_cable_unplugged_module_event_is_not_high_temperature():
+    line = "<6>[    2.962781] mlx5_core 0000:41:00.1: Port module event: module 1, Cable unplugged"
+    assert kmsg.parse_mlx5_line(line) is None
+
+
+def test_mlx5_dev_kmsg_record_carries_its_sequence_and_boot_time():
+    record = ("3,5120,1234567890,-;mlx5_core 0000:d2:00.0: mlx5_cmd_out_err:838:(pid 268269): "
+              "ACCESS_REG(0x805) op_mod(0x1) failed, status bad resource(0x5), syndrome (0x305684), err(-22)")
+    assert kmsg.parse_mlx5_line(record)[:4] == ("ib-access-reg", "00000000:D2:00.0", 1234.56789, 5120)
+
+
+def test_xid_lines_are_no_mlx5_events_and_mlx5_lines_no_xids():
+    assert kmsg.parse_mlx5_line(XID79_RECORD) is None
+    assert kmsg.read_xids(MLX5) == []
