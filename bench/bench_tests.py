@@ -26,7 +26,8 @@ BEGIN = "<!-- bench_tests: written by bench/bench_tests.py -->"
 END = "<!-- /bench_tests -->"
 TIER = ["-m", "not slurm and not k8s and not gpu", "--ignore=tests/bridge", "--ignore=tests/kube"]
 _RESULT = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*?) in ([\d.]+)s", re.M)
-_DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)$", re.M)
+_DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(.+?)\s*$", re.M)
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
 
 
 def machine() -> str:
@@ -48,7 +49,7 @@ def commit() -> str:
     return r.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
 
 
-def run(workers: int) -> tuple[str, float, list[tuple[str, str, str]], int]:
+def run(workers: int) -> tuple[str, float, list[tuple[str, str, str]], list[str], int]:
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TIER, "--durations=10"]
     if workers > 1:
         argv += ["-n", str(workers)]
@@ -58,7 +59,11 @@ def run(workers: int) -> tuple[str, float, list[tuple[str, str, str]], int]:
     found = _RESULT.findall(r.stdout)
     result = found[-1][0] if found else f"no result line (pytest exited {r.returncode})"
     slowest = _DURATION.findall(r.stdout)[:10]
-    return result, wall, slowest, r.returncode
+    return result, wall, slowest, _FAILED.findall(r.stdout), r.returncode
+
+
+def _bar(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def render(result: str, wall: float, slowest: list[tuple[str, str, str]], workers: int) -> str:
@@ -72,7 +77,7 @@ def render(result: str, wall: float, slowest: list[tuple[str, str, str]], worker
         "",
         "| seconds | phase | test |",
         "|---|---|---|",
-        *(f"| {secs} | {phase} | `{test}` |" for secs, phase, test in slowest),
+        *(f"| {secs} | {phase} | `{_bar(test)}` |" for secs, phase, test in slowest),
     ]
     return "\n".join(lines) + "\n"
 
@@ -100,9 +105,14 @@ def main() -> int:
         ok = BEGIN in text and END in text.partition(BEGIN)[2]
         print(f"{os.path.relpath(PAGE, ROOT)}: {'markers found' if ok else 'markers missing'}")
         return 0 if ok else 1
-    result, wall, slowest, rc = run(args.workers)
+    result, wall, slowest, failed, rc = run(args.workers)
     block = render(result, wall, slowest, args.workers)
     print(block)
+    for name in failed:
+        print(f"failed: {name}")
+    if not slowest:  # pytest stopped before running the tier (a module that does not import): no figures
+        print(f"not written: pytest exited {rc} before the tests ran")
+        return rc or 1
     if not args.no_write:
         write(block)
         print(f"written to {os.path.relpath(PAGE, ROOT)}")
