@@ -25,7 +25,9 @@ def sweep(config_path: str | None, nodes: str | None, partition: str | None, lev
     """Deep-validate idle nodes in a maintenance reservation; drain those that fail.
 
     Exit 0: every node validated passed (skipped ones are named); 1: a node failed or
-    could not be verified; 3: another sweep is running, or Slurm did not answer.
+    could not be verified, or no node was validated at all (each skipped: busy, drained, or
+    unknown to Slurm); 3: another sweep is running, or Slurm did not answer. With
+    ``--partition`` the validation jobs are submitted to that partition.
     """
     from slurm_hooks import config as config_mod
     from slurm_hooks.config import parse_share
@@ -56,7 +58,8 @@ def sweep(config_path: str | None, nodes: str | None, partition: str | None, lev
     try:
         summary = sweeping.sweep(w, chosen, level=level or int(cfg.sweep.level),
                                  max_parallel=max_parallel or cfg.sweep.max_parallel,
-                                 job_timeout=job_timeout or float(cfg.sweep.job_timeout), progress=say)
+                                 job_timeout=job_timeout or float(cfg.sweep.job_timeout), progress=say,
+                                 partition=partition or "")
     except sweeping.SweepBusy as exc:
         click.echo(f"slurm-hooks sweep: {exc}", err=True)
         return EXIT_UNAVAILABLE
@@ -64,6 +67,8 @@ def sweep(config_path: str | None, nodes: str | None, partition: str | None, lev
         click.echo("slurm-hooks sweep: interrupted: its jobs cancelled, its reservations deleted", err=True)
         return 130
     click.echo(json.dumps(summary.to_dict()) if as_json else summary.line())
+    if not summary.of("passed") and not summary.of("failed") and not summary.of("unverified"):
+        click.echo("slurm-hooks sweep: no node was validated", err=True)
     return EXIT_OK if summary.ok else EXIT_UNHEALTHY
 
 

@@ -81,7 +81,9 @@ class Summary:
 
     @property
     def ok(self) -> bool:
-        return not self.of("failed") and not self.of("unverified")
+        """Every node validated passed, and at least one was validated: a sweep that validated
+        nothing (every node skipped, a typo in ``--nodes``) is not a success."""
+        return bool(self.of("passed")) and not self.of("failed") and not self.of("unverified")
 
 
 class SweepBusy(SlurmHooksError):
@@ -101,9 +103,11 @@ def parallel(share: str, chosen: int) -> int:
 
 
 def sweep(w: Wiring, nodes: Sequence[str], *, level: int, max_parallel: str, job_timeout: float,
-          progress: Any = None) -> Summary:
+          progress: Any = None, partition: str = "") -> Summary:
     """Validate ``nodes`` (idle ones; the others are skipped and named) in waves; never raises for
-    a node, always deletes its reservations. :class:`SweepBusy` when another sweep runs."""
+    a node, always deletes its reservations. :class:`SweepBusy` when another sweep runs.
+    ``partition``: the validation jobs go there (else to Slurm's default partition, which may not
+    hold the nodes: then every job is refused)."""
     say = progress or (lambda line: None)
     t0 = time.monotonic()
     summary = Summary(level)
@@ -118,7 +122,7 @@ def sweep(w: Wiring, nodes: Sequence[str], *, level: int, max_parallel: str, job
             todo = list(dict.fromkeys(nodes))
             while todo:
                 wave, todo = todo[:width], todo[width:]
-                for result in _wave(w, wave, level, job_timeout, say):
+                for result in _wave(w, wave, level, job_timeout, say, partition):
                     summary.nodes.append(result)
                     say(result.line())
         finally:
@@ -144,12 +148,13 @@ def _cleanup_leftovers(w: Wiring, say: Any) -> None:
         say(f"could not look for leftover reservations: {exc}")
 
 
-def _wave(w: Wiring, nodes: list[str], level: int, job_timeout: float, say: Any) -> Iterator[NodeResult]:
+def _wave(w: Wiring, nodes: list[str], level: int, job_timeout: float, say: Any,
+          partition: str = "") -> Iterator[NodeResult]:
     started: dict[str, tuple[str, str, float]] = {}  # node -> (reservation, job, t0)
     results: dict[str, NodeResult] = {}
     try:
         for node in nodes:
-            outcome = _start(w, node, level, job_timeout)
+            outcome = _start(w, node, level, job_timeout, partition)
             if isinstance(outcome, NodeResult):
                 results[node] = outcome
             else:
@@ -189,7 +194,8 @@ def _wave(w: Wiring, nodes: list[str], level: int, job_timeout: float, say: Any)
         yield results[node]
 
 
-def _start(w: Wiring, node: str, level: int, job_timeout: float) -> NodeResult | tuple[str, str, float]:
+def _start(w: Wiring, node: str, level: int, job_timeout: float,
+           partition: str = "") -> NodeResult | tuple[str, str, float]:
     """Reserve an idle node and submit its validation job; a NodeResult when it is skipped."""
     t0 = time.monotonic()
     try:
@@ -210,7 +216,7 @@ def _start(w: Wiring, node: str, level: int, job_timeout: float) -> NodeResult |
         argv = _job_argv(w, level, job_timeout)
         try:
             job = w.slurm.submit(argv, name=PREFIX, node=node, reservation=reservation,
-                                 minutes=math.ceil(job_timeout / 60.0))
+                                 minutes=math.ceil(job_timeout / 60.0), partition=partition)
         except SlurmHooksError as exc:
             w.slurm.delete_reservation(reservation)
             return NodeResult(node, "unverified", f"validation job not submitted: {exc}")

@@ -147,10 +147,22 @@ _SHOW_KEY = re.compile(r"^ {3}[A-Za-z][A-Za-z0-9/:_]*=")
 def parse_admin_comment(text: str) -> str:
     """AdminComment of the first job in ``scontrol show job`` output: ``   AdminComment=<text> `` on its
     own line (absent when there is none); a value holding newlines runs on until the next key line."""
+    return parse_show_job_text(text, "AdminComment")
+
+
+def parse_submit_line(text: str) -> str:
+    """``SubmitLine`` of the first job in ``scontrol show job`` output (25.11+: ``   SubmitLine=sbatch
+    ... job.sh``); "" when it has none."""
+    return parse_show_job_text(text, "SubmitLine")
+
+
+def parse_show_job_text(text: str, key: str) -> str:
+    """A free-text value that ``scontrol show job`` prints on its own line (``   <key>=<text> ``)."""
+    lead = f"   {key}="
     lines = text.split("\n")
     for i, line in enumerate(lines):
-        if line.startswith("   AdminComment="):
-            value = [line[len("   AdminComment="):]]
+        if line.startswith(lead):
+            value = [line[len(lead):]]
             for more in lines[i + 1:]:
                 if _SHOW_KEY.match(more) or more.startswith("JobId=") or not more.strip():
                     break
@@ -633,8 +645,10 @@ class ScontrolSlurm:
         return self._run("scontrol", "write", "batch_script", self._job_arg(ref), "-").encode("utf-8", "replace")
 
     def submit_line(self, ref: int | str) -> str:
-        """``sacct -o SubmitLine`` (21.08+, with slurmdbd): the job's sbatch command line; "" when
-        accounting does not say."""
+        """The job's sbatch command line: ``SubmitLine`` in ``scontrol show job`` on 25.11+ (no slurmdbd
+        needed), else ``sacct -o SubmitLine`` (21.08+, with slurmdbd); "" when neither says."""
+        if quirks.submit_line_in_show_job(self.version()):
+            return parse_submit_line(self._run("scontrol", "show", "job", self._job_arg(ref)))
         out = self._run("sacct", "-n", "-P", "-X", "-j", self._job_arg(ref), "-o", "SubmitLine")
         return next((line for line in out.splitlines() if line.strip()), "")
 
@@ -689,11 +703,16 @@ class ScontrolSlurm:
         return [m.group(1) for m in re.finditer(r"(?:^|\s)ReservationName=(\S+)", out)]
 
     def submit(self, argv: Sequence[str], *, name: str, node: str, reservation: str, minutes: int,
-               output: str = "/dev/null") -> str:
+               output: str = "/dev/null", partition: str = "") -> str:
         """``sbatch`` one job that runs ``argv`` on ``node`` in ``reservation``, alone on the node;
-        returns its id. The argv is quoted into the job's script (``--wrap``), never interpreted."""
+        returns its id. The argv is quoted into the job's script (``--wrap``), never interpreted.
+        ``partition``: where to submit it ("" = Slurm's default partition, which may not hold ``node``)."""
         script = " ".join(shlex.quote(str(a)) for a in argv)
-        out = self._run("sbatch", "--parsable", f"--job-name={name}", f"--reservation={self._name_arg(reservation)}",
+        if partition and not _RESV_NAME.match(partition):
+            raise SlurmCommandFailed(f"invalid partition name {partition!r}")
+        where = [f"--partition={partition}"] if partition else []
+        out = self._run("sbatch", "--parsable", f"--job-name={name}", *where,
+                        f"--reservation={self._name_arg(reservation)}",
                         f"--nodelist={self._node_arg(node)}", "--nodes=1", "--exclusive",
                         f"--time={max(1, int(minutes))}", f"--output={output}", "--no-requeue", f"--wrap={script}")
         job = out.strip().split(";")[0]

@@ -101,6 +101,29 @@ def test_json_output_and_a_passing_partition(tb):
     assert reservations(tb) == []
 
 
+def scontrol(tb, *args):
+    return run_command([os.path.join(BIN, "scontrol"), *args], 10, env=tb.env())
+
+
+def test_sweep_partition_submits_its_jobs_there_when_the_default_partition_holds_no_gpu_node(tb):
+    scontrol(tb, "create", "PartitionName=cpu", "Default=YES", "State=UP")  # no nodes: sbatch's default now
+    try:
+        done, _ = sweep(tb, "--partition", "gpu", "--level", "1", "--max-parallel", "100%", "--json")
+    finally:
+        scontrol(tb, "update", "PartitionName=gpu", "Default=YES")
+        scontrol(tb, "delete", "PartitionName=cpu")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["counts"] == {"passed": 3, "failed": 0, "unverified": 0, "skipped": 0}
+    assert reservations(tb) == []
+
+
+def test_a_sweep_of_a_node_slurm_does_not_know_validated_nothing_and_exits_non_zero(tb):
+    done, _ = sweep(tb, "--nodes", "n9", "--level", "1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "0 passed" in done.stdout and "n9: cannot read the node" in done.stdout, done.stdout
+    assert "no node was validated" in done.stderr
+
+
 def test_two_sweeps_at_once_do_not_overlap_and_an_interrupted_one_leaves_no_reservation(tb):
     sim.set_diag_seconds(tb.sim_dir, "n2", 60.0)
     first = subprocess.Popen(sweep_argv("--nodes", "n2", "--level", "1"), stdout=subprocess.PIPE,

@@ -33,6 +33,12 @@ def test_the_summary_line_names_failed_and_skipped_nodes_and_counts_each_verdict
     assert not s.ok and s.to_dict()["counts"] == {"passed": 1, "failed": 1, "unverified": 0, "skipped": 1}
 
 
+def test_a_sweep_that_validated_no_node_is_not_a_success():
+    assert not sweep.Summary(1, [sweep.NodeResult("n9", "skipped", "cannot read the node: no such node")]).ok
+    assert not sweep.Summary(1, []).ok
+    assert sweep.Summary(1, [sweep.NodeResult("n1", "passed"), sweep.NodeResult("n2", "skipped", "busy")]).ok
+
+
 @pytest.mark.parametrize("comment,verdict", [
     ("user note; slurm-hooks: sweep L2 failed: drained: slurm-hooks: DCGM diag L2 failed on GPU 3 [reset]", "failed"),
     ("slurm-hooks: sweep L3 passed: DCGM diag L3 passed", "passed"),
