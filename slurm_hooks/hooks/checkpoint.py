@@ -33,9 +33,10 @@ PROC_SCAN_MAX = 4096
 
 
 def read_signal(w: Wiring, job: JobInfo) -> JobSignal | None:
-    """The job's checkpoint signal, in sbatch's order: command line (``sacct -o SubmitLine``)
-    over ``SBATCH_SIGNAL`` in its environment over its script's ``#SBATCH --signal``; else the
-    site's policy for its partition, else ``[requeue] signal``; ``None`` for none at all.
+    """The job's checkpoint signal, in sbatch's order: command line (its submit line:
+    ``scontrol show job`` on 25.11+, else ``sacct -o SubmitLine``) over ``SBATCH_SIGNAL`` in its
+    environment over its script's ``#SBATCH --signal``; else the site's policy for its
+    partition, else ``[requeue] signal``; ``None`` for none at all.
 
     The script is read from the batch host's spool copy when this node is the batch host
     (a file read), else from ``scontrol write batch_script``. A source that cannot be read
@@ -47,7 +48,7 @@ def read_signal(w: Wiring, job: JobInfo) -> JobSignal | None:
         try:
             line = jobsignal.from_submit_line(w.slurm.submit_line(job.ref))
         except SlurmHooksError:
-            line = None  # no slurmdbd, or it does not answer: the other sources still count
+            line = None  # no slurmdbd before 25.11, or it does not answer: the other sources still count
     found = line or jobsignal.from_environment(environment_value(job.job_id, "SBATCH_SIGNAL", w.node)) \
         or jobsignal.from_script(_script(w, job))
     return found or policy(w, job)
@@ -150,8 +151,15 @@ def target(w: Wiring, sig: JobSignal) -> str:
 
 
 def deliver(w: Wiring, job: JobInfo, sig: JobSignal) -> str:
-    """Send the job its signal; returns the target used. Raises the adapter's error."""
+    """Send the job its signal as Slurm sends its warning signal: SIGCONT first (a stopped or
+    suspended job could not act on it otherwise; best effort), then the signal. Returns the
+    target used. Raises the adapter's error for the signal itself."""
     how = target(w, sig)
+    if sig.name != "CONT":
+        try:
+            w.slurm.signal(job.ref, "CONT", how)
+        except SlurmHooksError:
+            pass  # the signal itself says whether the job can be reached
     w.slurm.signal(job.ref, sig.name, how)
     return how
 

@@ -3,8 +3,9 @@
 Slurm keeps ``warn_signal``/``warn_time``/``warn_flags`` only in the submit request:
 ``scontrol show job``, ``squeue -O`` and pyslurm's ``Job`` do not show them. What is
 left to read: the batch script's ``#SBATCH --signal=...`` lines, ``SBATCH_SIGNAL`` in
-the job's environment, and the submit line (``sacct -o SubmitLine``). sbatch's own
-order decides between them: the command line over the environment over the script.
+the job's environment, and the submit line (``SubmitLine`` in ``scontrol show job`` from
+25.11, else ``sacct -o SubmitLine``). sbatch's own order decides between them: the command
+line over the environment over the script.
 
 Everything here is a pure function of text a user wrote: a script is data, read
 only up to :data:`SCRIPT_MAX_BYTES` and only in its leading ``#SBATCH`` block, and a
@@ -102,6 +103,39 @@ def parse_spec(text: str, source: Source = Source.SCRIPT) -> JobSignal:
                      "R" in flags, source)
 
 
+#: sbatch's short options that take a value (``-p gpu``, or ``-pgpu``); the others are flags.
+_SHORT_WITH_VALUE = frozenset("ABbcCdDeFGiJLmMnNopqStwx")
+#: sbatch's long options that take no value, or one only after ``=`` (optional_argument): any
+#: other ``--name`` without ``=`` takes the next word as its value.
+_LONG_FLAGS = frozenset("""
+    contiguous exclusive get-user-env help hold ignore-pbs kill-on-invalid-dep no-kill no-requeue nice
+    overcommit oversubscribe parsable propagate quiet reboot requeue spread-job test-only usage use-min-nodes
+    verbose version wait x11 exact
+""".split())
+
+
+def _options(args: list[str]) -> list[str]:
+    """sbatch's own options of a command line: up to ``--`` or the script's name (its first operand,
+    not an option's value); what follows belongs to the script (``job.sh --signal=TERM``)."""
+    k = 0
+    while k < len(args):
+        arg = args[k]
+        if arg == "--" or not arg.startswith("-") or arg == "-":
+            return args[:k]
+        if arg.startswith("--"):
+            if "=" not in arg and arg[2:] not in _LONG_FLAGS:
+                k += 1  # its value is the next word
+        else:
+            letters = arg[1:]
+            for i, ch in enumerate(letters):
+                if ch in _SHORT_WITH_VALUE:
+                    if i == len(letters) - 1:
+                        k += 1  # -p gpu: the value is the next word
+                    break  # -pgpu: the rest of the word is the value
+        k += 1
+    return args
+
+
 def from_args(args: list[str], source: Source) -> JobSignal | None:
     """The last ``--signal`` among sbatch options (``--signal=X`` or ``--signal X``), up to ``--``;
     one that does not parse is passed over (sbatch would have refused it)."""
@@ -159,7 +193,9 @@ def from_environment(value: str | None) -> JobSignal | None:
 
 
 def from_submit_line(line: str) -> JobSignal | None:
-    """The ``--signal`` of ``sacct -o SubmitLine`` (``sbatch --signal=B:USR1@60 job.sh``)."""
+    """The ``--signal`` of a submit line (``sbatch --signal=B:USR1@60 job.sh``: ``scontrol show job``'s
+    ``SubmitLine`` on 25.11+, else ``sacct -o SubmitLine``): sbatch's options only, a ``--signal``
+    after the script's name is the script's own argument."""
     if not line or len(line) > SUBMIT_LINE_MAX:
         return None
     try:
@@ -168,7 +204,7 @@ def from_submit_line(line: str) -> JobSignal | None:
         words = line.split()
     if not words or not words[0].rsplit("/", 1)[-1].startswith("sbatch"):
         return None
-    return from_args(words[1:], Source.SUBMIT_LINE)
+    return from_args(_options(words[1:]), Source.SUBMIT_LINE)
 
 
 def environ_value(environ: bytes, key: str) -> str | None:

@@ -51,6 +51,11 @@ def cgroup_disabled(version: Version) -> bool:
 #: does any Slurm with slurmdbd): Slurm's own later drains and an admin's reboot then wear
 #: the old text. Ownership therefore rests on what we recorded (hooks.marker), not the text.
 REASON_KEPT_AFTER_RESUME_SINCE: Version = (23, 11)
+#: ... until 26.05.0, which clears it again ("Resuming nodes clears reason without database").
+REASON_KEPT_AFTER_RESUME_UNTIL: Version = (26, 5)
+
+#: From 25.11, ``scontrol show job`` prints the job's ``SubmitLine`` (no slurmdbd needed).
+SUBMIT_LINE_IN_SHOW_JOB_SINCE: Version = (25, 11)
 
 #: From 24.11, ``scontrol reboot ASAP`` without ``nextstate=`` returns the node UNDRAINed
 #: (earlier: RESUME); we always pass our ``nextstate`` (:func:`reboot_args`).
@@ -75,8 +80,16 @@ NODE_IS_HEALTHY_ENV = "SLURM_NODE_IS_HEALTHY"
 
 
 def reason_kept_after_resume(version: Version | None, accounting: bool) -> bool:
-    """Does ``State=RESUME`` leave the reason on the node? (Unknown version: assume it may.)"""
-    return not accounting and (version is None or version >= REASON_KEPT_AFTER_RESUME_SINCE)
+    """Does ``State=RESUME`` leave the reason on the node? 23.11 up to (not including) 26.05,
+    without accounting. (Unknown version: assume it may.)"""
+    if accounting:
+        return False
+    return version is None or REASON_KEPT_AFTER_RESUME_SINCE <= version < REASON_KEPT_AFTER_RESUME_UNTIL
+
+
+def submit_line_in_show_job(version: Version | None) -> bool:
+    """Does ``scontrol show job`` print ``SubmitLine``? (Unknown version: no, ask sacct.)"""
+    return version is not None and version >= SUBMIT_LINE_IN_SHOW_JOB_SINCE
 
 
 def reboot_args(version: Version | None, node: str, reason: str, nextstate: str) -> list[str]:

@@ -39,6 +39,11 @@ def t(tmp_path):
     return SimpleNamespace(w=w, slurm=slurm, tmp=tmp_path, spool=tmp_path / "spool" / "n1")
 
 
+def sent(slurm):
+    """The signals sent, less the SIGCONT that goes before each (checked once, on its own)."""
+    return [c for c in slurm.called("signal") if c[2] != "CONT"]
+
+
 def steps(t, action):
     return [(r["target"], r["result"]) for r in t.w.audit.read() if r.get("action") == action]
 
@@ -53,7 +58,8 @@ def test_a_job_with_a_signal_gets_it_first_and_is_not_requeued_yet(t):
     t.slurm.scripts[101] = USR2_SCRIPT
     outcome = requeue_now(t)
     assert (outcome.requeued, outcome.signalled) == ([], ["101"])
-    assert t.slurm.called("signal") == [("signal", 101, "USR2", "steps")]
+    # SIGCONT first, as Slurm sends its warning signal: a stopped or suspended job could not act on it
+    assert t.slurm.called("signal") == [("signal", 101, "CONT", "steps"), ("signal", 101, "USR2", "steps")]
     assert t.slurm.called("requeue") == []
     rec = follower.read_record(t.w, "101")
     assert (rec.phase, rec.signal, rec.source) == (Phase.GRACE, "USR2@90", "script")
@@ -98,7 +104,7 @@ def test_another_run_during_the_grace_leaves_the_job_to_its_follower(t):
     requeue_now(t)
     again = requeue_now(t)  # the watcher and the health check on the same fault
     assert (again.requeued, again.signalled) == ([], [])
-    assert len(t.slurm.called("signal")) == 1
+    assert len(sent(t.slurm)) == 1
     assert steps(t, "requeue")[-1] == ("101", "already")
 
 
@@ -129,7 +135,7 @@ def test_the_command_line_wins_over_the_environment_and_the_script(t):
     t.slurm.scripts[101] = USR2_SCRIPT
     t.slurm.submit_lines[101] = "sbatch --signal=B:USR1@20 job.sh"
     requeue_now(t)
-    assert t.slurm.called("signal") == [("signal", 101, "USR1", "batch")]
+    assert sent(t.slurm) == [("signal", 101, "USR1", "batch")]
     rec = follower.read_record(t.w, "101")
     assert (rec.signal, rec.source) == ("B:USR1@20", "submit-line")
 
@@ -139,7 +145,7 @@ def test_the_batch_hosts_spool_copy_is_read_before_asking_slurm(t):
     (t.spool / "job00101" / "slurm_script").write_bytes(b"#!/bin/sh\n#SBATCH --signal=B:USR1@60\nsleep 1\n")
     t.slurm.scripts[101] = USR2_SCRIPT  # what scontrol would say: not asked
     requeue_now(t)
-    assert t.slurm.called("signal") == [("signal", 101, "USR1", "batch")]
+    assert sent(t.slurm) == [("signal", 101, "USR1", "batch")]
 
 
 def test_a_spool_copy_that_is_a_link_or_a_fifo_is_not_read(t, tmp_path):
@@ -163,7 +169,7 @@ def test_the_sites_policy_per_partition_for_jobs_that_declare_none(tmp_path):
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
     outcome = remediate.Outcome()
     remediate.requeue_jobs(w, outcome, follow="none")
-    assert slurm.called("signal") == [("signal", 1, "USR2", "batch"), ("signal", 3, "USR1", "steps")]
+    assert sent(slurm) == [("signal", 1, "USR2", "batch"), ("signal", 3, "USR1", "steps")]
     assert outcome.requeued == ["2"]
     assert follower.read_record(w, "1").source == "policy"
 
@@ -246,7 +252,7 @@ def test_the_watcher_signals_first_and_its_thread_sees_the_job_requeue_itself(t)
     sim.inject(sim_dir, "n1", 3, xid=79)
     [event] = [e for g in sim.SimProbe(sim_dir, "n1").snapshot().gpus for e in g.xids]
     Watcher(t.w, source=None, log=lambda m: None).handle(event)
-    assert t.slurm.called("signal") == [("signal", 101, "USR1", "batch")]
+    assert sent(t.slurm) == [("signal", 101, "USR1", "batch")]
     t.slurm.job_states(101, ["PENDING"], restarts=1, nodes="")
     deadline = time.monotonic() + 10
     while not t.slurm.called("start_now") and time.monotonic() < deadline:
@@ -263,4 +269,4 @@ def test_full_delivery_where_configured_reaches_the_batch_shell_and_every_step(t
     slurm.scripts[7] = b"#!/bin/sh\n#SBATCH --signal=R:USR2@90\n"
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
     remediate.requeue_jobs(w, remediate.Outcome(), follow="none")
-    assert slurm.called("signal") == [("signal", 7, "USR2", "full")]
+    assert sent(slurm) == [("signal", 7, "USR2", "full")]

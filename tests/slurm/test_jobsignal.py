@@ -67,6 +67,19 @@ def test_the_environment_and_the_submit_line():
     assert from_submit_line("/usr/bin/sbatch --signal USR2@30 -- job.sh --signal=TERM").spec == "USR2@30"
 
 
+@pytest.mark.parametrize(("line", "spec"), [
+    ("sbatch job.sh --signal=USR1@30", None),  # the script's own argument, not sbatch's
+    ("sbatch -p gpu job.sh --signal USR1@30", None),  # -p takes "gpu": job.sh is the script
+    ("sbatch --signal=USR2@60 job.sh --signal=TERM@5", "USR2@60"),
+    ("sbatch --partition gpu -N2 --requeue --signal B:USR1@90 train.sh --epochs 3", "B:USR1@90"),
+    ("sbatch -Hvp gpu --signal=USR1@10 run.sh", "USR1@10"),  # flags, then -p's value as the next word
+    ("sbatch --time 10 --wrap 'python t.py --signal=TERM' --signal=USR1@20", "USR1@20"),
+])
+def test_a_signal_after_the_script_name_belongs_to_the_script(line, spec):
+    found = from_submit_line(line)
+    assert (found.spec if found else None) == spec
+
+
 def test_environ_blobs():
     blob = b"PATH=/bin\0SLURM_JOB_ID=12\0SBATCH_SIGNAL=B:USR1@9\0"
     assert environ_value(blob, "SBATCH_SIGNAL") == "B:USR1@9"

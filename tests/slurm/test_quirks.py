@@ -9,9 +9,16 @@ from slurm_hooks.slurm import quirks
 
 @pytest.mark.parametrize(("version", "accounting", "kept"), [
     ((22, 5), False, False), ((23, 2), False, False), ((23, 11), False, True), ((24, 11), False, True),
-    ((24, 11), True, False), ((26, 5), False, True), (None, False, True)])
-def test_23_11_keeps_the_reason_after_resume_without_accounting(version, accounting, kept):
+    ((24, 11), True, False), ((25, 11), False, True), ((26, 5), False, False), ((26, 11), False, False),
+    (None, False, True)])
+def test_23_11_keeps_the_reason_after_resume_without_accounting_until_26_05_clears_it_again(version, accounting, kept):
     assert quirks.reason_kept_after_resume(version, accounting) is kept
+
+
+@pytest.mark.parametrize(("version", "shown"), [((22, 5), False), ((25, 5), False), ((25, 11), True), ((26, 5), True),
+                                                (None, False)])
+def test_25_11_shows_the_submit_line_in_scontrol_show_job(version, shown):
+    assert quirks.submit_line_in_show_job(version) is shown
 
 
 @pytest.mark.parametrize("version", [(22, 5), (24, 11), (26, 5), None])

@@ -324,3 +324,25 @@ def test_a_job_name_cannot_spoof_the_job_state_or_node_list():
     job = parse_squeue_job(f"77|77|N/A|N/A|RUNNING|n1|1|0|1|4294901759|None|{name}|77")
     assert (job.state, job.nodes, job.requeue) == ("RUNNING", "n1", True)
     assert job.name == name
+
+
+#: ``scontrol show job`` as 25.11 prints it: SubmitLine on its own line (no slurmdbd needed).
+SHOW_JOB_25_11 = "\n".join([
+    "JobId=12 JobName=train",
+    "   UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A",
+    "   AdminComment=site: budget 42 ",
+    "   SubmitLine=sbatch --gres=gpu:1 --signal=B:USR1@90 train.sh --signal=TERM ",
+    "   WorkDir=/home/alice",
+    "",
+])
+
+
+def test_the_submit_line_is_read_from_scontrol_show_job_on_25_11():
+    from slurm_hooks.slurm.jobsignal import from_submit_line
+    from slurm_hooks.slurm.scontrol import parse_admin_comment, parse_submit_line
+
+    line = parse_submit_line(SHOW_JOB_25_11)
+    assert line == "sbatch --gres=gpu:1 --signal=B:USR1@90 train.sh --signal=TERM"
+    assert from_submit_line(line).spec == "B:USR1@90"
+    assert parse_admin_comment(SHOW_JOB_25_11) == "site: budget 42"
+    assert parse_submit_line(SHOW_JOB_25_11.replace("   SubmitLine=", "   Other=")) == ""
