@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from slurm_hooks import config as config_mod
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.preflight import slurmconf
 from slurm_hooks.preflight.environment import (
@@ -29,8 +28,6 @@ from slurm_hooks.preflight.slurmconf_checks import check_slurm_conf
 
 __all__ = ["Result", "Status", "passed", "run"]
 
-_DEFAULTS = config_mod.parse("", None)
-
 
 def run(config_path: str | None = None, slurm_conf_path: str | None = None, node: str | None = None,
         *, runner: Callable[..., Any] | None = None) -> list[Result]:
@@ -45,7 +42,7 @@ def run(config_path: str | None = None, slurm_conf_path: str | None = None, node
     if conf is not None:
         more = f" (+{len(conf.files) - 1} included)" if len(conf.files) > 1 else ""
         results.append(Result("slurm-conf", Status.PASS, f"read{more}", "", conf.path))
-        results += check_slurm_conf(conf, cfg or _DEFAULTS, node)
+        results += check_slurm_conf(conf, cfg, node)  # cfg None: only what needs none of our settings
     if cfg is None:
         return results  # the config FAIL says it all; checks below would judge the wrong settings
     if node:

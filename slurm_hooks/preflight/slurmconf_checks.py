@@ -125,9 +125,12 @@ def check_program(conf: SlurmConf, key: str, check: str, subcommand: str, exampl
         inv = find_invocation(_read_script(path), subcommand)
         if inv is not None:
             found.append((path, inv))
-    if inspected and not found and key == "HealthCheckProgram" and cfg is not None:
+    if inspected and not found and key == "HealthCheckProgram":
         for path in inspected:
             setup = nhc.detect(path)
+            if setup is not None and cfg is None:
+                return out + [Result(check, Status.WARN, f"{e}: LBNL NHC; whether it runs our check is not judged "
+                                     "while our config does not load", "fix the config FAIL above", e.where)]
             if setup is not None:
                 return out + nhc.check(conf, cfg, setup, node, e.where)
     if inspected and not found:
@@ -302,7 +305,29 @@ def check_nohold_on_prolog_fail(conf: SlurmConf) -> list[Result]:
                    "HELD and waits until someone runs `scontrol release`", fix, where)]
 
 
-def check_gres(conf: SlurmConf, cfg: Config, node: str | None) -> list[Result]:
+def check_force_requeue_on_fail(conf: SlurmConf) -> list[Result]:
+    """A prolog that refuses a bad GPU makes Slurm requeue the batch job, except a ``--no-requeue``
+    one, which it cancels unless ``PrologFlags=ForceRequeueOnFail`` (``req.c``: ``_launch_job_fail``);
+    salloc/srun allocations are cancelled either way."""
+    check = "force-requeue-on-fail"
+    e = conf.entry("PrologFlags")
+    where = conf.where("PrologFlags")
+    flags = [f.lower() for f in conf.list("PrologFlags")]
+    if "forcerequeueonfail" in flags:
+        return [Result(check, Status.PASS, f"{e}: a batch job our prolog refuses is requeued, --no-requeue too",
+                       "", where)]
+    current = e.value if e is not None else ""
+    return [Result(check, Status.WARN,
+                   f"{e or 'PrologFlags unset'}: when our prolog refuses a bad GPU, Slurm cancels a batch job "
+                   "submitted with --no-requeue instead of requeueing it (req.c _launch_job_fail); interactive "
+                   "salloc/srun allocations are cancelled either way",
+                   f"PrologFlags={current + ',' if current else ''}ForceRequeueOnFail", where or conf.path)]
+
+
+def check_gres(conf: SlurmConf, cfg: Config | None, node: str | None) -> list[Result]:
+    """GresTypes has gpu, GPU nodes offer it, and this node's gres.conf gives as many GPUs as its
+    ``Gres=`` says (fewer: slurmd registers fewer and slurmctld drains the node). ``cfg`` None
+    (the config did not load): the group's expected count is not compared."""
     check = "gres"
     out = []
     types = [t.lower() for t in conf.list("GresTypes")]
@@ -318,7 +343,8 @@ def check_gres(conf: SlurmConf, cfg: Config, node: str | None) -> list[Result]:
     mine = conf.nodes_named(node) if node else []
     if mine:
         rec = mine[-1]
-        expected = cfg.expectations_for(node).gpus
+        expected = cfg.expectations_for(node).gpus if cfg is not None else None
+        out += _gres_conf_count(conf, cfg, node, rec)
         if not rec.gpus:
             out.append(Result(check, Status.FAIL, f"NodeName={rec.name} (this node, {node}) has no gpu Gres",
                               f"add Gres=gpu:{expected or '<count>'} to that line", rec.where))
@@ -332,6 +358,33 @@ def check_gres(conf: SlurmConf, cfg: Config, node: str | None) -> list[Result]:
         detail = f"; {node} has gpu:{mine[-1].gpus}" if mine else f"; {len(gpu_nodes)} node line(s) with GPUs"
         out.append(Result(check, Status.PASS, f"GresTypes includes gpu{detail}", "", where))
     return out
+
+
+def _gres_conf_count(conf: SlurmConf, cfg: Config | None, node: str, rec) -> list[Result]:
+    """slurm.conf's ``Gres=gpu:N`` against the GPUs gres.conf gives ``node``: slurmd registers
+    what gres.conf gives, and slurmctld drains a node that reports fewer GPUs than configured
+    ("gres/gpu count reported lower than configured"): that node never schedules."""
+    from slurm_hooks.slurm import gres
+
+    path = (cfg.gpu.gres_conf if cfg is not None else "") or gres.default_path(conf.path)
+    if not rec.gpus or not os.path.exists(path):
+        return []
+    try:
+        found = gres.load(path, node)
+    except gres.GresConfError as exc:
+        return [Result("gres", Status.FAIL, f"gres.conf unreadable: {exc}", "fix that line", path)]
+    if found.autodetect == "nvml":
+        return []  # slurmd counts the GPUs NVML finds (gres.conf lines only name or order them)
+    given = len(found.devices) + found.fileless
+    if given >= rec.gpus:
+        return []
+    files = ", ".join(d.file for d in found.devices[:4]) + (", ..." if len(found.devices) > 4 else "")
+    return [Result("gres", Status.FAIL,
+                   f"NodeName={rec.name} Gres={rec.get('gres')} offers {rec.gpus} GPU(s) but {path} gives {node} "
+                   f"{given} ({files or 'no File='}): slurmd registers {given}, and slurmctld drains the node "
+                   "(\"gres/gpu count reported lower than configured\"): it never runs a job",
+                   f"list all {rec.gpus} device files for {node} in {path} (e.g. File=/dev/nvidia[0-{rec.gpus - 1}]), "
+                   f"or Gres=gpu:{given} on the NodeName= line", rec.where)]
 
 
 def check_controller_failover(conf: SlurmConf, cfg: Config) -> list[Result]:
@@ -446,18 +499,35 @@ def check_health_check_timeout(conf: SlurmConf, cfg: Config, version: tuple[int,
                    conf.where("HealthCheckTimeout"))]
 
 
-def check_slurm_conf(conf: SlurmConf, cfg: Config, node: str | None) -> list[Result]:
-    """Every slurm.conf check, in the order an admin reads them."""
+#: The checks that compare slurm.conf with our config: not judged while the config does not load.
+CONFIG_DEPENDENT = ("kill-wait", "checkpoint-grace", "prolog-epilog-timeout", "job-requeue", "controller-failover",
+                    "reboot-program", "resume-timeout", "health-check-timeout")
+
+
+def check_slurm_conf(conf: SlurmConf, cfg: Config | None, node: str | None) -> list[Result]:
+    """Every slurm.conf check, in the order an admin reads them. ``cfg`` None (our config did not
+    load): only the checks that need no setting of ours, and a line naming the others: judging
+    slurm.conf against built-in defaults would ask for settings the file may well have."""
     out: list[Result] = []
     for key, check, sub, example in PROGRAMS:
         out += check_program(conf, key, check, sub, example, cfg, node)
     out += check_health_check_interval(conf)
     out += check_health_check_node_state(conf)
+    if cfg is None:
+        out += check_nohold_on_prolog_fail(conf)
+        out += check_force_requeue_on_fail(conf)
+        out += check_gres(conf, None, node)
+        out.append(Result("config-dependent", Status.WARN,
+                          f"not judged while our config does not load: {', '.join(CONFIG_DEPENDENT)} (they compare "
+                          "slurm.conf with its settings, which were not read)",
+                          "fix the config FAIL above, then run validate again", conf.path))
+        return out
     out += check_kill_wait(conf, cfg)
     out += check_checkpoint_grace(conf, cfg)
     out += check_prolog_epilog_timeout(conf, cfg)
     out += check_job_requeue(conf, cfg)
     out += check_nohold_on_prolog_fail(conf)
+    out += check_force_requeue_on_fail(conf)
     out += check_gres(conf, cfg, node)
     out += check_controller_failover(conf, cfg)
     out += check_reboot(conf, cfg)

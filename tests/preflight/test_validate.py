@@ -32,6 +32,7 @@ RebootProgram=/usr/sbin/reboot
 ResumeTimeout=900
 JobRequeue=1
 SchedulerParameters=bf_interval=30,nohold_on_prolog_fail
+PrologFlags=Contain,ForceRequeueOnFail
 GresTypes=gpu
 NodeName=n[1-2] NodeHostname=localhost Gres=gpu:8
 PartitionName=gpu Nodes=n[1-2] Default=YES
@@ -155,7 +156,7 @@ def test_good_cluster_passes_every_check_and_exits_0(cluster, capsys):
     checks = {line.split()[1].rstrip(":") for line in out}
     assert {"config", "slurm-conf", "health-check-program", "prolog", "epilog", "health-check-interval",
             "health-check-node-state", "kill-wait", "prolog-epilog-timeout", "job-requeue", "nohold-on-prolog-fail",
-            "gres", "controller-failover", "gpu-backend", "gpu-count", "scontrol", "audit-log", "state-dir",
+            "force-requeue-on-fail", "gres", "controller-failover", "gpu-backend", "gpu-count", "scontrol", "audit-log", "state-dir",
             "gpu-map"} <= checks
 
 
@@ -366,6 +367,35 @@ def test_node_line_without_gpu_gres_fails(cluster):
     assert any("(this node, n1) has no gpu Gres" in r.message and r.fix == "add Gres=gpu:8 to that line" for r in results)
 
 
+def test_gres_conf_with_fewer_gpus_than_slurm_conf_fails_with_the_fix(cluster):
+    # slurm.conf Gres=gpu:8, gres.conf four files: slurmd registers 4, slurmctld drains the node; was a WARN
+    # (the GPU map's) and validate exited 0.
+    (cluster.root / "etc" / "gres.conf").write_text("NodeName=n[1-2] Name=gpu File=/dev/nvidia[0-3]\n")
+    [r] = [r for r in by_check(cluster.run(), "gres") if r.status is validate.Status.FAIL]
+    assert "offers 8 GPU(s) but" in r.message and "gives n1 4 (/dev/nvidia0, /dev/nvidia1, /dev/nvidia2, " in r.message
+    assert "gres/gpu count reported lower than configured" in r.message
+    assert r.fix.startswith("list all 8 device files for n1 in ") and r.fix.endswith("or Gres=gpu:4 on the NodeName= line")
+    assert r.where == f"{cluster.slurm_conf}:{cluster.line_of('NodeName')}"
+
+
+def test_gres_conf_that_autodetects_or_matches_the_count_passes(cluster):
+    (cluster.root / "etc" / "gres.conf").write_text("AutoDetect=nvml\nName=gpu Type=h100\n")
+    assert only(cluster.run(), "gres").status is validate.Status.PASS
+    (cluster.root / "etc" / "gres.conf").write_text("NodeName=n1 Name=gpu File=/dev/nvidia[0-7]\n")
+    assert only(cluster.run(), "gres").status is validate.Status.PASS
+
+
+def test_missing_force_requeue_on_fail_warns_with_the_reason_and_a_fix_that_keeps_other_flags(cluster):
+    cluster.edit_slurm_conf("PrologFlags=Contain,ForceRequeueOnFail", "PrologFlags=Contain")
+    r = only(cluster.run(), "force-requeue-on-fail")
+    assert r.status is validate.Status.WARN and r.where == f"{cluster.slurm_conf}:{cluster.line_of('PrologFlags')}"
+    assert "cancels a batch job submitted with --no-requeue" in r.message and "_launch_job_fail" in r.message
+    assert r.fix == "PrologFlags=Contain,ForceRequeueOnFail"
+    cluster.edit_slurm_conf("PrologFlags=Contain\n", "")
+    r = only(cluster.run(), "force-requeue-on-fail")
+    assert r.status is validate.Status.WARN and r.fix == "PrologFlags=ForceRequeueOnFail"
+
+
 def test_node_gres_count_differing_from_the_group_warns(cluster):
     cluster.edit_slurm_conf("Gres=gpu:8", "Gres=gpu:h100:4")
     r = only(cluster.run(), "gres")
@@ -389,8 +419,25 @@ def test_config_typo_fails_naming_file_line_and_key(cluster, capsys):
     out = capsys.readouterr().out
     assert f"FAIL  config: {cluster.config}:2: [gpu] bakend: unknown key" in out
     assert f"(fix: edit {cluster.config} line 2 ([gpu] bakend))" in out
-    assert "PASS  kill-wait" in out  # slurm.conf is still judged
+    assert "PASS  health-check-interval" in out  # slurm.conf is still judged where it needs none of our settings
     assert "gpu-backend" not in out  # not with settings we could not read
+    assert "  kill-wait:" not in out and f"WARN  config-dependent: {cluster.slurm_conf}: not judged while" in out
+
+
+def test_after_a_config_error_slurm_conf_is_not_judged_against_built_in_defaults(cluster):
+    # The config says reboot_timeout = 60 and slurm.conf ResumeTimeout=60: a typo elsewhere in the config must
+    # not turn that into "ResumeTimeout=60 is shorter than [repair] reboot_timeout = 900" (the default).
+    cluster.edit_slurm_conf("ResumeTimeout=900", "ResumeTimeout=60")
+    cluster.write_config(GOOD_CONFIG + "[repair]\nenabled = true\nreboot_timeout = 60\n")
+    assert {r.check: r.status for r in cluster.run()}["resume-timeout"] is validate.Status.PASS
+    cluster.write_config(GOOD_CONFIG.replace("timeout = 5", "timeout = 5\ntimout = 6")
+                         + "[repair]\nenabled = true\nreboot_timeout = 60\n")
+    results = cluster.run()
+    assert only(results, "config").status is validate.Status.FAIL
+    assert not [r for r in results if r.check in ("resume-timeout", "kill-wait", "controller-failover")]
+    skipped = only(results, "config-dependent")
+    assert skipped.status is validate.Status.WARN and "resume-timeout" in skipped.message
+    assert only(results, "health-check-interval").status is validate.Status.PASS
 
 
 def test_missing_simulated_gpus_fail_with_sim_init_fix(cluster):
