@@ -30,6 +30,8 @@ across passes and restarts (with the UIDs of the pods evicted).
 
 from __future__ import annotations
 
+import datetime
+import re
 from dataclasses import dataclass, field
 
 from slurm_hooks.bridge.api import Eviction, KubeApi, Obj, annotations_of, labels_of, meta
@@ -96,16 +98,72 @@ def _is_true(value: str | None) -> bool:
     return str(value).strip().lower() == "true"
 
 
-def opt_out(pods: list[Obj], node: Obj, label: str) -> str | None:
-    """The first opt-out found, as ``"pod ns/name: label"``; ``None`` when remediation may proceed."""
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def go_duration(text: str) -> float | None:
+    """Seconds in a Go ``time.ParseDuration`` string (``30m``, ``1h30m``, ``90s``); ``None`` if it is not one."""
+    text = text.strip()
+    if not text or text in ("0",):
+        return 0.0 if text == "0" else None
+    pos, total = 0, 0.0
+    for m in _GO_DURATION.finditer(text):
+        if m.start() != pos:
+            return None
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    return total if pos == len(text) else None
+
+
+def _timestamp(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
+def karpenter_pod_protected(pod: Obj, now: float | None) -> bool:
+    """Karpenter's pod ``do-not-disrupt``: ``"true"``, or a duration after the pod's start during which
+    the pod is protected (``"30m"``). A value that is neither protects nothing (Karpenter ignores it)."""
+    value = annotations_of(pod).get(KARPENTER_DO_NOT_DISRUPT)
+    if value is None:
+        value = labels_of(pod).get(KARPENTER_DO_NOT_DISRUPT)
+    if value is None:
+        return False
+    if _is_true(value):
+        return True
+    seconds = go_duration(str(value))
+    if seconds is None:
+        return False
+    started = _timestamp((pod.get("status") or {}).get("startTime")) or _timestamp(meta(pod).get("creationTimestamp"))
+    if started is None or now is None:
+        return True  # no start to count from: protected, as while the pod is starting
+    return now < started + seconds
+
+
+def opt_out(pods: list[Obj], node: Obj, label: str, now: float | None = None) -> str | None:
+    """The first opt-out found, as ``"pod ns/name: label"``; ``None`` when remediation may proceed.
+
+    The owners' own pins: medik8s' node label, Karpenter's ``do-not-disrupt`` on the Node (``"true"``)
+    and on pods (``"true"`` or a duration from the pod's start, ``now`` being the wall clock), and
+    our own ``label`` on pods.
+    """
     if _is_true(labels_of(node).get(MEDIK8S_EXCLUDE)):
         return f"node label {MEDIK8S_EXCLUDE}"
+    if _is_true(annotations_of(node).get(KARPENTER_DO_NOT_DISRUPT)):
+        return f"node annotation {KARPENTER_DO_NOT_DISRUPT}"
     for pod in pods:
         if skip_reason(pod) in ("finished", "already terminating"):
             continue
-        for key in (label, KARPENTER_DO_NOT_DISRUPT):
-            if _is_true(labels_of(pod).get(key)) or _is_true(annotations_of(pod).get(key)):
-                return f"pod {pod_ref(pod)}: {key}"
+        if _is_true(labels_of(pod).get(label)) or _is_true(annotations_of(pod).get(label)):
+            return f"pod {pod_ref(pod)}: {label}"
+        if karpenter_pod_protected(pod, now):
+            value = annotations_of(pod).get(KARPENTER_DO_NOT_DISRUPT) or labels_of(pod).get(KARPENTER_DO_NOT_DISRUPT)
+            return f"pod {pod_ref(pod)}: {KARPENTER_DO_NOT_DISRUPT}" + ("" if _is_true(value) else f"={value}")
     return None
 
 

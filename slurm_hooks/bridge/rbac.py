@@ -49,7 +49,9 @@ def backend_rules(replace: ReplaceSettings, template_group: str = "") -> tuple[R
         return (Rule("karpenter.sh", "nodeclaims", ("get", "list", "delete"),
                      "find the bad node's NodeClaim (its owner reference, else a LIST) and delete it"),)
     if replace.backend == "capi":
-        return (Rule("cluster.x-k8s.io", "machines", ("get", "patch"), "annotate the Machine remediate-machine"),)
+        return (Rule("cluster.x-k8s.io", "machines", ("get", "patch"), "annotate the Machine remediate-machine"),
+                Rule("cluster.x-k8s.io", "machinehealthchecks", ("list",),
+                     "a MachineHealthCheck must select the Machine, or nothing acts on the annotation"))
     if replace.backend == "template":
         return (_template_rule(replace.plural, template_group, replace.cancel_on_recovery,
                                "create the rendered remediation request"),)

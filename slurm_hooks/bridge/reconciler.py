@@ -231,6 +231,9 @@ class Reconciler:
         #: (the Kubernetes ones through :class:`~.guard.LeaderGuard`, Slurm's in :meth:`_slurm_write`).
         self.leader = leader
         self.kube: KubeApi = LeaderGuard(kube, leader) if leader is not None else kube
+        for chosen in (backend, reboot_backend):
+            if leader is not None and getattr(chosen, "management", None) is not None:
+                chosen.management = LeaderGuard(chosen.management, leader)  # another cluster: the same rule
         self.settings = settings
         self.audit = audit
         self.backend = backend or make_backend(settings.replace)
@@ -479,7 +482,7 @@ class Reconciler:
             self._progress(node, existing, ctx, sn)
             return
         pods = self.kube.list_pods_on_node(kname)
-        why = opt_out(pods, node, self.settings.opt_out_label)
+        why = self._opt_out(pods, node, action)
         decision = breaker.admit(kname, res.slurm_nodes, now, ctx.owned_since)
         if not decision.admitted:
             res.blocked.append(kname)
@@ -576,7 +579,7 @@ class Reconciler:
             return True
         if w.pods is None:
             w.pods = self.kube.list_pods_on_node(kname)
-        why = opt_out(w.pods, w.node, self.settings.opt_out_label)
+        why = self._opt_out(w.pods, w.node, Action(record.action))
         if why:
             if "optout" not in record.events:
                 self._event(w.node, record, "optout", "GpuUnhealthyOptOut",
@@ -596,6 +599,14 @@ class Reconciler:
             w.node = fresh or w.node
             record.tainted = True
         return True
+
+    def _opt_out(self, pods: list[Obj], node: Obj, action: Action) -> str | None:
+        """The pins of the pods and the Node, then the backend's owner's own (a Machine's, a NodeClaim's)."""
+        why = opt_out(pods, node, self.settings.opt_out_label, self.clock())
+        if why:
+            return why
+        backend_pin = getattr(self._backend_for(action), "opt_out", None)
+        return backend_pin(self.kube, node) if backend_pin is not None else None
 
     def _step_announce(self, w: _Work) -> bool:
         if "taken" not in w.record.events:

@@ -37,6 +37,9 @@ from slurm_hooks.models import Action
 CAPI_MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 CAPI_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
 CAPI_REMEDIATE_ANNOTATION = "cluster.x-k8s.io/remediate-machine"
+#: Cluster API's own opt-outs on a Machine: MachineHealthCheck skips it, or its controllers are paused.
+CAPI_OPT_OUTS = ("cluster.x-k8s.io/skip-remediation", "cluster.x-k8s.io/paused")
+KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 #: On an object the template backend created: for which node and which take. ``cancel``
 #: deletes an object only when it carries the marker of the request it is withdrawing.
 CREATED_FOR_ANNOTATION = "slurm-hooks.io/created-for"
@@ -115,6 +118,14 @@ class KarpenterBackend:
                 return claim
         return next((claim for claim in kube.list_objects(self.resource) if matches(claim)), None)
 
+    def opt_out(self, kube: KubeApi, node: Obj) -> str | None:
+        """Karpenter's pin on the node's NodeClaim (the Node's own is read with the pods'): ``"true"``."""
+        claim = self.find(kube, node)
+        value = annotations_of(claim or {}).get(KARPENTER_DO_NOT_DISRUPT)
+        if claim is not None and str(value).strip().lower() == "true":
+            return f"nodeclaim {name_of(claim)} annotation {KARPENTER_DO_NOT_DISRUPT}"
+        return None
+
     def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
         claim = self.find(kube, target.node)
         if claim is None:
@@ -138,9 +149,29 @@ class CapiBackend:
     condition_is_request = False
     keeps_machine = False
 
-    def __init__(self, version: str = "v1beta1", cancel_on_recovery: bool = True):
+    def __init__(self, version: str = "v1beta1", cancel_on_recovery: bool = True, management: KubeApi | None = None):
         self.resource = Resource("cluster.x-k8s.io", version, "machines", namespaced=True)
         self.cancel_on_recovery = cancel_on_recovery
+        #: The management cluster's API, where the Machines live (``[bridge.capi] kubeconfig``);
+        #: ``None``: the workload cluster's own (a self-hosted management cluster).
+        self.management = management
+
+    def _api(self, kube: KubeApi) -> KubeApi:
+        return self.management if self.management is not None else kube
+
+    def opt_out(self, kube: KubeApi, node: Obj) -> str | None:
+        """Cluster API's own pins on the Machine: ``skip-remediation`` (MachineHealthCheck leaves it
+        alone) and ``paused``; a node without a Machine annotation has none to read."""
+        try:
+            machine, namespace = self._machine(node)
+        except ReplacementError:
+            return None
+        found = self._api(kube).get_object(self.resource, machine, namespace)
+        ann = annotations_of(found or {})
+        for key in CAPI_OPT_OUTS:
+            if key in ann:
+                return f"machine {namespace}/{machine} annotation {key}"
+        return None
 
     def _machine(self, node: Obj) -> tuple[str, str]:
         ann = annotations_of(node)
@@ -151,10 +182,34 @@ class CapiBackend:
             )
         return machine, namespace
 
+    def health_check_for(self, api: KubeApi, machine: Obj) -> Obj | None:
+        """The MachineHealthCheck that selects ``machine`` (same namespace and cluster, its selector
+        matching the Machine's labels): Cluster API remediates an annotated Machine only through one."""
+        checks = Resource(self.resource.group, self.resource.version, "machinehealthchecks", namespaced=True)
+        m = meta(machine)
+        cluster = str((machine.get("spec") or {}).get("clusterName") or "")
+        for mhc in api.list_objects(checks, m.get("namespace") or ""):
+            spec = mhc.get("spec") or {}
+            if cluster and spec.get("clusterName") and spec["clusterName"] != cluster:
+                continue
+            if selector_matches(spec.get("selector") or {}, m.get("labels") or {}):
+                return mhc
+        return None
+
     def request(self, kube: KubeApi, target: Target, *, dry_run: bool = False) -> str:
         machine, namespace = self._machine(target.node)
+        api = self._api(kube)
+        found = api.get_object(self.resource, machine, namespace)
+        if found is None:
+            raise ReplacementError(f"Cluster API Machine {namespace}/{machine} not found"
+                                   + ("" if self.management is not None else
+                                      " (in a separate management cluster? [bridge.capi] kubeconfig)"))
+        if self.health_check_for(api, found) is None:
+            raise ReplacementError(
+                f"no MachineHealthCheck in namespace {namespace} selects Machine {machine}: Cluster API acts on "
+                f"{CAPI_REMEDIATE_ANNOTATION} only through one (create one whose selector matches the Machine)")
         patch = {"metadata": {"annotations": {CAPI_REMEDIATE_ANNOTATION: ""}}}
-        if kube.patch_object(self.resource, machine, patch, namespace, dry_run=dry_run) is None:
+        if self._api(kube).patch_object(self.resource, machine, patch, namespace, dry_run=dry_run) is None:
             raise ReplacementError(f"Cluster API Machine {namespace}/{machine} not found")
         return f"machine/{namespace}/{machine} annotated"
 
@@ -166,7 +221,7 @@ class CapiBackend:
         except ReplacementError:
             return None
         patch = {"metadata": {"annotations": {CAPI_REMEDIATE_ANNOTATION: None}}}
-        if kube.patch_object(self.resource, machine, patch, namespace, dry_run=dry_run) is None:
+        if self._api(kube).patch_object(self.resource, machine, patch, namespace, dry_run=dry_run) is None:
             return None
         return f"machine/{namespace}/{machine} annotation removed"
 
@@ -291,6 +346,24 @@ class TemplateBackend:
         return f"{kind_ns_name} deleted" if deleted else None
 
 
+def selector_matches(selector: Obj, labels: dict[str, str]) -> bool:
+    """A metav1.LabelSelector against ``labels`` (an empty selector selects everything, as in Kubernetes)."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or ():
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or ()
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
 def _ref(body: Obj) -> str:
     group, version = str(body["apiVersion"]).split("/", 1)
     namespace = (body.get("metadata") or {}).get("namespace") or ""
@@ -336,11 +409,12 @@ def template_groups(replace: ReplaceSettings, reboot: RebootSettings) -> dict[st
     return groups
 
 
-def make_backend(settings: ReplaceSettings) -> Backend:
+def make_backend(settings: ReplaceSettings, management: KubeApi | None = None) -> Backend:
+    """``management``: the Cluster API management cluster's API, when it is not this cluster."""
     if settings.backend == "karpenter":
         return KarpenterBackend(settings.karpenter_version)
     if settings.backend == "capi":
-        return CapiBackend(settings.capi_version, settings.cancel_on_recovery)
+        return CapiBackend(settings.capi_version, settings.cancel_on_recovery, management)
     if settings.backend == "template":
         return TemplateBackend(settings.template, settings.plural, settings.cancel_on_recovery)
     return ConditionBackend()

@@ -69,6 +69,15 @@ class RebootSettings:
 
 
 @dataclass(frozen=True)
+class CapiSettings:
+    """``[bridge.capi]``: where Cluster API's Machines live when the management cluster is not this one."""
+
+    #: The management cluster's kubeconfig ("" = this cluster: a self-hosted management cluster).
+    kubeconfig: str = ""
+    context: str = ""
+
+
+@dataclass(frozen=True)
 class BridgeSettings:
     """``[bridge]``."""
 
@@ -103,6 +112,7 @@ class BridgeSettings:
     breaker: BreakerSettings = BreakerSettings()
     replace: ReplaceSettings = ReplaceSettings()
     reboot: RebootSettings = RebootSettings()
+    capi: CapiSettings = CapiSettings()
 
 
 def _view(values: dict[str, dict[str, Any]]) -> BridgeSettings:
@@ -110,7 +120,8 @@ def _view(values: dict[str, dict[str, Any]]) -> BridgeSettings:
     top["trigger_actions"] = tuple(Action(a) for a in top["trigger_actions"])
     return BridgeSettings(**top, nodes=values["bridge.nodes"], breaker=BreakerSettings(**values["bridge.breaker"]),
                           replace=ReplaceSettings(**values["bridge.replace"]),
-                          reboot=RebootSettings(**values["bridge.reboot"]))
+                          reboot=RebootSettings(**values["bridge.reboot"]),
+                          capi=CapiSettings(**values.get("bridge.capi", {})))
 
 
 def from_config(cfg: Config) -> BridgeSettings:

@@ -54,6 +54,7 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
 
     from slurm_hooks.bridge.kubeclient import connect
     from slurm_hooks.bridge.reconciler import Reconciler
+    from slurm_hooks.bridge.replace import make_backend
     from slurm_hooks.bridge.serve import serve
     from slurm_hooks.slurm.factory import from_config as slurm_from_config
 
@@ -68,8 +69,10 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
         kube.deadline = elector.acting_deadline  # no call of a pass outlives the renew deadline
     audit = AuditLog(cfg.log.audit)
     notifier = _notifier(cfg, settings.state_file)
+    management = _management(settings, elector)
     reconciler = Reconciler(
         slurm_from_config(cfg), kube, settings, audit=audit, dry_run=dry_run,
+        backend=make_backend(settings.replace, management) if management is not None else None,
         metrics_dir=cfg.metrics.textfile_dir, store=_store(settings, elector, kube),
         leader=elector.check if elector is not None else None,
         notify=notifier.poke if notifier is not None else None,
@@ -108,6 +111,8 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
                        on_error=failed, on_leading=leading)
     finally:
         kube.close()
+        if management is not None:
+            management.close()
     if once and notifier is not None:
         notifier.flush(float(cfg.notify.flush_timeout))
     rc = EXIT_OK
@@ -117,6 +122,20 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
         click.echo("slurm-hooks bridge: pass aborted: the API server cannot be reached", err=True)
         rc = EXIT_UNAVAILABLE
     ctx.exit(rc)
+
+
+def _management(settings, elector):
+    """The Cluster API management cluster's client (``[bridge.capi] kubeconfig``), or ``None``: the
+    Machines are in this cluster. Its calls are bounded by the same renew deadline."""
+    if settings.replace.backend != "capi" or not settings.capi.kubeconfig:
+        return None
+    from slurm_hooks.bridge.kubeclient import connect
+
+    management = connect(kubeconfig=settings.capi.kubeconfig, context=settings.capi.context or None,
+                         in_cluster=False, timeout=settings.request_timeout, retries=settings.retries)
+    if elector is not None:
+        management.deadline = elector.acting_deadline
+    return management
 
 
 def _notifier(cfg, state_file: str):

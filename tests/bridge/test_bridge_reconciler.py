@@ -527,7 +527,11 @@ def test_karpenter_backend_without_a_nodeclaim_retries_next_pass(slurm, cluster,
 
 def test_capi_backend_annotates_the_machine_and_withdraws_on_recovery(slurm, cluster, bridge_settings, clock, audit_path):
     machines = Resource("cluster.x-k8s.io", "v1beta1", "machines", namespaced=True)
-    cluster.add_object(machines, {"metadata": {"name": "m-1", "namespace": "capi", "annotations": {}}})
+    cluster.add_object(machines, {"metadata": {"name": "m-1", "namespace": "capi", "annotations": {},
+                                               "labels": {"pool": "gpu"}}, "spec": {"clusterName": "c1"}})
+    checks = Resource("cluster.x-k8s.io", "v1beta1", "machinehealthchecks", namespaced=True)
+    cluster.add_object(checks, {"metadata": {"name": "gpu", "namespace": "capi"},
+                                "spec": {"clusterName": "c1", "selector": {"matchLabels": {"pool": "gpu"}}}})
     cluster.nodes["n1"]["metadata"]["annotations"] = {
         "cluster.x-k8s.io/machine": "m-1", "cluster.x-k8s.io/cluster-namespace": "capi"}
     slurm.drain("n1", XID79)

@@ -90,7 +90,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         for resource in ("v1/nodes", "v1/pods", "v1/events", "karpenter.sh/v1/nodeclaims",
-                         "cluster.x-k8s.io/v1beta1/machines", "coordination.k8s.io/v1/leases",
+                         "cluster.x-k8s.io/v1beta1/machines", "cluster.x-k8s.io/v1beta1/machinehealthchecks",
+                         "coordination.k8s.io/v1/leases",
                          "self-node-remediation.medik8s.io/v1alpha1/selfnoderemediations",
                          "janitor.dgxc.nvidia.com/v1alpha1/rebootnodes",
                          "rbac.authorization.k8s.io/v1/clusterroles", "rbac.authorization.k8s.io/v1/clusterrolebindings",
