@@ -315,9 +315,12 @@ STANDING_ALERTS = frozenset({"SlurmHooksBreakerTripped", "SlurmHooksBridgePermis
 
 def read_auth(path: str) -> str:
     """The Authorization header from ``auth_file``: its line as written when it names a scheme
-    ("Bearer ...", "Basic ..."), else the line as a bearer token."""
+    ("Bearer ...", "Basic ..."), else the line as a bearer token. ``OSError`` when it cannot be read,
+    ``ValueError`` when it is empty, not text, or more than one line (a header urllib would refuse)."""
     with open(path, encoding="utf-8") as fh:
-        value = fh.read(8192).strip()
+        value = fh.read(8192).strip()  # UnicodeDecodeError is a ValueError
+    if not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("it must hold one line, the token (its content is not shown: it is a secret)")
     return value if value.split(" ", 1)[0] in ("Bearer", "Basic") else f"Bearer {value}"
 
 

@@ -226,6 +226,10 @@ class Settings:
                 except OSError as exc:
                     (problem or (lambda m: None))(f"[[notify.alertmanager]] #{n + 1} auth_file "
                                                   f"{table['auth_file']}: cannot read: {exc.strerror}")
+                except ValueError as exc:
+                    why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
+                    (problem or (lambda m: None))(f"[[notify.alertmanager]] #{n + 1} auth_file "
+                                                  f"{table['auth_file']}: {why}")
             add(Alertmanager(table, url_of("alertmanager", n, table), send, hold=self.hold, auth=auth))
         return out
 

@@ -190,6 +190,8 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
     """A receiver's URL is a credential (anyone holding a Slack webhook URL can post to the channel): the
     file it is written in, the config or its ``url_file``, must not be readable by others; and it
     must be readable by us. Never prints a URL."""
+    from slurm_hooks.observe.destinations import read_auth
+
     check = "notify-secrets"
     tables = [(kind, n, t) for kind in config_mod.DESTINATION_KEYS for n, t in enumerate(getattr(cfg.notify, kind))]
     if not tables:
@@ -213,12 +215,14 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
                 same.append(f"{label} and {seen[kind, url]} name the same URL")
             seen.setdefault((kind, url), label)
             if table.get("auth_file"):
-                with open(table["auth_file"], encoding="utf-8"):
-                    pass
+                read_auth(table["auth_file"])
         except ConfigError as exc:
             problems.append(str(exc))
         except OSError as exc:
             problems.append(f"{label} auth_file {table['auth_file']}: cannot read: {exc.strerror}")
+        except ValueError as exc:
+            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
+            problems.append(f"{label} auth_file {table['auth_file']}: {why}")
     out = []
     if same:
         out.append(Result("notify-duplicates", Status.WARN,

@@ -334,3 +334,19 @@ def test_a_quiet_pass_writes_nothing(tmp_path, receiver):
         assert notifier(tmp_path, receiver.url(), clock, said, reminder_after=0.0).flush(5)["sent"] == 0
     after = os.stat(cursor)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_an_auth_file_with_a_second_line_fails_validate_and_the_notifier_says_so_without_it(tmp_path):
+    auth = tmp_path / "am.token"
+    auth.write_text(f"tok-{SECRET}\nX-Evil: 1\n")
+    auth.chmod(0o600)
+    path = tmp_path / "config.toml"
+    path.write_text(f'[[notify.alertmanager]]\nurl = "http://127.0.0.1:9"\nauth_file = "{auth}"\n')
+    path.chmod(0o600)
+    out = _validate(path)
+    rows = {r["check"]: r for r in json.loads(out.stdout)}
+    assert rows["notify-secrets"]["status"] == "FAIL" and "one line" in rows["notify-secrets"]["message"]
+    assert SECRET not in out.stdout + out.stderr
+    said: list[str] = []
+    Notifier(Settings.from_config(config.load(str(path)), str(tmp_path / "n")), log=said.append)
+    assert len(said) == 1 and str(auth) in said[0] and SECRET not in said[0]
