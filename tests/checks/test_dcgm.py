@@ -348,6 +348,19 @@ def test_node_drained_by_epilog_dcgm_diag_is_not_resumed_by_a_check_that_runs_no
     assert slurm.peek("n1").drained
 
 
+def test_node_drained_for_a_dcgm_fault_is_not_resumed_by_a_check_whose_diag_could_not_run(tmp_path):
+    dcgmi = fake_dcgmi(tmp_path, json.dumps(DCGM_FAIL_GPU3), exit_code=226)
+    cfg = sim_config(tmp_path, f'[dcgm]\ndcgmi = "{dcgmi}"\n[expect]\ngpus = 8\ndcgm_level_after_failure = 2\n'
+                               'dcgm_level_check = 1\n')
+    slurm, w = sim_node(cfg, "IDLE")
+    jobhooks.epilog(w, {"SLURM_JOB_ID": "5", "SLURM_JOB_GPUS": "0,1,2,3", "SLURM_JOB_EXIT_CODE": "256"})
+    assert slurm.peek("n1").reason == "slurm-hooks: DCGM diag L2 failed on GPU 3 [reset]"
+    (tmp_path / "stdout").write_text("")  # the next diag cannot run: no JSON
+    (tmp_path / "stderr").write_text("Error: Another diagnostic is currently running\n")
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").drained and slurm.called("resume") == []
+
+
 # --- 8. a DCGM diag cut short by our own time budget drains a healthy node ----------------------------
 
 
