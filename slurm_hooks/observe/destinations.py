@@ -310,7 +310,8 @@ class Alertmanager(_Http):
 
 #: The bridge's alerts that stay true until the bridge says otherwise (its breaker, a permission):
 #: a node's return does not end them.
-STANDING_ALERTS = frozenset({"SlurmHooksBreakerTripped", "SlurmHooksBridgePermissionMissing"})
+STANDING_ALERTS = frozenset({"SlurmHooksBreakerTripped", "SlurmHooksBridgePermissionMissing",
+                             "SlurmHooksBridgeHeldTooLong"})
 
 
 def read_auth(path: str) -> str:

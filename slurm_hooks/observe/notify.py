@@ -375,6 +375,8 @@ _BRIDGE_PROBLEMS = {
                                   "grant the bridge's ServiceAccount what `slurm-hooks render --only rbac` lists"),
     "bridge_drain_timeout": ("SlurmHooksBridgeDrainTimeout",
                              "look at the PodDisruptionBudgets of the pods named; the replacement was requested anyway"),
+    "bridge_held_too_long": ("SlurmHooksBridgeHeldTooLong",
+                             "look at the repair backend: the machine stays cordoned until its replacement is done"),
 }
 
 
@@ -386,6 +388,8 @@ def standing_key(r: dict[str, Any]) -> str:
         return "breaker"
     if kind == "bridge_permission_missing":
         return f"permission-missing-{r.get('node') or '?'}"
+    if kind == "bridge_held_too_long":
+        return f"held-too-long-{r.get('node') or '?'}"
     return ""
 
 
@@ -406,8 +410,8 @@ def bridge_message(r: dict[str, Any], cluster: str = "", runbook: str = "") -> M
     labelled = {"node": str(node), "kube_node": str(kube_node)}
     if kind == BREAKER:
         mid = f"bridge-breaker-{int(round(ts * 1000))}"
-        text = (f"Kubernetes bridge circuit breaker tripped at node {kube_node}"
-                f" (Slurm {node}): {r.get('reason', '')}. "
+        at = f" at node {kube_node}" + (f" (Slurm {node})" if node != "?" else "") if kube_node != "?" else ""
+        text = (f"Kubernetes bridge circuit breaker tripped{at}: {r.get('reason', '')}. "
                 f"{r.get('message') or 'No new nodes will be taken.'}")
         alertname, action = "SlurmHooksBreakerTripped", "none"
         todo = "slurm-hooks bridge reset-breaker once the cause is understood"

@@ -83,3 +83,22 @@ def test_the_bridge_tells_a_node_back_in_service_that_cannot_tell_it_itself(tmp_
                            "XID 79 on GPU 3 [replace].")
     # Alertmanager is asked what it holds for n1 first (a GET this fake does not answer: it waits).
     assert receiver.bodies(AM) == [] and [e.kind for e in n.outbox.entries()] == ["resolved"]
+
+
+def test_a_machine_held_too_long_is_a_standing_alert_as_the_reconciler_gives_it(tmp_path, receiver):
+    clock = Clock()
+    log, n = bridge(tmp_path, receiver, clock)
+    held = {"kind": "bridge_held_too_long", "ts": clock(), "level": "warning", "node": "k8s-4", "slurm_node": "n4",
+            "since": clock() - 90000, "held_s": 90000.0, "backend": "nodepool", "requested": None, "closed": False,
+            "message": "held (cordoned by the bridge) for more than 86400 s: nothing requested yet"}
+    for minute in range(3):
+        clock.offset = minute * 61.0
+        n.standing([held])
+        n.flush(5)
+    n.standing([])
+    n.flush(5)
+    alerts = [a for body in receiver.bodies(AM) for a in body]
+    assert {a["labels"]["alertname"] for a in alerts} == {"SlurmHooksBridgeHeldTooLong"}
+    assert len(alerts) == 3 and alerts[-1]["endsAt"] < alerts[-2]["endsAt"]  # two re-posts, then the end
+    assert alerts[0]["labels"]["node"] == "n4" and alerts[0]["labels"]["kube_node"] == "k8s-4"
+    assert [b["kind"] for b in receiver.bodies()] == ["resolved"]  # its start is told from the audit record (none here)
