@@ -350,3 +350,18 @@ def test_an_auth_file_with_a_second_line_fails_validate_and_the_notifier_says_so
     said: list[str] = []
     Notifier(Settings.from_config(config.load(str(path)), str(tmp_path / "n")), log=said.append)
     assert len(said) == 1 and str(auth) in said[0] and SECRET not in said[0]
+
+
+def test_an_escalation_to_replace_names_the_gpu_its_uuid_and_serial(tmp_path, receiver):
+    clock, said = Clock(), []
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    n = notifier(tmp_path, receiver.url(), clock, said)
+    log.write("alert", node="n1", context="check", gpu=6, check="xid", severity="fail", action="reboot",
+              message="XID 79 (GPU has fallen off the bus)", uuid="GPU-8f2c", serial="1652921012345")
+    log.write("action", node="n1", action="drain", target="n1", result="ok", reason="slurm-hooks: XID 79 on GPU 6 [reboot]")
+    n.flush(5)
+    log.write("action", node="n1", action="drain", target="n1", result="ok", reason="slurm-hooks: XID 79 on GPU 6 [replace]")
+    n.flush(5)
+    opened, escalated = receiver.bodies()
+    assert escalated["kind"] == "escalated"
+    assert "on GPU 6 (GPU-8f2c, serial 1652921012345)" in escalated["text"]
