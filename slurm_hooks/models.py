@@ -47,6 +47,8 @@ class Scope(str, Enum):
 
     GPU = "gpu"
     NODE = "node"
+    #: Every job that spans nodes (a network link: a job on this node alone does not use it).
+    FABRIC = "fabric"
 
 
 class Urgency(str, Enum):
@@ -416,13 +418,17 @@ class Report:
         A fault of one MIG instance is not its GPU's: see :meth:`requeue_instances`."""
         gpus: set[int] = set()
         for f in self.drain_findings():
-            if f.urgency is not Urgency.NOW:
-                continue
+            if f.urgency is not Urgency.NOW or f.scope is Scope.FABRIC:
+                continue  # a fabric fault's jobs: requeue_multi_node
             if f.scope is Scope.NODE or f.gpu is None:
                 return None
             if f.instance is None:
                 gpus.add(f.gpu)
         return frozenset(gpus)
+
+    def requeue_multi_node(self) -> bool:
+        """A now-fault of the fabric (a network link): every job that spans nodes goes too."""
+        return any(f.urgency is Urgency.NOW and f.scope is Scope.FABRIC for f in self.drain_findings())
 
     def requeue_instances(self) -> frozenset[tuple[int, int]]:
         """(GPU index, GPU instance id) of every now-fault reported for one MIG instance."""

@@ -11,7 +11,8 @@ checks' rows are :data:`CHECK_RULES`. An admin overrides any row in config::
     action = "reset"
 
 - scope ``gpu``: only the jobs whose allocation holds the finding's GPU; ``node``: every job
-  on the node (a finding tied to no GPU is always ``node``).
+  on the node (a finding tied to no GPU is ``node``, or ``fabric``); ``fabric``: every job that
+  spans nodes (a network link), a job on this node alone is left to run.
 - urgency ``now``: drain and requeue the touched jobs at once; ``job-end``: drain, requeue
   nothing, the remedy waits for the node to empty; ``watch``: record it, act on nothing.
 """
@@ -24,7 +25,7 @@ from collections.abc import Mapping
 from slurm_hooks.models import Action, Finding, Scope, Severity, Urgency
 from slurm_hooks.values import dataclass, field
 
-_G, _N = Scope.GPU, Scope.NODE
+_G, _N, _F = Scope.GPU, Scope.NODE, Scope.FABRIC
 _NOW, _END, _WATCH = Urgency.NOW, Urgency.JOB_END, Urgency.WATCH
 
 
@@ -69,14 +70,14 @@ CHECK_RULES: dict[str, Rule] = {
     "driver-drain-p2p": Rule(_G, _END, Action.DRAIN),
     "driver-drain-and-reset": Rule(_G, _END, Action.RESET),
     "driver-unknown": Rule(_G, _WATCH, Action.WARN),
-    # InfiniBand/RoCE (slurm_hooks.checks.links): a link is no GPU, every job on the node uses it.
-    "ib-down": Rule(_N, _NOW, Action.DRAIN),
-    "ib-ports": Rule(_N, _NOW, Action.DRAIN),
-    "ib-rate": Rule(_N, _END, Action.DRAIN),
-    "ib-errors": Rule(_N, _END, Action.DRAIN),
-    "ib-degraded": Rule(_N, _WATCH, Action.WARN),
-    "ib-flaps": Rule(_N, _END, Action.DRAIN),
-    "ib-flap": Rule(_N, _WATCH, Action.WARN),
+    # InfiniBand/RoCE (slurm_hooks.checks.links): a link is no GPU; the jobs that span nodes use it.
+    "ib-down": Rule(_F, _NOW, Action.DRAIN),
+    "ib-ports": Rule(_F, _NOW, Action.DRAIN),
+    "ib-rate": Rule(_F, _END, Action.DRAIN),
+    "ib-errors": Rule(_F, _END, Action.DRAIN),
+    "ib-degraded": Rule(_F, _WATCH, Action.WARN),
+    "ib-flaps": Rule(_F, _END, Action.DRAIN),
+    "ib-flap": Rule(_F, _WATCH, Action.WARN),
     # A check that crashed or ran out of time says nothing about the jobs.
     "check-error": Rule(_N, _END, None),
 }
@@ -124,7 +125,7 @@ class Severities:
         """The finding with its row's scope and urgency (and the admin's action, if one is set)."""
         key = finding.rule_key
         rule = self.rule(key)
-        scope = rule.scope if finding.gpu is not None else Scope.NODE
+        scope = rule.scope if finding.gpu is not None or rule.scope is Scope.FABRIC else Scope.NODE
         changes: dict = {"scope": scope, "urgency": rule.urgency}
         action = self.overrides.get(key, {}).get("action")
         if action is not None and finding.severity is not Severity.OK:

@@ -314,10 +314,11 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU or
         # MIG instance, or every job for a node-wide one); the rest run to their end on the drained node.
         gpus, instances = report.requeue_gpus(), report.requeue_instances()
-        requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus) or bool(instances))
+        multi_node = report.requeue_multi_node()  # a fabric fault: the jobs that span nodes
+        requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus) or bool(instances) or multi_node)
                    and report.context in (Context.CHECK, Context.WATCH))
         take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus,
-                 instances=instances)
+                 instances=instances, multi_node=multi_node)
         if outcome.drained and report.context is Context.CHECK:
             _repair(w, report, outcome, mode=repair)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
@@ -423,8 +424,9 @@ def repair_plan(w: Wiring, report: Report) -> str:
 
 def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeue: bool,
              earlier: pending.Pending | None = None, gpus: frozenset[int] | None = None,
-             instances: frozenset[tuple[int, int]] = frozenset(), **extra: Any) -> None:
-    """Drain, then requeue the node's jobs (``gpus``: only those on these GPUs): most urgent first,
+             instances: frozenset[tuple[int, int]] = frozenset(), multi_node: bool = False, **extra: Any) -> None:
+    """Drain, then requeue the node's jobs (``gpus``: only those on these GPUs, ``multi_node``: and
+    those that span nodes): most urgent first,
     each Slurm call bounded by what is left of the run's deadline. What fails for a transient
     reason stays pending. Monitor-only (``[check] drain = false``, for every caller: check, watcher,
     prolog, epilog): audited as not acted on, and nothing done."""
@@ -443,7 +445,7 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
     elif requeue and outcome.node_out:
         before = len(seen.errors)
         snap = report.snapshot
-        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus, instances=instances,
+        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus, instances=instances, multi_node=multi_node,
                                fault_at=snap.taken_at if snap is not None and snap.taken_at > 0 else None)
         if seen.transient(since=before):
             left = ["requeue"]

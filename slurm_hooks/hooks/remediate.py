@@ -213,8 +213,9 @@ def _config_suspected(w: Wiring, report: Report, reason: str, started: float, ex
 
 def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETACHED,
                  gpus: frozenset[int] | None = None, instances: frozenset[tuple[int, int]] = frozenset(),
-                 fault_at: float | None = None) -> None:
+                 fault_at: float | None = None, multi_node: bool = False) -> None:
     """Requeue exactly the jobs on this node, each once, then make them eligible at once elsewhere.
+    ``multi_node``: a fabric fault (a network link) touches every job that spans nodes as well.
 
     ``gpus``: only the jobs a fault on these GPUs (NVML indexes) touches, and ``instances`` (NVML
     index, MIG GPU instance id): only the jobs on those MIG instances; which jobs that is,
@@ -248,7 +249,7 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
     requeued: list[Followed] = []
     gmap = gpumap.cached(w) if gpus is not None else None
     faulty = _fmt(gpus or ()) + "".join(f", GPU {g} instance {i}" for g, i in sorted(instances))
-    for job, held, touched in touched_jobs(w, jobs, gpus, instances, gmap):
+    for job, held, touched in touched_jobs(w, jobs, gpus, instances, gmap, multi_node):
         ref = job.ref
         t0 = time.monotonic()
         scope = _scope_note(gmap, held)
@@ -259,7 +260,8 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
                 continue
             where = "no GPU on this node" if held == () else f"GPU {_fmt(gpumap.nvml_of(gmap, held or ()))}"
             _step(w, "requeue", ref, "spared", t0, jobs=[ref], gpus=list(held or ()),
-                  detail=f"runs on {where}, not on the faulty GPU {faulty}: left to run")
+                  detail="runs on this node alone: the network fault does not touch it" if multi_node and not gpus
+                  else f"runs on {where}, not on the faulty GPU {faulty}: left to run")
             continue
         if held:
             outcome.job_gpus[ref] = held
@@ -357,8 +359,8 @@ def _scope_note(gmap: gpumap.GpuMap | None, held: tuple[int, ...] | None) -> dic
 
 
 def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None,
-                 instances: frozenset[tuple[int, int]] = frozenset(), gmap: gpumap.GpuMap | None = None
-                 ) -> list[tuple[JobInfo, tuple[int, ...] | None, bool]]:
+                 instances: frozenset[tuple[int, int]] = frozenset(), gmap: gpumap.GpuMap | None = None,
+                 multi_node: bool = False) -> list[tuple[JobInfo, tuple[int, ...] | None, bool]]:
     """Which jobs a fault touches: each job once (a het job's components are one job), with the
     GRES indexes Slurm says it holds on this node (``()``: none, a CPU-only job; ``None``: not
     asked, or Slurm did not say) and whether the fault touches it.
@@ -370,6 +372,7 @@ def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None
     unknown, is (requeue too much, never the wrong job)."""
     if gpus is not None and gmap is None:
         gmap = gpumap.cached(w)
+    fabric_only = multi_node and gpus is not None and not gpus and not instances  # no GPU fault to map
     out: list[tuple[JobInfo, tuple[int, ...] | None, bool]] = []
     done: set[str] = set()
     for job in jobs:
@@ -377,13 +380,14 @@ def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None
             continue
         done.add(job.ref)
         held: tuple[int, ...] | None = None
-        if gpus is not None:
+        if gpus is not None and not fabric_only:
             try:
                 held = w.slurm.job_gpus(job.ref, w.node)
             except SlurmHooksError:
                 held = None  # cannot tell: count it as touched rather than leave it on a bad GPU
-        touched = gpus is None or gpumap.touches(gmap or gpumap.unknown("not asked"), held, gpus, instances)
-        out.append((job, held, touched))
+        touched = gpus is None or (not fabric_only and gpumap.touches(gmap or gpumap.unknown("not asked"), held,
+                                                                      gpus, instances))
+        out.append((job, held, touched or (multi_node and len(hostlist.expand(job.nodes or "")) > 1)))
     return out
 
 

@@ -46,7 +46,7 @@ def test_port_down_drains_now_with_the_reason_the_issue_names():
     assert "state DOWN, physical state Polling (expected ACTIVE/LinkUp)" in f.message
     assert format_reason(engine.drain_summary(report), report.worst_action, at_job_end=not report.urgent()) == \
         "slurm-hooks: IB mlx5_0 port 1 down [drain]"
-    assert report.requeue_gpus() is None  # a link is no GPU: every job on the node is touched
+    assert report.requeue_gpus() == frozenset() and report.requeue_multi_node()  # the jobs that span nodes
 
 
 def test_active_but_not_linkup_is_down():

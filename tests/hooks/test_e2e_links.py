@@ -73,14 +73,28 @@ def test_with_resume_after_3_the_node_comes_back_on_the_third_good_pass(tmp_path
     assert not slurm.peek("n1").drained
 
 
-def test_a_single_node_job_is_requeued_for_a_port_down_as_every_job_on_the_node(tmp_path):
-    """A link is no GPU: the finding is node scope (see the report: multi-node only is not done)."""
+def test_port_down_requeues_the_multi_node_job_and_leaves_the_single_node_job(tmp_path):
+    """A link is no GPU: the jobs that span nodes use it, a job on this node alone does not."""
     w, slurm = node(tmp_path)
+    slurm.add_node("n2", "MIXED")
+    slurm.set_node("n1", state="MIXED")
+    slurm.add_job(7, "n1", name="cpu-only")
+    slurm.add_job(8, "n[1-2]", name="allreduce")
+    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="down")
+    _, outcome = check(w)
+    assert outcome.drained and slurm.peek("n1").reason == DOWN_REASON
+    assert slurm.called("requeue") == [("requeue", 8)]
+    [spared] = [r for r in AuditLog(w.config.log.audit).read() if r.get("result") == "spared"]
+    assert spared["jobs"] == ["7"] and spared["detail"] == "runs on this node alone: the network fault does not touch it"
+
+
+def test_a_site_that_says_node_scope_requeues_every_job(tmp_path):
+    w, slurm = node(tmp_path, '[severity.check.ib-down]\nscope = "node"\n')
     slurm.set_node("n1", state="MIXED")
     slurm.add_job(7, "n1")
     sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="down")
-    _, outcome = check(w)
-    assert outcome.drained and slurm.called("requeue") == [("requeue", 7)]
+    check(w)
+    assert slurm.called("requeue") == [("requeue", 7)]
 
 
 def test_slow_port_drains_at_job_end(tmp_path):
