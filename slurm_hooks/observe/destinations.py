@@ -47,10 +47,13 @@ class DeliveryError(Exception):
     its address, its health, the network) is an outage of the receiver: held back and retried.
     ``retry_after``: seconds the receiver asked us to wait."""
 
-    def __init__(self, message: str, permanent: bool = False, retry_after: float | None = None):
+    def __init__(self, message: str, permanent: bool = False, retry_after: float | None = None,
+                 status: int | None = None):
         super().__init__(message)
         self.permanent = permanent
         self.retry_after = retry_after
+        #: The HTTP status, when the receiver answered.
+        self.status = status
 
 
 #: Answers about the message itself (malformed, too large, unprocessable): that message goes to
@@ -82,7 +85,7 @@ def status_error(code: int, reason: str = "", retry_after: str | None = None) ->
     """One rule for every HTTP answer that is not 2xx."""
     hint = f" ({_ADMIN_ANSWERS[code]})" if code in _ADMIN_ANSWERS else ""
     return DeliveryError(f"HTTP {code}{' ' + _no_url(reason) if reason else ''}{hint}", code in REFUSED_MESSAGE,
-                         _retry_after(retry_after))
+                         _retry_after(retry_after), code)
 
 
 def http_post(url: str, body: bytes, headers: dict, timeout: float) -> int:
@@ -228,7 +231,7 @@ class _Http(Destination):
             status = self.post(self.url, json.dumps(body).encode(), {"Content-Type": "application/json",
                                                                       "User-Agent": "slurm-hooks", **headers}, d.timeout)
         except DeliveryError as exc:
-            raise DeliveryError(scrub(str(exc), self.url), exc.permanent, exc.retry_after) from None
+            raise DeliveryError(scrub(str(exc), self.url), exc.permanent, exc.retry_after, exc.status) from None
         if not 200 <= status < 300:
             raise status_error(status)
         return status
@@ -238,7 +241,7 @@ class _Http(Destination):
 
 
 #: What a message carries for Alertmanager only (the JSON webhook gets the rest).
-_ALERTMANAGER_ONLY = ("alerts", "ended_alerts", "resolved_ts")
+_ALERTMANAGER_ONLY = ("alerts", "ended_alerts", "resolved_ts", "hold_s", "end_node")
 
 
 class Webhook(_Http):
@@ -292,9 +295,15 @@ class Alertmanager(_Http):
         try:
             held = json.loads(self.get(f"{self.url}?{query}", {"Accept": "application/json", **headers}, d.timeout))
         except DeliveryError as exc:
-            raise DeliveryError(scrub(str(exc), self.url), exc.permanent, exc.retry_after) from None
+            # Reading is refused where posting is not (a proxy that lets only POST through): this
+            # message cannot be said there; the node's alerts end by their hold. Kept in failed/.
+            unreadable = exc.status in (404, 405, 501)
+            raise DeliveryError(scrub(str(exc), self.url) + (" (GET /api/v2/alerts: the alerts of the node cannot be "
+                                                             "read to end them; they end by their hold)"
+                                                             if unreadable else ""),
+                                exc.permanent or unreadable, exc.retry_after, exc.status) from None
         except ValueError:
-            raise DeliveryError("Alertmanager's alert list is not JSON") from None
+            raise DeliveryError("Alertmanager's alert list is not JSON", permanent=True) from None
         out = []
         for a in held if isinstance(held, list) else ():
             labels = a.get("labels") if isinstance(a, dict) else None
