@@ -48,6 +48,11 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
         return 0 if report.healthy else 1
     if explain:
         print_explained(report, remediate.explain(w, report), as_json)
+        if not as_json:
+            from slurm_hooks.commands.status import held_lines
+
+            for line in held_lines(w):  # a node we hold: its step, and who must act next (a person?)
+                click.echo(line)
         return 0 if report.healthy else 1
     print_report(report, as_json, outcome=None if dry_run else outcome)
     if dry_run and not as_json:

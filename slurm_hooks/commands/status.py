@@ -119,6 +119,25 @@ def render(table: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def held_lines(w: Any) -> list[str]:
+    """What ``check --explain`` adds for a node we hold: its step, since when, who acts next and why
+    (one Slurm read; the local log and RMA list). [] for a node we do not hold, or when Slurm cannot say."""
+    from slurm_hooks.errors import SlurmHooksError
+    from slurm_hooks.hooks.repair import read_rma
+    from slurm_hooks.observe import incidents
+
+    try:
+        info = w.slurm.node(w.node)
+    except SlurmHooksError as exc:
+        return [f"{w.node}: cannot read the node from Slurm ({exc})"]
+    if not info.ours:
+        return []
+    records = [r for r in w.audit.history() if r.get("node") == w.node]
+    open_ = {i.node: i for i in incidents.build(records) if i.open}
+    table = rows([info], open_, read_rma(w.state_path("rma.json")), time.time())
+    return ["held by slurm-hooks: " + line for line in render(table)] if table else []
+
+
 @click.command()
 @config_option
 @click.option("--max-wait", default="1d", show_default=True, metavar="DURATION",

@@ -73,3 +73,23 @@ def test_xid79_never_cleared_climbs_to_replace_named_by_serial_waits_for_a_perso
     assert [r for r in w.audit.read() if r.get("action") == "resume" and r.get("result") == "ok"].__len__() == 1
     assert [e["serial"] for e in repair.read_rma(os.path.join(cfg.state.dir, "rma.json"))] == [gpu["serial"]]
     assert status.rows(slurm.nodes(), {}, entries, time.time()) == []
+
+
+def test_a_sweep_drained_node_says_it_waits_for_a_person_and_why_without_repeating_itself(tmp_path):
+    from fakes.config import sim_config
+
+    from slurm_hooks.hooks.marker import DrainMarker
+
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n")
+    slurm, w = sim_node(cfg, "IDLE")
+    reason = "slurm-hooks: DCGM diag L2 failed on GPU 5 [reset]"
+    slurm.drain("n1", reason)  # the sweep's drain: a check the periodic run does not do
+    DrainMarker(reason=reason, ts=time.time() - 60, checks=("dcgm",)).seen(slurm.peek("n1")).save(w.drained_marker())
+    for _ in range(30):
+        healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").drained  # not ours to resume: the check cannot judge DCGM again
+    skipped = [r for r in w.audit.read() if r.get("action") == "resume" and r.get("result") == "skipped"]
+    assert len(skipped) == 1  # once, then counted: the log does not grow every check
+    lines = status.held_lines(w)
+    assert len(lines) == 1 and lines[0].startswith("held by slurm-hooks: n1  [reset]")
+    assert "a person:" in lines[0] and "State=RESUME" in lines[0]
