@@ -2,26 +2,25 @@
 (Python start-up included), the program ``slurm-hooks install`` lays (what slurmd runs), and NHC
 running five checks, in one run on this machine.
 
-    python bench/bench_check.py [--runs 30] [--json] [--nhc TARBALL] [--venv LABEL=DIR ...]
+    python bench/bench_check.py [--runs 30] [--json] [--nhc TARBALL|TREE] [--venv LABEL=DIR ...]
 
 Every round runs each subject once, in a rotating order, so a noisy machine slows them alike.
 Wall time and CPU time (user + system of the process and its children, from ``wait4``) are
 reported as medians. ``--venv before=DIR`` adds another installation's ``DIR/bin/slurm-hooks``
-(e.g. the release before, from its own wheel) to compare with. NHC is LBNL NHC from the tarball
-(default: ``../shared/third_party/lbnl-nhc-*.tar.gz`` beside the checkout), run as
+(e.g. the release before, from its own wheel) to compare with. NHC is LBNL NHC from ``--nhc``, else
+``$SLURM_HOOKS_NHC_SRC`` (a tarball, or a checkout of mej/nhc), else
+``../shared/third_party/lbnl-nhc-*.tar.gz`` beside the checkout, run as
 ``nhc -c CONF`` with five of its stock checks, marking nothing (``MARK_OFFLINE=0``).
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 
@@ -57,18 +56,18 @@ def summary(samples: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def find_nhc(explicit: str | None) -> str | None:
-    if explicit:
-        return explicit
-    found = sorted(glob.glob(os.path.join(ROOT, "..", "shared", "third_party", "lbnl-nhc-*.tar.gz")))
-    return found[-1] if found else None
+    """--nhc, else $SLURM_HOOKS_NHC_SRC (a tarball or a mej/nhc tree), else the tarball beside the checkout."""
+    from slurm_hooks.lab import nhc
+
+    return explicit or nhc.find_source(ROOT)
 
 
-def nhc_subject(tarball: str, tmp: str) -> tuple[list[str], dict[str, str]]:
-    with tarfile.open(tarball) as tf:
-        tf.extractall(tmp)  # noqa: S202 - our own shared tarball
-    nhc = os.path.join(tmp, "nhc")
-    for path in [os.path.join(nhc, "nhc"), *glob.glob(os.path.join(nhc, "helpers", "*"))]:
-        os.chmod(path, 0o755)
+def nhc_subject(source: str, tmp: str) -> tuple[list[str], dict[str, str]]:
+    from slurm_hooks.lab.nhc import NhcTree
+
+    tree = NhcTree(os.path.join(tmp, "nhc-tree"))
+    tree.unpack(source)  # a tarball or a tree, driver and helpers made executable
+    nhc = tree.src
     conf = os.path.join(tmp, "nhc-bench.conf")
     with open(conf, "w") as fh:
         fh.write(NHC_CHECKS)
@@ -81,7 +80,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--nhc", help="LBNL NHC tarball (default: ../shared/third_party/lbnl-nhc-*.tar.gz)")
+    ap.add_argument("--nhc", help="LBNL NHC tarball or tree (default: $SLURM_HOOKS_NHC_SRC, else "
+                                  "../shared/third_party/lbnl-nhc-*.tar.gz)")
     ap.add_argument("--venv", action="append", default=[], metavar="LABEL=DIR",
                     help="another installation to compare with: DIR/bin/slurm-hooks")
     args = ap.parse_args()

@@ -2,8 +2,9 @@
 
 Most sites keep NHC as their HealthCheckProgram (Slurm runs one), so the testbed can run it
 too (``testbed up --nhc SOURCE``): NHC's source (a ``git archive`` tarball of mej/nhc, or an
-unpacked tree) is unpacked under ``<state>/nhc/src`` and run from there, as NHC's own docs
-say: ``nhc -c CONF INCDIR=... HELPERDIR=... HOSTNAME=<node> NHC_RM=slurm``.
+unpacked tree; the tests and bench take it from ``$SLURM_HOOKS_NHC_SRC``, else beside the project)
+is unpacked under ``<state>/nhc/src`` and run from there, as NHC's own docs say:
+``nhc -c CONF INCDIR=... HELPERDIR=... HOSTNAME=<node> NHC_RM=slurm``.
 
 - ``<state>/nhc/scripts`` is NHC's INCDIR: links to NHC's own ``*.nhc`` and our
   ``slurm_hooks.nhc`` (where a site links it into /etc/nhc/scripts).
@@ -29,6 +30,9 @@ from slurm_hooks.errors import SlurmHooksError
 
 #: NHC's source beside the project (``../shared/third_party``), as CI and development have it.
 TARBALL_GLOB = "lbnl-nhc-*.tar.gz"
+#: NHC's source named by the developer, over the one beside the project: a tarball (``git archive``
+#: of mej/nhc) or a tree (a checkout of mej/nhc, its ``nhc`` driver at the top, or in ``nhc/``).
+SOURCE_ENV = "SLURM_HOOKS_NHC_SRC"
 #: What our nhc.conf line is called with, by default (normal mode).
 CHECK = "check_slurm_hooks"
 
@@ -67,8 +71,17 @@ class NhcError(SlurmHooksError):
     """NHC's source cannot be found, unpacked or run on the testbed."""
 
 
-def find_source(start: str) -> str | None:
-    """NHC's tarball in ``shared/third_party`` beside ``start`` or one of its parents, or None."""
+def find_source(start: str, environ: dict[str, str] | None = None) -> str | None:
+    """NHC's source: ``$SLURM_HOOKS_NHC_SRC`` (a tarball or tree), else the tarball in
+    ``shared/third_party`` beside ``start`` or one of its parents, else None. NhcError when the
+    variable names something that is not NHC's source (a typo must not read as "no NHC here")."""
+    named = (os.environ if environ is None else environ).get(SOURCE_ENV, "").strip()
+    if named:
+        path = os.path.abspath(os.path.expanduser(named))
+        tree = os.path.isfile(os.path.join(path, "nhc")) or os.path.isfile(os.path.join(path, "nhc", "nhc"))
+        if not (os.path.isfile(path) or (os.path.isdir(path) and tree)):
+            raise NhcError(f"{SOURCE_ENV}={named}: not NHC's source (a tarball, or a tree with the nhc driver)")
+        return path
     here = os.path.abspath(start)
     while True:
         found = sorted(glob.glob(os.path.join(os.path.dirname(here), "shared", "third_party", TARBALL_GLOB)))

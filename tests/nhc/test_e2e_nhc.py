@@ -33,7 +33,8 @@ INTERVAL = 5
 def bed(tmp_path_factory):
     tarball = nhc.find_source(ROOT)
     if tarball is None:
-        pytest.skip("NHC's source (../shared/third_party/lbnl-nhc-*.tar.gz) is not beside the project")
+        pytest.skip(f"NHC's source is neither named by ${nhc.SOURCE_ENV} (a mej/nhc checkout or tarball) nor "
+                    "beside the project (../shared/third_party/lbnl-nhc-*.tar.gz)")
     settings = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=INTERVAL,
                         requeue_grace=3.0, nhc=tarball)
     with own_testbed(tmp_path_factory, "nhcbed", settings) as tb:

@@ -87,7 +87,8 @@ class NhcRun:
 def site(tmp_path) -> NhcRun:
     tarball = nhc.find_source(ROOT)
     if tarball is None:
-        pytest.skip("NHC's source (../shared/third_party/lbnl-nhc-*.tar.gz) is not beside the project")
+        pytest.skip(f"NHC's source is neither named by ${nhc.SOURCE_ENV} (a mej/nhc checkout or tarball) nor "
+                    "beside the project (../shared/third_party/lbnl-nhc-*.tar.gz)")
     return NhcRun(tmp_path, tarball)
 
 
@@ -245,3 +246,16 @@ def test_a_quote_in_a_reason_cannot_break_nhcs_eval(site, tmp_path):
     r = site.run()
     assert r.returncode == 1
     assert site.marked() == ["mark-offline n1 slurm-hooks: GPU 3s bus ; touch /tmp/x #"]
+
+
+def test_nhcs_source_is_taken_from_the_environment_variable_first(tmp_path):
+    tree = tmp_path / "nhc-checkout"
+    tree.mkdir()
+    (tree / "nhc").write_text("#!/bin/bash\n")
+    assert nhc.find_source(str(tmp_path), {nhc.SOURCE_ENV: str(tree)}) == str(tree)
+    tarball = tmp_path / "lbnl-nhc-1.4.3.tar.gz"
+    tarball.write_bytes(b"x")
+    assert nhc.find_source(str(tmp_path), {nhc.SOURCE_ENV: str(tarball)}) == str(tarball)
+    assert nhc.find_source(str(tmp_path), {}) is None  # nothing beside tmp_path
+    with pytest.raises(nhc.NhcError, match="SLURM_HOOKS_NHC_SRC=.*not NHC's source"):
+        nhc.find_source(str(tmp_path), {nhc.SOURCE_ENV: str(tmp_path / "typo")})
