@@ -224,6 +224,8 @@ def closing(r: dict[str, Any]) -> tuple[str, str]:
             by = rec.by or ClosedBy.PERSON.value
             return (rec.user or "a person") if by == ClosedBy.PERSON.value else by, by
         return "", ""
+    if kind == "bridge_incident_closed" and not r.get("dry_run"):
+        return ClosedBy.BRIDGE.value, ClosedBy.BRIDGE.value
     if kind != "action" or r.get("result") != "ok":
         return "", ""
     if r.get("action") == "resume":
@@ -314,6 +316,8 @@ class Tracker:
                 if how == ClosedBy.US.value and inc.closed_by == ClosedBy.HARDWARE.value:
                     how = ClosedBy.HARDWARE.value  # new hardware, validated, resumed by us
                 inc.closed_by, inc.waiting_for = how, ""
+                if how == ClosedBy.BRIDGE.value:
+                    inc.told.resolved = True  # the bridge's own record is its message (notify.bridge_message)
                 self.closed.append(self.open.pop(node))
                 inc = None
                 continue

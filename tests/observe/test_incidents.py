@@ -119,3 +119,17 @@ def test_record_person_resume_writes_one_closing_record(tmp_path):
     incidents.record_person_resume(log, "n1", reason="", state="IDLE")
     [inc] = incidents.build(log.read())
     assert not inc.open and inc.resolved_by == "a person"
+
+
+def test_the_bridge_closing_the_node_closes_its_incident_once_told_by_the_bridges_own_message():
+    log = [*xid79_to_replace(),
+           rec(900, "bridge_incident_closed", kube_node="k8s-1", back_on="k8s-7", state="IDLE"),
+           rec(901, "bridge_incident_closed", kube_node="k8s-1", back_on="k8s-7", state="IDLE")]
+    built = incidents.build(log)
+    assert len(built) == 1 and not built[0].open and built[0].closed_by == "bridge"
+    assert built[0].told.resolved  # notify's RESOLVED is the bridge's record, not a second one
+
+
+def test_a_dry_run_of_the_bridge_closes_nothing():
+    [inc] = incidents.build([*xid79_to_replace(), rec(900, "bridge_incident_closed", dry_run=True)])
+    assert inc.open
