@@ -115,17 +115,21 @@ def _request(method: str, url: str, body: bytes | None, headers: dict, timeout: 
     except urllib.error.HTTPError as exc:
         raise status_error(exc.code, str(exc.reason or ""), exc.headers.get("Retry-After") if exc.headers else None) \
             from None
-    except (http.client.InvalidURL, ValueError) as exc:
-        raise DeliveryError(f"{type(exc).__name__}: the URL is not one urllib can send to (not shown: it is a "
-                            "secret; slurm-hooks validate checks it)") from None
+    except http.client.InvalidURL as exc:
+        raise DeliveryError(f"{type(exc).__name__}: {_NOT_SENDABLE}") from None
     except http.client.HTTPException as exc:
         raise DeliveryError(f"{type(exc).__name__}: the receiver broke off the exchange") from None
     except urllib.error.URLError as exc:
         reason = exc.reason
         text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
         raise DeliveryError(f"{type(reason).__name__}: {_no_url(text)}") from None
-    except OSError as exc:
+    except OSError as exc:  # before ValueError: ssl's certificate error is both
         raise DeliveryError(f"{type(exc).__name__}: {_no_url(exc.strerror or str(exc))}") from None
+    except ValueError as exc:
+        raise DeliveryError(f"{type(exc).__name__}: {_NOT_SENDABLE}") from None
+
+
+_NOT_SENDABLE = "the URL or a header is not one urllib can send (not shown: a secret; slurm-hooks validate checks it)"
 
 
 def _no_url(text: str) -> str:
@@ -215,7 +219,12 @@ class Syslog(Destination):
         priority = {OPENED: syslog.LOG_CRIT, ESCALATED: syslog.LOG_CRIT, BREAKER: syslog.LOG_CRIT,
                     REMINDER: syslog.LOG_WARNING, BRIDGE: syslog.LOG_ERR,
                     MONITOR: syslog.LOG_WARNING}.get(kind, syslog.LOG_NOTICE)
-        self._send(priority, message["text"] + (f" {d.note}" if d.note else ""))
+        try:
+            self._send(priority, message["text"] + (f" {d.note}" if d.note else ""))
+        except ValueError as exc:  # an embedded NUL: this message, not the log
+            raise DeliveryError(f"syslog refused the line: {exc}", permanent=True) from None
+        except OSError as exc:
+            raise DeliveryError(f"syslog: {exc.strerror or exc}") from None
 
 
 class _Http(Destination):
