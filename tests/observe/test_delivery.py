@@ -367,8 +367,14 @@ def test_an_escalation_to_replace_names_the_gpu_its_uuid_and_serial(tmp_path, re
     assert "on GPU 6 (GPU-8f2c, serial 1652921012345)" in escalated["text"]
 
 
-def test_a_line_syslog_cannot_take_is_that_messages_refusal_not_a_crash():
-    dest = Syslog(send=destinations.syslog_send, socket="")  # the real syslog(3), its socket not checked
-    with pytest.raises(DeliveryError) as err:
-        dest.send("x", "opened", {"text": "job named a\x00b"}, destinations.Delivery(1.0, 0.0))
-    assert err.value.permanent
+def test_a_line_syslog_cannot_take_is_that_messages_refusal_and_a_socket_error_an_outage():
+    def refuse(priority: int, text: str) -> None:
+        raise ValueError("embedded null character")
+
+    def broken(priority: int, text: str) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    for send, permanent in ((refuse, True), (broken, False)):
+        with pytest.raises(DeliveryError) as err:
+            Syslog(send=send).send("x", "opened", {"text": "t"}, destinations.Delivery(1.0, 0.0))
+        assert err.value.permanent is permanent
