@@ -801,11 +801,18 @@ def keep_evidence(w: Wiring, report: Report | None, rung: str) -> str:
     nothing could be kept); never raises."""
     t0 = time.monotonic()
     budget = min(EVIDENCE_S, w.time_left(EVIDENCE_S) / 4)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = os.path.join(evidence_dir(w), f"{stamp}-{rung}")
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
     manifest: dict[str, Any] = {"node": w.node, "rung": rung, "at": stamp, "files": {}, "skipped": {}}
+    path = os.path.join(evidence_dir(w), f"{stamp}-{rung}")
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.makedirs(evidence_dir(w), mode=0o700, exist_ok=True)
+        for n in range(2, 100):
+            try:
+                os.mkdir(path, 0o700)
+                break
+            except FileExistsError:
+                path = os.path.join(evidence_dir(w), f"{stamp}-{rung}-{n}")
     except OSError as exc:
         print(f"slurm-hooks: repair: cannot keep evidence in {path}: {exc.strerror}", file=sys.stderr)
         return ""

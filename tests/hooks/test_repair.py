@@ -195,3 +195,36 @@ def test_sim_state_round_trips_json(t):
         sim.reset(t.sim_dir, "n1", 1)
     state = sim.reboot(t.sim_dir, "n1")
     assert not sim.gpu_entry(state, 1)["lost"] and json.dumps(state)
+
+
+def test_evidence_before_a_repair_is_bounded_in_size_and_count_and_named_by_the_rma_entry(tmp_path):
+    from fakes.config import sim_config
+
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("NVRM: Xid (PCI:0000:17:00): 79, GPU has fallen off the bus\n" * 20000)  # ~1.2 MB
+    cfg = sim_config(tmp_path, f'[watch]\nkmsg = "{kernel_log}"\n')
+    _, w = sim_node(cfg, "IDLE")
+    sim.inject(cfg.gpu.sim_dir, "n1", 0, xid=79)
+    report = healthcheck.judge(w, healthcheck.Context.CHECK, acknowledge=False)
+    paths = [repair.keep_evidence(w, report, "reboot") for _ in range(repair.EVIDENCE_KEEP + 3)]
+    kept = sorted(os.listdir(repair.evidence_dir(w)))
+    assert len(kept) <= repair.EVIDENCE_KEEP and os.path.basename(paths[-1]) in kept
+    with open(os.path.join(paths[-1], "manifest.json")) as fh:
+        manifest = json.load(fh)
+    assert manifest["files"]["kernel-log.txt"] == repair.EVIDENCE_FILE_MAX
+    assert manifest["files"]["snapshot.json"] > 0 and "nvidia-smi-q.txt" in manifest["skipped"]
+    with open(os.path.join(paths[-1], "kernel-log.txt")) as fh:
+        assert fh.read().rstrip().endswith("GPU has fallen off the bus")  # the tail, not the head
+    assert oct(os.stat(os.path.join(paths[-1], "snapshot.json")).st_mode & 0o777) == "0o600"
+
+
+def test_evidence_never_takes_the_time_a_rung_needs(tmp_path):
+    from fakes.config import sim_config
+
+    cfg = sim_config(tmp_path)
+    _, w = sim_node(cfg, "IDLE")
+    w.start_deadline(0.2)  # almost nothing left of the run: the rung comes first
+    path = repair.keep_evidence(w, None, "replace")
+    with open(os.path.join(path, "manifest.json")) as fh:
+        manifest = json.load(fh)
+    assert manifest["files"] == {} and set(manifest["skipped"].values()) == {"out of time"}
