@@ -97,5 +97,5 @@ def check_flaps(inp: CheckInput) -> Iterator[Finding]:
 
 def _span(seconds: float) -> str:
     if seconds >= 3600:
-        return f"{seconds / 3600:g} h"
+        return f"{round(seconds / 3600, 1):g} h"
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"

@@ -152,7 +152,8 @@ def test_the_watcher_sees_a_port_down_in_seconds(tmp_path):
         sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="down")
         wait_for(lambda: slurm.peek("n1").drained, 20.0, "n1 drained by the watcher's port poll")
         assert slurm.peek("n1").reason == DOWN_REASON
-        [rec] = [r for r in AuditLog(w.config.log.audit).read() if r.get("kind") == "watch" and r.get("links")]
+        [rec] = wait_for(lambda: [r for r in AuditLog(w.config.log.audit).read()
+                                  if r.get("kind") == "watch" and r.get("links")], 20.0, "the watcher's record")
         assert rec["links"] == ["mlx5_0:1"] and rec["drained"]
     finally:
         stop.set()
