@@ -90,8 +90,10 @@ class KubeApi(Protocol):
         """Strategic merge patch of the status subresource (conditions merge by ``type``)."""
         ...
 
-    def list_pods_on_node(self, node: str) -> list[Obj]:
-        """Pods with ``spec.nodeName == node`` in every namespace (paged like kubectl, 500 a page)."""
+    def list_pods_on_node(self, node: str, *, consistent: bool = False) -> list[Obj]:
+        """Pods with ``spec.nodeName == node`` in every namespace. ``consistent``: a quorum read, paged
+        like kubectl (500 a page): what the drain lists after the cordon, so that a pod bound just
+        before it is seen; else from the API server's watch cache (``resourceVersion=0``: may lag)."""
         ...
 
     def list_pods(self, namespace: str, label_selector: str) -> list[Obj]: ...

@@ -10,10 +10,12 @@ kubectl drain (k8s.io/kubectl/pkg/drain) looks at every pod on the node and
   evicted is gone for good) unless ``--force``. A finished pod (Succeeded,
   Failed) passes both: nothing is lost;
 - evicts the rest through policy/v1 Eviction so that PodDisruptionBudgets are
-  honoured, retries a 429 (a PDB says not now), takes 404 as done, skips a pod
-  whose namespace is being deleted (403 ``NamespaceTerminating``), **waits for each
-  evicted pod's deletion** (by UID: a new pod of the same name is not the one it
-  evicted) and gives up after one overall timeout.
+  honoured, retries a 429 (a PDB says not now), takes 404 as done, retries a pod
+  whose namespace is being deleted (403 ``NamespaceTerminating``) until the namespace's
+  deletion marks it terminating, **waits for each evicted pod's deletion** (by UID: a
+  new pod of the same name is not the one it evicted), waits for pods already
+  terminating too (evicted by someone else, or their namespace going), and gives up
+  after one overall timeout.
 
 We apply the same filters, in that order, with two differences. Finished pods
 are left alone (they hold nothing), and a refused pod does not fail the whole
@@ -41,8 +43,6 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 #: medik8s' node-level opt-out; honoured like a pod opt-out.
 MEDIK8S_EXCLUDE = "remediation.medik8s.io/exclude-from-remediation"
-#: In the evicted-pods record: a pod whose namespace is being deleted (skipped, not waited for).
-_NS_TERMINATING = "namespace-terminating:"
 #: Slinky's slurmd pods are owned by a NodeSet (not a DaemonSet): they are evicted, last.
 SLINKY_NODESET_KIND = "NodeSet"
 
@@ -177,9 +177,11 @@ class DrainResult:
     protected: list[tuple[str, str]] = field(default_factory=list)
     #: slurmd pods not evicted yet because other pods have not left the node.
     last: list[str] = field(default_factory=list)
-    #: Pods we evicted that are still on the node (same UID): terminating, not gone yet.
+    #: Pods still on the node that are going (kubectl waits for them): ones we evicted (same UID),
+    #: ones already terminating when we came, ones whose namespace is being deleted.
     terminating: list[str] = field(default_factory=list)
-    #: Pods whose eviction the API server refused because their namespace is being deleted.
+    #: Pods whose eviction the API server refused because their namespace is being deleted: asked
+    #: again next round (kubectl retries) and waited for once the namespace's deletion marks them.
     namespace_terminating: list[str] = field(default_factory=list)
 
     @property
@@ -212,9 +214,6 @@ class Drainer:
         staying: list[Obj] = []
         for pod in pods:
             ref = pod_ref(pod)
-            if evicted.get(ref) == _NS_TERMINATING + str(meta(pod).get("uid") or ""):
-                result.skipped.append((ref, "namespace terminating"))
-                continue
             if evicted.get(ref) and evicted[ref] == meta(pod).get("uid"):
                 result.terminating.append(ref)
                 if not is_slurmd_pod(pod):
@@ -223,8 +222,10 @@ class Drainer:
             why = skip_reason(pod)
             if why:
                 result.skipped.append((ref, why))
-                if why == "already terminating" and not is_slurmd_pod(pod):
-                    staying.append(pod)
+                if why == "already terminating":
+                    result.terminating.append(ref)  # not ours, but kubectl waits for it too
+                    if not is_slurmd_pod(pod):
+                        staying.append(pod)
                 continue
             kept = protection(pod, force=self.force, delete_emptydir_data=self.delete_emptydir_data)
             if kept:
@@ -250,8 +251,7 @@ class Drainer:
         for _ in range(3):  # evict the others; the slurmd pod once they have left; see it gone
             view = DrainResult()
             first, last, staying = self._sort(pods, view, evicted)
-            result.skipped = view.skipped + [s for s in result.skipped if s[1] == "namespace terminating"
-                                             and s not in view.skipped]
+            result.skipped = view.skipped
             result.protected = view.protected
             result.terminating, result.last = view.terminating, []
             first = [p for p in first if pod_ref(p) not in result.blocked]
@@ -262,7 +262,7 @@ class Drainer:
                 result.last = [pod_ref(p) for p in last]
             if not acted or dry_run or not node:
                 break
-            pods = self.kube.list_pods_on_node(node)
+            pods = self.kube.list_pods_on_node(node, consistent=True)
         return result
 
     def _evict(self, pods: list[Obj], result: DrainResult, evicted: dict[str, str], dry_run: bool) -> bool:
@@ -282,12 +282,11 @@ class Drainer:
                 acted = True
                 result.gone.append(ref)
             elif outcome is Eviction.NAMESPACE_TERMINATING:
-                # kubectl: an eviction in a namespace being deleted never succeeds; the namespace's
-                # deletion removes the pod. Skipped, with a record; not a failure of the node.
+                # kubectl: an eviction in a namespace being deleted is refused until the namespace's
+                # deletion marks the pod terminating; it is asked again (next round), then waited for.
                 result.namespace_terminating.append(ref)
-                result.skipped.append((ref, "namespace terminating"))
-                if not dry_run:
-                    evicted[ref] = _NS_TERMINATING + str(m.get("uid") or "")  # not asked again
+                if ref not in result.terminating:
+                    result.terminating.append(ref)
             else:
                 result.blocked.append(ref)
         return acted

@@ -201,6 +201,8 @@ class KubeClient:
         #: ``monotonic()`` by which every call but the Lease's must be over (the leader's renew
         #: deadline: a pass never acts past it), or ``None``; the bridge sets it to its elector's.
         self.deadline: Callable[[], float | None] | None = None
+        #: Items per page of a consistent LIST (kubectl drain's 500).
+        self.page_size = PAGE_SIZE
         #: verb -> number of HTTP requests sent (retries included).
         self.calls: collections.Counter[str] = collections.Counter()
 
@@ -270,20 +272,23 @@ class KubeClient:
 
     # -- nodes -----------------------------------------------------------------------
 
-    def _list_all(self, verb: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> list[Obj]:
-        """Every page of a LIST, the first served from the API server's watch cache.
+    def _list_all(self, verb: str, fn: Callable[..., Any], *args: Any, consistent: bool = False,
+                  **kw: Any) -> list[Obj]:
+        """Every page of a LIST: from the API server's watch cache, or ``consistent``.
 
         ``resourceVersion=0`` lets kube-apiserver answer from its cache instead of a quorum read
-        of etcd (a full scan of 300,000 pods for each field-selected LIST); a server that pages
-        anyway hands back ``continue`` tokens, and a continued page must not name a version.
+        of etcd (a full scan of 300,000 pods for each field-selected LIST), but the cache may be
+        behind (a pod bound a moment ago is not in it) and it ignores ``limit``: one page. A
+        consistent LIST names no version: the latest state, truly paged by ``limit``/``continue``
+        (served from the cache too where the API server can prove it current, Kubernetes 1.31+).
         """
         items: list[Obj] = []
         token = None
         while True:
-            page_kw = dict(kw, limit=PAGE_SIZE)
+            page_kw = dict(kw, limit=self.page_size if consistent else PAGE_SIZE)
             if token:
                 page_kw["_continue"] = token
-            else:
+            elif not consistent:
                 page_kw["resource_version"] = "0"
             page = self._request(verb, fn, *args, **page_kw) or {}
             items.extend(page.get("items") or [])
@@ -324,8 +329,8 @@ class KubeClient:
 
     # -- pods ------------------------------------------------------------------------
 
-    def list_pods_on_node(self, node: str) -> list[Obj]:
-        items = self._list_all("list_pods", self._core.list_pod_for_all_namespaces,
+    def list_pods_on_node(self, node: str, *, consistent: bool = False) -> list[Obj]:
+        items = self._list_all("list_pods", self._core.list_pod_for_all_namespaces, consistent=consistent,
                                field_selector=f"spec.nodeName={node}")
         # Belt and braces: a server (or an emulator) that ignores the field selector.
         return [p for p in items if (p.get("spec") or {}).get("nodeName") == node]

@@ -578,7 +578,7 @@ class Reconciler:
         if not record.opt_out:
             return True
         if w.pods is None:
-            w.pods = self.kube.list_pods_on_node(kname)
+            w.pods = self.kube.list_pods_on_node(kname, consistent=True)
         why = self._opt_out(w.pods, w.node, Action(record.action))
         if why:
             if "optout" not in record.events:
@@ -766,9 +766,11 @@ class Reconciler:
         if record.drain_started is None:
             record.drain_started = now
         if pods is None:
-            pods = self.kube.list_pods_on_node(kname)
+            # After the cordon: a consistent read, not the watch cache (a pod bound just before the
+            # cordon may not be in it yet; the drain would be "done" and the request made without it).
+            pods = self.kube.list_pods_on_node(kname, consistent=True)
         result = self.drainer.drain(pods, evicted=record.evicted, node=kname, dry_run=self.dry_run)
-        if result.evicted or result.gone or result.namespace_terminating:
+        if result.evicted or result.gone:
             self._audit("bridge_drain", node=kname, evicted=result.evicted, gone=result.gone,
                         blocked=result.blocked, last=result.last or None,
                         namespace_terminating=result.namespace_terminating or None,

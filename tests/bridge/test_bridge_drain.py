@@ -2,9 +2,12 @@
 
 - evicted pods are waited for, by UID, until deleted (bounded by ``drain_timeout``, recorded);
 - all draining nodes of a pass share one ``drain_pass_budget``;
-- a PDB's 429 is told from API throttling; a terminating namespace's 403 skips the pod;
+- a PDB's 429 is told from API throttling; a terminating namespace's 403 is asked again, then the
+  pod waited for (kubectl); pods already terminating that we did not evict are waited for too;
 - deletes carry preconditions (UID, resourceVersion): a 409 means not ours;
-- LISTs come from the API server's cache; a NodeClaim is found by the Node's owner reference;
+- LISTs come from the API server's cache, but the drain's LIST after the cordon is a consistent read
+  (truly paged): a pod bound just before the cordon is evicted before the request;
+- a NodeClaim is found by the Node's owner reference;
 - the verdict kept in the Slurm node's Extra when the operator's preStop took the reason.
 
 The logic against the in-memory API (``graceful``: evictions leave pods terminating until
@@ -110,15 +113,37 @@ def test_ten_blocked_nodes_share_one_pass_budget(kube, clock, bridge_settings, a
     assert kube.calls["evict"] == 10 * 6  # every node retried in every round
 
 
-def test_a_terminating_namespace_skips_its_pod_with_a_record(kube, clock, bridge_settings, audit_path):
+def test_a_terminating_namespace_is_asked_again_then_its_pod_waited_for(kube, clock, bridge_settings, audit_path):
+    """kubectl drain: a 403 NamespaceTerminating is retried until the namespace's deletion marks the
+    pod terminating, and then the pod is waited for (before: skipped and never waited for)."""
     slurm = one_node(kube)
+    kube.graceful = True
     kube.add_pod("cache", "n1", "doomed", **controlled_by())
-    kube.eviction_script["doomed/cache"] = [Eviction.NAMESPACE_TERMINATING]
-    res = make(slurm, kube, bridge_settings, clock, audit_path).run_pass()
-    assert res.drained == ["n1"] and res.replaced == ["n1"] and not res.errors
-    (drain,) = [r for r in records(audit_path, "bridge_drain") if r.get("evicted")]
-    assert drain["namespace_terminating"] == ["doomed/cache"]
-    assert "doomed/cache (namespace terminating)" in drain["skipped"]
+    kube.eviction_script["doomed/cache"] = [Eviction.NAMESPACE_TERMINATING] * 2
+    bridge = make(slurm, kube, dataclasses.replace(bridge_settings, drain_pass_budget=1.0), clock, audit_path)
+    res = bridge.run_pass()
+    assert res.pending == ["n1"] and not res.replaced, res.summary()
+    assert kube.calls["evict"] >= 3  # job-n1 once, cache asked again each round
+    kube.finish("jobs", "job-n1")
+    kube.pods[("doomed", "cache")]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # the namespace goes
+    res = bridge.run_pass()
+    assert res.pending == ["n1"] and not res.replaced, res.summary()  # waited for, not evicted again
+    kube.finish("doomed", "cache")
+    res = bridge.run_pass()
+    assert res.drained == ["n1"] and res.replaced == ["n1"] and not res.errors, res.summary()
+    assert [r for r in records(audit_path, "bridge_drain") if r.get("namespace_terminating")]
+
+
+def test_a_pod_terminating_that_we_did_not_evict_is_waited_for(kube, clock, bridge_settings, audit_path):
+    slurm = one_node(kube)
+    kube.add_pod("leaving", "n1", "jobs", **controlled_by(deletionTimestamp="2026-01-01T00:00:00Z"))
+    bridge = make(slurm, kube, dataclasses.replace(bridge_settings, drain_pass_budget=1.0), clock, audit_path)
+    res = bridge.run_pass()
+    assert res.pending == ["n1"] and not res.replaced and "jobs/job-n1" in kube.evicted, res.summary()
+    assert "jobs/leaving" not in kube.evicted
+    kube.finish("jobs", "leaving")
+    res = bridge.run_pass()
+    assert res.drained == ["n1"] and res.replaced == ["n1"], res.summary()
 
 
 # -- the verdict, where the preStop cannot reach it --------------------------------------------------
@@ -336,3 +361,53 @@ def test_karpenter_finds_the_nodeclaim_by_the_nodes_owner_reference(kube_server,
     (req,) = kube_server.requests("DELETE")
     assert req.data["preconditions"] == {"uid": "uid-c1"}
 
+
+
+SNR_JSON = ('{"apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediation", '
+            '"metadata": {"name": "{{ node }}", "namespace": "medik8s"}}')
+
+
+@pytest.mark.k8s
+def test_a_pod_bound_just_before_the_cordon_is_evicted_before_the_request(kube_server, kube_client, bridge_settings,
+                                                                          tmp_path):
+    """The watch cache is behind: it does not have the pod bound a moment before the cordon. Listed
+    with resourceVersion=0 the node looked empty, the drain was "done" and the replacement asked for
+    in the same pass; the drain's consistent LIST sees the pod and evicts it first."""
+    from kube.emulator import node, pod
+
+    from slurm_hooks.bridge.reconciler import Reconciler
+    from slurm_hooks.bridge.replace import TemplateBackend
+    from slurm_hooks.observe.audit import AuditLog
+
+    kube_server.put("v1/nodes", node("n1"))
+    kube_server.put("v1/pods", pod("dcgm-n1", "n1", "gpu",
+                                   metadata={"ownerReferences": [{"kind": "DaemonSet", "name": "dcgm"}]}), "gpu")
+    kube_server.freeze_cache()
+    kube_server.put("v1/pods", pod("late", "n1", "jobs", **controlled_by()), "jobs")  # bound just now
+    template = tmp_path / "snr.json.j2"
+    template.write_text(SNR_JSON)
+    bridge = Reconciler(FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79)), kube_client, bridge_settings,
+                        audit=AuditLog(str(tmp_path / "audit.jsonl")), sleep=lambda s: None,
+                        backend=TemplateBackend(str(template), "selfnoderemediations"))
+    res = bridge.run_pass()
+    assert res.replaced == ["n1"] and not res.errors, res.summary()
+    sent = [f"{r.method.value} {r.url.path}".upper() for r in kube_server.requests()]
+    evicted = sent.index("POST /API/V1/NAMESPACES/JOBS/PODS/LATE/EVICTION")
+    requested = next(i for i, r in enumerate(sent) if r.startswith("POST") and "SELFNODEREMEDIATIONS" in r)
+    assert evicted < requested
+    assert kube_server.get("v1/pods", "late", "jobs") is None
+
+
+@pytest.mark.k8s
+def test_a_consistent_list_is_truly_paged(kube_server, kube_client):
+    from kube.emulator import node, pod
+
+    kube_server.put("v1/nodes", node("n1"))
+    for i in range(5):
+        kube_server.put("v1/pods", pod(f"p{i}", "n1", "jobs"), "jobs")
+    kube_client.page_size = 2
+    assert sorted(p["metadata"]["name"] for p in kube_client.list_pods_on_node("n1", consistent=True)) == \
+        [f"p{i}" for i in range(5)]
+    lists = [r for r in kube_server.requests("GET") if r.url.path == "/api/v1/pods"]
+    assert len(lists) == 3 and all("resourceVersion" not in r.params and r.params["limit"] == "2" for r in lists)
+    assert [bool(r.params.get("continue")) for r in lists] == [False, True, True]

@@ -79,12 +79,16 @@ def test_patching_a_missing_object_is_a_no_op(kube_server, kube_client):
 
 
 def test_pods_on_a_node_are_listed_by_field_selector_in_pages_of_500(kube_server, kube_client):
+    """A consistent LIST (the drain's) is paged; one from the cache (resourceVersion=0) is one page:
+    kube-apiserver ignores limit there, and so does the emulator."""
     for i in range(1100):
         kube_server.put("v1/pods", pod(f"p{i}", "n1", "jobs"), "jobs")
     kube_server.put("v1/pods", pod("elsewhere", "n2", "jobs"), "jobs")
-    pods = kube_client.list_pods_on_node("n1")
+    assert len(kube_client.list_pods_on_node("n1")) == 1100
+    assert len(sent(kube_server, "GET", "/api/v1/pods")) == 1
+    pods = kube_client.list_pods_on_node("n1", consistent=True)
     assert len(pods) == 1100 and all(p["spec"]["nodeName"] == "n1" for p in pods)
-    pages = sent(kube_server, "GET", "/api/v1/pods")
+    pages = sent(kube_server, "GET", "/api/v1/pods")[1:]
     assert len(pages) == 3
     assert all(r.params["fieldSelector"] == "spec.nodeName=n1" and r.params["limit"] == "500" for r in pages)
     assert "continue" not in pages[0].params and pages[1].params["continue"]

@@ -80,6 +80,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     rbac_subject: Any = attrs.field(default=None, init=False)
     #: spec.nodeName -> keys of the pods on that node (kube-apiserver's cache index).
     pod_index: dict = attrs.field(factory=dict, init=False)
+    #: The watch cache behind etcd (:meth:`KubeServer.freeze_cache`): pods as they were, served to
+    #: ``resourceVersion=0`` LISTs until thawed; ``None``: the cache is current.
+    pod_cache: Any = attrs.field(default=None, init=False)
 
     def index_pod(self, namespace: str | None, body: dict) -> None:
         node_name = (body.get("spec") or {}).get("nodeName")
@@ -249,6 +252,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _list(self, request: Any) -> dict:
         labels = request.params.get("labelSelector", "")
         fields = request.params.get("fieldSelector", "")
+        cached = request.params.get("resourceVersion") == "0"
+        if cached and self.pod_cache is not None and request.resource == kmock.resource("v1/pods"):
+            items = [p for p in self.pod_cache if (request.namespace is None or p["metadata"].get("namespace")
+                                                   == request.namespace)]
+            return self._page(request, [i for i in items if matches_labels(i, labels) and matches_fields(i, fields)])
         if fields.startswith("spec.nodeName=") and "," not in fields and request.resource == kmock.resource("v1/pods"):
             # kube-apiserver's cache indexes pods by spec.nodeName: the node's pods, not the cluster's.
             keys = self.pod_index.get(fields.split("=", 1)[1], {})
@@ -265,7 +273,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def _page(self, request: Any, items: list) -> dict:
         start = int(base64.b64decode(request.params["continue"]).decode()) if request.params.get("continue") else 0
-        limit = int(request.params.get("limit") or 0)
+        # kube-apiserver serves resourceVersion=0 from its watch cache in one page: limit is ignored.
+        limit = 0 if request.params.get("resourceVersion") == "0" else int(request.params.get("limit") or 0)
         meta: dict[str, Any] = {"resourceVersion": str(next(self._rv))}
         if limit and start + limit < len(items):
             meta["continue"] = base64.b64encode(str(start + limit).encode()).decode()
@@ -352,6 +361,10 @@ class KubeServer:
         if resource == "v1/pods":
             self.kmock.index_pod(namespace, obj)
         return obj
+
+    def freeze_cache(self) -> None:
+        """The watch cache stops following etcd: ``resourceVersion=0`` pod LISTs see the pods as of now."""
+        self.kmock.pod_cache = self.list("v1/pods")
 
     def finish(self, name: str, namespace: str) -> bool:
         """The kubelet is done with a terminating pod (its grace period and preStop over): delete it."""

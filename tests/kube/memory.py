@@ -158,7 +158,7 @@ class InMemoryKube:
             return None
         return self._store_node(name, strategic_merge(self.nodes[name], patch), dry_run, "patch_node_status")
 
-    def list_pods_on_node(self, node: str) -> list[Obj]:
+    def list_pods_on_node(self, node: str, *, consistent: bool = False) -> list[Obj]:
         self._call("list_pods")
         return [copy.deepcopy(self.pods[key]) for key in sorted(self._by_node.get(node, ())) if key in self.pods]
 
