@@ -62,6 +62,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     "hysteresis": {
         "confirm": (str, "1/1"),
         "resume_after": (int, 1),
+        #: ... and hold it at least this many seconds after its last bad reading (0: no such window).
+        "sticky": (_Num, 0.0),
     },
     #: InfiniBand/RoCE ports (slurm_hooks.probes.ib, slurm_hooks.checks.links); ``%n``: the node's name.
     "links": {
@@ -120,6 +122,18 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "nvbandwidth": (str, "/usr/bin/nvbandwidth"),
         "all_reduce_perf": (str, "/usr/bin/all_reduce_perf"),
     },
+    "isolate": {
+        "mode": (str, "bisect"),
+        "command": (tuple, ()),
+        "python": (str, "/usr/bin/python3"),
+        "ratio": (_Num, 0.5),
+        "test_timeout": (_Num, 120.0),
+        "budget": (_Num, 1800.0),
+        "max_tests": (int, 64),
+        "output_dir": (str, ""),
+        "auto": (bool, False),
+        "window": (_Num, 86400.0),
+    },
     "metrics": {
         "textfile_dir": (str, ""),
     },
@@ -157,6 +171,7 @@ _ENUMS = {
     ("gpu", "gres_source"): ("gres.conf", "slurmd"),
     ("check", "on_check_error"): ("drain", "warn"),
     ("slurm", "backend"): ("auto", "scontrol", "pyslurm"),
+    ("isolate", "mode"): ("bisect", "pairwise"),
 }
 
 
@@ -256,6 +271,11 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("repair", "worker_timeout"): _POSITIVE,
     ("sweep", "level"): _Range(1, 4, why="dcgmi diag -r level"),
     ("sweep", "job_timeout"): _POSITIVE,
+    ("isolate", "ratio"): _Range(0, 1, low_open=True, high_open=True, why="a share of the peers' bandwidth"),
+    ("isolate", "test_timeout"): _POSITIVE,
+    ("isolate", "budget"): _POSITIVE,
+    ("isolate", "max_tests"): _Range(2, 10000),
+    ("isolate", "window"): _POSITIVE,
     ("expect", "gpus"): _Range(0, 1024),
     ("expect", "pcie_gen"): _Range(1, 10),
     ("expect", "pcie_width"): _Range(1, 32),

@@ -6,7 +6,9 @@ bad once and good the next time: draining on one reading and resuming on one rea
 node (gpud 1247, azurehpc 628). Here a finding of such a rule takes the node out only when
 ``confirm = "K/N"`` of its last N readings were bad (one bad reading is a warning saying so),
 and once out it stays out (the finding repeated, marked held) until ``resume_after`` readings in
-a row were good. A state the node is in (a link down) acts at once but is held the same way.
+a row were good and, with ``sticky`` seconds, that long has passed since the last bad one (a
+link drop that cleared in 30 s is still seen: gpud 1110). A state the node is in (a link down)
+acts at once but is held the same way.
 Rules not named here (XIDs, a lost GPU, ECC) pass through untouched: never delayed.
 
 :func:`fold` is the pure step (findings, memory, clock -> findings, memory); :class:`Hysteresis`
@@ -37,11 +39,11 @@ def _key(f: Finding) -> str:
 
 
 def fold(findings: Sequence[Finding], memory: Mapping[str, Any] | None, now: float, confirm: tuple[int, int],
-         resume_after: int) -> tuple[list[Finding], dict[str, Any]]:
+         resume_after: int, sticky: float = 0.0) -> tuple[list[Finding], dict[str, Any]]:
     """This run's findings as hysteresis lets them act, and the memory for the next run.
 
     Memory: ``{"at": t, "before": <memory before the run at t>, "rules": {key: {"seen": [bool...],
-    "held": finding dict | None, "good": n}}}``.
+    "held": finding dict | None, "good": n, "bad_at": t}}}``.
     """
     memory = dict(memory or {})
     if memory and now - float(memory.get("at", 0.0)) < SAME_RUN_S and isinstance(memory.get("before"), dict):
@@ -65,7 +67,7 @@ def fold(findings: Sequence[Finding], memory: Mapping[str, Any] | None, now: flo
             count = sum(seen)
             if f.rule_key not in CONFIRMED or held is not None or count >= need:
                 out.append(f)
-                entry = {"seen": seen, "held": f.to_dict(), "good": 0}
+                entry = {"seen": seen, "held": f.to_dict(), "good": 0, "bad_at": now}
             else:
                 out.append(dataclasses.replace(
                     f, severity=Severity.WARN, action=Action.WARN,
@@ -74,13 +76,16 @@ def fold(findings: Sequence[Finding], memory: Mapping[str, Any] | None, now: flo
                 entry = {"seen": seen, "held": None, "good": 0}
         elif held is not None:
             good = int(entry.get("good", 0)) + 1
-            if good >= resume_after:
+            left = sticky - (now - float(entry.get("bad_at", now)))
+            if good >= resume_after and left <= 0:
                 entry = {"seen": seen, "held": None, "good": 0}
             else:
                 was = Finding.from_dict(held)
-                out.append(dataclasses.replace(
-                    was, message=f"{was.message} (held: {good} of {resume_after} good readings before resuming)"))
-                entry = {"seen": seen, "held": held, "good": good}
+                why = f"{min(good, resume_after)} of {resume_after} good readings before resuming"
+                if left > 0:
+                    why += f", held {sticky:g} s after the last bad one ({left:.0f} s left)"
+                out.append(dataclasses.replace(was, message=f"{was.message} (held: {why})"))
+                entry = {"seen": seen, "held": held, "good": good, "bad_at": entry.get("bad_at", now)}
         else:
             entry = {"seen": seen, "held": None, "good": 0}
         if any(entry["seen"]) or entry["held"] is not None:
@@ -95,13 +100,14 @@ class Hysteresis:
     be read starts afresh (every reading stands alone once); one that cannot be written is said
     on stderr by the caller's next run finding the old one."""
 
-    def __init__(self, state_dir: str, node: str, confirm: tuple[int, int] = (1, 1), resume_after: int = 1):
+    def __init__(self, state_dir: str, node: str, confirm: tuple[int, int] = (1, 1), resume_after: int = 1,
+                 sticky: float = 0.0):
         self.path = os.path.join(state_dir, f"hysteresis-{node}.json")
-        self.confirm, self.resume_after = confirm, resume_after
+        self.confirm, self.resume_after, self.sticky = confirm, resume_after, sticky
 
     @property
     def off(self) -> bool:
-        return self.confirm[0] <= 1 and self.resume_after <= 1
+        return self.confirm[0] <= 1 and self.resume_after <= 1 and self.sticky <= 0
 
     def fold(self, findings: Sequence[Finding], now: float) -> list[Finding]:
         if self.off:
@@ -112,7 +118,7 @@ class Hysteresis:
         except (OSError, ValueError):
             memory = None
         out, memory = fold(findings, memory if isinstance(memory, dict) else None, now, self.confirm,
-                           self.resume_after)
+                           self.resume_after, self.sticky)
         from slurm_hooks import fsutil
 
         try:
@@ -126,4 +132,5 @@ def from_config(config: Any, node: str) -> Hysteresis:
     from slurm_hooks.config import parse_confirm
 
     h = config.hysteresis
-    return Hysteresis(config.state.dir, node, parse_confirm(h.confirm) or (1, 1), int(h.resume_after))
+    return Hysteresis(config.state.dir, node, parse_confirm(h.confirm) or (1, 1), int(h.resume_after),
+                      float(h.sticky))

@@ -138,3 +138,18 @@ def test_a_confirm_that_is_no_ratio_is_a_config_error_naming_its_line():
         with pytest.raises(ConfigError) as exc:
             config.parse(f"[hysteresis]\nconfirm = {bad}\n")
         assert ":2: [hysteresis] confirm: must be \"K/N\"" in str(exc.value)
+
+
+def test_a_sticky_window_holds_a_port_drop_ten_minutes_after_it_cleared():
+    memory, acted = None, []
+    for now, found in ((0.0, [PORT_DOWN]), (30.0, []), (300.0, []), (590.0, []), (601.0, [])):
+        out, memory = fold(found, memory, now, (1, 1), 1, sticky=600.0)
+        acted.append(any(f.action.takes_node_out for f in out))
+    assert acted == [True, True, True, True, False]
+    out, _ = fold([], fold([PORT_DOWN], None, 0.0, (1, 1), 1, sticky=600.0)[1], 30.0, (1, 1), 1, sticky=600.0)
+    assert out[0].message.endswith("(held: 1 of 1 good readings before resuming, held 600 s after the last bad "
+                                   "one (570 s left))")
+
+
+def test_sticky_alone_turns_the_hysteresis_on(tmp_path):
+    assert not Hysteresis(str(tmp_path), "n1", sticky=600.0).off
