@@ -34,6 +34,7 @@ COMMANDS = {
     "repair-worker": "slurm_hooks.commands.repair:repair_worker",
     "sweep": "slurm_hooks.commands.sweep:sweep",
     "sweep-node": "slurm_hooks.commands.sweep:sweep_node",
+    "isolate": "slurm_hooks.commands.isolate:isolate",
     "status": "slurm_hooks.commands.status:status",
 }
 

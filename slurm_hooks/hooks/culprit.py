@@ -4,14 +4,15 @@ A rank that hangs in a collective, a slow node or a dropped link reports no XID:
 fails on the node where the library gave up, not on the culprit. We find it by running
 multi-node collective tests on groups of the suspected nodes, in waves of parallel tests
 (:func:`search`), and judging each against its peers: a test that did not complete failed;
-one whose bandwidth is under ``ratio`` of the reference (the 75th percentile of every
-completed test so far, so that one or two slow groups do not set it) failed too.
+one whose bandwidth is under ``ratio`` of the reference (the median of the upper half of
+every completed test so far, so that slow groups do not set it) failed too.
 
 ``bisect`` (Azure's): a first wave of 4 groups (8 above 32 nodes); a failing group of more
 than 4 nodes is split in halves, recursively; the members of a failing group of 4 or fewer
 are each *confirmed*: tested in a pair with a node that passed. ``pairwise`` (gcm's
 ``--pairwise-quick``): the first wave is every pair; the members of a failing pair are
-confirmed the same way. Only a confirmed node is a culprit; a suspect that passes its
+confirmed the same way (one only just under the bar twice, with two partners). Only a confirmed
+node is a culprit; a suspect that passes its
 confirmation, or that had no passed node to be tested against, is not.
 
 Bounded: ``max_tests`` and ``time_left`` are looked at before each wave; a search cut short
@@ -21,8 +22,8 @@ names its unconfirmed suspects. :class:`Fabric` simulates a cluster's fabric for
 
 from __future__ import annotations
 
-import math
 import random
+import statistics
 from collections.abc import Sequence
 from typing import Callable
 
@@ -31,6 +32,9 @@ from slurm_hooks.values import dataclass, field
 MODES = ("bisect", "pairwise")
 #: A failing group this small (or smaller) has each member confirmed instead of being split.
 CONFIRM_AT = 4
+#: A confirmation under this share of the bar (``ratio`` of the reference) is firm; one between
+#: it and the bar is tested once more with another partner, so that noise never drains a node.
+FIRM = 0.6
 
 
 @dataclass(frozen=True)
@@ -103,12 +107,13 @@ def first_wave(nodes: Sequence[str], mode: str) -> list[tuple[str, ...]]:
 
 
 def reference(tests: Sequence[Test], pending: Sequence[Outcome] = ()) -> float | None:
-    """The peers' bandwidth: the 75th percentile of every completed test's."""
+    """The peers' bandwidth: the median of the upper half of every completed test's (up to half
+    the tests may be slow without pulling it down; one fast outlier does not set it)."""
     values = sorted(o.bandwidth for o in [*(t.outcome for t in tests), *pending]
                     if o.completed and o.bandwidth is not None)
     if not values:
         return None
-    return values[min(len(values) - 1, math.ceil(0.75 * (len(values) - 1)))]
+    return statistics.median(values[len(values) // 2:])
 
 
 def judge(outcome: Outcome, ref: float | None, ratio: float) -> tuple[bool, str]:
@@ -139,6 +144,7 @@ def search(nodes: Sequence[str], run_wave: Runner, *, mode: str = "bisect", rati
     good: list[str] = []
     todo: list[tuple[tuple[str, ...], str]] = [(g, "screen") for g in first_wave(nodes, mode)]
     suspects: list[str] = []
+    retry: dict[str, str] = {}  # suspect -> the partner of its first, marginal, confirmation
     while todo or suspects:
         # Suspects are confirmed against nodes that passed; without one yet, they wait for the rest.
         wave = list(todo)
@@ -146,7 +152,8 @@ def search(nodes: Sequence[str], run_wave: Runner, *, mode: str = "bisect", rati
         partners = [n for n in good if n not in suspects]
         if suspects and partners:
             for k, s in enumerate(suspects):
-                wave.append(((s, partners[k % len(partners)]), "confirm"))
+                others = [p for p in partners if p != retry.get(s)] or partners
+                wave.append(((s, others[k % len(others)]), "confirm"))
             suspects = []
         elif suspects and not wave:
             for s in suspects:
@@ -173,8 +180,11 @@ def search(nodes: Sequence[str], run_wave: Runner, *, mode: str = "bisect", rati
                 good.extend(n for n in group if n not in good)
                 if purpose == "confirm":
                     result.cleared[group[0]] = f"passed with {group[1]} ({why})"
-            elif purpose == "confirm":
+            elif purpose == "confirm" and (group[0] in retry or _firm(outcome, ref, ratio)):
                 result.culprits[group[0]] = why
+            elif purpose == "confirm":  # only just under the bar: once more, with another partner
+                retry[group[0]] = group[1]
+                suspects.append(group[0])
             elif len(group) <= CONFIRM_AT or mode == "pairwise":
                 suspects.extend(n for n in group if n not in suspects)
             else:
@@ -186,6 +196,11 @@ def search(nodes: Sequence[str], run_wave: Runner, *, mode: str = "bisect", rati
         if node in result.culprits:
             del result.cleared[node]
     return result
+
+
+def _firm(outcome: Outcome, ref: float | None, ratio: float) -> bool:
+    """A failure no noise explains: not completed, or under ``FIRM`` of the bar."""
+    return not outcome.completed or not ref or outcome.bandwidth is None or outcome.bandwidth < FIRM * ratio * ref
 
 
 def _out_of_budget(result: Result, wanted: int, max_tests: int, time_left: Callable[[], float] | None) -> str:

@@ -1,0 +1,69 @@
+"""``slurm-hooks isolate``: find the node that breaks collectives and drain it (an admin's, as root)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from slurm_hooks.commands.options import config_option, json_option
+from slurm_hooks.errors import EXIT_OK, EXIT_UNAVAILABLE, EXIT_UNHEALTHY
+
+
+@click.command()
+@config_option
+@click.option("--nodes", metavar="LIST", help="The suspected nodes (a Slurm hostlist: n[1-16],gpu7).")
+@click.option("--job", metavar="ID", help="The nodes of this job (one that failed, hung or timed out).")
+@click.option("--mode", type=click.Choice(["bisect", "pairwise"]), help="Search (default: [isolate] mode).")
+@click.option("--timeout", "test_timeout", type=click.FloatRange(1), metavar="S",
+              help="Each test job's limit in seconds (default: [isolate] test_timeout).")
+@click.option("--budget", type=click.FloatRange(1), metavar="S",
+              help="The whole run's limit: no wave starts after it (default: [isolate] budget).")
+@click.option("--max-tests", type=click.IntRange(2), metavar="N",
+              help="Test jobs at most (default: [isolate] max_tests).")
+@click.option("--no-drain", is_flag=True, help="Name the culprits, drain none.")
+@json_option
+def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: str | None,
+            test_timeout: float | None, budget: float | None, max_tests: int | None, no_drain: bool,
+            as_json: bool) -> int:
+    """Run multi-node collective tests on idle nodes in a maintenance reservation, find the node
+    that breaks them (hung, slow, dropped) and drain it once confirmed against a node that passed.
+
+    Exit 0: every node tested passed; 1: a culprit was found (drained unless --no-drain), or the
+    search could not finish (budget, no passing node); 3: another isolate runs, or Slurm did not answer.
+    """
+    from slurm_hooks.errors import SlurmHooksError
+    from slurm_hooks.hooks import isolate as isolating
+    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.slurm import hostlist, job_ref
+
+    if bool(nodes) == bool(job):
+        raise click.UsageError("give --nodes LIST or --job ID (one of them)")
+    w = Wiring.load(config_path)
+    cfg = w.config.isolate
+    try:
+        if nodes:
+            chosen = hostlist.expand(nodes)
+        else:
+            chosen = hostlist.expand(w.slurm.job(job_ref(str(job))).nodes or "")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--nodes" if nodes else "--job") from None
+    except SlurmHooksError as exc:
+        click.echo(f"slurm-hooks isolate: {exc}", err=True)
+        return EXIT_UNAVAILABLE
+    if len(chosen) < 2:
+        raise click.UsageError(f"{nodes or 'job ' + str(job)}: {len(chosen)} node(s); a collective test needs 2")
+    timeout = test_timeout or float(cfg.test_timeout)
+    say = None if as_json else click.echo
+    try:
+        summary = isolating.isolate(w, chosen, mode=mode or cfg.mode, ratio=float(cfg.ratio), test_timeout=timeout,
+                                    budget=budget or float(cfg.budget), max_tests=max_tests or int(cfg.max_tests),
+                                    drain=not no_drain, progress=say)
+    except isolating.IsolateBusy as exc:
+        click.echo(f"slurm-hooks isolate: {exc}", err=True)
+        return EXIT_UNAVAILABLE
+    except KeyboardInterrupt:
+        click.echo("slurm-hooks isolate: interrupted: its jobs cancelled, its reservation deleted", err=True)
+        return 130
+    click.echo(json.dumps(summary.to_dict()) if as_json else summary.line())
+    return EXIT_OK if summary.ok else EXIT_UNHEALTHY

@@ -1,0 +1,315 @@
+"""``slurm-hooks isolate``: find the node that breaks collectives, through Slurm, and drain it.
+
+The worst multi-node failures report no XID (a rank hangs in a collective, a node is slow, a
+link drops): the job fails where the library gave up, not on the culprit. ``isolate`` takes the
+suspected nodes out of scheduling in one maintenance reservation of its own (as the sweep does:
+``Flags=MAINT``, which Slurm refuses while a job holds a node; busy nodes are skipped and named),
+runs waves of multi-node collective test jobs there as root (``srun`` one rank per node of the
+configured command: nccl-tests' ``all_reduce_perf`` where installed, the PyTorch all-reduce of
+:mod:`slurm_hooks.lab.collective` otherwise), lets :func:`slurm_hooks.hooks.culprit.search` pick
+the groups and judge them, and drains only a confirmed culprit, ``slurm-hooks: collective test
+failed on n5 (bandwidth 12% of peers) [isolate]``, with every test in the evidence file.
+
+Bounded: each test job is cancelled ``test_timeout`` after it was submitted (its ``--time`` is the
+backstop), the search starts no wave past ``budget`` and runs at most ``max_tests`` jobs. The
+reservation is deleted whatever happens (failure, SIGINT/SIGTERM); one left by a killed run is
+deleted by the next, under a lock that keeps two runs from overlapping.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from slurm_hooks import REASON_PREFIX, fsutil
+from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.hooks import culprit
+from slurm_hooks.hooks import sweep as sweeping
+from slurm_hooks.values import dataclass, field
+
+if TYPE_CHECKING:
+    from slurm_hooks.hooks.wiring import Wiring
+
+#: Our reservation and test jobs are named with this (a killed run's leftovers are found by it).
+PREFIX = "slurm-hooks-isolate"
+#: What a test job may take beyond its time limit to be queued and started in our reservation.
+START_MARGIN_S = 15.0
+POLL_S = 0.5
+_BUSBW = (re.compile(r"\bbusbw=([0-9.]+)"), re.compile(r"Avg bus bandwidth\s*:\s*([0-9.]+)"))
+
+
+class IsolateBusy(SlurmHooksError):
+    """Another isolate holds the lock."""
+
+
+def reason(node: str, why: str) -> str:
+    return f"{REASON_PREFIX} collective test failed on {node} ({why}) [isolate]"
+
+
+@dataclass
+class Summary:
+    nodes: list[str]
+    skipped: dict[str, str] = field(default_factory=dict)
+    result: culprit.Result = field(default_factory=culprit.Result)
+    drained: dict[str, str] = field(default_factory=dict)
+    not_drained: dict[str, str] = field(default_factory=dict)
+    evidence: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.result.culprits and not self.result.unconfirmed and not self.result.stopped
+
+    def line(self) -> str:
+        parts = [f"isolate: {len(self.nodes)} node(s): {self.result.line()}"]
+        if self.drained:
+            parts.append("drained " + ", ".join(sorted(self.drained)))
+        if self.not_drained:
+            parts.append("not drained: " + ", ".join(f"{n} ({why})" for n, why in sorted(self.not_drained.items())))
+        if self.skipped:
+            parts.append("skipped: " + ", ".join(f"{n} ({why})" for n, why in sorted(self.skipped.items())))
+        return "; ".join(parts) + f" in {self.seconds:.1f}s"
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.result
+        return {"nodes": self.nodes, "skipped": self.skipped, "culprits": r.culprits, "drained": self.drained,
+                "not_drained": self.not_drained, "unconfirmed": r.unconfirmed, "cleared": r.cleared,
+                "stopped": r.stopped, "jobs": r.jobs, "waves": r.waves, "reference": r.reference,
+                "seconds": round(self.seconds, 2), "evidence": self.evidence,
+                "tests": [{"nodes": list(t.nodes), "wave": t.wave, "purpose": t.purpose, "passed": t.passed,
+                           "why": t.why, "job": t.outcome.job, "completed": t.outcome.completed,
+                           "bandwidth": t.outcome.bandwidth, "detail": t.outcome.detail} for t in r.tests]}
+
+
+def test_argv(w: Wiring, test_timeout: float) -> list[str]:
+    """One rank's argv: ``[isolate] command``, else all_reduce_perf where installed, else the
+    built-in all-reduce (which gives up on a peer a little before the job is cancelled)."""
+    cfg = w.config.isolate
+    if cfg.command:
+        return [str(a) for a in cfg.command]
+    perf = w.config.sweep.all_reduce_perf
+    if os.access(perf, os.X_OK):
+        return [perf, "-b", "8M", "-e", "256M", "-f", "2", "-g",
+                str(max(1, int(w.config.expectations_for(w.node).gpus or 1)))]
+    from slurm_hooks.lab import collective
+
+    return [cfg.python, os.path.abspath(collective.__file__), "--timeout", f"{max(2.0, test_timeout * 0.8):g}"]
+
+
+def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_timeout: float, budget: float,
+            max_tests: int, argv: Sequence[str] | None = None, drain: bool = True, progress: Any = None) -> Summary:
+    """Find and drain the nodes among ``nodes`` that break collectives; see the module docstring.
+    Never raises for a node; always deletes its reservation. :class:`IsolateBusy` when another runs."""
+    say = progress or (lambda line: None)
+    t0 = time.monotonic()
+    summary = Summary(list(dict.fromkeys(nodes)))
+    lock = w.state_path("isolate.lock")
+    with fsutil.try_locked(lock, dir_mode=0o700) as mine:
+        if not mine:
+            raise IsolateBusy(f"another isolate is running (it holds {lock})")
+        cleanup_leftovers(w, say)
+        previous = signal.signal(signal.SIGTERM, sweeping._raise_interrupted)
+        try:
+            _run(w, summary, mode=mode, ratio=ratio, test_timeout=test_timeout, budget=budget, t0=t0,
+                 max_tests=max_tests, argv=list(argv or test_argv(w, test_timeout)), drain=drain, say=say)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    summary.seconds = time.monotonic() - t0
+    w.audit.write("action", node=w.node, action="isolate", target=",".join(summary.nodes),
+                  result="found" if summary.result.culprits else ("ok" if summary.ok else "inconclusive"),
+                  duration_s=round(summary.seconds, 4), detail=summary.line(), evidence=summary.evidence)
+    return summary
+
+
+def cleanup_leftovers(w: Wiring, say: Any) -> list[str]:
+    """Delete the reservations (and cancel the test jobs) a killed run left: under the lock, none is in use."""
+    deleted = []
+    try:
+        for name in w.slurm.reservations():
+            if name.startswith(PREFIX + "-"):
+                w.slurm.delete_reservation(name)
+                deleted.append(name)
+                say(f"deleted {name}, left by an earlier isolate")
+    except SlurmHooksError as exc:
+        say(f"could not look for leftover reservations: {exc}")
+    return deleted
+
+
+def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: float, budget: float, t0: float,
+         max_tests: int, argv: list[str], drain: bool, say: Any) -> None:
+    usable = []
+    for node in summary.nodes:
+        try:
+            busy = sweeping._busy(w, node, w.slurm.node(node))
+        except SlurmHooksError as exc:
+            busy = f"cannot read the node: {exc}"
+        if busy:
+            summary.skipped[node] = busy
+        else:
+            usable.append(node)
+    if len(usable) < 2:
+        summary.result.stopped = f"{len(usable)} idle node(s): a collective test needs 2"
+        return
+    name = f"{PREFIX}-{int(time.time())}"
+    try:
+        _reserve(w, name, usable, math.ceil(budget / 60.0) + 1)
+    except SlurmHooksError as exc:
+        summary.result.stopped = f"no maintenance reservation: {exc}"
+        return
+    say(f"reserved {', '.join(usable)} ({name})")
+    waves = _Waves(w, name, argv, test_timeout, _output_dir(w), say)
+    try:
+        summary.result = culprit.search(usable, waves.run_wave, mode=mode, ratio=ratio, max_tests=max_tests,
+                                        time_left=lambda: budget - (time.monotonic() - t0))
+    except KeyboardInterrupt:
+        waves.cancel_running()
+        raise
+    finally:
+        try:
+            w.slurm.delete_reservation(name)
+        except SlurmHooksError as exc:
+            say(f"could not delete reservation {name}: {exc} (the next isolate deletes it)")
+    summary.evidence = _write_evidence(w, summary)
+    for node, why in summary.result.culprits.items():
+        _drain(w, summary, node, why, drain, say)
+
+
+def _reserve(w: Wiring, name: str, nodes: list[str], minutes: int) -> None:
+    """One MAINT reservation of ``nodes`` for root (Slurm refuses it while a job holds one of them).
+    The Slurm adapter reserves one node at a time (the sweep's): several go through its command runner."""
+    slurm = w.slurm
+    listed = ",".join(slurm._node_arg(n) for n in nodes)
+    slurm._run("scontrol", "create", "reservation", f"ReservationName={slurm._name_arg(name)}", f"Nodes={listed}",
+               "StartTime=now", f"Duration={max(1, minutes)}", "Users=root", "Flags=MAINT")
+
+
+class _Waves:
+    """Runs one wave of test jobs (one per group) in the reservation and turns each into an Outcome."""
+
+    def __init__(self, w: Wiring, reservation: str, argv: list[str], test_timeout: float, out_dir: str, say: Any):
+        self.w, self.reservation, self.argv, self.test_timeout = w, reservation, argv, test_timeout
+        self.out_dir, self.say = out_dir, say
+        self.running: list[str] = []
+
+    def run_wave(self, groups: Sequence[tuple[str, ...]]) -> list[culprit.Outcome]:
+        submitted: list[tuple[str, float] | culprit.Outcome] = []
+        for group in groups:
+            try:
+                job = self._submit(group)
+            except SlurmHooksError as exc:
+                submitted.append(culprit.Outcome(False, None, f"not submitted: {exc}"))
+                continue
+            self.running.append(job)
+            submitted.append((job, time.monotonic()))
+        self.say(f"wave: {'; '.join(','.join(g) for g in groups)}")
+        done: dict[str, str] = {}
+        waiting = {s[0]: s[1] for s in submitted if isinstance(s, tuple)}
+        timed_out: set[str] = set()
+        while waiting:
+            try:
+                infos = {j.ref: j for j in self.w.slurm.jobs(list(waiting))}
+            except SlurmHooksError:
+                infos = {}
+            for job, started in list(waiting.items()):
+                info = infos.get(job)
+                if info is not None and info.finished:
+                    done[job] = info.base_state
+                    del waiting[job]
+                elif time.monotonic() - started > self.test_timeout + START_MARGIN_S:
+                    sweeping._cancel(self.w, job)
+                    timed_out.add(job)
+                    done[job] = "TIMEOUT"
+                    del waiting[job]
+            if waiting:
+                time.sleep(POLL_S)
+        self.running = []
+        out = []
+        for group, s in zip(groups, submitted):
+            if isinstance(s, culprit.Outcome):
+                out.append(s)
+                continue
+            job = s[0]
+            outcome = self._outcome(job, done[job], job in timed_out)
+            self.say(f"  {','.join(group)}: job {job} {'completed' if outcome.completed else 'failed'}"
+                     + (f", busbw {outcome.bandwidth:g}" if outcome.bandwidth is not None else "")
+                     + (f": {outcome.detail}" if outcome.detail else ""))
+            out.append(outcome)
+        return out
+
+    def _submit(self, group: tuple[str, ...]) -> str:
+        slurm = self.w.slurm
+        script = "exec srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(str(a)) for a in self.argv)
+        out = slurm._run("sbatch", "--parsable", f"--job-name={PREFIX}", f"--reservation={slurm._name_arg(self.reservation)}",
+                         "--nodelist=" + ",".join(slurm._node_arg(n) for n in group), f"--nodes={len(group)}",
+                         "--ntasks-per-node=1", "--exclusive", f"--time={max(1, math.ceil(self.test_timeout / 60.0))}",
+                         f"--chdir={self.out_dir}", f"--output={os.path.join(self.out_dir, PREFIX + '-%j.out')}",
+                         "--no-requeue", f"--wrap={script}")
+        return slurm._job_arg(out.strip().split(";")[0])
+
+    def _outcome(self, job: str, state: str, timed_out: bool) -> culprit.Outcome:
+        text = ""
+        path = os.path.join(self.out_dir, f"{PREFIX}-{job}.out")
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()[-20000:]
+        except OSError:
+            pass
+        if timed_out:
+            return culprit.Outcome(False, None, f"still running {self.test_timeout:g}s in: cancelled", job)
+        if state != "COMPLETED":
+            lines = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith("srun: ")]
+            return culprit.Outcome(False, None, f"ended {state}" + (f": {lines[-1][:160]}" if lines else ""), job)
+        for pattern in _BUSBW:
+            found = pattern.findall(text)
+            if found:
+                return culprit.Outcome(True, float(found[-1]), "", job)
+        return culprit.Outcome(True, None, "no bandwidth in its output", job)
+
+    def cancel_running(self) -> None:
+        for job in self.running:
+            sweeping._cancel(self.w, job)
+
+
+def _output_dir(w: Wiring) -> str:
+    path = w.config.isolate.output_dir or w.state_path("isolate")
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    return path
+
+
+def _write_evidence(w: Wiring, summary: Summary) -> str:
+    path = os.path.join(_output_dir(w), f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json")
+    try:
+        fsutil.atomic_write(path, json.dumps(summary.to_dict(), indent=1), mode=0o644)
+    except OSError:
+        return ""
+    return path
+
+
+def _drain(w: Wiring, summary: Summary, node: str, why: str, drain: bool, say: Any) -> None:
+    text = reason(node, why)
+    started = time.monotonic()
+    if not drain or not w.config.check.drain:
+        summary.not_drained[node] = "monitor-only ([check] drain = false)" if drain else "--no-drain"
+        w.audit.write("action", node=node, action="drain", target=node, result="not-acted", reason=text,
+                      detail=summary.not_drained[node], evidence=summary.evidence, why="isolate")
+        return
+    try:
+        w.slurm.drain(node, text)
+    except SlurmHooksError as exc:
+        summary.not_drained[node] = str(exc)
+        w.audit.write("action", node=node, action="drain", target=node, result="skipped", reason=text,
+                      error=str(exc), evidence=summary.evidence, why="isolate")
+        say(f"{node}: not drained: {exc}")
+        return
+    summary.drained[node] = text
+    w.audit.write("action", node=node, action="drain", target=node, result="ok", reason=text,
+                  duration_s=round(time.monotonic() - started, 4), evidence=summary.evidence, why="isolate",
+                  detail="; ".join(f"{','.join(t.nodes)}: {t.why}" for t in summary.result.tests if node in t.nodes))
+    say(f"{node}: drained: {text}")
