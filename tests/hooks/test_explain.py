@@ -21,8 +21,22 @@ def explain(conf, *args):
                            "--node", "n1", *args], capture_output=True, text=True, env=env, timeout=60)
 
 
+#: ``scontrol`` as 22.05 answers for an idle node in service (the only Slurm call of a healthy explain).
+SCONTROL = """#!/bin/sh
+case "$*" in
+  --version) echo "slurm 22.05.8" ;;
+  *"show node"*) echo "NodeName=n1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=8 Gres=gpu:8 State=IDLE Partitions=gpu" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
 def test_a_healthy_node_explained_is_one_line_naming_its_gpus_and_no_findings(tmp_path):
-    conf = write_sim_config(tmp_path, "[expect]\ngpus = 8")
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    conf = write_sim_config(tmp_path, f"[expect]\ngpus = 8\n[slurm]\nbackend = \"scontrol\"\nbin_dir = \"{bin_dir}\"")
     sim(conf, "init", "--node", "n1", "--gpus", "8")
     r = explain(conf)
     assert (r.returncode, r.stdout, r.stderr) == (0, "n1: 8 GPUs, 0 findings\n", "")
