@@ -26,9 +26,9 @@ from typing import Any
 from slurm_hooks.models import Action, Finding, Severity
 
 #: Rules judged against a threshold: confirmed over readings before they act.
-CONFIRMED = frozenset({"ib-rate", "ib-errors", "pcie", "nvlink", "nvlink-errors", "thermal"})
+CONFIRMED = frozenset({"ib-rate", "ib-errors", "pcie", "nvlink-errors", "thermal"})
 #: Rules whose drain is held until ``resume_after`` good readings: the above, and link states.
-HELD = CONFIRMED | frozenset({"ib-down", "ib-ports", "ib-flaps"})
+HELD = CONFIRMED | frozenset({"ib-down", "ib-ports", "ib-flaps", "nvlink"})
 #: Two folds closer than this are one run judged twice (the health check's re-judge after an
 #: admin's resume): the second starts from the memory the first started from.
 SAME_RUN_S = 1.0
