@@ -64,9 +64,9 @@ $ slurm-hooks check --config bad.toml
 slurm-hooks: config error: bad.toml:3: [gpu] backend: must be one of nvml, sim, not 'nvlm'
 ```
 
-Unknown sections and keys are errors too; a number must not be negative unless its row says
-otherwise. The tables below are generated from the schema (`slurm_hooks/config.py`) by
-`python tools/gen_config_doc.py`; what each key does is its comment in the example config.
+Unknown sections and keys are errors too, and no number may be negative. The tables below are
+generated from the schema (`slurm_hooks/config.py`) by `python tools/gen_config_doc.py`; what
+each key does is its comment in the example config.
 """
 
 _TYPES = {str: "string", int: "integer", bool: "boolean", float: "number", tuple: "list of strings",
@@ -217,7 +217,7 @@ def render() -> str:
         if notes.get(table):
             out += [notes[table], ""]
         if table == "expect":
-            out += ["`unset`: not checked. Every key here may be given again in a `[groups.<name>]` table.", ""]
+            out += ["`unset`: no default value. Every key here may be given again in a `[groups.<name>]` table.", ""]
         plain = {k: v for k, v in keys.items() if not (table == "notify" and k in config.DESTINATION_KEYS)}
         out += _table(table, plain, words)
         if table == "notify":
