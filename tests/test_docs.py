@@ -141,3 +141,25 @@ def test_the_bridge_example_lists_every_bridge_key():
         section = body[1].split("\n[", 1)[0]
         for key in keys:
             assert re.search(rf"^#?\s*{key}\s*=", section, re.M), f"[{table}] {key} is not in conf/bridge.example.toml"
+
+
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_every_relative_link_of_a_page_names_a_file_that_exists():
+    broken = []
+    for doc in DOCS:
+        for target in _LINK.findall(open(doc, encoding="utf-8").read()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not os.path.exists(os.path.join(os.path.dirname(doc), target)):
+                broken.append(f"{os.path.relpath(doc, ROOT)}: {target}")
+    assert broken == []
+
+
+def test_the_readme_is_a_map_of_every_page():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    linked = {os.path.normpath(t) for t in _LINK.findall(text)}
+    pages = {os.path.relpath(doc, ROOT) for doc in DOCS} - {"README.md"}
+    assert pages - linked == set(), "pages the README does not link to"
+    assert len(text.splitlines()) < 250, "the README is the admin's map: move detail into docs/"
