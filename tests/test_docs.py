@@ -163,3 +163,12 @@ def test_the_readme_is_a_map_of_every_page():
     pages = {os.path.relpath(doc, ROOT) for doc in DOCS} - {"README.md"}
     assert pages - linked == set(), "pages the README does not link to"
     assert len(text.splitlines()) < 250, "the README is the admin's map: move detail into docs/"
+
+
+def test_the_readmes_two_commands_exist_and_ci_runs_them():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
+    for command in ("./scripts/demo", "./scripts/test"):
+        assert re.search(rf"^{re.escape(command)}\s", text, re.M), f"README.md no longer shows {command}"
+        assert os.access(os.path.join(ROOT, command), os.X_OK), f"{command} is not an executable file"
+        assert command in ci, f".ci/run does not run {command}"
