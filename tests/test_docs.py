@@ -172,3 +172,9 @@ def test_the_readmes_two_commands_exist_and_ci_runs_them():
         assert re.search(rf"^{re.escape(command)}\s", text, re.M), f"README.md no longer shows {command}"
         assert os.access(os.path.join(ROOT, command), os.X_OK), f"{command} is not an executable file"
         assert command in ci, f".ci/run does not run {command}"
+
+
+def test_the_install_page_shows_the_readmes_install_lines():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    lines = readme[readme.index("<!-- install-section:"):].split("```sh\n", 1)[1].split("```", 1)[0]
+    assert f"```sh\n{lines}```" in open(os.path.join(ROOT, "docs", "install.md"), encoding="utf-8").read()
