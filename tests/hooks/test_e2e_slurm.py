@@ -404,3 +404,22 @@ def test_a_no_requeue_job_the_prolog_refuses_is_cancelled_and_its_admin_comment_
     comment = tb.slurm.admin_comment(job)
     assert comment.startswith("slurm-hooks: refused by the prolog on n1, XID 79 on GPU 3, --no-requeue: Slurm cancels "
                               "the job rather than start it elsewhere"), comment
+
+
+def test_an_srun_allocation_the_prolog_refuses_is_cancelled_and_its_admin_comment_says_why(hooked_testbed):
+    """Slurm cannot requeue an interactive allocation whose prolog failed: srun fails, the job is
+    cancelled, and its AdminComment (sacct, scontrol show job) says why."""
+    tb = hooked_testbed
+    sim.inject(tb.sim_dir, "n1", 3, xid=79)
+    name = f"srun-{uuid.uuid4().hex[:8]}"
+    ran = subprocess.run([os.path.join(tb.slurm.bin_dir, "srun"), "-J", name, "--gres=gpu:8", "-N1", "-w", "n1",
+                          "echo", "ran"], env=tb.env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode != 0 and "ran" not in ran.stdout, (ran.stdout, ran.stderr)
+    listed = subprocess.run([os.path.join(tb.slurm.bin_dir, "squeue"), "-h", "-t", "all", "-n", name, "-o", "%i"],
+                            env=tb.env, capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    [job] = listed
+    info = tb.wait_job(int(job), ("FAILED", "CANCELLED", "NODE_FAIL", "COMPLETED", "BOOT_FAIL"), timeout=30)
+    assert (info.base_state, info.restarts, info.batch) == ("CANCELLED", 0, False), info
+    comment = tb.slurm.admin_comment(job)
+    assert comment.startswith("slurm-hooks: refused by the prolog on n1, XID 79 on GPU 3, an interactive allocation "
+                              "cannot be requeued: Slurm cancels it"), comment
