@@ -132,6 +132,14 @@ def cleanup_leftovers(w: Wiring, say: Any) -> list[str]:
     """Delete the reservations (and cancel the test jobs) a killed run left: under the lock, none is in use."""
     deleted = []
     try:
+        left = [j for j in w.slurm._run("squeue", "-h", "-n", PREFIX, "-o", "%i").split() if j.strip()]
+        for job in left:
+            sweeping._cancel(w, job)
+        if left:
+            say(f"cancelled test job(s) {', '.join(left)}, left by an earlier isolate")
+            deadline = time.monotonic() + 30.0
+            while time.monotonic() < deadline and w.slurm._run("squeue", "-h", "-n", PREFIX, "-o", "%i").strip():
+                time.sleep(POLL_S)
         for name in w.slurm.reservations():
             if name.startswith(PREFIX + "-"):
                 w.slurm.delete_reservation(name)
