@@ -207,7 +207,8 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
             dcgm_result = DcgmResult(level, True, False, (), f"dcgmi failed: {exc}")
     selected, missing = (None, []) if request.gpus is None else select_gpus(snap, request.gpus)
     checks = request.checks if request.checks is not None else registry.for_context(context)
-    links, link_error = _gather_links(request.links if any(c.name in LINK_CHECKS for c in checks) else None)
+    links, link_error = _gather_links(request.links if any(c.name in LINK_CHECKS for c in checks) else None,
+                                      min(LINKS_TIMEOUT_S, max(deadline - time.monotonic(), 0.5)))
     inp = CheckInput(
         snapshot=snap,
         expect=expect,
@@ -248,13 +249,28 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
                   checks_run=tuple(ran), if_idle=tuple(request.severities.apply(f) for f in if_idle))
 
 
-def _gather_links(gather: Callable[[], tuple[IbPort, ...] | None] | None) -> tuple[tuple | None, str | None]:
+#: Longest the links' gather may take: a counter read can hang in the firmware (gpud 1164).
+LINKS_TIMEOUT_S = 5.0
+
+
+def _gather_links(gather: Callable[[], tuple[IbPort, ...] | None] | None,
+                  timeout: float = LINKS_TIMEOUT_S) -> tuple[tuple | None, str | None]:
+    """The gathered ports, or why there are none: a gather that crashes or hangs is a finding,
+    never a crashed or hung run."""
     if gather is None:
         return None, None
-    try:
-        return gather(), None
-    except Exception as exc:  # a gather that crashes is a finding, never a crashed run
-        return None, f"{type(exc).__name__}: {exc}"
+    box: list = []
+
+    def work() -> None:
+        try:
+            box.append((gather(), None))
+        except Exception as exc:  # noqa: BLE001
+            box.append((None, f"{type(exc).__name__}: {exc}"))
+
+    worker = threading.Thread(target=work, name="ib-links", daemon=True)
+    worker.start()
+    worker.join(max(timeout, 0.0))
+    return box[0] if box else (None, f"no answer within {timeout:g}s (a hung counter read?)")
 
 
 def _run_check(check: registry.Check, inp: CheckInput, on_error: Action) -> list[Finding]:

@@ -171,3 +171,17 @@ def test_links_are_not_gathered_for_the_prolog():
 def test_check_functions_are_pure_on_inputs():
     inp = CheckInput(NodeSnapshot("n1", "t"), NDR, links=None)
     assert list(links.check_ports(inp)) == [] and list(links.check_counters(inp)) == []
+
+
+def test_a_gather_that_hangs_is_a_finding_within_its_timeout():
+    import threading
+
+    release = threading.Event()
+    snap = NodeSnapshot("n1", "test")
+    try:
+        report = engine.judge(snap, engine.JudgeRequest(Expectations(), Context.CHECK, deadline_s=0.6,
+                                                        links=lambda: release.wait(60)))
+    finally:
+        release.set()
+    [f] = [f for f in report.findings if f.message.startswith("cannot read the links")]
+    assert "no answer within" in f.message and f.action is Action.DRAIN
