@@ -172,7 +172,7 @@ class JudgeRequest:
 CHECK_ERROR = "check-error"
 
 #: The checks that look at the gathered links: without one of them the links are not read.
-LINK_CHECKS = frozenset({"links", "link-errors", "link-flaps"})
+LINK_CHECKS = frozenset({"links", "link-errors", "link-flaps", "link-events"})
 
 #: The check that :attr:`JudgeRequest.if_idle` runs.
 IDLE_CHECK = "leftover"

@@ -213,6 +213,9 @@ class IbPort:
     flaps: tuple[float, ...] = ()
     #: Seconds this port has been seen down (0: up).
     down_s: float = 0.0
+    #: mlx5 kernel lines of its adapter seen lately: (severity rule, the line), e.g.
+    #: ("ib-module-temperature", "... Port module event[error]: module 0, Cable error, High Temperature").
+    events: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:

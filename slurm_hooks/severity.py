@@ -78,6 +78,11 @@ CHECK_RULES: dict[str, Rule] = {
     "ib-degraded": Rule(_F, _WATCH, Action.WARN),
     "ib-flaps": Rule(_F, _END, Action.DRAIN),
     "ib-flap": Rule(_F, _WATCH, Action.WARN),
+    # mlx5 kernel lines (slurm_hooks.probes.kmsg): an overheating cable module, a slot short of power.
+    "ib-module-temperature": Rule(_F, _END, Action.DRAIN),
+    "ib-power": Rule(_F, _END, Action.DRAIN),
+    # Counter reads refused on a restricted function (DGX, GB200): noise, unless nothing else explains a fault.
+    "ib-access-reg": Rule(_F, _WATCH, Action.WARN),
     # A check that crashed or ran out of time says nothing about the jobs.
     "check-error": Rule(_N, _END, None),
 }

@@ -63,6 +63,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("links", links.check_ports, _LINKS),
     Check("link-errors", links.check_counters, _LINKS),
     Check("link-flaps", links.check_flaps, _LINKS),
+    Check("link-events", links.check_kernel_events, _LINKS),
     Check("dcgm", dcgm.check_diag, frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG})),
 )
 

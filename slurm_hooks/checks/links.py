@@ -99,3 +99,23 @@ def _span(seconds: float) -> str:
     if seconds >= 3600:
         return f"{round(seconds / 3600, 1):g} h"
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+#: mlx5 kernel lines -> what they say, as the drain reason names them.
+_EVENT_WORDS = {"ib-module-temperature": "cable module overheating", "ib-power": "slot short of power",
+                "ib-access-reg": "ACCESS_REG refused"}
+
+
+def check_kernel_events(inp: CheckInput) -> Iterator[Finding]:
+    """mlx5 kernel lines seen within the last hour: one finding per adapter and kind."""
+    done: set[tuple[str, str]] = set()
+    for p in inp.links or ():
+        for rule, text in p.events:
+            if (rule, p.device) in done:
+                continue
+            done.add((rule, p.device))
+            warn = rule == "ib-access-reg"
+            yield Finding("link-events", Severity.WARN if warn else Severity.FAIL, Action.WARN if warn else Action.DRAIN,
+                          f"IB {p.device}: kernel: {text}", None, f"IB {p.device} {_EVENT_WORDS.get(rule, rule)}",
+                          rule=rule)
+

@@ -131,6 +131,39 @@ def _up(raw: Mapping[str, Any]) -> bool:
     return str(raw.get("state", "")).upper() == "ACTIVE" and str(raw.get("phys_state", "")).lower() in ("linkup", "")
 
 
+#: An mlx5 kernel line counts this long after we first saw it (the ring buffer keeps it till reboot).
+EVENT_KEEP_S = 3600.0
+
+
+def device_pci(root: str, device: str) -> str:
+    """The PCI function of ``device`` (``/sys/class/infiniband/<device>/device`` links to it), as
+    kmsg.normalize_pci writes it; "" when there is no such link (a captured tree, the sim)."""
+    try:
+        target = os.readlink(os.path.join(root, device, "device"))
+    except OSError:
+        return ""
+    from slurm_hooks.probes.kmsg import normalize_pci
+
+    return normalize_pci(os.path.basename(target))
+
+
+def fresh_events(lines: Sequence[tuple[str, str, Any, Any, str]], memory: Mapping[str, Any] | None, now: float,
+                 boot: str) -> tuple[list[tuple[str, str, str]], dict[str, float]]:
+    """The mlx5 lines (``kmsg.read_mlx5``) seen within :data:`EVENT_KEEP_S` of when we first saw
+    them: (rule, PCI function or "", line); and the first-seen times to keep. A line is named by
+    its boot, sequence number (or time) and text, so the same line read again is the same event."""
+    seen_before = dict((memory or {}).get("events", {})) if (memory or {}).get("boot") == boot else {}
+    seen: dict[str, float] = {}
+    out: list[tuple[str, str, str]] = []
+    for rule, pci, ts, seq, text in lines:
+        key = f"{seq if seq is not None else ts}:{text}"
+        first = float(seen_before.get(key, now))
+        if now - first < EVENT_KEEP_S:
+            seen[key] = first
+            out.append((rule, pci, text))
+    return out, seen
+
+
 def advance(ports: Sequence[RawPort], memory: Mapping[str, Any] | None, now: float,
             boot: str) -> tuple[tuple[IbPort, ...], dict[str, Any]]:
     """The ports with their counters' growth since the last reading, and the memory to keep.
@@ -191,11 +224,13 @@ class LinkGatherer:
     a failed run (the next run has a baseline again)."""
 
     def __init__(self, root: str, state_dir: str, node: str, boot: Callable[[], str] | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, kmsg: str = ""):
         self.root = root.replace("%n", node)
         self.path = os.path.join(state_dir, f"ib-{node}.json")
         self._boot = boot
         self._clock = clock
+        #: Where the mlx5 kernel lines are read ("" : not read).
+        self.kmsg = kmsg
 
     def boot(self) -> str:
         if self._boot is not None:
@@ -217,12 +252,40 @@ class LinkGatherer:
         raw = read_ports(self.root)
         if not raw and not os.path.isdir(self.root):
             return None
-        ports, memory = advance(raw, self.load(), self._clock(), self.boot())
+        before, now, boot = self.load(), self._clock(), self.boot()
+        ports, memory = advance(raw, before, now, boot)
+        if self.kmsg and ports:
+            ports, memory["events"] = self._with_events(ports, before, now, boot)
         try:
             fsutil.atomic_write(self.path, json.dumps(memory, sort_keys=True), mode=0o600, durable=False)
         except OSError:
             pass
         return ports
+
+
+    def _with_events(self, ports: tuple[IbPort, ...], before: Mapping[str, Any] | None, now: float,
+                     boot: str) -> tuple[tuple[IbPort, ...], dict[str, float]]:
+        """Each port with its adapter's recent mlx5 lines; a line that names no adapter we can tell
+        goes with every port (it is the node's). An unreadable kernel log adds nothing."""
+        import dataclasses
+
+        from slurm_hooks.errors import ProbeError
+        from slurm_hooks.probes import kmsg
+
+        try:
+            lines = kmsg.read_mlx5(self.kmsg)
+        except ProbeError:
+            return ports, {}
+        events, seen = fresh_events(lines, before, now, boot)
+        if not events:
+            return ports, seen
+        pci = {p.device: device_pci(self.root, p.device) for p in ports}
+        known = set(pci.values()) - {""}
+        out = []
+        for p in ports:
+            mine = tuple((rule, text) for rule, where, text in events if where == pci[p.device] or where not in known)
+            out.append(dataclasses.replace(p, events=mine) if mine else p)
+        return tuple(out), seen
 
 
 def from_config(config: Any, node: str) -> LinkGatherer:
@@ -241,4 +304,5 @@ def from_config(config: Any, node: str) -> LinkGatherer:
                 return sim.boot_id(sim_dir, node)
             except Exception:  # noqa: BLE001 - no sim state: no boot to key on
                 return ""
-    return LinkGatherer(root, config.state.dir, node, boot=boot)
+    return LinkGatherer(root, config.state.dir, node, boot=boot,
+                        kmsg="" if config.gpu.backend == "sim" else config.watch.kmsg)

@@ -185,3 +185,15 @@ def test_a_gather_that_hangs_is_a_finding_within_its_timeout():
         release.set()
     [f] = [f for f in report.findings if f.message.startswith("cannot read the links")]
     assert "no answer within" in f.message and f.action is Action.DRAIN
+
+
+def test_mlx5_overheating_module_drains_at_job_end_and_access_reg_only_warns():
+    line = "mlx5_port_module_event:1131:(pid 0): Port module event[error]: module 0, Cable error, High Temperature"
+    ports = [port(events=(("ib-module-temperature", line), ("ib-access-reg", "ACCESS_REG(0x805) failed"))),
+             port(device="mlx5_1", events=(("ib-module-temperature", line),))]
+    report = judge(ports)
+    found = sorted((f.rule, f.summary, f.action.value, f.urgency.value) for f in report.findings)
+    assert found == [("ib-access-reg", "IB mlx5_0 ACCESS_REG refused", "warn", "watch"),
+                     ("ib-module-temperature", "IB mlx5_0 cable module overheating", "drain", "job-end"),
+                     ("ib-module-temperature", "IB mlx5_1 cable module overheating", "drain", "job-end")]
+    assert report.requeue_multi_node() is False  # at job end: nothing is requeued for it

@@ -125,3 +125,36 @@ def test_memory_survives_a_restart_of_the_gatherer(tmp_path):
 def test_root_names_the_node_with_percent_n(tmp_path):
     gather = ib.LinkGatherer(str(tmp_path / "ib-%n"), str(tmp_path), "n7", boot=lambda: "b")
     assert gather.root == str(tmp_path / "ib-n7")
+
+
+MLX5_LINES = os.path.join(FIXTURES, "kmsg", "mlx5-events.log")
+
+
+def test_mlx5_lines_go_with_their_adapter_and_lines_naming_none_with_every_port(tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(H100_SYS, root)
+    os.symlink("../../devices/pci0000:00/0000:5c:00.0", root / "mlx5_0" / "device")
+    os.symlink("../../devices/pci0000:00/0000:d2:00.0", root / "mlx5_1" / "device")
+    gather = ib.LinkGatherer(str(root), str(tmp_path), "n1", boot=lambda: "b", clock=lambda: 1000.0,
+                             kmsg=MLX5_LINES)
+    ports = {p.device: p for p in gather()}
+    assert {rule for rule, _ in ports["mlx5_0"].events} == {"ib-power", "ib-module-temperature", "ib-access-reg"}
+    assert {rule for rule, _ in ports["mlx5_1"].events} == {"ib-module-temperature", "ib-access-reg"}
+    assert {rule for rule, _ in ports["mlx5_4"].events} == {"ib-module-temperature"}  # the lines naming no adapter
+
+
+def test_an_mlx5_line_counts_for_an_hour_after_we_first_saw_it():
+    lines = [("ib-power", "00000000:5C:00.0", 12.5, 7, "Detected insufficient power on the PCIe slot (27W).")]
+    events, seen = ib.fresh_events(lines, None, 1000.0, "b")
+    assert events == [("ib-power", "00000000:5C:00.0", "Detected insufficient power on the PCIe slot (27W).")]
+    later, seen = ib.fresh_events(lines, {"boot": "b", "events": seen}, 1000.0 + 3599, "b")
+    assert len(later) == 1
+    gone, seen = ib.fresh_events(lines, {"boot": "b", "events": seen}, 1000.0 + 3601, "b")
+    assert gone == [] and seen == {}
+    again, _ = ib.fresh_events(lines, {"boot": "b", "events": {}}, 1000.0 + 3700, "b2")
+    assert len(again) == 1  # after a reboot: a new line
+
+
+def test_an_unreadable_kernel_log_adds_no_events(tmp_path):
+    gather = ib.LinkGatherer(H100_SYS, str(tmp_path), "n1", boot=lambda: "b", kmsg=str(tmp_path / "no-kmsg"))
+    assert all(p.events == () for p in gather())
