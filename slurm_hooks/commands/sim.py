@@ -63,6 +63,8 @@ def _int_list(text: str, option: str) -> list[int]:
 @click.option("--counter", "ib_counter", metavar="NAME+=N", help="With --ib: add N to a counter (symbol_error+=200).")
 @click.option("--flap", "ib_flap", is_flag=True, help="With --ib: a drop that came and went (link_downed + 1).")
 @click.option("--rate", "ib_rate", type=click.IntRange(1, 3200), metavar="GBPS", help="With --ib: the trained rate.")
+@click.option("--event", "ib_event", type=click.Choice(sorted(simstate.IB_EVENTS)),
+              help="With --ib: its adapter logs this mlx5 kernel line.")
 @click.option("--xid", type=click.IntRange(1, 1000), help="Record an XID event.")
 @click.option("--instance", type=click.IntRange(0, 63), metavar="GI",
               help="The XID names this MIG GPU instance (GPU-I: in the kernel line), not the whole GPU.")
@@ -87,23 +89,23 @@ def _int_list(text: str, option: str) -> list[int]:
 @config_option
 @_dir_option
 def inject(node: str | None, gpu: int | None, ib: str | None, ib_state: str | None, ib_counter: str | None,
-           ib_flap: bool, ib_rate: int | None, config_path: str | None, sim_dir: str | None, cleared_by: str | None,
-           **fault) -> None:
+           ib_flap: bool, ib_rate: int | None, ib_event: str | None, config_path: str | None, sim_dir: str | None,
+           cleared_by: str | None, **fault) -> None:
     """Inject a fault on one simulated GPU (--gpu) or InfiniBand port (--ib)."""
-    port_change = ib_state is not None or ib_counter is not None or ib_flap or ib_rate is not None
+    port_change = ib_state is not None or ib_counter is not None or ib_flap or ib_rate is not None or bool(ib_event)
     if ib is not None:
         if gpu is not None or any(v is not None and v is not False for v in fault.values()):
-            raise click.UsageError("--ib goes with --state, --counter, --flap or --rate only")
+            raise click.UsageError("--ib goes with --state, --counter, --flap, --rate or --event only")
         if not port_change:
-            raise click.UsageError("name a change of the port: --state, --counter, --flap or --rate")
+            raise click.UsageError("name a change of the port: --state, --counter, --flap, --rate or --event")
         node = nodename.resolve(node)
         counter = simstate.parse_counter(ib_counter) if ib_counter is not None else None
         done = simstate.inject_ib(_sim_dir(config_path, sim_dir), node, ib, state=ib_state, counter=counter,
-                                  flap=ib_flap, rate_gbps=ib_rate)
+                                  flap=ib_flap, rate_gbps=ib_rate, event=ib_event)
         click.echo(f"{node} {ib}: {done}")
         return
     if port_change:
-        raise click.UsageError("--state, --counter, --flap and --rate go with --ib DEV:PORT")
+        raise click.UsageError("--state, --counter, --flap, --rate and --event go with --ib DEV:PORT")
     if gpu is None:
         raise click.UsageError("name a GPU (--gpu) or an InfiniBand port (--ib)")
     if fault.get("instance") is not None and fault.get("xid") is None:

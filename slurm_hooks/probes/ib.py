@@ -291,18 +291,18 @@ class LinkGatherer:
 def from_config(config: Any, node: str) -> LinkGatherer:
     """The gatherer for ``[links]``; with simulated GPUs, the sim's ports and boot id (unless
     ``sysfs_root`` says otherwise)."""
-    boot, root = None, config.links.sysfs_root
+    boot, root, kmsg = None, config.links.sysfs_root, config.watch.kmsg
     if config.gpu.backend == "sim":
         from slurm_hooks.probes import sim
 
         sim_dir = config.gpu.sim_dir
         if root == SYSFS_ROOT:
             root = os.path.join(sim_dir, "ib", node)  # the ports `sim init --ib` lays
+        kmsg = sim.ib_kmsg(sim_dir, node)  # the mlx5 lines `sim inject --ib ... --event` writes
 
         def boot() -> str:
             try:
                 return sim.boot_id(sim_dir, node)
             except Exception:  # noqa: BLE001 - no sim state: no boot to key on
                 return ""
-    return LinkGatherer(root, config.state.dir, node, boot=boot,
-                        kmsg="" if config.gpu.backend == "sim" else config.watch.kmsg)
+    return LinkGatherer(root, config.state.dir, node, boot=boot, kmsg=kmsg)

@@ -402,6 +402,8 @@ def diag(state: dict[str, Any], level: int) -> dict[str, Any]:
 # -- the node's InfiniBand/RoCE ports: a tree shaped like /sys/class/infiniband (slurm_hooks.probes.ib)
 
 IB_UP = ("4: ACTIVE", "5: LinkUp")
+#: The simulated kernel log's clock starts here (seconds since "boot", as dmesg prints them).
+_START = 1.7e9
 IB_DOWN = ("1: DOWN", "2: Polling")
 
 
@@ -419,12 +421,19 @@ def _ib_port(sim_dir: str, node: str, target: str) -> str:
     return base
 
 
+def ib_kmsg(sim_dir: str, node: str) -> str:
+    """The simulated node's kernel log of mlx5 lines (what ``sim inject --ib ... --event`` writes)."""
+    return os.path.join(sim_dir, "ib", f"{node}.kmsg")
+
+
 def _remove_ib(sim_dir: str, node: str) -> None:
     root = os.path.join(sim_dir, "ib", node)
     if os.path.isdir(root):
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+    if os.path.exists(ib_kmsg(sim_dir, node)):
+        os.unlink(ib_kmsg(sim_dir, node))
 
 
 def _put(path: str, text: str) -> None:
@@ -447,10 +456,25 @@ def init_ib(sim_dir: str, node: str, ports: int, rate_gbps: int = 400) -> list[s
         _put(os.path.join(base, "phys_state"), IB_UP[1])
         _put(os.path.join(base, "rate"), f"{rate_gbps} Gb/sec (4X NDR)")
         _put(os.path.join(base, "link_layer"), "InfiniBand")
+        os.symlink(f"../../devices/pci0000:00/{_ib_pci(i)}", os.path.join(root, f"mlx5_{i}", "device"))
         for counter in COUNTERS:
             _put(os.path.join(base, "counters", counter), "0")
         names.append(f"mlx5_{i}:1")
     return names
+
+
+def _ib_pci(i: int) -> str:
+    return f"0000:{0x1a + i * 0x10:02x}:00.0"
+
+
+#: What ``--event`` writes: the mlx5 driver's lines (drivers/net/ethernet/mellanox/mlx5/core/events.c, cmd.c).
+IB_EVENTS = {
+    "module-temperature": "mlx5_port_module_event:1131:(pid 0): Port module event[error]: module 0, Cable error, "
+                          "High Temperature",
+    "power": "mlx5_pcie_event:299:(pid 268269): Detected insufficient power on the PCIe slot (27W).",
+    "access-reg": "mlx5_cmd_out_err:838:(pid 1441871): ACCESS_REG(0x805) op_mod(0x1) failed, status bad "
+                  "resource(0x5), syndrome (0x305684), err(-22)",
+}
 
 
 def _bump(base: str, counter: str, by: int) -> int:
@@ -465,10 +489,11 @@ def _bump(base: str, counter: str, by: int) -> int:
 
 
 def inject_ib(sim_dir: str, node: str, target: str, state: str | None = None, counter: tuple[str, int] | None = None,
-              flap: bool = False, rate_gbps: int | None = None) -> str:
+              flap: bool = False, rate_gbps: int | None = None, event: str | None = None) -> str:
     """Change one port: ``state`` "down" (``link_downed`` counts the drop) or "up"; add to a
     counter; ``flap``: a drop that came and went between two readings (``link_downed`` + 1);
-    ``rate_gbps``: the rate it trained at. Returns what was done."""
+    ``rate_gbps``: the rate it trained at; ``event``: its adapter logs an mlx5 line
+    (:data:`IB_EVENTS`). Returns what was done."""
     from slurm_hooks.probes.ib import COUNTERS
 
     base = _ib_port(sim_dir, node, target)
@@ -494,6 +519,14 @@ def inject_ib(sim_dir: str, node: str, target: str, state: str | None = None, co
     if rate_gbps is not None:
         _put(os.path.join(base, "rate"), f"{rate_gbps} Gb/sec")
         done.append(f"rate {rate_gbps} Gb/s")
+    if event is not None:
+        if event not in IB_EVENTS:
+            raise SimStateError(f"unknown event {event!r} (known: {', '.join(IB_EVENTS)})")
+        device = target.partition(":")[0]
+        pci = os.path.basename(os.readlink(os.path.join(ib_root(sim_dir, node), device, "device")))
+        with open(ib_kmsg(sim_dir, node), "a", encoding="ascii") as fh:
+            fh.write(f"[{time.time() - _START:.6f}] mlx5_core {pci}: {IB_EVENTS[event]}\n")
+        done.append(f"kernel line {event}")
     return ", ".join(done)
 
 

@@ -104,6 +104,16 @@ def test_slow_port_drains_at_job_end(tmp_path):
     assert slurm.peek("n1").reason == "slurm-hooks: IB mlx5_3 port 1 at 200 Gb/s [drain, at job end]"
 
 
+def test_an_overheating_cable_module_drains_at_job_end_and_stays_for_the_hour(tmp_path):
+    w, slurm = node(tmp_path)
+    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_5:1", event="module-temperature")
+    _, outcome = check(w)
+    assert outcome.drained
+    assert slurm.peek("n1").reason == "slurm-hooks: IB mlx5_5 cable module overheating [drain, at job end]"
+    report, _ = check(w)  # the line is still in the kernel log, and still within its hour
+    assert [f.rule for f in report.drain_findings()] == ["ib-module-temperature"]
+
+
 def memory(w: Wiring) -> dict:
     with open(os.path.join(w.config.state.dir, "ib-n1.json")) as fh:
         return json.load(fh)

@@ -488,3 +488,16 @@ def test_sim_init_without_ib_removes_the_ports_of_an_earlier_init(sim_dir):
     sim.init_ib(sim_dir, "n1", 2)
     sim.init(sim_dir, "n1", 8)  # what the testbed's reset does: no port of the last test's stays down
     assert not os.path.exists(sim.ib_root(sim_dir, "n1"))
+
+
+def test_sim_inject_event_writes_the_mlx5_line_of_the_ports_adapter(sim_dir):
+    from slurm_hooks.probes import kmsg
+
+    sim.init(sim_dir, "n1", 8)
+    sim.init_ib(sim_dir, "n1", 2)
+    assert sim.inject_ib(sim_dir, "n1", "mlx5_1:1", event="power") == "kernel line power"
+    [(rule, pci, ts, seq, text)] = kmsg.read_mlx5(sim.ib_kmsg(sim_dir, "n1"))
+    assert (rule, pci) == ("ib-power", "00000000:2A:00.0") and ts is not None
+    assert [p.events for p in ib_ports(sim_dir).values() if p.events] == []  # ib_ports reads no kernel log
+    sim.init(sim_dir, "n1", 8)
+    assert not os.path.exists(sim.ib_kmsg(sim_dir, "n1"))
