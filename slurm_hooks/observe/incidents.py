@@ -340,59 +340,62 @@ def _evidence(r: dict[str, Any]) -> bool:
 
 
 def _absorb(inc: Incident, r: dict[str, Any]) -> None:
-    kind, ts = r.get("kind"), float(r["ts"])
-    inc.last_seen = max(inc.last_seen or ts, float(r.get("last_ts") or ts))
-    if kind == records.Kind.INCIDENT.value:
-        rec = records.parse(r)
-        if isinstance(rec, records.Lifecycle) and rec.stage == Stage.WAITING.value:
+    rec = records.parse(r)
+    ts = rec.ts
+    inc.last_seen = max(inc.last_seen or ts, rec.last_ts or ts)
+    if isinstance(rec, records.Lifecycle):
+        if rec.stage == Stage.WAITING.value:
             inc.step_since = ts if inc.waiting_for != rec.waiting_for else inc.step_since
             inc.waiting_for, inc.why, inc.todo = rec.waiting_for, rec.why, rec.todo
         return
-    context = r.get("context") or ("watch" if kind == "watch" else "")
-    if context and context not in inc.contexts and (kind != "watch" or _evidence(r)):
-        inc.contexts.append(str(context))
-    if kind == "alert":
+    context = rec.context or ("watch" if isinstance(rec, records.Watch) else "")
+    if context and context not in inc.contexts and (not isinstance(rec, records.Watch) or rec.xid is not None):
+        inc.contexts.append(context)
+    if isinstance(rec, records.Alert):
         f = finding_of(r)
         if not any((g.check, g.gpu, g.message) == (f.check, f.gpu, f.message) for g in inc.findings):
             inc.findings.append(f)
-        if r.get("job") is not None:
-            _job(inc, r.get("job"), r)
-    elif kind == "watch" and r.get("xid") is not None:
-        if r.get("gpu") is not None:
+        if rec.job is not None:
+            _job(inc, rec.job, rec)
+    elif isinstance(rec, records.Watch) and rec.xid is not None:
+        if rec.gpu is not None:
             for f in inc.findings:
-                if f.gpu == r.get("gpu") and f.xid is None:
-                    f.xid = int(r["xid"])
-        for job_id in r.get("requeued") or []:
-            _job(inc, job_id, r).requeued_at = _job(inc, job_id, r).requeued_at or ts
-    elif kind == "action":
-        action, result = r.get("action"), r.get("result")
-        if takes_out(r) and r.get("context") == "prolog" and r.get("job") is not None:
-            job = _job(inc, r["job"], r)  # the prolog exits 1: Slurm requeues the job
-            job.refused_at = job.refused_at or ts
-        rec = records.parse(r)
-        harsher = records.escalates_to(rec)
-        if action_rank(harsher) > action_rank(inc.action):
-            inc.escalations.append([ts, harsher])
-            inc.action, inc.reason = harsher, str(r.get("reason") or inc.reason)
-        if isinstance(rec, records.Action):
-            _step(inc, rec)
-        if action == "signal" and result == "ok":
-            for job_id in r.get("jobs") or [r.get("target")]:
-                _job(inc, job_id, r).signal = str(r.get("signal") or "")
-        elif action == "requeue" and result in ("ok", "already", "self"):
-            for job_id in r.get("jobs") or [r.get("target")]:
-                job = _job(inc, job_id, r)
-                job.requeued_at = job.requeued_at or ts
-                if isinstance(r.get("gpus"), list) and not job.gpus:
-                    job.gpus = [int(g) for g in r["gpus"] if isinstance(g, int)]
-                if r.get("requeued_by") and not job.requeued_by:
-                    job.requeued_by = str(r["requeued_by"])
-                    job.requeue_s = r.get("seconds_from_fault")
-        elif action in ("start_now", "release") and result == "ok":
-            for job_id in r.get("jobs") or [r.get("target")]:
-                job = _job(inc, job_id, r)
-                if action == "start_now":
-                    job.restarted_at = job.restarted_at or ts
+                if f.gpu == rec.gpu and f.xid is None:
+                    f.xid = int(rec.xid)
+        for job_id in rec.requeued:
+            job = _job(inc, job_id, rec)
+            job.requeued_at = job.requeued_at or ts
+    elif isinstance(rec, records.Action):
+        _absorb_action(inc, rec)
+
+
+def _absorb_action(inc: Incident, rec: records.Action) -> None:
+    action, result, ts = rec.action, rec.result, rec.ts
+    if action == "drain" and result in _TAKE_OUT_RESULTS and rec.context == "prolog" and rec.job is not None:
+        job = _job(inc, rec.job, rec)  # the prolog exits 1: Slurm requeues the job
+        job.refused_at = job.refused_at or ts
+    harsher = records.escalates_to(rec)
+    if action_rank(harsher) > action_rank(inc.action):
+        inc.escalations.append([ts, harsher])
+        inc.action, inc.reason = harsher, rec.reason or inc.reason
+    _step(inc, rec)
+    if action == "signal" and result == "ok":
+        for job_id in records.targets(rec):
+            _job(inc, job_id, rec).signal = rec.signal
+    elif action == "requeue" and result in ("ok", "already", "self"):
+        for job_id in records.targets(rec):
+            job = _job(inc, job_id, rec)
+            job.requeued_at = job.requeued_at or ts
+            if rec.gpus and not job.gpus:
+                job.gpus = [int(g) for g in rec.gpus if isinstance(g, int)]
+            if rec.requeued_by and not job.requeued_by:
+                job.requeued_by = rec.requeued_by
+                job.requeue_s = rec.seconds_from_fault
+    elif action in ("start_now", "release") and result == "ok":
+        for job_id in records.targets(rec):
+            job = _job(inc, job_id, rec)
+            if action == "start_now":
+                job.restarted_at = job.restarted_at or ts
 
 
 def _step(inc: Incident, rec: records.Action) -> None:
@@ -457,11 +460,10 @@ def _gpu_list(inc: Incident) -> str:
     return ", ".join(words)
 
 
-def _job(inc: Incident, job_id: Any, r: dict[str, Any]) -> Job:
+def _job(inc: Incident, job_id: Any, rec: records.Record) -> Job:
     key = str(job_id)
     job = inc.jobs.setdefault(key, Job(key))
-    users = r.get("users")
-    user = users.get(key) if isinstance(users, dict) else r.get("user")
+    user = rec.users.get(key) if rec.users else rec.user
     if user and not job.user:
         job.user = str(user)
     return job

@@ -88,6 +88,10 @@ class Record:
     #: How many times it was seen (a :class:`Repeat` folded in), and the last time.
     count: int = 1
     last_ts: float = 0.0
+    #: The job it is about (the prolog's, the epilog's), its owner, or each job's owner by id.
+    job: Any = None
+    user: str = ""
+    users: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,20 @@ class Alert(Record):
     serial: str = ""
     pci_bus_id: str = ""
     xid: int | None = None
-    job: Any = None
+
+
+@dataclass(frozen=True)
+class Watch(Record):
+    """The watcher's account of one XID event (or its own news: ``message``)."""
+
+    KIND: ClassVar[str] = Kind.WATCH.value
+    xid: int | None = None
+    gpu: int | None = None
+    event: str = ""
+    drained: bool = False
+    requeued: list = field(default_factory=list)
+    signalled: list = field(default_factory=list)
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,6 +138,12 @@ class Action(Record):
     error: str = ""
     why: str = ""
     jobs: list = field(default_factory=list)
+    #: A requeue: the job's GPUs here (Slurm's numbering), who requeued it, seconds from the fault.
+    gpus: list = field(default_factory=list)
+    requeued_by: str = ""
+    seconds_from_fault: float | None = None
+    #: A checkpoint signal sent (``USR2@90``).
+    signal: str = ""
     #: The GPUs a repair rung names, each {index, uuid, serial, pci_bus_id}.
     gpu_ids: list = field(default_factory=list)
     #: Where a repair kept its evidence (a directory under the state dir).
@@ -152,7 +175,7 @@ class Repeat(Record):
     first_ts: float = 0.0
 
 
-_BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in (Alert, Action, Lifecycle, Repeat)}
+_BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in (Alert, Watch, Action, Lifecycle, Repeat)}
 _NAMES: dict[type[Record], frozenset[str]] = {}
 
 
@@ -175,6 +198,11 @@ def parse(r: dict[str, Any]) -> Record:
     except (TypeError, ValueError):
         return Record(ts=float(r.get("ts") or 0) if isinstance(r.get("ts"), (int, float)) else 0.0,
                       node=str(r.get("node") or ""), extra=dict(r))
+
+
+def targets(r: Action) -> list[str]:
+    """The jobs an action is about: its ``jobs``, else its ``target``."""
+    return [str(j) for j in r.jobs] if r.jobs else ([r.target] if r.target else [])
 
 
 def escalates_to(r: Record) -> str:
