@@ -401,6 +401,13 @@ def diag(state: dict[str, Any], level: int) -> dict[str, Any]:
 
 # -- the node's InfiniBand/RoCE ports: a tree shaped like /sys/class/infiniband (slurm_hooks.probes.ib)
 
+#: The counters a ConnectX port shows under ``counters/`` (all laid; slurm_hooks.probes.ib reads those it judges).
+IB_COUNTERS = ("VL15_dropped", "excessive_buffer_overrun_errors", "link_downed", "link_error_recovery",
+               "local_link_integrity_errors", "multicast_rcv_packets", "multicast_xmit_packets",
+               "port_rcv_constraint_errors", "port_rcv_data", "port_rcv_errors", "port_rcv_packets",
+               "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_constraint_errors",
+               "port_xmit_data", "port_xmit_discards", "port_xmit_packets", "port_xmit_wait", "symbol_error",
+               "unicast_rcv_packets", "unicast_xmit_packets")
 IB_UP = ("4: ACTIVE", "5: LinkUp")
 #: The simulated kernel log's clock starts here (seconds since "boot", as dmesg prints them).
 _START = 1.7e9
@@ -442,8 +449,6 @@ def _put(path: str, text: str) -> None:
 
 def init_ib(sim_dir: str, node: str, ports: int, rate_gbps: int = 400) -> list[str]:
     """``ports`` healthy NDR ports ``mlx5_0:1`` ..., every counter at 0 (replaces an earlier tree)."""
-    from slurm_hooks.probes.ib import COUNTERS
-
     if not 0 < ports <= 64:
         raise SimStateError(f"--ib must be 1..64 ports, got {ports}")
     root = ib_root(sim_dir, node)
@@ -457,7 +462,7 @@ def init_ib(sim_dir: str, node: str, ports: int, rate_gbps: int = 400) -> list[s
         _put(os.path.join(base, "rate"), f"{rate_gbps} Gb/sec (4X NDR)")
         _put(os.path.join(base, "link_layer"), "InfiniBand")
         os.symlink(f"../../devices/pci0000:00/{_ib_pci(i)}", os.path.join(root, f"mlx5_{i}", "device"))
-        for counter in COUNTERS:
+        for counter in IB_COUNTERS:
             _put(os.path.join(base, "counters", counter), "0")
         names.append(f"mlx5_{i}:1")
     return names
@@ -494,8 +499,6 @@ def inject_ib(sim_dir: str, node: str, target: str, state: str | None = None, co
     counter; ``flap``: a drop that came and went between two readings (``link_downed`` + 1);
     ``rate_gbps``: the rate it trained at; ``event``: its adapter logs an mlx5 line
     (:data:`IB_EVENTS`). Returns what was done."""
-    from slurm_hooks.probes.ib import COUNTERS
-
     base = _ib_port(sim_dir, node, target)
     done = []
     if state is not None:
@@ -511,8 +514,8 @@ def inject_ib(sim_dir: str, node: str, target: str, state: str | None = None, co
         done.append(f"state {state}")
     if counter is not None:
         name, by = counter
-        if name not in COUNTERS:
-            raise SimStateError(f"unknown counter {name!r} (known: {', '.join(COUNTERS)})")
+        if name not in IB_COUNTERS:
+            raise SimStateError(f"unknown counter {name!r} (known: {', '.join(IB_COUNTERS)})")
         done.append(f"{name}={_bump(base, name, by)}")
     if flap:
         done.append(f"flap (link_downed={_bump(base, 'link_downed', 1)})")
