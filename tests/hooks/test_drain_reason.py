@@ -62,3 +62,17 @@ def test_our_wider_reason_covers_a_narrower_one_and_not_the_other_way():
     assert not remediate.covers(BOTH, "slurm-hooks: XID 48 on GPU 0 [reboot]")  # a stronger action
     assert not remediate.covers(BOTH.replace("[reset]", "[reset, at job end]"), narrow)  # sooner now
     assert not remediate.covers("admin: bad fan", narrow)
+
+
+def test_each_requeued_jobs_admin_comment_names_only_what_touched_its_gpus(tmp_path):
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8")
+    slurm, w = sim_node(cfg, "MIXED", 12, 13)
+    slurm.set_job_gpus(12, (0,))
+    slurm.set_job_gpus(13, (3,))
+    sim.inject(cfg.gpu.sim_dir, "n1", 0, xid=79)
+    sim.inject(cfg.gpu.sim_dir, "n1", 3, xid=79)
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 79 on GPU 0; XID 79 on GPU 3 [reboot]"
+    first, second = slurm.admin_comments[12], slurm.admin_comments[13]
+    assert first.startswith("slurm-hooks: requeued from n1, XID 79 on GPU 0, ") and "GPU 3" not in first, first
+    assert second.startswith("slurm-hooks: requeued from n1, XID 79 on GPU 3, ") and "GPU 0" not in second, second
