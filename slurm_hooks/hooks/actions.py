@@ -22,6 +22,17 @@ def step(w: Wiring, action: str, target: str, result: str, started: float, **fie
                   duration_s=round(time.monotonic() - started, 4), **fields)
 
 
+def gpu_fields(report: Any, index: int | None) -> dict[str, str]:
+    """The GPU's identity for an audit record (``uuid``, ``serial``, ``pci_bus_id`` from the run's
+    snapshot), so the RMA list and the report name a board by serial: a replaced board starts a
+    clean history. {} for a node-wide finding or a GPU the snapshot lacks."""
+    snap = getattr(report, "snapshot", None)
+    gpu = snap.gpu(index) if snap is not None and index is not None else None
+    if gpu is None:
+        return {}
+    return {k: v for k, v in (("uuid", gpu.uuid), ("serial", gpu.serial), ("pci_bus_id", gpu.pci_bus_id)) if v}
+
+
 #: An AdminComment is written only with at least this much of the run's deadline left.
 ANNOTATE_MIN_S = 1.0
 #: What one line says at most (many findings make a long summary).

@@ -775,15 +775,10 @@ def add_to_rma(w: Wiring, p: Plan, report: Report, state: dict[str, Any], eviden
 
 def gpu_ids(report: Report | None, p: Plan) -> list[dict[str, Any]]:
     """The plan's GPUs as the audit record and the RMA list name them: index, UUID, serial, PCI bus id."""
-    snap = report.snapshot if report is not None else None
-    out = []
-    for index, ident in p.gpus:
-        if index is None:
-            continue
-        gpu = snap.gpu(index) if snap is not None else None
-        out.append({"index": index, "uuid": gpu.uuid if gpu else (ident if _is_uuid(ident) else ""),
-                    "serial": gpu.serial if gpu else "", "pci_bus_id": gpu.pci_bus_id if gpu else ""})
-    return out
+    from slurm_hooks.hooks.actions import gpu_fields
+
+    return [{"index": index, "uuid": ident if _is_uuid(ident) else "", "serial": "", "pci_bus_id": "",
+             **gpu_fields(report, index)} for index, ident in p.gpus if index is not None]
 
 
 # -- evidence before a repair that wipes it -------------------------------------

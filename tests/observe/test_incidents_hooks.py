@@ -89,3 +89,13 @@ def test_no_record_is_kept_only_in_the_repeat_count_file_after_a_change(node):
         healthcheck.run(w, follow="none")
     w.audit.write("action", node="n1", action="resume", result="ok")
     assert not os.path.exists(w.audit.repeats_path) or "n1" not in open(w.audit.repeats_path).read()
+
+
+def test_gpu_fields_name_the_board_by_uuid_serial_and_pci_bus_id(node):
+    from slurm_hooks.hooks.actions import gpu_fields
+
+    _, w, sim_dir = node
+    gpu = sim.gpu_entry(sim.read(sim_dir, "n1"), 2)
+    report = healthcheck.judge(w, healthcheck.Context.CHECK, acknowledge=False)
+    assert gpu_fields(report, 2) == {"uuid": gpu["uuid"], "serial": gpu["serial"], "pci_bus_id": gpu["pci_bus_id"]}
+    assert gpu_fields(report, None) == {} and gpu_fields(report, 99) == {}
