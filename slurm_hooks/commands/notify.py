@@ -45,13 +45,15 @@ def status(config_path: str | None) -> None:
     import os
 
     from slurm_hooks import config as config_mod
-    from slurm_hooks.observe.notify import Outbox, Settings, pending
+    from slurm_hooks.observe.notify import Outbox, Settings, pending, receivers_held
 
     settings = Settings.from_config(config_mod.load(config_path))
     box = Outbox(settings.dir)
     waiting = pending(box.entries())
     click.echo(f"outbox {box.box}: {len(waiting)} waiting")
     for line in waiting:
+        click.echo(f"  {line}")
+    for line in receivers_held(settings):
         click.echo(f"  {line}")
     for path in box.moved_aside:
         click.echo(f"  unreadable, moved to {box.bad}: {os.path.basename(path)}")

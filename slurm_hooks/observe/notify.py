@@ -986,6 +986,25 @@ def send_test(settings: Settings, send: Sender | None = None, syslog: SyslogSend
     return out
 
 
+def receivers_held(settings: Settings, now: float | None = None) -> list[str]:
+    """One line per receiver held back after failed tries (for ``notify status``): an outage, its
+    messages waiting; never its URL."""
+    import datetime
+
+    pace = Pace(os.path.join(settings.dir, "pace.json"), settings.rate, settings.retry_max, random.Random())
+    pace.load()
+    now = time.time() if now is None else now
+    names = {d.name: d.where for d in settings.destinations(problem=lambda m: None).values()}
+    out = []
+    for name, p in sorted(pace.state.items()):
+        fails, hold = int(p.get("fails", 0) or 0), float(p.get("hold", 0.0) or 0.0)
+        if fails and hold > now:
+            until = datetime.datetime.fromtimestamp(hold, tz=datetime.timezone.utc).strftime("%H:%M:%SZ")
+            out.append(f"{names.get(name, name)} ({name}): out, {fails} failed tr{'y' if fails == 1 else 'ies'} in a "
+                       f"row, next try after {until}; its messages wait")
+    return out
+
+
 def pending(entries: list[Entry]) -> list[str]:
     """One line per waiting message (for ``notify status``)."""
     return [f"{e.id} -> {e.dest}: {e.attempts} attempt(s)" + (f", last error: {e.last_error}" if e.last_error else "")

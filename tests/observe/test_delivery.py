@@ -26,7 +26,7 @@ from slurm_hooks.observe import destinations
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.observe.destinations import DeliveryError, Syslog
 from slurm_hooks.observe.incidents import build
-from slurm_hooks.observe.notify import Notifier, Settings, compose, send_test
+from slurm_hooks.observe.notify import Notifier, Settings, compose, pending, receivers_held, send_test
 
 pytest_plugins = ["fakes.webhook"]
 
@@ -76,6 +76,9 @@ def test_a_receiver_answering_an_outage_for_ten_minutes_then_200_gets_every_mess
             assert n.flush(5)["sent"] == 0
         assert len(rx.requests) >= 3 and {r["code"] for r in rx.requests} == {code}  # it was tried, and refused
         assert not (tmp_path / "notify" / "failed").exists()
+        [held] = receivers_held(n.s, now=clock())  # what `notify status` says
+        assert held.startswith(f"http://127.0.0.1:{rx.port} (webhook-") and "failed tries in a row" in held
+        assert any(f"last error: HTTP {code}" in line for line in pending(n.outbox.entries()))
         rx.down = False
         for _ in range(20):
             clock.offset += 30.0
