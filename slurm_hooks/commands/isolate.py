@@ -22,10 +22,15 @@ from slurm_hooks.errors import EXIT_OK, EXIT_UNAVAILABLE, EXIT_UNHEALTHY
 @click.option("--max-tests", type=click.IntRange(2), metavar="N",
               help="Test jobs at most (default: [isolate] max_tests).")
 @click.option("--no-drain", is_flag=True, help="Name the culprits, drain none.")
+@click.option("--wait-idle", type=click.FloatRange(0), default=0.0, metavar="S",
+              help="First wait up to S seconds for the nodes to be idle (an epilog's automatic run).")
+@click.option("--peers", type=click.IntRange(0, 16), default=0, metavar="N",
+              help="Also test N idle nodes of --partition, to confirm suspects against.")
+@click.option("--partition", metavar="NAME", help="Where --peers come from.")
 @json_option
 def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: str | None,
             test_timeout: float | None, budget: float | None, max_tests: int | None, no_drain: bool,
-            as_json: bool) -> int:
+            wait_idle: float, peers: int, partition: str | None, as_json: bool) -> int:
     """Run multi-node collective tests on idle nodes in a maintenance reservation, find the node
     that breaks them (hung, slow, dropped) and drain it once confirmed against a node that passed.
 
@@ -55,6 +60,11 @@ def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: s
         raise click.UsageError(f"{nodes or 'job ' + str(job)}: {len(chosen)} node(s); a collective test needs 2")
     timeout = test_timeout or float(cfg.test_timeout)
     say = None if as_json else click.echo
+    if wait_idle:
+        busy = isolating.wait_idle(w, chosen, wait_idle, say)
+        if busy and say:
+            say(f"still busy after {wait_idle:g}s: {', '.join(busy)} (skipped below)")
+    chosen += isolating.idle_peers(w, partition or "", chosen, peers)
     try:
         summary = isolating.isolate(w, chosen, mode=mode or cfg.mode, ratio=float(cfg.ratio), test_timeout=timeout,
                                     budget=budget or float(cfg.budget), max_tests=max_tests or int(cfg.max_tests),

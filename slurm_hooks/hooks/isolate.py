@@ -128,6 +128,48 @@ def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_ti
     return summary
 
 
+def wait_idle(w: Wiring, nodes: Sequence[str], timeout: float, say: Any = None) -> list[str]:
+    """Wait until no job holds any of ``nodes`` (a failed job's epilogs still running, the next
+    job of the queue): returns those still busy after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = []
+        for node in nodes:
+            try:
+                if any(j.active for j in w.slurm.jobs_on_node(node)):
+                    busy.append(node)
+            except SlurmHooksError:
+                busy.append(node)
+        if not busy or time.monotonic() > deadline:
+            return busy
+        if say:
+            say(f"waiting for {', '.join(busy)} to be idle")
+        time.sleep(max(POLL_S, 2.0))
+
+
+def idle_peers(w: Wiring, partition: str, exclude: Sequence[str], count: int) -> list[str]:
+    """Up to ``count`` idle, in-service nodes of ``partition`` not in ``exclude``: references the
+    suspects are confirmed against (two suspects alone cannot tell which of them is bad)."""
+    if count <= 0 or not partition:
+        return []
+    try:
+        candidates = w.slurm.partition_nodes(partition)
+    except SlurmHooksError:
+        return []
+    out = []
+    for node in candidates:
+        if node in exclude:
+            continue
+        try:
+            if not sweeping._busy(w, node, w.slurm.node(node)):
+                out.append(node)
+        except SlurmHooksError:
+            continue
+        if len(out) >= count:
+            break
+    return out
+
+
 def cleanup_leftovers(w: Wiring, say: Any) -> list[str]:
     """Delete the reservations (and cancel the test jobs) a killed run left: under the lock, none is in use."""
     deleted = []

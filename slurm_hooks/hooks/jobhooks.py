@@ -124,6 +124,10 @@ def _epilog(w: Wiring, env: Mapping[str, str]) -> int:
     if not report.drain_findings():
         _print(report)
         healthcheck.repair_after_job(w, jid)  # the last job off a node we drained: the ladder may climb
+        if failed:  # a multi-node job failed with nothing of ours to show: a suspect (hooks/suspect.py)
+            from slurm_hooks.hooks import suspect
+
+            suspect.after_job(w, env, jid)
         return 0
     outcome = _drain(w, report, jid)
     healthcheck.repair_after_job(w, jid)

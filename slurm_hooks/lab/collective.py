@@ -11,7 +11,7 @@ median iteration, as nccl-tests count it: 2(n-1)/n x size / time); any rank that
 within ``--timeout`` exits 1, so a hung or dropped peer fails the job.
 
 The lab's fault knob (:meth:`slurm_hooks.lab.testbed.Testbed.set_fault`): where
-``SLURM_HOOKS_FAULT_DIR`` is set, the rank reads ``<dir>/<SLURMD_NODENAME>``: ``hang`` (it stops
+``--fault-dir`` or ``SLURM_HOOKS_FAULT_DIR`` is set, the rank reads ``<dir>/<SLURMD_NODENAME>``: ``hang`` (it stops
 before the collective), ``drop`` (it exits mid-test), ``slow F`` (each iteration F times as long).
 
 Rendezvous: a file in ``--rdzv-dir`` (default: the working directory, a filesystem every node
@@ -30,10 +30,10 @@ import sys
 import time
 
 
-def fault(environ: dict | None = None) -> tuple[str, float]:
+def fault(environ: dict | None = None, directory: str = "") -> tuple[str, float]:
     """(kind, factor) of this node's simulated fault; ("", 1.0) when none."""
     env = os.environ if environ is None else environ
-    directory, node = env.get("SLURM_HOOKS_FAULT_DIR", ""), env.get("SLURMD_NODENAME", "")
+    directory, node = directory or env.get("SLURM_HOOKS_FAULT_DIR", ""), env.get("SLURMD_NODENAME", "")
     if not directory or not node:
         return "", 1.0
     try:
@@ -54,8 +54,8 @@ def fault(environ: dict | None = None) -> tuple[str, float]:
 class Faulty:
     """Applies this rank's simulated fault around each iteration."""
 
-    def __init__(self) -> None:
-        self.kind, self.factor = fault()
+    def __init__(self, directory: str = "") -> None:
+        self.kind, self.factor = fault(directory=directory)
 
     def before(self, iteration: int) -> None:
         if self.kind == "hang":
@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds any rank waits for its peers")
     p.add_argument("--rdzv-dir", default=".")
+    p.add_argument("--fault-dir", default="", help="the testbed's fault files (default: $SLURM_HOOKS_FAULT_DIR)")
     args = p.parse_args(argv)
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     world = int(os.environ.get("SLURM_NTASKS", "1"))
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             backend = "torch"
         except ImportError:
             backend = "tcp"
-    faulty = Faulty()
+    faulty = Faulty(args.fault_dir)
     try:
         if backend == "torch":
             times, backend = torch_allreduce(rank, world, size, args.iters, args.timeout, args.rdzv_dir, faulty)

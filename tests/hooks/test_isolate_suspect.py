@@ -1,0 +1,89 @@
+"""Suspects from failed multi-node jobs (slurm_hooks.hooks.suspect), on the real testbed with
+slurm-hooks wired in: a job failed by a hung rank on n4 (no XID) leaves a suspect on its nodes and
+no drain; the same nodes failing again with ``[isolate] auto = true`` start one isolate, which
+waits for them to be idle, adds idle peers, and drains n4 alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import sys
+
+import pytest
+from conftest import wait_for
+
+from slurm_hooks.lab import collective
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    from conftest import TESTBED_SETTINGS, SlurmTestbed, own_testbed
+
+    settings = dataclasses.replace(TESTBED_SETTINGS, nodes=5, hooks=True, own_addresses=True)
+    with own_testbed(tmp_path_factory, "testbed-suspect", settings) as tb:
+        yield SlurmTestbed(tb)
+
+
+def set_isolate(tb, auto: bool) -> None:
+    """The testbed's own config (the hooks read it) with an [isolate] table: the TCP all-reduce."""
+    with open(tb.config_path, encoding="utf-8") as fh:
+        text = fh.read().split("\n[isolate]\n")[0]
+    command = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "6", "--size-mb", "1",
+               "--fault-dir", tb.faults_dir]
+    with open(tb.config_path, "w", encoding="utf-8") as fh:
+        fh.write(text + "\n[isolate]\n" + f"command = {json.dumps(command)}\n"
+                 f"auto = {'true' if auto else 'false'}\ntest_timeout = 15.0\nbudget = 180.0\nwindow = 3600.0\n")
+
+
+@pytest.fixture
+def tb(bed):
+    bed.reset(timeout=60.0)
+    yield bed
+    set_isolate(bed, auto=False)
+
+
+def failing_job(tb) -> int:
+    """A two-rank all-reduce on n3 and n4 (a GPU each): with n4 hung, n3's rank gives up and the job fails."""
+    argv = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "4", "--size-mb", "1"]
+    script = f"#!/bin/sh\nexec srun --kill-on-bad-exit=1 {' '.join(shlex.quote(a) for a in argv)}\n"
+    job = tb.sbatch(script, "-N2", "-w", "n3,n4", "--gres=gpu:1")
+    tb.wait_job(job, ["FAILED"], timeout=60)
+    return job
+
+
+def records(tb, action: str) -> list[dict]:
+    return [r for r in tb.audit_events() if r.get("kind") == "action" and r.get("action") == action]
+
+
+def test_a_multinode_job_failed_by_a_hung_rank_is_a_suspect_on_its_nodes_and_drains_nothing(tb):
+    set_isolate(tb, auto=False)
+    tb.set_fault("n4", "hang")
+    job = failing_job(tb)
+    found = wait_for(lambda: len(records(tb, "suspect")) >= 2 and records(tb, "suspect"), 30, "both epilogs' suspects")
+    assert sorted(r["node"] for r in found) == ["n3", "n4"]
+    assert all(r["jobs"] == [str(job)] and r["nodes"] == ["n3", "n4"] and r["result"] == "recorded" for r in found)
+    assert "ended with exit code " in found[0]["detail"] and "no finding of ours" in found[0]["detail"]
+    assert [n.name for n in tb.slurm.nodes() if n.drained] == []
+    assert records(tb, "isolate-start") == []
+
+
+def test_the_same_nodes_suspected_again_with_auto_start_one_isolate_that_drains_the_hung_node_alone(tb):
+    set_isolate(tb, auto=True)
+    tb.set_fault("n4", "hang")
+    first = failing_job(tb)
+    wait_for(lambda: len(records(tb, "suspect")) >= 2, 30, "the first job's suspects")
+    assert records(tb, "isolate-start") == []  # once is no pattern
+    second = failing_job(tb)
+    [started] = wait_for(lambda: records(tb, "isolate-start"), 30, "the isolate started by an epilog")
+    assert (started["node"], started["result"], started["target"]) == ("n3", "ok", "n3,n4")
+    assert f"jobs {first} and {second}" in started["detail"]
+    n4 = tb.wait_node("n4", lambda n: n.drained, timeout=120)
+    assert n4.reason.startswith("slurm-hooks: collective test failed on n4 (did not complete")
+    assert n4.reason.endswith("[isolate]")
+    [done] = wait_for(lambda: records(tb, "isolate"), 30, "the isolate's summary record")
+    assert done["result"] == "found"
+    assert [n.name for n in tb.slurm.nodes() if n.drained] == ["n4"]
+    assert len(records(tb, "isolate-start")) == 1  # n4's epilog did not start a second one
