@@ -23,15 +23,18 @@ class Permission:
     group: str = ""
     #: Asked in this namespace ("" = cluster-wide / every namespace).
     namespace: str = ""
+    #: One object by name (a rule with ``resourceNames``), "" = any.
+    name: str = ""
 
     def __str__(self) -> str:
         res = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
-        return f"{self.verb} {res}" + (f" ({self.group})" if self.group else "") + \
-            (f" in namespace {self.namespace}" if self.namespace else "")
+        return f"{self.verb} {res}" + (f" {self.name}" if self.name else "") + \
+            (f" ({self.group})" if self.group else "") + (f" in namespace {self.namespace}" if self.namespace else "")
 
     def rule(self) -> str:
         res = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
-        return f'{{apiGroups: ["{self.group}"], resources: ["{res}"], verbs: ["{self.verb}"]}}'
+        names = f', resourceNames: ["{self.name}"]' if self.name else ""
+        return f'{{apiGroups: ["{self.group}"], resources: ["{res}"]{names}, verbs: ["{self.verb}"]}}'
 
 
 #: What the bridge does: cordon/taint/condition nodes, drain them, record events.
@@ -41,8 +44,9 @@ def permissions_for(rules: Sequence[Any], namespace: str = "") -> tuple[Permissi
     out = []
     for rule in rules:
         resource, _, sub = rule.resource.partition("/")
-        where = namespace if getattr(rule, "namespaced", False) else ""
-        out.extend(Permission(verb, resource, sub, rule.group, where) for verb in rule.verbs)
+        where = (getattr(rule, "namespace", "") or namespace) if getattr(rule, "namespaced", False) else ""
+        for name in getattr(rule, "names", ()) or ("",):
+            out.extend(Permission(verb, resource, sub, rule.group, where, name) for verb in rule.verbs)
     return tuple(out)
 
 
@@ -76,7 +80,7 @@ def review(api_client: Any, permissions: Sequence[Permission] = REQUIRED, namesp
             spec=k8s_client.V1SelfSubjectAccessReviewSpec(
                 resource_attributes=k8s_client.V1ResourceAttributes(
                     verb=perm.verb, resource=perm.resource, subresource=perm.subresource or None,
-                    group=perm.group, namespace=perm.namespace or namespace or None,
+                    group=perm.group, namespace=perm.namespace or namespace or None, name=perm.name or None,
                 )
             )
         )

@@ -2,8 +2,10 @@
 
 Every configured backend adds its own rule: the replacement backend and the reboot backend
 (a reboot template creates, say, NVSentinel's RebootNode: without its rule every create is a
-403 and the node stays cordoned, never rebooted). The leader's Lease is namespaced: a Role in
-the bridge's namespace, not a ClusterRole.
+403 and the node stays cordoned, never rebooted). What is namespaced gets a Role in its own
+namespace, not a ClusterRole rule: the leader's Lease in ``lease_namespace`` (the bridge's own
+when empty), get/update on that one Lease by name (``resourceNames``; a create cannot be limited
+by name in RBAC), and the Events in ``event_namespace``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ class Rule:
     why: str
     #: "" for the ClusterRole; a namespace's rules go into a Role there (the leader's Lease).
     namespaced: bool = False
+    #: The Role's namespace ("" = the bridge's own namespace, known only where it runs).
+    namespace: str = ""
+    #: ``resourceNames``: only these objects ("" = any).
+    names: tuple[str, ...] = ()
 
 
 #: What every backend needs (see api.KubeApi): no watch, no get on pods, no delete of anything core.
@@ -30,7 +36,6 @@ CORE: tuple[Rule, ...] = (
     Rule("", "pods", ("list",), "pods on a node (field selector; again until evicted pods are gone), the Slinky "
          "slurmd pod (label selector)"),
     Rule("", "pods/eviction", ("create",), "drain by eviction, honouring PodDisruptionBudgets"),
-    Rule("", "events", ("create",), "an Event on the Node for each step"),
 )
 
 #: The leader's Lease (and the breaker's state in it), in the bridge's own namespace.
@@ -66,6 +71,21 @@ def reboot_rules(reboot: RebootSettings, template_group: str = "") -> tuple[Rule
     return ()
 
 
+def events_rule(settings: BridgeSettings) -> Rule:
+    return Rule("", "events", ("create",), "an Event on the Node for each step", namespaced=True,
+                namespace=settings.event_namespace)
+
+
+def lease_rules(settings: BridgeSettings) -> tuple[Rule, ...]:
+    """The leader's Lease, in ``lease_namespace``: get and update that Lease only; create (the first
+    bridge makes it) cannot be limited by name."""
+    why = "one leader: the Lease, and the circuit breaker's state in its annotation"
+    return (Rule(LEASE.group, LEASE.resource, ("get", "update"), why, namespaced=True,
+                 namespace=settings.lease_namespace, names=(settings.lease_name,)),
+            Rule(LEASE.group, LEASE.resource, ("create",), "the first bridge creates the Lease", namespaced=True,
+                 namespace=settings.lease_namespace))
+
+
 def rules(settings: BridgeSettings, groups: dict[str, str] | None = None) -> tuple[Rule, ...]:
     """Every rule the bridge needs with these settings; ``groups``: the API group of each template
     backend's resource (``{"replace": ..., "reboot": ...}``, see ``replace.template_groups``)."""
@@ -80,4 +100,4 @@ def rules(settings: BridgeSettings, groups: dict[str, str] | None = None) -> tup
             seen[key] = Rule(rule.group, rule.resource, verbs, f"{seen[key].why}; {rule.why}")
         else:
             seen[key] = rule
-    return tuple(seen.values()) + ((LEASE,) if settings.leader_election else ())
+    return tuple(seen.values()) + (events_rule(settings),) + (lease_rules(settings) if settings.leader_election else ())

@@ -61,6 +61,16 @@ backend = "{backend}"
 """
 
 
+def _roles(all_rules, namespace: str) -> list[dict]:
+    """The namespaced rules as one Role per namespace (the Lease's, the Events'), the bridge's own first."""
+    by_ns: dict[str, list] = {}
+    for rule in all_rules:
+        if rule.namespaced:
+            by_ns.setdefault(rule.namespace or namespace, []).append(rule)
+    order = sorted(by_ns, key=lambda ns: (ns != namespace, ns))
+    return [{"namespace": ns, "rules": by_ns[ns]} for ns in order]
+
+
 def _template(name: str) -> str:
     return resources.files("slurm_hooks").joinpath("templates", "k8s", name).read_text(encoding="utf-8")
 
@@ -116,7 +126,10 @@ def render_all(
         "selector": {"app.kubernetes.io/name": name},
         "backend": settings.replace.backend,
         "rules": [r for r in all_rules if not r.namespaced],
-        "namespaced_rules": [r for r in all_rules if r.namespaced],
+        "roles": _roles(all_rules, namespace),
+        "lease_namespace": settings.lease_namespace or namespace,
+        "lease_name": settings.lease_name,
+        "state_storage": "1Gi",
         "replicas": 2 if settings.leader_election else 1,
         "leader_election": settings.leader_election,
         "image": image,

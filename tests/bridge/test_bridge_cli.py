@@ -32,21 +32,25 @@ def rendered(tmp_path, *args):
 
 def test_render_writes_least_privilege_rbac(tmp_path):
     docs = rendered(tmp_path)
-    sa, role, binding, lease_role, lease_binding = docs["rbac.yaml"]
+    sa, role, binding, lease_role, lease_binding, events_role, events_binding = docs["rbac.yaml"]
     assert (sa["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-    # The leader's Lease: a Role in the bridge's namespace only.
+    # The leader's Lease: a Role in the bridge's namespace only, get/update on that one Lease.
     assert (lease_role["kind"], lease_role["metadata"]["namespace"]) == ("Role", "slurm-hooks")
     assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                                    "verbs": ["get", "create", "update"]}]
+                                    "resourceNames": ["slurm-hooks-bridge"], "verbs": ["get", "update"]},
+                                   {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
     assert lease_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                         "name": lease_role["metadata"]["name"]}
+    # Events: in event_namespace ("default"), not cluster-wide.
+    assert (events_role["kind"], events_role["metadata"]["namespace"]) == ("Role", "default")
+    assert events_role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    assert events_binding["subjects"][0]["namespace"] == "slurm-hooks"
     rules = {(r["apiGroups"][0], r["resources"][0]): sorted(r["verbs"]) for r in role["rules"]}
     assert rules == {
         ("", "nodes"): ["get", "list", "patch"],
         ("", "nodes/status"): ["patch"],
         ("", "pods"): ["list"],
         ("", "pods/eviction"): ["create"],
-        ("", "events"): ["create"],
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                     "namespace": "slurm-hooks"}]
@@ -64,7 +68,19 @@ def test_render_deployment_runs_one_bridge_with_the_embedded_config(tmp_path):
     configmap, deployment = rendered(tmp_path, "--namespace", "ops", "--image", "registry/bridge:1")["bridge.yaml"]
     spec = deployment["spec"]
     # Two replicas, one leader (the Lease): a standby takes over within the lease duration.
-    assert spec["replicas"] == 2 and spec["strategy"] == {"type": "RollingUpdate"}
+    assert deployment["kind"] == "StatefulSet"
+    assert spec["replicas"] == 2 and spec["updateStrategy"] == {"type": "RollingUpdate"}
+    # Its audit log and outbox on a volume of its own that outlives the pod, not an emptyDir.
+    (claim,) = spec["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "state" and claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert "state" not in [v["name"] for v in spec["template"]["spec"]["volumes"]]
+    # Never both replicas on one node, never on a GPU node (it would drain itself).
+    affinity = spec["template"]["spec"]["affinity"]
+    (anti,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    (term,) = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]}]
     bridge = [c for c in spec["template"]["spec"]["containers"] if c["name"] == "bridge"][0]
     assert bridge["image"] == "registry/bridge:1"
     assert bridge["command"][:2] == ["slurm-hooks", "bridge"]

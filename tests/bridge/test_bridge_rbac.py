@@ -83,10 +83,10 @@ def test_render_grants_the_reboot_templates_resource_and_the_lease_and_validate_
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert {"apiGroups": ["janitor.dgxc.nvidia.com"], "resources": ["rebootnodes"],
             "verbs": ["create", "get", "delete"]} in role["rules"]
-    lease_role = next(d for d in docs if d["kind"] == "Role")
-    assert lease_role["metadata"]["namespace"] == "slurm-hooks"
+    lease_role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == "slurm-hooks")
     assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                                    "verbs": ["get", "create", "update"]}]
+                                    "resourceNames": ["slurm-hooks-bridge"], "verbs": ["get", "update"]},
+                                   {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
     apply(site["server"], docs)
     results = check_bridge(site["config"])
     assert [r.status for r in results] == [Status.PASS], [r.line() for r in results]
@@ -127,3 +127,38 @@ def test_a_403_on_the_reboot_request_is_a_missing_permission_not_retried(site, k
     assert len(creates()) == 1
     records = [r for r in AuditLog(str(tmp_path / "audit.jsonl")).read() if r["kind"] == "bridge_permission_missing"]
     assert len(records) == 1 and "cannot create resource" in records[0]["error"]
+
+
+def test_render_with_lease_namespace_ops_gives_rbac_under_which_the_bridge_leads_and_acts(kube_server, kube_client,
+                                                                                          tmp_path):
+    """kmock authorizes every request as the bridge's ServiceAccount from the rendered RBAC. Before,
+    the Lease's Role was rendered in --namespace: with lease_namespace = "ops" every Lease call was
+    a 403 and the bridge never led."""
+    from kube.doubles import XID79, controlled_by
+    from kube.emulator import pod
+
+    from slurm_hooks.bridge.leader import LeaderElector, LeaseStateStore
+    from slurm_hooks.bridge.settings import parse
+
+    text = '[bridge]\nlease_namespace = "ops"\n'
+    apply(kube_server, rendered_rbac(text))
+    kube_server.kmock.rbac_enforced = True
+    kube_server.put("v1/nodes", node("n1"))
+    kube_server.put("v1/pods", pod("train-n1", "n1", "jobs", **controlled_by()), "jobs")
+
+    elsewhere = LeaderElector(kube_client, "slurm-hooks", "slurm-hooks-bridge", "x")
+    assert not elsewhere.try_acquire_or_renew() and "403" in elsewhere.last_error  # where it used to be granted
+    other_name = LeaderElector(kube_client, "ops", "someone-elses-lease", "x")
+    assert not other_name.try_acquire_or_renew() and "403" in other_name.last_error  # get: that one Lease only
+
+    elector = LeaderElector(kube_client, "ops", "slurm-hooks-bridge", "a")
+    assert elector.try_acquire_or_renew() and elector.try_acquire_or_renew(), elector.last_error
+    settings = parse({"lease_namespace": "ops", "state_file": str(tmp_path / "state.json")})
+    bridge = Reconciler(FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79)), kube_client, settings,
+                        audit=AuditLog(str(tmp_path / "audit.jsonl")), store=LeaseStateStore(elector),
+                        leader=elector.check, sleep=lambda s: None)
+    res = bridge.run_pass()
+    assert res.replaced == ["n1"] and not res.errors, res.summary()
+    assert kube_server.get("v1/pods", "train-n1", "jobs") is None
+    assert kube_server.list("v1/events", "default")
+    assert kube_server.get("coordination.k8s.io/v1/leases", "slurm-hooks-bridge", "ops")["spec"]["holderIdentity"] == "a"

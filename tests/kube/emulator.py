@@ -78,6 +78,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     #: (namespace, name) of the ServiceAccount a SelfSubjectAccessReview is answered for, from the
     #: RBAC objects stored here (RoleBindings, ClusterRoleBindings); ``None``: everything is allowed.
     rbac_subject: Any = attrs.field(default=None, init=False)
+    #: With ``rbac_subject``: every request is authorized as that ServiceAccount (403 otherwise),
+    #: by the stored Roles and ClusterRoles, ``resourceNames`` included (the RBAC objects themselves
+    #: stay writable: the test applies them).
+    rbac_enforced: bool = attrs.field(default=False, init=False)
     #: spec.nodeName -> keys of the pods on that node (kube-apiserver's cache index).
     pod_index: dict = attrs.field(factory=dict, init=False)
     #: The watch cache behind etcd (:meth:`KubeServer.freeze_cache`): pods as they were, served to
@@ -123,6 +127,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await apps.RawHandler._handle(self, request)
         if request.resource.plural == "selfsubjectaccessreviews" and request.method == enums.method.POST:
             return aiohttp.web.json_response(self._access_review(request.data or {}), status=201)
+        if self.rbac_enforced and self.rbac_subject is not None and request.resource.group != "rbac.authorization.k8s.io":
+            verb = self._verb(request)
+            resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+            if not self.rbac_allows(verb, request.resource.group or "", resource, request.namespace,
+                                    request.name if verb != "create" else None):
+                body = status(403, "Forbidden", f"{resource} {request.name or ''!r} is forbidden: User "
+                              f"\"system:serviceaccount:{':'.join(self.rbac_subject)}\" cannot {verb} resource "
+                              f"{resource!r} in namespace {request.namespace!r}")
+                return aiohttp.web.json_response(body, status=403)
         action = request.action
         put = request.method == enums.method.PUT and request.name is not None and not request.subresource
         if action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE) or put:
@@ -216,10 +229,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _access_review(self, body: dict) -> dict:
         attrs_ = (body.get("spec") or {}).get("resourceAttributes") or {}
         resource = attrs_.get("resource", "") + (f"/{attrs_['subresource']}" if attrs_.get("subresource") else "")
-        allowed = self.rbac_allows(attrs_.get("verb", ""), attrs_.get("group", ""), resource, attrs_.get("namespace"))
+        allowed = self.rbac_allows(attrs_.get("verb", ""), attrs_.get("group", ""), resource, attrs_.get("namespace"),
+                                   attrs_.get("name"))
         return {**body, "status": {"allowed": allowed, "reason": "" if allowed else "no RBAC rule allows it"}}
 
-    def rbac_allows(self, verb: str, group: str, resource: str, namespace: str | None) -> bool:
+    @staticmethod
+    def _verb(request: Any) -> str:
+        method = str(request.method.value).upper()
+        if method == "GET":
+            return "get" if request.name else "list"
+        return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
+
+    def rbac_allows(self, verb: str, group: str, resource: str, namespace: str | None, name: str | None = None) -> bool:
         if self.rbac_subject is None:
             return True
         sa_namespace, sa_name = self.rbac_subject
@@ -241,9 +262,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
                       for b in self._stored("rbac.authorization.k8s.io/v1/rolebindings", namespace) if bound(b)]
         for r in roles:
             for rule in (r or {}).get("rules") or ():
+                names = rule.get("resourceNames") or ()
                 if (group in rule.get("apiGroups", ()) or "*" in rule.get("apiGroups", ())) \
                         and (resource in rule.get("resources", ()) or "*" in rule.get("resources", ())) \
-                        and (verb in rule.get("verbs", ()) or "*" in rule.get("verbs", ())):
+                        and (verb in rule.get("verbs", ()) or "*" in rule.get("verbs", ())) \
+                        and (not names or (name is not None and name in names)):
                     return True
         return False
 
