@@ -14,7 +14,7 @@ goes to stderr (slurmd's log) as one line instead.
 ``skipped``), written again for a node with nothing new in between is not a new line: it is
 counted in ``<log>.repeats.json`` (under the same lock) and written as one ``repeat`` record
 (count, first and last seen) when the node's next change is written, or every
-``REPEAT_SUMMARY_S`` while it lasts. A node waiting two weeks for an RMA writes a few dozen
+``REPEAT_SUMMARY_S`` while it lasts (then followed by the record itself again). A node waiting two weeks for an RMA writes a few dozen
 lines, not thousands; :meth:`AuditLog.history` also yields the counts not yet written.
 """
 
@@ -158,12 +158,15 @@ class AuditLog:
                 mine[sig] = {"of": {k: v for k, v in record.items() if k not in _VOLATILE}, "count": 0,
                              "first": ts, "last": ts, "since": ts}
                 line_out: str | None = line
+            elif ts - float(entry.get("since", ts)) >= REPEAT_SUMMARY_S:
+                # Summed up, and the record itself again: a reader that knows only its kind (a daily
+                # monitor-only message) still sees it while it lasts.
+                out.extend(_summary(node, entry))
+                entry.update(count=0, since=ts, first=ts, last=ts)
+                line_out = line
             else:
                 entry["count"] = int(entry.get("count", 0)) + 1
                 entry["last"] = ts
-                if ts - float(entry.get("since", ts)) >= REPEAT_SUMMARY_S:
-                    out.extend(_summary(node, entry))
-                    entry.update(count=0, since=ts, first=ts)
                 line_out = None
         else:
             for entry in mine.values():
