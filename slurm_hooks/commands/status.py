@@ -115,6 +115,8 @@ def render(table: list[dict[str, Any]]) -> list[str]:
         line = f"{r['node']:<{width}}  {r['tag']:<{tag_w}}  {waited:>7}  {r['next']}: {r['todo']}"
         if r["why"]:
             line += f" (why: {r['why']})"
+        if r["extra"]:
+            line += f" [Extra: {r['extra']}]"
         lines.append(line)
     return lines
 

@@ -21,7 +21,8 @@ def test_status_names_who_acts_next_for_each_node_we_hold_and_skips_the_rest():
     slurm.add_node("n3", "IDLE+DRAIN", "disk replaced by bob")
     slurm.add_node("n4", "IDLE")
     slurm.add_node("n5", "DOWN", "slurm-hooks: GPU lost [reboot 1/1] : reboot issued : reboot complete")
-    slurm.add_node("n6", "MIXED+DRAIN", "slurm-hooks: row remap pending on GPU 3 [reset, at job end]")
+    slurm.add_node("n6", "MIXED+DRAIN", "slurm-hooks: row remap pending on GPU 3 [reset, at job end]",
+                   extra="slurm-hooks-bridge: waiting for the node's jobs")
     rma = [{"node": "n1", "gpu": 6, "uuid": "GPU-8f2c", "serial": "1650923012345"}]
     table = status.rows(slurm.nodes(), {}, rma, time.time())
     assert [(r["node"], r["tag"], r["next"]) for r in table] == [
@@ -30,6 +31,7 @@ def test_status_names_who_acts_next_for_each_node_we_hold_and_skips_the_rest():
     assert table[0]["todo"].startswith("replace GPU 6 (GPU-8f2c, serial 1650923012345)")
     assert "periodic check does not run" in table[1]["why"] and "State=RESUME" in table[1]["todo"]
     lines = status.render(table)
+    assert lines[-1].endswith("[Extra: slurm-hooks-bridge: waiting for the node's jobs]")
     assert lines[0].startswith("n1  [replace]") and "a person: replace GPU 6 (GPU-8f2c, serial 1650923012345)" in lines[0]
 
 

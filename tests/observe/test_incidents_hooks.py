@@ -9,7 +9,7 @@ import pytest
 from fakes.config import sim_config, sim_node
 
 from slurm_hooks.hooks import healthcheck
-from slurm_hooks.observe import incidents
+from slurm_hooks.observe import events, incidents
 from slurm_hooks.probes import sim
 
 #: What a check may ask of Slurm and change there.
@@ -72,6 +72,10 @@ def test_a_thousand_checks_on_a_drained_node_write_a_handful_of_lines_and_change
     # Still counted: the history says how often and until when.
     repeats = [r for r in w.audit.history() if r["kind"] == "repeat"]
     assert sum(r["count"] for r in repeats) >= 2000
+    # `slurm-hooks events` shows the incident in a handful of lines.
+    shown = events.render(events.incidents(events.select(w.audit.history(), "n1")))
+    assert shown[0].startswith("incident on n1 at ") and len(shown) <= 10
+    assert sum(1 for line in shown if "repeat  x" in line) >= 1
     # The next change writes the counts out, then itself.
     slurm.set_node("n1", state="IDLE", reason="")
     healthcheck.run(w, follow="none")
