@@ -145,7 +145,10 @@ def held_lines(w: Any) -> list[str]:
 @click.option("--max-wait", default="1d", show_default=True, metavar="DURATION",
               help="Exit 1 when a node has waited for a person longer than this (30m, 12h, 2d; 0: never).")
 @json_option
-def status(config_path: str | None, max_wait: str, as_json: bool) -> int:
+@click.option("--textfile", "textfile_dir", metavar="DIR",
+              help="Also write the fleet's lifecycle to DIR/slurm_hooks_status.prom (node_exporter's textfile "
+                   "collector on the host that runs this).")
+def status(config_path: str | None, max_wait: str, as_json: bool, textfile_dir: str | None) -> int:
     """Which nodes slurm-hooks holds, at which step, since when, and who must act next."""
     from slurm_hooks import config as config_mod
     from slurm_hooks.hooks.repair import read_rma
@@ -161,6 +164,14 @@ def status(config_path: str | None, max_wait: str, as_json: bool) -> int:
     open_ = {i.node: i for i in incidents.build(records) if i.open}
     table = rows(nodes, open_, read_rma(os.path.join(cfg.state.dir, "rma.json")), time.time())
     late = [r for r in table if r["next"] == PERSON and limit > 0 and (r["waited_s"] or 0) > limit]
+    if textfile_dir:
+        from slurm_hooks.observe import metrics
+
+        try:
+            metrics.write_textfile(textfile_dir, metrics.STATUS_FILE, metrics.render_status(table))
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {os.path.join(textfile_dir, metrics.STATUS_FILE)}: "
+                                       f"{exc.strerror}") from None
     if as_json:
         click.echo(json.dumps({"nodes": table, "waiting_for_a_person_too_long": [r["node"] for r in late]}, indent=1))
     else:

@@ -20,6 +20,11 @@ Series (``context`` is check, prolog, epilog or watch)::
     slurm_hooks_pending_actions{node}                        remediation steps waiting for a retry
     slurm_hooks_requeue_seconds{node,kind}                   summary: fault -> requeue, by who requeued
                                                              (self: the job on its checkpoint signal; ours)
+
+``slurm-hooks status --textfile DIR`` writes the fleet's lifecycle to ``slurm_hooks_status.prom``::
+
+    slurm_hooks_node_held_seconds{node,tag,next}             a node we hold: how long at its step
+    slurm_hooks_waiting_for_person{node}                     1 while it waits for a person
 """
 
 from __future__ import annotations
@@ -175,6 +180,28 @@ def render(state: dict[str, Any]) -> str:
             samples["slurm_hooks_requeue_seconds"] += [sample("slurm_hooks_requeue_seconds_sum", labels, total),
                                                        sample("slurm_hooks_requeue_seconds_count", labels, count)]
     return exposition((name, kind, text, samples[name]) for name, kind, text in FAMILIES)
+
+
+# --- the fleet's lifecycle, as ``slurm-hooks status --textfile`` sees it ----------------------
+
+STATUS_FILE = "slurm_hooks_status.prom"
+STATUS_FAMILIES = (
+    ("slurm_hooks_node_held_seconds", "gauge",
+     "Seconds a node we drained has been at its step, by our reason's tag and who acts next "
+     "(a person, slurm-hooks, Slurm, its jobs)."),
+    ("slurm_hooks_waiting_for_person", "gauge", "1 while a node we drained waits for a person to act."),
+)
+
+
+def render_status(rows: Iterable[dict[str, Any]]) -> str:
+    """The exposition text for the rows of :func:`slurm_hooks.commands.status.rows`."""
+    held, waiting = [], []
+    for r in rows:
+        held.append(sample("slurm_hooks_node_held_seconds", {"node": r["node"], "tag": r["tag"], "next": r["next"]},
+                           float(r["waited_s"] or 0.0)))
+        waiting.append(sample("slurm_hooks_waiting_for_person", {"node": r["node"]}, 1 if r["next"] == "a person" else 0))
+    return exposition((name, kind, text, samples) for (name, kind, text), samples
+                      in zip(STATUS_FAMILIES, (held, waiting)))
 
 
 # --- the one Prometheus text formatter and textfile writer (the node side's and the bridge's) ----

@@ -48,7 +48,7 @@ def _rung(tb, action, result):
     return any(r.get("action") == action and r.get("result") == result for r in audit_records(tb.audit_log))
 
 
-def test_xid79_never_cleared_pages_reboot_then_replace_by_serial_waits_for_a_person_and_closes_once(tb):
+def test_xid79_never_cleared_pages_reboot_then_replace_by_serial_waits_for_a_person_and_closes_once(tb, tmp_path):
     sim.inject(tb.sim_dir, "n1", 0, xid=79, cleared_by="never")
     wait_for(lambda: _rung(tb, "repair-replace", "ok"), 120, "the ladder gives GPU 0 up ([replace])")
     gpu = sim.gpu_entry(sim.read(tb.sim_dir, "n1"), 0)
@@ -63,13 +63,14 @@ def test_xid79_never_cleared_pages_reboot_then_replace_by_serial_waits_for_a_per
     assert [(r["node"], r["tag"], r["next"]) for r in table] == [("n1", "[replace]", "a person")]
 
     def status_cli():
-        done = subprocess.run([sys.executable, "-m", "slurm_hooks", "status", "--json", "--max-wait", "1s"],
-                              env=tb.env(), capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "slurm_hooks", "status", "--json", "--max-wait", "1s",
+                               "--textfile", str(tmp_path)], env=tb.env(), capture_output=True, text=True, timeout=60)
         assert done.returncode in (0, 1), done.stderr
         return done if done.returncode == 1 else None
 
     cli = wait_for(status_cli, 30, "status exits 1 once n1 waited for a person over --max-wait 1s", interval=0.5)
     assert json.loads(cli.stdout)["waiting_for_a_person_too_long"] == ["n1"]
+    assert 'slurm_hooks_waiting_for_person{node="n1"} 1' in (tmp_path / "slurm_hooks_status.prom").read_text()
 
     sim.replace(tb.sim_dir, "n1", 0)
     tb.wait_node("n1", lambda n: n.state.upper() == "IDLE" and not n.drained, timeout=60)

@@ -299,3 +299,16 @@ def test_seconds_from_fault_to_requeue_are_summed_by_kind(dirs):
     by = {(lab["__name__"], lab["kind"]): v for lab, v in fam["slurm_hooks_requeue_seconds"]["samples"]}
     assert by == {("slurm_hooks_requeue_seconds_sum", "ours"): 0.6, ("slurm_hooks_requeue_seconds_count", "ours"): 1,
                   ("slurm_hooks_requeue_seconds_sum", "self"): 5.0, ("slurm_hooks_requeue_seconds_count", "self"): 2}
+
+
+def test_the_fleet_status_is_two_gauges_per_node_we_hold():
+    from slurm_hooks.observe import metrics
+
+    text = metrics.render_status([
+        {"node": "n1", "tag": "[replace]", "next": "a person", "waited_s": 266400.0},
+        {"node": "n5", "tag": "[reboot 1/1]", "next": "slurm-hooks", "waited_s": None}])
+    assert 'slurm_hooks_node_held_seconds{node="n1",tag="[replace]",next="a person"} 266400.0' in text
+    assert 'slurm_hooks_node_held_seconds{node="n5",tag="[reboot 1/1]",next="slurm-hooks"} 0.0' in text
+    assert 'slurm_hooks_waiting_for_person{node="n1"} 1' in text
+    assert 'slurm_hooks_waiting_for_person{node="n5"} 0' in text
+    assert text.count("# TYPE ") == 2
