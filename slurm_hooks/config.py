@@ -22,11 +22,6 @@ from slurm_hooks.slurm import hostlist
 from slurm_hooks.urlsecret import URL, bad_url
 from slurm_hooks.values import dataclass, field
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on the 3.9 CI job
-    import tomli as tomllib
-
 DEFAULT_PATH = "/etc/slurm-hooks/config.toml"
 ENV_VAR = "SLURM_HOOKS_CONFIG"
 
@@ -365,15 +360,32 @@ def load(explicit: str | None = None) -> Config:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 (byte {exc.start})", path) from None
-    return parse(text, path)
+    from slurm_hooks import confcache  # the table parsed from this same text by an earlier run
+
+    raw = confcache.read(path, text)
+    if raw is None:
+        raw = _toml(text, path)
+        confcache.write(path, text, raw)
+    return parse(text, path, raw)
 
 
-def parse(text: str, path: str | None = "<string>") -> Config:
+def _toml(text: str, path: str | None) -> dict[str, Any]:
+    # Imported here: a run whose parsed config is cached (slurm_hooks.confcache) needs no parser.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on the 3.9 CI job
+        import tomli as tomllib
     try:
-        raw = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         msg, line = _toml_error(str(exc))
         raise ConfigError(msg, path, line) from None
+
+
+def parse(text: str, path: str | None = "<string>", raw: dict[str, Any] | None = None) -> Config:
+    """``raw``: the table already parsed from ``text`` (by :func:`load`), else it is parsed here."""
+    if raw is None:
+        raw = _toml(text, path)
     where = _Locator(text, path)
     sections: dict[str, SimpleNamespace] = {}
     for name, table in raw.items():
