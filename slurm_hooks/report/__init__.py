@@ -187,6 +187,11 @@ def build(records: list[dict[str, Any]], since: float, until: float | None = Non
         "repeat_offenders": [n["node"] for n in sorted(nodes.values(), key=lambda n: (-n["incidents"], n["node"]))
                              if n["incidents"] >= 2],
         "rma_candidates": rma,
+        "waiting_for_a_person": [{"node": i.node, "incident": i.id, "action": i.action,
+                                  "since": incidents.utc(i.step_since or i.opened_at),
+                                  "waited_s": round(until - (i.step_since or i.opened_at), 1),
+                                  "why": i.why or None, "todo": i.todo or None}
+                                 for i in found if i.waits_for_person],
         "trend": _trend(found, since, until),
     }
 

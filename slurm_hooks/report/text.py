@@ -41,6 +41,11 @@ def render(rep: dict[str, Any], width: int = 40) -> list[str]:
         ids = ", ".join(x for x in (r["uuid"], f"serial {r['serial']}" if r["serial"] else "") if x)
         lines.append(f"  {r['node']} GPU {r['index']}" + (f" ({ids})" if ids else "") +
                      f": {r['incidents']} incidents; {'; '.join(r['why'])}")
+    waiting = rep.get("waiting_for_a_person") or []
+    lines += ["", "WAITING FOR A PERSON" + ("" if waiting else ": none")]
+    for w in waiting:
+        lines.append(f"  {w['node']} [{w['action']}] for {_d(w['waited_s'])}: {w['todo'] or 'look at it'}"
+                     + (f" (why: {w['why']})" if w["why"] else ""))
     points = rep["trend"]["points"]
     if points and any(p["incidents"] for p in points):
         top = max(p["incidents"] for p in points)

@@ -89,3 +89,12 @@ def test_rotated_and_gzipped_logs_are_read(tmp_path):
     assert report.audit_files(str(tmp_path)) == files
     assert [c["serial"] for c in report.build(report.read_audit(files), NOW - 30 * DAY, NOW)["rma_candidates"]] == [
         "1650923012345"]
+
+
+def test_a_node_waiting_for_a_person_is_listed_with_what_to_do():
+    rep = report.build(replaced(NOW - DAY), NOW - 30 * DAY, NOW)
+    [w] = rep["waiting_for_a_person"]
+    assert (w["node"], w["action"]) == ("n1", "replace") and "serial 1650923012345" in w["todo"]
+    assert 86000 < w["waited_s"] < 86500
+    out = "\n".join(text.render(rep))
+    assert "WAITING FOR A PERSON\n  n1 [replace] for 23h 55m: replace GPU 0 (GPU-8f2c, serial 1650923012345)" in out
