@@ -1,12 +1,18 @@
-"""The healthy path's cost, side by side: ``slurm-hooks check`` and ``prolog`` on 8 simulated GPUs
-(Python start-up included), the program ``slurm-hooks install`` lays (what slurmd runs), and NHC
-running five checks, in one run on this machine.
+"""The healthy path's cost, side by side: ``check`` and ``prolog`` on 8 simulated GPUs as the
+installed programs run them (``VENV/bin/python -I -m slurm_hooks check --config ...``, Python
+start-up included), those programs themselves (what slurmd runs), the interpreter's own empty start
+(``python -I -c pass``) and NHC running five checks, in one run on this machine.
 
-    python bench/bench_check.py [--runs 30] [--json] [--nhc TARBALL|TREE] [--venv LABEL=DIR ...]
+    python bench/bench_check.py [--runs 30] [--json] [--no-write] [--check-markers] [--editable]
+                                [--nhc TARBALL|TREE] [--venv LABEL=DIR ...]
 
-Every round runs each subject once, in a rotating order, so a noisy machine slows them alike.
-Wall time and CPU time (user + system of the process and its children, from ``wait4``) are
-reported as medians. ``--venv before=DIR`` adds another installation's ``DIR/bin/slurm-hooks``
+The checkout is built into a wheel and installed (``--no-deps``) into a fresh venv under a temp dir,
+as a node has it: an editable install adds its import hook to every start. ``--editable`` measures
+the running venv's own install instead. Every round runs each subject once, in a rotating order, so
+a noisy machine slows them alike. Wall time and CPU time (user + system of the process and its
+children, from ``wait4``) are reported as medians; "x empty start" is the median, over rounds, of a
+subject's wall time over ``python -I -c pass``'s in the same round (the goal: at most 2x). The
+figures are written between the markers of docs/dev/performance.md (``--no-write``: only printed). ``--venv before=DIR`` adds another installation's ``DIR/bin/slurm-hooks``
 (e.g. the release before, from its own wheel) to compare with. NHC is LBNL NHC from ``--nhc``, else
 ``$SLURM_HOOKS_NHC_SRC`` (a tarball, or a checkout of mej/nhc), else
 ``../shared/third_party/lbnl-nhc-*.tar.gz`` beside the checkout, run as
@@ -21,10 +27,17 @@ import os
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGE = os.path.join(ROOT, "docs", "dev", "performance.md")
+BEGIN = "<!-- bench_check: written by bench/bench_check.py -->"
+END = "<!-- /bench_check -->"
+EMPTY = "python -I -c pass"
+#: What the healthy path may cost, as a multiple of the interpreter's own empty start.
+GOAL = 2.0
 NHC_CHECKS = """\
 * || check_hw_mem_free 1mb
 * || check_fs_mount_rw -f /
@@ -53,6 +66,56 @@ def summary(samples: list[tuple[float, float]]) -> dict[str, float]:
     cpus = sorted(c for _, c in samples)
     return {"wall_ms": round(statistics.median(walls) * 1000, 1), "cpu_ms": round(statistics.median(cpus) * 1000, 1),
             "wall_p90_ms": round(walls[max(0, int(len(walls) * 0.9) - 1)] * 1000, 1), "runs": len(walls)}
+
+
+def wheel_venv(tmp: str) -> str:
+    """A venv under ``tmp`` with this checkout installed from its wheel (``--no-deps``); this venv's
+    packages (click, jinja2: ``sim init`` and ``install`` need them) come after it through a .pth."""
+    wheels = os.path.join(tmp, "wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", wheels,
+                    ROOT], check=True, stdout=subprocess.DEVNULL)
+    venv = os.path.join(tmp, "wheel-venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    wheel = os.path.join(wheels, next(n for n in os.listdir(wheels) if n.endswith(".whl")))
+    subprocess.run([sys.executable, "-m", "pip", "--python", os.path.join(venv, "bin", "python"), "install", "-q",
+                    "--no-deps", "--no-index", wheel], check=True, stdout=subprocess.DEVNULL)
+    paths = subprocess.run([os.path.join(venv, "bin", "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(paths, "zz-bench-deps.pth"), "w") as fh:
+        fh.write(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+def ratios(samples: list[tuple[float, float]], empty: list[tuple[float, float]]) -> float:
+    """Median over rounds of this subject's wall time over the empty start's in the same round."""
+    return round(statistics.median(w / e for (w, _), (e, _) in zip(samples, empty)), 2)
+
+
+def render(results: dict[str, dict[str, float]], meta: dict) -> str:
+    """The figures as the performance page shows them (a Markdown table and its verdict)."""
+    nhc = results.get("NHC, 5 checks")
+    head = "| median of {runs} rounds | wall ms | CPU ms | x empty start |".format(**meta) + (" x NHC |" if nhc else "")
+    lines = [f"Python {meta['python']}, {meta['how']}, 8 simulated GPUs, load average {meta['load']:.1f} on "
+             f"{meta['cpus']} CPUs (`python bench/bench_check.py --runs {meta['runs']}`):", "",
+             head, "|---|---|---|---|" + ("---|" if nhc else "")]
+    for n, s in results.items():
+        row = f"| `{n}` | {s['wall_ms']:.1f} | {s['cpu_ms']:.1f} | {s['x_empty']:.2f}x |"
+        lines.append(row + (f" {s['wall_ms'] / nhc['wall_ms']:.2f}x |" if nhc else ""))
+    worst = max(results[n]["x_empty"] for n in meta["goal_subjects"])
+    lines += ["", f"The healthy check and prolog as the programs run them: at most {worst:.2f}x the empty start "
+              f"(goal: {GOAL:.1f}x, {'met' if worst <= GOAL else 'not met'})."]
+    return "\n".join(lines) + "\n"
+
+
+def write(block: str) -> None:
+    with open(PAGE, encoding="utf-8") as fh:
+        text = fh.read()
+    head, sep, rest = text.partition(BEGIN)
+    _, sep2, tail = rest.partition(END)
+    if not sep or not sep2:
+        raise SystemExit(f"{PAGE} lacks the markers {BEGIN} ... {END}")
+    with open(PAGE, "w", encoding="utf-8") as fh:
+        fh.write(f"{head}{BEGIN}\n{block}{END}{tail}")
 
 
 def find_nhc(explicit: str | None) -> str | None:
@@ -84,11 +147,23 @@ def main() -> None:
                                   "../shared/third_party/lbnl-nhc-*.tar.gz)")
     ap.add_argument("--venv", action="append", default=[], metavar="LABEL=DIR",
                     help="another installation to compare with: DIR/bin/slurm-hooks")
+    ap.add_argument("--editable", action="store_true",
+                    help="measure the running venv's own install (maybe editable) instead of a wheel of the checkout")
+    ap.add_argument("--no-write", action="store_true", help="print the figures, leave the page alone")
+    ap.add_argument("--check-markers", action="store_true", help="only check that the page has its markers")
     args = ap.parse_args()
-    here = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "slurm-hooks")
-    if not os.path.exists(here):
-        raise SystemExit(f"{here} not found: run this with the python of a venv that has slurm-hooks")
+    if args.check_markers:
+        with open(PAGE, encoding="utf-8") as fh:
+            text = fh.read()
+        ok = BEGIN in text and END in text.partition(BEGIN)[2]
+        print(f"{os.path.relpath(PAGE, ROOT)}: {'markers found' if ok else 'markers missing'}")
+        raise SystemExit(0 if ok else 1)
     with tempfile.TemporaryDirectory() as tmp:
+        bindir = os.path.join(wheel_venv(tmp), "bin") if not args.editable else os.path.dirname(sys.executable)
+        here, python = os.path.join(bindir, "slurm-hooks"), os.path.join(bindir, "python")
+        if not os.path.exists(here):
+            raise SystemExit(f"{here} not found: run this with the python of a venv that has slurm-hooks")
+
         def setup(label: str, exe: str) -> tuple[dict[str, str], dict[str, str]]:
             """A config and 8 simulated GPUs of this installation's own (its sim format)."""
             d = os.path.join(tmp, label)
@@ -107,22 +182,27 @@ def main() -> None:
         prefix = os.path.join(tmp, "opt")
         subprocess.run([here, "install", "--prefix", prefix, "--config", cfg], env=env, check=True,
                        stdout=subprocess.DEVNULL)
+        slurmd_env = {"SLURMD_NODENAME": "bench1"}  # slurmd gives its programs no PATH
+        slurmd_job_env = {**slurmd_env, "SLURM_JOB_ID": "1", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}
+        as_wrapper = [python, "-I", "-m", "slurm_hooks"]
         subjects: dict[str, tuple[list[str], dict[str, str]]] = {
-            "python -c pass": ([sys.executable, "-c", "pass"], env),
-            "check": ([here, "check"], env),
-            "check, installed program": ([os.path.join(prefix, "bin", "slurm-hooks-healthcheck")],
-                                         {"SLURMD_NODENAME": "bench1"}),
-            "prolog, 8 GPUs": ([here, "prolog"], job_env),
-            "prolog, installed program": ([os.path.join(prefix, "bin", "slurm-hooks-prolog")],
-                                          {"SLURMD_NODENAME": "bench1", "SLURM_JOB_ID": "1",
-                                           "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}),
+            EMPTY: ([python, "-I", "-c", "pass"], slurmd_env),
+            "python -I -m slurm_hooks check": ([*as_wrapper, "check", "--config", cfg], slurmd_env),
+            "python -I -m slurm_hooks prolog, 8 GPUs": ([*as_wrapper, "prolog", "--config", cfg], slurmd_job_env),
+            "slurm-hooks-healthcheck (installed program)": ([os.path.join(prefix, "bin", "slurm-hooks-healthcheck")],
+                                                            slurmd_env),
+            "slurm-hooks-prolog (installed program)": ([os.path.join(prefix, "bin", "slurm-hooks-prolog")],
+                                                       slurmd_job_env),
         }
+        goal_subjects = ["python -I -m slurm_hooks check", "python -I -m slurm_hooks prolog, 8 GPUs"]
         for spec in args.venv:
             label, _, vdir = spec.partition("=")
             exe = os.path.join(vdir, "bin", "slurm-hooks")
             venv_env, venv_job_env = setup(label, exe)
-            subjects[f"check ({label})"] = ([exe, "check"], venv_env)
-            subjects[f"prolog, 8 GPUs ({label})"] = ([exe, "prolog"], venv_job_env)
+            other = [os.path.join(vdir, "bin", "python"), "-I", "-m", "slurm_hooks"]
+            other_cfg = venv_env["SLURM_HOOKS_CONFIG"]
+            subjects[f"check ({label})"] = ([*other, "check", "--config", other_cfg], slurmd_env)
+            subjects[f"prolog, 8 GPUs ({label})"] = ([*other, "prolog", "--config", other_cfg], slurmd_job_env)
         tarball = find_nhc(args.nhc)
         if tarball:
             subjects["NHC, 5 checks"] = nhc_subject(tarball, tmp)
@@ -133,17 +213,18 @@ def main() -> None:
         for i in range(args.runs):
             for n in names[i % len(names):] + names[:i % len(names)]:
                 samples[n].append(run_once(*subjects[n], expect_rc=0))
-    results = {n: summary(s) for n, s in samples.items()}
-    meta = {"python": sys.version.split()[0], "runs": args.runs, "nhc": os.path.basename(tarball) if tarball else None}
+    results = {n: {**summary(s), "x_empty": ratios(s, samples[EMPTY])} for n, s in samples.items()}
+    meta = {"python": sys.version.split()[0], "runs": args.runs, "nhc": os.path.basename(tarball) if tarball else None,
+            "how": "the running venv's install" if args.editable else "wheel of the checkout in a fresh venv",
+            "load": os.getloadavg()[0], "cpus": os.cpu_count(), "goal_subjects": goal_subjects, "goal": GOAL}
     if args.json:
         print(json.dumps({"meta": meta, "results": results}, indent=1))
         return
-    nhc = results.get("NHC, 5 checks")
-    print(f"Python {meta['python']}, {args.runs} rounds, 8 simulated GPUs; medians")
-    print(f"  {'':<32} {'wall ms':>9} {'CPU ms':>8}" + ("   wall / NHC's" if nhc else ""))
-    for n, s in results.items():
-        ratio = f"   {s['wall_ms'] / nhc['wall_ms']:.2f}x" if nhc else ""
-        print(f"  {n:<32} {s['wall_ms']:9.1f} {s['cpu_ms']:8.1f}{ratio}")
+    block = render(results, meta)
+    print(block)
+    if not args.no_write:
+        write(block)
+        print(f"written to {os.path.relpath(PAGE, ROOT)}")
 
 
 if __name__ == "__main__":
