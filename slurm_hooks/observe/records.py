@@ -92,6 +92,11 @@ class Record:
     job: Any = None
     user: str = ""
     users: dict = field(default_factory=dict)
+    #: ``warning``, ``error``, ``critical`` where the record is more than information (on
+    #: ``repair-validate``: the DCGM diag level, a number).
+    level: Any = ""
+    #: Found and recorded, not acted on (``[check] drain = false``).
+    monitor_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,8 @@ class Watch(Record):
     drained: bool = False
     requeued: list = field(default_factory=list)
     signalled: list = field(default_factory=list)
+    failed: list = field(default_factory=list)
+    duration_s: float = 0.0
     message: str = ""
 
 
@@ -142,8 +149,28 @@ class Action(Record):
     gpus: list = field(default_factory=list)
     requeued_by: str = ""
     seconds_from_fault: float | None = None
-    #: A checkpoint signal sent (``USR2@90``).
+    #: A checkpoint signal sent (``USR2@90``), where it came from, how, and the grace left to the job.
     signal: str = ""
+    source: str = ""
+    via: str = ""
+    grace_s: float | None = None
+    #: A GPU-scoped fault that fell back to node scope for a job, and why.
+    scope: str = ""
+    fallback: str = ""
+    #: The AdminComment line written to a job.
+    comment: str = ""
+    #: A pending action (``pending``: its id): its steps, which attempt, its budget.
+    pending: str = ""
+    steps: list = field(default_factory=list)
+    attempt: int | None = None
+    budget_s: float | None = None
+    #: A repair: after what it validates, its timeout, the services it stopped, the worker's pid and rungs.
+    after: str = ""
+    timeout_s: float | None = None
+    services: list = field(default_factory=list)
+    backend: str = ""
+    pid: int | None = None
+    repairs: list = field(default_factory=list)
     #: The GPUs a repair rung names, each {index, uuid, serial, pci_bus_id}.
     gpu_ids: list = field(default_factory=list)
     #: Where a repair kept its evidence (a directory under the state dir).
@@ -188,8 +215,9 @@ def parse(r: dict[str, Any]) -> Record:
     known: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for k, v in r.items():
-        if k in names and v is not None:
-            known[k] = v
+        if k in names:
+            if v is not None:
+                known[k] = v
         elif k != "kind":
             extra[k] = v
     try:

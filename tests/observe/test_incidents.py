@@ -133,3 +133,8 @@ def test_the_bridge_closing_the_node_closes_its_incident_once_told_by_the_bridge
 def test_a_dry_run_of_the_bridge_closes_nothing():
     [inc] = incidents.build([*xid79_to_replace(), rec(900, "bridge_incident_closed", dry_run=True)])
     assert inc.open
+
+
+def test_a_field_written_as_none_is_its_default_not_an_undeclared_key():
+    alert = records.parse(rec(0, "alert", gpu=None, job=None, check="xid"))
+    assert alert.gpu is None and alert.job is None and alert.extra == {}

@@ -103,3 +103,29 @@ def test_gpu_fields_name_the_board_by_uuid_serial_and_pci_bus_id(node):
     report = healthcheck.judge(w, healthcheck.Context.CHECK, acknowledge=False)
     assert gpu_fields(report, 2) == {"uuid": gpu["uuid"], "serial": gpu["serial"], "pci_bus_id": gpu["pci_bus_id"]}
     assert gpu_fields(report, None) == {} and gpu_fields(report, 99) == {}
+
+
+def test_every_field_the_hooks_write_is_declared_in_records(tmp_path):
+    """A new field goes into slurm_hooks/observe/records.py first: readers ask typed records."""
+    from fakes.config import repair_config
+
+    from slurm_hooks.observe import records
+
+    cfg = repair_config(tmp_path)
+    slurm, w = sim_node(cfg, "IDLE")
+    sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
+    sim.inject(cfg.gpu.sim_dir, "n1", 3, row_remap_pending=True)
+    healthcheck.run(w, follow="none", repair="inline")  # reset, validation, resume
+    sim.inject(cfg.gpu.sim_dir, "n1", 0, xid=79, cleared_by="never")
+    healthcheck.run(w, follow="none", repair="inline")
+    sim.reboot(cfg.gpu.sim_dir, "n1")
+    slurm.set_node("n1", state="DOWN", reason="slurm-hooks: XID 79 on GPU 0 [reboot 1/1] : reboot issued : reboot complete")
+    healthcheck.run(w, follow="none", repair="inline")  # [replace]
+    slurm.set_node("n1", state="IDLE", reason="")
+    sim.clear(cfg.gpu.sim_dir, "n1", 0)
+    healthcheck.run(w, follow="none", repair="inline")  # a person's resume
+    undeclared = {(r["kind"], r.get("action", ""), k) for r in w.audit.history()
+                  if r["kind"] in ("alert", "action", "watch", "incident", "repeat") for k in records.parse(r).extra}
+    assert undeclared == set(), "declare these fields in slurm_hooks/observe/records.py"
+    kinds = {(r["kind"], r.get("action")) for r in w.audit.read()}
+    assert {("action", "repair-reset"), ("action", "repair-replace"), ("incident", None)} <= kinds
