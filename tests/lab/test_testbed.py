@@ -326,3 +326,36 @@ def test_a_port_taken_between_the_pick_and_the_bind_starts_afresh_on_other_ports
         tb.down()
         for sock in taken:
             sock.close()
+
+
+def test_sixteen_nodes_each_on_its_own_loopback_address_run_one_job_across_all(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root")
+    tb = Testbed(str(tmp_path / "tb16"), Settings(nodes=16, hooks=False, own_addresses=True, kill_wait=2))
+    try:
+        tb.up()
+        with open(tb.slurm_conf, encoding="utf-8") as fh:
+            addrs = [line.split("NodeAddr=")[1].split()[0] for line in fh if line.startswith("NodeName=")]
+        assert addrs == [tb.node_addr(n) for n in tb.node_names] and len(set(addrs)) == 16
+        assert all(a.startswith("127.1.") and a.endswith(f".{k}") for k, a in enumerate(addrs, 1))
+        job = tb.sbatch("#!/bin/sh\nsrun sh -c 'echo rank=$SLURM_PROCID on=$SLURMD_NODENAME'\n", "-N16")
+        tb.wait_job(job, ["COMPLETED"], timeout=60)
+        assert sorted(line.split("on=")[1] for line in tb.job_output(job).splitlines() if "on=" in line) == \
+            sorted(tb.node_names)
+    finally:
+        tb.down()
+
+
+def test_a_node_fault_is_checked_written_for_the_jobs_and_cleared_by_reset(testbed):
+    assert testbed.node_addr("n1") == "localhost"  # the session's testbed: shared address, as before
+    testbed.set_fault("n2", "slow 8")
+    testbed.set_fault("n1", "hang")
+    assert testbed.faults() == {"n1": "hang", "n2": "slow 8"}
+    assert testbed.env["SLURM_HOOKS_FAULT_DIR"] == testbed.faults_dir
+    for bad in ("slow", "slow 0.5", "flaky", "drop 2"):
+        with pytest.raises(TestbedError, match="fault must be|FACTOR must be"):
+            testbed.set_fault("n1", bad)
+    with pytest.raises(TestbedError, match="no node 'n9'"):
+        testbed.set_fault("n9", "drop")
+    testbed.reset()
+    assert testbed.faults() == {}
