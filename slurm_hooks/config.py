@@ -20,7 +20,7 @@ from slurm_hooks.models import Action, Expectations, Scope, Urgency
 from slurm_hooks.severity import CHECK_RULES, OVERRIDE_KEYS, Severities, xid_rule_key
 from slurm_hooks.slurm import hostlist
 from slurm_hooks.urlsecret import URL, bad_url
-from slurm_hooks.values import dataclass, field
+from slurm_hooks.values import compile_later, dataclass, field
 
 DEFAULT_PATH = "/etc/slurm-hooks/config.toml"
 ENV_VAR = "SLURM_HOOKS_CONFIG"
@@ -784,8 +784,8 @@ def _toml_error(text: str) -> tuple[str, int | None]:
 class _Locator:
     """Finds the line of a ``[section]`` header or of ``key =`` inside it."""
 
-    _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
-    _KEY = re.compile(r"^\s*\"?([A-Za-z0-9_.-]+)\"?\s*=")
+    _HEADER = compile_later(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
+    _KEY = compile_later(r"^\s*\"?([A-Za-z0-9_.-]+)\"?\s*=")
 
     def __init__(self, text: str, path: str | None, header_fallback: bool = False):
         self.lines = text.splitlines()

@@ -8,6 +8,8 @@ work on it unchanged) with generic methods that read the field list, so defining
 microseconds. Options: ``frozen``, ``eq``, ``repr``; fields from :func:`dataclasses.field`
 (``default``, ``default_factory``, ``init``, ``repr``, ``compare``, ``hash``); ``__post_init__``;
 inherited fields. Anything else falls back to :func:`dataclasses.dataclass` itself.
+
+:func:`compile_later` is the same idea for regular expressions: compiled on first use, not at import.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import dataclasses
 from dataclasses import MISSING, Field, FrozenInstanceError, field
 from typing import Any
 
-__all__ = ["dataclass", "field"]
+__all__ = ["compile_later", "dataclass", "field"]
 
 _OPTIONS = {"frozen", "eq", "repr", "init"}
 
@@ -88,8 +90,14 @@ def _make(cls: type, *, frozen: bool, eq: bool, with_repr: bool) -> type:
 def _init(cls: type, init: tuple, later: tuple):
     qual = cls.__qualname__
     assign = object.__setattr__
+    has_post = hasattr(cls, "__post_init__")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not kwargs and len(args) == len(init) and not later and not has_post and type(self) is cls:
+            # the common call, all positional (a subclass may add __post_init__: the long way)
+            for (name, _, _), value in zip(init, args):
+                assign(self, name, value)
+            return
         if len(args) > len(init):
             raise TypeError(f"{qual}.__init__() takes {len(init) + 1} positional arguments but "
                             f"{len(args) + 1} were given")
@@ -161,3 +169,25 @@ def _frozen_delattr(cls: type, names: set[str]):
         super(cls, self).__delattr__(name)
 
     return __delattr__
+
+
+class compile_later:  # named as a function: it stands where re.compile stood
+    """``re.compile(source, flags)`` done on first use: a module's patterns cost ~0.1-0.5 ms each to
+    compile, paid by every health check and prolog at import though a healthy run uses few of them.
+    Attributes (``match``, ``search``, ``sub``, ``pattern``, ...) are the compiled pattern's."""
+
+    __slots__ = ("_source", "_flags", "_compiled")
+
+    def __init__(self, source: str | bytes, flags: int = 0) -> None:
+        self._source, self._flags, self._compiled = source, flags, None
+
+    def __getattr__(self, name: str) -> Any:
+        compiled = self._compiled
+        if compiled is None:
+            import re
+
+            compiled = self._compiled = re.compile(self._source, self._flags)
+        return getattr(compiled, name)
+
+    def __repr__(self) -> str:
+        return f"compile_later({self._source!r}, {self._flags!r})"

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
-from slurm_hooks.values import dataclass
+from slurm_hooks.values import compile_later, dataclass
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.wiring import Wiring
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
 
 CACHE_VERSION = 1
 #: ``MIG-GPU-<parent uuid>/<gi>/<ci>``: the MIG UUID older drivers (R470) print.
-_OLD_MIG = re.compile(r"^MIG-(GPU-[0-9A-Fa-f-]+)/(\d+)/(\d+)$")
+_OLD_MIG = compile_later(r"^MIG-(GPU-[0-9A-Fa-f-]+)/(\d+)/(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -179,7 +178,7 @@ def _instance_of(unique_id: str, gpu, caps: Sequence[str], mig_minors: dict[int,
     return None, unique_id
 
 
-_MIG_MINOR = re.compile(r"^gpu(\d+)/gi(\d+)(?:/ci\d+)?/access\s+(\d+)$")
+_MIG_MINOR = compile_later(r"^gpu(\d+)/gi(\d+)(?:/ci\d+)?/access\s+(\d+)$")
 
 
 def parse_mig_minors(text: str) -> dict[int, tuple[int, int]]:

@@ -23,15 +23,16 @@ from typing import Callable
 
 from slurm_hooks.errors import ProbeError
 from slurm_hooks.models import XidEvent
+from slurm_hooks.values import compile_later
 
-_KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
-_DMESG_PREFIX = re.compile(r"^\[\s*([^\]]+)\]\s?(.*)$")
+_KMSG_RECORD = compile_later(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+_DMESG_PREFIX = compile_later(r"^\[\s*([^\]]+)\]\s?(.*)$")
 # "SXid" (NVSwitch) must not match, hence "NVRM: " in front. On a MIG GPU the driver names the
 # instance after the bus id: "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:02): 109, ...".
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)((?:\s+GPU-C?I:\s*[0-9A-Fa-f]+)*)\s*\): (\d+)\b,?\s*(.*)$")
+_XID = compile_later(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)((?:\s+GPU-C?I:\s*[0-9A-Fa-f]+)*)\s*\): (\d+)\b,?\s*(.*)$")
 #: The MIG GPU instance a line names: the driver prints ``GPU-I:%02u`` (decimal).
-_GPU_INSTANCE = re.compile(r"GPU-I:\s*(\d+)")
-_PCI = re.compile(r"^(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})(?:\.([0-7]))?$")
+_GPU_INSTANCE = compile_later(r"GPU-I:\s*(\d+)")
+_PCI = compile_later(r"^(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})(?:\.([0-7]))?$")
 
 #: Lines of one code on one GPU within this many seconds of the first are one event: the driver
 #: prints a burst (three XID 119 lines in 3 ms) for one fault, and escalation counts faults.

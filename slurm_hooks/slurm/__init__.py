@@ -15,7 +15,7 @@ from typing import Protocol
 from slurm_hooks import REASON_PREFIX
 from slurm_hooks.models import Action
 from slurm_hooks.slurm import hostlist
-from slurm_hooks.values import dataclass, field
+from slurm_hooks.values import compile_later, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ FINISHED_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_ME
 #: squeue prints the first form, scontrol the second (verified on 22.05). The only hold we release.
 LAUNCH_FAILED_HOLD = ("launch failed requeued held", "launch_failed_requeued_held")
 
-_REF = re.compile(r"^[1-9][0-9]*(?:_[0-9]+)?$")
+_REF = compile_later(r"^[1-9][0-9]*(?:_[0-9]+)?$")
 
 
 def job_ref(value: int | str) -> str:
@@ -237,7 +237,7 @@ class Slurm(Protocol):
 ADMIN_COMMENT_MAX = 1024
 ADMIN_COMMENT_SEP = "; "
 #: The UTC minute our lines end with: a retry a minute later says the same thing.
-_ADMIN_COMMENT_STAMP = re.compile(r",\s*\d{4}-\d\d-\d\dT\d\d:\d\dZ$")
+_ADMIN_COMMENT_STAMP = compile_later(r",\s*\d{4}-\d\d-\d\dT\d\d:\d\dZ$")
 
 
 def admin_comment_line(text: str) -> str:
@@ -325,9 +325,9 @@ AT_JOB_END = "at job end"
 _ACTIONS = "|".join(a.value for a in Action)
 #: ``[reboot]``, ``[reset, at job end]``, ``[reboot 1/2]`` (the ladder's attempt at this rung, of
 #: how many: kept in Slurm so that a lost state dir does not reset the count).
-_ACTION_TAG = re.compile(rf"\s\[({_ACTIONS})(?: (?P<n>\d+)/(?P<of>\d+))?(?P<end>, {AT_JOB_END})?\]$")
+_ACTION_TAG = compile_later(rf"\s\[({_ACTIONS})(?: (?P<n>\d+)/(?P<of>\d+))?(?P<end>, {AT_JOB_END})?\]$")
 #: Our reason up to its action tag, then Slurm's suffixes.
-_TAGGED = re.compile(rf"^(?P<text>{re.escape(REASON_PREFIX)}.*\[(?:{_ACTIONS})(?: \d+/\d+)?(?:, {AT_JOB_END})?\])(?P<rest>(?: : .*)?)$", re.S)
+_TAGGED = compile_later(rf"^(?P<text>{re.escape(REASON_PREFIX)}.*\[(?:{_ACTIONS})(?: \d+/\d+)?(?:, {AT_JOB_END})?\])(?P<rest>(?: : .*)?)$", re.S)
 
 
 def format_reason(summary: str, action: Action, limit: int = 120, at_job_end: bool = False,
@@ -369,7 +369,7 @@ def status_tag(reason: str) -> str:
     return m.group(1) if m else ""
 
 
-_STATUS_TAG = re.compile(r"\s\[(validating|unverified)\](?:\s:\s.*)?$")
+_STATUS_TAG = compile_later(r"\s\[(validating|unverified)\](?:\s:\s.*)?$")
 
 
 def parse_reason(reason: str) -> tuple[str, Action | None] | None:

@@ -15,10 +15,9 @@ signal is accepted only by name from :data:`CHECKPOINT_SIGNALS`.
 from __future__ import annotations
 
 import enum
-import re
 import shlex
 
-from slurm_hooks.values import dataclass
+from slurm_hooks.values import compile_later, dataclass
 
 #: How much of a batch script is read: sbatch stops at the first command, and the
 #: ``#SBATCH`` block is at the top; a 4 MB script costs no more than its first 64 KiB.
@@ -38,8 +37,8 @@ CHECKPOINT_SIGNALS = {
 }
 _BY_NUMBER = {num: name for name, num in CHECKPOINT_SIGNALS.items()}
 
-_SPEC = re.compile(r"^(?:(?P<flags>RB|BR|R|B):)?(?P<sig>[A-Za-z0-9+]{1,10})(?:@(?P<time>[0-9]{1,6}))?$")
-_SBATCH_LINE = re.compile(rb"^#SBATCH\s+(.*)$")
+_SPEC = compile_later(r"^(?:(?P<flags>RB|BR|R|B):)?(?P<sig>[A-Za-z0-9+]{1,10})(?:@(?P<time>[0-9]{1,6}))?$")
+_SBATCH_LINE = compile_later(rb"^#SBATCH\s+(.*)$")
 
 
 class Target(str, enum.Enum):
