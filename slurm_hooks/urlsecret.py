@@ -6,14 +6,14 @@ only its scheme and host.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from slurm_hooks.errors import ConfigError
+from slurm_hooks.values import compile_later
 
 #: What a receiver's URL must look like.
-URL = re.compile(r"^https?://[^/\s]+")
+URL = compile_later(r"^https?://[^/\s]+")
 
 
 def url_origin(url: str) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import fnmatch
-import re
 
-_BRACKET = re.compile(r"\[([^\]]*)\]")
+from slurm_hooks.values import compile_later
+
+_BRACKET = compile_later(r"\[([^\]]*)\]")
 
 
 def expand(expr: str) -> list[str]:
