@@ -606,7 +606,14 @@ class Reconciler:
         if why:
             return why
         backend_pin = getattr(self._backend_for(action), "opt_out", None)
-        return backend_pin(self.kube, node) if backend_pin is not None else None
+        if backend_pin is None:
+            return None
+        try:
+            return backend_pin(self.kube, node)
+        except LeadershipLost:
+            raise
+        except (KubeError, SlurmHooksError):
+            return None  # cannot read the owner's object now: the cordon goes on; the request step reports it
 
     def _step_announce(self, w: _Work) -> bool:
         if "taken" not in w.record.events:
@@ -665,6 +672,14 @@ class Reconciler:
         target = Target(node=w.node, slurm_node=record.slurm_node, reason=record.reason,
                         summary=w.summary, action=Action(record.action), take=_take_id(record))
         backend = self._backend_for(target.action)
+        backend_pin = getattr(backend, "opt_out", None)
+        pin = backend_pin(self.kube, w.node) if backend_pin is not None else None  # an error: next pass
+        if pin:  # the owner's pin, set since the take (or unreadable then): hold at cordon-and-alert
+            record.opt_out = pin
+            self._audit("bridge_opt_out", node=kname, slurm_node=record.slurm_node, opt_out=pin,
+                        message="cordon and alert only: no replacement")
+            res.opted_out.append(kname)
+            return False
         try:
             asked = backend.request(self.kube, target, dry_run=self.dry_run)
         except KubePermanent as exc:

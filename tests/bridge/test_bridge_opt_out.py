@@ -79,3 +79,21 @@ def test_node_pinned_true_and_a_pod_pinned_30m_get_no_replacement_until_the_30m_
                                            ("m30", None), ("", None)])
 def test_go_durations_as_karpenter_reads_them(text, seconds):
     assert go_duration(text) == seconds
+
+
+def test_the_karpenter_backend_reads_the_pin_on_the_nodeclaim_too(kube_server, kube_client, bridge_settings, tmp_path):
+    from kube.emulator import node
+
+    from slurm_hooks.bridge.replace import KarpenterBackend
+
+    owner = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": "c1", "uid": "uid-c1"}
+    kube_server.put("v1/nodes", node("n1", metadata={"ownerReferences": [owner]}))
+    kube_server.put("karpenter.sh/v1/nodeclaims", {"metadata": {"name": "c1", "uid": "uid-c1",
+                                                                "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
+                                                   "status": {"nodeName": "n1"}})
+    slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", XID79))
+    bridge = Reconciler(slurm, kube_client, bridge_settings, audit=AuditLog(str(tmp_path / "audit.jsonl")),
+                        backend=KarpenterBackend(), sleep=lambda s: None)
+    res = bridge.run_pass()
+    assert res.opted_out == ["n1"] and not res.replaced, res.summary()
+    assert kube_server.get("karpenter.sh/v1/nodeclaims", "c1") is not None  # not deleted: the owner's pin
