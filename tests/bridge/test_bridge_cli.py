@@ -232,3 +232,33 @@ def test_the_bridge_tells_the_replacement_it_asked_for_through_the_notifier(site
         assert len(rx.bodies()) == 1
     finally:
         rx.stop()
+
+
+@pytest.mark.k8s
+def test_a_latched_breaker_is_given_to_the_notifier_on_every_pass_while_true(tmp_path, kube_server):
+    """The breaker trips once (one audit record), but every pass gives it to the notifier as a
+    standing problem, so its alert keeps firing while the latch holds (Alertmanager resolves an
+    alert that is not posted again)."""
+    from fakes.webhook import Receiver
+    from kube.emulator import node
+
+    for name in ("n1", "n2", "n3"):
+        kube_server.put("v1/nodes", node(name))
+    lines = [f"NodeName={n} State=IDLE+DRAIN Partitions=gpu Reason=slurm-hooks: XID 79 on GPU 3 [replace] "
+             "[root@2025-01-01T00:00:00]" for n in ("n1", "n2", "n3")]
+    rx = Receiver()
+    try:
+        config = write_bridge_site(tmp_path, kube_server.url, lines, lease_namespace="ops",
+                                   state_file=f"{tmp_path}/bridge-state.json", drain_pass_budget=1,
+                                   extra=f'[notify]\n[[notify.webhook]]\nurl = "{rx.url()}"\n')
+        os.chmod(config, 0o600)
+        standing = tmp_path / "notify" / "standing.json"
+        for _ in range(2):
+            proc = run("bridge", "--config", config, "--once", "--no-in-cluster")
+            assert "CIRCUIT BREAKER OPEN" in proc.stderr, proc.stderr
+            told = json.loads(standing.read_text())["true"]
+            assert list(told) == ["breaker"] and told["breaker"]["kind"] == "bridge_breaker_tripped"
+        kinds = [json.loads(line)["kind"] for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+        assert kinds.count("bridge_breaker_tripped") == 1
+    finally:
+        rx.stop()
