@@ -228,7 +228,7 @@ class Reconciler:
     ):
         self.slurm = slurm
         #: Whether this process still holds the leader's Lease: asked before every write of a pass
-        #: (the Kubernetes ones through :class:`~.guard.LeaderGuard`, Slurm's in :meth:`_slurm_write`).
+        #: (the Kubernetes ones through :class:`~.guard.LeaderGuard`, Slurm's in :meth:`_set_extra`).
         self.leader = leader
         self.kube: KubeApi = LeaderGuard(kube, leader) if leader is not None else kube
         for chosen in (backend, reboot_backend):
@@ -257,7 +257,7 @@ class Reconciler:
         self._denied: dict[str, str] = {}
         #: node -> the audit record that told of its missing permission (a standing problem).
         self._denied_told: dict[str, dict[str, Any]] = {}
-        #: (node, take) of machines already told to be held too long; node -> the record that told it.
+        #: Machines told to be held too long: node -> the record that told it (once per take).
         self._held_told: dict[str, dict[str, Any]] = {}
 
     # -- the pass ----------------------------------------------------------------------
