@@ -12,14 +12,15 @@ prints, which are ASCII), so a lossy U+FFFD costs nothing, whereas
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Callable
+from typing import IO, TYPE_CHECKING, Callable
 
 from slurm_hooks.errors import CommandError, CommandTimeout
 from slurm_hooks.values import dataclass
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ def run_command(
     Raises CommandTimeout on timeout, CommandError on a non-zero exit when
     ``check``, and CommandError (returncode None) when the program is missing.
     """
+    import subprocess  # here: a healthy check or prolog runs no command, and subprocess costs ~3 ms
+
     argv = [str(a) for a in argv]
     try:
         proc = subprocess.Popen(
@@ -82,6 +85,8 @@ def run_command(
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    import signal
+
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -129,6 +134,8 @@ class Spawned:
         """SIGTERM the helper, wait up to ``timeout`` s, then kill its process group."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        import subprocess
+
         self.proc.terminate()
         try:
             self.proc.wait(timeout)
@@ -153,6 +160,8 @@ def spawn_detached(
     to us, so a helper that dies on the way (a missing interpreter, an import
     error) is reported with its last line of stderr instead of vanishing.
     """
+    import subprocess
+
     argv = tuple(str(a) for a in argv)
     env = dict(env) if env is not None else dict(os.environ)
     out: IO[bytes] | int = subprocess.DEVNULL
@@ -192,6 +201,7 @@ def spawn_detached(
 def _await_ready(argv: tuple[str, ...], proc: subprocess.Popen, ready_r: int, err_r: int, timeout: float) -> Spawned:
     """Wait for the ready byte; on EOF or timeout, say why with the helper's last stderr line."""
     import select
+    import subprocess
 
     deadline = time.monotonic() + timeout
     stderr = b""
