@@ -25,12 +25,13 @@ import fcntl
 import json
 import os
 import queue
-import re
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from slurm_hooks.values import compile_later
 
 _MODE = 0o640
 #: How long a writer waits for another one's lock (records take microseconds to write).
@@ -46,7 +47,7 @@ REPEAT_FORGET_S = 3600.0
 _NO_CHANGE = frozenset({"already", "skipped", "spared", "monitor-only", "guarded", "not requeued"})
 #: Fields that differ between two repeats of one record.
 _VOLATILE = frozenset({"ts", "duration_s", "seconds_from_fault"})
-_ROTATED = re.compile(r"\.(\d+)(?:\.gz)?$")
+_ROTATED = compile_later(r"\.(\d+)(?:\.gz)?$")
 
 
 def repeatable(record: dict[str, Any]) -> bool:
