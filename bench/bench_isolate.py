@@ -2,6 +2,7 @@
 bad nodes among 16 and 64 (a simulated fabric: slurm_hooks.hooks.culprit.Fabric).
 
     python bench/bench_isolate.py [--trials 200] [--wave-s 30] [--json]
+    python bench/bench_isolate.py --testbed 16 [--runs 20] [--bad 1]     (root: a real local cluster)
 
 Each trial puts random faults (hang, drop, slow 4-20x) on random nodes and runs the search in
 both modes. Wall time is waves x ``--wave-s`` (one wave's test jobs run at once: a test job's
@@ -9,6 +10,11 @@ start, its collective and the slowest one's time limit; 30 s is a cluster's typi
 job), as the search runs no faster than its slowest test per wave. Prints, per case: the share of
 trials right (exactly the bad nodes drained), trials with a healthy node named (must be 0), and the
 median / max test jobs and waves.
+
+``--testbed N`` runs ``slurm-hooks isolate`` for real instead: a testbed of N nodes (each on its own
+address), ``--runs`` times a random fault (hang, slow 8, drop) on ``--bad`` random node(s), the lab's
+TCP all-reduce as the test; prints per run the fault, what was drained, test jobs and wall time,
+then how many runs were right and whether a healthy node was ever drained.
 """
 
 from __future__ import annotations
@@ -46,12 +52,62 @@ def run(size: int, bad: int, mode: str, trials: int, wave_s: float) -> dict:
             "wall_s_median": statistics.median(waves) * wave_s, "search_cpu_us": round(cpu * 1e6, 1)}
 
 
+def on_testbed(size: int, runs: int, bad: int) -> dict:
+    import subprocess
+    import tempfile
+
+    from slurm_hooks.lab import collective
+    from slurm_hooks.lab.testbed import Settings, Testbed
+
+    rng = random.Random(f"testbed-{size}-{bad}")
+    state = tempfile.mkdtemp(prefix="bench-isolate-")
+    tb = Testbed(state, Settings(nodes=size, hooks=False, own_addresses=True, kill_wait=2))
+    tb.up()
+    cfg = os.path.join(state, "bench-config.toml")
+    with open(tb.config_path, encoding="utf-8") as fh, open(cfg, "w", encoding="utf-8") as out:
+        command = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "8", "--size-mb", "2"]
+        out.write(fh.read() + f"\n[isolate]\ncommand = {json.dumps(command)}\ntest_timeout = 15.0\nbudget = 600.0\n")
+    right = healthy = 0
+    rows = []
+    try:
+        for run_no in range(runs):
+            tb.reset(timeout=60.0)
+            faults = {n: rng.choice(("hang", "slow 8", "drop")) for n in rng.sample(tb.node_names, bad)}
+            for node, fault in faults.items():
+                tb.set_fault(node, fault)
+            t0 = time.monotonic()
+            done = subprocess.run([sys.executable, "-m", "slurm_hooks", "isolate", "--config", cfg, "--json",
+                                   "--nodes", ",".join(tb.node_names)], env=tb.env(), capture_output=True, text=True,
+                                  timeout=900)
+            wall = time.monotonic() - t0
+            out = json.loads([x for x in done.stdout.splitlines() if x.startswith("{")][-1])
+            drained = sorted(n.name for n in tb.slurm().nodes() if n.drained)
+            right += drained == sorted(faults)
+            healthy += bool(set(drained) - set(faults))
+            rows.append({"faults": faults, "drained": drained, "jobs": out["jobs"], "waves": out["waves"],
+                         "wall_s": round(wall, 1)})
+            print(f"run {run_no + 1:>2}: {faults} -> drained {drained}: {out['jobs']} jobs, {out['waves']} waves, "
+                  f"{wall:.1f}s", flush=True)
+    finally:
+        tb.down()
+    walls = [r["wall_s"] for r in rows]
+    print(f"{size} nodes, {bad} bad: right {right}/{runs}, healthy node drained in {healthy} run(s); "
+          f"jobs max {max(r['jobs'] for r in rows)}; wall median {statistics.median(walls):.1f}s max {max(walls):.1f}s")
+    return {"right": right, "runs": runs, "healthy_drained": healthy, "rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--wave-s", type=float, default=30.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--testbed", type=int, default=0, metavar="N", help="run isolate on a real N-node testbed")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--bad", type=int, default=1)
     args = ap.parse_args()
+    if args.testbed:
+        on_testbed(args.testbed, args.runs, args.bad)
+        return
     rows = [run(size, bad, mode, args.trials, args.wave_s)
             for size in (16, 64) for bad in (1, 2) for mode in culprit.MODES]
     if args.json:

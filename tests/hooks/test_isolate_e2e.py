@@ -20,6 +20,8 @@ from conftest import wait_for
 
 from slurm_hooks.hooks.isolate import PREFIX
 from slurm_hooks.lab import collective, ddp_train
+from slurm_hooks.observe import incidents
+from slurm_hooks.slurm import hostlist
 
 pytestmark = pytest.mark.slurm
 
@@ -79,6 +81,9 @@ def test_16_nodes_one_slow_node_is_named_and_drained_and_nothing_else_in_at_most
         assert any("n11" in t["nodes"] and not t["passed"] for t in json.load(fh)["tests"])
     [record] = [r for r in tb.audit_events() if r.get("action") == "drain"]
     assert (record["node"], record["result"], record["why"]) == ("n11", "ok", "isolate")
+    # Our drain opens an incident as any finding's does: what the notifications tell.
+    [incident] = [i for i in incidents.build(tb.audit_events()) if i.node == "n11"]
+    assert incident.open and incident.reason == drained(tb)["n11"]
 
 
 def test_16_nodes_a_hung_node_and_a_dropping_one_are_both_drained_and_a_busy_node_is_skipped(tb, tmp_path):
@@ -95,9 +100,12 @@ def test_16_nodes_a_hung_node_and_a_dropping_one_are_both_drained_and_a_busy_nod
     assert reservations(tb) == []
 
 
-def test_a_healthy_fabric_drains_nothing_and_exits_0(tb, tmp_path):
-    rc, out = isolate(tb, config(tb, tmp_path), "--nodes", "n[1-8]")
+def test_isolate_of_a_jobs_nodes_on_a_healthy_fabric_drains_nothing_and_exits_0(tb, tmp_path):
+    job = tb.sbatch("#!/bin/sh\nsrun true\n", "-N8")
+    tb.wait_job(job, ["COMPLETED"], timeout=60)
+    rc, out = isolate(tb, config(tb, tmp_path), "--job", str(job))
     assert (rc, out["culprits"], out["waves"]) == (0, {}, 1), out
+    assert out["nodes"] == hostlist.expand(tb.slurm.job(job).nodes) and len(out["nodes"]) == 8
     assert drained(tb) == {} and reservations(tb) == []
 
 
