@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def render(results: dict[str, dict[str, float]], meta: dict) -> str:
     nhc = results.get("NHC, 5 checks")
     head = "| median of {runs} rounds | wall ms | CPU ms | x empty start |".format(**meta) + (" x NHC |" if nhc else "")
     lines = [f"Python {meta['python']}, {meta['how']}, 8 simulated GPUs, load average {meta['load']:.1f} on "
-             f"{meta['cpus']} CPUs (`python bench/bench_check.py --runs {meta['runs']}`):", "",
+             f"{meta['cpus']} CPUs (`{meta['command']}`):", "",
              head, "|---|---|---|---|" + ("---|" if nhc else "")]
     for n, s in results.items():
         row = f"| `{n}` | {s['wall_ms']:.1f} | {s['cpu_ms']:.1f} | {s['x_empty']:.2f}x |"
@@ -216,7 +217,8 @@ def main() -> None:
     results = {n: {**summary(s), "x_empty": ratios(s, samples[EMPTY])} for n, s in samples.items()}
     meta = {"python": sys.version.split()[0], "runs": args.runs, "nhc": os.path.basename(tarball) if tarball else None,
             "how": "the running venv's install" if args.editable else "wheel of the checkout in a fresh venv",
-            "load": os.getloadavg()[0], "cpus": os.cpu_count(), "goal_subjects": goal_subjects, "goal": GOAL}
+            "load": os.getloadavg()[0], "cpus": os.cpu_count(),
+            "command": shlex.join(["python", "bench/bench_check.py", *sys.argv[1:]]), "goal_subjects": goal_subjects, "goal": GOAL}
     if args.json:
         print(json.dumps({"meta": meta, "results": results}, indent=1))
         return
