@@ -61,7 +61,8 @@ def test_a_warm_check_and_prolog_load_no_parser_subprocess_or_click_and_compile_
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen["rcs"] == [0, 0]
-    assert sorted(set(NOT_ON_THE_PATH) & set(seen["modules"])) == []
+    loaded = sorted(set(NOT_ON_THE_PATH) & set(seen["modules"]))
+    assert loaded == [], f"a module on the healthy path imports {loaded} at import: import it where it is used"
     assert not any(m.startswith(("click.", "kubernetes.", "jinja2.")) for m in seen["modules"])
     assert seen["compiled_at_import"] == [], "use slurm_hooks.values.compile_later for these"
 
