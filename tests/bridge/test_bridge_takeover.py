@@ -108,3 +108,68 @@ def pdb_body() -> dict:
     from kube.emulator import pdb_429
 
     return pdb_429("jobs/job-n1")
+
+
+def test_a_real_bridge_process_stops_writing_once_its_lease_moved_mid_pass(kube_server, tmp_path):
+    """The same with ``slurm-hooks bridge`` itself (the command's wiring: the guard, the calls bounded
+    by the elector's deadline, the serve loop) as the old leader, and an elector in the test as the new one."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from kube.emulator import node, pod
+    from kube.site import write_bridge_site
+    from paths import ROOT
+
+    from slurm_hooks.bridge.kubeclient import connect
+
+    kube_server.put("v1/nodes", node("n1"))
+    kube_server.put("v1/nodes", node("n2"))
+    kube_server.put("v1/pods", pod("job-n1", "n1", "jobs", **controlled_by()), "jobs")
+    blocked, failing, old = threading.Event(), threading.Event(), {"identity": ""}
+    blocked.set()
+    kube_server.kmock["post " + EVICTION_URL, lambda: blocked.is_set()] << 429 << pdb_body()
+    kube_server.kmock["put " + LEASE_URL, lambda request: failing.is_set() and holder(request) == old["identity"]] \
+        << 503 << {"kind": "Status", "code": 503, "message": "etcd leader changed"}
+    config = write_bridge_site(tmp_path, kube_server.url, [
+        "NodeName=n1 State=IDLE+DRAIN Partitions=gpu Reason=slurm-hooks: XID 79 on GPU 3 [replace] "
+        "[root@2025-01-01T00:00:00]", "NodeName=n2 State=IDLE Partitions=gpu"],
+        interval=0.5, lease_namespace="ops", lease_duration=6, drain_pass_budget=60,
+        state_file=f"{tmp_path}/state.json")
+    log = open(tmp_path / "a.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_hooks", "bridge", "--config", config, "--no-in-cluster"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    client = connect(url=kube_server.url, timeout=5.0, retries=2, backoff=0.01, backoff_max=0.05)
+    try:
+        lease = "coordination.k8s.io/v1/leases"
+        old["identity"] = wait_for(lambda: ((kube_server.get(lease, "slurm-hooks-bridge", "ops") or {}).get("spec")
+                                            or {}).get("holderIdentity"), 30, "the bridge leads")
+        wait_for(lambda: [r for r in kube_server.requests("POST") if str(r.url).endswith("/eviction")], 30,
+                 "it tries to evict job-n1 (the PDB says not now)")
+        new = LeaderElector(client, "ops", "slurm-hooks-bridge", "new", lease_duration=6)
+        assert not new.try_acquire_or_renew()
+        failing.set()
+        wait_for(lambda: new.try_acquire_or_renew(), 60, "the new leader takes the Lease over", interval=0.2)
+        takeover = next(i for i, r in enumerate(kube_server.requests())
+                        if str(r.method.value).upper() == "PUT" and holder(r) == "new")
+        blocked.clear()
+
+        def standby_tries() -> int:  # the old process reading the Lease after the takeover (the test does not)
+            return sum(1 for r in kube_server.requests()[takeover:]
+                       if str(r.method.value).upper() == "GET" and str(r.url.path) == LEASE_URL)
+
+        wait_for(lambda: standby_tries() >= 3, 60, "the old leader tries the Lease again, as a standby")
+        assert new.try_acquire_or_renew()  # still the new leader's
+        late = [f"{r.method.value} {r.url}" for r in kube_server.requests()[takeover:] if is_write(r)]
+        assert late == [], f"the old leader wrote after the takeover: {late}"
+        assert kube_server.get("v1/pods", "job-n1", "jobs") is not None
+        assert "lost the leader's Lease" in (tmp_path / "a.log").read_text()
+    finally:
+        blocked.clear()
+        client.close()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
