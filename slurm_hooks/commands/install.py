@@ -60,7 +60,7 @@ def install(prefix: str, config_path: str, on_internal_error: str, env: tuple[tu
         from slurm_hooks.errors import EXIT_USAGE
         from slurm_hooks.slurm import conffile
 
-        named = layout.programs_named(prefix, conffile.resolve_path(slurm_conf))
+        named = _programs_named(prefix, conffile.resolve_path(slurm_conf))
         if named and not force:
             click.echo("slurm-hooks install: refusing to uninstall: slurm.conf still names its programs, and "
                        "slurmd would run files that are gone (every job start fails on Prolog=, every node "
@@ -119,3 +119,39 @@ def _inputs(prefix: str, config_path: str, on_error: str, env: tuple[tuple[str, 
 def _show(done, dry: bool) -> None:
     for line in done.lines:
         click.echo(("would " if dry else "") + line)
+
+
+def _programs_named(prefix: str, slurm_conf: str) -> list[str]:
+    """The slurm.conf lines (``file:line: Key=value``, Include files followed) that still name a
+    program under ``prefix``: uninstalling then leaves slurmd running a file that is gone, and
+    every job start fails (Prolog) or every node drains (HealthCheckProgram)."""
+    from slurm_hooks.slurm import conffile
+
+    keys = {p.slurm_key.lower() for p in layout.PROGRAMS}
+    root = os.path.abspath(prefix) + os.sep
+    found: list[str] = []
+    todo, seen = [slurm_conf], set()
+    while todo:
+        path = todo.pop(0)
+        if path in seen or len(seen) > 64:
+            continue
+        seen.add(path)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        for no, line in conffile.logical_lines(text):
+            inc = conffile.INCLUDE.match(line)
+            if inc:
+                todo.extend(conffile.include_paths(inc.group(1), path))
+                continue
+            try:
+                pairs = conffile.split_pairs(line)
+            except ValueError:
+                continue
+            for key, value in pairs:
+                if key.lower() in keys and any(os.path.abspath(v.strip()).startswith(root)
+                                               for v in value.split(",") if v.strip()):
+                    found.append(f"{path}:{no}: {key}={value}")
+    return found
