@@ -641,6 +641,9 @@ BRIDGE_SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "lease_duration": (_Num, 60.0),
         "kubeconfig": (str, ""),
         "context": (str, ""),
+        #: Seconds the bridge may hold a machine before it counts in
+        #: ``slurm_hooks_bridge_held_too_long_nodes`` and is alerted.
+        "held_alert_after": (_Num, 86400.0),
     },
     "bridge.breaker": {
         #: At most this share of all nodes may be taken by the bridge in one window...
@@ -671,9 +674,15 @@ BRIDGE_SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "annotation": (str, "slurm-hooks.io/reboot-requested"),
         "cancel_on_recovery": (bool, True),
     },
+    #: Cluster API in its own management cluster: where its Machines (and MachineHealthChecks) live.
+    "bridge.capi": {
+        #: The management cluster's kubeconfig ("" = this cluster: a self-hosted management cluster).
+        "kubeconfig": (str, ""),
+        "context": (str, ""),
+    },
 }
 #: ``[bridge.nodes]``: Slurm node name -> Kubernetes node name, for bare metal where they differ.
-BRIDGE_SUBTABLES = ("breaker", "replace", "reboot", "nodes")
+BRIDGE_SUBTABLES = ("breaker", "replace", "reboot", "capi", "nodes")
 BRIDGE_ENUMS = {
     ("bridge", "mapping"): ("auto", "slinky", "name"),
     ("bridge.replace", "backend"): ("condition", "karpenter", "capi", "template"),
@@ -702,7 +711,7 @@ def check_bridge(raw: dict, where: _Locator | None = None) -> dict[str, dict[str
     if isinstance(top.get("trigger_actions"), list):  # TOML gives a list; the value kept is a tuple
         top["trigger_actions"] = tuple(top["trigger_actions"])
     tables = {"bridge": top}
-    tables.update({f"bridge.{n}": raw.get(n, {}) for n in ("breaker", "replace", "reboot")})
+    tables.update({f"bridge.{n}": raw.get(n, {}) for n in ("breaker", "replace", "reboot", "capi")})
     values = {}
     for table, keys in BRIDGE_SCHEMA.items():
         skip = BRIDGE_SUBTABLES if table == "bridge" else ()

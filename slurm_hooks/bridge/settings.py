@@ -73,8 +73,8 @@ class CapiSettings:
     """``[bridge.capi]``: where Cluster API's Machines live when the management cluster is not this one."""
 
     #: The management cluster's kubeconfig ("" = this cluster: a self-hosted management cluster).
-    kubeconfig: str = ""
-    context: str = ""
+    kubeconfig: str = config.bridge_default("bridge.capi", "kubeconfig")
+    context: str = config.bridge_default("bridge.capi", "context")
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,8 @@ class BridgeSettings:
     kubeconfig: str = _top("kubeconfig")
     context: str = _top("context")
     #: Seconds the bridge may hold a machine before it counts in ``slurm_hooks_bridge_held_too_long_nodes``
-    #: and is alerted (not a config key yet: the schema's key needs docs/configuration.md regenerated).
-    held_alert_after: float = 86400.0
+    #: and is alerted.
+    held_alert_after: float = _top("held_alert_after")
     #: ``[bridge.nodes]``: Slurm node name -> Kubernetes node name, for bare metal where they differ.
     nodes: dict[str, str] = field(default_factory=dict)
     breaker: BreakerSettings = BreakerSettings()

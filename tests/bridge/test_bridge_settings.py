@@ -38,6 +38,26 @@ def test_defaults_are_safe():
     assert s.replace.backend == "condition"
 
 
+def test_the_management_cluster_and_the_held_alert_are_read_from_the_file(tmp_path):
+    s = load(tmp_path, """
+        [bridge]
+        held_alert_after = 3600
+        [bridge.capi]
+        kubeconfig = "/etc/slurm-hooks/mgmt.kubeconfig"
+        context = "mgmt"
+        """)
+    assert s.held_alert_after == 3600.0
+    assert (s.capi.kubeconfig, s.capi.context) == ("/etc/slurm-hooks/mgmt.kubeconfig", "mgmt")
+
+
+def test_a_typo_in_the_management_cluster_table_names_its_key(tmp_path):
+    with pytest.raises(ConfigError, match="kubeconfg"):
+        load(tmp_path, """
+            [bridge.capi]
+            kubeconfg = "/x"
+            """)
+
+
 def test_full_section_is_read(tmp_path):
     s = load(tmp_path, """
         [bridge]
