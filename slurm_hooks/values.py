@@ -14,19 +14,115 @@ inherited fields. Anything else falls back to :func:`dataclasses.dataclass` itse
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import MISSING, Field, FrozenInstanceError, field
-from typing import Any
+import sys
 
-__all__ = ["compile_later", "dataclass", "field"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs ~3 ms to import: only checkers read these names
+    from typing import Any
+
+__all__ = ["MISSING", "asdict", "compile_later", "dataclass", "field", "fields", "is_dataclass", "replace"]
 
 _OPTIONS = {"frozen", "eq", "repr", "init"}
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+#: No default (this module's own: :mod:`dataclasses` is not imported until something asks for it).
+MISSING: Any = _Missing()
+
+
+class Field:
+    """A field of a class made here: what :func:`dataclasses.field` records, without importing dataclasses
+    (``dataclasses.fields()`` on the class gives real :class:`dataclasses.Field` objects, made then)."""
+
+    __slots__ = ("name", "type", "default", "default_factory", "init", "repr", "hash", "compare", "metadata")
+
+    def __init__(self, default: Any = MISSING, default_factory: Any = MISSING, init: bool = True, repr: bool = True,
+                 hash: bool | None = None, compare: bool = True, metadata: Any = None) -> None:
+        if default is not MISSING and default_factory is not MISSING:
+            raise ValueError("cannot specify both default and default_factory")
+        self.name: str = ""
+        self.type: Any = None
+        self.default, self.default_factory, self.init, self.repr = default, default_factory, init, repr
+        self.hash, self.compare, self.metadata = hash, compare, metadata
+
+    def __repr__(self) -> str:
+        return f"Field(name={self.name!r}, default={self.default!r}, default_factory={self.default_factory!r})"
+
+
+def field(*, default: Any = MISSING, default_factory: Any = MISSING, init: bool = True, repr: bool = True,
+          hash: bool | None = None, compare: bool = True, metadata: Any = None) -> Any:
+    """As :func:`dataclasses.field` (without ``kw_only``)."""
+    return Field(default, default_factory, init, repr, hash, compare, metadata)
+
+
+def _from_dataclasses(f: Any) -> Field:
+    """One of :mod:`dataclasses`' own fields (a base made by it, or ``dataclasses.field()``) as ours."""
+    dc = sys.modules["dataclasses"]
+    out = Field(MISSING if f.default is dc.MISSING else f.default,
+                MISSING if f.default_factory is dc.MISSING else f.default_factory,
+                f.init, f.repr, f.hash, f.compare, f.metadata or None)
+    out.name, out.type = f.name, f.type
+    return out
+
+
+def _to_dataclasses(f: Field) -> Any:
+    import dataclasses
+
+    real = dataclasses.field(default=dataclasses.MISSING if f.default is MISSING else f.default,
+                             default_factory=dataclasses.MISSING if f.default_factory is MISSING else f.default_factory,
+                             init=f.init, repr=f.repr, hash=f.hash, compare=f.compare, metadata=f.metadata)
+    real.name, real.type = f.name, f.type
+    real._field_type = dataclasses._FIELD  # what dataclasses.fields() lists
+    return real
+
+
+class _FieldsOnDemand:
+    """``__dataclass_fields__`` of a class made here: real :class:`dataclasses.Field` objects, made (and
+    dataclasses imported) the first time something reads it -- ``dataclasses.fields``, ``replace``,
+    ``asdict``, ``is_dataclass`` -- then kept on the class in its place."""
+
+    __slots__ = ("_cls",)
+
+    def __init__(self, cls: type) -> None:
+        self._cls = cls
+
+    def __get__(self, instance: Any, owner: Any = None) -> dict[str, Any]:
+        cls = self._cls
+        real = {name: _to_dataclasses(f) for name, f in cls.__dict__["_values_fields"].items()}
+        type.__setattr__(cls, "__dataclass_fields__", real)
+        return real
+
+
+def _is_dc_field(value: Any) -> bool:
+    dc = sys.modules.get("dataclasses")
+    return dc is not None and isinstance(value, dc.Field)
+
+
+def _with_dataclasses(cls: type | None, **options: Any) -> Any:
+    """:func:`dataclasses.dataclass` itself, for what this module does not do (our fields made theirs)."""
+    import dataclasses
+
+    def make(c: type) -> type:
+        for name in c.__dict__.get("__annotations__", {}):
+            value = c.__dict__.get(name)
+            if isinstance(value, Field):
+                value.name = name
+                setattr(c, name, _to_dataclasses(value))
+        return dataclasses.dataclass(c, **options)
+
+    return make if cls is None else make(cls)
 
 
 def dataclass(cls: type | None = None, /, **options: Any) -> Any:
     """Drop-in for :func:`dataclasses.dataclass` with the options above."""
     if set(options) - _OPTIONS or options.get("init") is False:
-        return dataclasses.dataclass(cls, **options) if cls is not None else dataclasses.dataclass(**options)
+        return _with_dataclasses(cls, **options)
 
     def wrap(c: type) -> type:
         return _make(c, frozen=bool(options.get("frozen", False)), eq=bool(options.get("eq", True)),
@@ -35,18 +131,31 @@ def dataclass(cls: type | None = None, /, **options: Any) -> Any:
     return wrap if cls is None else wrap(cls)
 
 
+def _base_fields(base: type) -> dict[str, Field]:
+    own = base.__dict__.get("_values_fields")
+    if own is not None:
+        return own
+    theirs = base.__dict__.get("__dataclass_fields__")
+    if not theirs:
+        return {}
+    dc = sys.modules["dataclasses"]  # a base made by dataclasses itself: it is loaded
+    return {n: _from_dataclasses(f) for n, f in theirs.items() if f._field_type is dc._FIELD}
+
+
 def _make(cls: type, *, frozen: bool, eq: bool, with_repr: bool) -> type:
+    annotations = cls.__dict__.get("__annotations__", {})
+    if any(str(a).startswith(("ClassVar", "typing.ClassVar", "InitVar", "dataclasses.InitVar"))
+           for a in annotations.values()):
+        return _with_dataclasses(cls, frozen=frozen, eq=eq, repr=with_repr)  # not needed on the hot path
     fields: dict[str, Field] = {}
     for base in reversed(cls.__mro__[1:]):
-        fields.update(getattr(base, "__dataclass_fields__", {}))
-    for name, annotation in cls.__dict__.get("__annotations__", {}).items():
-        if str(annotation).startswith(("ClassVar", "typing.ClassVar", "InitVar", "dataclasses.InitVar")):
-            return dataclasses.dataclass(cls, frozen=frozen, eq=eq, repr=with_repr)  # not needed on the hot path
+        fields.update(_base_fields(base))
+    for name, annotation in annotations.items():
         value = cls.__dict__.get(name, MISSING)
-        f = value if isinstance(value, Field) else field(default=value)
+        explicit = isinstance(value, Field) or _is_dc_field(value)
+        f = (value if isinstance(value, Field) else _from_dataclasses(value)) if explicit else Field(default=value)
         f.name, f.type = name, annotation
-        f._field_type = dataclasses._FIELD  # what dataclasses.fields() lists
-        if isinstance(value, Field):
+        if explicit:
             if f.default is MISSING:
                 delattr(cls, name)
             else:
@@ -68,7 +177,8 @@ def _make(cls: type, *, frozen: bool, eq: bool, with_repr: bool) -> type:
         if name not in own:
             setattr(cls, name, fn)
 
-    cls.__dataclass_fields__ = fields
+    cls._values_fields = fields
+    cls.__dataclass_fields__ = _FieldsOnDemand(cls)
     put("__match_args__", tuple(name for name, _, _ in init))
     put("__init__", _init(cls, init, later))
     if with_repr:
@@ -156,6 +266,8 @@ def _hash(hashed: tuple[str, ...]):
 def _frozen_setattr(cls: type, names: set[str]):
     def __setattr__(self, name: str, value: Any) -> None:
         if type(self) is cls or name in names:
+            from dataclasses import FrozenInstanceError
+
             raise FrozenInstanceError(f"cannot assign to field {name!r}")
         super(cls, self).__setattr__(name, value)
 
@@ -165,10 +277,87 @@ def _frozen_setattr(cls: type, names: set[str]):
 def _frozen_delattr(cls: type, names: set[str]):
     def __delattr__(self, name: str) -> None:
         if type(self) is cls or name in names:
+            from dataclasses import FrozenInstanceError
+
             raise FrozenInstanceError(f"cannot delete field {name!r}")
         super(cls, self).__delattr__(name)
 
     return __delattr__
+
+
+
+# --- dataclasses' functions, for classes made here without importing dataclasses (anything else: theirs)
+
+
+def _own_fields(obj: Any) -> dict[str, Field] | None:
+    return getattr(obj if isinstance(obj, type) else type(obj), "_values_fields", None)
+
+
+def fields(class_or_instance: Any) -> tuple[Field, ...]:
+    """As :func:`dataclasses.fields`; for a class made here its :class:`Field` records (``default`` is
+    this module's :data:`MISSING` when there is none)."""
+    own = _own_fields(class_or_instance)
+    if own is None:
+        import dataclasses
+
+        return dataclasses.fields(class_or_instance)
+    return tuple(own.values())
+
+
+def is_dataclass(obj: Any) -> bool:
+    if _own_fields(obj) is not None:
+        return True
+    dc = sys.modules.get("dataclasses")  # not loaded: no class was made by it
+    return dc is not None and dc.is_dataclass(obj)
+
+
+def replace(obj: Any, /, **changes: Any) -> Any:
+    """As :func:`dataclasses.replace`."""
+    own = None if isinstance(obj, type) else _own_fields(obj)
+    if own is None or any(not f.init and n in changes for n, f in own.items()):
+        import dataclasses  # theirs, or the error they raise (its type differs between Pythons)
+
+        return dataclasses.replace(obj, **changes)
+    for name, f in own.items():
+        if f.init and name not in changes:
+            changes[name] = getattr(obj, name)
+    return obj.__class__(**changes)
+
+
+_ATOMS = (str, int, float, bool, bytes, type(None))
+
+
+def asdict(obj: Any, *, dict_factory: Any = dict) -> dict[str, Any]:
+    """As :func:`dataclasses.asdict`: fields in order, recursing into values, lists, tuples and dicts,
+    other values deep-copied."""
+    if isinstance(obj, type) or not is_dataclass(obj):
+        raise TypeError("asdict() should be called on dataclass instances")
+    return _asdict(obj, dict_factory)
+
+
+def _asdict(obj: Any, dict_factory: Any) -> Any:
+    if isinstance(obj, _ATOMS):
+        return obj
+    own = None if isinstance(obj, type) else _own_fields(obj)
+    if own is not None:
+        return dict_factory([(name, _asdict(getattr(obj, name), dict_factory)) for name in own])
+    dc = sys.modules.get("dataclasses")
+    if dc is not None and not isinstance(obj, type) and dc.is_dataclass(obj):
+        return dc.asdict(obj, dict_factory=dict_factory)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*[_asdict(v, dict_factory) for v in obj])
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_asdict(v, dict_factory) for v in obj)
+    if isinstance(obj, dict):
+        if hasattr(type(obj), "default_factory"):  # a defaultdict
+            out = type(obj)(obj.default_factory)
+            for k, v in obj.items():
+                out[_asdict(k, dict_factory)] = _asdict(v, dict_factory)
+            return out
+        return type(obj)((_asdict(k, dict_factory), _asdict(v, dict_factory)) for k, v in obj.items())
+    import copy
+
+    return copy.deepcopy(obj)
 
 
 class compile_later:  # named as a function: it stands where re.compile stood

@@ -80,3 +80,88 @@ def test_an_edit_of_the_same_size_and_mtime_is_seen_by_the_next_check(node):
     edited = _check(conf, env)
     assert edited.returncode == 1, edited.stdout + edited.stderr
     assert "9 expected" in edited.stdout
+
+
+# --- values' own replace/asdict/fields/is_dataclass: as dataclasses' (so the hot path can drop it) -------
+
+
+def _samples():
+    import collections
+    import dataclasses
+
+    from slurm_hooks import models
+    from slurm_hooks.values import dataclass, field
+
+    Pair = collections.namedtuple("Pair", "a b")
+
+    @dataclasses.dataclass
+    class Theirs:
+        n: int = 1
+        items: list = dataclasses.field(default_factory=list)
+
+    @dataclass(frozen=True)
+    class Base:
+        x: int
+        tags: tuple = ()
+
+    @dataclass
+    class Ours(Base):
+        nested: dict = field(default_factory=dict)
+        total: int = field(default=0, init=False)
+        theirs: Theirs = field(default_factory=Theirs)
+        pairs: list = field(default_factory=list)
+
+    snap = models.NodeSnapshot(node="n1", backend="sim", gpus=(models.GpuSnapshot(index=0, uuid="GPU-0"),))
+    ours = Ours(1, ("a",), nested={"k": [Base(2)], 3: (Base(3, ("b",)),)}, theirs=Theirs(2, [Base(4)]),
+                pairs=[Pair(Base(5), {"z": 1})])
+    return snap, ours, Base
+
+
+def test_values_replace_asdict_fields_and_is_dataclass_give_what_dataclasses_gives():
+    import dataclasses
+
+    from slurm_hooks import values
+
+    snap, ours, base = _samples()
+    for obj in (snap, ours, ours.theirs):
+        assert values.asdict(obj) == dataclasses.asdict(obj)
+        assert values.asdict(obj, dict_factory=list) == dataclasses.asdict(obj, dict_factory=list)
+        assert [f.name for f in values.fields(obj)] == [f.name for f in dataclasses.fields(obj)]
+        assert values.is_dataclass(obj) and values.is_dataclass(type(obj))
+    assert values.replace(snap, node="n2") == dataclasses.replace(snap, node="n2")
+    assert values.replace(ours, x=7).x == 7 and values.replace(ours, x=7).nested is ours.nested
+    assert values.replace(base(1), tags=("t",)) == base(1, ("t",))
+    assert not values.is_dataclass(3) and not values.is_dataclass(dict)
+    for call in (lambda m: m.replace(ours, total=3), lambda m: m.replace(ours, nope=1), lambda m: m.asdict(base),
+                 lambda m: m.asdict({"a": 1})):
+        with pytest.raises(Exception) as theirs:
+            call(dataclasses)
+        with pytest.raises(theirs.type):
+            call(values)
+
+
+def test_classes_made_and_used_through_values_import_neither_dataclasses_nor_typing():
+    code = """
+import sys
+from slurm_hooks import values
+
+@values.dataclass(frozen=True)
+class P:
+    x: int
+    tags: tuple = ()
+    seen: dict = values.field(default_factory=dict, compare=False)
+
+p = values.replace(P(1), tags=("a",))
+assert values.asdict(p) == {"x": 1, "tags": ("a",), "seen": {}} and [f.name for f in values.fields(P)] == ["x", "tags", "seen"]
+assert values.is_dataclass(p) and p == P(1, ("a",)) and hash(p) == hash(P(1, ("a",)))
+print("dataclasses" in sys.modules, "typing" in sys.modules, "inspect" in sys.modules)
+import dataclasses
+assert [f.name for f in dataclasses.fields(p)] == ["x", "tags", "seen"] and dataclasses.replace(p, x=2).x == 2
+try:
+    p.x = 3
+except dataclasses.FrozenInstanceError:
+    print("frozen")
+"""
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "False", "frozen"]
