@@ -43,7 +43,7 @@ from slurm_hooks.bridge.api import (
     name_of,
 )
 from slurm_hooks.bridge.breaker import CircuitBreaker
-from slurm_hooks.bridge.drain import Drainer, opt_out
+from slurm_hooks.bridge.evict import Evictor, opt_out
 from slurm_hooks.bridge.guard import LeaderGuard, LeadershipLost
 from slurm_hooks.bridge.mapping import NodeMapper
 from slurm_hooks.bridge.ownership import Drained, Ownership, Released, VerdictKept
@@ -245,7 +245,7 @@ class Reconciler:
         self.monotonic = monotonic
         self.mapper = NodeMapper(settings.mapping, settings.nodes, settings.slinky_namespace)
         self.sleep = sleep
-        self.drainer = Drainer(self.kube, force=settings.drain_force,
+        self.evictor = Evictor(self.kube, force=settings.drain_force,
                                delete_emptydir_data=settings.drain_delete_emptydir_data)
         self.instance = socket.gethostname()
         #: The place for notifications (breaker trips, replacements and reboot requests, incidents
@@ -784,7 +784,7 @@ class Reconciler:
             # After the cordon: a consistent read, not the watch cache (a pod bound just before the
             # cordon may not be in it yet; the drain would be "done" and the request made without it).
             pods = self.kube.list_pods_on_node(kname, consistent=True)
-        result = self.drainer.drain(pods, evicted=record.evicted, node=kname, dry_run=self.dry_run)
+        result = self.evictor.drain(pods, evicted=record.evicted, node=kname, dry_run=self.dry_run)
         if result.evicted or result.gone:
             self._audit("bridge_drain", node=kname, evicted=result.evicted, gone=result.gone,
                         blocked=result.blocked, last=result.last or None,

@@ -17,7 +17,7 @@ from kube.doubles import make_reconciler as make
 from kube.memory import InMemoryKube
 
 from slurm_hooks.bridge.api import Eviction, Resource
-from slurm_hooks.bridge.drain import Drainer, protection
+from slurm_hooks.bridge.evict import Evictor, protection
 from slurm_hooks.bridge.ownership import Ownership
 from slurm_hooks.bridge.replace import CREATED_FOR_ANNOTATION, KarpenterBackend, TemplateBackend
 from slurm_hooks.bridge.settings import BreakerSettings, parse
@@ -249,7 +249,7 @@ def test_slurmd_pod_waits_for_a_terminating_pod_to_leave(kube, clock):
     kube.add_node("n1")
     kube.add_pod("slurmd", "n1", "slurm", **SLURMD)
     kube.add_pod("old", "n1", "jobs", **controlled_by(deletionTimestamp="2025-01-01T00:00:00Z"))
-    drainer = Drainer(kube)
+    drainer = Evictor(kube)
     evicted: dict[str, str] = {}
     result = drainer.drain(kube.list_pods_on_node("n1"), evicted=evicted, node="n1")
     assert not result.done and result.last == ["slurm/slurmd"] and kube.evicted == []

@@ -15,7 +15,7 @@ import pytest
 from fakes.slurm import FakeSlurm
 from kube.doubles import XID79, Clock, controlled_by
 
-from slurm_hooks.bridge.drain import go_duration
+from slurm_hooks.bridge.evict import go_duration
 from slurm_hooks.bridge.reconciler import Reconciler
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import NodeInfo

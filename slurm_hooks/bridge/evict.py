@@ -1,4 +1,5 @@
-"""Drain by eviction with kubectl's filters, and the opt-out rule.
+"""Evicting a Kubernetes node's pods as kubectl drain does, and the opt-out rule (a Slurm node is drained;
+a Kubernetes node's pods are evicted: one word per meaning).
 
 kubectl drain (k8s.io/kubectl/pkg/drain) looks at every pod on the node and
 
@@ -190,7 +191,7 @@ class DrainResult:
         return not self.blocked and not self.last and not self.terminating
 
 
-class Drainer:
+class Evictor:
     """One drain round per call: evict what kubectl would, the slurmd pod last; the caller waits.
 
     A round never sleeps. The reconciler runs rounds for every draining node of a pass
