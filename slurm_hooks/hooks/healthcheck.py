@@ -27,7 +27,7 @@ from slurm_hooks.hooks import follower, gpumap, remediate
 from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring, xid_history
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, Scope, XidEvent
-from slurm_hooks.slurm import quirks
+from slurm_hooks.slurm import quirks, reboot_pending
 from slurm_hooks.xid.history import XidState
 
 if TYPE_CHECKING:
@@ -258,8 +258,8 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
         return False
     try:
         info = w.slurm.node(w.node)
-        if info.drained:
-            return False
+        if info.drained or reboot_pending(info):
+            return False  # our reboot under way shows no DRAIN flag at times: not an admin's resume
         from slurm_hooks.hooks import repair
 
         repair.note_person_resume(w, info)  # closes the incident as resumed by a person

@@ -729,8 +729,8 @@ def note_person_resume(w: Wiring, info: Any = None) -> bool:
         info = w.slurm.node(w.node) if info is None else info
     except SlurmHooksError:
         return False
-    if out_of_service(info):
-        return False
+    if out_of_service(info) or reboot_pending(info) or load(w).get("active") is not None:
+        return False  # still out, or our reboot under way (Slurm shows it neither drained nor DOWN at times)
     incidents.record_person_resume(w.audit, w.node, reason=info.reason, state=info.state)
     return True
 

@@ -52,7 +52,9 @@ def test_xid79_never_cleared_pages_reboot_then_replace_by_serial_waits_for_a_per
     sim.inject(tb.sim_dir, "n1", 0, xid=79, cleared_by="never")
     wait_for(lambda: _rung(tb, "repair-replace", "ok"), 120, "the ladder gives GPU 0 up ([replace])")
     gpu = sim.gpu_entry(sim.read(tb.sim_dir, "n1"), 0)
-    [inc] = [i for i in _incidents(tb) if i.open]
+    opened = [i for i in _incidents(tb) if i.open]
+    assert len(opened) == 1, [(r.get("kind"), r.get("action"), r.get("result")) for r in audit_records(tb.audit_log)]
+    [inc] = opened
     assert [a for _, a in inc.escalations][-1] == "replace" and inc.action == "replace"
     assert inc.rma[0]["serial"] == gpu["serial"] and inc.rma[0]["uuid"] == gpu["uuid"]
     assert inc.waits_for_person and gpu["serial"] in inc.todo

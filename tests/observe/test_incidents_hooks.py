@@ -129,3 +129,21 @@ def test_every_field_the_hooks_write_is_declared_in_records(tmp_path):
     assert undeclared == set(), "declare these fields in slurm_hooks/observe/records.py"
     kinds = {(r["kind"], r.get("action")) for r in w.audit.read()}
     assert {("action", "repair-reset"), ("action", "repair-replace"), ("incident", None)} <= kinds
+
+
+def test_our_reboot_under_way_is_not_a_persons_resume(tmp_path):
+    """While our reboot is issued Slurm may show the node neither drained nor DOWN; the check that
+    runs then must not close the incident as resumed by a person."""
+    from fakes.config import repair_config
+
+    cfg = repair_config(tmp_path)
+    slurm, w = sim_node(cfg, "IDLE")
+    sim.inject(cfg.gpu.sim_dir, "n1", 0, xid=79, cleared_by="never")
+    healthcheck.run(w, follow="none", repair="inline")
+    assert len(slurm.called("reboot")) == 1
+    slurm.set_node("n1", state="IDLE+REBOOT_ISSUED")  # the reboot under way: no DRAIN flag shown
+    healthcheck.run(w, follow="none", repair="inline")
+    assert not [r for r in w.audit.read() if r["kind"] == "incident" or r.get("action") == "ack-xids"]
+    assert os.path.exists(w.drained_marker())  # still our drain
+    [inc] = incidents.build(w.audit.history())
+    assert inc.open
