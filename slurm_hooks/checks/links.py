@@ -39,7 +39,12 @@ def check_ports(inp: CheckInput) -> Iterator[Finding]:
                       f"IB {len(ports)} of {want} ports", config_based=True, rule="ib-ports")
     if not _enough(ports, want, lambda p: p.up):
         for p in ports:
-            if not p.up:
+            if not p.up and not p.state:
+                # An unreadable state (the port vanishing mid-read, a driver error) is no reading: never a drain.
+                yield Finding("links", Severity.WARN, Action.WARN,
+                              f"IB {p.name}: its state could not be read; not judged this time", None,
+                              f"IB {p.name} unreadable", rule="ib-degraded")
+            elif not p.up:
                 yield Finding("links", Severity.FAIL, Action.DRAIN,
                               f"IB {p.name}: state {p.state or '?'}, physical state {p.phys_state or '?'} "
                               f"(expected ACTIVE/LinkUp)", None, f"IB {p.name} down", rule="ib-down")

@@ -81,13 +81,16 @@ def read_ports(root: str = SYSFS_ROOT, counters: Sequence[str] = COUNTERS) -> li
             continue
         for port in ports:
             base = os.path.join(ports_dir, port)
+            state = _read(os.path.join(base, "state"))
+            if not state and not os.path.isdir(base):
+                continue  # gone between the listing and the read (an adapter reset): not there, not down
             values: dict[str, int] = {}
             for name in counters:
                 text = _read(os.path.join(base, "counters", name))
                 if text.isdigit():
                     values[name] = int(text)
             out.append({"device": device, "port": int(port),
-                        "state": state_word(_read(os.path.join(base, "state"))),
+                        "state": state_word(state),  # "": unreadable, judged as unknown, never as down
                         "phys_state": state_word(_read(os.path.join(base, "phys_state"))),
                         "rate_gbps": parse_rate(_read(os.path.join(base, "rate"))),
                         "link_layer": _read(os.path.join(base, "link_layer")),
@@ -158,8 +161,9 @@ def fresh_events(lines: Sequence[tuple[str, str, Any, Any, str]], memory: Mappin
     for rule, pci, ts, seq, text in lines:
         key = f"{seq if seq is not None else ts}:{text}"
         first = float(seen_before.get(key, now))
+        # Kept while the line is in the log, past its hour too: forgotten, it would be new again.
+        seen[key] = first
         if now - first < EVENT_KEEP_S:
-            seen[key] = first
             out.append((rule, pci, text))
     return out, seen
 
@@ -188,6 +192,7 @@ def advance(ports: Sequence[RawPort], memory: Mapping[str, Any] | None, now: flo
         flaps = [float(t) for t in before.get("flaps", ()) if now - float(t) < FLAP_KEEP_S]
         down_since = before.get("down_since")
         up = _up(raw)
+        known = bool(raw.get("state"))  # a state that could not be read neither starts nor ends a drop
         if too_soon:
             deltas, window, base = dict(before.get("deltas", {})), float(before.get("window", 0.0)), \
                 dict(before.get("counters", {}))
@@ -200,7 +205,9 @@ def advance(ports: Sequence[RawPort], memory: Mapping[str, Any] | None, now: flo
                 deltas = {k: v - int(old[k]) for k, v in counters.items() if k in old and v >= int(old[k])}
             if up and down_since is None and before.get("up") and deltas.get("link_downed", 0) > 0:
                 flaps.append(now)  # a drop between two readings that both saw it up
-        if not up and down_since is None:
+        if not known:
+            pass
+        elif not up and down_since is None:
             down_since = now
         elif up and down_since is not None:
             if now - float(down_since) >= FLAP_DOWN_S:
@@ -253,7 +260,13 @@ class LinkGatherer:
         if not raw and not os.path.isdir(self.root):
             return None
         before, now, boot = self.load(), self._clock(), self.boot()
-        ports, memory = advance(raw, before, now, boot)
+        try:
+            ports, memory = advance(raw, before, now, boot)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            # A memory we cannot make sense of (edited, torn by a crash, another version) is a fresh
+            # baseline, never a failed gather (that would drain the node on our own garbage).
+            before = None
+            ports, memory = advance(raw, None, now, boot)
         if self.kmsg and ports:
             ports, memory["events"] = self._with_events(ports, before, now, boot)
         try:
@@ -276,7 +289,10 @@ class LinkGatherer:
             lines = kmsg.read_mlx5(self.kmsg)
         except ProbeError:
             return ports, {}
-        events, seen = fresh_events(lines, before, now, boot)
+        try:
+            events, seen = fresh_events(lines, before, now, boot)
+        except (TypeError, ValueError, AttributeError):
+            events, seen = fresh_events(lines, None, now, boot)
         if not events:
             return ports, seen
         pci = {p.device: device_pci(self.root, p.device) for p in ports}

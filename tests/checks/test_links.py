@@ -197,3 +197,11 @@ def test_mlx5_overheating_module_drains_at_job_end_and_access_reg_only_warns():
                      ("ib-module-temperature", "IB mlx5_0 cable module overheating", "drain", "job-end"),
                      ("ib-module-temperature", "IB mlx5_1 cable module overheating", "drain", "job-end")]
     assert report.requeue_multi_node() is False  # at job end: nothing is requeued for it
+
+
+def test_a_port_whose_state_cannot_be_read_is_a_warning_never_a_drain():
+    """The port vanishing mid-read or a driver error: no reading, not a port down."""
+    report = judge([port(state="", phys="", rate=None), port(device="mlx5_1")])
+    assert not report.drain_findings()
+    [f] = [f for f in report.findings if f.check == "links"]
+    assert f.action is Action.WARN and "could not be read" in f.message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -150,7 +151,10 @@ def test_an_mlx5_line_counts_for_an_hour_after_we_first_saw_it():
     later, seen = ib.fresh_events(lines, {"boot": "b", "events": seen}, 1000.0 + 3599, "b")
     assert len(later) == 1
     gone, seen = ib.fresh_events(lines, {"boot": "b", "events": seen}, 1000.0 + 3601, "b")
-    assert gone == [] and seen == {}
+    assert gone == [] and seen == {"7:Detected insufficient power on the PCIe slot (27W).": 1000.0}
+    # The line is still in the ring buffer: an hour later it is the same old line, not a new one.
+    still, _ = ib.fresh_events(lines, {"boot": "b", "events": seen}, 1000.0 + 7300, "b")
+    assert still == []
     again, _ = ib.fresh_events(lines, {"boot": "b", "events": {}}, 1000.0 + 3700, "b2")
     assert len(again) == 1  # after a reboot: a new line
 
@@ -158,3 +162,54 @@ def test_an_mlx5_line_counts_for_an_hour_after_we_first_saw_it():
 def test_an_unreadable_kernel_log_adds_no_events(tmp_path):
     gather = ib.LinkGatherer(H100_SYS, str(tmp_path), "n1", boot=lambda: "b", kmsg=str(tmp_path / "no-kmsg"))
     assert all(p.events == () for p in gather())
+
+
+def test_an_mlx5_line_past_its_hour_does_not_come_back_at_the_next_runs(tmp_path):
+    """Each run reads the whole ring buffer: a line forgotten after its hour would drain again."""
+    clock = [1000.0]
+    gather = ib.LinkGatherer(H100_SYS, str(tmp_path), "n1", boot=lambda: "b", clock=lambda: clock[0],
+                             kmsg=MLX5_LINES)
+    assert any(p.events for p in gather())
+    counted = []
+    for hours in (1.1, 1.2, 2.5, 5.0):
+        clock[0] = 1000.0 + hours * 3600
+        counted.append(any(p.events for p in gather()))
+    assert counted == [False, False, False, False]
+
+
+def test_a_memory_that_makes_no_sense_is_a_fresh_baseline_not_a_failed_gather(tmp_path):
+    """Our own state file, edited or torn: never a crashed gather (the engine would drain on it)."""
+    memory = tmp_path / "ib-n1.json"
+    for garbage in ({"boot": "b", "at": "noon"}, {"boot": "b", "at": 1, "ports": {"mlx5_0:1": {"flaps": 3}}},
+                    {"boot": "b", "at": 1, "ports": {"mlx5_0:1": {"counters": {"symbol_error": "x"}}}},
+                    {"boot": "b", "at": 1, "ports": {"mlx5_0:1": {"down_since": "x"}}},
+                    {"boot": "b", "at": 1, "ports": {}, "events": {"7:x": "y"}}):
+        memory.write_text(json.dumps(garbage))
+        gather = ib.LinkGatherer(H100_SYS, str(tmp_path), "n1", boot=lambda: "b", clock=lambda: 5000.0,
+                                 kmsg=MLX5_LINES)
+        ports = gather()
+        assert ports and all(p.window_s == 0 and p.deltas == () for p in ports), garbage
+        assert json.loads(memory.read_text())["at"] == 5000.0  # a clean memory for the next run
+
+
+def test_a_port_gone_between_the_listing_and_the_read_is_not_read_as_a_port_down(tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(H100_SYS, root)
+    gone = root / "mlx5_1" / "ports" / "1"
+    shutil.rmtree(gone)
+    os.symlink(str(tmp_path / "nothing"), gone)  # listed, then nothing there to read
+    names = [f"{p['device']}:{p['port']}" for p in ib.read_ports(str(root))]
+    assert "mlx5_1:1" not in names and "mlx5_0:1" in names
+
+
+def test_a_port_whose_state_cannot_be_read_neither_starts_nor_ends_a_drop():
+    _, m = ib.advance(raw(), None, 0.0, "b")
+    for t in (10.0, 40.0):
+        ports, m = ib.advance(raw(state="", phys=""), m, t, "b")
+        assert ports[0].down_s == 0.0
+    ports, m = ib.advance(raw(), m, 50.0, "b")
+    assert ports[0].flaps == ()  # 40 s unreadable is no 40 s drop
+    _, m = ib.advance(raw(state="DOWN", phys="Polling"), m, 60.0, "b")
+    _, m = ib.advance(raw(state="", phys=""), m, 70.0, "b")
+    ports, m = ib.advance(raw(), m, 90.0, "b")
+    assert ports[0].flaps == (90.0,)  # the drop it was in, 30 s long, still counts
