@@ -7,7 +7,6 @@ Every error names the file, the line and the key, so that a typo is found by
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import os
 import re
@@ -20,7 +19,7 @@ from slurm_hooks.models import Action, Expectations, Scope, Urgency
 from slurm_hooks.severity import CHECK_RULES, OVERRIDE_KEYS, Severities, xid_rule_key
 from slurm_hooks.slurm import hostlist
 from slurm_hooks.urlsecret import URL, bad_url
-from slurm_hooks.values import compile_later, dataclass, field
+from slurm_hooks.values import compile_later, dataclass, field, fields, replace
 
 DEFAULT_PATH = "/etc/slurm-hooks/config.toml"
 ENV_VAR = "SLURM_HOOKS_CONFIG"
@@ -184,7 +183,7 @@ _EXPECT_TYPES: dict[str, Any] = {
 
 
 def _expect_schema() -> dict[str, tuple[Any, Any]]:
-    return {f.name: (_EXPECT_TYPES[f.name], f.default) for f in dataclasses.fields(Expectations)}
+    return {f.name: (_EXPECT_TYPES[f.name], f.default) for f in fields(Expectations)}
 
 
 SCHEMA["expect"] = _expect_schema()
@@ -435,7 +434,7 @@ def parse(text: str, path: str | None = "<string>", raw: dict[str, Any] | None =
         except ValueError as exc:
             where.fail(section, "nodes", str(exc))
         overrides = {k: v for k, v in table.items() if k != "nodes"}
-        expect = dataclasses.replace(default_expect, **overrides)
+        expect = replace(default_expect, **overrides)
         _check_temperatures(expect, table, section, where)
         groups.append(Group(gname, values.pop("nodes"), expect))
     for name in OPEN_SECTIONS:

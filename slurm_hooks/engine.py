@@ -3,7 +3,6 @@ check of a :class:`JudgeRequest` on it (:func:`judge`); never raise, respect one
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -25,7 +24,7 @@ from slurm_hooks.models import (
 from slurm_hooks.probes import Probe
 from slurm_hooks.severity import DEFAULT as DEFAULT_SEVERITIES
 from slurm_hooks.severity import Severities
-from slurm_hooks.values import dataclass, field
+from slurm_hooks.values import dataclass, field, replace
 
 if TYPE_CHECKING:
     from slurm_hooks.checks.hysteresis import Hysteresis
@@ -99,7 +98,7 @@ def snapshot_xids(snap: NodeSnapshot) -> list[XidEvent]:
     for g in snap.gpus:
         for x in g.xids:
             if x.gpu != g.index or (g.uuid and x.uuid != g.uuid):
-                x = dataclasses.replace(x, gpu=g.index, uuid=g.uuid or x.uuid)
+                x = replace(x, gpu=g.index, uuid=g.uuid or x.uuid)
             out.setdefault(x.key, x)
     for x in snap.node_xids:
         out.setdefault(x.key, x)
@@ -181,7 +180,7 @@ IDLE_CHECK = "leftover"
 def run(probe: Probe, node: str, request: JudgeRequest) -> Report:
     """Take a snapshot within the request's deadline, then judge it."""
     if request.started is None:
-        request = dataclasses.replace(request, started=time.monotonic())
+        request = replace(request, started=time.monotonic())
     timeout = min(request.probe_timeout_s or request.deadline_s, request.deadline_s)
     return judge(take_snapshot(probe, node, timeout), request)
 
@@ -241,7 +240,7 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
     if_idle: tuple[Finding, ...] = ()
     if request.if_idle:
         idle = next(c for c in registry.REGISTRY if c.name == IDLE_CHECK)
-        if_idle = tuple(_run_check(idle, dataclasses.replace(inp, gpus=None), request.on_check_error))
+        if_idle = tuple(_run_check(idle, replace(inp, gpus=None), request.on_check_error))
     if request.hysteresis is not None:
         findings = request.hysteresis.fold(findings, inp.now)
     graded = tuple(request.severities.apply(f) for f in findings)

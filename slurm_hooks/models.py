@@ -6,11 +6,10 @@ finding can be compared, hashed, logged as JSON and rebuilt from JSON.
 
 from __future__ import annotations
 
-import dataclasses
 from enum import Enum
 from typing import Any, Callable
 
-from slurm_hooks.values import dataclass, field
+from slurm_hooks.values import asdict, dataclass, field, fields
 
 
 class Severity(str, Enum):
@@ -288,7 +287,7 @@ class Finding:
         return f"{where} {self.check}: {self.message} -> {self.action.value}"
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = asdict(self)
         d["severity"] = self.severity.value
         d["action"] = self.action.value
         d["scope"] = self.scope.value
@@ -452,7 +451,7 @@ class Report:
 
 
 def snapshot_to_dict(snap: NodeSnapshot) -> dict[str, Any]:
-    return dataclasses.asdict(snap)
+    return asdict(snap)
 
 
 def snapshot_from_dict(d: dict[str, Any]) -> NodeSnapshot:
@@ -469,7 +468,7 @@ def snapshot_from_dict(d: dict[str, Any]) -> NodeSnapshot:
     )
 
 
-_GPU_FIELDS = {f.name for f in dataclasses.fields(GpuSnapshot)}
+_GPU_FIELDS = {f.name for f in fields(GpuSnapshot)}
 
 
 def gpu_from_dict(d: dict[str, Any]) -> GpuSnapshot:

@@ -19,10 +19,9 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, fields, replace
 
 from slurm_hooks import fsutil
-from slurm_hooks.values import dataclass, field
+from slurm_hooks.values import asdict, dataclass, field, fields, replace
 
 #: Backoff between retries: 1, 2, 4, ... seconds, never more than this.
 BACKOFF_MAX_S = 30.0

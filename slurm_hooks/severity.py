@@ -19,11 +19,10 @@ checks' rows are :data:`CHECK_RULES`. An admin overrides any row in config::
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 from slurm_hooks.models import Action, Finding, Scope, Severity, Urgency
-from slurm_hooks.values import dataclass, field
+from slurm_hooks.values import dataclass, field, replace
 
 _G, _N, _F = Scope.GPU, Scope.NODE, Scope.FABRIC
 _NOW, _END, _WATCH = Urgency.NOW, Urgency.JOB_END, Urgency.WATCH
@@ -136,7 +135,7 @@ class Severities:
         if action is not None and finding.severity is not Severity.OK:
             changes["action"] = Action(action)
             changes["severity"] = Severity.FAIL if changes["action"].takes_node_out else Severity.WARN
-        return dataclasses.replace(finding, **changes)
+        return replace(finding, **changes)
 
 
 DEFAULT = Severities()

@@ -17,13 +17,13 @@ keeps the memory in the state dir.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slurm_hooks.models import Action, Finding, Severity
+from slurm_hooks.values import replace
 
 #: Rules judged against a threshold: confirmed over readings before they act.
 CONFIRMED = frozenset({"ib-rate", "ib-errors", "pcie", "nvlink-errors", "thermal"})
@@ -69,7 +69,7 @@ def fold(findings: Sequence[Finding], memory: Mapping[str, Any] | None, now: flo
                 out.append(f)
                 entry = {"seen": seen, "held": f.to_dict(), "good": 0, "bad_at": now}
             else:
-                out.append(dataclasses.replace(
+                out.append(replace(
                     f, severity=Severity.WARN, action=Action.WARN,
                     message=f"{f.message} (bad in {count} of the last {len(seen)} readings; "
                             f"acts on {need} of {last})"))
@@ -84,7 +84,7 @@ def fold(findings: Sequence[Finding], memory: Mapping[str, Any] | None, now: flo
                 why = f"{min(good, resume_after)} of {resume_after} good readings before resuming"
                 if left > 0:
                     why += f", held {sticky:g} s after the last bad one ({left:.0f} s left)"
-                out.append(dataclasses.replace(was, message=f"{was.message} (held: {why})"))
+                out.append(replace(was, message=f"{was.message} (held: {why})"))
                 entry = {"seen": seen, "held": held, "good": good, "bad_at": entry.get("bad_at", now)}
         else:
             entry = {"seen": seen, "held": None, "good": 0}

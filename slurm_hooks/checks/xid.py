@@ -12,11 +12,11 @@ no reason to act again, but they did happen, so they still count.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator
 
 from slurm_hooks.checks.recovery import verdict_finding, verdict_from_text
 from slurm_hooks.models import Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
+from slurm_hooks.values import replace
 from slurm_hooks.xid.catalog import lookup
 
 #: "GPU Recovery Action Changed": informational, but its text names the driver's new verdict.
@@ -54,7 +54,7 @@ def _judge(inp: CheckInput, gpu: int | None, ident: str, events: Iterable[XidEve
         if new:
             found = _finding(inp, gpu, code, len(new), _occurrences(inp, ident, code, current))
             if instance >= 0 and gpu is not None:
-                found = dataclasses.replace(found, instance=instance, summary=f"{found.summary} instance {instance}")
+                found = replace(found, instance=instance, summary=f"{found.summary} instance {instance}")
             yield found
         if code == RECOVERY_XID and new and instance < 0:
             verdict = verdict_from_text(new[-1].message)

@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, fields, replace
 from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
@@ -36,7 +35,7 @@ from slurm_hooks.hooks.actions import annotate_jobs, step
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.slurm import JobInfo, hostlist, job_ref
 from slurm_hooks.slurm.errors import AlreadyRequeued, SlurmCommandFailed
-from slurm_hooks.values import dataclass
+from slurm_hooks.values import asdict, dataclass, fields, replace
 
 if TYPE_CHECKING:
     from slurm_hooks.runner import Spawned

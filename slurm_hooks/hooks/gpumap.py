@@ -19,11 +19,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
-from slurm_hooks.values import compile_later, dataclass
+from slurm_hooks.values import asdict, compile_later, dataclass
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.wiring import Wiring

@@ -22,13 +22,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.slurm import FOREIGN_PREFIXES, OWNER_KEEPING_SUFFIXES, SUFFIX_SEP, reboot_pending, split_reason
-from slurm_hooks.values import dataclass
+from slurm_hooks.values import asdict, dataclass, replace
 
 if TYPE_CHECKING:
     from slurm_hooks.slurm import NodeInfo

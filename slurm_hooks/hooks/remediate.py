@@ -11,7 +11,6 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 from slurm_hooks.engine import snapshot_xids
@@ -36,7 +35,7 @@ from slurm_hooks.slurm import (
     waits_for_job_end,
 )
 from slurm_hooks.slurm.errors import AlreadyRequeued
-from slurm_hooks.values import dataclass, field
+from slurm_hooks.values import dataclass, field, replace
 
 _step = step
 __all__ = ["Outcome", "annotate_jobs", "drain", "requeue_jobs", "resume_if_ours", "touched_jobs"]

@@ -9,7 +9,6 @@ pid=..., name=..., <message>``; we read them from raw ``/dev/kmsg`` records
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -23,7 +22,7 @@ from typing import Callable
 
 from slurm_hooks.errors import ProbeError
 from slurm_hooks.models import XidEvent
-from slurm_hooks.values import compile_later
+from slurm_hooks.values import compile_later, replace
 
 _KMSG_RECORD = compile_later(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
 _DMESG_PREFIX = compile_later(r"^\[\s*([^\]]+)\]\s?(.*)$")
@@ -221,7 +220,7 @@ def _xids(lines: Iterable[bytes], boot: str = "", coalescer: Coalescer | None = 
     for raw in lines:
         event = parse_line(raw.decode("utf-8", "replace"))
         if event is not None:
-            event = dataclasses.replace(event, boot=boot) if boot else event
+            event = replace(event, boot=boot) if boot else event
             if coalescer is None or coalescer.keep(event):
                 events.append(event)
     return events
@@ -316,7 +315,7 @@ def assign_gpus(events: Iterable[XidEvent], gpus: GpuMap) -> list[XidEvent]:
     out = []
     for event in events:
         ref = by_bus.get(normalize_pci(event.pci_bus_id)) if event.pci_bus_id else None
-        out.append(dataclasses.replace(event, gpu=ref[0], uuid=ref[1] or event.uuid) if ref else event)
+        out.append(replace(event, gpu=ref[0], uuid=ref[1] or event.uuid) if ref else event)
     return out
 
 

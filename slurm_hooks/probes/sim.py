@@ -7,13 +7,12 @@ remediation with a real cluster. Writes are atomic and serialised by a lock.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
 from typing import Any, Callable
 
-from slurm_hooks import fsutil
+from slurm_hooks import fsutil, values
 from slurm_hooks.errors import SimStateError
 from slurm_hooks.models import Action, GpuSnapshot, NodeSnapshot, XidEvent, gpu_from_dict
 
@@ -622,7 +621,7 @@ def events_of(gpu: dict[str, Any]) -> list[XidEvent]:
 def _as_seen(gpu: GpuSnapshot) -> GpuSnapshot:
     """Events carry their GPU's UUID; a lost GPU answers nothing (NVML returns GPU_IS_LOST for every field)."""
     if any(x.uuid != gpu.uuid for x in gpu.xids):
-        gpu = dataclasses.replace(gpu, xids=tuple(dataclasses.replace(x, uuid=x.uuid or gpu.uuid) for x in gpu.xids))
+        gpu = values.replace(gpu, xids=tuple(values.replace(x, uuid=x.uuid or gpu.uuid) for x in gpu.xids))
     if not gpu.lost:
         return gpu
     return GpuSnapshot(index=gpu.index, uuid=gpu.uuid, pci_bus_id=gpu.pci_bus_id, model=gpu.model, lost=True,
