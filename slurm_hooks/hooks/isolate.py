@@ -110,6 +110,9 @@ def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_ti
     say = progress or (lambda line: None)
     t0 = time.monotonic()
     summary = Summary(list(dict.fromkeys(nodes)))
+    if not hasattr(w.slurm, "_run"):
+        raise IsolateBusy(f"isolate runs its test jobs through Slurm's commands: set [slurm] backend = \"scontrol\" "
+                          f"(this config's is {getattr(w.slurm, 'name', '?')})")
     lock = w.state_path("isolate.lock")
     with fsutil.try_locked(lock, dir_mode=0o700) as mine:
         if not mine:
