@@ -127,6 +127,24 @@ def test_a_killed_isolate_leaves_its_reservation_and_the_next_run_deletes_it(tb,
     assert reservations(tb) == [] and rc == 0, out
 
 
+def test_a_sigterm_cancels_the_test_jobs_and_deletes_the_reservation_at_once(tb, tmp_path):
+    tb.set_fault("n2", "hang")
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_hooks", "isolate", "--config", config(tb, tmp_path),
+                             "--nodes", "n[1-8]"], env=tb.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: reservations(tb) and any(j.name == PREFIX for j in tb.slurm.jobs_on_node("n1")), 60,
+                 "isolate reserved its nodes and started a test job")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "its reservation deleted" in err, err
+    assert reservations(tb) == []
+    wait_for(lambda: not any(j.name == PREFIX for n in tb.nodes for j in tb.slurm.jobs_on_node(n)), 30,
+             "its test jobs gone")
+    assert drained(tb) == {}
+
+
 @pytest.mark.skipif(bool(ddp_train.torch_missing()), reason=ddp_train.torch_missing() or "torch")
 def test_the_default_command_is_the_pytorch_all_reduce_and_finds_a_dropping_node(tb, tmp_path):
     with open(tb.config_path, encoding="utf-8") as fh:
