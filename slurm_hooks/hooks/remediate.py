@@ -97,7 +97,10 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
             write_marker(w, reason, report, info)  # an earlier drain may have landed after its scontrol timed out
             _step(w, "drain", w.node, "already", started, reason=reason, **extra)
             return
-        if info.drained and info.ours and covers(split_reason(info.reason)[0], reason) and _still_ours(w, info):
+        if (report.context is not Context.CHECK and info.drained and info.ours
+                and covers(split_reason(info.reason)[0], reason) and _still_ours(w, info)):
+            # a hook that judges fewer GPUs (prolog, epilog: the job's; the watcher: one event) keeps our
+            # wider reason; the check judges every GPU: what it no longer finds leaves the reason
             outcome.drained = outcome.node_out = True
             _step(w, "drain", w.node, "already", started, reason=split_reason(info.reason)[0], found=reason, **extra)
             return

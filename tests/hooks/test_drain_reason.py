@@ -76,3 +76,15 @@ def test_each_requeued_jobs_admin_comment_names_only_what_touched_its_gpus(tmp_p
     first, second = slurm.admin_comments[12], slurm.admin_comments[13]
     assert first.startswith("slurm-hooks: requeued from n1, XID 79 on GPU 0, ") and "GPU 3" not in first, first
     assert second.startswith("slurm-hooks: requeued from n1, XID 79 on GPU 3, ") and "GPU 0" not in second, second
+
+
+def test_the_check_narrows_our_reason_once_one_of_its_faults_is_gone(tmp_path):
+    # The check judges every GPU: what it no longer finds must leave the reason. Keeping the wider text is
+    # for the prolog and epilog, which judge only a job's GPUs; a check that kept it named GPU 3's row remap
+    # until the node was wholly healthy (a person replaces the wrong GPU).
+    cfg, slurm, w = _node(tmp_path)
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").reason == BOTH
+    sim.clear(cfg.gpu.sim_dir, "n1", 3)
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").reason == "slurm-hooks: XID 48 on GPU 0 [reset]"
