@@ -169,6 +169,14 @@ RETRY_JOIN_S = 30.0
 LINK_POLL_S = 1.0
 
 
+def _went_down(last: dict[str, str], now: dict[str, str]) -> list[str]:
+    """Ports up at the last poll that are now down, or gone (an adapter lost: the check counts the
+    ports against what is expected); a state that could not be read ("/...") is not a port down."""
+    up = "ACTIVE/LinkUp"
+    return sorted(p for p, s in last.items() if s.startswith(up)
+                  and (p not in now or not (now[p].startswith("/") or now[p].startswith(up))))
+
+
 class Watcher:
     """``history`` (this node's XID history) and ``catalog`` (the XID catalogue's lookup) are
     seams for tests; each event reads the history once, looks its code up once, and goes
@@ -184,6 +192,8 @@ class Watcher:
         self.log = log or _to_stderr
         self.retry_poll = retry_poll
         self._lock = threading.Lock()
+        #: Set once the port poller has its first reading (what a port "went down" from).
+        self.polling_links = threading.Event()
 
     def handle(self, event: XidEvent) -> None:
         """Act on one event unless it was acted on before (by this or an earlier run)."""
@@ -247,18 +257,23 @@ class Watcher:
             stop.wait(min(rec.wait_s(), self.retry_poll) if rec else self.retry_poll)
 
     def _link_loop(self, stop: threading.Event, interval: float = LINK_POLL_S) -> None:
-        """Poll the InfiniBand/RoCE ports' state (two small reads a port): a port that goes down is
-        judged at once, as an XID is, instead of at the next health check."""
+        """Poll the InfiniBand/RoCE ports' state (a few small reads a port): a port that goes down
+        (or away) is judged at once, as an XID is, instead of at the next health check. Never dies
+        of one failure; a failure that repeats is said once."""
         from slurm_hooks.probes import ib
 
-        root = ib.from_config(self.w.config, self.w.node).root
-        last = ib.port_states(root)
-        while not stop.wait(interval):
+        root: str | None = None
+        last: dict[str, str] | None = None
+        said = ""
+        while not stop.is_set():
             try:
+                if root is None:
+                    root = ib.from_config(self.w.config, self.w.node).root
                 now = ib.port_states(root)
-                went_down = sorted(p for p, s in now.items() if not s.startswith("ACTIVE/LinkUp")
-                                   and last.get(p, "").startswith("ACTIVE/LinkUp"))
-                last = now
+                went_down = _went_down(last, now) if last is not None else []
+                # A state that could not be read ("/...") is no news: the port keeps its last known one.
+                last = {p: (last.get(p, s) if last is not None and s.startswith("/") else s) for p, s in now.items()}
+                self.polling_links.set()
                 if went_down:
                     self.log(f"slurm-hooks watch: IB {', '.join(went_down)} down")
                     started = time.monotonic()
@@ -267,8 +282,13 @@ class Watcher:
                     self.w.audit.write("watch", node=self.w.node, links=went_down, drained=outcome.drained,
                                        requeued=outcome.requeued, failed=outcome.failed,
                                        duration_s=round(time.monotonic() - started, 4))
+                said = ""
             except Exception as exc:  # noqa: BLE001 - the link poller must outlive any one failure
-                self.log(f"slurm-hooks watch: polling the IB ports failed: {type(exc).__name__}: {exc}")
+                text = f"slurm-hooks watch: polling the IB ports failed: {type(exc).__name__}: {exc}"
+                if text != said:
+                    self.log(text)
+                    said = text
+            stop.wait(interval)
 
     def start_notifier(self, stop: threading.Event) -> Notifier | None:
         """Deliver what the audit log has to tell ([notify]) from a daemon thread, when a receiver
@@ -287,7 +307,8 @@ class Watcher:
         self.w.audit.write("watch", node=self.w.node, message="watcher started")
         retry = threading.Thread(target=self._retry_loop, args=(stop,), name="pending-retry", daemon=True)
         retry.start()
-        threading.Thread(target=self._link_loop, args=(stop,), name="ib-ports", daemon=True).start()
+        links = threading.Thread(target=self._link_loop, args=(stop,), name="ib-ports", daemon=True)
+        links.start()
         notifier = self.start_notifier(stop)
         try:
             self._watch(stop)
@@ -296,7 +317,10 @@ class Watcher:
             # daemon threads (a pending record cleared but never closed in the log is lost history).
             # The watcher is ending, on a stop or an error: no new retry begins.
             stop.set()
-            retry.join(RETRY_JOIN_S)
+            # So does a check the port poller started (a drain with its requeues and its audit line).
+            until = time.monotonic() + RETRY_JOIN_S
+            for thread in (retry, links):
+                thread.join(max(until - time.monotonic(), 0.0))
             if notifier is not None:
                 notifier.stopped()  # the process ends with its daemon threads: say so before
 

@@ -145,20 +145,12 @@ def test_counter_rates_survive_a_restart_and_a_reboot_starts_them_afresh(tmp_pat
 
 def test_the_watcher_sees_a_port_down_in_seconds(tmp_path):
     w, slurm = node(tmp_path)
-
-    class Quiet:
-        def backlog(self):
-            return []
-
-        def follow(self, stop, on_event):
-            stop.wait()
-
     stop = threading.Event()
     watcher = Watcher(w, Quiet(), log=lambda m: None)
     thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        time.sleep(0.2)  # the poller's first reading: every port up
+        wait_for(watcher.polling_links.is_set, 20.0, "the port poller's first reading: every port up")
         sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="down")
         wait_for(lambda: slurm.peek("n1").drained, 20.0, "n1 drained by the watcher's port poll")
         assert slurm.peek("n1").reason == DOWN_REASON
@@ -219,3 +211,79 @@ def test_testbed_port_down_on_n1_drains_it_in_one_check_requeues_its_multi_node_
             fh.write(original)
         sim.init(tb.sim_dir, "n1", tb.settings.gpus)
         sim.init(tb.sim_dir, "n2", tb.settings.gpus)
+
+
+# --- the watcher's port poller: never dies, never cut short ---------------------------------------
+
+
+class Quiet:
+    def backlog(self):
+        return []
+
+    def follow(self, stop, on_event):
+        stop.wait()
+
+
+class CountingStop(threading.Event):
+    """A stop event that counts the poller's waits (its rounds)."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        return super().wait(timeout)
+
+
+def test_the_port_poller_outlives_a_failure_at_its_first_reading_and_says_it_once(tmp_path):
+    w, _ = node(tmp_path, '[links]\nsysfs_root = "/nowhere\\u0000"\n')
+    said: list[str] = []
+    watcher = Watcher(w, Quiet(), log=said.append)
+    stop = CountingStop()
+    thread = threading.Thread(target=watcher._link_loop, args=(stop, 0.01), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: stop.waits >= 20, 20.0, "twenty rounds of the port poller")
+        assert thread.is_alive()
+        assert [m for m in said if "polling the IB ports failed" in m] == [
+            "slurm-hooks watch: polling the IB ports failed: ValueError: embedded null byte"]
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+class SlowDrain(FakeSlurm):
+    """A slurmctld that answers the drain only after the watcher was told to stop, and slowly."""
+
+    def __init__(self, stop: threading.Event):
+        super().__init__()
+        self.stop, self.entered = stop, threading.Event()
+
+    def drain(self, name, reason, *, current=None):
+        self.entered.set()
+        self.stop.wait(30)
+        time.sleep(0.5)
+        super().drain(name, reason, current=current)
+
+
+def test_a_stopping_watcher_lets_the_check_of_a_port_down_finish_with_its_audit_line(tmp_path):
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\nib_ports = 8\n")
+    sim.init(cfg.gpu.sim_dir, "n1")
+    sim.init_ib(cfg.gpu.sim_dir, "n1", 8)
+    stop = threading.Event()
+    slurm = SlowDrain(stop)
+    slurm.add_node("n1", "IDLE")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    watcher = Watcher(w, Quiet(), log=lambda m: None)
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    wait_for(watcher.polling_links.is_set, 20.0, "the port poller's first reading")
+    sim.inject_ib(cfg.gpu.sim_dir, "n1", "mlx5_0:1", state="down")
+    wait_for(slurm.entered.is_set, 20.0, "the poller's check asking for the drain")
+    stop.set()  # systemd stops the watcher while the drain is under way
+    thread.join(60)
+    assert not thread.is_alive()
+    assert slurm.peek("n1").reason == DOWN_REASON
+    assert [r["links"] for r in AuditLog(cfg.log.audit).read() if r.get("kind") == "watch" and r.get("links")] == \
+        [["mlx5_0:1"]]
