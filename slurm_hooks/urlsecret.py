@@ -17,17 +17,26 @@ URL = compile_later(r"^https?://[^/\s]+")
 
 
 def url_origin(url: str) -> str:
-    """What may be printed of a URL: its scheme and host (the path and query of a webhook are the secret)."""
+    """What may be printed of a URL: its scheme and host (the path and query of a webhook are the secret).
+    Without a scheme, a host only where one is plain to see (``hooks.slack.com/...``): a token pasted
+    alone (``xoxb-...``, a JWT) has no part that may be shown, and gives ""."""
     scheme, sep, rest = (url or "").partition("://")
     if not sep:
-        scheme, rest = "", url or ""
+        head, slash, _ = (url or "").partition("/")
+        return head[:100] if slash and HOST.match(head) else ""
     host = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1]
     return f"{scheme[:10]}{sep}{host[:100]}"
 
 
+#: A host name (dotted) with an optional port: what a URL without its scheme may show.
+HOST = compile_later(r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+(:\d+)?$")
+
+
 def bad_url(url: str) -> str:
-    return (f"must be an http:// or https:// URL, got {url_origin(url)!r}... "
-            "(the rest is not shown: a webhook URL is a secret)")
+    shown = url_origin(url)
+    if not shown:
+        return "must be an http:// or https:// URL (its content is not shown: a webhook URL is a secret)"
+    return f"must be an http:// or https:// URL, got {shown!r}... (the rest is not shown: a webhook URL is a secret)"
 
 
 def holds_secret(table: dict[str, Any]) -> bool:

@@ -142,9 +142,13 @@ def scrub(text: str, url: str | None) -> str:
     if url:
         origin = url_origin(url)
         text = text.replace(url, origin)
-        rest = url[len(origin):] if url.startswith(origin) else ""
+        scheme, _, after = url.partition("://")
+        authority = re.split(r"[/?#]", after, maxsplit=1)[0]
+        rest = after[len(authority):]
         if len(rest) > 1:
             text = text.replace(rest, "/<secret>")
+        if "@" in authority:  # user:password@host: the credentials go too
+            text = text.replace(authority.rsplit("@", 1)[0], "<secret>")
     return _no_url(text)
 
 

@@ -21,7 +21,7 @@ import pytest
 from fakes.webhook import Receiver
 from observe.test_notify import Clock, resume, xid79
 
-from slurm_hooks import config
+from slurm_hooks import config, urlsecret
 from slurm_hooks.observe import destinations
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.observe.destinations import DeliveryError, Syslog
@@ -220,6 +220,26 @@ def test_a_url_file_that_is_not_one_clean_line_fails_validate_and_nothing_shows_
     assert "waiting" in shown and str(secret) in shown
     assert SECRET not in shown and SECRET not in everything_kept(tmp_path / "state")
     assert receiver.requests == []
+
+
+@pytest.mark.parametrize("content", [f"xoxb-1234-{SECRET}", f"eyJhbGciOi.{SECRET}.SflKx", f"{SECRET}/services/x"],
+                         ids=["a bot token", "a JWT", "a path without a host"])
+def test_a_secret_file_holding_a_token_instead_of_a_url_is_refused_without_showing_any_of_it(tmp_path, content):
+    secret = tmp_path / "hook.url"
+    secret.write_text(content + "\n")
+    with pytest.raises(config.ConfigError) as err:
+        urlsecret.resolve_url({"url_file": str(secret)}, "[[notify.webhook]] #1")
+    assert "must be an http:// or https:// URL" in str(err.value) and str(secret) in str(err.value)
+    assert SECRET not in str(err.value)
+    with pytest.raises(config.ConfigError) as err:
+        config.parse(f'[[notify.webhook]]\nurl = "{content}"\n')
+    assert SECRET not in str(err.value)
+
+
+def test_a_url_with_credentials_in_it_leaves_neither_them_nor_its_path_in_an_error():
+    url = f"https://bot:{SECRET}-pw@hooks.example.org/services/{SECRET}"
+    text = destinations.scrub(f"refused /services/{SECRET} for user bot:{SECRET}-pw at {url}", url)
+    assert SECRET not in text and "hooks.example.org" in text
 
 
 # --- syslog, duplicates, notify test ----------------------------------------------------------
