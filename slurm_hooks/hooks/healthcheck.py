@@ -14,7 +14,6 @@ the watcher's retry loop included, finishes or drops as superseded.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.hooks.wiring import Wiring, xid_history
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, Scope, XidEvent
 from slurm_hooks.slurm import quirks, reboot_pending
+from slurm_hooks.values import asdict, replace
 from slurm_hooks.xid.history import XidState
 
 if TYPE_CHECKING:
@@ -164,9 +164,9 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
     request = _request(w, context, state, started=started, gpus=gpus, baseline=baseline, job_failed=job_failed,
                        xid_lookup=xid_lookup)
     if dcgm_level > request.expect.dcgm_level_check and context is Context.CHECK:
-        expect = dataclasses.replace(request.expect, dcgm_level_check=dcgm_level)
-        request = dataclasses.replace(request, expect=expect,
-                                      dcgm=_dcgm_runner(w, context, expect, job_failed, dcgm_timeout))
+        expect = replace(request.expect, dcgm_level_check=dcgm_level)
+        request = replace(request, expect=expect,
+                          dcgm=_dcgm_runner(w, context, expect, job_failed, dcgm_timeout))
     snap = engine.take_snapshot(w.probe(), w.node, min(float(w.config.gpu.probe_timeout), request.deadline_s))
     if snap.error is None:
         # Slurm's GPU numbers to NVML's (a cached map: one small read), for the job's GPUs here and
@@ -174,7 +174,7 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
         gmap = gpumap.current(w, snap)
         if gpus is not None:
             gpus, missing = gpumap.job_tokens(gmap, snap, gpus)
-            request = dataclasses.replace(request, gpus=None if gpus is None else tuple(gpus), missing=tuple(missing))
+            request = replace(request, gpus=None if gpus is None else tuple(gpus), missing=tuple(missing))
     report = engine.judge(_with_events(snap, events), request)
     if report.snapshot is not None and report.snapshot.error is None:
         state.record(engine.snapshot_xids(report.snapshot))
@@ -236,12 +236,12 @@ def _with_events(snap: NodeSnapshot, events: Sequence[XidEvent]) -> NodeSnapshot
     for e in extra:
         gpu = snap.gpu(e.gpu) if e.gpu is not None else None
         if gpu is not None:
-            by_gpu.setdefault(gpu.index, []).append(dataclasses.replace(e, uuid=e.uuid or gpu.uuid))
+            by_gpu.setdefault(gpu.index, []).append(replace(e, uuid=e.uuid or gpu.uuid))
         else:
             node_level.append(e)
-    gpus = tuple(dataclasses.replace(g, xids=g.xids + tuple(by_gpu[g.index])) if g.index in by_gpu else g
+    gpus = tuple(replace(g, xids=g.xids + tuple(by_gpu[g.index])) if g.index in by_gpu else g
                  for g in snap.gpus)
-    return dataclasses.replace(snap, gpus=gpus, node_xids=snap.node_xids + tuple(node_level))
+    return replace(snap, gpus=gpus, node_xids=snap.node_xids + tuple(node_level))
 
 
 def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
@@ -437,7 +437,7 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
             outcome.pending = "superseded"
         return
     seen = _SlurmErrors(w.slurm)
-    ww = dataclasses.replace(w, slurm_override=seen)
+    ww = replace(w, slurm_override=seen)
     remediate.drain(ww, report, outcome, **extra)
     left: list[str] = []
     if seen.transient():
@@ -530,7 +530,7 @@ def _settle(w: Wiring, report: Report, outcome: Outcome, earlier: pending.Pendin
     state = w.config.state.dir
     if left:
         snap = report.snapshot
-        events = [dataclasses.asdict(x) for x in engine.snapshot_xids(snap)] if snap is not None else []
+        events = [asdict(x) for x in engine.snapshot_xids(snap)] if snap is not None else []
         reason = remediate.drain_reason(report)
         try:
             rec = pending.record_failure(state, w.node, steps=left, context=report.context.value, reason=reason,
