@@ -72,6 +72,9 @@ BACKFILL_S = 3600.0
 BACKOFF_FIRST_S = 1.0
 #: The backoff's exponent stops here (2 ** 20 s is past any retry_max): no overflow, ever.
 BACKOFF_EXP_MAX = 20
+#: A receiver's ``Retry-After`` is honoured up to this long (or ``retry_max`` if longer): a proxy
+#: answering "Retry-After: 99999999" must not silence a receiver for ever (the hold is kept on disk).
+RETRY_AFTER_MAX_S = 3600.0
 #: The outbox is swept for messages past ``max_age`` at most this often.
 EXPIRE_EVERY_S = 60.0
 #: Requests a receiver may take at once before its rate applies (a few incidents at the same moment).
@@ -531,7 +534,8 @@ class Pace:
         p["fails"] = int(p.get("fails", 0)) + 1
         wait = backoff(int(p["fails"]), self.cap, self.rng)
         if retry_after is not None:
-            wait = max(wait, retry_after * (1.0 + self.rng.uniform(0.0, 0.2)))
+            asked = min(retry_after, max(self.cap, RETRY_AFTER_MAX_S))
+            wait = max(wait, asked * (1.0 + self.rng.uniform(0.0, 0.2)))
         p["hold"] = now + wait
         self.changed = True
         return p["hold"]
@@ -763,6 +767,8 @@ class Notifier:
                 if dest.accepts(m.kind):
                     queued += self.outbox.put(m.id, m.kind, m.data, m.incident, name, now)
         self._report_moved()
+        if queued:
+            self.outbox.sync()  # the new files' names on disk before the cursor moves past their records
         # Closed incidents are done once told; open ones stay with what was told about them.
         state = {"cursor": cursor, "tracker": tracker.to_dict(), **({"standing": standing} if standing else {})}
         text = json.dumps(state)

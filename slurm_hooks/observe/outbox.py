@@ -41,7 +41,15 @@ class Entry:
     attempts: int = 0
     next_at: float = 0.0
     last_error: str = ""
+    #: Its place among the messages made in the same pass (same ``created``): an incident's
+    #: messages go in the order they were made, not in their file names' (``escalated-reset``
+    #: would follow ``escalated-reboot``).
+    seq: int = 0
     path: str = field(default="", compare=False)
+
+    @property
+    def order(self) -> tuple[float, int, str]:
+        return (self.created, self.seq, self.path)
 
     @property
     def key(self) -> str:
@@ -63,7 +71,7 @@ class Entry:
             return cls(id=str(data["id"]), dest=str(data["dest"]), kind=str(data["kind"]), message=data["message"],
                        created=float(data["created"]), incident=str(data.get("incident") or ""),
                        attempts=int(data.get("attempts", 0)), next_at=float(data.get("next_at", 0.0)),
-                       last_error=str(data.get("last_error") or ""), path=path)
+                       last_error=str(data.get("last_error") or ""), seq=int(data.get("seq", 0)), path=path)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not an outbox entry ({type(exc).__name__}: {exc})") from None
 
@@ -91,6 +99,8 @@ class Outbox:
         self._ledger: list[str] | None = None
         self._index: dict[str, Entry] | None = None
         self._seen: tuple[int, int] | None = None
+        #: Messages queued by this process (each entry's ``seq``).
+        self._puts = 0
 
     def forget(self) -> None:
         """Another process may have changed the box since: read it again (the ledger always; the
@@ -157,7 +167,7 @@ class Outbox:
 
     def entries(self) -> list[Entry]:
         """Every readable entry, oldest first (an unreadable file is moved to ``bad/``)."""
-        return sorted(self._entries().values(), key=lambda e: (e.created, e.path))
+        return sorted(self._entries().values(), key=lambda e: e.order)
 
     def waiting(self) -> int:
         return len(self._entries())
@@ -202,13 +212,14 @@ class Outbox:
         if incident and (kind in COALESCED or kind == RESOLVED):
             for old in [e for e in index.values() if e.dest == dest and e.incident == incident and e.kind in COALESCED]:
                 self._remove(old)
+        self._puts += 1
         entry = Entry(id=mid, dest=dest, kind=kind, message=message, created=now, incident=incident,
-                      next_at=now, path=path)
+                      next_at=now, seq=self._puts, path=path)
         os.makedirs(self.box, mode=0o700, exist_ok=True)
         fsutil.atomic_write(path, entry.to_json(), mode=0o600)
         index[path] = entry
         self._changed()
-        mine = sorted((e for e in index.values() if e.dest == dest), key=lambda e: (e.created, e.path))
+        mine = sorted((e for e in index.values() if e.dest == dest), key=lambda e: e.order)
         if len(mine) > self.max_queued:
             for old in mine[: len(mine) - self.max_queued]:
                 self._remove(old)
@@ -225,6 +236,19 @@ class Outbox:
                 gone += 1
         return gone
 
+    def sync(self) -> None:
+        """The outbox directory's entries on disk (a file's fsync does not make its name durable)."""
+        try:
+            fd = os.open(self.box, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
     # -- what was dropped (said in the receiver's next message)
 
     def dropped(self, dest: str) -> int:
@@ -239,11 +263,12 @@ class Outbox:
     # -- retries and refusals
 
     def retry(self, entry: Entry, error: str, next_at: float) -> None:
-        """Count a failed try. Not synced: after a crash the entry is there with an older count, which
-        only makes its next try sooner."""
+        """Count a failed try. Synced: the file replaced is the message itself, and a rename that
+        reaches the disk before its data (XFS, ext4 without ``auto_da_alloc``) would leave an empty
+        file after a power loss, moved to ``bad/``: the message lost. One fsync per failed try."""
         entry.attempts += 1
         entry.next_at, entry.last_error = next_at, error
-        fsutil.atomic_write(entry.path, entry.to_json(), mode=0o600, durable=False)
+        fsutil.atomic_write(entry.path, entry.to_json(), mode=0o600)
         if self._index is not None:
             self._changed()
 

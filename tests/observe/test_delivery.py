@@ -390,6 +390,24 @@ def test_an_escalation_to_replace_names_the_gpu_its_uuid_and_serial(tmp_path, re
     assert "on GPU 6 (GPU-8f2c, serial 1652921012345)" in escalated["text"]
 
 
+def test_two_escalations_told_in_one_pass_are_delivered_in_the_order_they_happened(tmp_path, receiver):
+    """reset, then reboot, between two passes (a reset refused at once): the page for [reboot] comes
+    last, and Alertmanager's [reset] alert is ended by it, not fired again after it."""
+    clock, said = Clock(), []
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    n = notifier(tmp_path, receiver.url(), clock, said)
+    log.write("alert", node="n1", context="check", gpu=2, check="xid", severity="fail", action="reset",
+              message="XID 94 (contained ECC error)")
+    log.write("action", node="n1", action="drain", target="n1", result="ok", reason="slurm-hooks: XID 94 on GPU 2 [drain]")
+    n.flush(5)
+    log.write("action", node="n1", action="drain", target="n1", result="ok", reason="slurm-hooks: XID 94 on GPU 2 [reset]")
+    log.write("action", node="n1", action="repair-reboot", target="n1", result="start",
+              reason="slurm-hooks: XID 94 on GPU 2 [reboot]")
+    n.flush(5)
+    assert [(b["kind"], b["action"]) for b in receiver.bodies()] == \
+        [("opened", "drain"), ("escalated", "reset"), ("escalated", "reboot")]
+
+
 def test_a_line_syslog_cannot_take_is_that_messages_refusal_and_a_socket_error_an_outage():
     def refuse(priority: int, text: str) -> None:
         raise ValueError("embedded null character")

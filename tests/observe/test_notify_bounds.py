@@ -188,6 +188,20 @@ def test_a_429_holds_the_receiver_for_its_retry_after_with_jitter(make, receiver
         + receiver.requests[1]["body"]["incident"].split("-", 1)[1] + "/opened"
 
 
+def test_a_retry_after_of_years_holds_the_receiver_an_hour_at_most(make, receiver):
+    """A proxy's "Retry-After: 99999999" (three years) must not silence a receiver for ever: the hold
+    is kept on disk, restarts keep it."""
+    log, clock, notifier, _ = make
+    receiver.answers = [(503, {"Retry-After": "99999999"})]
+    xid79(log, node="n1")
+    n = notifier()
+    n.flush(5)
+    assert len(receiver.requests) == 1
+    clock.offset = 3600 * 1.2 + 1  # an hour, and at most 20 % jitter on top
+    n.flush(5)
+    assert len(receiver.requests) == 2 and receiver.requests[1]["code"] == 200
+
+
 def test_one_receiver_takes_at_most_its_rate(make, receiver):
     log, clock, notifier, _ = make
     for k in range(12):
