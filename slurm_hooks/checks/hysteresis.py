@@ -117,8 +117,12 @@ class Hysteresis:
                 memory = json.load(fh)
         except (OSError, ValueError):
             memory = None
-        out, memory = fold(findings, memory if isinstance(memory, dict) else None, now, self.confirm,
-                           self.resume_after, self.sticky)
+        try:
+            out, memory = fold(findings, memory if isinstance(memory, dict) else None, now, self.confirm,
+                               self.resume_after, self.sticky)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            # A memory we cannot make sense of (edited, torn, another version): afresh, never a crashed run.
+            out, memory = fold(findings, None, now, self.confirm, self.resume_after, self.sticky)
         from slurm_hooks import fsutil
 
         try:

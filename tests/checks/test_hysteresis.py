@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from slurm_hooks.checks import hysteresis
 from slurm_hooks.checks.hysteresis import Hysteresis, fold
 from slurm_hooks.models import Action, Finding, Severity
@@ -112,6 +114,19 @@ def test_an_unreadable_memory_starts_afresh(tmp_path):
     (tmp_path / "hysteresis-n1.json").write_text("{not json")
     h = Hysteresis(str(tmp_path), "n1", (2, 3), 3)
     assert h.fold([HOT], 0.0)[0].action is Action.WARN
+
+
+@pytest.mark.parametrize("memory", [{"at": "noon"}, {"at": 1, "rules": {"thermal|3": {"seen": 5}}},
+                                    {"at": 1, "rules": {"thermal|3": {"seen": [True], "held": {"x": 1}}}},
+                                    {"at": 1, "rules": {"thermal|3": {"seen": [], "held": {}, "bad_at": "x"}}},
+                                    {"at": 1, "rules": []}])
+def test_a_memory_that_makes_no_sense_starts_afresh_and_never_crashes_the_run(tmp_path, memory):
+    """Our own state file edited or torn: an exception here escaped the engine (no report, no drain)."""
+    (tmp_path / "hysteresis-n1.json").write_text(json.dumps(memory))
+    h = Hysteresis(str(tmp_path), "n1", (2, 3), 3)
+    assert h.fold([], 1000.0) == []
+    assert h.fold([HOT], 1000.0 + STEP)[0].action is Action.WARN  # one bad reading of a fresh memory
+    assert json.loads((tmp_path / "hysteresis-n1.json").read_text())["at"] == 1000.0 + STEP
 
 
 def test_rules_covered_name_the_threshold_checks():
