@@ -1,5 +1,5 @@
 """The shape of the healthy check's and prolog's start-up (what bench/bench_check.py times): with the
-parsed config kept from an earlier run, no TOML parser, no subprocess, no click, and no pattern of
+parsed config kept from an earlier run, no TOML parser, subprocess, dataclasses (inspect) or click, and no pattern of
 ours compiled at import; and the kept config never hides an edit from the next run."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 #: Modules a warm healthy check or prolog must not load (each costs ms at every start).
-NOT_ON_THE_PATH = ("tomllib", "tomli", "subprocess", "click", "jinja2", "kubernetes")
+NOT_ON_THE_PATH = ("tomllib", "tomli", "subprocess", "dataclasses", "inspect", "click", "jinja2", "kubernetes")
 
 _PROBE = """
 import contextlib, io, json, re, sys
