@@ -56,7 +56,7 @@ def on_testbed(size: int, runs: int, bad: int) -> dict:
     import subprocess
     import tempfile
 
-    from slurm_hooks.lab import collective
+    from slurm_hooks.hooks import collective
     from slurm_hooks.lab.testbed import Settings, Testbed
 
     rng = random.Random(f"testbed-{size}-{bad}")

@@ -6,7 +6,7 @@ suspected nodes out of scheduling in one maintenance reservation of its own (as 
 ``Flags=MAINT``, which Slurm refuses while a job holds a node; busy nodes are skipped and named),
 runs waves of multi-node collective test jobs there as root (``srun`` one rank per node of the
 configured command: nccl-tests' ``all_reduce_perf`` where installed, the PyTorch all-reduce of
-:mod:`slurm_hooks.lab.collective` otherwise), lets :func:`slurm_hooks.hooks.culprit.search` pick
+:mod:`slurm_hooks.hooks.collective` otherwise), lets :func:`slurm_hooks.hooks.culprit.search` pick
 the groups and judge them, and drains only a confirmed culprit, ``slurm-hooks: collective test
 failed on n5 (bandwidth 12% of peers) [isolate]``, with every test in the evidence file.
 
@@ -98,7 +98,7 @@ def test_argv(w: Wiring, test_timeout: float) -> list[str]:
     if os.access(perf, os.X_OK):
         return [perf, "-b", "8M", "-e", "256M", "-f", "2", "-g",
                 str(max(1, int(w.config.expectations_for(w.node).gpus or 1)))]
-    from slurm_hooks.lab import collective
+    from slurm_hooks.hooks import collective
 
     return [cfg.python, os.path.abspath(collective.__file__), "--timeout", f"{max(2.0, test_timeout * 0.8):g}"]
 

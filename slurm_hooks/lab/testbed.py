@@ -236,7 +236,7 @@ class Testbed:
         """Put a simulated fault on ``node``'s traffic, or clear it (``""``): ``hang`` (its rank
         stops answering), ``slow FACTOR`` (each collective FACTOR times as long), ``drop`` (its
         rank's connection is cut). Where the kernel has no netem (this one's has only htb), this
-        file is the fault: :mod:`slurm_hooks.lab.collective` and the DDP job read it by
+        file is the fault: :mod:`slurm_hooks.hooks.collective` and the DDP job read it by
         SLURMD_NODENAME (``SLURM_HOOKS_FAULT_DIR``)."""
         if node not in self.node_names:
             raise TestbedError(f"no node {node!r} in this testbed ({', '.join(self.node_names)})")

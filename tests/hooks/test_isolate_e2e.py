@@ -18,8 +18,9 @@ import sys
 import pytest
 from conftest import wait_for
 
+from slurm_hooks.hooks import collective
 from slurm_hooks.hooks.isolate import PREFIX
-from slurm_hooks.lab import collective, ddp_train
+from slurm_hooks.lab import ddp_train
 from slurm_hooks.observe import incidents
 from slurm_hooks.slurm import hostlist
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 from conftest import wait_for
 
-from slurm_hooks.lab import collective
+from slurm_hooks.hooks import collective
 
 pytestmark = pytest.mark.slurm
 
