@@ -541,7 +541,10 @@ def parse_counter(text: str) -> tuple[str, int]:
 
 
 def _reset_ib_counters(sim_dir: str, node: str) -> None:
-    """A reboot starts every counter at 0 again, as the kernel does."""
+    """A reboot starts every counter at 0 again, and a new kernel log, as the kernel does (an mlx5
+    line of the last boot read again would be a new event of this one)."""
+    if os.path.exists(ib_kmsg(sim_dir, node)):
+        os.unlink(ib_kmsg(sim_dir, node))
     root = os.path.join(sim_dir, "ib", node)
     if not os.path.isdir(root):
         return

@@ -450,6 +450,25 @@ def test_sim_reboot_starts_the_counters_at_zero_with_a_new_boot_id(sim_dir):
     assert dict(ib_ports(sim_dir)["mlx5_0 port 1"].counters)["symbol_error"] == 0
 
 
+def test_sim_reboot_clears_the_mlx5_lines_of_the_last_boot(sim_dir):
+    """The kernel's ring buffer starts empty at boot: the last boot's overheating module is no new
+    event of this one (it drained the node again, for another hour, after every reboot)."""
+    from slurm_hooks.probes import ib
+
+    sim.init(sim_dir, "n1", 8)
+    sim.init_ib(sim_dir, "n1", 2)
+
+    def events() -> list:
+        gather = ib.LinkGatherer(sim.ib_root(sim_dir, "n1"), os.path.join(sim_dir, "state"), "n1",
+                                 boot=lambda: sim.boot_id(sim_dir, "n1"), kmsg=sim.ib_kmsg(sim_dir, "n1"))
+        return [rule for p in gather() for rule, _ in p.events]
+
+    sim.inject_ib(sim_dir, "n1", "mlx5_1:1", event="module-temperature")
+    assert events() == ["ib-module-temperature"]
+    sim.reboot(sim_dir, "n1")
+    assert events() == []
+
+
 @pytest.mark.parametrize("target", ["mlx5_9:1", "../x:1", "mlx5_0:a", ":1"])
 def test_sim_inject_names_a_port_that_is_not_there(sim_dir, target):
     sim.init(sim_dir, "n1", 8)
