@@ -116,7 +116,7 @@ def sweep(w: Wiring, nodes: Sequence[str], *, level: int, max_parallel: str, job
         if not mine:
             raise SweepBusy(f"another sweep is running (it holds {lock})")
         _cleanup_leftovers(w, say)
-        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+        previous = signal.signal(signal.SIGTERM, raise_interrupted)
         try:
             width = parallel(max_parallel, len(nodes))
             todo = list(dict.fromkeys(nodes))
@@ -133,7 +133,8 @@ def sweep(w: Wiring, nodes: Sequence[str], *, level: int, max_parallel: str, job
     return summary
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
+def raise_interrupted(signum: int, frame: Any) -> None:
+    """A SIGTERM handler: the run stops as on Ctrl-C (its ``finally`` cancels and deletes what it made)."""
     raise Interrupted(f"signal {signum}")
 
 
@@ -172,7 +173,7 @@ def _wave(w: Wiring, nodes: list[str], level: int, job_timeout: float, say: Any,
                 break
             if time.monotonic() > deadline:
                 for node, (_, job, t0) in waiting.items():
-                    _cancel(w, job)
+                    cancel_quietly(w, job)
                     results[node] = NodeResult(node, "unverified", f"validation job still running after "
                                                f"{job_timeout + MARGIN_S:g}s: cancelled", job, time.monotonic() - t0)
                 break
@@ -180,7 +181,7 @@ def _wave(w: Wiring, nodes: list[str], level: int, job_timeout: float, say: Any,
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Interrupted)
         for node, (_, job, t0) in started.items():
             if node not in results:
-                _cancel(w, job)
+                cancel_quietly(w, job)
                 results[node] = NodeResult(node, "unverified", "sweep interrupted: job cancelled", job,
                                            time.monotonic() - t0)
         raise
@@ -200,7 +201,7 @@ def _start(w: Wiring, node: str, level: int, job_timeout: float,
     t0 = time.monotonic()
     try:
         info = w.slurm.node(node)
-        busy = _busy(w, node, info)
+        busy = node_busy(w, node, info)
         if busy:
             return NodeResult(node, "skipped", busy)
         reservation = f"{PREFIX}-{node}-{int(time.time())}"
@@ -216,7 +217,7 @@ def _start(w: Wiring, node: str, level: int, job_timeout: float,
         argv = _job_argv(w, level, job_timeout)
         try:
             job = w.slurm.submit(argv, name=PREFIX, node=node, reservation=reservation,
-                                 minutes=math.ceil(job_timeout / 60.0), partition=partition)
+                                 minutes=math.ceil(job_timeout / 60.0), partition=partition or _partitions(info))
         except SlurmHooksError as exc:
             w.slurm.delete_reservation(reservation)
             return NodeResult(node, "unverified", f"validation job not submitted: {exc}")
@@ -225,7 +226,13 @@ def _start(w: Wiring, node: str, level: int, job_timeout: float,
     return reservation, job, t0
 
 
-def _busy(w: Wiring, node: str, info: Any) -> str:
+def _partitions(info: Any) -> str:
+    """The node's own partitions (``Partitions=gpu,debug``), for a sweep given ``--nodes``: Slurm's
+    default partition may not hold the node, and a job sent there is refused. "" when Slurm does not say."""
+    return ",".join(p.strip() for p in str(info.extra.get("Partitions") or "").split(",") if p.strip())
+
+
+def node_busy(w: Wiring, node: str, info: Any) -> str:
     """Why a node is not ours to take ("" when it is idle and in service)."""
     jobs = [j.ref for j in w.slurm.jobs_on_node(node) if j.active]
     if jobs:
@@ -275,7 +282,8 @@ def _judge(w: Wiring, node: str, job: str, state: str, seconds: float) -> NodeRe
     return NodeResult(node, "unverified", f"validation job ended {state} without a verdict", job, seconds)
 
 
-def _cancel(w: Wiring, job: str) -> None:
+def cancel_quietly(w: Wiring, job: str) -> None:
+    """Cancel one of our jobs; one Slurm no longer knows (or cannot cancel now) is not an error."""
     try:
         w.slurm.cancel(job)
     except SlurmHooksError:

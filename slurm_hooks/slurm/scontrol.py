@@ -348,6 +348,13 @@ def parse_node_json(text: str) -> list[NodeInfo]:
         raise SlurmCommandFailed(f"scontrol --json: unexpected output ({type(exc).__name__}: {exc})") from None
 
 
+def _listed(value: object) -> list:
+    """A JSON list as a list; a comma-separated string split; anything else none."""
+    if isinstance(value, list):
+        return value
+    return value.split(",") if isinstance(value, str) else []
+
+
 def _node_from_json(raw: dict) -> NodeInfo:
     state = raw["state"]
     if isinstance(state, list):
@@ -359,7 +366,8 @@ def _node_from_json(raw: dict) -> NodeInfo:
         changed = changed.get("number") if changed.get("set", True) else None
     extra = {"ReasonUser": str(raw.get("reason_set_by_user") or ""), "ReasonTime": str(changed or ""),
              "Version": str(raw.get("version") or raw.get("slurmd_version") or ""),
-             "Extra": str(raw.get("extra") or "")}
+             "Extra": str(raw.get("extra") or ""),
+             "Partitions": ",".join(str(p) for p in _listed(raw.get("partitions")) if p)}
     return NodeInfo(name=str(raw["name"]), state="+".join(p for p in parts if p) or "UNKNOWN",
                     reason=str(raw.get("reason") or "").strip(), comment=str(raw.get("comment") or ""),
                     gres=str(raw.get("gres") or ""), extra=extra)
@@ -683,11 +691,15 @@ class ScontrolSlurm:
         out = self._run("sinfo", "-h", "-N", "-p", partition, "-o", "%N")
         return list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
 
-    def create_reservation(self, name: str, node: str, minutes: int, flags: str = "MAINT") -> None:
-        """A reservation of one node for root, starting now; refused by Slurm while a job runs on it."""
+    def create_reservation(self, name: str, node: str | Sequence[str], minutes: int, flags: str = "MAINT") -> None:
+        """A reservation of one node (or a list of nodes) for root, starting now; refused by Slurm while a
+        job runs on any of them."""
+        nodes = [node] if isinstance(node, str) else list(node)
+        if not nodes:
+            raise SlurmCommandFailed(f"reservation {name!r}: no nodes")
         self._run("scontrol", "create", "reservation", f"ReservationName={self._name_arg(name)}",
-                  f"Nodes={self._node_arg(node)}", "StartTime=now", f"Duration={max(1, int(minutes))}",
-                  "Users=root", f"Flags={flags}")
+                  "Nodes=" + ",".join(self._node_arg(n) for n in nodes), "StartTime=now",
+                  f"Duration={max(1, int(minutes))}", "Users=root", f"Flags={flags}")
 
     def delete_reservation(self, name: str) -> None:
         """Delete it; one that is already gone is not an error."""
@@ -702,21 +714,39 @@ class ScontrolSlurm:
         out = self._run("scontrol", "show", "reservation", "-o")
         return [m.group(1) for m in re.finditer(r"(?:^|\s)ReservationName=(\S+)", out)]
 
-    def submit(self, argv: Sequence[str], *, name: str, node: str, reservation: str, minutes: int,
-               output: str = "/dev/null", partition: str = "") -> str:
-        """``sbatch`` one job that runs ``argv`` on ``node`` in ``reservation``, alone on the node;
-        returns its id. The argv is quoted into the job's script (``--wrap``), never interpreted.
-        ``partition``: where to submit it ("" = Slurm's default partition, which may not hold ``node``)."""
+    def submit(self, argv: Sequence[str], *, name: str, node: str | Sequence[str], reservation: str, minutes: int,
+               output: str = "/dev/null", partition: str = "", ntasks_per_node: int = 0, chdir: str = "",
+               srun: bool = False) -> str:
+        """``sbatch`` one job that runs ``argv`` on ``node`` (one name, or a list: one job across them all)
+        in ``reservation``, alone on its nodes; returns its id. The argv is quoted into the job's script
+        (``--wrap``), never interpreted; ``srun``: the script launches it with ``srun --kill-on-bad-exit=1``
+        (one task per node with ``ntasks_per_node=1``). ``partition``: where to submit it, one name or a
+        comma list ("" = Slurm's default partition, which may not hold the nodes). ``output`` may hold
+        sbatch's ``%j``; ``chdir``: the job's working directory."""
+        nodes = [node] if isinstance(node, str) else list(node)
+        if not nodes:
+            raise SlurmCommandFailed(f"job {name!r}: no nodes")
         script = " ".join(shlex.quote(str(a)) for a in argv)
-        if partition and not _RESV_NAME.match(partition):
+        if srun:
+            script = "exec srun --kill-on-bad-exit=1 " + script
+        if partition and not all(_RESV_NAME.match(p) for p in partition.split(",")):
             raise SlurmCommandFailed(f"invalid partition name {partition!r}")
         where = [f"--partition={partition}"] if partition else []
+        tasks = [f"--ntasks-per-node={int(ntasks_per_node)}"] if ntasks_per_node else []
+        here = [f"--chdir={chdir}"] if chdir else []
         out = self._run("sbatch", "--parsable", f"--job-name={name}", *where,
                         f"--reservation={self._name_arg(reservation)}",
-                        f"--nodelist={self._node_arg(node)}", "--nodes=1", "--exclusive",
-                        f"--time={max(1, int(minutes))}", f"--output={output}", "--no-requeue", f"--wrap={script}")
+                        "--nodelist=" + ",".join(self._node_arg(n) for n in nodes), f"--nodes={len(nodes)}", *tasks,
+                        "--exclusive", f"--time={max(1, int(minutes))}", *here, f"--output={output}", "--no-requeue",
+                        f"--wrap={script}")
         job = out.strip().split(";")[0]
         return self._job_arg(job)
+
+    def jobs_named(self, name: str) -> list[str]:
+        """The ids of the jobs Slurm still knows by this job name (``squeue -n``): our own test jobs."""
+        if not _RESV_NAME.match(name or ""):
+            raise SlurmCommandFailed(f"invalid job name {name!r}")
+        return [j.strip() for j in self._run("squeue", "-h", "-n", name, "-o", "%i").split() if j.strip()]
 
     def cancel(self, ref: int | str) -> None:
         self._run("scancel", self._job_arg(ref))

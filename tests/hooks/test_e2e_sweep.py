@@ -117,6 +117,20 @@ def test_sweep_partition_submits_its_jobs_there_when_the_default_partition_holds
     assert reservations(tb) == []
 
 
+def test_sweep_nodes_submits_to_the_nodes_own_partition_when_the_default_one_holds_none_of_them(tb):
+    # Without --partition the jobs went to Slurm's default partition: "Requested node configuration is not
+    # available", every node unverified (a cron line `sweep --nodes gpu[01-64]` on such a cluster).
+    scontrol(tb, "create", "PartitionName=cpu", "Default=YES", "State=UP")
+    try:
+        done, _ = sweep(tb, "--nodes", "n[1-2]", "--level", "1", "--max-parallel", "100%", "--json")
+    finally:
+        scontrol(tb, "update", "PartitionName=gpu", "Default=YES")
+        scontrol(tb, "delete", "PartitionName=cpu")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["counts"] == {"passed": 2, "failed": 0, "unverified": 0, "skipped": 0}
+    assert reservations(tb) == []
+
+
 def test_a_sweep_of_a_node_slurm_does_not_know_validated_nothing_and_exits_non_zero(tb):
     done, _ = sweep(tb, "--nodes", "n9", "--level", "1")
     assert done.returncode == 1, done.stdout + done.stderr

@@ -310,6 +310,15 @@ def test_json_node_shapes_of_2302_and_older_parsers():
     assert not down.ours and down.reason == "Not responding"
 
 
+def test_json_node_partitions_read_as_the_text_form_writes_them():
+    # The sweep asks for the node's own partitions (`Partitions=gpu,debug` in `scontrol -o show node`).
+    raw = json.loads(NODE_JSON_2302)
+    raw["nodes"][0]["partitions"] = ["gpu", "debug"]
+    [node] = parse_node_json(json.dumps(raw))
+    assert node.extra["Partitions"] == "gpu,debug"
+    assert parse_node_json(NODE_JSON_2302)[0].extra["Partitions"] == ""
+
+
 @pytest.mark.parametrize("text", ["", "{", '{"nodes": {}}', '{"nodes": [{"state": ["IDLE"]}]}', "[]"])
 def test_json_that_is_not_a_node_list_is_a_permanent_error(text):
     with pytest.raises(SlurmCommandFailed):
