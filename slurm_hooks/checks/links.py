@@ -18,6 +18,10 @@ SYMBOL_ERRORS_FATAL_PER_HOUR = 120.0
 SYMBOL_ERRORS_DEGRADED_PER_S = 10.0
 RCV_ERRORS_DEGRADED_PER_S = 10.0
 FLAPS_FATAL = 3
+#: Where the PortCounters of the IB spec stop (they saturate, never wrap): a counter there grows no
+#: more, so a rate over it reads 0 however bad the link (the captured H100 tree has link_downed at 255).
+SATURATED = {"symbol_error": 0xFFFF, "link_downed": 0xFF, "port_rcv_errors": 0xFFFF,
+             "excessive_buffer_overrun_errors": 0xF}
 #: As long as slurm_hooks.probes.ib keeps a flap (its FLAP_KEEP_S).
 FLAP_WINDOW_S = 12 * 3600.0
 
@@ -61,6 +65,13 @@ def check_counters(inp: CheckInput) -> Iterator[Finding]:
     for p in inp.links or ():
         if p.window_s <= 0:
             continue
+        values = dict(p.counters)
+        stuck = [f"{name} at {top}" for name, top in SATURATED.items() if values.get(name) == top]
+        if stuck:
+            yield Finding("link-errors", Severity.WARN, Action.WARN,
+                          f"IB {p.name}: {', '.join(stuck)}, the counter's maximum: its growth cannot be seen "
+                          "(clear the port's counters, e.g. perfquery -R)", None, f"IB {p.name} counters saturated",
+                          rule="ib-degraded")
         overrun = p.delta("excessive_buffer_overrun_errors") or 0
         if overrun > 0:
             yield Finding("link-errors", Severity.FAIL, Action.DRAIN,

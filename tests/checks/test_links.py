@@ -205,3 +205,15 @@ def test_a_port_whose_state_cannot_be_read_is_a_warning_never_a_drain():
     assert not report.drain_findings()
     [f] = [f for f in report.findings if f.check == "links"]
     assert f.action is Action.WARN and "could not be read" in f.message
+
+
+def test_a_counter_stuck_at_its_maximum_is_said_since_its_growth_cannot_be_seen():
+    """IB PortCounters saturate: link_downed at 255 (as in the captured H100 tree) hides every later
+    drop, symbol_error at 65535 every later error. A warning, never a drain."""
+    stuck = port(counters=(("link_downed", 255), ("symbol_error", 65535)), deltas=(("link_downed", 0),),
+                 window_s=300.0)
+    report = judge([stuck])
+    assert not report.drain_findings()
+    [f] = [f for f in report.findings if f.check == "link-errors"]
+    assert f.action is Action.WARN and "symbol_error at 65535, link_downed at 255" in f.message
+    assert judge([port(counters=(("link_downed", 254),), window_s=300.0)]).findings == ()
