@@ -287,3 +287,12 @@ def test_a_stopping_watcher_lets_the_check_of_a_port_down_finish_with_its_audit_
     assert slurm.peek("n1").reason == DOWN_REASON
     assert [r["links"] for r in AuditLog(cfg.log.audit).read() if r.get("kind") == "watch" and r.get("links")] == \
         [["mlx5_0:1"]]
+
+
+def test_the_poller_takes_a_port_gone_as_down_and_an_unreadable_state_as_no_news():
+    from slurm_hooks.hooks.watch import _went_down
+
+    up = "ACTIVE/LinkUp"
+    last = {"mlx5_0:1": up, "mlx5_1:1": up, "mlx5_2:1": up, "mlx5_3:1": "DOWN/Polling"}
+    now = {"mlx5_1:1": "/", "mlx5_2:1": "DOWN/Polling", "mlx5_3:1": "DOWN/Polling"}
+    assert _went_down(last, now) == ["mlx5_0:1", "mlx5_2:1"]
