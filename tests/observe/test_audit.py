@@ -242,3 +242,21 @@ def test_history_reads_rotated_and_gzipped_files_oldest_first(tmp_path):
     log.write("alert", n=3)
     assert [r["n"] for r in log.history()] == [0, 1, 2, 3]
     assert [r["n"] for r in log.read()] == [3]
+
+
+def _repeat_many(args):
+    path, count = args
+    log = AuditLog(path)
+    for _ in range(count):
+        log.write("alert", node="n1", check="xid", message="XID 79")
+    return count
+
+
+def test_four_processes_repeating_one_alert_write_it_once_and_count_every_other(tmp_path):
+    path = str(tmp_path / "audit.jsonl")
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        pool.map(_repeat_many, [(path, 100)] * 4)
+    log = AuditLog(path)
+    assert [r["kind"] for r in log.read()] == ["alert"]
+    assert sum(r["count"] for r in log.history() if r["kind"] == "repeat") == 399
