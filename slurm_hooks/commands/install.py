@@ -60,7 +60,13 @@ def install(prefix: str, config_path: str, on_internal_error: str, env: tuple[tu
         from slurm_hooks.errors import EXIT_USAGE
         from slurm_hooks.slurm import conffile
 
-        named = _programs_named(prefix, conffile.resolve_path(slurm_conf))
+        conf_path = conffile.resolve_path(slurm_conf)
+        named = _programs_named(prefix, conf_path)
+        if named is None:
+            why = "file not found" if not os.path.lexists(conf_path) else "unreadable"
+            click.echo(f"warning: cannot read {conf_path} ({why}): not checked whether slurm.conf still names the "
+                       "removed programs (pass --slurm-conf FILE)", err=True)
+            named = []
         if named and not force:
             click.echo("slurm-hooks install: refusing to uninstall: slurm.conf still names its programs, and "
                        "slurmd would run files that are gone (every job start fails on Prolog=, every node "
@@ -121,10 +127,11 @@ def _show(done, dry: bool) -> None:
         click.echo(("would " if dry else "") + line)
 
 
-def _programs_named(prefix: str, slurm_conf: str) -> list[str]:
+def _programs_named(prefix: str, slurm_conf: str) -> list[str] | None:
     """The slurm.conf lines (``file:line: Key=value``, Include files followed) that still name a
     program under ``prefix``: uninstalling then leaves slurmd running a file that is gone, and
-    every job start fails (Prolog) or every node drains (HealthCheckProgram)."""
+    every job start fails (Prolog) or every node drains (HealthCheckProgram). ``None`` when
+    ``slurm_conf`` itself cannot be read: nothing was checked."""
     from slurm_hooks.slurm import conffile
 
     keys = {p.slurm_key.lower() for p in layout.PROGRAMS}
@@ -140,6 +147,8 @@ def _programs_named(prefix: str, slurm_conf: str) -> list[str]:
             with open(path, encoding="utf-8", errors="replace") as fh:
                 text = fh.read()
         except OSError:
+            if path == slurm_conf:
+                return None
             continue
         for no, line in conffile.logical_lines(text):
             inc = conffile.INCLUDE.match(line)

@@ -180,6 +180,19 @@ def test_uninstall_goes_ahead_once_slurm_conf_no_longer_names_the_programs(tmp_p
     assert r.returncode == 0 and not r.stderr, r.stderr
 
 
+def test_uninstall_that_cannot_read_slurm_conf_says_it_did_not_check(tmp_path):
+    # It went ahead in silence: on a node whose slurm.conf lives elsewhere (configless, a site path), the
+    # admin was never told that nothing was checked.
+    prefix = tmp_path / "opt"
+    assert cli("install", "--prefix", str(prefix), "--config", str(tmp_path / "etc" / "config.toml")).returncode == 0
+    missing = tmp_path / "nowhere" / "slurm.conf"
+    r = cli("install", "--uninstall", "--prefix", str(prefix), "--slurm-conf", str(missing))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [f"warning: cannot read {missing} (file not found): not checked whether "
+                                     "slurm.conf still names the removed programs (pass --slurm-conf FILE)"]
+    assert not os.path.lexists(prefix / "bin" / "slurm-hooks-prolog")
+
+
 def test_uninstall_without_a_manifest_says_so(tmp_path):
     r = cli("install", "--uninstall", "--prefix", str(tmp_path))
     assert r.returncode == 2 and "install-manifest.json not found" in r.stderr
