@@ -41,6 +41,8 @@ TESTBED_SETTINGS = Settings(
     message_timeout=5,
     requeue_grace=3.0,
     up_timeout=60.0,
+    # test_e2e_slurm rehearses a site without it: Slurm cancels a --no-requeue job the prolog refuses.
+    force_requeue_on_fail=False,
 )
 
 

@@ -7,10 +7,12 @@ import shlex
 
 import click
 
-from slurm_hooks.lab.testbed import DEFAULT_STATE_DIR
+from slurm_hooks.lab.testbed import Settings, default_state_dir
 
-_state_dir_option = click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, metavar="DIR",
-                                 help="Where the cluster keeps its config, spool, logs and sim GPUs.")
+_state_dir_option = click.option("--state-dir", default=default_state_dir,
+                                 show_default="$XDG_RUNTIME_DIR/slurm-hooks-testbed, else "
+                                              "/var/lib/slurm-hooks/testbed-<uid>: one per user",
+                                 metavar="DIR", help="Where the cluster keeps its config, spool, logs and sim GPUs.")
 
 
 @click.group()
@@ -26,7 +28,9 @@ def testbed() -> None:
 @_state_dir_option
 @click.option("--hooks/--no-hooks", default=True, show_default=True,
               help="Wire slurm-hooks in as Prolog, Epilog and HealthCheckProgram.")
-@click.option("--kill-wait", default=5, show_default=True, type=click.IntRange(0, 300), help="KillWait (s).")
+@click.option("--kill-wait", default=Settings.kill_wait, show_default=True, type=click.IntRange(0, 300),
+              help="KillWait (s): 120 as `install` recommends (above [requeue] checkpoint_grace); a few seconds "
+                   "makes a job that ignores SIGTERM requeue faster in a rehearsal, and validate warns.")
 @click.option("--health-check-interval", default=30, show_default=True, type=click.IntRange(0, 86400),
               help="HealthCheckInterval (s).")
 @click.option("--requeue-grace", default=3.0, show_default=True, type=click.FloatRange(0),

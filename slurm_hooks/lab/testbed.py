@@ -44,7 +44,8 @@ from slurm_hooks.slurm.errors import SlurmNotFound
 from slurm_hooks.slurm.scontrol import ScontrolSlurm
 from slurm_hooks.slurm.version import parse_version
 
-DEFAULT_STATE_DIR = "/var/lib/slurm-hooks/testbed"
+#: Where ``testbed up`` keeps a cluster when no --state-dir is given: one per user (default_state_dir).
+STATE_ROOT = "/var/lib/slurm-hooks"
 CLUSTER = "shtest"
 PARTITION = "gpu"
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -77,6 +78,9 @@ HOOKS = ("healthcheck", "prolog", "epilog")
 HOOK_COMMAND = {"healthcheck": "check", "prolog": "prolog", "epilog": "epilog"}
 
 Progress = Callable[[str], None]
+#: PrologFlags=ForceRequeueOnFail is Slurm 23.02's (NEWS 23.02.0): 22.05's slurmd and scontrol exit
+#: "fatal: PrologFlags invalid" on a slurm.conf that names it, so older testbeds go without.
+FORCE_REQUEUE_ON_FAIL_SINCE = (23, 2)
 #: How long a testbed reboot waits before the new boot begins (see Testbed.reboot_node).
 REBOOT_SETTLE_S = 2.0
 
@@ -96,7 +100,17 @@ class Settings:
     cpus: int = 8
     memory_mb: int = 8000
     hooks: bool = True
-    kill_wait: int = 5
+    #: KillWait: what ``slurm-hooks install`` recommends (120 s, above ``checkpoint_grace``), so that
+    #: ``testbed up`` and the demo rehearse what validate passes. Tests pass a few seconds: a requeued
+    #: job that ignores SIGTERM is SIGKILLed only after KillWait, and 120 s per such requeue would
+    #: make the suite minutes slower for nothing it asserts.
+    kill_wait: int = 120
+    #: ReturnToService: 1, as validate recommends (2 brings a node our reboot left DOWN back before
+    #: the check on its new boot judged it). A test that needs 2 passes it.
+    return_to_service: int = 1
+    #: ``PrologFlags=ForceRequeueOnFail``, as validate recommends: a ``--no-requeue`` batch job our
+    #: prolog refuses is requeued, not cancelled. Off rehearses a site without it (Slurm cancels it).
+    force_requeue_on_fail: bool = True
     health_check_interval: int = 30
     prolog_epilog_timeout: int = 60
     slurmd_timeout: int = 10
@@ -142,6 +156,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gres_order", tuple(int(m) for m in self.gres_order))
+        if self.return_to_service not in (0, 1, 2):
+            raise TestbedError(f"ReturnToService must be 0, 1 or 2, got {self.return_to_service}")
         if not 0 <= self.mig <= 7:
             raise TestbedError(f"--mig must be 0..7 instances per GPU, got {self.mig}")
         if self.mig and self.shards:
@@ -180,9 +196,9 @@ class Testbed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, state_dir: str = DEFAULT_STATE_DIR, settings: Settings | None = None,
+    def __init__(self, state_dir: str | None = None, settings: Settings | None = None,
                  progress: Progress | None = None):
-        self.state_dir = os.path.abspath(state_dir)
+        self.state_dir = os.path.abspath(state_dir or default_state_dir())
         saved = self._load_saved()
         self.settings = settings or saved.get("settings") or Settings()
         self._ports: dict[str, int] = saved.get("ports", {})
@@ -408,6 +424,7 @@ class Testbed:
             "ctld_port": self._ports["slurmctld"],
             "nodes": [{"name": n, "port": self._ports[n], "addr": self.node_addr(n)} for n in s.node_names],
             "cgroup_disabled": quirks.cgroup_disabled(slurm_version()),
+            "force_requeue_on_fail": s.force_requeue_on_fail and slurm_version() >= FORCE_REQUEUE_ON_FAIL_SINCE,
             "sim_dir": self.sim_dir,
             "gres_files": [self.path("dev", f"nvidia{m}") for m in (s.gres_order or range(s.gpus))],
             "gres_conf": self.path("gres.conf"),
@@ -1126,6 +1143,30 @@ class Testbed:
         if not poll(answers, timeout, interval=0.1):
             raise TestbedError(f"slurmctld does not answer {timeout:g}s after start{self._log_tail('slurmctld')}")
         self.wait_ready(timeout, idle=False)
+
+
+# --- where a testbed lives ----------------------------------------------------------
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None, euid: int | None = None) -> str:
+    """The state directory of the user who runs ``testbed up``, so that two people on one host
+    (both root through sudo) never share, and take down, one cluster.
+
+    ``$XDG_RUNTIME_DIR/slurm-hooks-testbed`` when that directory is ours (a root that kept another
+    user's XDG_RUNTIME_DIR through sudo would write root's hook programs into a directory that user
+    owns); otherwise ``/var/lib/slurm-hooks/testbed-<uid>``, the uid being sudo's caller's (SUDO_UID)
+    or ours: a root-owned parent, never a guessable name under /tmp that anyone could create first.
+    """
+    environ = os.environ if environ is None else environ
+    euid = os.geteuid() if euid is None else euid
+    runtime = environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(runtime):
+        with contextlib.suppress(OSError):
+            st = os.stat(runtime)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == euid and not st.st_mode & 0o022:
+                return os.path.join(runtime, "slurm-hooks-testbed")
+    uid = environ.get("SUDO_UID", "")
+    return os.path.join(STATE_ROOT, f"testbed-{uid if uid.isdigit() else euid}")
 
 
 # --- packages ----------------------------------------------------------------

@@ -320,7 +320,8 @@ def check_force_requeue_on_fail(conf: SlurmConf) -> list[Result]:
     return [Result(check, Status.WARN,
                    f"{e or 'PrologFlags unset'}: when our prolog refuses a bad GPU, Slurm cancels a batch job "
                    "submitted with --no-requeue instead of requeueing it (req.c _launch_job_fail); interactive "
-                   "salloc/srun allocations are cancelled either way",
+                   "salloc/srun allocations are cancelled either way (the flag is Slurm 23.02's: 22.05's daemons "
+                   "exit on it)",
                    f"PrologFlags={current + ',' if current else ''}ForceRequeueOnFail", where or conf.path)]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -12,7 +13,17 @@ import time
 
 import pytest
 
-from slurm_hooks.lab.testbed import HOOKS, MARKER, Settings, Testbed, TestbedError, missing_programs
+from slurm_hooks.lab.testbed import (
+    FORCE_REQUEUE_ON_FAIL_SINCE,
+    HOOKS,
+    MARKER,
+    Settings,
+    Testbed,
+    TestbedError,
+    default_state_dir,
+    missing_programs,
+    slurm_version,
+)
 from slurm_hooks.runner import run_command
 from slurm_hooks.slurm.version import parse_version
 
@@ -108,13 +119,62 @@ def test_reset_waits_out_the_hooks_and_leaves_every_node_idle_without_a_reason(t
     assert [(n.state, n.reason) for n in testbed.slurm.nodes()] == [("IDLE", ""), ("IDLE", "")]
 
 
+#: What validate judges of the settings the testbed chooses itself (not the test-only timers).
+REHEARSED = ("kill-wait", "checkpoint-grace", "return-to-service", "force-requeue-on-fail", "job-requeue",
+             "nohold-on-prolog-fail", "prolog-epilog-timeout", "reboot-program", "resume-timeout",
+             "health-check-node-state", "health-check-interval")
+
+
+@pytest.mark.parametrize("repair", [False, True], ids=["plain", "repair"])
+def test_the_testbed_an_admin_brings_up_passes_validate_on_what_it_rehearses(tmp_path, repair):
+    """`testbed up` with its defaults (the demo's, an admin's) runs what validate recommends:
+    KillWait 120 above the 90 s checkpoint grace, ReturnToService=1, ForceRequeueOnFail where this
+    Slurm has it (23.02+; 22.05's daemons refuse it)."""
+    tb = Testbed(str(tmp_path / "tb"), Settings(repair=repair))
+    tb._prepare()  # the files `up` writes; no daemon needed to judge them
+    res = run_command([sys.executable, "-m", "slurm_hooks", "validate", "--json", "--config", tb.config_path,
+                       "--slurm-conf", tb.slurm_conf, "--node", "n1"], 120, check=False)
+    results = json.loads(res.stdout)
+    has_flag = slurm_version() >= FORCE_REQUEUE_ON_FAIL_SINCE
+    warned = [r for r in results if r["check"] in REHEARSED and r["status"] != "PASS"
+              and (has_flag or r["check"] != "force-requeue-on-fail")]
+    assert warned == [], warned
+    judged = {r["check"] for r in results}
+    assert {"kill-wait", "checkpoint-grace"} <= judged and ("resume-timeout" in judged) == repair
+    with open(tb.slurm_conf, encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    assert "ReturnToService=1" in lines and "KillWait=120" in lines
+    assert ("PrologFlags=ForceRequeueOnFail" in lines) == has_flag
+
+
+def test_tests_keep_their_short_kill_wait_and_a_site_without_force_requeue_on_fail(tmp_path):
+    tb = Testbed(str(tmp_path / "tb"), Settings(kill_wait=2, force_requeue_on_fail=False, return_to_service=2))
+    tb._prepare()
+    with open(tb.slurm_conf, encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    assert "KillWait=2" in lines and "ReturnToService=2" in lines
+    assert not any(line.startswith("PrologFlags=") for line in lines)
+
+
+def test_the_default_state_dir_is_each_users_own(tmp_path):
+    assert default_state_dir({}, 0) == "/var/lib/slurm-hooks/testbed-0"
+    # two admins through sudo on one host: root both, yet two clusters
+    assert default_state_dir({"SUDO_UID": "1000"}, 0) != default_state_dir({"SUDO_UID": "1001"}, 0)
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    assert default_state_dir({"XDG_RUNTIME_DIR": str(runtime)}, os.geteuid()) == str(runtime / "slurm-hooks-testbed")
+    # a runtime dir that is someone else's (kept through sudo) is not where root writes its hook programs
+    assert default_state_dir({"XDG_RUNTIME_DIR": str(runtime), "SUDO_UID": "1000"}, os.geteuid() + 1) == \
+        "/var/lib/slurm-hooks/testbed-1000"
+
+
 def test_hooks_are_wired_in_as_absolute_root_owned_wrappers(hooked_testbed):
     tb = hooked_testbed
     bin_dir = os.path.join(tb.state_dir, "bin")
     with open(tb.slurm_conf, encoding="utf-8") as fh:
         conf = fh.read()
     for line in (f"Prolog={bin_dir}/prolog", f"Epilog={bin_dir}/epilog", f"HealthCheckProgram={bin_dir}/healthcheck",
-                 "HealthCheckNodeState=ANY", "SchedulerParameters=nohold_on_prolog_fail,batch_sched_delay=0", "ReturnToService=2"):
+                 "HealthCheckNodeState=ANY", "SchedulerParameters=nohold_on_prolog_fail,batch_sched_delay=0", "ReturnToService=1"):
         assert line in conf.splitlines()
     for hook, command in (("healthcheck", "check"), ("prolog", "prolog"), ("epilog", "epilog")):
         path = os.path.join(bin_dir, hook)
