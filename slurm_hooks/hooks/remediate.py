@@ -16,7 +16,7 @@ from typing import Any
 from slurm_hooks.engine import snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import checkpoint, gpumap
-from slurm_hooks.hooks.actions import annotate_jobs, step
+from slurm_hooks.hooks.actions import annotate_jobs, gpu_fields, step
 from slurm_hooks.hooks.follower import Follow, Followed, Phase, follow_jobs, in_grace, record_requeue_seconds
 from slurm_hooks.hooks.marker import DrainMarker, MarkerUnreadable, Released, foreign
 from slurm_hooks.hooks.wiring import Wiring
@@ -75,7 +75,8 @@ def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
         if f.severity is Severity.OK:
             continue
         w.audit.write("alert", node=w.node, context=report.context.value, gpu=f.gpu, check=f.check,
-                      severity=f.severity.value, action=f.action.value, message=f.message, **extra)
+                      severity=f.severity.value, action=f.action.value, message=f.message,
+                      **gpu_fields(report, f.gpu), **extra)
 
 
 def not_acted(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:

@@ -82,6 +82,15 @@ def test_xid79_on_gpu3_drains_with_our_reason_and_writes_the_audit(t):
     assert os.path.exists(t.w.drained_marker())
 
 
+def test_an_alert_names_its_gpu_by_uuid_serial_and_bus_id_for_the_rma_list(t):
+    inject(t, 3, xid=79)
+    report, _ = check(t)
+    [alert] = records(t, "alert")
+    gpu = report.snapshot.gpu(3)
+    assert gpu.serial and gpu.uuid
+    assert (alert["uuid"], alert["serial"], alert["pci_bus_id"]) == (gpu.uuid, gpu.serial, gpu.pci_bus_id)
+
+
 def test_a_node_already_drained_with_our_reason_is_not_drained_again(t):
     drained_by_us(t)
     _, outcome = check(t)
