@@ -107,7 +107,7 @@ def _not_requeued_note(w: Wiring, jid: str) -> str:
     except SlurmHooksError:
         return ""
     if not job.batch:
-        return "; an interactive allocation cannot be requeued: Slurm cancels it, run it again"
+        return "; an interactive allocation cannot be requeued: Slurm ends it, run it again"
     if not job.requeue:
         return ("; --no-requeue: Slurm cancels the job rather than start it elsewhere (unless PrologFlags="
                 "ForceRequeueOnFail), resubmit it")

@@ -408,7 +408,7 @@ def test_a_no_requeue_job_the_prolog_refuses_is_cancelled_and_its_admin_comment_
 
 def test_an_srun_allocation_the_prolog_refuses_is_cancelled_and_its_admin_comment_says_why(hooked_testbed):
     """Slurm cannot requeue an interactive allocation whose prolog failed: srun fails, the job is
-    cancelled, and its AdminComment (sacct, scontrol show job) says why."""
+    ended (cancelled), never requeued, and its AdminComment (sacct, scontrol show job) says why."""
     tb = hooked_testbed
     sim.inject(tb.sim_dir, "n1", 3, xid=79)
     name = f"srun-{uuid.uuid4().hex[:8]}"
@@ -419,7 +419,8 @@ def test_an_srun_allocation_the_prolog_refuses_is_cancelled_and_its_admin_commen
                             env=tb.env, capture_output=True, text=True, timeout=30, check=True).stdout.split()
     [job] = listed
     info = tb.wait_job(int(job), ("FAILED", "CANCELLED", "NODE_FAIL", "COMPLETED", "BOOT_FAIL"), timeout=30)
-    assert (info.base_state, info.restarts, info.batch) == ("CANCELLED", 0, False), info
+    # Slurm ends it CANCELLED, or FAILED where srun's aborted step is recorded first (seen under load)
+    assert info.base_state in ("CANCELLED", "FAILED") and (info.restarts, info.batch) == (0, False), info
     comment = tb.slurm.admin_comment(job)
     assert comment.startswith("slurm-hooks: refused by the prolog on n1, XID 79 on GPU 3, an interactive allocation "
-                              "cannot be requeued: Slurm cancels it"), comment
+                              "cannot be requeued: Slurm ends it"), comment
