@@ -374,8 +374,8 @@ def _gres_conf_count(conf: SlurmConf, cfg: Config | None, node: str, rec) -> lis
         found = gres.load(path, node)
     except gres.GresConfError as exc:
         return [Result("gres", Status.FAIL, f"gres.conf unreadable: {exc}", "fix that line", path)]
-    if found.autodetect == "nvml":
-        return []  # slurmd counts the GPUs NVML finds (gres.conf lines only name or order them)
+    if found.autodetect not in ("", "off"):
+        return []  # slurmd counts the GPUs its plugin finds (nvml, 24.11's nvidia, ...): gres.conf only names them
     given = len(found.devices) + found.fileless
     if given >= rec.gpus:
         return []

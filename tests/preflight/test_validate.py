@@ -385,6 +385,19 @@ def test_gres_conf_that_autodetects_or_matches_the_count_passes(cluster):
     assert only(cluster.run(), "gres").status is validate.Status.PASS
 
 
+@pytest.mark.parametrize("autodetect", ["nvidia", "NVML", "rsmi", "oneapi"])
+def test_gres_conf_that_autodetects_by_any_plugin_is_not_counted_against_slurm_conf(cluster, autodetect):
+    # Slurm 24.11's AutoDetect=nvidia (no NVML needed) counts the GPUs itself, as nvml does: the Type= line that
+    # only names them gave "offers 8 GPU(s) but gres.conf gives n1 1", a FAIL on a node that schedules fine.
+    (cluster.root / "etc" / "gres.conf").write_text(f"AutoDetect={autodetect}\nName=gpu Type=h100\n")
+    assert only(cluster.run(), "gres").status is validate.Status.PASS
+
+
+def test_gres_conf_with_autodetect_off_is_counted(cluster):
+    (cluster.root / "etc" / "gres.conf").write_text("AutoDetect=off\nNodeName=n[1-2] Name=gpu File=/dev/nvidia[0-3]\n")
+    assert [r for r in by_check(cluster.run(), "gres") if r.status is validate.Status.FAIL]
+
+
 def test_missing_force_requeue_on_fail_warns_with_the_reason_and_a_fix_that_keeps_other_flags(cluster):
     cluster.edit_slurm_conf("PrologFlags=Contain,ForceRequeueOnFail", "PrologFlags=Contain")
     r = only(cluster.run(), "force-requeue-on-fail")
