@@ -12,7 +12,6 @@ import os
 import re
 import sys
 from types import SimpleNamespace
-from typing import Any
 
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.models import Action, Expectations, Scope, Urgency
@@ -20,6 +19,10 @@ from slurm_hooks.severity import CHECK_RULES, OVERRIDE_KEYS, Severities, xid_rul
 from slurm_hooks.slurm import hostlist
 from slurm_hooks.urlsecret import URL, bad_url
 from slurm_hooks.values import compile_later, dataclass, field, fields, replace
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_PATH = "/etc/slurm-hooks/config.toml"
 ENV_VAR = "SLURM_HOOKS_CONFIG"

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from slurm_hooks import checks as registry
 from slurm_hooks.models import (
@@ -26,6 +25,7 @@ from slurm_hooks.severity import DEFAULT as DEFAULT_SEVERITIES
 from slurm_hooks.severity import Severities
 from slurm_hooks.values import dataclass, field, replace
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
     from slurm_hooks.checks.hysteresis import Hysteresis
     from slurm_hooks.models import IbPort

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.values import compile_later
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
+if TYPE_CHECKING:
+    from typing import Any
 
 #: What a receiver's URL must look like.
 URL = compile_later(r"^https?://[^/\s]+")

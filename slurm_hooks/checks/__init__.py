@@ -6,8 +6,7 @@ is adding one function in its family's module and one line here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Callable
+from collections.abc import Callable, Iterable
 
 from slurm_hooks.checks import (
     dcgm,

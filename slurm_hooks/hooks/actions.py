@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from slurm_hooks import REASON_PREFIX
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.slurm import ADMIN_COMMENT_MAX, join_admin_comment
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def step(w: Wiring, action: str, target: str, result: str, started: float, **fields: Any) -> None:

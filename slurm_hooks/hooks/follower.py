@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import SlurmHooksError
@@ -37,6 +36,7 @@ from slurm_hooks.slurm import JobInfo, hostlist, job_ref
 from slurm_hooks.slurm.errors import AlreadyRequeued, SlurmCommandFailed
 from slurm_hooks.values import asdict, dataclass, fields, replace
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
     from slurm_hooks.runner import Spawned
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from slurm_hooks import fsutil
 from slurm_hooks.values import asdict, compile_later, dataclass
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
     from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.models import NodeSnapshot

@@ -17,8 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from slurm_hooks import engine, pending
 from slurm_hooks.errors import SlurmHooksError, TransientError
@@ -30,7 +29,10 @@ from slurm_hooks.slurm import quirks, reboot_pending
 from slurm_hooks.values import asdict, replace
 from slurm_hooks.xid.history import XidState
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
+    from typing import Any
+
     from slurm_hooks.xid.catalog import XidInfo
 
 

@@ -15,8 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 from slurm_hooks import fsutil
 from slurm_hooks.engine import parse_gpu_list

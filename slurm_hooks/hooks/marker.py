@@ -22,14 +22,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.slurm import FOREIGN_PREFIXES, OWNER_KEEPING_SUFFIXES, SUFFIX_SEP, reboot_pending, split_reason
 from slurm_hooks.values import asdict, dataclass, replace
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
+    from typing import Any
+
     from slurm_hooks.slurm import NodeInfo
 
 

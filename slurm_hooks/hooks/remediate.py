@@ -11,7 +11,6 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from slurm_hooks.engine import snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
@@ -36,6 +35,10 @@ from slurm_hooks.slurm import (
 )
 from slurm_hooks.slurm.errors import AlreadyRequeued
 from slurm_hooks.values import dataclass, field, replace
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
+if TYPE_CHECKING:
+    from typing import Any
 
 _step = step
 __all__ = ["Outcome", "annotate_jobs", "drain", "requeue_jobs", "resume_if_ours", "touched_jobs"]

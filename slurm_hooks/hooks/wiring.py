@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import config as config_mod
 from slurm_hooks.observe.audit import AuditLog
@@ -19,7 +18,10 @@ from slurm_hooks.slurm import nodename
 from slurm_hooks.values import dataclass, field
 from slurm_hooks.xid.history import XidHistory
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
+    from typing import Any
+
     from slurm_hooks.config import Config
     from slurm_hooks.probes import Probe
     from slurm_hooks.slurm import Slurm

@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from slurm_hooks import fsutil
 from slurm_hooks.models import IbPort
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
+if TYPE_CHECKING:
+    from typing import Any
 
 SYSFS_ROOT = "/sys/class/infiniband"
 

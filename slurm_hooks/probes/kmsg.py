@@ -17,8 +17,7 @@ import select
 import stat
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from typing import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from slurm_hooks.errors import ProbeError
 from slurm_hooks.models import XidEvent

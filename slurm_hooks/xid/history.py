@@ -17,12 +17,15 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import PermanentError
 from slurm_hooks.models import XidEvent
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = 2
 KEEP_S = 7 * 86400
