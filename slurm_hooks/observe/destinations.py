@@ -61,7 +61,10 @@ class DeliveryError(Exception):
 #: 5xx, 408/429) says nothing about the message: the receiver is out, every message waits.
 REFUSED_MESSAGE = frozenset({400, 413, 422})
 #: Answers that mean the receiver's credentials or address are wrong, worth saying so.
-_ADMIN_ANSWERS = {401: "check its credentials", 403: "check its credentials",
+_ADMIN_ANSWERS = {**dict.fromkeys((301, 302, 303, 307, 308), "it redirects: set its URL to where it points; a "
+                                   "redirected POST is re-sent as a GET without the message, or its token to "
+                                   "another host"),
+                  401: "check its credentials", 403: "check its credentials",
                   404: "check its URL (the webhook may have been deleted)", 410: "check its URL (the webhook was deleted)"}
 
 
@@ -107,9 +110,14 @@ def _request(method: str, url: str, body: bytes | None, headers: dict, timeout: 
     import urllib.error
     import urllib.request
 
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, hdrs, newurl):  # noqa: ANN001, ANN202 - urllib's
+            return None  # the 3xx is an HTTPError: an outage, said, never a delivery
+
     try:
         request = urllib.request.Request(url, data=body, headers=headers, method=method)
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http(s) only, checked in config
+        opener = urllib.request.build_opener(NoRedirect)
+        with opener.open(request, timeout=timeout) as response:  # noqa: S310 - http(s) only, checked in config
             data = response.read(1 << 20)
             return int(response.status), data
     except urllib.error.HTTPError as exc:

@@ -161,6 +161,57 @@ def test_a_broken_exchange_is_an_outage_retried_never_a_discard(tmp_path, reply)
         server.close()
 
 
+class LandingPage:
+    """Where a moved receiver's redirect points: a page answering 200 to anything."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        owner, self.methods = self, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self):
+                owner.methods.append(self.command)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"welcome")
+
+            do_GET = do_POST = _answer  # noqa: N815 - http.server's names
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/welcome"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("code", [301, 302, 307])
+def test_a_receiver_that_redirects_is_an_outage_said_never_a_delivery(tmp_path, receiver, code):
+    """urllib re-sent a redirected POST as a GET without the message (a landing page's 200 counted as
+    delivered: the page lost), or with the Authorization header to the other host."""
+    page = LandingPage()
+    try:
+        receiver.answers = [(code, {"Location": page.url})] * 3
+        clock, said = Clock(), []
+        log = AuditLog(str(tmp_path / "audit.jsonl"))
+        n = notifier(tmp_path, receiver.url(f"/services/{SECRET}"), clock, said)
+        xid79(log)
+        assert n.flush(5)["sent"] == 0
+        [entry] = n.outbox.entries()
+        assert entry.last_error.startswith(f"HTTP {code}") and "it redirects" in entry.last_error
+        assert page.methods == []
+        clock.offset = 600.0
+        receiver.answers = []
+        assert n.flush(5)["sent"] == 1  # the receiver is back where it was: delivered
+    finally:
+        page.stop()
+
+
 def test_a_url_urllib_refuses_raises_a_delivery_error_that_does_not_hold_it():
     for url in (f"http://127.0.0.1:9/services/{SECRET}\nX-Evil: 1", f"http://127.0.0.1:9/services/{SECRET} x",
                 f"127.0.0.1:9/services/{SECRET}", "http://[::1/x"):
