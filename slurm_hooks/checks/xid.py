@@ -8,6 +8,12 @@ is events, not log lines (the kernel-log reader folds a burst into one event),
 and every event once: those recorded by earlier runs (``CheckInput.xid_history``)
 and those in this snapshot not recorded yet. Acknowledged and baseline events are
 no reason to act again, but they did happen, so they still count.
+
+XID 13 and 31 (graphics exception, memory page fault) are the application's as a
+rule, and NVIDIA's catalogue drains for neither; but the same GPU again, and no
+other, is the GPU's (NVSentinel's rule, ``xid.history.app_or_hardware``): that
+one is reset like hardware, while a spread across GPUs says "the application" and
+takes nothing out.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from slurm_hooks.checks.recovery import verdict_finding, verdict_from_text
 from slurm_hooks.models import Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
 from slurm_hooks.values import replace
 from slurm_hooks.xid.catalog import lookup
+from slurm_hooks.xid.history import APP_OR_HARDWARE_XIDS, app_or_hardware
 
 #: "GPU Recovery Action Changed": informational, but its text names the driver's new verdict.
 RECOVERY_XID = 154
@@ -52,7 +59,8 @@ def _judge(inp: CheckInput, gpu: int | None, ident: str, events: Iterable[XidEve
         current = by_code[(code, instance)]
         new = [e for key, e in current.items() if key not in known]
         if new:
-            found = _finding(inp, gpu, code, len(new), _occurrences(inp, ident, code, current))
+            cause = _app_or_hardware(inp, ident) if code in APP_OR_HARDWARE_XIDS and gpu is not None else ""
+            found = _finding(inp, gpu, code, len(new), _occurrences(inp, ident, code, current), cause)
             if instance >= 0 and gpu is not None:
                 found = replace(found, instance=instance, summary=f"{found.summary} instance {instance}")
             yield found
@@ -62,7 +70,18 @@ def _judge(inp: CheckInput, gpu: int | None, ident: str, events: Iterable[XidEve
                 yield verdict_finding("xid", verdict, gpu, f"XID {code}")
 
 
-def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: int) -> Finding:
+def _app_or_hardware(inp: CheckInput, ident: str) -> str:
+    """``app_or_hardware`` over the recorded history and this snapshot's XID 13/31 not recorded yet
+    (on every GPU of the node, not only the job's: a spread is told by the others), those as now."""
+    merged = dict(inp.xid_history)
+    for g in inp.snapshot.gpus:
+        other = gpu_identity(g.uuid, g.index, g.pci_bus_id)
+        merged.update({e.key: (other, e.code, inp.now) for e in g.xids
+                       if e.code in APP_OR_HARDWARE_XIDS and e.key not in merged})
+    return app_or_hardware(merged, ident, inp.now, float(inp.expect.xid_repeat_window_s))
+
+
+def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: int, cause: str = "") -> Finding:
     info = (inp.xid_lookup or lookup)(code)
     if info is None:
         action, severity, what = Action.WARN, Severity.WARN, "unknown XID"
@@ -70,12 +89,20 @@ def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: i
         action, severity = info.action, info.severity
         what = info.description if info.description != "Unused" else f"{info.mnemonic}, unused"
     message = f"XID {code} ({what})"
+    window = _span(inp.expect.xid_repeat_window_s)
+    if cause == "hardware":
+        action, severity = max(action, Action.RESET, key=lambda a: a.rank), Severity.FAIL
     limit = inp.expect.xid_repeat_count
     if Action.DRAIN.rank <= action.rank < Action.REPLACE.rank and 0 < limit <= total:
         action, severity = Action.REPLACE, Severity.FAIL
-        message += f", {_ordinal(total)} time in {_span(inp.expect.xid_repeat_window_s)} -> hardware"
-    elif current > 1:
-        message += f", {current} times"
+        message += f", {_ordinal(total)} time in {window} -> hardware"
+    else:
+        if current > 1:
+            message += f", {current} times"
+        if cause == "hardware":
+            message += f", again on this GPU and on no other within {window} -> hardware"
+        elif cause == "application":
+            message += f", on other GPUs too within {window} -> the application, not this GPU"
     summary = f"XID {code} on GPU {gpu}" if gpu is not None else f"XID {code} on node"
     return Finding("xid", severity, action, message, gpu, summary, rule=f"xid.{code}")
 

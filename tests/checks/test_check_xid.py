@@ -63,9 +63,49 @@ def test_app_xid13_tells_the_user_and_does_not_drain():
     assert f.message == "XID 13 (Graphics Engine Exception)"
 
 
-def test_app_xid31_repeated_still_does_not_drain():
-    findings = run(node(gpu(3, *(xid(31, seq=i) for i in range(5)))), xid_history=earlier(31, *(NOW - HOUR,) * 5))
+def test_app_xid31_on_other_gpus_too_is_the_application_and_does_not_drain():
+    history = {**earlier(31, NOW - HOUR), **earlier(31, NOW - HOUR + 1, on="gpu5")}
+    findings = run(node(gpu(3, *(xid(31, seq=i) for i in range(5)))), xid_history=history)
     assert [(f.action, f.severity) for f in findings] == [(Action.NONE, Severity.WARN)]
+    assert findings[0].message.endswith("on other GPUs too within 24h -> the application, not this GPU")
+
+
+def test_xid13_again_on_the_same_gpu_and_no_other_is_reset_as_hardware():
+    [f] = run(node(gpu(0), gpu(3, xid(13))), xid_history=earlier(13, NOW - HOUR))
+    assert (f.action, f.severity, f.gpu) == (Action.RESET, Severity.FAIL, 3)
+    assert f.action.takes_node_out
+    assert f.message == "XID 13 (Graphics Engine Exception), again on this GPU and on no other within 24h -> hardware"
+
+
+def test_xid31_then_xid13_on_one_gpu_is_hardware_too():
+    [f] = run(node(gpu(3, xid(13))), xid_history=earlier(31, NOW - HOUR))
+    assert f.action is Action.RESET and f.message.endswith("-> hardware")
+
+
+def test_xid13_on_several_gpus_at_once_is_the_application_on_each():
+    findings = run(node(gpu(0, xid(13, gpu=0)), gpu(3, xid(13))))
+    assert [(f.gpu, f.action, f.severity) for f in findings] == [(0, Action.NONE, Severity.WARN),
+                                                                  (3, Action.NONE, Severity.WARN)]
+    assert all("-> the application, not this GPU" in f.message for f in findings)
+
+
+def test_in_the_prolog_another_gpus_xid13_still_tells_the_application():
+    """Only the job's GPU is judged, but the spread is read off the whole node."""
+    history = earlier(13, NOW - HOUR)
+    [f] = run(node(gpu(0, xid(13, gpu=0, seq=2)), gpu(3, xid(13))), xid_history=history, gpus=(3,),
+              context=Context.PROLOG)
+    assert f.gpu == 3 and f.action is Action.NONE and "the application" in f.message
+
+
+def test_an_old_xid13_on_the_same_gpu_tells_nothing():
+    [f] = run(node(gpu(3, xid(13))), xid_history=earlier(13, NOW - 2 * 24 * HOUR))
+    assert (f.action, f.message) == (Action.NONE, "XID 13 (Graphics Engine Exception)")
+
+
+def test_the_third_xid13_on_one_gpu_goes_to_replace():
+    [f] = run(node(gpu(3, xid(13))), xid_history=earlier(13, NOW - 2 * HOUR, NOW - HOUR))
+    assert (f.action, f.severity) == (Action.REPLACE, Severity.FAIL)
+    assert "3rd time in 24h -> hardware" in f.message
 
 
 def test_unknown_xid_code_warns():
