@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
 
 from slurm_hooks import fsutil, values
 from slurm_hooks.errors import SimStateError
 from slurm_hooks.models import Action, GpuSnapshot, NodeSnapshot, XidEvent, gpu_from_dict
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
+if TYPE_CHECKING:
+    from typing import Any
 
 STATE_VERSION = 1
 
