@@ -23,6 +23,9 @@ from slurm_hooks.values import dataclass, field
 
 #: Delivered message ids remembered (far more than a flood of incidents produces between restarts).
 LEDGER_SIZE = 5000
+#: The longest message id kept whole in a file name (with ``--<receiver>.json`` and atomic_write's
+#: temporary ``.<name>.<pid>.<n>.tmp`` it stays within a file system's 255 bytes).
+NAME_MAX = 160
 #: Refused messages kept in ``failed/`` for a look (``notify status``); older ones are removed.
 FAILED_KEEP = 200
 
@@ -143,6 +146,12 @@ class Outbox:
 
     def _name(self, mid: str, dest: str) -> str:
         safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in mid)
+        if len(safe) > NAME_MAX:
+            # A Kubernetes node name may be 253 characters: past the file system's 255 for a name,
+            # put() would fail every pass and hold every message back. Its head, and a hash of all.
+            import hashlib
+
+            safe = f"{safe[:NAME_MAX - 17]}-{hashlib.sha256(mid.encode()).hexdigest()[:16]}"
         return os.path.join(self.box, f"{safe}--{dest}.json")
 
     def _entries(self) -> dict[str, Entry]:

@@ -202,6 +202,19 @@ def test_a_retry_after_of_years_holds_the_receiver_an_hour_at_most(make, receive
     assert len(receiver.requests) == 2 and receiver.requests[1]["code"] == 200
 
 
+def test_a_bridge_message_about_a_node_with_a_253_character_name_is_queued_and_delivered(make, receiver):
+    """Kubernetes allows node names of 253 characters: the message's file name passed the file
+    system's 255 bytes, put() failed every pass and every message waited behind it for ever."""
+    log, clock, notifier, said = make
+    kube_node = "gpu-" + "a" * 240 + ".internal"
+    log.write("bridge_permission_missing", node=kube_node, slurm_node="n1", message="cannot patch nodes")
+    xid79(log, node="n2")
+    n = notifier()
+    assert n.flush(5)["sent"] == 2
+    assert {b["kind"] for b in receiver.bodies()} == {"bridge", "opened"}
+    assert n.flush(5)["queued"] == 0 and not [m for m in said if "pass failed" in m]
+
+
 def test_one_receiver_takes_at_most_its_rate(make, receiver):
     log, clock, notifier, _ = make
     for k in range(12):
