@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import click
 
 from slurm_hooks.commands.options import config_option, json_option, node_option
 from slurm_hooks.errors import EXIT_OK, EXIT_UNAVAILABLE, EXIT_UNHEALTHY, EXIT_USAGE
+
+#: What Slurm takes as a partition name (the adapter refuses anything else before running sinfo).
+_PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
 @click.command()
@@ -38,6 +42,8 @@ def sweep(config_path: str | None, nodes: str | None, partition: str | None, lev
 
     if bool(nodes) == bool(partition):
         raise click.UsageError("give --nodes LIST or --partition NAME (one of them)")
+    if partition and not _PARTITION.match(partition):
+        raise click.BadParameter(f"{partition!r} is not a partition name", param_hint="--partition")
     if max_parallel is not None:
         try:
             parse_share(max_parallel)

@@ -69,6 +69,7 @@ def _cli(*args, env=None):
     (["sweep", "--nodes", "n1", "--max-parallel", "0"], "must be a count of nodes"),
     (["sweep", "--nodes", "n1", "--max-parallel", "150%"], "must be a count of nodes"),
     (["sweep", "--nodes", "n1", "--level", "5"], "--level"),
+    (["sweep", "--partition", "gpu;reboot"], "'gpu;reboot' is not a partition name"),  # was exit 3: "Slurm did not answer"
 ])
 def test_bad_sweep_input_is_one_line_and_exit_2_before_anything_is_reserved(tmp_path, args, message):
     done = _cli(*args, "--config", str(write_sim_config(tmp_path)))
