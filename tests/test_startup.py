@@ -12,7 +12,7 @@ import sys
 import pytest
 
 #: Modules a warm healthy check or prolog must not load (each costs ms at every start).
-NOT_ON_THE_PATH = ("tomllib", "tomli", "subprocess", "dataclasses", "inspect", "typing", "click", "jinja2",
+NOT_ON_THE_PATH = ("tomllib", "tomli", "subprocess", "dataclasses", "inspect", "typing", "copy", "click", "jinja2",
                    "kubernetes")
 
 _PROBE = """
