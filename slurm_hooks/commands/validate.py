@@ -15,12 +15,18 @@ from slurm_hooks.commands.options import config_option, json_output, node
               help="slurm.conf to judge (default: $SLURM_CONF, then /etc/slurm/slurm.conf and the configless caches).")
 @json_output("A JSON list of {check, status, message, fix, where}.")
 @node("Judge GPUs and Gres for this node (default: $SLURMD_NODENAME or short hostname).")
-def validate(config_path: str | None, slurm_conf: str | None, as_json: bool, node: str | None) -> int:
+@click.option("--learn", is_flag=True,
+              help="Instead: print the [expect] (or [groups.NAME]) lines this healthy node passes (GPU count, "
+                   "model, PCIe, NVLinks, InfiniBand ports and rate), to paste into the config. Writes nothing.")
+def validate(config_path: str | None, slurm_conf: str | None, as_json: bool, node: str | None,
+             learn: bool = False) -> int:
     """Check slurm.conf, our config, the GPUs, scontrol and (with [bridge]) Kubernetes access."""
     from slurm_hooks import preflight
     from slurm_hooks.slurm import nodename
 
     node = nodename.resolve(node)
+    if learn:
+        return _learn(config_path, node, as_json)
     results = preflight.run(config_path, slurm_conf, node)
     results += _gpu_map(config_path, node, slurm_conf)
     if as_json:
@@ -29,6 +35,29 @@ def validate(config_path: str | None, slurm_conf: str | None, as_json: bool, nod
         for r in results:
             click.echo(r.line())
     return 0 if preflight.passed(results) else 1
+
+
+def _learn(config_path: str | None, node: str, as_json: bool) -> int:
+    """What this node has, as TOML to paste (preflight.learn); exit 1 when its GPUs cannot be read."""
+    from slurm_hooks import engine
+    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.preflight import learn
+    from slurm_hooks.probes import ib
+
+    w = Wiring.load(config_path, node)
+    snap = engine.take_snapshot(w.probe(), node, float(w.config.gpu.probe_timeout))
+    if snap.error is not None:
+        click.echo(f"validate --learn: the GPUs of {node} cannot be read ({snap.error}): nothing learned", err=True)
+        return 1
+    values, notes = learn.learn_gpus(snap.gpus)
+    more, port_notes = learn.learn_ports(ib.read_ports(ib.from_config(w.config, node).root))
+    values.update(more)
+    section = learn.section_for(w.config.group_for(node))
+    if as_json:
+        click.echo(json.dumps({"section": section, "values": values, "notes": notes + port_notes}, indent=1))
+    else:
+        click.echo(learn.snippet(node, section, values, notes + port_notes, w.config.path or ""), nl=False)
+    return 0
 
 
 def _gpu_map(config_path: str | None, node: str, slurm_conf: str | None) -> list:

@@ -1,0 +1,87 @@
+"""``validate --learn``: what a healthy node has, as the ``[expect]`` (or ``[groups.NAME]``) lines
+that make every other node of its kind compare against it.
+
+Typing eight port names and a rate per SKU by hand is how a site ends up checking nothing (no
+expectation: the port checks judge every port present, never a missing one). Learning reads
+the node once: the GPUs the probe sees and the InfiniBand/RoCE ports under the ``[links]`` tree,
+and prints TOML to paste. It never rewrites the admin's config: a file with comments, groups
+and a review history is theirs to edit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+
+from slurm_hooks.models import GpuSnapshot
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def _common(values: Sequence[Any]) -> Any:
+    """The one value every GPU shares; ``None`` when they differ or one is unknown."""
+    first = values[0] if values else None
+    return first if first is not None and all(v == first for v in values) else None
+
+
+def learn_gpus(gpus: Sequence[GpuSnapshot]) -> tuple[dict[str, Any], list[str]]:
+    """(expectations, notes) from the GPUs: their count and, where every GPU agrees, model, PCIe
+    generation and width (the maxima: an idle GPU trains its link down) and active NVLinks. A GPU
+    lost or needing a reset is no model to learn from: a note, and it is left out of the count."""
+    notes = [f"GPU {g.index} is {'lost' if g.lost else 'waiting for a reset'}: not counted; learn again once "
+             "it is healthy" for g in gpus if g.lost or g.needs_reset]
+    good = [g for g in gpus if not (g.lost or g.needs_reset)]
+    values: dict[str, Any] = {"gpus": len(good)}
+    if not good:
+        return values, notes
+    model = _common([g.model or None for g in good])
+    if model:
+        values["model"] = model
+    for key, field in (("pcie_gen", "pcie_gen_max"), ("pcie_width", "pcie_width_max")):
+        value = _common([getattr(g, field) for g in good])
+        if value is not None:
+            values[key] = value
+    links = _common([None if g.nvlinks is None else sum(1 for link in g.nvlinks if link.active) for g in good])
+    if links:
+        values["nvlinks"] = links
+    return values, notes
+
+
+def learn_ports(ports: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """(expectations, notes) from ``probes.ib.read_ports``: how many ports are up, and the slowest
+    rate among them (a faster port passes a lower expectation; a storage port at 200 Gb/s beside
+    eight at 400 would otherwise fail every run). A port that is down is no expectation: a note."""
+    up = [p for p in ports if p.get("state") == "ACTIVE" and p.get("phys_state") == "LinkUp"]
+    notes = [f"IB {p['device']} port {p['port']} is {p.get('state') or '?'}/{p.get('phys_state') or '?'}: not "
+             "counted; learn again once it is up, or leave ib_ports below the ports the node has"
+             for p in ports if p not in up]
+    if not ports:
+        return {}, ["no InfiniBand/RoCE port under the [links] tree: ib_ports and ib_rate_gbps left unset"]
+    values: dict[str, Any] = {"ib_ports": len(up)}
+    rates = [p["rate_gbps"] for p in up if p.get("rate_gbps")]
+    if rates:
+        values["ib_rate_gbps"] = int(min(rates))
+        if len(set(rates)) > 1:
+            notes.append(f"ports run at {', '.join(f'{r:g}' for r in sorted(set(rates)))} Gb/s: the slowest is "
+                         "expected of every port")
+    return values, notes
+
+
+def snippet(node: str, section: str, values: Mapping[str, Any], notes: Sequence[str], config_path: str = "",
+            now: float | None = None) -> str:
+    """The TOML to paste: one table, its keys in a fixed order, the notes as comments above it."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(time.time() if now is None else now))
+    where = f" into {config_path}" if config_path else ""
+    lines = [f"# learned by `slurm-hooks validate --learn` on {node}, {when}: paste{where}, replacing these keys",
+             *(f"# note: {n}" for n in notes), f"[{section}]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+
+def section_for(group: str) -> str:
+    """The table to paste into: the node's group (``Config.group_for``), else ``[expect]``."""
+    return "expect" if group == "default" else f"groups.{group}"

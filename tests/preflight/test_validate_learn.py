@@ -1,0 +1,96 @@
+"""``validate --learn``: a healthy node's GPUs and InfiniBand ports as TOML to paste, never a rewrite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+try:
+    import tomllib
+except ImportError:  # Python 3.9, 3.10
+    import tomli as tomllib
+
+from slurm_hooks import config as config_mod
+from slurm_hooks.preflight import learn
+from slurm_hooks.probes import sim
+
+CONFIG = """[gpu]
+backend = "sim"
+sim_dir = "{root}/sim"
+
+[state]
+dir = "{root}/state"
+
+[log]
+audit = "{root}/audit.jsonl"
+"""
+
+
+def node_with_ports(tmp_path, ports: int = 8, extra: str = "") -> str:
+    """A sim node ``n1`` as ``sim init --ib N`` lays it; returns its config's path."""
+    path = tmp_path / "config.toml"
+    path.write_text(CONFIG.format(root=tmp_path) + extra)
+    sim.init(str(tmp_path / "sim"), "n1", 8)
+    sim.init_ib(str(tmp_path / "sim"), "n1", ports)
+    return str(path)
+
+
+def slurm_hooks(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slurm_hooks", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SLURMD_NODENAME": "n1"})
+
+
+def test_learn_prints_the_ports_rate_and_gpus_of_a_healthy_node_and_leaves_the_config_alone(tmp_path):
+    path = node_with_ports(tmp_path)
+    before = (open(path, "rb").read(), os.stat(path).st_mtime_ns)
+    res = slurm_hooks("validate", "--learn", "--config", path, "--node", "n1")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("# learned by `slurm-hooks validate --learn` on n1, ")
+    learned = tomllib.loads(res.stdout)["expect"]
+    assert learned == {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "pcie_gen": 5, "pcie_width": 16, "nvlinks": 18,
+                       "ib_ports": 8, "ib_rate_gbps": 400}
+    assert (open(path, "rb").read(), os.stat(path).st_mtime_ns) == before
+
+
+def test_the_learned_lines_pasted_in_load_and_the_node_passes_them_until_a_port_trains_slower(tmp_path):
+    path = node_with_ports(tmp_path)
+    snippet = slurm_hooks("validate", "--learn", "--config", path, "--node", "n1").stdout
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("\n" + snippet)
+    expect = config_mod.load(path).expectations_for("n1")
+    assert (expect.ib_ports, expect.ib_rate_gbps, expect.gpus) == (8, 400, 8)
+    healthy = slurm_hooks("check", "--config", path, "--node", "n1", "--dry-run")
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    sim.inject_ib(str(tmp_path / "sim"), "n1", "mlx5_3:1", rate_gbps=200)  # judged only against a learned rate
+    slow = slurm_hooks("check", "--config", path, "--node", "n1", "--dry-run")
+    assert "IB mlx5_3 port 1: rate 200 Gb/s, expected 400 Gb/s" in slow.stdout, slow.stdout + slow.stderr
+
+
+def test_a_node_in_a_group_learns_that_groups_table(tmp_path):
+    path = node_with_ports(tmp_path, extra='\n[groups.h100]\nnodes = "n[1-4]"\ngpus = 8\n')
+    res = slurm_hooks("validate", "--learn", "--config", path, "--node", "n1")
+    assert res.returncode == 0, res.stderr
+    assert tomllib.loads(res.stdout)["groups"]["h100"]["ib_ports"] == 8
+
+
+def test_a_port_down_at_learning_is_not_expected_and_says_so(tmp_path):
+    path = node_with_ports(tmp_path)
+    sim.inject_ib(str(tmp_path / "sim"), "n1", "mlx5_7:1", state="down")
+    res = slurm_hooks("validate", "--learn", "--config", path, "--node", "n1")
+    assert tomllib.loads(res.stdout)["expect"]["ib_ports"] == 7
+    assert "# note: IB mlx5_7 port 1 is DOWN/Polling: not counted; learn again once it is up" in res.stdout
+
+
+def test_ports_at_different_rates_expect_the_slowest_and_say_so():
+    ports = [{"device": f"mlx5_{i}", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "rate_gbps": 400.0}
+             for i in range(8)]
+    ports.append({"device": "mlx5_8", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "rate_gbps": 200.0})
+    values, notes = learn.learn_ports(ports)
+    assert values == {"ib_ports": 9, "ib_rate_gbps": 200}
+    assert notes == ["ports run at 200, 400 Gb/s: the slowest is expected of every port"]
+
+
+def test_a_node_without_ports_learns_no_port_keys():
+    assert learn.learn_ports([]) == ({}, ["no InfiniBand/RoCE port under the [links] tree: ib_ports and "
+                                          "ib_rate_gbps left unset"])
