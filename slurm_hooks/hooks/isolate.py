@@ -22,7 +22,6 @@ import json
 import math
 import os
 import re
-import shlex
 import signal
 import time
 from collections.abc import Sequence
@@ -110,7 +109,7 @@ def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_ti
     say = progress or (lambda line: None)
     t0 = time.monotonic()
     summary = Summary(list(dict.fromkeys(nodes)))
-    if not hasattr(w.slurm, "_run"):
+    if not hasattr(w.slurm, "jobs_named"):
         raise IsolateBusy(f"isolate runs its test jobs through Slurm's commands: set [slurm] backend = \"scontrol\" "
                           f"(this config's is {getattr(w.slurm, 'name', '?')})")
     lock = w.state_path("isolate.lock")
@@ -118,7 +117,7 @@ def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_ti
         if not mine:
             raise IsolateBusy(f"another isolate is running (it holds {lock})")
         cleanup_leftovers(w, say)
-        previous = signal.signal(signal.SIGTERM, sweeping._raise_interrupted)
+        previous = signal.signal(signal.SIGTERM, sweeping.raise_interrupted)
         try:
             _run(w, summary, mode=mode, ratio=ratio, test_timeout=test_timeout, budget=budget, t0=t0,
                  max_tests=max_tests, argv=list(argv or test_argv(w, test_timeout)), drain=drain, say=say)
@@ -164,7 +163,7 @@ def idle_peers(w: Wiring, partition: str, exclude: Sequence[str], count: int) ->
         if node in exclude:
             continue
         try:
-            if not sweeping._busy(w, node, w.slurm.node(node)):
+            if not sweeping.node_busy(w, node, w.slurm.node(node)):
                 out.append(node)
         except SlurmHooksError:
             continue
@@ -177,13 +176,13 @@ def cleanup_leftovers(w: Wiring, say: Any) -> list[str]:
     """Delete the reservations (and cancel the test jobs) a killed run left: under the lock, none is in use."""
     deleted = []
     try:
-        left = [j for j in w.slurm._run("squeue", "-h", "-n", PREFIX, "-o", "%i").split() if j.strip()]
+        left = w.slurm.jobs_named(PREFIX)
         for job in left:
-            sweeping._cancel(w, job)
+            sweeping.cancel_quietly(w, job)
         if left:
             say(f"cancelled test job(s) {', '.join(left)}, left by an earlier isolate")
             deadline = time.monotonic() + 30.0
-            while time.monotonic() < deadline and w.slurm._run("squeue", "-h", "-n", PREFIX, "-o", "%i").strip():
+            while time.monotonic() < deadline and w.slurm.jobs_named(PREFIX):
                 time.sleep(POLL_S)
         for name in w.slurm.reservations():
             if name.startswith(PREFIX + "-"):
@@ -200,7 +199,7 @@ def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: 
     usable = []
     for node in summary.nodes:
         try:
-            busy = sweeping._busy(w, node, w.slurm.node(node))
+            busy = sweeping.node_busy(w, node, w.slurm.node(node))
         except SlurmHooksError as exc:
             busy = f"cannot read the node: {exc}"
         if busy:
@@ -235,12 +234,8 @@ def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: 
 
 
 def _reserve(w: Wiring, name: str, nodes: list[str], minutes: int) -> None:
-    """One MAINT reservation of ``nodes`` for root (Slurm refuses it while a job holds one of them).
-    The Slurm adapter reserves one node at a time (the sweep's): several go through its command runner."""
-    slurm = w.slurm
-    listed = ",".join(slurm._node_arg(n) for n in nodes)
-    slurm._run("scontrol", "create", "reservation", f"ReservationName={slurm._name_arg(name)}", f"Nodes={listed}",
-               "StartTime=now", f"Duration={max(1, minutes)}", "Users=root", "Flags=MAINT")
+    """One MAINT reservation of ``nodes`` for root (Slurm refuses it while a job holds one of them)."""
+    w.slurm.create_reservation(name, nodes, max(1, minutes))
 
 
 class _Waves:
@@ -276,7 +271,7 @@ class _Waves:
                     done[job] = info.base_state
                     del waiting[job]
                 elif time.monotonic() - started > self.test_timeout + START_MARGIN_S:
-                    sweeping._cancel(self.w, job)
+                    sweeping.cancel_quietly(self.w, job)
                     timed_out.add(job)
                     done[job] = "TIMEOUT"
                     del waiting[job]
@@ -297,14 +292,9 @@ class _Waves:
         return out
 
     def _submit(self, group: tuple[str, ...]) -> str:
-        slurm = self.w.slurm
-        script = "exec srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(str(a)) for a in self.argv)
-        out = slurm._run("sbatch", "--parsable", f"--job-name={PREFIX}", f"--reservation={slurm._name_arg(self.reservation)}",
-                         "--nodelist=" + ",".join(slurm._node_arg(n) for n in group), f"--nodes={len(group)}",
-                         "--ntasks-per-node=1", "--exclusive", f"--time={max(1, math.ceil(self.test_timeout / 60.0))}",
-                         f"--chdir={self.out_dir}", f"--output={os.path.join(self.out_dir, PREFIX + '-%j.out')}",
-                         "--no-requeue", f"--wrap={script}")
-        return slurm._job_arg(out.strip().split(";")[0])
+        return self.w.slurm.submit(self.argv, name=PREFIX, node=list(group), reservation=self.reservation,
+                                   minutes=math.ceil(self.test_timeout / 60.0), ntasks_per_node=1, srun=True,
+                                   chdir=self.out_dir, output=os.path.join(self.out_dir, PREFIX + "-%j.out"))
 
     def _outcome(self, job: str, state: str, timed_out: bool) -> culprit.Outcome:
         text = ""
@@ -327,7 +317,7 @@ class _Waves:
 
     def cancel_running(self) -> None:
         for job in self.running:
-            sweeping._cancel(self.w, job)
+            sweeping.cancel_quietly(self.w, job)
 
 
 def _output_dir(w: Wiring) -> str:

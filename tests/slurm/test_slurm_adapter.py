@@ -14,6 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from conftest import wait_for
 
 from slurm_hooks.errors import ConfigError, PermanentError, TransientError
 from slurm_hooks.lab.testbed import slurm_version
@@ -439,3 +440,43 @@ def test_the_slurm_version_is_asked_once_and_2205_keeps_the_one_line_output(clea
 
 def test_a_plain_state_is_its_own_base_state():
     assert sys.version_info >= (3, 9) and NodeInfo("n1", "IDLE").base_state == "IDLE"
+
+
+# --- maintenance reservations and root's own jobs across nodes (sweep, isolate) -------------------
+
+
+@pytest.mark.slurm
+def test_one_reservation_holds_two_nodes_and_one_job_runs_a_task_on_each_of_them(clean_testbed, tmp_path):
+    tb = clean_testbed
+    slurm = tb.slurm
+    name = f"slurm-hooks-test-{os.getpid()}"
+    slurm.create_reservation(name, ["n1", "n2"], 5)
+    try:
+        shown = tb.scontrol("show", "reservation", name, "-o")
+        assert "Nodes=n[1-2]" in shown or "Nodes=n1,n2" in shown, shown
+        out = str(tmp_path / "job-%j.out")
+        os.chmod(tmp_path, 0o755)
+        job = slurm.submit(["/bin/sh", "-c", 'echo "task $SLURM_PROCID on $SLURMD_NODENAME"'], name=name,
+                           node=["n1", "n2"], reservation=name, minutes=1, ntasks_per_node=1, srun=True,
+                           chdir=str(tmp_path), output=out)
+        assert job in slurm.jobs_named(name)
+        path = tmp_path / f"job-{job}.out"
+        text = wait_for(lambda: path.exists() and path.read_text().count("task ") == 2 and path.read_text(), 60,
+                        f"job {job}'s two tasks")
+        assert "task 0 on n1" in text and "task 1 on n2" in text, text
+    finally:
+        slurm.delete_reservation(name)
+    assert name not in slurm.reservations()
+
+
+def test_a_reservation_or_a_job_with_no_node_or_a_bad_name_is_refused_before_any_command():
+    seen: list[tuple[str, ...]] = []
+    slurm = ScontrolSlurm(timeout=10, runner=lambda argv, timeout, **kw: seen.append(tuple(argv)))
+    for call in (lambda: slurm.create_reservation("r", [], 1),
+                 lambda: slurm.create_reservation("r", ["n1", "-x"], 1),
+                 lambda: slurm.submit(["true"], name="j", node=[], reservation="r", minutes=1),
+                 lambda: slurm.submit(["true"], name="j", node=["n1", "n2,n3"], reservation="r", minutes=1),
+                 lambda: slurm.jobs_named("--all")):
+        with pytest.raises(PermanentError):
+            call()
+    assert seen == []
