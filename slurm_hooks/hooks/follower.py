@@ -79,6 +79,11 @@ class Followed:
     #: How many nodes the job ran on (1 when not known): a multi-node job is not started again
     #: until CRED_REVOKE_DELAY_S after its requeue.
     nodes: int = 1
+    #: Refused by our prolog: Slurm requeues it only once the prolog has exited, so its requeue (and
+    #: its credential's revocation) lies after ``ts``, before ``pending_at``: the first look that found
+    #: it PENDING again (0: none yet).
+    refused: bool = False
+    pending_at: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "phase": self.phase.value})
@@ -269,7 +274,7 @@ def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
         return "gone"
     if job.pending:
         target = job.ref  # the given id may be an array's base id: act on exactly this task
-        if rec is not None and rec.nodes > 1 and time.time() < rec.ts + CRED_REVOKE_DELAY_S:
+        if rec is not None and rec.nodes > 1 and not _revocation_behind(w, rec):
             return None  # a multi-node job: not within a second of its credential's revocation
         if job.held_by_admin or job.held_by_user or (job.priority == "0" and not job.held_by_launch_failure):
             forget_record(w, ref)
@@ -296,6 +301,19 @@ def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
         step(w, "start_now", ref, "skipped", t0, jobs=[ref], detail=f"job ended {job.state}")
         return f"ended {job.state}"
     return None
+
+
+def _revocation_behind(w: Wiring, rec: Followed) -> bool:
+    """Whether a PENDING multi-node job's credential revocation is CRED_REVOKE_DELAY_S behind: counted
+    from its requeue (``ts``); for one our prolog refused, from the first look that found it PENDING
+    (Slurm requeued it after the prolog exited, however long that took), which this look records."""
+    now = time.time()
+    if not rec.refused:
+        return now >= rec.ts + CRED_REVOKE_DELAY_S
+    if not rec.pending_at:
+        write_record(w, replace(rec, pending_at=now))
+        return False
+    return now >= rec.pending_at + CRED_REVOKE_DELAY_S
 
 
 def _requeued(w: Wiring, rec: Followed, kind: str, t0: float, state: str = "") -> None:

@@ -77,7 +77,7 @@ def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
     if jid:
         # The job is requeued once this prolog exits: no point in waiting for it here.
         now = time.time()
-        rec = follower.Followed(jid, w.node, fault_at=now, ts=now, nodes=_node_count(env))
+        rec = follower.Followed(jid, w.node, fault_at=now, ts=now, nodes=_node_count(env), refused=True)
         follower.follow_jobs(w, [jid], follower.Follow.DETACHED, fallback=False, records=[rec])
         held = [int(g) for g in env.get("SLURM_JOB_GPUS", "").split(",") if g.strip().isdigit()]
         remediate.annotate_jobs(w, [jid], f"refused by the prolog on {w.node}, "

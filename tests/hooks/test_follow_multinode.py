@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from fakes.config import sim_config, sim_node
 
-from slurm_hooks.hooks import follower, healthcheck
+from slurm_hooks.hooks import follower, healthcheck, jobhooks
 from slurm_hooks.probes import sim
 
 
@@ -54,3 +54,28 @@ def test_a_one_node_job_is_started_at_once(tmp_path):
     assert follower.read_record(w, "41").nodes == 1
     assert follower.finish_followed(w) == {"41": "ok"}
     assert [(c[0], str(c[1])) for c in slurm.called("start_now")] == [("start_now", "41")]
+
+
+def test_a_two_node_job_the_prolog_refused_waits_from_when_it_is_pending_again_not_from_the_refusal(tmp_path,
+                                                                                                      monkeypatch):
+    # Slurm requeues a job its prolog refused only once the prolog has exited (after its AdminComment, its
+    # follower's start): the revocation lies after the record's ts, by however long that took on a loaded
+    # node. Counting from ts started it within the revocation's second on a slow prolog.
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8")
+    slurm, w = sim_node(cfg, "MIXED")
+    sim.inject(cfg.gpu.sim_dir, "n1", 3, xid=79)
+    slurm.add_job(42, "n[1-2]")
+    real = follower.follow_jobs
+    monkeypatch.setattr(follower, "follow_jobs", lambda w, refs, how, **kw: real(w, refs, "none", **kw))  # no process
+    assert jobhooks.prolog(w, {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "3", "SLURM_JOB_NODELIST": "n[1-2]"}) == 1
+    rec = follower.read_record(w, "42")
+    assert (rec.nodes, rec.refused) == (2, True)
+    follower.write_record(w, replace(rec, ts=time.time() - 60))  # a prolog that took long to exit
+    slurm.add_job(42, "", "PENDING", restarts=1)  # Slurm requeued it just now
+    assert follower.finish_followed(w) == {"42": "timed out"}
+    assert slurm.called("start_now") == []
+    rec = follower.read_record(w, "42")
+    assert rec.pending_at > 0
+    follower.write_record(w, replace(rec, pending_at=rec.pending_at - follower.CRED_REVOKE_DELAY_S))
+    assert follower.finish_followed(w) == {"42": "ok"}
+    assert [(c[0], str(c[1])) for c in slurm.called("start_now")] == [("start_now", "42")]
