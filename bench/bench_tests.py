@@ -27,7 +27,7 @@ END = "<!-- /bench_tests -->"
 TIER = ["-m", "not slurm and not k8s and not gpu", "--ignore=tests/bridge", "--ignore=tests/kube"]
 _RESULT = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*?) in ([\d.]+)s", re.M)
 _DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(.+?)\s*$", re.M)
-_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", re.M)
 
 
 def machine() -> str:
