@@ -130,6 +130,18 @@ def slurm_conf_values(keys: tuple[str, ...], path: str | None = None) -> dict[st
     return found
 
 
+#: Fields the incidents read as text. A record with another type there (a hand edit, another version)
+#: is skipped: it raised in every pass, the cursor never moved, and every message waited for ever.
+_TEXT_FIELDS = ("kind", "node", "action", "result", "reason", "context", "check", "message", "user", "stage")
+
+
+def _sane(r: dict[str, Any]) -> bool:
+    ts = r.get("ts", 0)
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+        return False
+    return all(isinstance(r.get(k), (str, type(None))) for k in _TEXT_FIELDS)
+
+
 def _seconds(value: str | None) -> float:
     try:
         return float(value) if value else 0.0
@@ -859,7 +871,7 @@ class Notifier:
                 r = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(r, dict):
+            if isinstance(r, dict) and _sane(r):
                 records.append(r)
         return records, {"inode": st.st_ino, "offset": offset + end, "head": head.decode("latin-1")}
 

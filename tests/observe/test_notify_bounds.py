@@ -417,3 +417,20 @@ def test_alertmanager_gets_the_authorization_from_its_file(make, receiver, tmp_p
     assert alert["labels"] == {"alertname": "SlurmHooksXid", "node": "n1", "gpu": "3", "xid": "79",
                                "action": "replace", "severity": "critical"}
     assert alert["annotations"]["summary"].startswith("n1 drained [replace]: XID 79")
+
+
+@pytest.mark.parametrize("poison", [{"ts": "noon", "kind": "alert", "node": "n9"},
+                                    {"kind": "action", "node": "n9", "action": "drain", "result": "ok", "reason": 5},
+                                    {"ts": None, "kind": "bridge_breaker_tripped"}],
+                         ids=["ts not a number", "reason not text", "a bridge record with no time"])
+def test_one_record_that_makes_no_sense_does_not_hold_every_message_back(make, receiver, poison):
+    """A hand-edited line or another version's: it raised in every pass, the cursor never moved past
+    it, and nothing was told again."""
+    log, clock, notifier, said = make
+    with open(log.path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"ts": clock(), **poison}) if "ts" not in poison else json.dumps(poison))
+        fh.write("\n")
+    xid79(log, node="n1")
+    n = notifier()
+    assert n.flush(5)["sent"] == 1
+    assert [b["node"] for b in receiver.bodies()] == ["n1"]
