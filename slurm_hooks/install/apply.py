@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_hooks import fsutil
+from slurm_hooks import confcache, fsutil
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.install.layout import CURRENT, MANIFEST, VERSIONS, Inputs, Laid, example_config, render
 
@@ -323,6 +323,8 @@ def uninstall(prefix: str, *, dry: bool = False) -> Done:
             done.lines.append(f"remove {cfg['path']} (the example config, unchanged)")
             if not dry:
                 os.unlink(cfg["path"])
+                with contextlib.suppress(FileNotFoundError):  # the hooks' parsed copy of it
+                    os.unlink(confcache.cache_path(cfg["path"]))
         elif os.path.lexists(cfg["path"]):
             done.kept.append(cfg["path"])
     done.lines.append(f"remove {os.path.join(prefix, MANIFEST)}")

@@ -122,6 +122,18 @@ def test_uninstall_leaves_nothing_behind(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_uninstall_also_removes_the_hooks_parsed_copy_of_the_config(tmp_path):
+    from slurm_hooks import confcache
+
+    prefix, cfg = tmp_path / "opt", tmp_path / "etc" / "config.toml"
+    assert cli("install", "--prefix", str(prefix), "--config", str(cfg)).returncode == 0
+    with open(confcache.cache_path(str(cfg)), "wb") as fh:  # as a hook run leaves it
+        fh.write(b"cache")
+    r = cli("install", "--uninstall", "--prefix", str(prefix))
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(tmp_path) == []
+
+
 def test_uninstall_keeps_what_it_did_not_make_and_what_was_changed_since(tmp_path):
     prefix = tmp_path / "opt"
     (prefix / "venv").mkdir(parents=True)  # the venv lives in the prefix: not ours to remove
