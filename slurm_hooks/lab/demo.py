@@ -9,6 +9,11 @@ from it, the repair ladder takes the drained node back by itself (XID 79 starts 
 the reboot: ``scontrol reboot`` through the testbed's RebootProgram, a check on the
 new boot, resumed). Ends with the audit log's timeline and the durations beside
 published field numbers.
+
+Where ``/usr/bin/python3`` has PyTorch (Debian's ``python3-torch``), the demo is the talk's
+instead: a real PyTorch DDP job (:mod:`slurm_hooks.lab.ddp_train`) launched by ``sbatch -N2`` on
+a 3-node testbed, XID 79 on the GPU it holds on one node, and the job requeued once, running on
+the two healthy nodes, resumed from the checkpoint rank 0 wrote on SIGTERM, the bad node drained.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ from typing import Callable
 
 from slurm_hooks import REASON_PREFIX
 from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.lab import ddp_train
 from slurm_hooks.lab.testbed import Settings, Testbed
 from slurm_hooks.observe import events
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import Spawned, run_command, spawn_detached
+from slurm_hooks.slurm import hostlist
 
 Say = Callable[[str], None]
 
@@ -75,7 +82,18 @@ def find_train_script() -> str:
 
 
 def run(state_dir: str, keep: bool = False, say: Say = print, steps_before_fault: int = 8,
-        timeout: float = 120.0) -> Milestones:
+        timeout: float = 120.0, ddp: bool | None = None) -> Milestones:
+    """The demo; ``ddp``: the PyTorch DDP job on two nodes (True), the one-node job (False), or the
+    DDP job where ``/usr/bin/python3`` has torch (None)."""
+    if ddp is None:
+        why = ddp_train.torch_missing()
+        if why:
+            say(f"(no PyTorch for {ddp_train.TORCH_PYTHON}: the one-node training job instead; for the talk's "
+                "demo, a PyTorch DDP job across two nodes: apt-get install python3-torch)")
+        ddp = not why
+    if ddp:
+        return run_ddp(state_dir, keep=keep, say=say, steps_before_fault=max(steps_before_fault, 20),
+                       timeout=timeout)
     tb = Testbed(state_dir, Settings(nodes=2, kill_wait=10, requeue_grace=10.0, health_check_interval=HEALTH_CHECK_INTERVAL,
                                      repair=True),
                  progress=lambda m: say(f"  {m}"))
@@ -111,18 +129,23 @@ def run(state_dir: str, keep: bool = False, say: Say = print, steps_before_fault
         _summary(ms, say)
         return ms
     finally:
-        for watcher in watchers:
-            if watcher.proc is not None:
-                watcher.proc.terminate()
-        for watcher in watchers:
-            watcher.stop(5)
-        if keep:
-            say(f"cluster left up (--keep): SLURM_CONF={tb.slurm_conf} SLURM_HOOKS_CONFIG={tb.config_path}; "
-                "`slurm-hooks testbed down` stops it")
-        else:
-            if job_id is not None:
-                run_command(["/usr/bin/scancel", str(job_id)], 10, env=tb.env(), check=False)
-            tb.down()
+        _wind_down(tb, watchers, job_id, keep, say)
+
+
+def _wind_down(tb: Testbed, watchers: list[Spawned], job_id: int | None, keep: bool, say: Say) -> None:
+    """Stop the watchers; the cluster goes down (with the job) unless ``keep``."""
+    for watcher in watchers:
+        if watcher.proc is not None:
+            watcher.proc.terminate()
+    for watcher in watchers:
+        watcher.stop(5)
+    if keep:
+        say(f"cluster left up (--keep): SLURM_CONF={tb.slurm_conf} SLURM_HOOKS_CONFIG={tb.config_path}; "
+            "`slurm-hooks testbed down` stops it")
+    else:
+        if job_id is not None:
+            run_command(["/usr/bin/scancel", str(job_id)], 10, env=tb.env(), check=False)
+        tb.down()
 
 
 def _start_watchers(tb: Testbed, say: Say) -> list[Spawned]:
@@ -315,3 +338,186 @@ def _summary(ms: Milestones, say: Say) -> None:
     if back is not None:
         say(f"  the node: back in service {back:.1f} s after the fault, by itself (reboot through Slurm, "
             f"checked on the new boot; HealthCheckInterval={HEALTH_CHECK_INTERVAL} s)")
+
+
+# -- the talk's demo: a PyTorch DDP job across two nodes ---------------------------------------
+
+#: Two nodes for the job, a third to take the bad node's place when it is requeued.
+DDP_NODES = 3
+#: Seconds per step of the DDP job: rank 0's step log gives the work lost to the step.
+DDP_STEP_S = 0.1
+#: Searched, not matched at a line's start: two ranks' lines through one srun may share a line.
+_START = re.compile(r"start restart=(\d+) step=(\d+) on (\S+) rank=(\d+)")
+_GOT = re.compile(r"got (SIG\w+) at step=(\d+) on \S+ rank=\d+")
+_DDP_SAVED = re.compile(r"saved step=(\d+) at=")
+
+
+def run_ddp(state_dir: str, keep: bool = False, say: Say = print, steps_before_fault: int = 20,
+            timeout: float = 120.0) -> Milestones:
+    """The talk's demo: :mod:`slurm_hooks.lab.ddp_train` by ``sbatch -N2`` on a 3-node testbed,
+    XID 79 under its rank 1, and the job requeued once onto the healthy nodes, resumed from its
+    checkpoint. ``timeout``: per phase (the start waits at least 120 s: torch's import and gloo's
+    rendezvous take seconds per rank on a loaded machine)."""
+    settings = Settings(nodes=DDP_NODES, kill_wait=15, requeue_grace=20.0, checkpoint_grace=8.0,
+                        health_check_interval=HEALTH_CHECK_INTERVAL, own_addresses=True)
+    tb = Testbed(state_dir, settings, progress=lambda m: say(f"  {m}"))
+    say(f"== 1. a local Slurm cluster with {DDP_NODES} nodes x 8 simulated H100s, slurm-hooks wired in")
+    current = tb.status()
+    if current.up and len(current.nodes) != DDP_NODES:
+        say(f"  the cluster in {state_dir} is up with {len(current.nodes)} nodes: starting it afresh with {DDP_NODES}")
+        tb.down()
+    tb.up()
+    tb.reset()
+    watchers = _start_watchers(tb, say)
+    job_id = None
+    try:
+        say("== 2. a PyTorch DDP training job on 2 nodes (sbatch -N2, srun, one rank per node, gloo on CPU); on "
+            "SIGTERM the ranks agree on a step, rank 0 checkpoints it, and the job resumes from its newest checkpoint")
+        work = tb.path("demo-ddp")
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work, mode=0o755)
+        job_id = tb.sbatch(ddp_train.batch_script(work, nodes=2, step_s=DDP_STEP_S), "--job-name=ddp-demo")
+        out = os.path.join(tb.jobs_dir, f"{job_id}.out")
+        say(f"  submitted job {job_id}; output {out}")
+        used = _wait_ddp_running(tb, job_id, work, out, steps_before_fault, max(timeout, 120.0), say)
+        bad, good = used[1], used[0]  # the node without the batch step: the job's other half
+        gpus = tb.slurm().job_gpus(job_id, bad) or (0,)
+        ms = Milestones()
+        say(f"== 3. XID 79 (GPU has fallen off the bus) on {bad} GPU {gpus[0]}, under the job's rank 1")
+        ms.injected = time.time()
+        sim.inject(tb.sim_dir, bad, gpus[0], xid=79)
+        _follow_ddp(tb, job_id, bad, work, out, ms, max(timeout, 120.0), say)
+        _requeued_once(tb, job_id, good, ms, say)
+        say("== 4. the incident, as the audit log tells it (slurm-hooks events)")
+        records = events.select(AuditLog(tb.audit_log).read(), node=bad, since=ms.injected - 1)
+        for line in events.render(events.incidents(records)):
+            say(f"  {line}")
+        _summary_ddp(ms, say)
+        return ms
+    finally:
+        _wind_down(tb, watchers, job_id, keep, say)
+
+
+def _complete_lines(path: str) -> list[str]:
+    """The file's lines up to its last newline: a line being written is read once it is whole."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return []
+    return text[:text.rfind("\n") + 1].splitlines()
+
+
+def _steps_log(work: str) -> list[tuple[int, float, str]]:
+    """Rank 0's ``<step> <unix time> <restart>`` lines."""
+    rows = []
+    for line in _complete_lines(os.path.join(work, "steps.log")):
+        parts = line.split()
+        if len(parts) == 3 and parts[0].isdigit():
+            rows.append((int(parts[0]), float(parts[1]), parts[2]))
+    return rows
+
+
+def _wait_ddp_running(tb: Testbed, job_id: int, work: str, out: str, steps: int, timeout: float,
+                      say: Say) -> list[str]:
+    slurm = tb.slurm()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = slurm.job(job_id)
+        done = _steps_log(work)
+        if job.base_state == "RUNNING" and len(done) >= steps:
+            ranks = {m.group(4): m.group(3) for ln in _tail(out) for m in _START.finditer(ln)}
+            say(f"  job {job_id} RUNNING on {job.nodes}: "
+                + ", ".join(f"rank {r} on {n}" for r, n in sorted(ranks.items())) + f", at step {done[-1][0]}")
+            return hostlist.expand(job.nodes)
+        time.sleep(0.2)
+    raise DemoError(f"DDP job {job_id} did not reach {steps} steps within {timeout:g}s (see {out})")
+
+
+def _follow_ddp(tb: Testbed, job_id: int, bad: str, work: str, out: str, ms: Milestones, timeout: float,
+                say: Say) -> None:
+    """The DDP job's recovery, milestone by milestone, read as in :func:`_follow` (one poll, one instant)."""
+    slurm = tb.slurm()
+    deadline = time.monotonic() + timeout
+    seen_lines = len(_complete_lines(out))
+    resumed = None
+
+    def show(name: str, detail: str, at: float) -> None:
+        _show(ms, say, name, detail, at)
+
+    while time.monotonic() < deadline:
+        lines = _complete_lines(out)
+        done = _steps_log(work)
+        try:
+            job = slurm.job(job_id)
+            node = slurm.node(bad)
+        except SlurmHooksError as exc:
+            say(f"  (slurm: {exc})")
+            time.sleep(0.2)
+            continue
+        now = time.time()
+        if node.drained and node.reason.startswith(REASON_PREFIX):
+            show("node drained", f"{bad}: {node.reason}", now)
+        for ln in lines[seen_lines:]:
+            got = _GOT.search(ln)
+            if got:
+                show(f"job got {got.group(1)}", got.group(0), now)
+            saved = _DDP_SAVED.search(ln)
+            if saved:
+                show("job checkpointed", f"rank 0 saved step {saved.group(1)}", now)
+            for start in _START.finditer(ln):
+                if start.group(1) == "0" or start.group(4) != "0":
+                    continue
+                resumed = int(start.group(2))
+                show("resumed from checkpoint", f"step {resumed} (restart {start.group(1)}) on {start.group(3)}, "
+                     "rank 0", now)
+                reached = max((s for s, t, r in done if r == "0" and t <= ms.injected), default=0)
+                ms.details["steps lost"] = str(max(0, reached - resumed))
+        seen_lines = len(lines)
+        state = job.base_state
+        if job.restarts >= 1 and state == "PENDING":
+            show("job requeued", f"job {job_id} PENDING ({job.reason or 'requeued'})", now)
+        if job.restarts >= 1 and state == "RUNNING" and job.nodes and bad not in hostlist.expand(job.nodes):
+            show("job running again", f"job {job_id} RUNNING on {job.nodes} (restart {job.restarts})", now)
+        after = [s for s, t, r in done if r != "0"]
+        if resumed is not None and after and max(after) > resumed and "node drained" in ms.times \
+                and "job running again" in ms.times:
+            show("training continues", f"step {max(after)}", now)
+            return
+        time.sleep(0.1)
+    missing = [m for m in ("node drained", "job running again", "resumed from checkpoint") if m not in ms.times]
+    raise DemoError(f"recovery incomplete after {timeout:g}s: no {', '.join(missing) or 'step after the resume'} "
+                    f"(see {out} and {tb.audit_log})")
+
+
+def _requeued_once(tb: Testbed, job_id: int, good: str, ms: Milestones, say: Say) -> None:
+    """What the other node's hooks and the watcher did not do: a second requeue, a drain of the
+    healthy node the job left. Read once the job trains again (its hooks have run by then)."""
+    job = tb.slurm().job(job_id)
+    requeues = [r for r in AuditLog(tb.audit_log).read() if r.get("kind") == "action" and r.get("action") == "requeue"
+                and r.get("result") not in ("already", "skipped") and float(r.get("ts", 0)) >= ms.injected - 1]
+    healthy = tb.slurm().node(good)
+    ms.details["restarts"] = str(job.restarts)
+    ms.details["requeues"] = str(len(requeues))
+    ms.details["healthy node"] = f"{good}: {healthy.state}" + (f" ({healthy.reason})" if healthy.reason else "")
+    ms.details["healthy node drained"] = "yes" if healthy.drained else "no"
+    say(f"  requeued {'once' if job.restarts == 1 else f'{job.restarts} times'} (Restarts={job.restarts}; "
+        f"requeues by slurm-hooks: {len(requeues)}); {good}, the healthy node it shared, "
+        + ("DRAINED: " + healthy.reason if healthy.drained else f"not drained ({healthy.state})"))
+
+
+def _summary_ddp(ms: Milestones, say: Say) -> None:
+    say("== 5. how long it took")
+    for name in ("node drained", "job got SIGTERM", "job checkpointed", "job requeued", "job running again",
+                 "resumed from checkpoint"):
+        if name in ms.times:
+            say(f"  XID -> {name:<24} {ms.times[name]:6.2f} s")
+    lost = ms.details.get("steps lost")
+    if lost is not None:
+        say(f"  steps lost: {lost} ({int(lost) * DDP_STEP_S:.1f} s of training at {DDP_STEP_S:g} s a step: rank 0 "
+            "checkpointed the step every rank had reached when SIGTERM came)")
+    down = ms.times.get("job running again")
+    if down is not None:
+        say(f"  field numbers (Crusoe AutoClusters): node replaced ~{FIELD_NUMBERS['node replaced'] / 60:.0f} min, "
+            f"total downtime < {FIELD_NUMBERS['total downtime'] / 60:.0f} min; here the job was back on two healthy "
+            f"nodes {down:.1f} s after the fault")
