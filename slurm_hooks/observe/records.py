@@ -206,17 +206,41 @@ _BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in (Alert, Watch, Action, L
 _NAMES: dict[type[Record], frozenset[str]] = {}
 
 
+#: A declared field's annotation -> the JSON types its value may have (others are not checked).
+_ACCEPTS: dict[str, tuple[type, ...]] = {
+    "str": (str,), "float": (int, float), "float | None": (int, float), "int": (int,), "int | None": (int,),
+    "bool": (bool,),
+    "list": (list,), "dict": (dict,), "tuple": (list, tuple),
+}
+_TYPES: dict[type[Record], dict[str, tuple[type, ...]]] = {}
+
+
+def _types(cls: type[Record]) -> dict[str, tuple[type, ...]]:
+    types = _TYPES.get(cls)
+    if types is None:
+        types = _TYPES[cls] = {f.name: _ACCEPTS[str(f.type)] for f in dc_fields(cls)
+                               if f.name not in ("extra", "ts") and str(f.type) in _ACCEPTS}
+    return types
+
+
 def parse(r: dict[str, Any]) -> Record:
-    """A record of the audit log as its declared kind (a :class:`Record` for any other)."""
+    """A record of the audit log as its declared kind (a :class:`Record` for any other). A declared
+    field whose value has the wrong JSON type (a hand-edited line, another tool's record) is kept
+    under ``extra``, never read as that field: one odd line must not stop ``events`` or ``report``."""
     cls = _BY_KIND.get(str(r.get("kind")), Record)
     names = _NAMES.get(cls)
     if names is None:
         names = _NAMES[cls] = frozenset(f.name for f in dc_fields(cls)) - {"extra"}
+    types = _types(cls)
     known: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for k, v in r.items():
         if k in names:
-            if v is not None:
+            if v is None:
+                continue
+            if k in types and not isinstance(v, types[k]):
+                extra[k] = v
+            else:
                 known[k] = v
         elif k != "kind":
             extra[k] = v

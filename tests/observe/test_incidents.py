@@ -138,3 +138,12 @@ def test_a_dry_run_of_the_bridge_closes_nothing():
 def test_a_field_written_as_none_is_its_default_not_an_undeclared_key():
     alert = records.parse(rec(0, "alert", gpu=None, job=None, check="xid"))
     assert alert.gpu is None and alert.job is None and alert.extra == {}
+
+
+def test_a_record_with_a_field_of_the_wrong_type_is_kept_aside_and_the_incident_still_builds():
+    odd = xid79_to_replace()
+    odd[1] = rec(1, "action", action="drain", result="ok", reason=5, duration_s="slow")  # a hand-edited line
+    [inc] = incidents.build(odd)  # the drain's reason unread: a plain drain, then the ladder's rungs
+    assert [a for _, a in inc.escalations] == ["reboot", "replace"] and inc.action == "replace"
+    parsed = records.parse(odd[1])
+    assert (parsed.reason, parsed.extra["reason"], parsed.extra["duration_s"]) == ("", 5, "slow")
