@@ -71,6 +71,7 @@ def _gpu_map(config_path: str | None, node: str, slurm_conf: str | None) -> list
     from slurm_hooks.hooks import gpumap
     from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.preflight.results import Result, Status
+    from slurm_hooks.slurm import gres
 
     try:
         w = Wiring.load(config_path, node)
@@ -101,6 +102,9 @@ def _gpu_map(config_path: str | None, node: str, slurm_conf: str | None) -> list
                               w.config.path or ""))
         else:
             out.append(Result("gpu-map", Status.PASS, f"{second.source} agrees"))
-    else:
+    elif second.problem == gres.NO_LIST:  # 24.11.x prints none: a known gap, nothing to mend
         out.append(Result("gpu-map", Status.PASS, f"{second.source} not compared: {second.problem}"))
+    else:  # slurmd ignores every GPU, cannot start, or the other file is unreadable: not a pass
+        out.append(Result("gpu-map", Status.WARN, f"{second.source} not compared: {second.problem}",
+                          f"see why {second.source} gives no GPU list for {node} and mend it", w.config.path or ""))
     return out

@@ -764,3 +764,20 @@ def test_slurmd_that_prints_no_gpu_list_leaves_the_map_uncompared_not_zero_gpus(
     assert exc.value.code == 0, out
     if os.geteuid() == 0:
         assert out[-1].startswith("PASS  gpu-map: slurmd -G not compared: slurmd -G printed no GPU list"), out
+
+
+@pytest.mark.parametrize("script, said", [
+    ("cat {fixtures}/slurm/slurmd-G-22.05-cores-mismatch.txt\n", "printed only GPUs it ignores or rejects"),
+    ("echo 'slurmd: fatal: Unable to determine this slurmd NodeName' >&2\nexit 1\n", "failed"),
+])
+@pytest.mark.skipif(os.geteuid() != 0, reason="validate asks slurmd -G only as root")
+def test_slurmd_that_rejects_every_gpu_or_fails_is_a_warning_not_a_pass(cluster, capsys, script, said):
+    # Only 24.11's empty answer is a known gap (PASS, "not compared"); a slurmd that ignores every GPU (a Cores=
+    # mismatch) or cannot start at all was "PASS  gpu-map: slurmd -G not compared: ...".
+    from paths import FIXTURES
+
+    cluster.script("bin/slurmd", "#!/bin/sh\n" + script.format(fixtures=FIXTURES))
+    with pytest.raises(SystemExit):
+        main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
+    out = [line for line in capsys.readouterr().out.splitlines() if " gpu-map: " in line]
+    assert out[-1].startswith("WARN  gpu-map: ") and "slurmd -G not compared: " in out[-1] and said in out[-1], out
