@@ -42,7 +42,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -53,24 +52,21 @@ from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import PermanentError, SlurmHooksError
 from slurm_hooks.hooks import remediate
 from slurm_hooks.models import Action, Finding, Report, Urgency, gpu_identity
+from slurm_hooks.remedy.repair import ladder
+from slurm_hooks.remedy.repair import state as repair_state
+from slurm_hooks.remedy.repair.state import RepairState, RepairStateUnreadable
 from slurm_hooks.slurm import format_reason, format_status_reason, parse_reason, reason_attempt, reboot_pending
 from slurm_hooks.slurm.errors import ReasonNotOurs
 from slurm_hooks.values import dataclass, field
-from slurm_hooks.xid.history import ladder_start
+from slurm_hooks.xid.history import repeat_offender
 
 if TYPE_CHECKING:
     from slurm_hooks.hooks.remediate import Outcome
     from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.probes.gpureset import GpuResetter, NvidiaSmiReset
 
-RUNGS = ("reset", "reboot", "replace")
-_RUNG_ACTION = {"reset": Action.RESET, "reboot": Action.REBOOT, "replace": Action.REPLACE}
-#: XIDs whose first remedy is a reboot (NVIDIA's immediate action RESTART_BM): the GPU fell
-#: off the bus. The catalogue gives XID 79 ``reboot`` itself; this keeps a finding that says
-#: ``replace`` for it without being an escalation ("-> hardware") at the reboot rung.
-_REBOOT_FIRST_XIDS = frozenset({79})
-_XID = re.compile(r"^XID (\d+) ")
-VERSION = 1
+RUNGS = ladder.RUNGS
+VERSION = repair_state.VERSION
 #: Attempts older than this are dropped from the state file whatever the window.
 KEEP_S = 30 * 86400
 
@@ -79,10 +75,10 @@ KEEP_S = 30 * 86400
 Rejudge = Callable[[int, Optional[float]], Report]
 #: How a due rung runs: handed to a detached worker (the hooks); here, taking the repair lock
 #: (tests, a person's command); or here under the lock the caller holds (the worker itself).
-MODES = ("detached", "inline", "held")
+MODES = tuple(m.value for m in ladder.Mode)
 #: Reason tags of a node proving itself (``[validating]``) or left for a person because its
 #: diagnostic did not run in full (``[unverified]``).
-VALIDATING, UNVERIFIED = "validating", "unverified"
+VALIDATING, UNVERIFIED = "validating", repair_state.UNVERIFIED
 #: How long a worker has to say it runs (and holds the lock).
 WORKER_READY_S = 5.0
 #: A validation interrupted this often (its worker died) is given up: ``[unverified]``.
@@ -96,19 +92,8 @@ EVIDENCE_KEEP = 10
 
 def start_rung(finding: Finding) -> str | None:
     """The rung a finding starts at; ``None`` for one no repair mends (a person must look)."""
-    action = finding.action
-    if action is Action.RESET:
-        return "reset"
-    if action is Action.REBOOT:
-        return "reboot"
-    if action is Action.REPLACE:
-        m = _XID.match(finding.message)
-        if m and int(m.group(1)) in _REBOOT_FIRST_XIDS and "-> hardware" not in finding.message:
-            return "reboot"
-        if finding.check == "gpu-lost":
-            return "reboot"
-        return "replace"
-    return None
+    rung = ladder.start_rung(finding)
+    return None if rung is None else rung.value
 
 
 @dataclass
@@ -128,48 +113,23 @@ class Plan:
 
 def plan(w: Wiring, report: Report, state: dict[str, Any] | None = None, now: float | None = None) -> Plan | None:
     """What the ladder would do for this report; ``None`` when nothing is to repair."""
-    cfg = w.config.repair
     now = time.time() if now is None else now
-    state = load(w) if state is None else state
     findings = report.drain_findings()
     if not findings:
         return None
-    starts = [start_rung(f) for f in findings]
-    if any(s is None for s in starts):
-        return None  # a finding no rung mends (a config mismatch, firmware): a person decides
-    rung = max(starts, key=RUNGS.index)
-    why = f"{drain_summary(report)}: starts at {rung}"
+    if state is None:
+        try:
+            state = load(w)
+        except RepairStateUnreadable as exc:
+            print(f"slurm-hooks: repair: {exc}: the ladder does nothing until it is mended or removed",
+                  file=sys.stderr)
+            return None
     gpus = _gpus(report, findings)
-    since = now - float(cfg.window)
-    recent = [a for a in state["attempts"] if a["t"] >= since and set(a["gpus"]) & {g for _, g in gpus}]
-    if recent:
-        top = max((a["rung"] for a in recent), key=RUNGS.index)
-        higher = RUNGS[min(RUNGS.index(top) + 1, len(RUNGS) - 1)]
-        if RUNGS.index(higher) > RUNGS.index(rung):
-            if all(a.get("result") == "refused" for a in recent if a["rung"] == top):
-                why = (f"{drain_summary(report)}: {top} refused by Slurm (is RebootProgram set in slurm.conf?): "
-                       "a person must act")
-            else:
-                why = f"{drain_summary(report)}: back on the same GPU within {_span(cfg.window)} after a {top}"
-            rung = higher
-    rung, why = ladder_start(rung, why, state["attempts"], [g for _, g in gpus], now)  # repeat offenders
-    skipped = []
-    while rung != "replace":
-        tried = sum(1 for a in recent if a["rung"] == rung)
-        if not getattr(cfg, rung):
-            skipped.append(f"{rung} is off ([repair] {rung} = false)")
-        elif rung == "reboot" and any(a["rung"] == "reboot" and a.get("result") == "refused" for a in recent):
-            skipped.append("reboot refused by Slurm (is RebootProgram set in slurm.conf?): a person must act")
-        elif rung == "reset" and not any(i is not None for i, _ in gpus):
-            skipped.append("reset: no single GPU to reset (a node-wide fault)")
-        elif tried >= int(cfg.attempts):
-            skipped.append(f"{rung} tried {tried} time(s) within {_span(cfg.window)}")
-        else:
-            break
-        rung = RUNGS[RUNGS.index(rung) + 1]
-    if skipped:
-        why += "; " + "; ".join(skipped)
-    return Plan(rung, gpus, why, drain_summary(report), skipped)
+    choice = ladder.choose(findings, gpus, state["attempts"], ladder.Policy.from_config(w.config.repair), now,
+                           drain_summary(report), offender=repeat_offender)
+    if choice is None:
+        return None
+    return Plan(choice.rung.value, gpus, choice.why, drain_summary(report), list(choice.skipped))
 
 
 def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_job: str = "",
@@ -180,7 +140,10 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
     cfg = w.config.repair
     if not cfg.enabled:
         return False
-    state = load(w)
+    try:
+        state = load(w)
+    except RepairStateUnreadable as exc:
+        return _unreadable(report, outcome, exc)
     active = state.get("active")
     busy = active is not None or bool(state.get("stopped")) or bool(state.get("validating"))
     if not busy and not report.drain_findings() and not state.get("replaced"):
@@ -206,22 +169,35 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
     except SlurmHooksError as exc:
         print(f"slurm-hooks: repair: {exc}", file=sys.stderr)
         return busy
-    if jobs and active is None and not state.get("stopped"):
+    if ladder.waits_for_jobs(RepairState.from_json(state), jobs):
         return False  # repaired once the last job has left (its epilog, or the next check)
-    if mode == "held":
-        return _work(w, report, outcome, rejudge, info, resetter)
-    with _locked(w) as mine:
-        if not mine:
-            return True  # a worker (or a person's repair) has the node right now
-        if mode == "inline":
+    try:
+        if mode == ladder.Mode.HELD:
             return _work(w, report, outcome, rejudge, info, resetter)
-        state = load(w)  # as the lock holder sees it
-        restore_services(w, state)  # a worker died with them stopped
-        due = _due(w, report, state, info, resetter)
-    if due != "work":
-        return due == "wait"
+        with _locked(w) as mine:
+            if not mine:
+                return True  # a worker (or a person's repair) has the node right now
+            if mode == ladder.Mode.INLINE:
+                return _work(w, report, outcome, rejudge, info, resetter)
+            state = load(w)  # as the lock holder sees it
+            restore_services(w, state)  # a worker died with them stopped
+            due = _due(w, report, state, info, resetter)
+    except RepairStateUnreadable as exc:
+        return _unreadable(report, outcome, exc)
+    if due is not ladder.Decision.WORK:
+        return due is ladder.Decision.WAIT
     hand_off(w, outcome, own_job)
     return True
+
+
+def _unreadable(report: Report, outcome: Outcome, exc: RepairStateUnreadable) -> bool:
+    """The ladder's memory cannot be read: say so (once a run) and repair nothing. A node with a
+    fault is still drained by the caller (False); one without is neither resumed nor drained."""
+    line = f"repair: {exc}: no repair until it is mended or removed"
+    if line not in outcome.failed:
+        outcome.failed.append(line)
+        print(f"slurm-hooks: {line}", file=sys.stderr)
+    return not report.drain_findings()
 
 
 def _restore_now(w: Wiring, mode: str) -> bool:
@@ -235,22 +211,20 @@ def _restore_now(w: Wiring, mode: str) -> bool:
     return False
 
 
-def _due(w: Wiring, report: Report, state: dict[str, Any], info: Any, resetter: GpuResetter | None) -> str:
-    """What the hook does with the lock free: "work" (hand the node to a worker), "wait" (hold
-    it: a reboot under way, a node waiting for a person) or "none" (the ladder has nothing)."""
-    active = state.get("active")
-    if active is not None:
-        elapsed = time.time() - float(active.get("t", 0))
-        booted = (resetter or _resetter(w, state)).boot_id() != active.get("boot")
-        if (reboot_pending(info) or not booted) and elapsed < float(w.config.repair.reboot_timeout):
-            return "wait"
-        return "work"
-    validating = state.get("validating")
-    if validating:
-        return "wait" if validating.get("result") == UNVERIFIED else "work"
-    if _recall(w, report, state, info):
-        return "wait"  # the state dir was lost, and Slurm's reason says a person must act
-    return "work" if plan(w, report, state) is not None else "none"
+def _due(w: Wiring, report: Report, state: dict[str, Any], info: Any,
+         resetter: GpuResetter | None) -> ladder.Decision:
+    """What the hook does with the lock free (:func:`ladder.decide`), after the ladder's memory
+    is taken from Slurm's reason where the state dir was lost."""
+    boot = ""
+    if state.get("active") is not None:
+        boot = (resetter or _resetter(w, state)).boot_id()
+    elif not state.get("validating") and _recall(w, report, state, info):
+        return ladder.Decision.WAIT  # the state dir was lost, and Slurm's reason says a person must act
+    findings = report.drain_findings()
+    # The jobs were weighed before the lock was taken (and services a dead worker stopped restored since).
+    return ladder.decide(RepairState.from_json(state), info, (), boot, report, now=time.time(),
+                         policy=ladder.Policy.from_config(w.config.repair), gpus=_gpus(report, findings),
+                         summary=drain_summary(report) if findings else "")
 
 
 def _work(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, info: Any,
@@ -454,8 +428,13 @@ def _revalidate(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, s
 
 def validate_on_request(w: Wiring, outcome: Outcome, rejudge: Rejudge, who: str) -> str:
     """A person's ``slurm-hooks repair --validate``: drain ``[validating]``, run the configured
-    diagnostic, resume on a full pass. The caller holds the repair lock. Returns the verdict."""
-    state = load(w)
+    diagnostic, resume on a full pass. The caller holds the repair lock. Returns the verdict
+    ("failed", the node left as it is, when the ladder's memory cannot be read)."""
+    try:
+        state = load(w)
+    except RepairStateUnreadable as exc:
+        print(f"slurm-hooks: repair: {exc}: mend or remove it first", file=sys.stderr)
+        return "failed"
     state.pop("validating", None)
     report = rejudge(0, None)
     if report.drain_findings():
@@ -641,7 +620,10 @@ def _replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, state: dict[s
 def new_urgent(w: Wiring, report: Report) -> list[Finding]:
     """Urgent findings that our pending reboot was not for (a new fault while the node waits for
     its jobs to end): their jobs are requeued even though the repair holds the node."""
-    active = load(w).get("active")
+    try:
+        active = load(w).get("active")
+    except RepairStateUnreadable:
+        return []  # said by the step that held the node
     if not active:
         return []
     known = {(c, g) for c, g in active.get("findings", [])}
@@ -729,7 +711,12 @@ def note_person_resume(w: Wiring, info: Any = None) -> bool:
         info = w.slurm.node(w.node) if info is None else info
     except SlurmHooksError:
         return False
-    if out_of_service(info) or reboot_pending(info) or load(w).get("active") is not None:
+    try:
+        rebooting = load(w).get("active") is not None
+    except RepairStateUnreadable as exc:
+        print(f"slurm-hooks: repair: {exc}", file=sys.stderr)
+        return False
+    if out_of_service(info) or reboot_pending(info) or rebooting:
         return False  # still out, or our reboot under way (Slurm shows it neither drained nor DOWN at times)
     incidents.record_person_resume(w.audit, w.node, reason=info.reason, state=info.state)
     return True
@@ -887,14 +874,9 @@ def state_path(w: Wiring) -> str:
 
 
 def load(w: Wiring) -> dict[str, Any]:
-    try:
-        with open(state_path(w), encoding="utf-8") as fh:
-            data = json.load(fh)
-        if isinstance(data, dict) and isinstance(data.get("attempts"), list):
-            return data
-    except (OSError, ValueError):
-        pass
-    return {"version": VERSION, "attempts": []}
+    """The ladder's memory as today's JSON object. Raises :class:`RepairStateUnreadable` when the
+    file is there but unreadable: starting afresh would forget the attempts."""
+    return repair_state.load(state_path(w)).to_json()
 
 
 def save(w: Wiring, state: dict[str, Any]) -> None:
@@ -945,7 +927,5 @@ def _audit(w: Wiring, rung: str, result: str, duration: float, p: Plan, **fields
                   duration_s=round(duration, 4), why=p.why, **{k: v for k, v in fields.items() if v not in (None, "")})
 
 
-def _span(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}h" if s % 3600 == 0 else f"{s}s"
+_span = ladder.span
 

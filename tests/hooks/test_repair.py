@@ -36,8 +36,9 @@ def rungs(t):
 
 @pytest.mark.parametrize("finding,rung", [
     (Finding("row-remap", Severity.FAIL, Action.RESET, "row remapping pending", 2), "reset"),
-    (Finding("xid", Severity.FAIL, Action.REPLACE, "XID 79 (GPU has fallen off the bus)", 0), "reboot"),
-    (Finding("xid", Severity.FAIL, Action.REPLACE, "XID 79 (x), 3rd time in 24h -> hardware", 0), "replace"),
+    (Finding("xid", Severity.FAIL, Action.REPLACE, "XID 79 (GPU has fallen off the bus)", 0, rule="xid.79"), "reboot"),
+    (Finding("xid", Severity.FAIL, Action.REPLACE, "XID 79 (x), 3rd time in 24h -> hardware", 0,
+             rule="xid.79"), "replace"),
     (Finding("gpu-lost", Severity.FAIL, Action.REPLACE, "GPU is lost", 0), "reboot"),
     (Finding("gpu-count", Severity.FAIL, Action.REBOOT, "7 GPUs visible, 8 expected"), "reboot"),
     (Finding("row-remap", Severity.FAIL, Action.REPLACE, "row remapping failed", 1), "replace"),
@@ -228,3 +229,23 @@ def test_evidence_never_takes_the_time_a_rung_needs(tmp_path):
     with open(os.path.join(path, "manifest.json")) as fh:
         manifest = json.load(fh)
     assert manifest["files"] == {} and set(manifest["skipped"].values()) == {"out of time"}
+
+
+def test_an_unreadable_repair_state_is_said_once_and_the_ladder_does_nothing_nor_forgets(t, capsys):
+    """A state file cut short (a full disk, a hand edit): the attempts on it are not forgotten (the
+    ladder would start from its foot again), the file stays as it is, the run says so in one line
+    and repairs nothing; the fault still takes the node out."""
+    path = repair.state_path(t.w)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write('{"version": 1, "attempts": [{"rung": "reset", "t": 1')
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
+    assert outcome.drained and outcome.repairs == [] and not outcome.resumed
+    assert t.slurm.peek("n1").reason.startswith("slurm-hooks: row remap pending on GPU 3 [reset")
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "unreadable repair state" in ln]
+    assert len(lines) == 1 and path in lines[0]
+    with open(path, encoding="utf-8") as fh:
+        assert fh.read() == '{"version": 1, "attempts": [{"rung": "reset", "t": 1'
+    with pytest.raises(repair.RepairStateUnreadable):
+        repair.load(t.w)

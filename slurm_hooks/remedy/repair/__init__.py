@@ -1,0 +1,1 @@
+"""The repair ladder: its state apart from its storage (:mod:`.state`) and its pure decision (:mod:`.ladder`)."""

@@ -1,0 +1,171 @@
+"""The repair ladder's pure decisions, table by table: every rung, mode and phase transition,
+with no Slurm, no GPUs and no files (ladder.py imports nothing that does I/O)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from types import SimpleNamespace
+
+import pytest
+
+from slurm_hooks.models import Action, Context, Finding, Report, Severity
+from slurm_hooks.remedy.repair import ladder
+from slurm_hooks.remedy.repair.ladder import Decision, Mode, Policy, Rung
+from slurm_hooks.remedy.repair.state import Attempt, Phase, RepairState
+
+NOW = 1_000_000.0
+GPU0 = [(0, "GPU-0")]
+NODE = [(None, "node")]
+
+
+def f(action, message="fault", gpu=0, check="row-remap", rule=""):
+    return Finding(check, Severity.FAIL, action, message, gpu, rule=rule)
+
+
+def att(rung, result="failed", gpus=("GPU-0",), age=60.0):
+    return {"rung": rung, "t": NOW - age, "result": result, "gpus": list(gpus), "summary": "s"}
+
+
+def node(flags=()):
+    return SimpleNamespace(flags=frozenset(flags))
+
+
+def test_ladder_imports_nothing_that_does_io():
+    tree = ast.parse(inspect.getsource(ladder))
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    allowed = {"__future__", "enum", "collections.abc", "typing", "slurm_hooks.models", "slurm_hooks.values",
+               "slurm_hooks.remedy.repair.state"}
+    assert names <= allowed, names - allowed
+
+
+@pytest.mark.parametrize("finding,rung", [
+    (f(Action.RESET), Rung.RESET),
+    (f(Action.REBOOT, check="gpu-count"), Rung.REBOOT),
+    (f(Action.REPLACE, "XID 79 (GPU has fallen off the bus)", check="xid", rule="xid.79"), Rung.REBOOT),
+    (f(Action.REPLACE, "XID 79 (x), 3rd time in 24h -> hardware", check="xid", rule="xid.79"), Rung.REPLACE),
+    (f(Action.REPLACE, "XID 48 (DBE)", check="xid", rule="xid.48"), Rung.REPLACE),
+    (f(Action.REPLACE, "GPU is lost", check="gpu-lost"), Rung.REBOOT),
+    (f(Action.REPLACE, "row remapping failed"), Rung.REPLACE),
+    (f(Action.DRAIN, "model 'A100', expected 'H100'", check="gpu-model"), None),
+    (f(Action.WARN), None),
+])
+def test_start_rung_comes_from_the_action_and_the_rule(finding, rung):
+    assert ladder.start_rung(finding) is rung
+
+
+@pytest.mark.parametrize("rung,above", [(Rung.RESET, Rung.REBOOT), (Rung.REBOOT, Rung.REPLACE),
+                                        (Rung.REPLACE, Rung.REPLACE)])
+def test_each_rung_climbs_to_the_next_and_replace_is_the_top(rung, above):
+    assert rung.above() is above
+
+
+def test_rungs_and_modes_keep_the_words_of_the_state_file_and_the_cli():
+    assert ladder.RUNGS == ("reset", "reboot", "replace")
+    assert [m.value for m in Mode] == ["detached", "inline", "held"]
+    assert Mode("held") is Mode.HELD and Mode.HELD == "held"
+
+
+@pytest.mark.parametrize("findings,gpus,attempts,policy,rung,why", [
+    # where each fault starts, nothing on record
+    ([f(Action.RESET)], GPU0, [], Policy(), Rung.RESET, "starts at reset"),
+    ([f(Action.REBOOT)], GPU0, [], Policy(), Rung.REBOOT, "starts at reboot"),
+    ([f(Action.REPLACE)], GPU0, [], Policy(), Rung.REPLACE, "starts at replace"),
+    ([f(Action.RESET), f(Action.REBOOT, gpu=1)], GPU0, [], Policy(), Rung.REBOOT, "starts at reboot"),
+    # back on the same GPU within the window: one rung above the last tried
+    ([f(Action.RESET)], GPU0, [att("reset", "ok")], Policy(), Rung.REBOOT, "after a reset"),
+    ([f(Action.RESET)], GPU0, [att("reboot", "ok")], Policy(), Rung.REPLACE, "after a reboot"),
+    ([f(Action.RESET)], GPU0, [att("reset", "ok", age=90_000)], Policy(), Rung.RESET, "starts at reset"),
+    ([f(Action.RESET)], GPU0, [att("reset", "ok", gpus=("GPU-1",))], Policy(), Rung.RESET, "starts at reset"),
+    # a refused reboot: a person must act, no second ask
+    ([f(Action.REBOOT)], GPU0, [att("reboot", "refused")], Policy(), Rung.REPLACE, "refused by Slurm"),
+    # rungs switched off, tried too often, or without a GPU to reset
+    ([f(Action.RESET)], GPU0, [], Policy(reset=False), Rung.REBOOT, "reset is off"),
+    ([f(Action.RESET)], GPU0, [], Policy(reset=False, reboot=False), Rung.REPLACE, "reboot is off"),
+    ([f(Action.RESET, gpu=None)], NODE, [], Policy(), Rung.REBOOT, "no single GPU to reset"),
+    ([f(Action.REBOOT)], GPU0, [att("reset", "ok")], Policy(), Rung.REBOOT, "starts at reboot"),
+    ([f(Action.REBOOT)], GPU0, [att("reboot", "cancelled")], Policy(attempts=2), Rung.REPLACE, "after a reboot"),
+    ([f(Action.REBOOT)], GPU0, [att("reboot", "ok"), att("reboot", "ok")], Policy(attempts=2), Rung.REPLACE,
+     "after a reboot"),
+    ([f(Action.RESET)], GPU0, [att("reset", "started")], Policy(attempts=2), Rung.REBOOT, "after a reset"),
+])
+def test_choose_folds_the_attempts_on_record(findings, gpus, attempts, policy, rung, why):
+    choice = ladder.choose(findings, gpus, attempts, policy, NOW, "row remap on GPU 0")
+    assert choice is not None and choice.rung is rung
+    assert why in choice.why and choice.why.startswith("row remap on GPU 0: ")
+
+
+def test_choose_has_nothing_for_no_finding_or_one_no_rung_mends():
+    assert ladder.choose([], GPU0, [], Policy(), NOW, "s") is None
+    assert ladder.choose([f(Action.RESET), f(Action.DRAIN)], GPU0, [], Policy(), NOW, "s") is None
+
+
+def test_a_repeat_offender_goes_to_replace_and_the_policy_is_not_asked_at_the_top():
+    asked = []
+
+    def offender(attempts, ids, now):
+        asked.append(ids)
+        return "repeat offender: GPU-0"
+
+    choice = ladder.choose([f(Action.RESET)], GPU0, [], Policy(), NOW, "s", offender=offender)
+    assert choice.rung is Rung.REPLACE and choice.why.endswith("; repeat offender: GPU-0") and asked == [["GPU-0"]]
+    asked.clear()
+    assert ladder.choose([f(Action.REPLACE)], GPU0, [], Policy(), NOW, "s", offender=offender).rung is Rung.REPLACE
+    assert asked == []
+
+
+def report(*findings):
+    return Report("n1", Context.CHECK, tuple(findings), 0.0)
+
+
+REBOOTING = RepairState(active={"rung": "reboot", "t": NOW - 60, "boot": "boot-1"})
+LATE = RepairState(active={"rung": "reboot", "t": NOW - 5000, "boot": "boot-1"})
+
+
+@pytest.mark.parametrize("state,flags,jobs,boot,rep,decision", [
+    # nothing under way
+    (RepairState(), (), (), "", report(), Decision.NONE),
+    (RepairState(), (), (), "", report(f(Action.RESET)), Decision.WORK),
+    (RepairState(), (), ("job",), "", report(f(Action.RESET)), Decision.NONE),  # after the last job
+    (RepairState(), (), (), "", report(f(Action.DRAIN)), Decision.NONE),  # a person decides
+    # a reboot under way: wait for it (pending, or the same boot) within reboot_timeout
+    (REBOOTING, ("REBOOT_REQUESTED",), (), "boot-2", report(), Decision.WAIT),
+    (REBOOTING, (), (), "boot-1", report(), Decision.WAIT),
+    (REBOOTING, (), ("job",), "boot-1", report(), Decision.WAIT),  # jobs do not end our reboot
+    (REBOOTING, (), (), "boot-2", report(), Decision.WORK),  # back on a new boot: judge it
+    (LATE, (), (), "boot-1", report(), Decision.WORK),  # no reboot within reboot_timeout
+    # validating: a worker runs it; unverified: a person
+    (RepairState(validating={"result": "running"}), (), (), "", report(), Decision.WORK),
+    (RepairState(validating={"result": "unverified"}), (), (), "", report(), Decision.WAIT),
+    # stopped services: the worker comes even with jobs on the node
+    (RepairState(stopped={"services": ["x"]}), (), ("job",), "", report(f(Action.RESET)), Decision.WORK),
+])
+def test_decide_for_every_phase(state, flags, jobs, boot, rep, decision):
+    assert ladder.decide(state, node(flags), jobs, boot, rep, now=NOW, policy=Policy(reboot_timeout=900),
+                         gpus=GPU0, summary="s") is decision
+
+
+@pytest.mark.parametrize("state,phase", [
+    (RepairState(), Phase.IDLE),
+    (RepairState(active={"t": 1}), Phase.REBOOTING),
+    (RepairState(active={"t": 1}, validating={"result": "running"}), Phase.REBOOTING),
+    (RepairState(validating={"result": "running"}), Phase.VALIDATING),
+    (RepairState(validating={"result": "unverified"}), Phase.UNVERIFIED),
+    (RepairState(validating={"result": "running"}, replaced={"t": 1}), Phase.VALIDATING),
+    (RepairState(replaced={"t": 1}), Phase.REPLACED),
+    (RepairState(stopped={"services": ["x"]}), Phase.IDLE),
+])
+def test_the_phase_follows_the_records_in_the_order_the_ladder_weighs_them(state, phase):
+    assert state.phase is phase
+
+
+@pytest.mark.parametrize("before,attempt,after", [
+    (RepairState(), Attempt("reset", NOW, "started", ("GPU-0",)), 1),
+    (RepairState(attempts=(Attempt("reset", NOW, "ok"),)), Attempt("reboot", NOW, "refused"), 2),
+])
+def test_an_attempt_is_added_to_a_new_state_the_old_unchanged(before, attempt, after):
+    new = before.with_attempt(attempt)
+    assert len(new.attempts) == after and new.attempts[-1] == attempt and len(before.attempts) == after - 1
+    with pytest.raises(AttributeError):
+        new.attempts = ()  # frozen
