@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import REASON_PREFIX, fsutil
-from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.errors import PermanentError, SlurmHooksError
 from slurm_hooks.models import Action, Finding, Severity
 from slurm_hooks.values import dataclass, field
 
@@ -215,9 +215,17 @@ def _start(w: Wiring, node: str, level: int, job_timeout: float,
             w.slurm.delete_reservation(reservation)
             return NodeResult(node, "skipped", f"running job(s) {', '.join(jobs)}")
         argv = _job_argv(w, level, job_timeout)
+        minutes, own = math.ceil(job_timeout / 60.0), partition or _partitions(info)
         try:
-            job = w.slurm.submit(argv, name=PREFIX, node=node, reservation=reservation,
-                                 minutes=math.ceil(job_timeout / 60.0), partition=partition or _partitions(info))
+            try:
+                job = w.slurm.submit(argv, name=PREFIX, node=node, reservation=reservation, minutes=minutes,
+                                     partition=own)
+            except PermanentError:  # Slurm refused it (not: did not answer)
+                if partition or not own:
+                    raise
+                # One of the node's partitions refuses us (AllowAccounts, ...) and Slurm rejects the whole
+                # list: Slurm's default partition, which may well hold the node.
+                job = w.slurm.submit(argv, name=PREFIX, node=node, reservation=reservation, minutes=minutes)
         except SlurmHooksError as exc:
             w.slurm.delete_reservation(reservation)
             return NodeResult(node, "unverified", f"validation job not submitted: {exc}")

@@ -125,3 +125,54 @@ def test_a_validation_job_that_passes_drains_nothing_and_says_so_in_its_admin_co
     assert sweep.validate_here(w, 3, 60.0, job="9") == ("passed", "DCGM diag L3 passed")
     assert not slurm.peek("n1").drained and slurm.called("drain") == []
     assert slurm.admin_comment(9) == "slurm-hooks: sweep L3 passed: DCGM diag L3 passed"
+
+
+
+class _SubmitSlurm(FakeSlurm):
+    """FakeSlurm with the sweep's reservation and sbatch calls; ``refused``: partition lists sbatch refuses."""
+
+    def __init__(self, refused=()):
+        super().__init__()
+        self.refused, self.submitted = set(refused), []
+
+    def create_reservation(self, name, node, minutes, flags="MAINT"):
+        self._call("create_reservation", name)
+
+    def delete_reservation(self, name):
+        self._call("delete_reservation", name)
+
+    def submit(self, argv, *, name, node, reservation, minutes, output="/dev/null", partition=""):
+        self.submitted.append(partition)
+        if partition in self.refused:
+            from slurm_hooks.slurm.errors import SlurmCommandFailed
+
+            raise SlurmCommandFailed("sbatch: error: Batch job submission failed: Invalid account or "
+                                     "account/partition combination specified")
+        return "77"
+
+
+def _idle_node_in(tmp_path, partitions: str, refused=()):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = config.load(str(write_sim_config(tmp_path)))
+    slurm = _SubmitSlurm(refused)
+    slurm.add_node("n1", "IDLE").extra["Partitions"] = partitions
+    return slurm, Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+
+
+def test_a_node_given_by_name_gets_its_job_in_its_own_partitions_and_partition_wins(tmp_path):
+    slurm, w = _idle_node_in(tmp_path, "gpu,debug")
+    assert isinstance(sweep._start(w, "n1", 1, 60.0), tuple)
+    assert isinstance(sweep._start(w, "n1", 1, 60.0, "gpu"), tuple)
+    assert slurm.submitted == ["gpu,debug", "gpu"]
+
+
+def test_a_partition_list_slurm_refuses_falls_back_to_the_default_partition(tmp_path):
+    # One of the node's partitions refuses root's account and sbatch rejects the whole list: the default
+    # partition (where a node in it ran its sweep before --nodes asked for its own) is asked next.
+    slurm, w = _idle_node_in(tmp_path, "gpu,vip", refused={"gpu,vip"})
+    assert isinstance(sweep._start(w, "n1", 1, 60.0), tuple)
+    assert slurm.submitted == ["gpu,vip", ""]
+    slurm, w = _idle_node_in(tmp_path / "given", "gpu,vip", refused={"vip"})
+    result = sweep._start(w, "n1", 1, 60.0, "vip")  # --partition given: no second guess
+    assert result.verdict == "unverified" and "Invalid account" in result.detail
+    assert slurm.submitted == ["vip"]
