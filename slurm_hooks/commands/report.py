@@ -66,7 +66,7 @@ def report(config_path: str | None, since: str, audit_path: str | None, accounti
             if accounting:
                 raise
             used = f"not used ({exc})"
-    from slurm_hooks.hooks.repair import read_rma
+    from slurm_hooks.remedy.repair import read_rma
 
     rma_list = read_rma(os.path.join(cfg.state.dir, "rma.json"))  # where readable: this host's RMA list
     if scope:

@@ -125,8 +125,8 @@ def held_lines(w: Any) -> list[str]:
     """What ``check --explain`` adds for a node we hold: its step, since when, who acts next and why
     (one Slurm read; the local log and RMA list). [] for a node we do not hold, or when Slurm cannot say."""
     from slurm_hooks.errors import SlurmHooksError
-    from slurm_hooks.hooks.repair import read_rma
     from slurm_hooks.observe import incidents
+    from slurm_hooks.remedy.repair import read_rma
 
     try:
         info = w.slurm.node(w.node)
@@ -151,9 +151,9 @@ def held_lines(w: Any) -> list[str]:
 def status(config_path: str | None, max_wait: str, as_json: bool, textfile_dir: str | None) -> int:
     """Which nodes slurm-hooks holds, at which step, since when, and who must act next."""
     from slurm_hooks import config as config_mod
-    from slurm_hooks.hooks.repair import read_rma
     from slurm_hooks.observe import incidents
     from slurm_hooks.observe.audit import AuditLog
+    from slurm_hooks.remedy.repair import read_rma
     from slurm_hooks.slurm.factory import from_config
 
     limit = _seconds(max_wait)

@@ -46,7 +46,7 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     A pending action left by an earlier run is finished on the way: its events are judged
     with this run's, and acting on the verdict settles it (done, superseded, or retried later).
     ``retry``: this run exists only to finish the pending action (its alerts were recorded).
-    ``repair``: how a due repair runs (:data:`slurm_hooks.hooks.repair.MODES`): a detached worker.
+    ``repair``: how a due repair runs (:data:`slurm_hooks.remedy.repair.MODES`): a detached worker.
     """
     if context is not Context.WATCH:  # the watcher is a daemon: nothing kills it at 60 s
         w.start_deadline(float(w.config.check.deadline))
@@ -262,7 +262,7 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
         info = w.slurm.node(w.node)
         if info.drained or reboot_pending(info):
             return False  # our reboot under way shows no DRAIN flag at times: not an admin's resume
-        from slurm_hooks.hooks import repair
+        from slurm_hooks.remedy import repair
 
         repair.note_person_resume(w, info)  # closes the incident as resumed by a person
         keys = sorted(set(drained_for) & set(_keys(report.snapshot)))
@@ -301,7 +301,7 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
     if report.context is Context.CHECK and _repair(w, report, outcome, mode=repair):
         # A repair holds the node: it neither drains nor resumes it here. But an urgent new fault
         # (our reboot is pending while jobs finish) still requeues the jobs it touches.
-        from slurm_hooks.hooks import repair
+        from slurm_hooks.remedy import repair
 
         fresh = repair.new_urgent(w, report)
         if fresh and w.config.remediation.requeue:
@@ -327,7 +327,7 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         held = os.path.exists(w.drained_marker())
         remediate.resume_if_ours(w, outcome, report)
         if held and not outcome.resumed and not os.path.exists(w.drained_marker()):
-            from slurm_hooks.hooks import repair
+            from slurm_hooks.remedy import repair
 
             repair.note_person_resume(w)  # our drain let go of, the node in service: a person resumed it
     _metrics(w, report, outcome)
@@ -338,20 +338,20 @@ def repair_under_way(w: Wiring) -> bool:
     One ``stat`` when no repair ever ran on the node."""
     if not (w.config.repair.enabled and os.path.exists(w.repair_state())):
         return False
-    from slurm_hooks.hooks import repair
+    from slurm_hooks.remedy import repair
 
     with repair.worker_lock(w) as mine:
         return not mine
 
 
 def _repair(w: Wiring, report: Report, outcome: Outcome, own_job: str = "", mode: str = "detached") -> bool:
-    """The repair ladder's turn (:mod:`slurm_hooks.hooks.repair`); True when it holds the node.
+    """The repair ladder's turn (:mod:`slurm_hooks.remedy.repair`); True when it holds the node.
     Off with ``[check] drain = false`` too: a node side that may not drain repairs nothing."""
     if not (w.config.repair.enabled and w.config.check.drain):
         return False
     if not report.drain_findings() and not os.path.exists(w.repair_state()):
         return False  # healthy and no repair under way: the ladder has nothing to look at (not even an import)
-    from slurm_hooks.hooks import repair
+    from slurm_hooks.remedy import repair
 
     return repair.step(w, report, outcome, _rejudge(w), own_job=own_job, mode=mode)
 
@@ -379,7 +379,7 @@ def repair_worker(w: Wiring, own_job: str = "", ready: Callable[[], Any] | None 
     """The detached repair worker (``slurm-hooks repair-worker``, started by the hooks): take the
     node's repair lock, say it runs, and run the ladder's due rung within ``[repair]
     worker_timeout``. ``None`` when another worker holds the node (one per node)."""
-    from slurm_hooks.hooks import repair
+    from slurm_hooks.remedy import repair
 
     with repair.worker_lock(w) as mine:
         if ready is not None:
@@ -405,7 +405,7 @@ def repair_worker(w: Wiring, own_job: str = "", ready: Callable[[], Any] | None 
 def validate_node(w: Wiring, who: str) -> str:
     """A person's ``slurm-hooks repair --validate`` on this node, in the foreground under the
     node's repair lock: "ok" (validated, back in service), "failed", "unverified", or "busy"."""
-    from slurm_hooks.hooks import repair
+    from slurm_hooks.remedy import repair
 
     with repair.worker_lock(w) as mine:
         if not mine:
@@ -418,7 +418,7 @@ def repair_plan(w: Wiring, report: Report) -> str:
     """What ``--dry-run`` says the ladder would do ("" for nothing)."""
     if not w.config.repair.enabled or not report.drain_findings():
         return ""
-    from slurm_hooks.hooks import repair
+    from slurm_hooks.remedy import repair
 
     p = repair.plan(w, report)
     return p.text(w.node) if p is not None else ""

@@ -306,9 +306,10 @@ def validate_here(w: Wiring, level: int, timeout: float, job: str = "") -> tuple
     nvbandwidth and all_reduce_perf where installed, each recorded in the audit log. A failing
     node is drained with our reason. Returns (verdict, detail) and leaves them in the job's
     AdminComment."""
-    from slurm_hooks.hooks import healthcheck, remediate, repair
+    from slurm_hooks.hooks import healthcheck, remediate
     from slurm_hooks.hooks.remediate import Outcome
     from slurm_hooks.models import Context
+    from slurm_hooks.remedy import repair
 
     w.start_deadline(timeout)
     t0 = time.monotonic()

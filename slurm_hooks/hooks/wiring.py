@@ -76,7 +76,7 @@ class Wiring:
         return os.path.join(self.config.state.dir, *parts)
 
     def repair_state(self) -> str:
-        """This node's repair ladder state (:mod:`slurm_hooks.hooks.repair`): absent while no repair ran."""
+        """This node's repair ladder state (:mod:`slurm_hooks.remedy.repair`): absent while no repair ran."""
         return self.state_path(f"repair-{self.node}.json")
 
     def drained_marker(self) -> str:

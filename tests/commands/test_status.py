@@ -9,9 +9,10 @@ from fakes.config import repair_config, sim_node
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks.commands import status
-from slurm_hooks.hooks import healthcheck, repair
+from slurm_hooks.hooks import healthcheck
 from slurm_hooks.observe import incidents
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy import repair
 
 
 def test_status_names_who_acts_next_for_each_node_we_hold_and_skips_the_rest():

@@ -18,10 +18,10 @@ from conftest import audit_records, own_testbed, wait_for
 
 from slurm_hooks import report
 from slurm_hooks.commands import status
-from slurm_hooks.hooks.repair import read_rma
 from slurm_hooks.lab.testbed import Settings
 from slurm_hooks.observe import incidents
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy.repair import read_rma
 
 pytestmark = pytest.mark.slurm
 

@@ -12,8 +12,9 @@ import pytest
 from fakes.config import repair_config, sim_node
 
 from slurm_hooks.errors import PermanentError
-from slurm_hooks.hooks import healthcheck, repair
+from slurm_hooks.hooks import healthcheck
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy import repair
 
 REFUSED = PermanentError("scontrol_reboot_nodes error: Unspecified error")
 

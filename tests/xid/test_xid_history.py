@@ -283,8 +283,8 @@ def test_fourth_remediation_or_an_old_one_or_another_gpu_goes_ahead():
 def test_repair_plan_sends_the_fifth_remediation_in_7_days_to_replace(tmp_path):
     from fakes.config import repair_config, sim_node
 
-    from slurm_hooks.hooks import repair
     from slurm_hooks.models import Action, Finding, Report, Severity
+    from slurm_hooks.remedy import repair
 
     cfg = repair_config(tmp_path)
     _, w = sim_node(cfg, "IDLE")

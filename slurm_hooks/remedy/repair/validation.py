@@ -1,0 +1,160 @@
+"""Validation before return to service: after a reset or a reboot (and on a person's
+``slurm-hooks repair --validate``) the node stays drained ``[validating]`` while ``dcgmi diag -r
+<[repair] dcgm_level>`` runs; only a diagnostic that ran and passed in full resumes it. One that
+could not run in full leaves it ``[unverified]`` for a person."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Callable, Optional
+
+from slurm_hooks.engine import drain_summary
+from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.hooks import remediate
+from slurm_hooks.models import Report
+from slurm_hooks.remedy.repair import state as repair_state
+from slurm_hooks.remedy.repair.state import RepairStateUnreadable
+from slurm_hooks.remedy.repair.store import load, save
+from slurm_hooks.slurm import format_status_reason, parse_reason
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurm_hooks.hooks.remediate import Outcome
+    from slurm_hooks.hooks.wiring import Wiring
+
+#: ``judge(dcgm_level, dcgm_timeout)``: the node judged afresh after a repair (a new snapshot),
+#: with a DCGM diag of at least that level bounded by that timeout (None: ``[dcgm] timeout``).
+Rejudge = Callable[[int, Optional[float]], Report]
+#: Reason tags of a node proving itself (``[validating]``) or left for a person because its
+#: diagnostic did not run in full (``[unverified]``).
+VALIDATING, UNVERIFIED = "validating", repair_state.UNVERIFIED
+#: A validation interrupted this often (its worker died) is given up: ``[unverified]``.
+VALIDATE_TRIES = 2
+
+
+def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, rejudge: Rejudge,
+                        state: dict[str, Any], info: Any = None) -> tuple[str, str, Report | None]:
+    """The node checked healthy on NVML after ``after`` (reset, reboot, request): hold it drained
+    ``[validating]`` while the configured diagnostic runs, then resume it only on a full pass.
+    Returns (result, detail, the report judged): "ok", "failed" (the diagnostic found a fault: the
+    caller climbs on that report), or "unverified" (the node stays drained for a person)."""
+
+    level = int(w.config.repair.dcgm_level)
+    if level <= 0:
+        report = rejudge(0, None)
+        if report.drain_findings():
+            return "failed", f"still {drain_summary(report)}", report
+        return (*_resume_validated(w, outcome, report, info, "no diagnostic configured ([repair] dcgm_level = 0)"),
+                report)
+    reason = format_status_reason(summary, VALIDATING)
+    validating = state.setdefault("validating", {"t": time.time(), "after": after, "tries": 0})
+    validating.update(summary=summary, reason=reason, result="running", tries=int(validating.get("tries", 0)) + 1)
+    save(w, state)
+    t0 = time.monotonic()
+    try:
+        w.slurm.drain(w.node, reason)
+    except SlurmHooksError as exc:
+        outcome.failed.append(f"drain: {exc}")
+        forget(w, state)
+        return "failed", f"could not mark the node {reason!r}: {exc}", None
+    remediate.write_marker(w, reason, None)
+    budget = min(float(w.config.repair.validate_timeout), w.time_left(float(w.config.repair.validate_timeout)))
+    w.audit.write("action", node=w.node, action="repair-validate", target=w.node, result="start", duration_s=0.0,
+                  reason=reason, level=level, after=after, timeout_s=round(budget, 1),
+                  detail=f"dcgmi diag -r {level} before the node returns to service")
+    report = rejudge(level, budget)
+    found, detail = verdict(report, level)
+    w.audit.write("action", node=w.node, action="repair-validate", target=w.node, result=found,
+                  duration_s=round(time.monotonic() - t0, 4), reason=reason, level=level, after=after, detail=detail,
+                  **({"gpus": sorted({f.gpu for f in report.drain_findings() if f.gpu is not None})}
+                     if found == "failed" else {}))
+    if found == "ok":
+        forget(w, state)
+        return (*_resume_validated(w, outcome, report, info, detail), report)
+    if found == "failed":
+        forget(w, state)
+        return "failed", detail, report
+    unverified(w, state, summary, detail)
+    return UNVERIFIED, detail, report
+
+
+def verdict(report: Report, level: int) -> tuple[str, str]:
+    """Passed only when the diagnostic ran and every test passed; one that could not run (not
+    installed, host engine down, timed out, cut by the deadline) is "unverified", never a pass."""
+    if report.drain_findings():
+        return "failed", f"{drain_summary(report)}: " + "; ".join(f.message for f in report.drain_findings()[:3])
+    dcgm = [f for f in report.findings if f.check == "dcgm"]
+    if dcgm:
+        return UNVERIFIED, dcgm[0].message
+    if "dcgm" not in report.checks_run:
+        return UNVERIFIED, f"DCGM diag L{level} did not run"
+    return "ok", f"DCGM diag L{level} passed"
+
+
+def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: Any, detail: str) -> tuple[str, str]:
+    """Back into service after a validation (or none configured): a node that came back DOWN from
+    our reboot is drained with our reason first, which resume accepts."""
+
+    try:
+        node = w.slurm.node(w.node)
+        if not node.drained and node.base_state == "DOWN" and node.ours:
+            w.slurm.drain(w.node, node.reason)
+    except SlurmHooksError as exc:
+        outcome.failed.append(f"resume: {exc}")
+        return "failed", f"{detail}, but not resumed: {exc}"
+    remediate.resume_if_ours(w, outcome, report)
+    if outcome.resumed:
+        return "ok", f"{detail}, resumed"
+    return "failed", f"{detail}, but not resumed: " + "; ".join(outcome.failed or ["see the resume record"])
+
+
+def unverified(w: Wiring, state: dict[str, Any], summary: str, detail: str) -> None:
+    """The diagnostic did not run in full: the node stays drained, tagged for a person."""
+
+    reason = format_status_reason(summary, UNVERIFIED)
+    state.setdefault("validating", {})
+    state["validating"].update(result=UNVERIFIED, reason=reason, detail=detail)
+    save(w, state)
+    with contextlib.suppress(SlurmHooksError):
+        w.slurm.drain(w.node, reason)
+        remediate.write_marker(w, reason, None)
+
+
+def begin(w: Wiring, state: dict[str, Any], info: Any, after: str) -> bool:
+    """Hold a node that is still out (new hardware after ``[replace]``) for its validation,
+    which a worker then runs; False when none is configured ([repair] dcgm_level = 0)."""
+    if int(w.config.repair.dcgm_level) <= 0:
+        return False
+    parsed = parse_reason(info.reason)
+    summary = parsed[0] if parsed else "hardware replaced"
+    state["validating"] = {"t": time.time(), "after": after, "tries": 0, "summary": summary, "result": "running"}
+    save(w, state)
+    return True
+
+
+def forget(w: Wiring, state: dict[str, Any]) -> None:
+    if state.pop("validating", None) is not None:
+        save(w, state)
+
+
+def validate_on_request(w: Wiring, outcome: Outcome, rejudge: Rejudge, who: str) -> str:
+    """A person's ``slurm-hooks repair --validate``: drain ``[validating]``, run the configured
+    diagnostic, resume on a full pass. The caller holds the repair lock. Returns the verdict
+    ("failed", the node left as it is, when the ladder's memory cannot be read)."""
+    try:
+        state = load(w)
+    except RepairStateUnreadable as exc:
+        print(f"slurm-hooks: repair: {exc}: mend or remove it first", file=sys.stderr)
+        return "failed"
+    state.pop("validating", None)
+    report = rejudge(0, None)
+    if report.drain_findings():
+        return "failed"
+    result, _, judged = validate_and_resume(w, f"validation asked by {who}", "request", outcome, rejudge, state)
+    if result == "failed" and judged is not None and judged.drain_findings():
+        remediate.drain(w, judged, outcome)  # what failed, as the reason: the ladder takes it from there
+    return result
