@@ -71,7 +71,7 @@ def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, healt
                         accounting=accounting, repair=repair, gres_order=_order(gres_order),
                         reboot_program=reboot_program, shards=shards, mig=mig,
                         nhc=os.path.abspath(nhc) if nhc else "", nhc_check=nhc_check, programs=programs,
-                        own_addresses=own_addresses)
+                        own_addresses=own_addresses, force_requeue_on_fail=True)
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))

@@ -129,8 +129,8 @@ REHEARSED = ("kill-wait", "checkpoint-grace", "return-to-service", "force-requeu
 def test_the_testbed_an_admin_brings_up_passes_validate_on_what_it_rehearses(tmp_path, repair):
     """`testbed up` with its defaults (the demo's, an admin's) runs what validate recommends:
     KillWait 120 above the 90 s checkpoint grace, ReturnToService=1, ForceRequeueOnFail where this
-    Slurm has it (23.02+; 22.05's daemons refuse it)."""
-    tb = Testbed(str(tmp_path / "tb"), Settings(repair=repair))
+    Slurm has it (23.02+; 22.05's daemons refuse it): the settings `testbed up` passes."""
+    tb = Testbed(str(tmp_path / "tb"), Settings(repair=repair, force_requeue_on_fail=True))
     tb._prepare()  # the files `up` writes; no daemon needed to judge them
     res = run_command([sys.executable, "-m", "slurm_hooks", "validate", "--json", "--config", tb.config_path,
                        "--slurm-conf", tb.slurm_conf, "--node", "n1"], 120, check=False)
