@@ -101,6 +101,11 @@ def differences(a: GpuMap, b: GpuMap) -> list[str]:
 # --- building -----------------------------------------------------------------------------
 
 
+#: slurmd's NVIDIA autodetection: ``nvml``, and ``nvidia`` (24.11+, without NVML): both number the
+#: GPUs in the driver's order.
+NVIDIA_AUTODETECT = ("nvml", "nvidia")
+
+
 def build(conf: GresConf, snap: NodeSnapshot, source: str = "",
           mig_minors: dict[int, tuple[int, int]] | None = None) -> GpuMap:
     """Join Slurm's GPUs with the snapshot's by device minor number. A MIG GRES names its GPU
@@ -110,7 +115,7 @@ def build(conf: GresConf, snap: NodeSnapshot, source: str = "",
 
     source = source or conf.source
     gpus = [g for g in snap.gpus]
-    if conf.autodetect == "nvml" and not conf.devices:
+    if conf.autodetect in NVIDIA_AUTODETECT and not conf.devices:
         return _autodetected(snap, source)
     if not conf.devices:
         why = (f"{conf.fileless} GPU(s) given by Count= without File=: Slurm cannot say which is which"
@@ -141,8 +146,8 @@ def build(conf: GresConf, snap: NodeSnapshot, source: str = "",
     parents = {s.gpu for s in slots if s.gpu is not None}
     if len(parents) != len(gpus):
         problems.append(f"Slurm gives this node {len(parents)} GPU(s), NVML sees {len(gpus)}")
-    if conf.autodetect == "nvml" and conf.source == "gres.conf":
-        problems.append("AutoDetect=nvml with File= lines: slurmd reorders them; set [gpu] gres_source = \"slurmd\"")
+    if conf.autodetect in NVIDIA_AUTODETECT and conf.source == "gres.conf":
+        problems.append(f"AutoDetect={conf.autodetect} with File= lines: slurmd reorders them; set [gpu] gres_source = \"slurmd\"")
     return GpuMap(tuple(slots), source, "; ".join(problems))
 
 

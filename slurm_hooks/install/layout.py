@@ -67,6 +67,11 @@ CURRENT = "current"
 VERSIONS = "versions"
 
 
+#: The refuse-mode wrapper's scontrol calls run under coreutils' timeout (hooks get no PATH).
+TIMEOUT_BIN = "/usr/bin/timeout"
+SCONTROL_TIMEOUT_S = 10
+
+
 def program_rel(hook: str) -> str:
     return f"bin/slurm-hooks-{hook}"
 
@@ -208,7 +213,9 @@ def render(inp: Inputs) -> Laid:
         prom = os.path.join(textfile, f"slurm_hooks_wrapper_{p.hook}.prom") if textfile else ""
         drain = show = ""
         if p.hook == "healthcheck" and refuse:
-            drain, show = f"{q(inp.scontrol)} update", q(inp.scontrol)
+            # bounded: a hung slurmctld must not hold the check until slurmd kills it
+            bounded = f"{TIMEOUT_BIN} {SCONTROL_TIMEOUT_S} {q(inp.scontrol)}"
+            drain, show = f"{bounded} update", bounded
         files[program_rel(p.hook)] = (hook_t.render(
             hook=p.hook, command=p.command, slurm_key=p.slurm_key, program=program_path(p.hook, inp.prefix),
             program_q=q(program_path(p.hook, inp.prefix)),

@@ -103,11 +103,11 @@ def parse_spec(text: str, source: Source = Source.SCRIPT) -> JobSignal:
 
 
 #: sbatch's short options that take a value (``-p gpu``, or ``-pgpu``); the others are flags.
-_SHORT_WITH_VALUE = frozenset("ABbcCdDeFGiJLmMnNopqStwx")
+_SHORT_WITH_VALUE = frozenset("aABbcCdDeFGiJLmMnNopqStwx")
 #: sbatch's long options that take no value, or one only after ``=`` (optional_argument): any
 #: other ``--name`` without ``=`` takes the next word as its value.
 _LONG_FLAGS = frozenset("""
-    contiguous exclusive get-user-env help hold ignore-pbs kill-on-invalid-dep no-kill no-requeue nice
+    contiguous exclusive get-user-env help hold ignore-pbs no-kill no-requeue nice
     overcommit oversubscribe parsable propagate quiet reboot requeue spread-job test-only usage use-min-nodes
     verbose version wait x11 exact
 """.split())

@@ -113,8 +113,9 @@ def test_an_unknown_or_inconsistent_map_says_why(tmp_path, conf, why):
     assert not gmap.known and why in gmap.problem
 
 
-def test_autodetect_alone_numbers_gpus_in_nvmls_order(tmp_path):
-    t = node(tmp_path, "AutoDetect=nvml\n", minors=[3, 2, 1, 0, 4, 5, 6, 7])
+@pytest.mark.parametrize("detect", ["nvml", "nvidia"])  # nvidia: 24.11's autodetection without NVML
+def test_autodetect_alone_numbers_gpus_in_nvmls_order(tmp_path, detect):
+    t = node(tmp_path, f"AutoDetect={detect}\n", minors=[3, 2, 1, 0, 4, 5, 6, 7])
     gmap = gpumap.current(t.w, t.w.probe().snapshot())
     assert gmap.known and [(s.gres, s.gpu, s.file) for s in gmap.slots[:2]] == [(0, 0, "/dev/nvidia3"),
                                                                                   (1, 1, "/dev/nvidia2")]

@@ -74,6 +74,8 @@ def test_the_environment_and_the_submit_line():
     ("sbatch --partition gpu -N2 --requeue --signal B:USR1@90 train.sh --epochs 3", "B:USR1@90"),
     ("sbatch -Hvp gpu --signal=USR1@10 run.sh", "USR1@10"),  # flags, then -p's value as the next word
     ("sbatch --time 10 --wrap 'python t.py --signal=TERM' --signal=USR1@20", "USR1@20"),
+    ("sbatch -a 0-3 --signal=B:USR1@60 job.sh", "B:USR1@60"),  # -a (--array) takes a value
+    ("sbatch --kill-on-invalid-dep yes --signal=USR1@30 job.sh", "USR1@30"),  # and so does this one
 ])
 def test_a_signal_after_the_script_name_belongs_to_the_script(line, spec):
     found = from_submit_line(line)
