@@ -1,7 +1,7 @@
 """The repair ladder: GPU reset -> reboot -> replace, climbed only as far as the fault needs.
 
 Its parts: :mod:`.state` (the ladder's memory, apart from its storage), :mod:`.ladder` (the pure
-decision), :mod:`.store` (the state file, the lock), :mod:`.plan`, :mod:`.rungs` (each runs once
+decision), :mod:`.store` (the state file, the lock), :mod:`.planner`, :mod:`.rungs` (each runs once
 and returns its result), :mod:`.validation`, :mod:`.evidence`, :mod:`.rma` and :mod:`.worker`
 (the one sequencer: gather, decide, run, record, climb). What the hooks and commands call is
 named here.
@@ -10,7 +10,7 @@ named here.
 from __future__ import annotations
 
 from slurm_hooks.remedy.repair.evidence import EVIDENCE_FILE_MAX, EVIDENCE_KEEP, EVIDENCE_S, evidence_dir, keep_evidence
-from slurm_hooks.remedy.repair.plan import RUNGS, Plan, plan, start_rung
+from slurm_hooks.remedy.repair.planner import RUNGS, Plan, plan, start_rung
 from slurm_hooks.remedy.repair.rma import add_to_rma, gpu_ids, read_rma, rma_path
 from slurm_hooks.remedy.repair.rungs import restore_services
 from slurm_hooks.remedy.repair.state import RepairState, RepairStateUnreadable

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.models import Report
-    from slurm_hooks.remedy.repair.plan import Plan
+    from slurm_hooks.remedy.repair.planner import Plan
 
 
 def rma_path(w: Wiring) -> str:

@@ -12,7 +12,7 @@ from slurm_hooks.errors import PermanentError, SlurmHooksError
 from slurm_hooks.hooks import remediate
 from slurm_hooks.models import Action, Report
 from slurm_hooks.remedy.repair.evidence import keep_evidence
-from slurm_hooks.remedy.repair.plan import Plan, attempt
+from slurm_hooks.remedy.repair.planner import Plan, attempt
 from slurm_hooks.remedy.repair.rma import add_to_rma, gpu_ids
 from slurm_hooks.remedy.repair.store import save
 from slurm_hooks.remedy.repair.validation import Rejudge, validate_and_resume

@@ -48,7 +48,7 @@ from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import remediate
 from slurm_hooks.models import Action, Finding, Report, Urgency
 from slurm_hooks.remedy.repair import ladder
-from slurm_hooks.remedy.repair.plan import Plan, attempt, gpus_of, plan
+from slurm_hooks.remedy.repair.planner import Plan, attempt, gpus_of, plan
 from slurm_hooks.remedy.repair.rma import is_uuid
 from slurm_hooks.remedy.repair.rungs import audit, reboot, replace, reset, resetter_for, restore_services
 from slurm_hooks.remedy.repair.state import RepairState, RepairStateUnreadable
