@@ -155,7 +155,7 @@ def table(severities: Severities = DEFAULT) -> list[tuple[str, Rule]]:
 
 
 def markdown_table(severities: Severities = DEFAULT) -> str:
-    """The README's table of defaults (``tools/gen_severity_table.py`` writes it there)."""
+    """docs/severity.md's table of defaults (``tools/gen_severity_table.py`` writes it there)."""
     lines = ["| rule | scope | urgency | action |", "|---|---|---|---|"]
     for key, rule in table(severities):
         action = rule.action.value if rule.action is not None else "per finding"
