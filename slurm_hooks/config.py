@@ -153,7 +153,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "max_age": (_Num, 259200.0),
         #: Requests per second to one receiver at most (Slack takes about one per webhook).
         "rate": (_Num, 1.0),
-        #: An open incident's alerts are posted again this often (under Alertmanager's resolve_timeout).
+        #: An open incident's alerts are posted again this often; each post's endsAt holds it max(4x, 15 min).
         "alert_repost": (_Num, 60.0),
         #: A line every alert and message carries: where the on-call finds what to do.
         "runbook": (str, ""),
@@ -256,8 +256,8 @@ _RANGES: dict[tuple[str, str], _Range] = {
     ("notify", "max_queued"): _Range(1, 100000),
     ("notify", "max_age"): _POSITIVE,
     ("notify", "rate"): _POSITIVE,
-    ("notify", "alert_repost"): _Range(1, 3600, why="Alertmanager resolves an alert not posted again within "
-                                                     "its resolve_timeout (5 min by default)"),
+    ("notify", "alert_repost"): _Range(1, 3600, why="each post holds the alert open (endsAt) for "
+                                                     "max(4 x alert_repost, 15 min); a longer gap risks a flap"),
     ("repair", "window"): _POSITIVE,
     ("repair", "attempts"): _Range(1, 10),
     ("repair", "reboot_timeout"): _POSITIVE,
