@@ -33,6 +33,7 @@ TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 m
 if TYPE_CHECKING:
     from typing import Any
 
+    from slurm_hooks.slurm import NodeInfo
     from slurm_hooks.xid.catalog import XidInfo
 
 
@@ -57,14 +58,16 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     earlier = None if dry_run else pending.load(w.config.state.dir, w.node)
     if earlier is not None:
         events = (*events, *_events(earlier))
-    report = judge(w, context, events=events, acknowledge=not dry_run, history=history, xid_lookup=xid_lookup)
+    seen: list[NodeInfo] = []  # the node as this run read it (a node we drained): the drain's read too
+    report = judge(w, context, events=events, acknowledge=not dry_run, history=history, xid_lookup=xid_lookup,
+                   seen=seen)
     outcome = Outcome()
     if not dry_run:
         if not retry:
             remediate.record_alerts(w, report)
             if context is Context.CHECK:
                 _record_slurm_view(w, report)
-        act(w, report, outcome, follow=follow, earlier=earlier, repair=repair)
+        act(w, report, outcome, follow=follow, earlier=earlier, repair=repair, known=seen[-1] if seen else None)
         follower.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
         if context is Context.CHECK and not retry:
             notify_flush(w)
@@ -149,7 +152,7 @@ def _events(rec: pending.Pending) -> list[XidEvent]:
 def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequence[XidEvent] = (),
           gpus: list[str] | None = None, baseline: NodeSnapshot | None = None, job_failed: bool = False,
           history: XidState | None = None, xid_lookup: Callable[[int], XidInfo | None] | None = None,
-          dcgm_level: int = 0, dcgm_timeout: float | None = None) -> Report:
+          dcgm_level: int = 0, dcgm_timeout: float | None = None, seen: list[NodeInfo] | None = None) -> Report:
     """Take one snapshot (with ``events`` a source delivered) and judge it; then, if we drained this
     node before and an admin has resumed it since, acknowledge the XIDs we drained for and judge
     the same snapshot again: in every context, so that the first job after the resume is not
@@ -159,7 +162,8 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
     its event seen), saved by the caller; without one it is loaded here and saved once.
     ``xid_lookup``: where the XID check looks codes up (the watcher's, which has looked one up).
     ``dcgm_level``: at least this deep a DCGM diag (the validation after a repair), bounded by
-    ``dcgm_timeout`` instead of ``[dcgm] timeout`` when given.
+    ``dcgm_timeout`` instead of ``[dcgm] timeout`` when given. ``seen``: gets the node as Slurm
+    showed it, still drained, when it was read to tell an admin's resume (so that the drain need not read it again).
     """
     started = time.monotonic()
     state = xid_history(w).load() if history is None else history
@@ -180,7 +184,7 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
     report = engine.judge(_with_events(snap, events), request)
     if report.snapshot is not None and report.snapshot.error is None:
         state.record(engine.snapshot_xids(report.snapshot))
-    if acknowledge and report.drain_findings() and _admin_resumed(w, report, state):
+    if acknowledge and report.drain_findings() and _admin_resumed(w, report, state, seen):
         report = engine.judge(report.snapshot, _request(w, context, state, gpus=request.gpus, baseline=baseline,
                                                         job_failed=job_failed, xid_lookup=xid_lookup,
                                                         missing=request.missing))
@@ -246,7 +250,7 @@ def _with_events(snap: NodeSnapshot, events: Sequence[XidEvent]) -> NodeSnapshot
     return replace(snap, gpus=gpus, node_xids=snap.node_xids + tuple(node_level))
 
 
-def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
+def _admin_resumed(w: Wiring, report: Report, state: XidState, seen: list[NodeInfo] | None = None) -> bool:
     """We drained this node for some XIDs and an admin has resumed it: those XIDs are dealt with.
 
     They stay in the kernel log until the next reboot; acknowledging exactly the
@@ -261,6 +265,8 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
     try:
         info = w.slurm.node(w.node)
         if info.drained or reboot_pending(info):
+            if seen is not None and info.drained:
+                seen.append(info)
             return False  # our reboot under way shows no DRAIN flag at times: not an admin's resume
         from slurm_hooks.remedy import repair
 
@@ -294,7 +300,8 @@ def _keys(snap: NodeSnapshot) -> list[str]:
 
 
 def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
-        earlier: pending.Pending | None = None, repair: str = "detached") -> None:
+        earlier: pending.Pending | None = None, repair: str = "detached", known: NodeInfo | None = None) -> None:
+    """``known``: the node as this run read it before acting (see :func:`judge`), for the drain."""
     if earlier is not None and not _still_to_do(w, earlier, report, outcome):
         _metrics(w, report, outcome)
         return
@@ -319,8 +326,10 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         multi_node = report.requeue_multi_node()  # a fabric fault: the jobs that span nodes
         requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus) or bool(instances) or multi_node)
                    and report.context in (Context.CHECK, Context.WATCH))
+        if earlier is not None or os.path.exists(w.repair_state()):
+            known = None  # a pending action or the repair ladder may have changed the node since: read it
         take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus,
-                 instances=instances, multi_node=multi_node)
+                 instances=instances, multi_node=multi_node, known=known)
         if outcome.drained and report.context is Context.CHECK:
             _repair(w, report, outcome, mode=repair)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
@@ -426,19 +435,21 @@ def repair_plan(w: Wiring, report: Report) -> str:
 
 def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeue: bool,
              earlier: pending.Pending | None = None, gpus: frozenset[int] | None = None,
-             instances: frozenset[tuple[int, int]] = frozenset(), multi_node: bool = False, **extra: Any) -> None:
+             instances: frozenset[tuple[int, int]] = frozenset(), multi_node: bool = False,
+             known: NodeInfo | None = None, **extra: Any) -> None:
     """Drain, then requeue the node's jobs (``gpus``: only those on these GPUs, ``multi_node``: and
     those that span nodes): most urgent first,
     each Slurm call bounded by what is left of the run's deadline. What fails for a transient
     reason stays pending. Monitor-only (``[check] drain = false``, for every caller: check, watcher,
-    prolog, epilog): audited as not acted on, and nothing done."""
+    prolog, epilog): audited as not acted on, and nothing done. ``known``: the node as this run
+    has just read it: the drain's first look at the node is that one, not another RPC."""
     if not w.config.check.drain:
         remediate.not_acted(w, report, outcome, **extra)
         if earlier is not None:
             _close(w, earlier, "superseded", "monitor-only: [check] drain = false")
             outcome.pending = "superseded"
         return
-    seen = _SlurmErrors(w.slurm)
+    seen = _SlurmErrors(w.slurm, known)
     ww = replace(w, slurm_override=seen)
     remediate.drain(ww, report, outcome, **extra)
     left: list[str] = []
@@ -469,9 +480,11 @@ class _SlurmErrors:
 
     bounded = None  # already bounded by the run's deadline: Wiring must not unwrap it
 
-    def __init__(self, slurm: Any):
+    def __init__(self, slurm: Any, known: NodeInfo | None = None):
         self._slurm = slurm
         self.errors: list[SlurmHooksError] = []
+        #: The node as this run has just read it: the first ``node()`` of it answers with it, once.
+        self._known = known
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._slurm, name)
@@ -479,6 +492,10 @@ class _SlurmErrors:
             return target
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            if name == "node" and self._known is not None:
+                known, self._known = self._known, None
+                if args == (known.name,) and not kwargs:
+                    return known
             try:
                 return target(*args, **kwargs)
             except SlurmHooksError as exc:

@@ -65,6 +65,9 @@ class Outcome:
     monitor_only: bool = False
     #: The GPUs each touched job holds here as Slurm numbers them (its owner's SLURM_JOB_GPUS), by ref.
     job_gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: Slurm showed the node drained by us and IDLE (no job, none completing): it can get none, so
+    #: there is nothing to requeue and no job list to read (a storm's later rounds ask Slurm less).
+    node_empty: bool = False
 
     @property
     def ok(self) -> bool:
@@ -98,6 +101,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
         info = w.slurm.node(w.node)
         if info.drained and info.ours and split_reason(info.reason)[0] == reason and _still_ours(w, info):
             outcome.drained = outcome.node_out = True
+            outcome.node_empty = _empty(info)
             write_marker(w, reason, report, info)  # an earlier drain may have landed after its scontrol timed out
             _step(w, "drain", w.node, "already", started, reason=reason, **extra)
             return
@@ -106,6 +110,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
             # a hook that judges fewer GPUs (prolog, epilog: the job's; the watcher: one event) keeps our
             # wider reason; the check judges every GPU: what it no longer finds leaves the reason
             outcome.drained = outcome.node_out = True
+            outcome.node_empty = _empty(info)
             _step(w, "drain", w.node, "already", started, reason=split_reason(info.reason)[0], found=reason, **extra)
             return
         if _config_suspected(w, report, reason, started, extra):
@@ -124,6 +129,11 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     outcome.drained = outcome.node_out = True
     write_marker(w, reason, report, _after_drain(w, reason))
     _step(w, "drain", w.node, "ok", started, reason=reason, **extra)
+
+
+def _empty(info: NodeInfo) -> bool:
+    """A drained node Slurm shows IDLE (not ALLOCATED, MIXED or COMPLETING) runs no job and gets none."""
+    return info.drained and info.base_state == "IDLE" and "COMPLETING" not in info.flags
 
 
 def _after_drain(w: Wiring, reason: str) -> NodeInfo | None:
@@ -246,7 +256,7 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
     started = time.monotonic()
     fault_at = time.time() if fault_at is None else fault_at
     try:
-        jobs = w.slurm.jobs_on_node(w.node)
+        jobs = [] if outcome.node_empty else w.slurm.jobs_on_node(w.node)
     except SlurmHooksError as exc:
         outcome.failed.append(f"list jobs: {exc}")
         _step(w, "requeue", w.node, "failed", started, error=f"cannot list jobs: {exc}")
