@@ -12,9 +12,12 @@ daemons' own messages) over the hit nodes is the figure (the healthy nodes' chec
 so it is an upper bound). ``--write``: the figures go between this bench's markers in
 docs/dev/performance.md. ``--nodes 2 --hit 1`` shows one hit node's RPCs by type.
 
-Pages: a real HTTP receiver (tests/fakes/webhook.py) stands for the plain JSON webhook; each node
-sends its own messages (one per node). One page naming every hit node is Alertmanager's grouping
-(``group_by: [cluster, alertname]``), not the node's.
+Pages: a real HTTP receiver (tests/fakes/webhook.py) stands for the plain JSON webhook (each node
+sends its own messages: one per node) and for the receiver of a real Alertmanager (Debian's
+prometheus-alertmanager, slurm_hooks.lab.alertmanager) that every node also posts to, with
+``slurm-hooks render alertmanager``'s route (``group_by: [alertname, cluster]``): one page naming
+every hit node is Alertmanager's grouping, not the node's. Before the fault, one healthy round
+on every node: each makes its hourly look at Slurm then, as on a cluster that has been running.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "bench")]
 from bench_storm import DAEMON_MESSAGES, sdiag_rpcs  # noqa: E402
 from fakes.webhook import Receiver  # noqa: E402
 
+from slurm_hooks.commands.render import render_all  # noqa: E402
+from slurm_hooks.lab.alertmanager import LabAlertmanager, ensure_installed  # noqa: E402
 from slurm_hooks.lab.testbed import BIN, Settings, Testbed  # noqa: E402
 from slurm_hooks.probes import sim  # noqa: E402
 from slurm_hooks.runner import run_command  # noqa: E402
@@ -44,7 +49,7 @@ GOAL = 20
 JOB = "#!/bin/sh\ntrap 'exit 0' TERM\nwhile true; do sleep 1; done\n"
 
 
-def node_config(tb: Testbed, node: str, root: str, url: str) -> tuple[str, str]:
+def node_config(tb: Testbed, node: str, root: str, url: str, am_url: str) -> tuple[str, str]:
     """A config for ``node`` alone: the testbed's, with its own state dir, audit log and webhook."""
     state, audit = os.path.join(root, node, "state"), os.path.join(root, node, "audit.jsonl")
     os.makedirs(state, mode=0o700, exist_ok=True)
@@ -54,7 +59,8 @@ def node_config(tb: Testbed, node: str, root: str, url: str) -> tuple[str, str]:
         if json.dumps(old) not in text:
             raise SystemExit(f"{tb.config_path} does not name {old}: the testbed's config changed")
         text = text.replace(json.dumps(old), json.dumps(new))
-    text += f'\n[notify]\nsettle = 0.5\n\n[[notify.webhook]]\nurl = {json.dumps(url)}\n'
+    text += (f'\n[notify]\nsettle = 0.5\n\n[[notify.webhook]]\nurl = {json.dumps(url)}\n'
+             f'\n[[notify.alertmanager]]\nurl = {json.dumps(am_url)}\n')
     path = os.path.join(root, node, "config.toml")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
@@ -90,14 +96,15 @@ def followers_done(audits: dict[str, str], timeout: float) -> None:
         time.sleep(0.5)
 
 
-def storm(tb: Testbed, python: str, hit: int, rounds: int, receiver: Receiver, root: str) -> dict:
-    url = f"http://127.0.0.1:{receiver.port}/hook"
+def storm(tb: Testbed, python: str, hit: int, rounds: int, receiver: Receiver, am: LabAlertmanager, root: str,
+          group_wait: float) -> dict:
     configs, audits = {}, {}
     for n in tb.node_names:
-        configs[n], audits[n] = node_config(tb, n, root, url)
+        configs[n], audits[n] = node_config(tb, n, root, receiver.url("/hook"), am.url)
     jobs = [tb.sbatch(JOB, f"--gres=gpu:{tb.settings.gpus}", "--requeue") for _ in tb.node_names]
     for job in jobs:
         tb.wait_job(job, ["RUNNING"], timeout=120)
+    check_round(tb, python, configs)  # healthy: each node's hourly look at Slurm, as before any storm
     hit_nodes = tb.node_names[:: max(1, len(tb.node_names) // hit)][:hit]
     for n in hit_nodes:
         sim.inject(tb.sim_dir, n, 0, xid=79)
@@ -115,8 +122,11 @@ def storm(tb: Testbed, python: str, hit: int, rounds: int, receiver: Receiver, r
                               "by_type": dict(sorted(client.items(), key=lambda kv: -kv[1]))})
     drained = {n for n in tb.node_names if "slurm-hooks:" in (tb.slurm().node(n).reason or "")}
     out["drained"] = sorted(drained, key=tb.node_names.index)
-    time.sleep(1.0)
-    pages = [r["body"] for r in receiver.requests]
+    time.sleep(group_wait + 2.0)  # Alertmanager's group gathers, then notifies
+    grouped = [b for b in receiver.bodies("/am") if b.get("status") == "firing"]
+    out["am_pages"] = len(grouped)
+    out["am_nodes"] = [sorted({a["labels"]["node"] for a in b["alerts"]}, key=tb.node_names.index) for b in grouped]
+    pages = [r["body"] for r in receiver.requests if r["path"] == "/hook"]
     out["pages"] = len(pages)
     out["pages_by_kind"] = {}
     for body in pages:
@@ -140,8 +150,9 @@ def block(r: dict, command: str) -> str:
               + (f", then {', '.join(str(x['per_hit_node']) for x in later)}" if later else "") + ".",
               f"Drained by us: {', '.join(r['drained'])}. Pages to the plain JSON webhook: {r['pages']}, "
               "one message per node and kind (" + "; ".join(f"{k}: {', '.join(v)}" for k, v in
-                                                         r["pages_by_kind"].items()) + "); one page naming "
-              "every hit node is Alertmanager's grouping (`group_by: [cluster, alertname]`)."]
+                                                         r["pages_by_kind"].items()) + "). "
+              f"Pages from Alertmanager (`group_by: [alertname, cluster]`): {r['am_pages']} firing, naming "
+              + "; ".join(", ".join(nodes) for nodes in r["am_nodes"]) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -162,21 +173,29 @@ def main() -> None:
     ap.add_argument("--hit", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs the hooks (the code measured)")
+    ap.add_argument("--group-wait", type=float, default=10.0, help="Alertmanager's group_wait (seconds)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--write", action="store_true", help=f"write the figures into {PAGE}")
     args = ap.parse_args()
     if not 1 <= args.hit <= args.nodes:
         raise SystemExit(f"--hit must be 1..{args.nodes}, got {args.hit}")
+    ensure_installed()
     receiver = Receiver()
     with tempfile.TemporaryDirectory(prefix="storm32-") as tmp:
         tb = Testbed(os.path.join(tmp, "tb"), Settings(nodes=args.nodes, gpus=8, hooks=False, kill_wait=2,
                                                        health_check_interval=0, requeue_grace=3.0,
                                                        up_timeout=300.0))
+        am = LabAlertmanager(os.path.join(tmp, "am"), render_all(
+            am_webhook_url=receiver.url("/am"), am_group_wait=f"{args.group_wait:g}s", am_group_interval="5m",
+        )["alertmanager"])
         try:
+            am.start()
             tb.up()
-            result = storm(tb, args.python, args.hit, args.rounds, receiver, os.path.join(tmp, "nodes"))
+            result = storm(tb, args.python, args.hit, args.rounds, receiver, am, os.path.join(tmp, "nodes"),
+                           args.group_wait)
         finally:
             tb.down()
+            am.stop()
             receiver.stop()
     if args.json:
         print(json.dumps(result, indent=1))
