@@ -65,7 +65,8 @@ def test_xid79_on_one_jobs_gpu_requeues_that_job_alone_and_the_other_runs_on(hoo
     shown = explain(tb, "n1")  # acts on nothing
     [xid] = [f for f in shown["findings"] if f["check"] == "xid"]
     assert (xid["scope"], xid["urgency"], xid["action"], xid["requeues"]) == ("gpu", "now", "reboot", [str(hit)])
-    assert not tb.slurm.node("n1").drained
+    # (not "n1 not drained" here: slurmd's own HealthCheckProgram, every 30 s on this testbed, may
+    # drain it between the inject and this line; --explain is a dry run, as the unit tests show)
     detected = time.monotonic()
     res = healthcheck(tb, "n1")
     assert res.returncode == 1, res.stderr
