@@ -246,8 +246,10 @@ def test_the_port_poller_outlives_a_failure_at_its_first_reading_and_says_it_onc
     try:
         wait_for(lambda: stop.waits >= 20, 20.0, "twenty rounds of the port poller")
         assert thread.is_alive()
-        assert [m for m in said if "polling the IB ports failed" in m] == [
-            "slurm-hooks watch: polling the IB ports failed: ValueError: embedded null byte"]
+        failed = [m for m in said if "polling the IB ports failed" in m]
+        assert len(failed) == 1, said  # said once, not every round
+        # Python's words differ (3.13: "listdir: embedded null character in path")
+        assert failed[0].startswith("slurm-hooks watch: polling the IB ports failed: ValueError: ") and "null" in failed[0]
     finally:
         stop.set()
         thread.join(10)

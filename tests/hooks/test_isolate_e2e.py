@@ -105,7 +105,9 @@ def test_isolate_of_a_jobs_nodes_on_a_healthy_fabric_drains_nothing_and_exits_0(
     job = tb.sbatch("#!/bin/sh\nsrun true\n", "-N8")
     tb.wait_job(job, ["COMPLETED"], timeout=60)
     rc, out = isolate(tb, config(tb, tmp_path), "--job", str(job))
-    assert (rc, out["culprits"], out["waves"]) == (0, {}, 1), out
+    # one wave on a quiet machine; a loaded one can make a group look slow and cost a confirming
+    # wave (seen on a CI leg): what matters is that nothing is named or drained
+    assert (rc, out["culprits"]) == (0, {}) and 1 <= out["waves"] <= 2, out
     assert out["nodes"] == hostlist.expand(tb.slurm.job(job).nodes) and len(out["nodes"]) == 8
     assert drained(tb) == {} and reservations(tb) == []
 
