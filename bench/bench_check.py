@@ -32,10 +32,11 @@ import sysconfig
 import tempfile
 import time
 
+from docblock import DocBlock
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "dev", "performance.md")
-BEGIN = "<!-- bench_check: written by bench/bench_check.py -->"
-END = "<!-- /bench_check -->"
+DOC = DocBlock(PAGE, "bench_check")
 EMPTY = "python -I -c pass"
 #: What the healthy path may cost, as a multiple of the interpreter's own empty start.
 GOAL = 2.0
@@ -111,16 +112,6 @@ def render(results: dict[str, dict[str, float]], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(block: str) -> None:
-    with open(PAGE, encoding="utf-8") as fh:
-        text = fh.read()
-    head, sep, rest = text.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise SystemExit(f"{PAGE} lacks the markers {BEGIN} ... {END}")
-    with open(PAGE, "w", encoding="utf-8") as fh:
-        fh.write(f"{head}{BEGIN}\n{block}{END}{tail}")
-
 
 def find_nhc(explicit: str | None) -> str | None:
     """--nhc, else $SLURM_HOOKS_NHC_SRC (a tarball or a mej/nhc tree), else the tarball beside the checkout."""
@@ -157,11 +148,7 @@ def main() -> None:
     ap.add_argument("--check-markers", action="store_true", help="only check that the page has its markers")
     args = ap.parse_args()
     if args.check_markers:
-        with open(PAGE, encoding="utf-8") as fh:
-            text = fh.read()
-        ok = BEGIN in text and END in text.partition(BEGIN)[2]
-        print(f"{os.path.relpath(PAGE, ROOT)}: {'markers found' if ok else 'markers missing'}")
-        raise SystemExit(0 if ok else 1)
+        raise SystemExit(DOC.check(ROOT))
     with tempfile.TemporaryDirectory() as tmp:
         bindir = os.path.join(wheel_venv(tmp), "bin") if not args.editable else os.path.dirname(sys.executable)
         here, python = os.path.join(bindir, "slurm-hooks"), os.path.join(bindir, "python")
@@ -231,7 +218,7 @@ def main() -> None:
     block = render(results, meta)
     print(block)
     if not args.no_write:
-        write(block)
+        DOC.write(block)
         print(f"written to {os.path.relpath(PAGE, ROOT)}")
 
 

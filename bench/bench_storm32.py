@@ -34,6 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "bench")]
 
 from bench_storm import DAEMON_MESSAGES, sdiag_rpcs  # noqa: E402
+from docblock import DocBlock  # noqa: E402
 from fakes.webhook import Receiver  # noqa: E402
 
 from slurm_hooks.commands.render import render_all  # noqa: E402
@@ -43,8 +44,7 @@ from slurm_hooks.probes import sim  # noqa: E402
 from slurm_hooks.runner import run_command  # noqa: E402
 
 PAGE = os.path.join(ROOT, "docs", "dev", "performance.md")
-BEGIN = "<!-- bench_storm32: written by bench/bench_storm32.py -->"
-END = "<!-- /bench_storm32 -->"
+DOC = DocBlock(PAGE, "bench_storm32")
 GOAL = 20
 JOB = "#!/bin/sh\ntrap 'exit 0' TERM\nwhile true; do sleep 1; done\n"
 
@@ -156,16 +156,6 @@ def block(r: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(text: str) -> None:
-    with open(PAGE, encoding="utf-8") as fh:
-        page = fh.read()
-    head, sep, rest = page.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise SystemExit(f"{PAGE} lacks the markers {BEGIN} ... {END}")
-    with open(PAGE, "w", encoding="utf-8") as fh:
-        fh.write(f"{head}{BEGIN}\n{text}{END}{tail}")
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -203,7 +193,7 @@ def main() -> None:
     if not args.json:
         print(text, end="")
     if args.write:
-        write(text)
+        DOC.write(text)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,11 @@ import subprocess
 import sys
 import time
 
+from docblock import DocBlock
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "dev", "testing.md")
-BEGIN = "<!-- bench_tests: written by bench/bench_tests.py -->"
-END = "<!-- /bench_tests -->"
+DOC = DocBlock(PAGE, "bench_tests")
 TIER = ["-m", "not slurm and not k8s and not gpu", "--ignore=tests/bridge", "--ignore=tests/kube"]
 _RESULT = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*?) in ([\d.]+)s", re.M)
 _DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(.+?)\s*$", re.M)
@@ -82,16 +83,6 @@ def render(result: str, wall: float, slowest: list[tuple[str, str, str]], worker
     return "\n".join(lines) + "\n"
 
 
-def write(block: str) -> None:
-    with open(PAGE, encoding="utf-8") as fh:
-        text = fh.read()
-    head, sep, rest = text.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise SystemExit(f"{PAGE} lacks the markers {BEGIN} ... {END}")
-    with open(PAGE, "w", encoding="utf-8") as fh:
-        fh.write(f"{head}{BEGIN}\n{block}{END}{tail}")
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -100,11 +91,7 @@ def main() -> int:
     ap.add_argument("--check-markers", action="store_true", help="only check that the page has its markers")
     args = ap.parse_args()
     if args.check_markers:
-        with open(PAGE, encoding="utf-8") as fh:
-            text = fh.read()
-        ok = BEGIN in text and END in text.partition(BEGIN)[2]
-        print(f"{os.path.relpath(PAGE, ROOT)}: {'markers found' if ok else 'markers missing'}")
-        return 0 if ok else 1
+        return DOC.check(ROOT)
     result, wall, slowest, failed, rc = run(args.workers)
     block = render(result, wall, slowest, args.workers)
     print(block)
@@ -114,7 +101,7 @@ def main() -> int:
         print(f"not written: pytest exited {rc} before the tests ran")
         return rc or 1
     if not args.no_write:
-        write(block)
+        DOC.write(block)
         print(f"written to {os.path.relpath(PAGE, ROOT)}")
     return rc
 
