@@ -59,7 +59,7 @@ class Outcome:
     resumed: bool = False
     #: What became of a pending action in this run: "retry", "done", "superseded", "dropped" or "".
     pending: str = ""
-    #: Repair rungs taken in this run, as "<rung>:<result>" (hooks.repair).
+    #: Repair rungs taken in this run, as "<rung>:<result>" (remedy.repair).
     repairs: list[str] = field(default_factory=list)
     #: ``[check] drain = false``: a fault was found and audited, and not acted on.
     monitor_only: bool = False
