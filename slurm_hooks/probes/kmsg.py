@@ -65,21 +65,24 @@ def _dmesg_time(stamp: str) -> float | None:
         return None
 
 
-def parse_line(line: str) -> XidEvent | None:
-    """One kernel log line or ``/dev/kmsg`` record -> its XID, or ``None``.
-
-    ``ts`` is seconds since boot for kmsg records and plain ``dmesg`` lines, and
-    epoch seconds for ``dmesg -T`` lines (the only clock they carry).
-    """
-    text = line.split("\n", 1)[0].rstrip("\r")
-    seq = ts = None
+def _split(text: str, priority: bool = False) -> tuple[int | None, float | None, str]:
+    """A kernel log line or ``/dev/kmsg`` record -> (seq, ts, message). ``ts`` is seconds since boot
+    for kmsg records and plain ``dmesg`` lines, and epoch seconds for ``dmesg -T`` lines (the only
+    clock they carry); ``priority``: skip a ``<6>`` prefix (``dmesg -r``, pstore captures) first."""
     record = _KMSG_RECORD.match(text)
     if record:
-        seq, ts, text = int(record.group(2)), int(record.group(3)) / 1e6, record.group(4)
-    else:
-        prefixed = _DMESG_PREFIX.match(text)
-        if prefixed:
-            ts, text = _dmesg_time(prefixed.group(1)), prefixed.group(2)
+        return int(record.group(2)), int(record.group(3)) / 1e6, record.group(4)
+    if priority and text.startswith("<") and ">" in text[:5]:
+        text = text[text.index(">") + 1:]
+    prefixed = _DMESG_PREFIX.match(text)
+    if prefixed:
+        return None, _dmesg_time(prefixed.group(1)), prefixed.group(2)
+    return None, None, text
+
+
+def parse_line(line: str) -> XidEvent | None:
+    """One kernel log line or ``/dev/kmsg`` record -> its XID, or ``None`` (``ts`` as :func:`_split`)."""
+    seq, ts, text = _split(line.split("\n", 1)[0].rstrip("\r"))
     m = _XID.search(text)
     if not m:
         return None
@@ -117,16 +120,7 @@ def parse_mlx5_line(line: str) -> tuple[str, str, float | None, int | None, str]
     text = line.split("\n", 1)[0].rstrip("\r")
     if "mlx5" not in text and "Port module event" not in text:
         return None
-    seq = ts = None
-    record = _KMSG_RECORD.match(text)
-    if record:
-        seq, ts, text = int(record.group(2)), int(record.group(3)) / 1e6, record.group(4)
-    else:
-        if text.startswith("<") and ">" in text[:5]:
-            text = text[text.index(">") + 1:]
-        prefixed = _DMESG_PREFIX.match(text)
-        if prefixed:
-            ts, text = _dmesg_time(prefixed.group(1)), prefixed.group(2)
+    seq, ts, text = _split(text, priority=True)
     *patterns, (_, pci) = _mlx5_patterns()
     for rule, pattern in patterns:
         if pattern.search(text):
@@ -137,23 +131,7 @@ def parse_mlx5_line(line: str) -> tuple[str, str, float | None, int | None, str]
 
 def read_mlx5(path: str = "/dev/kmsg", max_records: int = 100000) -> list[tuple[str, str, float | None, int | None, str]]:
     """Every mlx5 event line still in the kernel ring buffer (or in a captured log file)."""
-    fd = _open(path)
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            with os.fdopen(os.dup(fd), "rb") as fh:
-                lines = [line for _, line in zip(range(max_records), fh)]
-        else:
-            lines = []
-            try:
-                while len(lines) < max_records:
-                    record = _read_record(fd)
-                    if not record:
-                        break
-                    lines.append(record)
-            except OSError as exc:
-                raise ProbeError(f"cannot read kernel log {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
+    lines, _ = _read_all(path, max_records)
     events = (parse_mlx5_line(raw.decode("utf-8", "replace")) for raw in lines)
     return [e for e in events if e is not None]
 
@@ -229,11 +207,19 @@ def read_xids(path: str = "/dev/kmsg", max_records: int = 100000, coalescer: Coa
     """Every XID event still in the kernel ring buffer (or in a captured log file), a burst of
     lines once (``coalescer``: one to share with :func:`follow`; a new one by default)."""
     coalescer = coalescer or Coalescer()
+    lines, captured = _read_all(path, max_records)
+    return _xids(lines, "" if captured else boot_id(), coalescer)
+
+
+def _read_all(path: str, max_records: int) -> tuple[list[bytes], bool]:
+    """The first ``max_records`` lines of a captured log file, or the records still in the ring
+    buffer of ``/dev/kmsg`` (read without blocking); and whether it was a captured file (its lines
+    belong to no boot we know)."""
     fd = _open(path)
     try:
         if stat.S_ISREG(os.fstat(fd).st_mode):
             with os.fdopen(os.dup(fd), "rb") as fh:
-                return _xids((line for _, line in zip(range(max_records), fh)), coalescer=coalescer)
+                return [line for _, line in zip(range(max_records), fh)], True
         records = []
         try:
             while len(records) < max_records:
@@ -243,7 +229,7 @@ def read_xids(path: str = "/dev/kmsg", max_records: int = 100000, coalescer: Coa
                 records.append(record)
         except OSError as exc:
             raise ProbeError(f"cannot read kernel log {path}: {exc.strerror or exc}") from None
-        return _xids(records, boot_id(), coalescer)
+        return records, False
     finally:
         os.close(fd)
 
