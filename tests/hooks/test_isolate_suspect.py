@@ -31,11 +31,13 @@ def set_isolate(tb, auto: bool) -> None:
     """The testbed's own config (the hooks read it) with an [isolate] table: the TCP all-reduce."""
     with open(tb.config_path, encoding="utf-8") as fh:
         text = fh.read().split("\n[isolate]\n")[0]
-    command = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "6", "--size-mb", "1",
+    # A rank waits 12 s for its peers: srun starts a pair's two ranks seconds apart on a loaded 2-core
+    # machine, and at 6 s a healthy node paired to confirm a suspect could "not complete" (Debian 13).
+    command = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "12", "--size-mb", "1",
                "--fault-dir", tb.faults_dir]
     with open(tb.config_path, "w", encoding="utf-8") as fh:
         fh.write(text + "\n[isolate]\n" + f"command = {json.dumps(command)}\n"
-                 f"auto = {'true' if auto else 'false'}\ntest_timeout = 15.0\nbudget = 180.0\nwindow = 3600.0\n")
+                 f"auto = {'true' if auto else 'false'}\ntest_timeout = 20.0\nbudget = 180.0\nwindow = 3600.0\n")
 
 
 @pytest.fixture
@@ -85,5 +87,6 @@ def test_the_same_nodes_suspected_again_with_auto_start_one_isolate_that_drains_
     assert n4.reason.endswith("[isolate]")
     [done] = wait_for(lambda: records(tb, "isolate"), 30, "the isolate's summary record")
     assert done["result"] == "found"
-    assert [n.name for n in tb.slurm.nodes() if n.drained] == ["n4"]
+    drained = {n.name: n.reason for n in tb.slurm.nodes() if n.drained}
+    assert list(drained) == ["n4"], drained
     assert len(records(tb, "isolate-start")) == 1  # n4's epilog did not start a second one

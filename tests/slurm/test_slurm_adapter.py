@@ -6,6 +6,7 @@ restored to two IDLE nodes with no jobs before each test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import wait_for
 
-from slurm_hooks.errors import ConfigError, PermanentError, TransientError
+from slurm_hooks.errors import ConfigError, PermanentError, SlurmHooksError, TransientError
 from slurm_hooks.lab.testbed import slurm_version
 from slurm_hooks.models import Action
 from slurm_hooks.runner import run_command
@@ -451,6 +452,7 @@ def test_one_reservation_holds_two_nodes_and_one_job_runs_a_task_on_each_of_them
     slurm = tb.slurm
     name = f"slurm-hooks-test-{os.getpid()}"
     slurm.create_reservation(name, ["n1", "n2"], 5)
+    job = None
     try:
         shown = tb.scontrol("show", "reservation", name, "-o")
         assert "Nodes=n[1-2]" in shown or "Nodes=n1,n2" in shown, shown
@@ -465,6 +467,12 @@ def test_one_reservation_holds_two_nodes_and_one_job_runs_a_task_on_each_of_them
                         f"job {job}'s two tasks")
         assert "task 0 on n1" in text and "task 1 on n2" in text, text
     finally:
+        # Slurm refuses to delete a reservation while a job in it is still running or completing
+        # ("Requested reservation is in use"; seen on Debian 13): let the job end first.
+        if job is not None:
+            with contextlib.suppress(SlurmHooksError):
+                slurm.cancel(job)
+            tb.wait_job(job, ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"), timeout=60)
         slurm.delete_reservation(name)
     assert name not in slurm.reservations()
 
