@@ -50,12 +50,12 @@ def main() -> None:
         sys.path.insert(0, os.path.abspath(args.tree))
     from slurm_hooks import config
     from slurm_hooks.hooks import jobhooks
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.observe.audit import AuditLog
     from slurm_hooks.probes import sim
+    from slurm_hooks.remedy.wiring import Wiring
 
     try:
-        from slurm_hooks.hooks import gpumap
+        from slurm_hooks.remedy import gpumap
     except ImportError:
         gpumap = None
     results: dict[str, object] = {"tree": os.path.dirname(os.path.dirname(os.path.abspath(jobhooks.__file__)))}

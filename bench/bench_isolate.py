@@ -1,5 +1,5 @@
 """How many collective test jobs, waves and how much wall time ``isolate`` needs to find 1 and 2
-bad nodes among 16 and 64 (a simulated fabric: slurm_hooks.hooks.culprit.Fabric).
+bad nodes among 16 and 64 (a simulated fabric: slurm_hooks.remedy.culprit.Fabric).
 
     python bench/bench_isolate.py [--trials 200] [--wave-s 30] [--json]
     python bench/bench_isolate.py --testbed 16 [--runs 20] [--bad 1]     (root: a real local cluster)
@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from slurm_hooks.hooks import culprit  # noqa: E402
+from slurm_hooks.remedy import culprit  # noqa: E402
 
 
 def run(size: int, bad: int, mode: str, trials: int, wave_s: float) -> dict:

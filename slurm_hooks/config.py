@@ -75,7 +75,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "requeue_grace": (_Num, 120.0),
     },
     #: A job's own checkpoint signal (``--signal``), delivered before we requeue it
-    #: (:mod:`slurm_hooks.hooks.checkpoint`).
+    #: (:mod:`slurm_hooks.remedy.checkpoint`).
     "requeue": {
         #: Site policy for jobs that declare no ``--signal``: a spec (``USR1``, ``B:USR1@90``); "" = none.
         "signal": (str, ""),

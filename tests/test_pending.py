@@ -17,14 +17,15 @@ import pytest
 from conftest import wait_for
 from fakes.config import sim_config, sim_node, write_sim_config
 
-from slurm_hooks import config, pending
+from slurm_hooks import config
 from slurm_hooks.errors import PermanentError
 from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.hooks.watch import SimSource, Watcher
-from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.observe import events
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy import pending
+from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm.scontrol import ScontrolSlurm, SlurmUnavailable
 
 DOWN = SlurmUnavailable("scontrol: slurm_load_node error: Unable to contact slurm controller (connect failure)")

@@ -35,8 +35,9 @@ VERDICT_SUMMARY_MAX = 100
 def check(config_path: str | None, node: str | None, as_json: bool, dry_run: bool, explain: bool,
           deadline: float | None, verdict: bool) -> int:
     """Check this node's GPUs; drain and requeue on a fault (unless --dry-run or --explain)."""
-    from slurm_hooks.hooks import healthcheck, remediate
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.hooks import healthcheck
+    from slurm_hooks.remedy import remediate
+    from slurm_hooks.remedy.wiring import Wiring
 
     w = Wiring.load(config_path, node)
     if deadline is not None:

@@ -13,7 +13,7 @@ from slurm_hooks.commands.options import config_option, node_option
 def prolog(config_path: str | None, node: str | None) -> int:
     """Check the job's GPUs before it starts; drain and refuse the job on a fault."""
     from slurm_hooks.hooks import jobhooks
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
 
     return jobhooks.prolog(Wiring.load(config_path, node))
 
@@ -24,7 +24,7 @@ def prolog(config_path: str | None, node: str | None) -> int:
 def epilog(config_path: str | None, node: str | None) -> int:
     """Check the job's GPUs after it ends; drain on leftovers or new faults."""
     from slurm_hooks.hooks import jobhooks
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
 
     return jobhooks.epilog(Wiring.load(config_path, node))
 
@@ -41,8 +41,8 @@ def follow_jobs(config_path: str | None, node: str | None, timeout: float, refs:
     loaded the follower tells the hook that started it that it runs
     (runner.signal_ready); failures from then on go to the audit log.
     """
-    from slurm_hooks.hooks import follower
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy import follower
+    from slurm_hooks.remedy.wiring import Wiring
     from slurm_hooks.runner import signal_ready
     from slurm_hooks.slurm import job_ref
 

@@ -39,7 +39,7 @@ def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: s
     """
     from slurm_hooks.errors import SlurmHooksError
     from slurm_hooks.hooks import isolate as isolating
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
     from slurm_hooks.slurm import hostlist, job_ref
 
     if bool(nodes) == bool(job):

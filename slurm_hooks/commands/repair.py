@@ -29,7 +29,7 @@ def repair(config_path: str | None, node: str | None, validate: bool) -> int:
 
     from slurm_hooks.errors import SlurmHooksError
     from slurm_hooks.hooks import healthcheck
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
 
     w = Wiring.load(config_path, node)
     if not w.config.check.drain:
@@ -63,7 +63,7 @@ def repair(config_path: str | None, node: str | None, validate: bool) -> int:
 def repair_worker(config_path: str | None, node: str | None, own_job: str) -> int:
     """Run the node's due repair rung, detached from the hook that started it."""
     from slurm_hooks.hooks import healthcheck
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
     from slurm_hooks.runner import signal_ready
 
     w = Wiring.load(config_path, node)

@@ -37,7 +37,7 @@ def sweep(config_path: str | None, nodes: str | None, partition: str | None, lev
     from slurm_hooks.config import parse_share
     from slurm_hooks.errors import SlurmHooksError
     from slurm_hooks.hooks import sweep as sweeping
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
     from slurm_hooks.slurm import hostlist
 
     if bool(nodes) == bool(partition):
@@ -88,7 +88,7 @@ def sweep_node(config_path: str | None, node: str | None, level: int, timeout: f
     import os
 
     from slurm_hooks.hooks import sweep as sweeping
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
 
     w = Wiring.load(config_path, node)
     verdict, detail = sweeping.validate_here(w, level, timeout, job=os.environ.get("SLURM_JOB_ID", ""))

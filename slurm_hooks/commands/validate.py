@@ -40,9 +40,9 @@ def validate(config_path: str | None, slurm_conf: str | None, as_json: bool, nod
 def _learn(config_path: str | None, node: str, as_json: bool) -> int:
     """What this node has, as TOML to paste (preflight.learn); exit 1 when its GPUs cannot be read."""
     from slurm_hooks import engine
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.preflight import learn
     from slurm_hooks.probes import ib
+    from slurm_hooks.remedy.wiring import Wiring
 
     w = Wiring.load(config_path, node)
     snap = engine.take_snapshot(w.probe(), node, float(w.config.gpu.probe_timeout))
@@ -68,9 +68,9 @@ def _gpu_map(config_path: str | None, node: str, slurm_conf: str | None) -> list
 
     from slurm_hooks import engine
     from slurm_hooks.errors import SlurmHooksError
-    from slurm_hooks.hooks import gpumap
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.preflight.results import Result, Status
+    from slurm_hooks.remedy import gpumap
+    from slurm_hooks.remedy.wiring import Wiring
     from slurm_hooks.slurm import gres
 
     try:

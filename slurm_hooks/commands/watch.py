@@ -16,7 +16,7 @@ from slurm_hooks.commands.options import config_option, node_option
 def watch(config_path: str | None, node: str | None) -> int:
     """React to critical XIDs within seconds: drain, requeue, audit."""
     from slurm_hooks.hooks.watch import Watcher, default_source
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
 
     w = Wiring.load(config_path, node)
     stop = threading.Event()

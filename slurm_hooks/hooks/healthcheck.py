@@ -8,7 +8,7 @@ of ours whose record was lost).
 One deadline ([check] deadline) bounds the whole run, remediation included: every
 Slurm call after the checks gets what is left. A drain or requeue that fails for
 a transient reason (slurmctld unreachable, too slow, the deadline spent) is kept
-as a pending action (:mod:`slurm_hooks.pending`) that the next run on this node,
+as a pending action (:mod:`slurm_hooks.remedy.pending`) that the next run on this node,
 the watcher's retry loop included, finishes or drops as superseded.
 """
 
@@ -19,12 +19,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from slurm_hooks import engine, pending
+from slurm_hooks import engine
 from slurm_hooks.errors import SlurmHooksError, TransientError
-from slurm_hooks.hooks import follower, gpumap, remediate
-from slurm_hooks.hooks.remediate import Outcome
-from slurm_hooks.hooks.wiring import Wiring, xid_history
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, Scope, XidEvent
+from slurm_hooks.remedy import follower, gpumap, pending, remediate
+from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy.wiring import Wiring, xid_history
 from slurm_hooks.slurm import quirks, reboot_pending
 from slurm_hooks.values import asdict, replace
 from slurm_hooks.xid.history import XidState

@@ -6,7 +6,7 @@ suspected nodes out of scheduling in one maintenance reservation of its own (as 
 ``Flags=MAINT``, which Slurm refuses while a job holds a node; busy nodes are skipped and named),
 runs waves of multi-node collective test jobs there as root (``srun`` one rank per node of the
 configured command: nccl-tests' ``all_reduce_perf`` where installed, the PyTorch all-reduce of
-:mod:`slurm_hooks.hooks.collective` otherwise), lets :func:`slurm_hooks.hooks.culprit.search` pick
+:mod:`slurm_hooks.hooks.collective` otherwise), lets :func:`slurm_hooks.remedy.culprit.search` pick
 the groups and judge them, and drains only a confirmed culprit, ``slurm-hooks: collective test
 failed on n5 (bandwidth 12% of peers) [isolate]``, with every test in the evidence file.
 
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import REASON_PREFIX, fsutil
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.hooks import culprit
 from slurm_hooks.hooks import sweep as sweeping
+from slurm_hooks.remedy import culprit
 from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
 
 #: Our reservation and test jobs are named with this (a killed run's leftovers are found by it).
 PREFIX = "slurm-hooks-isolate"

@@ -20,10 +20,11 @@ from collections.abc import Callable, Mapping
 from slurm_hooks import fsutil
 from slurm_hooks.engine import parse_gpu_list
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.hooks import follower, healthcheck, remediate
-from slurm_hooks.hooks.remediate import Outcome
-from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.hooks import healthcheck
 from slurm_hooks.models import Context, NodeSnapshot, Report, Severity, snapshot_from_dict, snapshot_to_dict
+from slurm_hooks.remedy import follower, remediate
+from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy.wiring import Wiring
 
 
 def job_gpus(env: Mapping[str, str]) -> list[str] | None:
@@ -123,8 +124,8 @@ def _epilog(w: Wiring, env: Mapping[str, str]) -> int:
     if not report.drain_findings():
         _print(report)
         healthcheck.repair_after_job(w, jid)  # the last job off a node we drained: the ladder may climb
-        if failed:  # a multi-node job failed with nothing of ours to show: a suspect (hooks/suspect.py)
-            from slurm_hooks.hooks import suspect
+        if failed:  # a multi-node job failed with nothing of ours to show: a suspect (remedy/suspect.py)
+            from slurm_hooks.remedy import suspect
 
             suspect.after_job(w, env, jid)
         return 0

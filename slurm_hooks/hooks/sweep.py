@@ -30,7 +30,7 @@ from slurm_hooks.models import Action, Finding, Severity
 from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
 
 #: Our reservations and jobs are named with this (a crashed sweep's leftovers are found by it).
 PREFIX = "slurm-hooks-sweep"
@@ -306,10 +306,10 @@ def validate_here(w: Wiring, level: int, timeout: float, job: str = "") -> tuple
     nvbandwidth and all_reduce_perf where installed, each recorded in the audit log. A failing
     node is drained with our reason. Returns (verdict, detail) and leaves them in the job's
     AdminComment."""
-    from slurm_hooks.hooks import healthcheck, remediate
-    from slurm_hooks.hooks.remediate import Outcome
+    from slurm_hooks.hooks import healthcheck
     from slurm_hooks.models import Context
-    from slurm_hooks.remedy import repair
+    from slurm_hooks.remedy import remediate, repair
+    from slurm_hooks.remedy.remediate import Outcome
 
     w.start_deadline(timeout)
     t0 = time.monotonic()

@@ -17,11 +17,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from slurm_hooks import pending
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import healthcheck
-from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Context, Urgency, XidEvent
+from slurm_hooks.remedy import pending
+from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.severity import UNKNOWN_XID, Rule, xid_rule_key
 from slurm_hooks.xid import catalog as xid_catalog
 

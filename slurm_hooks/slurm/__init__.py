@@ -51,7 +51,7 @@ class NodeInfo:
         """Our reason, as Slurm shows it (``" : Not responding"`` and a reboot's suffixes allowed).
 
         What Slurm alone can say: the node side also holds it against what it recorded
-        at the drain (:class:`slurm_hooks.hooks.marker.DrainMarker`)."""
+        at the drain (:class:`slurm_hooks.remedy.ownership.DrainMarker`)."""
         return reason_is_ours(self.reason)
 
     @property

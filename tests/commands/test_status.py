@@ -81,7 +81,7 @@ def test_xid79_never_cleared_climbs_to_replace_named_by_serial_waits_for_a_perso
 def test_a_sweep_drained_node_says_it_waits_for_a_person_and_why_without_repeating_itself(tmp_path):
     from fakes.config import sim_config
 
-    from slurm_hooks.hooks.marker import DrainMarker
+    from slurm_hooks.remedy.ownership import DrainMarker
 
     cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n")
     slurm, w = sim_node(cfg, "IDLE")

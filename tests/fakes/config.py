@@ -59,9 +59,9 @@ def repair_config(tmp_path: Path, extra: str = ""):
 def nvml_wiring(tmp_path: Path, slurm, nvml, kmsg_path):
     """A node ``n1`` expecting 8 GPUs, read by the real NVML probe over ``nvml`` (a FakeNvml)
     and the kernel log at ``kmsg_path``, acting on ``slurm`` (a FakeSlurm)."""
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.observe.audit import AuditLog
     from slurm_hooks.probes.nvml import NvmlProbe
+    from slurm_hooks.remedy.wiring import Wiring
 
     cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n")
     probe = NvmlProbe("n1", kmsg_path=str(kmsg_path), nvml=nvml)
@@ -71,9 +71,9 @@ def nvml_wiring(tmp_path: Path, slurm, nvml, kmsg_path):
 def sim_node(cfg, state: str, *jobs: int):
     """Node ``n1`` with 8 healthy simulated GPUs in ``cfg``'s sim dir, in Slurm ``state`` in a fresh
     FakeSlurm with ``jobs`` on it: ``(slurm, wiring)``, the :class:`Wiring` a hook runs with there."""
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.observe.audit import AuditLog
     from slurm_hooks.probes import sim
+    from slurm_hooks.remedy.wiring import Wiring
 
     from .slurm import FakeSlurm
 

@@ -13,8 +13,9 @@ import pytest
 from fakes.config import sim_config, sim_node
 
 from slurm_hooks.errors import TransientError
-from slurm_hooks.hooks import healthcheck, jobhooks, remediate
+from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy import remediate
 from slurm_hooks.slurm import ADMIN_COMMENT_MAX, join_admin_comment
 from slurm_hooks.slurm.scontrol import parse_admin_comment
 

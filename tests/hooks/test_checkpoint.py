@@ -18,10 +18,10 @@ from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks.errors import ConfigError, PermanentError
-from slurm_hooks.hooks import checkpoint, follower, remediate
-from slurm_hooks.hooks.follower import Phase
-from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.remedy import checkpoint, follower, remediate
+from slurm_hooks.remedy.follower import Phase
+from slurm_hooks.remedy.wiring import Wiring
 
 USR2_SCRIPT = b"#!/bin/bash\n#SBATCH --gres=gpu:1\n#SBATCH --signal=USR2@90\nsrun python -m submitit.core._submit x\n"
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from fakes.config import sim_config, sim_node
 
-from slurm_hooks.hooks import healthcheck, jobhooks, remediate
+from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.models import Action, Finding, Scope, Severity
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy import remediate
 
 BOTH = "slurm-hooks: XID 48 on GPU 0; row remap pending on GPU 3 [reset]"
 

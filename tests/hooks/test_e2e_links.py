@@ -20,9 +20,9 @@ from fakes.slurm import FakeSlurm
 
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.hooks.watch import Watcher
-from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy.wiring import Wiring
 
 DOWN_REASON = "slurm-hooks: IB mlx5_0 port 1 down [drain]"
 

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from slurm_hooks import pending
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy import pending
 
 pytestmark = pytest.mark.slurm
 

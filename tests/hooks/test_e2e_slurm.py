@@ -236,8 +236,8 @@ def test_hanging_scontrol_is_bounded_and_audited(clean_testbed, tmp_path):
 
 def _wiring(tb, node: str):
     from slurm_hooks.config import load
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.observe.audit import AuditLog
+    from slurm_hooks.remedy.wiring import Wiring
 
     cfg = load(tb.config_path)
     return Wiring(cfg, node, AuditLog(cfg.log.audit), slurm_override=tb.slurm)
@@ -301,7 +301,7 @@ def test_a_job_that_completes_while_its_node_is_drained_is_not_run_again(hooked_
 @pytest.mark.parametrize("hold", ["hold", "uhold"])
 def test_an_admins_or_users_hold_is_never_released(clean_testbed, hold):
     tb = clean_testbed
-    from slurm_hooks.hooks import follower
+    from slurm_hooks.remedy import follower
 
     job = tb.sbatch(TRAP_JOB, "--begin=now+1hour")
     tb.wait_job(job, ["PENDING"])
@@ -346,7 +346,7 @@ def test_a_job_name_that_is_not_utf8_on_the_bad_node_is_still_requeued(hooked_te
 
 
 def _requeue_on_bad_node(tb):
-    from slurm_hooks.hooks import remediate
+    from slurm_hooks.remedy import remediate
 
     job = tb.sbatch(TRAP_JOB, "--gres=gpu:1", "--requeue", "--open-mode=append")
     bad, gpu = wait_started(tb, job)
@@ -361,7 +361,7 @@ def _requeue_on_bad_node(tb):
 
 def test_a_follower_whose_interpreter_is_unusable_is_audited_and_the_job_still_starts_at_once(hooked_testbed):
     tb = hooked_testbed
-    from slurm_hooks.hooks import follower
+    from slurm_hooks.remedy import follower
 
     w, job, bad = _requeue_on_bad_node(tb)
     requeued = time.monotonic()
@@ -375,7 +375,7 @@ def test_a_follower_whose_interpreter_is_unusable_is_audited_and_the_job_still_s
 
 def test_a_job_whose_follower_died_is_made_eligible_by_the_next_health_check(hooked_testbed, monkeypatch):
     tb = hooked_testbed
-    from slurm_hooks.hooks import follower
+    from slurm_hooks.remedy import follower
 
     monkeypatch.setattr(follower, "FOLLOW_FALLBACK_S", 0.0)  # the hook takes one look, then goes
     w, job, bad = _requeue_on_bad_node(tb)

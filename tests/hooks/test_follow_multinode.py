@@ -13,8 +13,9 @@ from dataclasses import replace
 
 from fakes.config import sim_config, sim_node
 
-from slurm_hooks.hooks import follower, healthcheck, jobhooks
+from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy import follower
 
 
 def _two_node_job_requeued(tmp_path):

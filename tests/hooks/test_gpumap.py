@@ -17,13 +17,14 @@ from fakes.config import sim_config
 from fakes.slurm import FakeSlurm
 from paths import FIXTURES
 
-from slurm_hooks.hooks import gpumap, healthcheck, jobhooks, remediate
-from slurm_hooks.hooks.remediate import Outcome
-from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.models import GpuSnapshot, MigDevice, NodeSnapshot
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.nvml import NvmlProbe
+from slurm_hooks.remedy import gpumap, remediate
+from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import gres
 from slurm_hooks.slurm.scontrol import parse_job_gpus
 

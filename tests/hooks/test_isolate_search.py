@@ -1,4 +1,4 @@
-"""The culprit search (slurm_hooks.hooks.culprit) on a simulated fabric: 64 nodes, 1 and 2 bad,
+"""The culprit search (slurm_hooks.remedy.culprit) on a simulated fabric: 64 nodes, 1 and 2 bad,
 hang / slow / drop, random trials; right in at least 19 of 20, never a healthy node named."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from slurm_hooks.hooks import culprit
-from slurm_hooks.hooks.culprit import Fabric, Outcome, search
+from slurm_hooks.remedy import culprit
+from slurm_hooks.remedy.culprit import Fabric, Outcome, search
 
 
 def nodes(n: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""Suspects from failed multi-node jobs (slurm_hooks.hooks.suspect), on the real testbed with
+"""Suspects from failed multi-node jobs (slurm_hooks.remedy.suspect), on the real testbed with
 slurm-hooks wired in: a job failed by a hung rank on n4 (no XID) leaves a suspect on its nodes and
 no drain; the same nodes failing again with ``[isolate] auto = true`` start one isolate, which
 waits for them to be idle, adds idle peers, and drains n4 alone."""

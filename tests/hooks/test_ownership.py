@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import pytest
 from fakes.config import sim_config, sim_node
 
-from slurm_hooks.hooks import healthcheck, remediate
-from slurm_hooks.hooks.marker import DrainMarker, MarkerUnreadable
+from slurm_hooks.hooks import healthcheck
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy import remediate
+from slurm_hooks.remedy.ownership import DrainMarker, MarkerUnreadable
 
 XID79 = "slurm-hooks: XID 79 on GPU 3 [reboot]"
 

@@ -19,13 +19,14 @@ from fakes.slurm import FakeSlurm
 
 from slurm_hooks import config
 from slurm_hooks.errors import PermanentError, TransientError
-from slurm_hooks.hooks import follower, healthcheck, jobhooks, remediate
-from slurm_hooks.hooks.remediate import Outcome
+from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.hooks.watch import Watcher
-from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import NodeSnapshot, snapshot_from_dict
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
+from slurm_hooks.remedy import follower, remediate
+from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy.wiring import Wiring
 
 XID79_REASON = "slurm-hooks: XID 79 on GPU 3 [reboot]"
 SOCKET_TIMEOUT = TransientError("slurm_update error: Socket timed out on send/recv operation")
@@ -676,9 +677,9 @@ def test_remediate_drain_can_be_called_with_a_report_directly(t):
 def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
     from fakes.slurm import FakeSlurm
 
-    from slurm_hooks.hooks import remediate
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.observe.audit import AuditLog
+    from slurm_hooks.remedy import remediate
+    from slurm_hooks.remedy.wiring import Wiring
     from slurm_hooks.slurm.errors import AlreadyRequeued
 
     cfg = sim_config(tmp_path)
@@ -699,8 +700,8 @@ def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
 def _guard_wiring(tmp_path, expect_gpus: int, already: int):
     from fakes.slurm import FakeSlurm
 
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.observe.audit import AuditLog
+    from slurm_hooks.remedy.wiring import Wiring
 
     cfg = sim_config(tmp_path, f"[expect]\ngpus = {expect_gpus}")
     sim.init(cfg.gpu.sim_dir, "n9", 8)

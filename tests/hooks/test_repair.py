@@ -14,11 +14,11 @@ from fakes.config import repair_config, sim_node
 
 from slurm_hooks import config
 from slurm_hooks.hooks import healthcheck
-from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Action, Finding, Severity
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import NvidiaSmiReset, ResetFailed
 from slurm_hooks.remedy import repair
+from slurm_hooks.remedy.wiring import Wiring
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 from fakes.config import repair_config, sim_node
 
-from slurm_hooks.hooks import healthcheck, remediate
-from slurm_hooks.hooks.remediate import Outcome
-from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.hooks import healthcheck
 from slurm_hooks.models import Context
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import SimReset
-from slurm_hooks.remedy import repair
+from slurm_hooks.remedy import remediate, repair
+from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy.wiring import Wiring
 
 SERVICES = ["nvidia-fabricmanager", "nvidia-dcgm"]
 

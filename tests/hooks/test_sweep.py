@@ -14,8 +14,8 @@ from fakes.slurm import FakeSlurm
 from slurm_hooks import config
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.hooks import sweep
-from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.observe.audit import AuditLog
+from slurm_hooks.remedy.wiring import Wiring
 
 
 @pytest.mark.parametrize("share,chosen,width", [("1", 10, 1), ("4", 10, 4), ("10%", 64, 6), ("10%", 5, 1),

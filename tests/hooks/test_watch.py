@@ -13,12 +13,12 @@ from fakes.slurm import FakeSlurm
 
 from slurm_hooks.errors import ProbeError
 from slurm_hooks.hooks.watch import RETRY_JOIN_S, FirstWorking, SimSource, Watcher
-from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import XidEvent
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.nvml_errors import NotSupported
 from slurm_hooks.probes.nvml_events import NvmlEventSource
+from slurm_hooks.remedy.wiring import Wiring
 
 
 def collect(source, stop_after: float = 1.0, until: int = 1) -> list:

@@ -96,7 +96,7 @@ def test_no_record_is_kept_only_in_the_repeat_count_file_after_a_change(node):
 
 
 def test_gpu_fields_name_the_board_by_uuid_serial_and_pci_bus_id(node):
-    from slurm_hooks.hooks.actions import gpu_fields
+    from slurm_hooks.remedy.audit import gpu_fields
 
     _, w, sim_dir = node
     gpu = sim.gpu_entry(sim.read(sim_dir, "n1"), 2)

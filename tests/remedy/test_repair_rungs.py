@@ -7,10 +7,10 @@ from fakes.config import repair_config, sim_node
 
 from slurm_hooks.errors import PermanentError
 from slurm_hooks.hooks import healthcheck
-from slurm_hooks.hooks.remediate import Outcome
 from slurm_hooks.models import Context
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import SimReset
+from slurm_hooks.remedy.remediate import Outcome
 from slurm_hooks.remedy.repair import planner, rungs, store
 
 

@@ -18,8 +18,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.models import Report
+    from slurm_hooks.remedy.wiring import Wiring
 
 #: The evidence kept before a reboot or a [replace]: at most this long (never past the rung's
 #: budget), this many bytes per file, this many bundles per node (the oldest go).

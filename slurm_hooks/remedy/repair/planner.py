@@ -19,7 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
 
 RUNGS = ladder.RUNGS
 

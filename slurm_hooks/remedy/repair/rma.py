@@ -13,9 +13,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.models import Report
     from slurm_hooks.remedy.repair.planner import Plan
+    from slurm_hooks.remedy.wiring import Wiring
 
 
 def rma_path(w: Wiring) -> str:
@@ -55,7 +55,7 @@ def add_to_rma(w: Wiring, p: Plan, report: Report, state: dict[str, Any], eviden
 
 def gpu_ids(report: Report | None, p: Plan) -> list[dict[str, Any]]:
     """The plan's GPUs as the audit record and the RMA list name them: index, UUID, serial, PCI bus id."""
-    from slurm_hooks.hooks.actions import gpu_fields
+    from slurm_hooks.remedy.audit import gpu_fields
 
     return [{"index": index, "uuid": ident if is_uuid(ident) else "", "serial": "", "pci_bus_id": "",
              **gpu_fields(report, index)} for index, ident in p.gpus if index is not None]

@@ -9,8 +9,8 @@ import time
 
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import PermanentError, SlurmHooksError
-from slurm_hooks.hooks import remediate
 from slurm_hooks.models import Action, Report
+from slurm_hooks.remedy import remediate
 from slurm_hooks.remedy.repair.evidence import keep_evidence
 from slurm_hooks.remedy.repair.planner import Plan, attempt
 from slurm_hooks.remedy.repair.rma import add_to_rma, gpu_ids
@@ -23,16 +23,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from slurm_hooks.hooks.remediate import Outcome
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.probes.gpureset import GpuResetter, NvidiaSmiReset
+    from slurm_hooks.remedy.remediate import Outcome
+    from slurm_hooks.remedy.wiring import Wiring
 
 
 def reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, state: dict[str, Any],
           resetter: GpuResetter | None) -> str:
     """Rung 1: "ok" when the node is healthy again and resumed, "unverified" when it checked
     healthy but its diagnostic did not run in full, else "failed"."""
-    from slurm_hooks.hooks.wiring import xid_history
+    from slurm_hooks.remedy.wiring import xid_history
 
     backend = resetter or resetter_for(w, state)
     indexes = sorted(i for i, _ in p.gpus if i is not None)

@@ -12,8 +12,8 @@ from typing import Callable, Optional
 
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.hooks import remediate
 from slurm_hooks.models import Report
+from slurm_hooks.remedy import remediate
 from slurm_hooks.remedy.repair import state as repair_state
 from slurm_hooks.remedy.repair.state import RepairStateUnreadable
 from slurm_hooks.remedy.repair.store import load, save
@@ -23,8 +23,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from slurm_hooks.hooks.remediate import Outcome
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.remediate import Outcome
+    from slurm_hooks.remedy.wiring import Wiring
 
 #: ``judge(dcgm_level, dcgm_timeout)``: the node judged afresh after a repair (a new snapshot),
 #: with a DCGM diag of at least that level bounded by that timeout (None: ``[dcgm] timeout``).

@@ -45,8 +45,8 @@ import time
 
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.hooks import remediate
 from slurm_hooks.models import Action, Finding, Report, Urgency
+from slurm_hooks.remedy import remediate
 from slurm_hooks.remedy.repair import ladder
 from slurm_hooks.remedy.repair.planner import Plan, attempt, gpus_of, plan
 from slurm_hooks.remedy.repair.rma import is_uuid
@@ -68,9 +68,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from slurm_hooks.hooks.remediate import Outcome
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.probes.gpureset import GpuResetter
+    from slurm_hooks.remedy.remediate import Outcome
+    from slurm_hooks.remedy.wiring import Wiring
 
 #: How a due rung runs: handed to a detached worker (the hooks); here, taking the repair lock
 #: (tests, a person's command); or here under the lock the caller holds (the worker itself).

@@ -22,7 +22,7 @@ import os
 import stat
 
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import JobInfo, jobsignal
 from slurm_hooks.slurm.jobsignal import JobSignal, Source, Target
 

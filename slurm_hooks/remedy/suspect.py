@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from slurm_hooks import fsutil
 
 if TYPE_CHECKING:
-    from slurm_hooks.hooks.wiring import Wiring
+    from slurm_hooks.remedy.wiring import Wiring
 
 #: Idle peers of the partition added to an automatic isolate, to confirm suspects against.
 AUTO_PEERS = 2

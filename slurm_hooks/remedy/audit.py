@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from slurm_hooks import REASON_PREFIX
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import ADMIN_COMMENT_MAX, join_admin_comment
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)

@@ -29,9 +29,9 @@ from collections.abc import Iterable
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.hooks import checkpoint
-from slurm_hooks.hooks.actions import annotate_jobs, step
-from slurm_hooks.hooks.wiring import Wiring
+from slurm_hooks.remedy import checkpoint
+from slurm_hooks.remedy.audit import annotate_jobs, step
+from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import JobInfo, hostlist, job_ref
 from slurm_hooks.slurm.errors import AlreadyRequeued, SlurmCommandFailed
 from slurm_hooks.values import asdict, dataclass, fields, replace

@@ -25,8 +25,8 @@ from slurm_hooks.values import asdict, compile_later, dataclass
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
-    from slurm_hooks.hooks.wiring import Wiring
     from slurm_hooks.models import NodeSnapshot
+    from slurm_hooks.remedy.wiring import Wiring
     from slurm_hooks.slurm.gres import GresConf
 
 CACHE_VERSION = 1

@@ -14,12 +14,12 @@ from collections.abc import Iterable
 
 from slurm_hooks.engine import snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.hooks import checkpoint, gpumap
-from slurm_hooks.hooks.actions import annotate_jobs, gpu_fields, step
-from slurm_hooks.hooks.follower import Follow, Followed, Phase, follow_jobs, in_grace, record_requeue_seconds
-from slurm_hooks.hooks.marker import DrainMarker, MarkerUnreadable, Released, foreign
-from slurm_hooks.hooks.wiring import Wiring
 from slurm_hooks.models import Context, Finding, Report, Scope, Severity, Urgency
+from slurm_hooks.remedy import checkpoint, gpumap
+from slurm_hooks.remedy.audit import annotate_jobs, gpu_fields, step
+from slurm_hooks.remedy.follower import Follow, Followed, Phase, follow_jobs, in_grace, record_requeue_seconds
+from slurm_hooks.remedy.ownership import DrainMarker, MarkerUnreadable, Released, foreign
+from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import (
     JobInfo,
     NodeInfo,
@@ -382,7 +382,7 @@ def touched_jobs(w: Wiring, jobs: Iterable[JobInfo], gpus: frozenset[int] | None
     asked, or Slurm did not say) and whether the fault touches it.
 
     ``gpus`` ``None``: a node-wide fault, every job. Otherwise the fault's GPUs (NVML indexes)
-    and MIG instances, mapped to Slurm's numbering by :mod:`slurm_hooks.hooks.gpumap`
+    and MIG instances, mapped to Slurm's numbering by :mod:`slurm_hooks.remedy.gpumap`
     (``gmap``: the map to use; default the one this boot's runs cached). A job with no GPU here
     is never touched; one whose GPUs Slurm does not say, and every GPU job when the map is
     unknown, is (requeue too much, never the wrong job)."""
