@@ -61,14 +61,14 @@ REQUIRED: tuple[Permission, ...] = permissions_for(_core_rules())
 
 
 @dataclass(frozen=True)
-class Verdict:
+class AccessVerdict:
     permission: Permission
     allowed: bool
     reason: str = ""
 
 
 def review(api_client: Any, permissions: Sequence[Permission] = REQUIRED, namespace: str = "",
-           timeout: float = 10.0) -> list[Verdict]:
+           timeout: float = 10.0) -> list[AccessVerdict]:
     """One SelfSubjectAccessReview per permission; namespace "" asks for all namespaces."""
     from slurm_hooks.bridge.kubeclient import CredentialsError, client_module
 
@@ -95,7 +95,7 @@ def review(api_client: Any, permissions: Sequence[Permission] = REQUIRED, namesp
         status = answer.status
         allowed = bool(status is not None and status.allowed)
         reason = (status.reason or status.evaluation_error or "") if status is not None else ""
-        verdicts.append(Verdict(perm, allowed, reason))
+        verdicts.append(AccessVerdict(perm, allowed, reason))
     return verdicts
 
 

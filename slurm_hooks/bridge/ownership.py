@@ -20,7 +20,7 @@ from slurm_hooks.bridge.api import OWNER_ANNOTATION, OWNER_LABEL, Obj, annotatio
 VERSION = 1
 
 
-class Released(str, Enum):
+class ReleaseReason(str, Enum):
     """Why the node may be drained (the annotation keeps these values)."""
 
     NOT_YET = ""  # Slurm jobs are still on it
@@ -64,8 +64,8 @@ class Ownership:
     condition: bool = False
     #: Non-empty while an opt-out (a pod label, ...) holds us to cordon-and-alert.
     opt_out: str = ""
-    #: Why the node may be drained (:class:`Released`).
-    released: Released = Released.NOT_YET
+    #: Why the node may be drained (:class:`ReleaseReason`).
+    released: ReleaseReason = ReleaseReason.NOT_YET
     #: The Slurm job ids last seen on the node while waiting; ``None`` when it never waited.
     waiting_jobs: list[str] | None = None
     drain_started: float | None = None
@@ -111,7 +111,7 @@ class Ownership:
         except TypeError:
             return None
         record.since = float(record.since or 0.0)
-        record.released = _enum(Released, record.released)
+        record.released = _enum(ReleaseReason, record.released)
         record.drained = _enum(Drained, record.drained)
         record.verdict = _enum(VerdictKept, record.verdict)
         record.events = list(record.events or [])

@@ -46,11 +46,11 @@ from slurm_hooks.bridge.breaker import CircuitBreaker
 from slurm_hooks.bridge.evict import Evictor, opt_out
 from slurm_hooks.bridge.guard import LeaderGuard, LeadershipLost
 from slurm_hooks.bridge.mapping import NodeMapper
-from slurm_hooks.bridge.ownership import Drained, Ownership, Released, VerdictKept
+from slurm_hooks.bridge.ownership import Drained, Ownership, ReleaseReason, VerdictKept
 from slurm_hooks.bridge.replace import Backend, ReplacementError, Target, make_backend, make_reboot_backend
 from slurm_hooks.bridge.settings import BridgeSettings
 from slurm_hooks.bridge.state import StateStore
-from slurm_hooks.bridge.verdict import Verdict, extra_is_foreign, operator_reason
+from slurm_hooks.bridge.verdict import NodeVerdict, extra_is_foreign, operator_reason
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action
 from slurm_hooks.observe.audit import AuditLog
@@ -74,7 +74,7 @@ def slurm_healthy(node: NodeInfo) -> bool:
     return not node.drained and not (node.flags & _UNHEALTHY_FLAGS)
 
 
-def readopt(node: NodeInfo, verdict: Verdict, actions: tuple[Action, ...]) -> bool:
+def readopt(node: NodeInfo, verdict: NodeVerdict, actions: tuple[Action, ...]) -> bool:
     """Take a node again from our verdict alone: its reason is the Slinky operator's now (the
     preStop), our annotation is gone, and its replacement was never asked for (asked once)."""
     return (node.drained or "DOWN" in node.flags) and operator_reason(node.reason) and not verdict.requested \
@@ -362,12 +362,12 @@ class Reconciler:
             self._guarded(ctx, kname, lambda n=node, r=record, s=sn: self._held(n, r, s, ctx))
 
         # 2. Bad Slurm nodes we do not hold yet, and verdicts whose node is back in service.
-        candidates: list[tuple[NodeInfo, Action, Verdict | None]] = []
+        candidates: list[tuple[NodeInfo, Action, NodeVerdict | None]] = []
         for sn in slurm_nodes:
             if sn.name in handled:
                 continue
             hit = trigger(sn, self.settings.trigger_actions)
-            verdict = Verdict.of(sn) if sn.extra_text else None
+            verdict = NodeVerdict.of(sn) if sn.extra_text else None
             if hit is not None:
                 res.bad += 1
                 candidates.append((sn, hit[1], None))
@@ -394,7 +394,7 @@ class Reconciler:
         if maps_here and slurm_healthy(sn):
             self._restore(node, record, ctx.res, sn)
         elif elsewhere and record.closed is None and slurm_healthy(sn) and (record.replacement or record.drained):
-            self._close(ctx, sn, Verdict.of(sn), node, record, back_on=target)
+            self._close(ctx, sn, NodeVerdict.of(sn), node, record, back_on=target)
             self._give_back_repaired(node, record, ctx)
         elif not record.complete and record.closed is None:
             self._progress(node, record, ctx, None if elsewhere else sn)
@@ -429,7 +429,7 @@ class Reconciler:
 
     # -- the incident: closed when the Slurm node is back in service -------------------------
 
-    def _close(self, ctx: PassContext, sn: NodeInfo, verdict: Verdict | None, node: Obj | None,
+    def _close(self, ctx: PassContext, sn: NodeInfo, verdict: NodeVerdict | None, node: Obj | None,
                record: Ownership | None, back_on: str | None = None) -> None:
         """The Slurm node is back in service (a new slurmd pod registered and the operator undrained
         it, or a person resumed it): close our incident. The old machine, if we hold it, stays
@@ -455,7 +455,7 @@ class Reconciler:
     def _kube_name_offline(self, sn: NodeInfo) -> str | None:
         return self.mapper.kube_name_offline(sn)
 
-    def _take(self, sn: NodeInfo, action: Action, ctx: PassContext, verdict: Verdict | None = None) -> None:
+    def _take(self, sn: NodeInfo, action: Action, ctx: PassContext, verdict: NodeVerdict | None = None) -> None:
         """Take the Kubernetes node under a bad Slurm node; ``verdict``: taken again from our verdict
         in the Slurm node's Extra (its reason is the operator's now, our annotation is gone)."""
         res, breaker, now = ctx.res, ctx.breaker, ctx.now
@@ -719,7 +719,7 @@ class Reconciler:
                         extra=sn.extra_text[:200], message="the Slurm node's Extra is someone else's: "
                         "the verdict is kept in the Kubernetes annotation only")
             return
-        verdict = Verdict(reason=record.reason, action=record.action, since=record.since, kube_node=kname,
+        verdict = NodeVerdict(reason=record.reason, action=record.action, since=record.since, kube_node=kname,
                           requested=record.replacement)
         try:
             self._set_extra(sn.name, verdict.to_text())
@@ -744,7 +744,7 @@ class Reconciler:
         """
         now = self.clock()
         if sn is None:
-            record.released = Released.NO_SLURM_NODE  # none maps here any more: no Slurm job can run here
+            record.released = ReleaseReason.NO_SLURM_NODE  # none maps here any more: no Slurm job can run here
             return True
         try:
             jobs = [str(j.job_id) for j in self.slurm.jobs_on_node(sn.name)]
@@ -754,14 +754,14 @@ class Reconciler:
         busy = slurm_busy(sn)
         waited = now - record.since
         if not jobs and not busy:
-            record.released = Released.NO_JOBS
+            record.released = ReleaseReason.NO_JOBS
             if record.waiting_jobs is not None:
                 self._audit("bridge_jobs_gone", node=kname, slurm_node=sn.name, waited_s=round(waited, 1),
                             jobs=record.waiting_jobs, message="no Slurm job left: draining")
             return True
         limit = self.settings.max_job_wait
         if limit > 0 and waited >= limit:
-            record.released = Released.FORCED
+            record.released = ReleaseReason.FORCED
             self._audit("bridge_jobs_wait_timeout", level="warning", node=kname, slurm_node=sn.name, jobs=jobs,
                         state=sn.state, waited_s=round(waited, 1), max_job_wait=limit,
                         message="jobs still on the node after max_job_wait: draining anyway")
@@ -850,7 +850,7 @@ class Reconciler:
     def _restore(self, node: Obj, record: Ownership, res: PassResult, sn: NodeInfo | None = None) -> None:
         kname = name_of(node)
         undone: list[str] = []
-        if sn is not None and Verdict.of(sn) is not None and not self.dry_run:
+        if sn is not None and NodeVerdict.of(sn) is not None and not self.dry_run:
             self._set_extra(sn.name, "")  # our verdict, never someone else's Extra
             undone.append("verdict cleared from the Slurm node's Extra")
         asked = next((b for b in (self.backend, self.reboot_backend) if b is not None and b.name == record.backend), None)

@@ -35,7 +35,7 @@ def operator_reason(reason: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class NodeVerdict:
     #: Our drain reason as the node side wrote it (``slurm-hooks: XID 79 on GPU 3 [reboot]``).
     reason: str
     action: str
@@ -49,11 +49,11 @@ class Verdict:
     def to_text(self) -> str:
         return json.dumps({KEY: asdict(self)}, sort_keys=True, separators=(",", ":"))
 
-    def asked(self, what: str) -> Verdict:
+    def asked(self, what: str) -> NodeVerdict:
         return replace(self, requested=what)
 
     @classmethod
-    def parse(cls, text: str) -> Verdict | None:
+    def parse(cls, text: str) -> NodeVerdict | None:
         data = json_object(text)
         body = data.get(KEY) if data is not None else None
         if not isinstance(body, dict):
@@ -65,10 +65,10 @@ class Verdict:
             return None
 
     @classmethod
-    def of(cls, node: NodeInfo) -> Verdict | None:
+    def of(cls, node: NodeInfo) -> NodeVerdict | None:
         return cls.parse(node.extra_text)
 
 
 def extra_is_foreign(node: NodeInfo) -> bool:
     """The node's Extra holds someone else's text: we leave it alone."""
-    return bool(node.extra_text.strip()) and Verdict.of(node) is None
+    return bool(node.extra_text.strip()) and NodeVerdict.of(node) is None

@@ -14,7 +14,7 @@ reason we wrote and the node's ReasonTime/ReasonUser as Slurm shows them after i
 - no reboot is pending that we did not ask for (an admin's ``scontrol reboot`` keeps the text).
 
 When we let go of a drain (our resume, a person's) the reason Slurm may keep is remembered
-(:class:`Released`): it is never adopted again, even after the marker is lost.
+(:class:`ReleasedReasons`): it is never adopted again, even after the marker is lost.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ RELEASED_KEEP = 8
 
 
 @dataclass(frozen=True)
-class Released:
+class ReleasedReasons:
     """Reasons of drains we let go of (our resume, a person's): Slurm >= 23.11 without
     accounting keeps the text on the resumed node, and it is never ours again."""
 

@@ -18,7 +18,7 @@ from slurm_hooks.models import Context, Finding, Report, Scope, Severity, Urgenc
 from slurm_hooks.remedy import checkpoint, gpumap
 from slurm_hooks.remedy.audit import annotate_jobs, gpu_fields, step
 from slurm_hooks.remedy.follower import Follow, Followed, Phase, follow_jobs, in_grace, record_requeue_seconds
-from slurm_hooks.remedy.ownership import DrainMarker, MarkerUnreadable, Released, foreign
+from slurm_hooks.remedy.ownership import DrainMarker, MarkerUnreadable, ReleasedReasons, foreign
 from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import (
     JobInfo,
@@ -598,8 +598,8 @@ def let_go(w: Wiring, marker: DrainMarker | None, info: NodeInfo | None) -> None
     forget_drain(w)
 
 
-def _released(w: Wiring) -> Released:
-    return Released(w.state_path(f"released-{w.node}.json"))
+def _released(w: Wiring) -> ReleasedReasons:
+    return ReleasedReasons(w.state_path(f"released-{w.node}.json"))
 
 
 def forget_drain(w: Wiring) -> None:

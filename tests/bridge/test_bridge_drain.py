@@ -27,7 +27,7 @@ from slurm_hooks.bridge.api import OWNER_ANNOTATION, OWNER_LABEL, Eviction, Reso
 from slurm_hooks.bridge.ownership import Ownership
 from slurm_hooks.bridge.settings import BreakerSettings
 from slurm_hooks.bridge.state import BreakerState, StateStore
-from slurm_hooks.bridge.verdict import Verdict
+from slurm_hooks.bridge.verdict import NodeVerdict
 from slurm_hooks.slurm import NodeInfo
 
 pytest_plugins = ["kube.fixtures"]
@@ -153,7 +153,7 @@ def test_the_verdict_goes_to_extra_at_the_take_and_again_with_the_request(kube, 
     make(slurm, kube, bridge_settings, clock, audit_path).run_pass()
     calls = [c for c in slurm.calls if c[0] == "set_node_extra"]
     assert len(calls) == 2
-    verdict = Verdict.of(slurm.peek("n1"))
+    verdict = NodeVerdict.of(slurm.peek("n1"))
     assert verdict.reason == XID79 and verdict.kube_node == "n1" and verdict.requested == "node condition"
     assert Ownership.of(kube.nodes["n1"]).verdict == "slurm"
     assert not slurm.called("drain") and not slurm.called("resume")  # the bridge never touches the reason
@@ -192,7 +192,7 @@ def test_after_the_prestop_a_verdict_already_asked_for_is_not_asked_again(kube, 
 def test_after_the_prestop_a_verdict_not_yet_asked_for_is_taken_again_and_asked_once(
         kube, clock, bridge_settings, audit_path):
     slurm = one_node(kube)
-    verdict = Verdict(reason=XID79, action="replace", since=clock.now - 100, kube_node="n1")
+    verdict = NodeVerdict(reason=XID79, action="replace", since=clock.now - 100, kube_node="n1")
     slurm.set_node("n1", state="DOWN+DRAIN", reason=PRESTOP_REASON, extra={"Extra": verdict.to_text()})
     bridge = make(slurm, kube, bridge_settings, clock, audit_path)
     res = bridge.run_pass()
@@ -200,7 +200,7 @@ def test_after_the_prestop_a_verdict_not_yet_asked_for_is_taken_again_and_asked_
     record = Ownership.of(kube.nodes["n1"])
     assert record.reason == XID79 and kube.condition("n1")["message"].startswith(XID79)
     assert records(audit_path, "bridge_cordon")[0]["from_verdict"] is True
-    assert Verdict.of(slurm.peek("n1")).requested == "node condition"
+    assert NodeVerdict.of(slurm.peek("n1")).requested == "node condition"
     res = bridge.run_pass()
     assert not res.taken and not res.replaced
     assert slurm.peek("n1").reason == PRESTOP_REASON  # read, never edited
@@ -209,7 +209,7 @@ def test_after_the_prestop_a_verdict_not_yet_asked_for_is_taken_again_and_asked_
 def test_a_verdict_about_another_machine_does_not_take_the_new_one(kube, clock, bridge_settings, audit_path):
     kube.add_node("spare-1")
     slurm = FakeSlurm()
-    verdict = Verdict(reason=XID79, action="replace", since=clock.now - 100, kube_node="old-machine")
+    verdict = NodeVerdict(reason=XID79, action="replace", since=clock.now - 100, kube_node="old-machine")
     slurm.add_node("n1", "DOWN+DRAIN", PRESTOP_REASON, comment='{"node": "spare-1"}', extra=verdict.to_text())
     res = make(slurm, kube, bridge_settings, clock, audit_path).run_pass()
     assert not res.taken and "spec" not in kube.nodes["spare-1"] or not kube.nodes["spare-1"]["spec"]
@@ -218,7 +218,7 @@ def test_a_verdict_about_another_machine_does_not_take_the_new_one(kube, clock, 
 def test_node_back_in_service_closes_the_incident_from_the_verdict_alone(kube, clock, bridge_settings, audit_path):
     seen = []
     slurm = FakeSlurm()
-    verdict = Verdict(reason=XID79, action="replace", since=clock.now - 100, kube_node="gone", requested="x")
+    verdict = NodeVerdict(reason=XID79, action="replace", since=clock.now - 100, kube_node="gone", requested="x")
     slurm.add_node("n1", "IDLE", comment='{"node": "spare-1"}', extra=verdict.to_text())
     res = make(slurm, kube, bridge_settings, clock, audit_path, notify=lambda k, f: seen.append((k, f))).run_pass()
     assert res.closed == ["n1"] and slurm.peek("n1").extra_text == ""

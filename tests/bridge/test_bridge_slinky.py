@@ -26,7 +26,7 @@ from kube.slinky import SlinkyOperator  # noqa: E402
 
 from slurm_hooks.bridge.reconciler import Reconciler, slurm_busy, slurm_healthy  # noqa: E402
 from slurm_hooks.bridge.settings import BridgeSettings, ReplaceSettings  # noqa: E402
-from slurm_hooks.bridge.verdict import Verdict  # noqa: E402
+from slurm_hooks.bridge.verdict import NodeVerdict  # noqa: E402
 from slurm_hooks.observe.audit import AuditLog  # noqa: E402
 from slurm_hooks.probes import sim  # noqa: E402
 
@@ -111,7 +111,7 @@ def test_prestop_overwrites_our_reason_and_the_bridge_replaces_once_and_closes_t
     assert res.taken == [bad] and res.waiting and not res.drained and not res.errors, res.summary()
     assert operator.sync_cordons() == []
     assert tb.slurm.node(bad).reason.startswith("slurm-hooks: XID 79")
-    verdict = Verdict.of(tb.slurm.node(bad))
+    verdict = NodeVerdict.of(tb.slurm.node(bad))
     assert verdict is not None and verdict.kube_node == bad and verdict.reason.startswith("slurm-hooks: XID 79")
 
     # The job is requeued and runs again on the good node; the bad node has no job left.
@@ -125,7 +125,7 @@ def test_prestop_overwrites_our_reason_and_the_bridge_replaces_once_and_closes_t
     info = tb.slurm.node(bad)
     # DOWN+DRAIN at once; the testbed's slurmd outlives its "pod" and registers again: IDLE+DRAIN.
     assert info.reason == "slurm-operator: Pod is terminating" and info.drained, info
-    assert Verdict.of(info).requested.startswith(f"self-node-remediation.medik8s.io/v1alpha1/medik8s/{bad} created")
+    assert NodeVerdict.of(info).requested.startswith(f"self-node-remediation.medik8s.io/v1alpha1/medik8s/{bad} created")
     assert server.get("v1/pods", f"train-{bad}", "jobs") is None
     assert server.get("v1/pods", operator.pod_name(bad), "slurm") is None
     drains = [r for r in tb.audit_events() if r.get("kind") == "bridge_drain" and r.get("evicted")]
@@ -146,7 +146,7 @@ def test_prestop_overwrites_our_reason_and_the_bridge_replaces_once_and_closes_t
     tb.wait_node(bad, slurm_healthy, timeout=60)
     res = bridge.run_pass()
     assert res.closed == [bad] and res.detached == [bad] and not res.taken and not res.errors, res.summary()
-    assert Verdict.of(tb.slurm.node(bad)) is None and tb.slurm.node(bad).extra_text == ""
+    assert NodeVerdict.of(tb.slurm.node(bad)) is None and tb.slurm.node(bad).extra_text == ""
     old = server.get("v1/nodes", bad)
     assert old["spec"]["unschedulable"] is True  # the machine stays out for its repair
     closed = [r for r in tb.audit_events() if r.get("kind") == "bridge_incident_closed"]
