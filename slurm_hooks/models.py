@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
-from slurm_hooks.values import asdict, dataclass, field, fields
+from slurm_hooks.values import asdict, compile_later, dataclass, field, fields
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
@@ -43,6 +43,25 @@ class Action(str, Enum):
 
 
 _ACTION_ORDER = list(Action)
+
+#: What follows the action in the bracket of a drain for a fault that waits for the running jobs.
+AT_JOB_END = "at job end"
+#: The action tag of our drain reason, its one grammar (written and read by :mod:`slurm_hooks.slurm`,
+#: read by the incident view, which stands below the Slurm adapter): ``[reboot]``,
+#: ``[reset, at job end]``, ``[reboot 1/2]`` (the ladder's attempt at this rung, of how many: kept
+#: in Slurm so that a lost state dir does not reset the count).
+REASON_TAG = (rf"\[(?P<action>{'|'.join(a.value for a in Action)})(?: (?P<n>\d+)/(?P<of>\d+))?"
+              rf"(?P<end>, {AT_JOB_END})?\]")
+#: Any reason that ends in an action tag, then Slurm's ``" : ..."`` suffixes (no bracket in them).
+_LAST_TAG = compile_later(rf"{REASON_TAG}(?: : [^\[\]]*)?\s*$")
+
+
+def reason_tag(reason: str) -> tuple[str, bool]:
+    """``(action, at job end)`` of the tag a reason ends with, through Slurm's suffixes
+    (``[reboot 1/1] : reboot timed out`` is ``("reboot", False)``); ``("drain", False)`` without
+    one. Whoever wrote the rest: the incident view reads the reasons accounting kept, too."""
+    m = _LAST_TAG.search(reason or "")
+    return (m.group("action"), bool(m.group("end"))) if m else ("drain", False)
 
 
 class Scope(str, Enum):

@@ -15,10 +15,10 @@ person's resume), or follows from the action records (our drain opens, a repair 
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import fields as dc_fields
 from typing import Any, ClassVar
 
+from slurm_hooks.models import reason_tag
 from slurm_hooks.values import dataclass, field
 
 
@@ -56,25 +56,17 @@ class ClosedBy(str, enum.Enum):
 
 #: Harmless to most disruptive, as in :class:`slurm_hooks.models.Action`.
 ACTIONS = ("none", "warn", "drain", "reset", "reboot", "replace")
-#: Our reason's action tag (``[reboot]``, ``[reboot 1/1]``, ``[reset, at job end]``), then any of
-#: Slurm's ``" : ..."`` suffixes. Observe stands below the Slurm adapter: this mirrors
-#: :func:`slurm_hooks.slurm.parse_reason`.
-_REASON_ACTION = re.compile(r"\[(\w+)(?: \d+/\d+)?(, at job end)?\](?: : [^\[\]]*)?\s*$")
-
-
 def action_rank(action: str | None) -> int:
     return ACTIONS.index(action) if action in ACTIONS else 0
 
 
 def reason_action(reason: str) -> str:
     """The action our reason names (``[reboot 1/1] : reboot timed out`` is a reboot); "drain" else."""
-    m = _REASON_ACTION.search(reason or "")
-    return m.group(1) if m and m.group(1) in ACTIONS else "drain"
+    return reason_tag(reason)[0]
 
 
 def at_job_end(reason: str) -> bool:
-    m = _REASON_ACTION.search(reason or "")
-    return bool(m and m.group(2))
+    return reason_tag(reason)[1]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 
 from slurm_hooks import REASON_PREFIX
-from slurm_hooks.models import Action
+from slurm_hooks.models import AT_JOB_END, REASON_TAG, Action
 from slurm_hooks.slurm import hostlist
 from slurm_hooks.values import compile_later, dataclass, field
 
@@ -352,14 +352,10 @@ def may_resume(node: NodeInfo) -> bool:
     return out_of_service(node) and node.ours
 
 
-#: What follows the action in the bracket of a drain for a fault that waits for the running jobs.
-AT_JOB_END = "at job end"
-_ACTIONS = "|".join(a.value for a in Action)
-#: ``[reboot]``, ``[reset, at job end]``, ``[reboot 1/2]`` (the ladder's attempt at this rung, of
-#: how many: kept in Slurm so that a lost state dir does not reset the count).
-_ACTION_TAG = compile_later(rf"\s\[({_ACTIONS})(?: (?P<n>\d+)/(?P<of>\d+))?(?P<end>, {AT_JOB_END})?\]$")
+#: Our reason's action tag (:data:`slurm_hooks.models.REASON_TAG`), at its end.
+_ACTION_TAG = compile_later(rf"\s{REASON_TAG}$")
 #: Our reason up to its action tag, then Slurm's suffixes.
-_TAGGED = compile_later(rf"^(?P<text>{re.escape(REASON_PREFIX)}.*\[(?:{_ACTIONS})(?: \d+/\d+)?(?:, {AT_JOB_END})?\])(?P<rest>(?: : .*)?)$", re.S)
+_TAGGED = compile_later(rf"^(?P<text>{re.escape(REASON_PREFIX)}.*{REASON_TAG})(?P<rest>(?: : .*)?)$", re.S)
 
 
 def format_reason(summary: str, action: Action, limit: int = 120, at_job_end: bool = False,
@@ -412,7 +408,7 @@ def parse_reason(reason: str) -> tuple[str, Action | None] | None:
     m = _ACTION_TAG.search(body)
     if not m:
         return body, None
-    return body[: m.start()].strip(), Action(m.group(1))
+    return body[: m.start()].strip(), Action(m.group("action"))
 
 
 def reason_attempt(reason: str) -> tuple[Action, int, int] | None:
@@ -420,7 +416,7 @@ def reason_attempt(reason: str) -> tuple[Action, int, int] | None:
     m = _ACTION_TAG.search(split_reason(reason)[0]) if reason.startswith(REASON_PREFIX) else None
     if not m or m.group("n") is None:
         return None
-    return Action(m.group(1)), int(m.group("n")), int(m.group("of"))
+    return Action(m.group("action")), int(m.group("n")), int(m.group("of"))
 
 
 def waits_for_job_end(reason: str) -> bool:
