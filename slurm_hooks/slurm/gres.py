@@ -235,6 +235,58 @@ def parse_counts(text: str) -> list[GresCount]:
     return out
 
 
+#: GRES that sit on a GPU: a whole one (``gpu``), or a share of one (``shard``, ``mps``).
+GPU_GRES = ("gpu", "shard", "mps")
+
+
+def gpu_indexes(value: str) -> set[int] | None:
+    """The GPU indexes a job's GRES list holds on one node (``gpu:2(IDX:0-1)``, ``gpu:a100:1(IDX:5)``,
+    ``shard:2(2/4,0/4)``: a share names its GPU by position); ``set()`` when it holds none (a CPU-only
+    job); ``None`` when some GPU item does not say which (``IDX:N/A``, ``CNT:``, garbled)."""
+    found: set[int] = set()
+    for item in split_list(value):
+        name, _, rest = item.partition(":")
+        if name.split("(")[0].lower() not in GPU_GRES:
+            continue
+        indexes = _gres_indexes(rest if "(" in rest else item)
+        if indexes is None:
+            return None
+        found.update(indexes)
+    return found
+
+
+def _gres_indexes(item: str) -> list[int] | None:
+    """The GPU indexes one GRES item holds: ``...(IDX:0-1,3)`` or per-position ``...(1/4,0/4)``."""
+    open_at = item.find("(")
+    if open_at < 0 or not item.endswith(")"):
+        return None
+    inner = item[open_at + 1:-1]
+    if inner.startswith("IDX:"):
+        return _index_list(inner[4:])
+    out = []
+    for pos, share in enumerate(inner.split(",")):
+        held, sep, avail = share.partition("/")
+        if not (sep and held.strip().isdigit() and avail.strip().isdigit()) or pos > 1023:
+            return None
+        if int(held) > 0:
+            out.append(pos)
+    return out
+
+
+def _index_list(text: str) -> list[int] | None:
+    """``0-1,3`` -> [0, 1, 3]; ``None`` for anything else (``N/A``)."""
+    out: list[int] = []
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            return None
+        first, last = int(low), int(high) if sep else int(low)
+        if last < first or last > 1023:
+            return None
+        out.extend(range(first, last + 1))
+    return out
+
+
 # --- ``slurmd -G`` and slurmd's GRES log ------------------------------------------------------
 
 #: ``Gres Name=gpu Type=h100 Count=1 Index=0 ID=7696487 File=/dev/nvidia0 Links=(null) Flags=...``

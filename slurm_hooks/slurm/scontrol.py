@@ -257,8 +257,6 @@ def parse_squeue_jobs(text: str, named: bool = True) -> list[JobInfo] | None:
 #: One node's share of a job in ``scontrol -d show job``: ``Nodes=n1 CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)``
 #: (a job with no GRES on the node: ``GRES=`` and nothing after it).
 _JOB_NODE_GRES = re.compile(r"(?:^|\s)Nodes=(?P<nodes>\S+)\s+(?:\S+=\S*\s+)*?GRES=(?P<gres>\S*)")
-#: GRES that sit on a GPU: a whole one (``gpu``), or a share of one (``shard``, ``mps``).
-GPU_GRES = ("gpu", "shard", "mps")
 
 
 def parse_job_gpus(text: str, node: str) -> tuple[int, ...] | None:
@@ -280,49 +278,13 @@ def parse_job_gpus(text: str, node: str) -> tuple[int, ...] | None:
         except ValueError:
             continue
         here = True
-        for item in gres.split_list(m.group("gres")):
-            name, _, rest = item.partition(":")
-            if name.split("(")[0].lower() not in GPU_GRES:
-                continue
-            indexes = _gres_indexes(rest if "(" in rest else item)
-            if indexes is None:
-                return None
-            found.update(indexes)
+        indexes = gres.gpu_indexes(m.group("gres"))
+        if indexes is None:
+            return None
+        found.update(indexes)
     if not here:
         return None
     return tuple(sorted(found))
-
-
-def _gres_indexes(item: str) -> list[int] | None:
-    """The GPU indexes one GRES item holds: ``...(IDX:0-1,3)`` or per-position ``...(1/4,0/4)``."""
-    open_at = item.find("(")
-    if open_at < 0 or not item.endswith(")"):
-        return None
-    inner = item[open_at + 1:-1]
-    if inner.startswith("IDX:"):
-        return _index_list(inner[4:])
-    out = []
-    for pos, share in enumerate(inner.split(",")):
-        held, sep, avail = share.partition("/")
-        if not (sep and held.strip().isdigit() and avail.strip().isdigit()) or pos > 1023:
-            return None
-        if int(held) > 0:
-            out.append(pos)
-    return out
-
-
-def _index_list(text: str) -> list[int] | None:
-    """``0-1,3`` -> [0, 1, 3]; ``None`` for anything else (``N/A``)."""
-    out: list[int] = []
-    for part in text.split(","):
-        low, sep, high = part.strip().partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
-            return None
-        first, last = int(low), int(high) if sep else int(low)
-        if last < first or last > 1023:
-            return None
-        out.extend(range(first, last + 1))
-    return out
 
 
 # --- ``scontrol --json`` (Slurm 23.02 and later) ----------------------------------------------
