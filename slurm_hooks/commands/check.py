@@ -36,7 +36,7 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
           deadline: float | None, verdict: bool) -> int:
     """Check this node's GPUs; drain and requeue on a fault (unless --dry-run or --explain)."""
     from slurm_hooks.hooks import healthcheck
-    from slurm_hooks.remedy import remediate
+    from slurm_hooks.remedy import remediate, repairs
     from slurm_hooks.remedy.wiring import Wiring
 
     w = Wiring.load(config_path, node)
@@ -57,7 +57,7 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
         return 0 if report.healthy else 1
     print_report(report, as_json, outcome=None if dry_run else outcome)
     if dry_run and not as_json:
-        plan = healthcheck.repair_plan(w, report)
+        plan = repairs.repair_plan(w, report)
         if plan:
             click.echo(plan)
     return 0 if report.healthy else 1

@@ -29,6 +29,7 @@ def repair(config_path: str | None, node: str | None, validate: bool) -> int:
 
     from slurm_hooks.errors import SlurmHooksError
     from slurm_hooks.hooks import healthcheck
+    from slurm_hooks.remedy import repairs
     from slurm_hooks.remedy.wiring import Wiring
 
     w = Wiring.load(config_path, node)
@@ -50,7 +51,7 @@ def repair(config_path: str | None, node: str | None, validate: bool) -> int:
         click.echo(f"slurm-hooks repair: {w.node} is drained by someone else ({info.reason!r}): their drain is "
                    "theirs to end; validate it once they resume it, or with slurm-hooks sweep", err=True)
         return EXIT_USAGE
-    verdict = healthcheck.validate_node(w, getpass.getuser())
+    verdict = repairs.validate_node(w, getpass.getuser(), healthcheck.rejudge(w))
     code, text = _VERDICTS[verdict]
     click.echo(f"{w.node}: {text}")
     return code
@@ -63,12 +64,13 @@ def repair(config_path: str | None, node: str | None, validate: bool) -> int:
 def repair_worker(config_path: str | None, node: str | None, own_job: str) -> int:
     """Run the node's due repair rung, detached from the hook that started it."""
     from slurm_hooks.hooks import healthcheck
+    from slurm_hooks.remedy import repairs
     from slurm_hooks.remedy.wiring import Wiring
     from slurm_hooks.runner import signal_ready
 
     w = Wiring.load(config_path, node)
     try:
-        outcome = healthcheck.repair_worker(w, own_job, ready=signal_ready)
+        outcome = repairs.repair_worker(w, healthcheck.rejudge(w), own_job, ready=signal_ready)
     except Exception as exc:  # noqa: BLE001 - its stderr is /dev/null once it runs: the audit log must say
         w.audit.write("action", node=w.node, action="repair-worker", target=w.node, result="failed", duration_s=0.0,
                       level="error", error=f"{type(exc).__name__}: {exc}",

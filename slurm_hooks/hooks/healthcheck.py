@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from slurm_hooks import engine
 from slurm_hooks.errors import SlurmHooksError, TransientError
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, Scope, XidEvent
-from slurm_hooks.remedy import follower, gpumap, pending, remediate
+from slurm_hooks.remedy import follower, gpumap, pending, remediate, repairs
 from slurm_hooks.remedy.remediate import Outcome
 from slurm_hooks.remedy.wiring import Wiring, xid_history
 from slurm_hooks.slurm import quirks, reboot_pending
@@ -51,7 +51,7 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     """
     if context is not Context.WATCH:  # the watcher is a daemon: nothing kills it at 60 s
         w.start_deadline(float(w.config.check.deadline))
-    if context is Context.CHECK and not dry_run and repair_under_way(w):
+    if context is Context.CHECK and not dry_run and repairs.repair_under_way(w):
         # A repair worker has the (drained, idle) node: it judges it itself, and a probe of ours
         # now could hold a GPU open under its nvidia-smi --gpu-reset.
         return Report(w.node, context, (), 0.0), Outcome(repairs=["worker:busy"])
@@ -303,9 +303,9 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         earlier: pending.Pending | None = None, repair: str = "detached", known: NodeInfo | None = None) -> None:
     """``known``: the node as this run read it before acting (see :func:`judge`), for the drain."""
     if earlier is not None and not _still_to_do(w, earlier, report, outcome):
-        _metrics(w, report, outcome)
+        remediate.record_metrics(w, report, outcome)
         return
-    if report.context is Context.CHECK and _repair(w, report, outcome, mode=repair):
+    if report.context is Context.CHECK and repairs.take_turn(w, report, outcome, rejudge(w), mode=repair):
         # A repair holds the node: it neither drains nor resumes it here. But an urgent new fault
         # (our reboot is pending while jobs finish) still requeues the jobs it touches.
         from slurm_hooks.remedy import repair
@@ -317,7 +317,7 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
             instances = frozenset((f.gpu, f.instance) for f in fresh if f.gpu is not None and f.instance is not None)
             outcome.node_out = True
             remediate.requeue_jobs(w, outcome, follow=follow, gpus=gpus, instances=instances)
-        _metrics(w, report, outcome)
+        remediate.record_metrics(w, report, outcome)
         return
     if report.drain_findings():
         # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU or
@@ -331,7 +331,7 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus,
                  instances=instances, multi_node=multi_node, known=known)
         if outcome.drained and report.context is Context.CHECK:
-            _repair(w, report, outcome, mode=repair)  # an idle node climbs at once
+            repairs.take_turn(w, report, outcome, rejudge(w), mode=repair)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
         held = os.path.exists(w.drained_marker())
         remediate.resume_if_ours(w, outcome, report)
@@ -339,98 +339,16 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
             from slurm_hooks.remedy import repair
 
             repair.note_person_resume(w)  # our drain let go of, the node in service: a person resumed it
-    _metrics(w, report, outcome)
+    remediate.record_metrics(w, report, outcome)
 
 
-def repair_under_way(w: Wiring) -> bool:
-    """A repair worker (or a person's ``repair --validate``) holds this node's repair lock now.
-    One ``stat`` when no repair ever ran on the node."""
-    if not (w.config.repair.enabled and os.path.exists(w.repair_state())):
-        return False
-    from slurm_hooks.remedy import repair
-
-    with repair.worker_lock(w) as mine:
-        return not mine
-
-
-def _repair(w: Wiring, report: Report, outcome: Outcome, own_job: str = "", mode: str = "detached") -> bool:
-    """The repair ladder's turn (:mod:`slurm_hooks.remedy.repair`); True when it holds the node.
-    Off with ``[check] drain = false`` too: a node side that may not drain repairs nothing."""
-    if not (w.config.repair.enabled and w.config.check.drain):
-        return False
-    if not report.drain_findings() and not os.path.exists(w.repair_state()):
-        return False  # healthy and no repair under way: the ladder has nothing to look at (not even an import)
-    from slurm_hooks.remedy import repair
-
-    return repair.step(w, report, outcome, _rejudge(w), own_job=own_job, mode=mode)
-
-
-def _rejudge(w: Wiring) -> Callable[[int, float | None], Report]:
-    def rejudge(dcgm_level: int, dcgm_timeout: float | None = None) -> Report:
+def rejudge(w: Wiring) -> Callable[[int, float | None], Report]:
+    """How the repair ladder judges the whole node again (:data:`slurm_hooks.remedy.repair.Rejudge`):
+    with a DCGM diag of at least ``dcgm_level``, bounded by ``dcgm_timeout``; 0 and None: as a check."""
+    def judged(dcgm_level: int, dcgm_timeout: float | None = None) -> Report:
         return judge(w, Context.CHECK, acknowledge=False, dcgm_level=dcgm_level, dcgm_timeout=dcgm_timeout)
 
-    return rejudge
-
-
-def repair_after_job(w: Wiring, job: str | None, mode: str = "detached") -> Outcome | None:
-    """The epilog of a job on a node we drained: judge the whole node and let the ladder climb,
-    once no other job is on it. Only a ``stat`` when we have not drained the node."""
-    if not w.config.repair.enabled or not os.path.exists(w.drained_marker()):
-        return None
-    report = judge(w, Context.CHECK, acknowledge=False)
-    outcome = Outcome()
-    _repair(w, report, outcome, own_job=job or "", mode=mode)
-    _metrics(w, report, outcome)
-    return outcome
-
-
-def repair_worker(w: Wiring, own_job: str = "", ready: Callable[[], Any] | None = None) -> Outcome | None:
-    """The detached repair worker (``slurm-hooks repair-worker``, started by the hooks): take the
-    node's repair lock, say it runs, and run the ladder's due rung within ``[repair]
-    worker_timeout``. ``None`` when another worker holds the node (one per node)."""
-    from slurm_hooks.remedy import repair
-
-    with repair.worker_lock(w) as mine:
-        if ready is not None:
-            ready()
-        if not mine:
-            return None
-        w.start_deadline(float(w.config.repair.worker_timeout))
-        t0 = time.monotonic()
-        w.audit.write("action", node=w.node, action="repair-worker", target=w.node, result="start",
-                      duration_s=0.0, pid=os.getpid(), budget_s=float(w.config.repair.worker_timeout))
-        report = judge(w, Context.CHECK, acknowledge=False)
-        outcome = Outcome()
-        if w.config.check.drain:
-            repair.step(w, report, outcome, _rejudge(w), own_job=own_job, mode="held")
-        w.audit.write("action", node=w.node, action="repair-worker", target=w.node,
-                      result="failed" if outcome.failed else "done", duration_s=round(time.monotonic() - t0, 4),
-                      pid=os.getpid(), repairs=list(outcome.repairs),
-                      **({"error": "; ".join(outcome.failed)} if outcome.failed else {}))
-        _metrics(w, report, outcome)
-        return outcome
-
-
-def validate_node(w: Wiring, who: str) -> str:
-    """A person's ``slurm-hooks repair --validate`` on this node, in the foreground under the
-    node's repair lock: "ok" (validated, back in service), "failed", "unverified", or "busy"."""
-    from slurm_hooks.remedy import repair
-
-    with repair.worker_lock(w) as mine:
-        if not mine:
-            return "busy"
-        w.start_deadline(float(w.config.repair.worker_timeout))
-        return repair.validate_on_request(w, Outcome(), _rejudge(w), who)
-
-
-def repair_plan(w: Wiring, report: Report) -> str:
-    """What ``--dry-run`` says the ladder would do ("" for nothing)."""
-    if not w.config.repair.enabled or not report.drain_findings():
-        return ""
-    from slurm_hooks.remedy import repair
-
-    p = repair.plan(w, report)
-    return p.text(w.node) if p is not None else ""
+    return judged
 
 
 def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeue: bool,
@@ -586,15 +504,3 @@ def _dcgm_runner(w: Wiring, context: Context, expect, job_failed: bool = False,
     from slurm_hooks.probes.dcgm import make_runner
 
     return make_runner(w.config.dcgm.dcgmi, max_timeout=float(w.config.dcgm.timeout if timeout is None else timeout))
-
-
-def _metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
-    if not w.config.metrics.textfile_dir:
-        return
-    from slurm_hooks.observe import metrics
-
-    done = ["drain"] * int(outcome.drained) + ["requeue"] * len(outcome.requeued) + ["resume"] * int(outcome.resumed)
-    done += [f"repair-{r.split(':')[0]}" for r in outcome.repairs if not r.endswith(":start")]
-    done += ["drain-monitor-only"] * int(outcome.monitor_only)  # found, and not acted on: [check] drain = false
-    waiting = pending.load(w.config.state.dir, w.node)
-    metrics.record(w.config, w.node, report, remediations=done, pending=len(waiting.steps) if waiting else 0)

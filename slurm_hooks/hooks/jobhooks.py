@@ -22,7 +22,7 @@ from slurm_hooks.engine import parse_gpu_list
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.models import Context, NodeSnapshot, Report, Severity, snapshot_from_dict, snapshot_to_dict
-from slurm_hooks.remedy import follower, remediate
+from slurm_hooks.remedy import follower, remediate, repairs
 from slurm_hooks.remedy.remediate import Outcome
 from slurm_hooks.remedy.wiring import Wiring
 
@@ -123,14 +123,14 @@ def _epilog(w: Wiring, env: Mapping[str, str]) -> int:
     report = healthcheck.judge(w, Context.EPILOG, gpus=gpus, baseline=baseline, job_failed=failed)
     if not report.drain_findings():
         _print(report)
-        healthcheck.repair_after_job(w, jid)  # the last job off a node we drained: the ladder may climb
+        repairs.repair_after_job(w, jid, healthcheck.rejudge(w))  # the last job off a node we drained: the ladder may climb
         if failed:  # a multi-node job failed with nothing of ours to show: a suspect (remedy/suspect.py)
             from slurm_hooks.remedy import suspect
 
             suspect.after_job(w, env, jid)
         return 0
     outcome = _drain(w, report, jid)
-    healthcheck.repair_after_job(w, jid)
+    repairs.repair_after_job(w, jid, healthcheck.rejudge(w))
     # Our drain carries the reason; if it could not be written, a non-zero exit
     # makes Slurm drain the node itself ("Epilog error"), so nothing is lost.
     return 0 if outcome.drained or outcome.monitor_only else 1

@@ -85,6 +85,20 @@ def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
                       **gpu_fields(report, f.gpu), **extra)
 
 
+def record_metrics(w: Wiring, report: Report, outcome: Outcome) -> None:
+    """This run's verdict and what it did, in the node's metrics textfile ([metrics] textfile_dir)."""
+    if not w.config.metrics.textfile_dir:
+        return
+    from slurm_hooks.observe import metrics
+    from slurm_hooks.remedy import pending
+
+    done = ["drain"] * int(outcome.drained) + ["requeue"] * len(outcome.requeued) + ["resume"] * int(outcome.resumed)
+    done += [f"repair-{r.split(':')[0]}" for r in outcome.repairs if not r.endswith(":start")]
+    done += ["drain-monitor-only"] * int(outcome.monitor_only)  # found, and not acted on: [check] drain = false
+    waiting = pending.load(w.config.state.dir, w.node)
+    metrics.record(w.config, w.node, report, remediations=done, pending=len(waiting.steps) if waiting else 0)
+
+
 def not_acted(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
     """Monitor-only (``[check] drain = false``): audit the drain we would have made, and make none."""
     outcome.monitor_only = True

@@ -17,7 +17,7 @@ from slurm_hooks.hooks import healthcheck
 from slurm_hooks.models import Context
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import SimReset
-from slurm_hooks.remedy import remediate, repair
+from slurm_hooks.remedy import remediate, repair, repairs
 from slurm_hooks.remedy.remediate import Outcome
 from slurm_hooks.remedy.wiring import Wiring
 
@@ -64,7 +64,7 @@ def test_the_reset_attempt_is_on_disk_before_the_reset_acts(t):
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
     report = healthcheck.judge(t.w, Context.CHECK)
     remediate.drain(t.w, report, Outcome())
-    repair.step(t.w, report, Outcome(), healthcheck._rejudge(t.w), resetter=Watching(), mode="inline")
+    repair.step(t.w, report, Outcome(), healthcheck.rejudge(t.w), resetter=Watching(), mode="inline")
     assert seen["attempts"] == [("reset", "started")]
     assert [(a["rung"], a["result"]) for a in repair.load(t.w)["attempts"]] == [("reset", "ok")]
 
@@ -187,11 +187,11 @@ def test_a_diagnostic_that_could_not_run_is_unverified_never_a_pass(tmp_path, se
 
 
 def test_a_person_validates_a_node_and_it_returns_only_on_a_pass(t):
-    assert healthcheck.validate_node(t.w, "alice") == "ok"
+    assert repairs.validate_node(t.w, "alice", healthcheck.rejudge(t.w)) == "ok"
     assert ("drain", "n1", "slurm-hooks: validation asked by alice [validating]") in t.slurm.called("drain")
     assert t.slurm.peek("n1").state == "IDLE" and not t.slurm.peek("n1").reason
     sim.inject(t.sim_dir, "n1", 5, diag_failure=1)
-    assert healthcheck.validate_node(t.w, "alice") == "failed"
+    assert repairs.validate_node(t.w, "alice", healthcheck.rejudge(t.w)) == "failed"
     node = t.slurm.peek("n1")
     assert node.drained and node.reason == "slurm-hooks: DCGM diag L2 failed on GPU 5 [reset]"
 
