@@ -100,8 +100,8 @@ def _node_count(env: Mapping[str, str]) -> int:
 def _not_requeued_note(w: Wiring, jid: str) -> str:
     """What Slurm does with a job the prolog refuses and cannot requeue: a ``--no-requeue`` batch
     job (unless ``PrologFlags=ForceRequeueOnFail``) and every salloc/srun allocation are cancelled,
-    not started elsewhere (slurmd's ``_launch_job_fail``). "" for a job Slurm requeues, or when
-    Slurm cannot say."""
+    not started elsewhere (slurmd's ``_launch_job_fail``); the note reads ``PrologFlags`` to say which.
+    "" for a job Slurm requeues, or when Slurm cannot say."""
     try:
         job = w.slurm.job(jid)
     except SlurmHooksError:
@@ -109,9 +109,19 @@ def _not_requeued_note(w: Wiring, jid: str) -> str:
     if not job.batch:
         return "; an interactive allocation cannot be requeued: Slurm ends it, run it again"
     if not job.requeue:
-        return ("; --no-requeue: Slurm cancels the job rather than start it elsewhere (unless PrologFlags="
-                "ForceRequeueOnFail), resubmit it")
+        if force_requeue_on_fail():
+            return "; --no-requeue, but PrologFlags=ForceRequeueOnFail: Slurm requeues it all the same"
+        return "; --no-requeue: Slurm cancels the job rather than start it elsewhere, resubmit it"
     return ""
+
+
+def force_requeue_on_fail(path: str | None = None) -> bool:
+    """slurm.conf's ``PrologFlags`` has ``ForceRequeueOnFail``: a refused ``--no-requeue`` batch job is
+    requeued all the same. Read only on a refusal, never on the prolog's healthy path."""
+    from slurm_hooks.slurm.conffile import global_values
+
+    flags = global_values(("PrologFlags",), path).get("prologflags", "")
+    return "forcerequeueonfail" in {f.strip().lower() for f in flags.split(",")}
 
 
 def _epilog(w: Wiring, env: Mapping[str, str]) -> int:

@@ -94,42 +94,6 @@ TEXT_FINDINGS_MAX = 8
 REPLACE_HOLD_S = 86400.0
 
 
-def slurm_conf_values(keys: tuple[str, ...], path: str | None = None) -> dict[str, str]:
-    """Global ``keys`` of slurm.conf (lowercased names; its includes followed): ``ClusterName`` for the
-    ``cluster`` label (slurmd gives a health check only ``SLURMD_NODENAME``), ``ResumeTimeout`` for
-    how long a reboot may last. Empty where slurm.conf cannot be read: a default, never an error."""
-    from slurm_hooks.slurm import conffile
-
-    wanted = {k.lower() for k in keys}
-    found: dict[str, str] = {}
-
-    def read(file: str, depth: int) -> None:
-        try:
-            with open(file, encoding="utf-8", errors="replace") as fh:
-                text = fh.read(4 << 20)
-        except OSError:
-            return
-        for _, line in conffile.logical_lines(text):
-            inc = conffile.INCLUDE.match(line)
-            if inc:
-                if depth < 8:
-                    for p in conffile.include_paths(inc.group(1), file):
-                        read(p, depth + 1)
-                continue
-            try:
-                pairs = conffile.split_pairs(line)
-            except ValueError:
-                continue
-            if pairs and pairs[0][0].lower() in ("nodename", "partitionname", "nodeset", "downnodes"):
-                continue
-            for key, value in pairs:
-                if key.lower() in wanted:
-                    found[key.lower()] = value
-
-    read(conffile.resolve_path(path), 0)
-    return found
-
-
 #: Fields the incidents read as text. A record with another type there (a hand edit, another version)
 #: is skipped: it raised in every pass, the cursor never moved, and every message waited for ever.
 _TEXT_FIELDS = ("kind", "node", "action", "result", "reason", "context", "check", "message", "user", "stage")
@@ -175,7 +139,9 @@ class Settings:
     @classmethod
     def from_config(cls, cfg: Any, directory: str | None = None) -> Settings:
         n = cfg.notify
-        conf = slurm_conf_values(("ClusterName", "ResumeTimeout"))
+        from slurm_hooks.slurm.conffile import global_values
+
+        conf = global_values(("ClusterName", "ResumeTimeout"))
         cluster = n.cluster or os.environ.get("SLURM_CLUSTER_NAME", "") or conf.get("clustername", "")
         resume = max(_seconds(conf.get("resumetimeout")), float(getattr(cfg.repair, "reboot_timeout", 0.0) or 0.0))
         return cls(audit=cfg.log.audit, dir=n.outbox or directory or os.path.join(cfg.state.dir, "notify"),

@@ -11,9 +11,10 @@ every completed test so far, so that slow groups do not set it) failed too.
 than 4 nodes is split in halves, recursively; the members of a failing group of 4 or fewer
 are each *confirmed*: tested in a pair with a node that passed. ``pairwise`` (gcm's
 ``--pairwise-quick``): the first wave is every pair; the members of a failing pair are
-confirmed the same way (one only just under the bar twice, with two partners). Only a confirmed
-node is a culprit; a suspect that passes its
-confirmation, or that had no passed node to be tested against, is not.
+confirmed the same way. A confirmation far under the bar is firm; one only just under it, or one
+that did not complete (a job that never started, a partner that died), is tried once more with
+another partner, and names the node only if it fails again. Only a confirmed node is a culprit; a
+suspect that passes its confirmation, or that had no passed node to be tested against, is not.
 
 Bounded: ``max_tests`` and ``time_left`` are looked at before each wave; a search cut short
 names its unconfirmed suspects. :class:`Fabric` simulates a cluster's fabric for tests and
@@ -33,7 +34,8 @@ MODES = ("bisect", "pairwise")
 #: A failing group this small (or smaller) has each member confirmed instead of being split.
 CONFIRM_AT = 4
 #: A confirmation under this share of the bar (``ratio`` of the reference) is firm; one between
-#: it and the bar is tested once more with another partner, so that noise never drains a node.
+#: it and the bar, or one that did not complete, is tested once more with another partner, so that
+#: noise or one failed job never drains a node.
 FIRM = 0.6
 
 
@@ -182,7 +184,7 @@ def search(nodes: Sequence[str], run_wave: Runner, *, mode: str = "bisect", rati
                     result.cleared[group[0]] = f"passed with {group[1]} ({why})"
             elif purpose == "confirm" and (group[0] in retry or _firm(outcome, ref, ratio)):
                 result.culprits[group[0]] = why
-            elif purpose == "confirm":  # only just under the bar: once more, with another partner
+            elif purpose == "confirm":  # just under the bar, or not completed: once more, with another partner
                 retry[group[0]] = group[1]
                 suspects.append(group[0])
             elif len(group) <= CONFIRM_AT or mode == "pairwise":
@@ -199,8 +201,12 @@ def search(nodes: Sequence[str], run_wave: Runner, *, mode: str = "bisect", rati
 
 
 def _firm(outcome: Outcome, ref: float | None, ratio: float) -> bool:
-    """A failure no noise explains: not completed, or under ``FIRM`` of the bar."""
-    return not outcome.completed or not ref or outcome.bandwidth is None or outcome.bandwidth < FIRM * ratio * ref
+    """A failure no noise explains: a bandwidth measured under ``FIRM`` of the bar. A test that did
+    not complete is never firm alone: a job can fail to start, or its partner die after passing, so
+    the suspect is tested once more with another partner before it is named."""
+    if not outcome.completed:
+        return False
+    return not ref or outcome.bandwidth is None or outcome.bandwidth < FIRM * ratio * ref
 
 
 def _out_of_budget(result: Result, wanted: int, max_tests: int, time_left: Callable[[], float] | None) -> str:

@@ -97,3 +97,37 @@ def include_paths(value: str, including: str) -> list[str]:
         target = os.path.join(os.path.dirname(os.path.abspath(including)), target)
     paths = sorted(glob.glob(target)) if glob.has_magic(target) else [target]
     return [p for p in paths if not os.path.isdir(p)]
+
+
+def global_values(keys: tuple[str, ...], path: str | None = None) -> dict[str, str]:
+    """Global ``keys`` of slurm.conf (lowercased names; its includes followed), e.g. ``ClusterName``
+    for the alerts' ``cluster`` label (slurmd gives a health check only ``SLURMD_NODENAME``),
+    ``ResumeTimeout``, ``PrologFlags``. Empty where slurm.conf cannot be read: a default, never an error."""
+    wanted = {k.lower() for k in keys}
+    found: dict[str, str] = {}
+
+    def read(file: str, depth: int) -> None:
+        try:
+            with open(file, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(4 << 20)
+        except OSError:
+            return
+        for _, line in logical_lines(text):
+            inc = INCLUDE.match(line)
+            if inc:
+                if depth < 8:
+                    for p in include_paths(inc.group(1), file):
+                        read(p, depth + 1)
+                continue
+            try:
+                pairs = split_pairs(line)
+            except ValueError:
+                continue
+            if pairs and pairs[0][0].lower() in ("nodename", "partitionname", "nodeset", "downnodes"):
+                continue
+            for key, value in pairs:
+                if key.lower() in wanted:
+                    found[key.lower()] = value
+
+    read(resolve_path(path), 0)
+    return found

@@ -135,3 +135,35 @@ def test_a_confirmation_only_just_under_the_bar_is_tested_again_with_another_par
     confirms = [t.nodes for t in found.tests if t.purpose == "confirm" and t.nodes[0] == "n1"]
     assert len(confirms) == 2 and confirms[0][1] != confirms[1][1]
     assert found.culprits == {"n1": "bandwidth 45% of peers"}
+
+
+def test_a_confirmation_that_did_not_complete_once_is_tried_with_another_partner_and_clears_the_node():
+    """n1's group hangs at screening; n1's first confirmation fails too (its partner's job never
+    started), its second, with another partner, passes: n1 is not named on one failed job."""
+    seen = []
+
+    def fabric(groups):
+        seen.append(list(groups))
+        out = []
+        for g in groups:
+            confirm_of_n1 = len(seen) > 1 and g[0] == "n1"
+            if len(seen) == 1 and "n1" in g:
+                out.append(Outcome(False, None, "time limit reached"))
+            elif confirm_of_n1 and len(seen) == 2:
+                out.append(Outcome(False, None, "launch failed on the partner"))
+            else:
+                out.append(Outcome(True, 100.0))
+        return out
+
+    found = search(nodes(8), fabric)
+    confirms = [t for t in found.tests if t.purpose == "confirm" and t.nodes[0] == "n1"]
+    assert [t.passed for t in confirms] == [False, True] and confirms[0].nodes[1] != confirms[1].nodes[1]
+    assert found.culprits == {} and "n1" in found.cleared
+
+
+def test_a_node_whose_tests_never_complete_is_named_after_two_partners():
+    hung = Fabric(nodes(16), {"n9": "hang"})
+    found = search(hung.nodes, hung.run_wave)
+    confirms = [t.nodes for t in found.tests if t.purpose == "confirm" and t.nodes[0] == "n9"]
+    assert len(confirms) == 2 and confirms[0][1] != confirms[1][1]
+    assert found.culprits == {"n9": "did not complete: time limit reached (a rank hung)"}
