@@ -80,6 +80,8 @@ def _int_list(text: str, option: str) -> list[int]:
               help="The driver's verdict (NVML's GPU recovery action).")
 @click.option("--diag-failure", type=click.IntRange(1, 4), metavar="LEVEL",
               help="A latent fault NVML does not show: a DCGM diagnostic at LEVEL or deeper fails on this GPU.")
+@click.option("--diag-status", type=click.Choice(list(simstate.DIAG_STATUSES)),
+              help="With --diag-failure: what that test answers (default fail; warn and skip vouch for nothing).")
 @click.option("--reset-hang", type=click.FloatRange(0), metavar="S",
               help="nvidia-smi --gpu-reset on this GPU (the sim's stand-in) hangs S seconds before it acts.")
 @click.option("--cleared-by", type=click.Choice(simstate.CLEARED_BY),
@@ -110,7 +112,9 @@ def inject(node: str | None, gpu: int | None, ib: str | None, ib_state: str | No
         raise click.UsageError("name a GPU (--gpu) or an InfiniBand port (--ib)")
     if fault.get("instance") is not None and fault.get("xid") is None:
         raise click.UsageError("--instance goes with --xid")
-    if not any(v is not None and v is not False for k, v in fault.items() if k != "instance"):
+    if fault.get("diag_status") is not None and fault.get("diag_failure") is None:
+        raise click.UsageError("--diag-status goes with --diag-failure LEVEL")
+    if not any(v is not None and v is not False for k, v in fault.items() if k not in ("instance", "diag_status")):
         raise click.UsageError("name a fault: --xid, --ecc-uncorrectable, --row-remap-pending, --row-remap-failure, "
                                "--lost, --pcie-width, --temp, --process, --nvlink-down, --diag-failure "
                                "or --reset-hang")
@@ -234,7 +238,8 @@ def show(node: str | None, as_json: bool, config_path: str | None, sim_dir: str 
         if g.get("processes"):
             faults.append(f"{len(g['processes'])} process(es)")
         if g.get("diag_failure"):
-            faults.append(f"latent: fails DCGM L{g['diag_failure']['level']} {g['diag_failure']['test']}")
+            said = {"Warn": "warns in", "Skip": "skips"}.get(g["diag_failure"].get("status", "Fail"), "fails")
+            faults.append(f"latent: {said} DCGM L{g['diag_failure']['level']} {g['diag_failure']['test']}")
         if g.get("reset_hang_s"):
             faults.append(f"reset hangs {g['reset_hang_s']:g}s")
         click.echo(f"  gpu{g['index']} {g['uuid']} {g.get('temperature_c')}C {', '.join(faults) or 'healthy'}")

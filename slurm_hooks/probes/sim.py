@@ -262,7 +262,12 @@ def inject(sim_dir: str, node: str, gpu: int, cleared_by: str | None = None, **f
             level = int(fault["diag_failure"])
             if level not in DIAG_TESTS:
                 raise SimStateError(f"--diag-failure must be a DCGM level 1..{max(DIAG_TESTS)}, not {level}")
-            entry["diag_failure"] = {"level": level, "test": DIAG_TESTS[level][-1]}
+            status = str(fault.get("diag_status") or "fail").lower()
+            if status not in DIAG_STATUSES:
+                raise SimStateError(f"--diag-status must be one of {', '.join(DIAG_STATUSES)}, not {status!r}")
+            entry["diag_failure"] = {"level": level, "test": DIAG_TESTS[level][-1], "status": DIAG_STATUSES[status]}
+        elif fault.get("diag_status") is not None:
+            raise SimStateError("--diag-status goes with --diag-failure LEVEL")
         if fault.get("reset_hang") is not None:
             entry["reset_hang_s"] = float(fault["reset_hang"])
         if fault.get("nvlink_down") is not None:
@@ -349,6 +354,9 @@ DIAG_TESTS = {1: ("software",), 2: ("software", "pcie", "memory"),
 #: How long the simulated diagnostic takes per level: DCGM's seconds / ~2 min / ~15 min / ~hours,
 #: scaled down so a testbed runs them end to end (``sim inject --diag-seconds`` sets a node's own).
 DIAG_SECONDS = {1: 0.5, 2: 2.0, 3: 5.0, 4: 8.0}
+#: What the latent fault's test answers (``sim inject --diag-status``): a failure, or an answer that
+#: vouches for nothing (DCGM's Warn, or a Skip: a plugin that did not run).
+DIAG_STATUSES = {"fail": "Fail", "warn": "Warn", "skip": "Skip"}
 
 
 def set_service(sim_dir: str, node: str, name: str, active: bool) -> dict[str, Any]:
@@ -392,10 +400,11 @@ def diag(state: dict[str, Any], level: int) -> dict[str, Any]:
         for gpu in state["gpus"]:
             fault = gpu.get("diag_failure") or {}
             failing = bool(fault) and int(fault.get("level", 99)) <= level and fault.get("test") == name
-            result: dict[str, Any] = {"entity_group": "GPU", "entity_id": gpu["index"],
-                                      "status": "Fail" if failing else "Pass"}
+            status = str(fault.get("status", "Fail")) if failing else "Pass"
+            result: dict[str, Any] = {"entity_group": "GPU", "entity_id": gpu["index"], "status": status}
             if failing:
-                result["warnings"] = [{"warning": f"GPU {gpu['index']}: {name} test failed (slurm-hooks sim, "
+                said = {"Fail": "failed", "Warn": "warned", "Skip": "was skipped"}.get(status, status)
+                result["warnings"] = [{"warning": f"GPU {gpu['index']}: {name} test {said} (slurm-hooks sim, "
                                                   f"latent fault found at level {fault['level']})"}]
             results.append(result)
         tests.append({"name": name, "results": results})

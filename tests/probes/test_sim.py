@@ -520,3 +520,34 @@ def test_sim_inject_event_writes_the_mlx5_line_of_the_ports_adapter(sim_dir):
     assert [p.events for p in ib_ports(sim_dir).values() if p.events] == []  # ib_ports reads no kernel log
     sim.init(sim_dir, "n1", 8)
     assert not os.path.exists(sim.ib_kmsg(sim_dir, "n1"))
+
+
+@pytest.mark.parametrize(("status", "says"), [("warn", "warn: memory on GPU 3: GPU 3: memory test warned"),
+                                               ("skip", "skip: memory on GPU 3: GPU 3: memory test was skipped")])
+def test_the_sims_dcgmi_answers_warn_or_skip_and_the_judge_calls_it_not_verified(sim_dir, tmp_path, status, says):
+    """Admins rehearse a DCGM answer that vouches for nothing: the sim's dcgmi gives it, in DCGM's own
+    JSON, and our judge calls it a warning (not verified), never a GPU fault to drain for."""
+    from slurm_hooks.checks.dcgm import check_diag
+    from slurm_hooks.models import CheckInput, Expectations, GpuSnapshot, NodeSnapshot, Severity
+    from slurm_hooks.probes import simtools
+    from slurm_hooks.probes.dcgm import run_diag
+
+    sim.init(sim_dir, "n1", 4)
+    r = cli("inject", "--node", "n1", "--gpu", "3", "--diag-failure", "2", "--diag-status", status, "--sim-dir", sim_dir)
+    assert (r.returncode, r.stdout) == (0, f"n1 gpu3: injected diag-failure=2, diag-status={status} (cleared by: never)\n")
+    assert cli("show", "--node", "n1", "--sim-dir", sim_dir).stdout.splitlines()[4].endswith(
+        f"latent: {'warns in' if status == 'warn' else 'skips'} DCGM L2 memory")
+    sim.set_diag_seconds(sim_dir, "n1", 0.0)
+    dcgmi = simtools.install(str(tmp_path / "bin"), sim_dir)["dcgmi"]
+    result = run_diag(2, 30.0, dcgmi=dcgmi)
+    assert result.available and result.passed is None and result.failures == ()
+    assert result.reason == f"1 of 12 result(s) did not pass: {says} (slurm-hooks sim, latent fault found at level 2)"
+    snapshot = NodeSnapshot("n1", "sim", gpus=tuple(GpuSnapshot(i) for i in range(4)))
+    [finding] = check_diag(CheckInput(snapshot, Expectations(), dcgm=result))
+    assert finding.severity is Severity.WARN and finding.message.startswith("DCGM diag L2 not verified: 1 of 12 result(s) did not pass: ")
+
+
+def test_diag_status_goes_with_a_diag_failure(sim_dir):
+    sim.init(sim_dir, "n1", 2)
+    r = cli("inject", "--node", "n1", "--gpu", "1", "--diag-status", "warn", "--sim-dir", sim_dir)
+    assert r.returncode == 2 and "--diag-status goes with --diag-failure LEVEL" in r.stderr
