@@ -74,13 +74,15 @@ def wheel_venv(tmp: str) -> str:
     """A venv under ``tmp`` with this checkout installed from its wheel (``--no-deps``); this venv's
     packages (click, jinja2: ``sim init`` and ``install`` need them) come after it through a .pth."""
     wheels = os.path.join(tmp, "wheel")
+    # pip sees a checkout on PYTHONPATH (its slurm_hooks.egg-info) as slurm-hooks installed already
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", wheels,
-                    ROOT], check=True, stdout=subprocess.DEVNULL)
+                    ROOT], check=True, stdout=subprocess.DEVNULL, env=env)
     venv = os.path.join(tmp, "wheel-venv")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     wheel = os.path.join(wheels, next(n for n in os.listdir(wheels) if n.endswith(".whl")))
     subprocess.run([sys.executable, "-m", "pip", "--python", os.path.join(venv, "bin", "python"), "install", "-q",
-                    "--no-deps", "--no-index", wheel], check=True, stdout=subprocess.DEVNULL)
+                    "--no-deps", "--no-index", wheel], check=True, stdout=subprocess.DEVNULL, env=env)
     paths = subprocess.run([os.path.join(venv, "bin", "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                            check=True, capture_output=True, text=True).stdout.strip()
     with open(os.path.join(paths, "zz-bench-deps.pth"), "w") as fh:

@@ -527,12 +527,13 @@ def _check_together(sections: dict[str, SimpleNamespace], raw: dict, where: _Loc
 
 def _check_requeue_signals(section: SimpleNamespace, where: _Locator) -> None:
     """``[requeue] signal`` and each ``partitions`` value: a ``--signal`` spec or ""."""
-    from slurm_hooks.slurm.jobsignal import parse_spec
 
     def check(value: Any, key: str, label: str) -> None:
         if not isinstance(value, str):
             where.fail("requeue", key, f"{label}: expected a --signal spec string, got {value!r}")
         if value:
+            from slurm_hooks.slurm.jobsignal import parse_spec  # (with shlex) only for a spec to read
+
             try:
                 parse_spec(value)
             except ValueError as exc:

@@ -13,7 +13,9 @@ import pytest
 
 #: Modules a warm healthy check or prolog must not load (each costs ms at every start).
 NOT_ON_THE_PATH = ("tomllib", "tomli", "subprocess", "dataclasses", "inspect", "typing", "copy", "click", "jinja2",
-                   "kubernetes")
+                   "kubernetes", "queue", "shlex", "fnmatch", "hashlib",
+                   # only a job being requeued (its checkpoint signal), only an XID to look up
+                   "slurm_hooks.remedy.checkpoint", "slurm_hooks.slurm.jobsignal", "slurm_hooks.xid.catalog")
 
 _PROBE = """
 import sys
@@ -59,7 +61,8 @@ def test_a_warm_check_and_prolog_load_no_parser_subprocess_or_click_and_compile_
     conf, env = node
     first = _check(conf, env)  # a cold run: parses the file and keeps the table
     assert first.returncode == 0, first.stdout + first.stderr
-    out = subprocess.run([sys.executable, "-I", "-c", _PROBE, conf], env=env, capture_output=True, text=True,
+    # not -I: the checkout under test (PYTHONPATH), which an install elsewhere would hide
+    out = subprocess.run([sys.executable, "-c", _PROBE, conf], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)

@@ -23,11 +23,22 @@ from collections.abc import Iterable, Iterator
 from slurm_hooks.checks.recovery import verdict_finding, verdict_from_text
 from slurm_hooks.models import Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
 from slurm_hooks.values import replace
-from slurm_hooks.xid.catalog import lookup
 from slurm_hooks.xid.history import APP_OR_HARDWARE_XIDS, app_or_hardware
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from slurm_hooks.xid.catalog import XidInfo
 
 #: "GPU Recovery Action Changed": informational, but its text names the driver's new verdict.
 RECOVERY_XID = 154
+
+
+def _catalog_lookup(code: int) -> XidInfo | None:
+    """NVIDIA's catalogue, imported when a code is first looked up (a table of ~200 entries: a healthy
+    node, with no XID, never builds it)."""
+    from slurm_hooks.xid.catalog import lookup
+
+    return lookup(code)
 
 
 def check_xids(inp: CheckInput) -> Iterator[Finding]:
@@ -82,7 +93,7 @@ def _app_or_hardware(inp: CheckInput, ident: str) -> str:
 
 
 def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: int, cause: str = "") -> Finding:
-    info = (inp.xid_lookup or lookup)(code)
+    info = (inp.xid_lookup or _catalog_lookup)(code)
     if info is None:
         action, severity, what = Action.WARN, Severity.WARN, "unknown XID"
     else:

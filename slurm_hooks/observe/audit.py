@@ -24,7 +24,6 @@ import contextlib
 import fcntl
 import json
 import os
-import queue
 import sys
 import threading
 import time
@@ -34,6 +33,7 @@ from slurm_hooks.values import compile_later
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
+    import queue
     from typing import Any
 
 _MODE = 0o640
@@ -71,7 +71,7 @@ def signature(record: dict[str, Any]) -> str:
 class AuditLog:
     def __init__(self, path: str):
         self.path = path
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._requests: queue.SimpleQueue | None = None  # made with the writer (queue: ~1 ms, not on a quiet run)
         self._writer: tuple[int, threading.Thread] | None = None
         self._unfinished: threading.Event | None = None
 
@@ -82,8 +82,8 @@ class AuditLog:
             _say(f"cannot write audit log {self.path}: an earlier write still hangs; not logged: {line.strip()}")
             return record
         done, problem = threading.Event(), []
-        self._start_writer()
-        self._requests.put((record, line, done, problem))
+        requests = self._start_writer()
+        requests.put((record, line, done, problem))
         if not done.wait(WRITE_BOUND_S):
             self._unfinished = done
             _say(f"cannot write audit log {self.path}: no answer within {WRITE_BOUND_S:g}s (hung filesystem?); "
@@ -92,14 +92,18 @@ class AuditLog:
             _say(f"cannot write audit log {self.path}: {problem[0]}; not logged: {line.strip()}")
         return record
 
-    def _start_writer(self) -> None:
-        """One writer thread per log and process (a forked child has none), started on first use."""
-        if self._writer is not None and self._writer[0] == os.getpid() and self._writer[1].is_alive():
-            return
+    def _start_writer(self) -> queue.SimpleQueue:
+        """One writer thread per log and process (a forked child has none), started on first use; its queue."""
+        if (self._requests is not None and self._writer is not None and self._writer[0] == os.getpid()
+                and self._writer[1].is_alive()):
+            return self._requests
+        import queue
+
         self._requests = queue.SimpleQueue()
         worker = threading.Thread(target=self._serve, args=(self._requests,), name="audit-writer", daemon=True)
         worker.start()
         self._writer = (os.getpid(), worker)
+        return self._requests
 
     def _serve(self, requests: queue.SimpleQueue) -> None:
         while True:

@@ -29,7 +29,6 @@ from collections.abc import Iterable
 
 from slurm_hooks import fsutil
 from slurm_hooks.errors import SlurmHooksError
-from slurm_hooks.remedy import checkpoint
 from slurm_hooks.remedy.audit import annotate_jobs, step
 from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import JobInfo, hostlist, job_ref
@@ -235,6 +234,8 @@ def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
     """One look at a followed job: its final result, or ``None`` while it is still on its way."""
     rec = read_record(w, ref)
     if rec is not None and rec.phase is Phase.GRACE and job is not None:
+        from slurm_hooks.remedy import checkpoint  # a job in its grace only (with jobsignal, shlex)
+
         verdict = checkpoint.judge_grace(job, time.time(), rec.grace_until, rec.restarts)
         if verdict is checkpoint.Grace.WAITING:
             return None

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from slurm_hooks.engine import snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Context, Finding, Report, Scope, Severity, Urgency
-from slurm_hooks.remedy import checkpoint, gpumap
+from slurm_hooks.remedy import gpumap
 from slurm_hooks.remedy.audit import annotate_jobs, gpu_fields, step
 from slurm_hooks.remedy.follower import Follow, Followed, Phase, follow_jobs, in_grace, record_requeue_seconds
 from slurm_hooks.remedy.ownership import DrainMarker, MarkerUnreadable, ReleasedReasons, foreign
@@ -336,6 +336,8 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
 def _signal_first(w: Wiring, job: JobInfo, fault_at: float) -> Followed | None:
     """Send the job its checkpoint signal and open its grace; ``None`` for a job to requeue now
     (no signal, no grace left, or the signal could not be sent)."""
+    from slurm_hooks.remedy import checkpoint  # a job being requeued only (with jobsignal, shlex)
+
     t0 = time.monotonic()
     sig = checkpoint.read_signal(w, job)
     if sig is None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
-
 from slurm_hooks.values import compile_later
 
 _BRACKET = compile_later(r"\[([^\]]*)\]")
@@ -64,6 +62,8 @@ def matches(expr: str, host: str) -> bool:
     """True when ``host`` is named by a hostlist expression or a glob (``*``, ``?``)."""
     for part in _split_top(expr):
         if any(c in part for c in "*?") and "[" not in part:
+            import fnmatch  # a glob only (most configs name nodes by hostlist)
+
             if fnmatch.fnmatchcase(host, part):
                 return True
         elif host in _expand_one(part):
