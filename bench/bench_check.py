@@ -11,7 +11,10 @@ as a node has it: an editable install adds its import hook to every start. ``--e
 the running venv's own install instead. Every round runs each subject once, in a rotating order, so
 a noisy machine slows them alike. Wall time and CPU time (user + system of the process and its
 children, from ``wait4``) are reported as medians; "x empty start" is the median, over rounds, of a
-subject's wall time over ``python -I -c pass``'s in the same round (the goal: at most 2x). The
+subject's wall time over ``python -I -c pass``'s in the same round (the goal: at most 2x). One row
+imports, alone, the Python modules the check imports (its ``-X importtime``, less the empty start's and
+the package's own): the share of the start-up that is the standard library's; another imports the NVML
+probe and ``pynvml``, which a node with GPUs loads on every run and the simulated GPUs do not. The
 figures are written between the markers of docs/dev/performance.md (``--no-write``: only printed). ``--venv before=DIR`` adds another installation's ``DIR/bin/slurm-hooks``
 (e.g. the release before, from its own wheel) to compare with. NHC is LBNL NHC from ``--nhc``, else
 ``$SLURM_HOOKS_NHC_SRC`` (a tarball, or a checkout of mej/nhc), else
@@ -38,6 +41,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "dev", "performance.md")
 DOC = DocBlock(PAGE, "bench_check")
 EMPTY = "python -I -c pass"
+#: The row that imports only the Python modules the check imports (``-m``'s included), nothing of the package's.
+FLOOR = "python -I -c 'import' the check's"
+NVML = "python -I -c 'import slurm_hooks.probes.nvml, pynvml' (a real node's probe)"
 #: What the healthy path may cost, as a multiple of the interpreter's own empty start.
 GOAL = 2.0
 NHC_CHECKS = """\
@@ -111,8 +117,32 @@ def render(results: dict[str, dict[str, float]], meta: dict) -> str:
     worst_cpu = max(results[n]["cpu_x_empty"] for n in meta["goal_subjects"])
     lines += ["", f"The healthy check and prolog as the programs run them: at most {worst:.2f}x the empty start's "
               f"wall time ({worst_cpu:.2f}x its CPU time; goal: {GOAL:.1f}x, {'met' if worst <= GOAL else 'not met'})."]
+    floor = next((s for n, s in results.items() if n.startswith(FLOOR)), None)
+    if floor:
+        lines[-1] += (f" Python's own modules that the check imports, imported alone, take {floor['x_empty']:.2f}x "
+                      f"({floor['cpu_x_empty']:.2f}x its CPU time).")
+    nvml = results.get(NVML)
+    if nvml:
+        lines[-1] += (f" A node with GPUs also imports the NVML probe and pynvml, which alone take "
+                      f"{nvml['x_empty']:.2f}x ({nvml['cpu_x_empty']:.2f}x its CPU time): the simulated GPUs here do not.")
     return "\n".join(lines) + "\n"
 
+
+
+def imported(argv: list[str], env: dict[str, str]) -> list[str]:
+    """The modules ``argv`` imports, in order (``python -X importtime``)."""
+    err = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, check=True).stderr
+    return [line.rpartition("|")[2].strip() for line in err.splitlines()
+            if line.startswith("import time:") and not line.rstrip().endswith("imported package")]
+
+
+def stdlib_imports(subject: tuple[list[str], dict[str, str]], empty: tuple[list[str], dict[str, str]]) -> list[str]:
+    """What the check imports beyond the empty start, less the package's own modules: the part of its
+    start-up the package cannot cut (a floor: ``python -I -c "import ..."`` of them is a row of its own)."""
+    run_once(*subject, expect_rc=0)  # a warm run: the parsed config kept, as every later one finds it
+    own = set(imported(*empty))
+    return [m for m in imported(*subject) if m not in own and m.partition(".")[0] != "slurm_hooks"]
 
 
 def find_nhc(explicit: str | None) -> str | None:
@@ -188,6 +218,12 @@ def main() -> None:
                                                        slurmd_job_env),
         }
         goal_subjects = ["python -I -m slurm_hooks check", "python -I -m slurm_hooks prolog, 8 GPUs"]
+        stdlib = stdlib_imports(subjects["python -I -m slurm_hooks check"], subjects[EMPTY])
+        subjects[f"{FLOOR} {len(stdlib)} stdlib modules"] = (
+            [python, "-I", "-c", "import " + ", ".join(stdlib)], slurmd_env)
+        if subprocess.run([python, "-I", "-c", "import pynvml"], env=slurmd_env).returncode == 0:
+            # what a node with GPUs adds to this: the NVML probe imports pynvml (and ctypes) on every run
+            subjects[NVML] = ([python, "-I", "-c", "import slurm_hooks.probes.nvml, pynvml"], slurmd_env)
         for spec in args.venv:
             label, _, vdir = spec.partition("=")
             exe = os.path.join(vdir, "bin", "slurm-hooks")
