@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +20,7 @@ from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import SimReset
 from slurm_hooks.remedy import remediate, repair, repairs
 from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy.repair.state import Stopped, Validating
 from slurm_hooks.remedy.wiring import Wiring
 
 SERVICES = ["nvidia-fabricmanager", "nvidia-dcgm"]
@@ -54,7 +56,7 @@ def test_the_reset_attempt_is_on_disk_before_the_reset_acts(t):
         name = "watching"
 
         def reset(self, indexes):
-            seen["attempts"] = [(a["rung"], a["result"]) for a in repair.load(t.w)["attempts"]]
+            seen["attempts"] = [(a.rung, a.result) for a in repair.load(t.w).attempts]
             for i in indexes:
                 sim.reset(t.sim_dir, "n1", i)
 
@@ -66,7 +68,7 @@ def test_the_reset_attempt_is_on_disk_before_the_reset_acts(t):
     remediate.drain(t.w, report, Outcome())
     repair.step(t.w, report, Outcome(), healthcheck.rejudge(t.w), resetter=Watching(), mode="inline")
     assert seen["attempts"] == [("reset", "started")]
-    assert [(a["rung"], a["result"]) for a in repair.load(t.w)["attempts"]] == [("reset", "ok")]
+    assert [(a.rung, a.result) for a in repair.load(t.w).attempts] == [("reset", "ok")]
 
 
 def test_each_service_is_recorded_stopped_before_it_is_stopped_and_cleared_once_all_run_again(t):
@@ -95,7 +97,7 @@ def test_a_reset_that_hangs_is_cut_at_its_timeout_counted_once_services_back_and
     assert outcome.repairs == ["reset:failed", "reboot:start"]
     reset = [r for r in records(t, "repair-reset") if r["result"] == "failed"][0]
     assert "--gpu-reset -i 3" in reset["detail"] and "timed out" in reset["detail"]
-    assert [a["rung"] for a in repair.load(t.w)["attempts"]] == ["reset"]
+    assert [a.rung for a in repair.load(t.w).attempts] == ["reset"]
     assert services(t) == {"nvidia-fabricmanager": "active", "nvidia-dcgm": "active"}
 
 
@@ -114,13 +116,11 @@ def test_every_call_is_bounded_by_the_workers_budget(tmp_path):
 def test_services_a_dead_worker_left_stopped_are_started_by_the_next_hook_run(t):
     for name in SERVICES:
         sim.set_service(t.sim_dir, "n1", name, False)
-    state = repair.load(t.w)
-    state["stopped"] = {"services": SERVICES, "t": time.time(), "pid": 999999}
-    repair.save(t.w, state)
+    repair.save(t.w, replace(repair.load(t.w), stopped=Stopped(tuple(SERVICES), time.time(), 999999)))
     report, outcome = healthcheck.run(t.w, follow="none")  # a plain health check, the node healthy
     assert report.healthy and outcome.repairs == []
     assert services(t) == {"nvidia-fabricmanager": "active", "nvidia-dcgm": "active"}
-    assert "stopped" not in repair.load(t.w)
+    assert repair.load(t.w).stopped is None and "stopped" not in repair.load(t.w).to_json()
     rec = records(t, "repair-services")
     assert [(r["result"], r["services"]) for r in rec] == [("ok", SERVICES)]
 
@@ -130,9 +130,7 @@ def test_stopped_services_are_left_to_the_worker_that_still_holds_the_lock(t):
     import os
 
     sim.set_service(t.sim_dir, "n1", "nvidia-dcgm", False)
-    state = repair.load(t.w)
-    state["stopped"] = {"services": ["nvidia-dcgm"], "t": time.time(), "pid": os.getpid()}
-    repair.save(t.w, state)
+    repair.save(t.w, replace(repair.load(t.w), stopped=Stopped(("nvidia-dcgm",), time.time(), os.getpid())))
     fd = os.open(t.w.state_path("repair-n1.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
@@ -238,14 +236,12 @@ def test_a_validation_whose_worker_died_is_run_again_then_given_up_unverified(t,
     reason = "slurm-hooks: row remap pending on GPU 3 [validating]"
     t.slurm.set_node("n1", state="IDLE+DRAIN", reason=reason)
     remediate.write_marker(t.w, reason, None)
-    state = repair.load(t.w)
-    state["validating"] = {"t": time.time(), "after": "reset", "tries": tries, "result": "running",
-                           "summary": "row remap pending on GPU 3", "reason": reason}
-    repair.save(t.w, state)
+    repair.save(t.w, replace(repair.load(t.w), validating=Validating(time.time(), "reset", tries,
+                                                                     "row remap pending on GPU 3", "running", reason)))
     _, outcome = healthcheck.run(t.w, follow="none", repair="inline")
     assert outcome.repairs == [f"validate:{result}"]
     node = t.slurm.peek("n1")
     if result == "ok":
-        assert outcome.resumed and node.state == "IDLE" and "validating" not in repair.load(t.w)
+        assert outcome.resumed and node.state == "IDLE" and repair.load(t.w).validating is None
     else:
         assert node.drained and node.reason == "slurm-hooks: row remap pending on GPU 3 [unverified]"

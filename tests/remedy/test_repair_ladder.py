@@ -12,7 +12,7 @@ import pytest
 from slurm_hooks.models import Action, Context, Finding, Report, Severity
 from slurm_hooks.remedy.repair import ladder
 from slurm_hooks.remedy.repair.ladder import Decision, Mode, Policy, Rung
-from slurm_hooks.remedy.repair.state import Attempt, Phase, RepairState
+from slurm_hooks.remedy.repair.state import Active, Attempt, Phase, RepairState, Replaced, Stopped, Validating
 
 NOW = 1_000_000.0
 GPU0 = [(0, "GPU-0")]
@@ -24,7 +24,7 @@ def f(action, message="fault", gpu=0, check="row-remap", rule=""):
 
 
 def att(rung, result="failed", gpus=("GPU-0",), age=60.0):
-    return {"rung": rung, "t": NOW - age, "result": result, "gpus": list(gpus), "summary": "s"}
+    return Attempt(rung, NOW - age, result, tuple(gpus), "s")
 
 
 def node(flags=()):
@@ -119,8 +119,9 @@ def report(*findings):
     return Report("n1", Context.CHECK, tuple(findings), 0.0)
 
 
-REBOOTING = RepairState(active={"rung": "reboot", "t": NOW - 60, "boot": "boot-1"})
-LATE = RepairState(active={"rung": "reboot", "t": NOW - 5000, "boot": "boot-1"})
+REBOOTING = RepairState(active=Active(NOW - 60, "boot-1"))
+LATE = RepairState(active=Active(NOW - 5000, "boot-1"))
+RUNNING, UNVERIFIED = Validating(result="running"), Validating(result="unverified")
 
 
 @pytest.mark.parametrize("state,flags,jobs,boot,rep,decision", [
@@ -136,10 +137,10 @@ LATE = RepairState(active={"rung": "reboot", "t": NOW - 5000, "boot": "boot-1"})
     (REBOOTING, (), (), "boot-2", report(), Decision.WORK),  # back on a new boot: judge it
     (LATE, (), (), "boot-1", report(), Decision.WORK),  # no reboot within reboot_timeout
     # validating: a worker runs it; unverified: a person
-    (RepairState(validating={"result": "running"}), (), (), "", report(), Decision.WORK),
-    (RepairState(validating={"result": "unverified"}), (), (), "", report(), Decision.WAIT),
+    (RepairState(validating=RUNNING), (), (), "", report(), Decision.WORK),
+    (RepairState(validating=UNVERIFIED), (), (), "", report(), Decision.WAIT),
     # stopped services: the worker comes even with jobs on the node
-    (RepairState(stopped={"services": ["x"]}), (), ("job",), "", report(f(Action.RESET)), Decision.WORK),
+    (RepairState(stopped=Stopped(("x",))), (), ("job",), "", report(f(Action.RESET)), Decision.WORK),
 ])
 def test_decide_for_every_phase(state, flags, jobs, boot, rep, decision):
     assert ladder.decide(state, node(flags), jobs, boot, rep, now=NOW, policy=Policy(reboot_timeout=900),
@@ -148,13 +149,13 @@ def test_decide_for_every_phase(state, flags, jobs, boot, rep, decision):
 
 @pytest.mark.parametrize("state,phase", [
     (RepairState(), Phase.IDLE),
-    (RepairState(active={"t": 1}), Phase.REBOOTING),
-    (RepairState(active={"t": 1}, validating={"result": "running"}), Phase.REBOOTING),
-    (RepairState(validating={"result": "running"}), Phase.VALIDATING),
-    (RepairState(validating={"result": "unverified"}), Phase.UNVERIFIED),
-    (RepairState(validating={"result": "running"}, replaced={"t": 1}), Phase.VALIDATING),
-    (RepairState(replaced={"t": 1}), Phase.REPLACED),
-    (RepairState(stopped={"services": ["x"]}), Phase.IDLE),
+    (RepairState(active=Active(1)), Phase.REBOOTING),
+    (RepairState(active=Active(1), validating=RUNNING), Phase.REBOOTING),
+    (RepairState(validating=RUNNING), Phase.VALIDATING),
+    (RepairState(validating=UNVERIFIED), Phase.UNVERIFIED),
+    (RepairState(validating=RUNNING, replaced=Replaced(1)), Phase.VALIDATING),
+    (RepairState(replaced=Replaced(1)), Phase.REPLACED),
+    (RepairState(stopped=Stopped(("x",))), Phase.IDLE),
 ])
 def test_the_phase_follows_the_records_in_the_order_the_ladder_weighs_them(state, phase):
     assert state.phase is phase

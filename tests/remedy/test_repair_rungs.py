@@ -28,11 +28,11 @@ def test_a_refused_reboot_is_returned_counted_and_does_not_climb_to_replace(node
     slurm.fail("reboot", PermanentError("scontrol_reboot_nodes error: Unspecified error"))
     sim.inject(sim_dir, "n1", 0, xid=79)
     report = healthcheck.judge(w, Context.CHECK, acknowledge=False)
-    state = store.load(w)
-    p = planner.plan(w, report, state)
+    ledger = store.Ledger(w)
+    p = planner.plan(w, report, ledger.state)
     outcome = Outcome()
     assert p is not None and p.rung == "reboot"
-    assert rungs.reboot(w, p, outcome, state, SimReset(sim_dir, "n1"), report) == "refused"
-    assert [(a["rung"], a["result"]) for a in store.load(w)["attempts"]] == [("reboot", "refused")]
+    assert rungs.reboot(w, p, outcome, ledger, SimReset(sim_dir, "n1"), report) == "refused"
+    assert [(a.rung, a.result) for a in store.load(w).attempts] == [("reboot", "refused")]
     assert outcome.repairs == ["reboot:refused"] and "[replace]" not in slurm.peek("n1").reason
     assert planner.plan(w, report, store.load(w)).rung == "replace"  # the worker's next step, not the rung's

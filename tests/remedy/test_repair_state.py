@@ -7,7 +7,7 @@ import json
 import pytest
 
 from slurm_hooks.remedy.repair import state as repair_state
-from slurm_hooks.remedy.repair.state import Phase, RepairState, RepairStateUnreadable
+from slurm_hooks.remedy.repair.state import Attempt, Phase, RepairState, RepairStateUnreadable, Stopped
 
 #: A state file as hooks/repair.py wrote it before this module: a reset that failed, a reboot under
 #: way, services a worker stopped, and a key this version does not know.
@@ -27,8 +27,31 @@ def test_a_state_file_written_by_the_dict_ladder_loads_and_writes_back_the_same(
     state = repair_state.load(str(path))
     assert [(a.rung, a.result, a.gpus) for a in state.attempts] == [("reset", "failed", ("GPU-8c1f",)),
                                                                      ("reboot", "recalled", ("GPU-8c1f",))]
-    assert state.phase is Phase.REBOOTING and state.active["boot"] == "b-1" and state.busy
+    assert state.phase is Phase.REBOOTING and state.active.boot == "b-1" and state.busy
+    assert state.active.gpus == ((0, "GPU-8c1f"),) and state.active.findings == (("row-remap", 0),)
+    assert state.stopped == Stopped(("nvidia-persistenced",), 1764650150.0, 42)
+    assert (state.validating.after, state.validating.tries, state.validating.reason) == ("reboot", 1, "")
+    assert state.replaced.recalled and state.replaced.gpus == ()
     assert state.to_json() == json.loads(TODAY)
+
+
+def test_keys_a_record_does_not_know_ride_along_and_an_empty_record_reads_as_none():
+    data = {"version": 1, "attempts": [{"rung": "reset", "t": 1, "result": "ok", "gpus": [], "summary": "",
+                                        "new": 1}],
+            "active": {"t": 2, "boot": "b", "later": [1]}, "validating": {}, "stopped": {}, "replaced": {}}
+    state = RepairState.from_json(data)
+    assert state.attempts[0].extra == {"new": 1} and state.active.extra == {"later": [1]}
+    assert state.validating is None and state.stopped is None and state.replaced is None
+    out = state.to_json()
+    assert out["attempts"][0]["new"] == 1 and out["active"]["later"] == [1] and out["active"]["rung"] == "reboot"
+    assert set(out) == {"version", "attempts", "active"}
+
+
+def test_a_change_is_a_new_state_the_one_read_unchanged():
+    before = RepairState(attempts=(Attempt("reset", 5.0, "started", ("g",)),))
+    after = before.settled(before.attempts[0], "ok")
+    assert [a.result for a in after.attempts] == ["ok"] and [a.result for a in before.attempts] == ["started"]
+    assert before.since(6.0).attempts == () and before.since(5.0) is before
 
 
 def test_a_state_written_now_reads_as_the_dict_ladder_reads_it(tmp_path):

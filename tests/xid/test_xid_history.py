@@ -285,15 +285,16 @@ def test_repair_plan_sends_the_fifth_remediation_in_7_days_to_replace(tmp_path):
 
     from slurm_hooks.models import Action, Finding, Report, Severity
     from slurm_hooks.remedy import repair
+    from slurm_hooks.remedy.repair.state import Attempt, RepairState
 
     cfg = repair_config(tmp_path)
     _, w = sim_node(cfg, "IDLE")
     finding = Finding("row-remap", Severity.FAIL, Action.RESET, "row remapping pending", 3,
                       "row remap pending on GPU 3")
     report = Report("n1", healthcheck.Context.CHECK, (finding,), 0.0)
-    state = {"attempts": remediations("gpu3", [NOW - 6 * DAY, NOW - 5 * DAY, NOW - 3 * DAY])}
+    state = RepairState.from_json({"attempts": remediations("gpu3", [NOW - 6 * DAY, NOW - 5 * DAY, NOW - 3 * DAY])})
     assert repair.plan(w, report, state, now=NOW).rung == "reset"
-    state["attempts"] += remediations("gpu3", [NOW - 2 * DAY], rung="reboot")
+    state = state.with_attempt(Attempt.from_json(remediations("gpu3", [NOW - 2 * DAY], rung="reboot")[0]))
     p = repair.plan(w, report, state, now=NOW)
     assert p.rung == "replace"
     assert "repeat offender: gpu3 would have its remediation 5 within 7 days" in p.why

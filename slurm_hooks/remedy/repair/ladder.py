@@ -16,11 +16,11 @@ from slurm_hooks.values import dataclass, field
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from typing import Any
 
     from slurm_hooks.models import Finding, Report
-    from slurm_hooks.remedy.repair.state import RepairState
+    from slurm_hooks.remedy.repair.state import Attempt, RepairState
 
 
 class Rung(str, Enum):
@@ -116,12 +116,9 @@ def span(seconds: float) -> str:
     return f"{s // 3600}h" if s % 3600 == 0 else f"{s}s"
 
 
-
-
-
 def choose(findings: Sequence[Finding], gpus: Sequence[tuple[int | None, str]],
-           attempts: Iterable[Mapping[str, Any]], policy: Policy, now: float, summary: str,
-           offender: Callable[[list[Mapping[str, Any]], list[str], float], str] | None = None) -> Choice | None:
+           attempts: Iterable[Attempt], policy: Policy, now: float, summary: str,
+           offender: Callable[[list[Attempt], list[str], float], str] | None = None) -> Choice | None:
     """The rung due for these drain findings on these GPUs (index, identity), given the attempts
     on record; ``None`` when nothing is to repair (no finding, or one no rung mends)."""
     if not findings:
@@ -134,12 +131,12 @@ def choose(findings: Sequence[Finding], gpus: Sequence[tuple[int | None, str]],
     attempts = list(attempts)
     ids = {g for _, g in gpus}
     since = now - policy.window
-    recent = [a for a in attempts if a["t"] >= since and set(a["gpus"]) & ids]
+    recent = [a for a in attempts if a.t >= since and set(a.gpus) & ids]
     if recent:
-        top = Rung(max((a["rung"] for a in recent), key=RUNGS.index))
+        top = Rung(max((a.rung for a in recent), key=RUNGS.index))
         higher = top.above()
         if higher.index > rung.index:
-            if all(a.get("result") == "refused" for a in recent if a["rung"] == top.value):
+            if all(a.result == "refused" for a in recent if a.rung == top.value):
                 why = (f"{summary}: {top.value} refused by Slurm (is RebootProgram set in slurm.conf?): "
                        "a person must act")
             else:
@@ -150,10 +147,10 @@ def choose(findings: Sequence[Finding], gpus: Sequence[tuple[int | None, str]],
         rung, why = Rung.REPLACE, f"{why}; {told}"
     skipped = []
     while rung is not Rung.REPLACE:
-        tried = sum(1 for a in recent if a["rung"] == rung.value)
+        tried = sum(1 for a in recent if a.rung == rung.value)
         if not policy.allows(rung):
             skipped.append(f"{rung.value} is off ([repair] {rung.value} = false)")
-        elif rung is Rung.REBOOT and any(a["rung"] == "reboot" and a.get("result") == "refused" for a in recent):
+        elif rung is Rung.REBOOT and any(a.rung == "reboot" and a.result == "refused" for a in recent):
             skipped.append("reboot refused by Slurm (is RebootProgram set in slurm.conf?): a person must act")
         elif rung is Rung.RESET and not any(i is not None for i, _ in gpus):
             skipped.append("reset: no single GPU to reset (a node-wide fault)")
@@ -169,7 +166,7 @@ def choose(findings: Sequence[Finding], gpus: Sequence[tuple[int | None, str]],
 
 def waits_for_jobs(state: RepairState, jobs: Sequence[Any]) -> bool:
     """Jobs still run and no repair is under way: the ladder waits for the last to leave."""
-    return bool(jobs) and state.active is None and not state.stopped
+    return bool(jobs) and state.active is None and state.stopped is None
 
 
 def decide(state: RepairState, node: Any, jobs: Sequence[Any], boot_id: str, report: Report, *, now: float,
@@ -180,18 +177,16 @@ def decide(state: RepairState, node: Any, jobs: Sequence[Any], boot_id: str, rep
     if waits_for_jobs(state, jobs):
         return Decision.NONE
     phase = state.phase
-    if phase is Phase.REBOOTING:
-        active = state.active or {}
+    if phase is Phase.REBOOTING and state.active is not None:
         pending = any(flag.startswith("REBOOT") for flag in node.flags)
-        booted = boot_id != active.get("boot")
-        if (pending or not booted) and now - float(active.get("t", 0)) < policy.reboot_timeout:
+        booted = boot_id != state.active.boot
+        if (pending or not booted) and now - state.active.t < policy.reboot_timeout:
             return Decision.WAIT
         return Decision.WORK
     if phase is Phase.UNVERIFIED:
         return Decision.WAIT
     if phase is Phase.VALIDATING:
         return Decision.WORK
-    attempts = [a.to_json() for a in state.attempts]
-    if choose(report.drain_findings(), gpus, attempts, policy, now, summary) is None:
+    if choose(report.drain_findings(), gpus, state.attempts, policy, now, summary) is None:
         return Decision.NONE
     return Decision.WORK

@@ -10,15 +10,14 @@ from collections.abc import Sequence
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.models import Finding, Report, gpu_identity
 from slurm_hooks.remedy.repair import ladder
-from slurm_hooks.remedy.repair.state import RepairStateUnreadable
+from slurm_hooks.remedy.repair.state import Attempt, RepairStateUnreadable
 from slurm_hooks.remedy.repair.store import load
 from slurm_hooks.values import dataclass, field
 from slurm_hooks.xid.history import repeat_offender
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
+    from slurm_hooks.remedy.repair.state import RepairState
     from slurm_hooks.remedy.wiring import Wiring
 
 RUNGS = ladder.RUNGS
@@ -45,7 +44,7 @@ class Plan:
         return f"{node}: repair would {what[self.rung]} ({self.why})"
 
 
-def plan(w: Wiring, report: Report, state: dict[str, Any] | None = None, now: float | None = None) -> Plan | None:
+def plan(w: Wiring, report: Report, state: RepairState | None = None, now: float | None = None) -> Plan | None:
     """What the ladder would do for this report; ``None`` when nothing is to repair."""
     now = time.time() if now is None else now
     findings = report.drain_findings()
@@ -59,8 +58,8 @@ def plan(w: Wiring, report: Report, state: dict[str, Any] | None = None, now: fl
                   file=sys.stderr)
             return None
     gpus = gpus_of(report, findings)
-    choice = ladder.choose(findings, gpus, state["attempts"], ladder.Policy.from_config(w.config.repair), now,
-                           drain_summary(report), offender=repeat_offender)
+    choice = ladder.choose(findings, gpus, state.attempts, ladder.Policy.from_config(w.config.repair), now,
+                           drain_summary(report), offender=_offender)
     if choice is None:
         return None
     return Plan(choice.rung.value, gpus, choice.why, drain_summary(report), list(choice.skipped))
@@ -77,7 +76,10 @@ def gpus_of(report: Report, findings: Sequence[Finding]) -> list[tuple[int | Non
     return [(i, g) for g, i in out.items()]
 
 
-def attempt(state: dict[str, Any], rung: str, p: Plan, started: float, result: str) -> dict[str, Any]:
-    record = {"rung": rung, "t": started, "result": result, "gpus": [g for _, g in p.gpus], "summary": p.summary}
-    state["attempts"].append(record)
-    return record
+def _offender(attempts: list[Attempt], ids: list[str], now: float) -> str:
+    return repeat_offender([a.to_json() for a in attempts], ids, now)
+
+
+def attempt(rung: str, p: Plan, started: float, result: str) -> Attempt:
+    """The attempt of a rung on the plan's GPUs, as the state file records it."""
+    return Attempt(rung, started, result, tuple(g for _, g in p.gpus), p.summary)

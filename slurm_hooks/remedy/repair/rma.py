@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from slurm_hooks.models import Report
     from slurm_hooks.remedy.repair.planner import Plan
+    from slurm_hooks.remedy.repair.state import RepairState
     from slurm_hooks.remedy.wiring import Wiring
 
 
@@ -33,7 +34,7 @@ def read_rma(path: str) -> list[dict[str, Any]]:
     return [e for e in data.get("gpus", []) if isinstance(e, dict)] if isinstance(data, dict) else []
 
 
-def add_to_rma(w: Wiring, p: Plan, report: Report, state: dict[str, Any], evidence: str = "") -> list[str]:
+def add_to_rma(w: Wiring, p: Plan, report: Report, state: RepairState, evidence: str = "") -> list[str]:
     """Put the plan's GPUs on the RMA list (UUID, serial, PCI bus id, history, the evidence kept);
     returns their UUIDs."""
     snap = report.snapshot
@@ -46,7 +47,7 @@ def add_to_rma(w: Wiring, p: Plan, report: Report, state: dict[str, Any], eviden
             entry = {"uuid": gpu.uuid if gpu else ident, "serial": gpu.serial if gpu else "",
                      "pci_bus_id": gpu.pci_bus_id if gpu else "", "node": w.node, "gpu": index,
                      "reason": p.why, "added": time.time(), **({"evidence": evidence} if evidence else {}),
-                     "history": [a for a in state["attempts"] if ident in a["gpus"]]}
+                     "history": [a.to_json() for a in state.attempts if ident in a.gpus]}
             entries = [e for e in entries if e.get("uuid") != entry["uuid"]] + [entry]
             added.append(entry["uuid"])
         fsutil.atomic_write(path, json.dumps({"version": VERSION, "gpus": entries}, indent=1), mode=0o600)

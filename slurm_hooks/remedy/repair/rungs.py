@@ -14,7 +14,7 @@ from slurm_hooks.remedy import remediate
 from slurm_hooks.remedy.repair.evidence import keep_evidence
 from slurm_hooks.remedy.repair.planner import Plan, attempt
 from slurm_hooks.remedy.repair.rma import add_to_rma, gpu_ids
-from slurm_hooks.remedy.repair.store import save
+from slurm_hooks.remedy.repair.state import Active, Replaced, Stopped
 from slurm_hooks.remedy.repair.validation import Rejudge, validate_and_resume
 from slurm_hooks.slurm import format_reason
 from slurm_hooks.slurm.errors import ReasonNotOurs
@@ -25,20 +25,21 @@ if TYPE_CHECKING:
 
     from slurm_hooks.probes.gpureset import GpuResetter, NvidiaSmiReset
     from slurm_hooks.remedy.remediate import Outcome
+    from slurm_hooks.remedy.repair.store import Ledger
     from slurm_hooks.remedy.wiring import Wiring
 
 
-def reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, state: dict[str, Any],
+def reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, ledger: Ledger,
           resetter: GpuResetter | None) -> str:
     """Rung 1: "ok" when the node is healthy again and resumed, "unverified" when it checked
     healthy but its diagnostic did not run in full, else "failed"."""
     from slurm_hooks.remedy.wiring import xid_history
 
-    backend = resetter or resetter_for(w, state)
+    backend = resetter or resetter_for(w, ledger)
     indexes = sorted(i for i, _ in p.gpus if i is not None)
     started, t0 = time.time(), time.monotonic()
-    record = attempt(state, "reset", p, started, "started")
-    save(w, state)  # counted before it acts: a worker killed mid-reset still used this attempt
+    # counted before it acts: a worker killed mid-reset still used this attempt
+    record = ledger.record(attempt("reset", p, started, "started"))
     audit(w, "reset", "start", 0.0, p, gpus=indexes, backend=backend.name)
     result, detail = "failed", ""
     try:
@@ -55,26 +56,25 @@ def reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, state: dict[st
         if after.drain_findings():
             detail = f"still {drain_summary(after)} after the reset"
         else:
-            result, detail, _ = validate_and_resume(w, p.summary, "reset", outcome, rejudge, state)
-    record["result"] = result
-    save(w, state)
+            result, detail, _ = validate_and_resume(w, p.summary, "reset", outcome, rejudge, ledger)
+    ledger.settle(record, result)
     outcome.repairs.append(f"reset:{result}")
     audit(w, "reset", result, time.monotonic() - t0, p, gpus=indexes, detail=detail)
     return result
 
 
-def reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resetter: GpuResetter | None,
+def reboot(w: Wiring, p: Plan, outcome: Outcome, ledger: Ledger, resetter: GpuResetter | None,
            report: Report | None = None) -> str:
     """Rung 2: "start" once Slurm took the reboot (the node comes back DOWN; the first check on the
     new boot judges it), "refused" (counted: the ladder moves on), "skipped" or "failed"."""
     since = time.time() - float(w.config.repair.window)
-    tried = sum(1 for a in state["attempts"] if a["rung"] == "reboot" and a["t"] >= since
-                and set(a["gpus"]) & {g for _, g in p.gpus})
+    tried = sum(1 for a in ledger.state.attempts if a.rung == "reboot" and a.t >= since
+                and set(a.gpus) & {g for _, g in p.gpus})
     # The count rides in Slurm's reason ([reboot 1/2]): a lost state dir does not reset it.
     reason = format_reason(p.summary, Action.REBOOT, attempt=(tried + 1, int(w.config.repair.attempts)))
     evidence = keep_evidence(w, report, "reboot")  # a reboot wipes the kernel log and the GPU's state
     t0, started = time.monotonic(), time.time()
-    boot = (resetter or resetter_for(w, state)).boot_id()
+    boot = (resetter or resetter_for(w, ledger)).boot_id()
     try:
         w.slurm.reboot(w.node, reason, "DOWN")
     except ReasonNotOurs as exc:
@@ -83,8 +83,7 @@ def reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resetter
     except PermanentError as exc:
         # Refused (no RebootProgram: "Unspecified error"): that was the attempt. Counted once,
         # and the ladder moves on now instead of asking again at every check.
-        attempt(state, "reboot", p, started, "refused")
-        save(w, state)
+        ledger.record(attempt("reboot", p, started, "refused"))
         outcome.repairs.append("reboot:refused")
         audit(w, "reboot", "refused", time.monotonic() - t0, p, reason=reason, error=str(exc),
                detail="Slurm refused the reboot (is RebootProgram set in slurm.conf?): the ladder moves on")
@@ -94,10 +93,8 @@ def reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resetter
         audit(w, "reboot", "failed", time.monotonic() - t0, p, reason=reason, error=str(exc))
         return "failed"
     remediate.write_marker(w, reason, None)
-    state["active"] = {"rung": "reboot", "t": time.time(), "boot": boot, "reason": reason, "why": p.why,
-                       "summary": p.summary, "gpus": [list(g) for g in p.gpus],
-                       "findings": [[f.check, f.gpu] for f in report.drain_findings()] if report else []}
-    save(w, state)
+    ledger.update(active=Active(time.time(), boot, reason, p.why, p.summary, tuple(p.gpus),
+                                tuple((f.check, f.gpu) for f in report.drain_findings()) if report else ()))
     outcome.repairs.append("reboot:start")
     audit(w, "reboot", "start", time.monotonic() - t0, p, reason=reason, gpu_ids=gpu_ids(report, p),
            evidence=evidence,
@@ -105,7 +102,7 @@ def reboot(w: Wiring, p: Plan, outcome: Outcome, state: dict[str, Any], resetter
     return "start"
 
 
-def replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, state: dict[str, Any]) -> str:
+def replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, ledger: Ledger) -> str:
     """Rung 3: the drain stays, tagged ``[replace]``, the GPUs go on the RMA list: "ok" (or "failed"
     when Slurm would not take the drain)."""
     summary = drain_summary(report) if report.drain_findings() else p.summary
@@ -119,50 +116,46 @@ def replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, state: dict[st
         return "failed"
     remediate.write_marker(w, reason, report)
     outcome.drained = outcome.node_out = True
-    attempt(state, "replace", p, time.time(), "ok")
-    state["replaced"] = {"t": time.time(), "reason": reason, "gpus": [g for _, g in p.gpus]}
-    save(w, state)
+    ledger.record(attempt("replace", p, time.time(), "ok"),
+                  replaced=Replaced(time.time(), reason, tuple(g for _, g in p.gpus)))
     evidence = keep_evidence(w, report, "replace")
-    rma = add_to_rma(w, p, report, state, evidence)
+    rma = add_to_rma(w, p, report, ledger.state, evidence)
     outcome.repairs.append("replace:ok")
     audit(w, "replace", "ok", time.monotonic() - t0, p, reason=reason, rma=rma, gpu_ids=gpu_ids(report, p),
            evidence=evidence, detail=f"{p.why}; drain stays for a person or the bridge; GPU(s) on the RMA list")
     return "ok"
 
 
-def restore_services(w: Wiring, state: dict[str, Any]) -> list[str]:
+def restore_services(w: Wiring, ledger: Ledger) -> list[str]:
     """Start the services the record says are stopped (a worker died between its stop and its
     start); returns those still not running. Call with the repair lock held."""
-    stopped = state.get("stopped") or {}
-    names = [str(n) for n in stopped.get("services", ())]
-    if not names:
+    stopped = ledger.state.stopped
+    names = list(stopped.services) if stopped is not None else []
+    if stopped is None or not names:
         return []
     t0 = time.monotonic()
-    backend = resetter_for(w, state)
+    backend = resetter_for(w, ledger)
     errors: list[str] = []
     left = backend.start_services(names, errors)
-    _journal(w, state, left)
+    _journal(ledger, left)
     w.audit.write("action", node=w.node, action="repair-services", target=w.node,
                   result="failed" if left else "ok", duration_s=round(time.monotonic() - t0, 4),
                   services=names, **({"error": "; ".join(errors)} if errors else {}),
-                  detail=f"left stopped by a repair worker that did not finish (pid {stopped.get('pid')})")
+                  detail=f"left stopped by a repair worker that did not finish (pid {stopped.pid})")
     return left
 
 
-def _journal(w: Wiring, state: dict[str, Any], services: list[str]) -> None:
-    if services:
-        state["stopped"] = {"services": list(services), "t": time.time(), "pid": os.getpid()}
-    else:
-        state.pop("stopped", None)
-    save(w, state)
+def _journal(ledger: Ledger, services: list[str]) -> None:
+    """Record the services a reset is about to stop (before it stops them), or none left stopped."""
+    ledger.update(stopped=Stopped(tuple(services), time.time(), os.getpid()) if services else None)
 
 
-def resetter_for(w: Wiring, state: dict[str, Any]) -> NvidiaSmiReset:
+def resetter_for(w: Wiring, ledger: Ledger) -> NvidiaSmiReset:
     """The node's reset backend, bounded by this run's budget, journaling the services it stops."""
     from slurm_hooks.probes.gpureset import from_config
 
     return from_config(w.config, w.node, time_left=lambda: w.time_left(float(w.config.repair.reset_timeout)),
-                       journal=lambda services: _journal(w, state, services))
+                       journal=lambda services: _journal(ledger, services))
 
 
 def audit(w: Wiring, rung: str, result: str, duration: float, p: Plan, **fields: Any) -> None:

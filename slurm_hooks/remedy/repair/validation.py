@@ -15,9 +15,10 @@ from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Report
 from slurm_hooks.remedy import remediate
 from slurm_hooks.remedy.repair import state as repair_state
-from slurm_hooks.remedy.repair.state import RepairStateUnreadable
-from slurm_hooks.remedy.repair.store import load, save
+from slurm_hooks.remedy.repair.state import RepairStateUnreadable, Validating
+from slurm_hooks.remedy.repair.store import Ledger, load
 from slurm_hooks.slurm import format_status_reason, parse_reason
+from slurm_hooks.values import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ VALIDATE_TRIES = 2
 
 
 def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, rejudge: Rejudge,
-                        state: dict[str, Any], info: Any = None) -> tuple[str, str, Report | None]:
+                        ledger: Ledger, info: Any = None) -> tuple[str, str, Report | None]:
     """The node checked healthy on NVML after ``after`` (reset, reboot, request): hold it drained
     ``[validating]`` while the configured diagnostic runs, then resume it only on a full pass.
     Returns (result, detail, the report judged): "ok", "failed" (the diagnostic found a fault: the
@@ -51,15 +52,14 @@ def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, r
         return (*_resume_validated(w, outcome, report, info, "no diagnostic configured ([repair] dcgm_level = 0)"),
                 report)
     reason = format_status_reason(summary, VALIDATING)
-    validating = state.setdefault("validating", {"t": time.time(), "after": after, "tries": 0})
-    validating.update(summary=summary, reason=reason, result="running", tries=int(validating.get("tries", 0)) + 1)
-    save(w, state)
+    was = ledger.state.validating or Validating(time.time(), after)
+    ledger.update(validating=replace(was, summary=summary, reason=reason, result="running", tries=was.tries + 1))
     t0 = time.monotonic()
     try:
         w.slurm.drain(w.node, reason)
     except SlurmHooksError as exc:
         outcome.failed.append(f"drain: {exc}")
-        forget(w, state)
+        forget(ledger)
         return "failed", f"could not mark the node {reason!r}: {exc}", None
     remediate.write_marker(w, reason, None)
     budget = min(float(w.config.repair.validate_timeout), w.time_left(float(w.config.repair.validate_timeout)))
@@ -73,12 +73,12 @@ def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, r
                   **({"gpus": sorted({f.gpu for f in report.drain_findings() if f.gpu is not None})}
                      if found == "failed" else {}))
     if found == "ok":
-        forget(w, state)
+        forget(ledger)
         return (*_resume_validated(w, outcome, report, info, detail), report)
     if found == "failed":
-        forget(w, state)
+        forget(ledger)
         return "failed", detail, report
-    unverified(w, state, summary, detail)
+    unverified(w, ledger, summary, detail)
     return UNVERIFIED, detail, report
 
 
@@ -112,33 +112,32 @@ def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: Any, de
     return "failed", f"{detail}, but not resumed: " + "; ".join(outcome.failed or ["see the resume record"])
 
 
-def unverified(w: Wiring, state: dict[str, Any], summary: str, detail: str) -> None:
+def unverified(w: Wiring, ledger: Ledger, summary: str, detail: str) -> None:
     """The diagnostic did not run in full: the node stays drained, tagged for a person."""
 
     reason = format_status_reason(summary, UNVERIFIED)
-    state.setdefault("validating", {})
-    state["validating"].update(result=UNVERIFIED, reason=reason, detail=detail)
-    save(w, state)
+    was = ledger.state.validating or Validating()
+    ledger.update(validating=replace(was, result=UNVERIFIED, reason=reason, detail=detail))
     with contextlib.suppress(SlurmHooksError):
         w.slurm.drain(w.node, reason)
         remediate.write_marker(w, reason, None)
 
 
-def begin(w: Wiring, state: dict[str, Any], info: Any, after: str) -> bool:
+def begin(w: Wiring, ledger: Ledger, info: Any, after: str) -> bool:
     """Hold a node that is still out (new hardware after ``[replace]``) for its validation,
     which a worker then runs; False when none is configured ([repair] dcgm_level = 0)."""
     if int(w.config.repair.dcgm_level) <= 0:
         return False
     parsed = parse_reason(info.reason)
     summary = parsed[0] if parsed else "hardware replaced"
-    state["validating"] = {"t": time.time(), "after": after, "tries": 0, "summary": summary, "result": "running"}
-    save(w, state)
+    ledger.update(validating=Validating(time.time(), after, 0, summary, "running"))
     return True
 
 
-def forget(w: Wiring, state: dict[str, Any]) -> None:
-    if state.pop("validating", None) is not None:
-        save(w, state)
+def forget(ledger: Ledger) -> None:
+    """The validation on record ends (passed, failed, or the node taken over by someone else)."""
+    if ledger.state.validating is not None:
+        ledger.update(validating=None)
 
 
 def validate_on_request(w: Wiring, outcome: Outcome, rejudge: Rejudge, who: str) -> str:
@@ -150,11 +149,12 @@ def validate_on_request(w: Wiring, outcome: Outcome, rejudge: Rejudge, who: str)
     except RepairStateUnreadable as exc:
         print(f"slurm-hooks: repair: {exc}: mend or remove it first", file=sys.stderr)
         return "failed"
-    state.pop("validating", None)
     report = rejudge(0, None)
     if report.drain_findings():
         return "failed"
-    result, _, judged = validate_and_resume(w, f"validation asked by {who}", "request", outcome, rejudge, state)
+    # A validation on record (a worker's) gives way to this one, a new count of tries.
+    ledger = Ledger(w, replace(state, validating=None))
+    result, _, judged = validate_and_resume(w, f"validation asked by {who}", "request", outcome, rejudge, ledger)
     if result == "failed" and judged is not None and judged.drain_findings():
         remediate.drain(w, judged, outcome)  # what failed, as the reason: the ladder takes it from there
     return result

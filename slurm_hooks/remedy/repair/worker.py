@@ -51,8 +51,8 @@ from slurm_hooks.remedy.repair import ladder
 from slurm_hooks.remedy.repair.planner import Plan, attempt, gpus_of, plan
 from slurm_hooks.remedy.repair.rma import is_uuid
 from slurm_hooks.remedy.repair.rungs import audit, reboot, replace, reset, resetter_for, restore_services
-from slurm_hooks.remedy.repair.state import RepairState, RepairStateUnreadable
-from slurm_hooks.remedy.repair.store import load, locked, save
+from slurm_hooks.remedy.repair.state import RepairStateUnreadable, Replaced
+from slurm_hooks.remedy.repair.store import Ledger, load, locked
 from slurm_hooks.remedy.repair.validation import (
     UNVERIFIED,
     VALIDATE_TRIES,
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 
     from slurm_hooks.probes.gpureset import GpuResetter
     from slurm_hooks.remedy.remediate import Outcome
+    from slurm_hooks.remedy.repair.state import Active
     from slurm_hooks.remedy.wiring import Wiring
 
 #: How a due rung runs: handed to a detached worker (the hooks); here, taking the repair lock
@@ -91,32 +92,30 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
         state = load(w)
     except RepairStateUnreadable as exc:
         return _unreadable(report, outcome, exc)
-    active = state.get("active")
-    busy = active is not None or bool(state.get("stopped")) or bool(state.get("validating"))
-    if not busy and not report.drain_findings() and not state.get("replaced"):
+    busy, rebooting = state.busy, state.active is not None
+    if not busy and not report.drain_findings() and state.replaced is None:
         return False
+    ledger = Ledger(w, state)
     try:
         info = w.slurm.node(w.node)
         # A person's resume (or new hardware) ends our [replace] whatever reason Slurm kept after it.
-        ended = bool(state.get("replaced")) and active is None and _replace_ended(w, report, state, info)
-        if info.reason and remediate.holds(w, info, our_reboot=active is not None):
-            if state.get("validating"):
-                forget(w, state)  # someone else took the node over meanwhile
-            return bool(state.get("stopped")) and _restore_now(w, mode)
-        if state.get("replaced") and active is None and (info.drained or _down(info)):
+        ended = state.replaced is not None and not rebooting and _replace_ended(w, report, ledger, info)
+        if info.reason and remediate.holds(w, info, our_reboot=rebooting):
+            forget(ledger)  # someone else took the node over meanwhile
+            return ledger.state.stopped is not None and _restore_now(w, mode)
+        if ledger.state.replaced is not None and not rebooting and (info.drained or _down(info)):
             return True  # waiting for a person (or new hardware): no reboot loop, no resume
         if ended and not report.drain_findings():
-            if not ((info.drained or _down(info)) and begin(w, state, info, "replacement")):
+            if not ((info.drained or _down(info)) and begin(w, ledger, info, "replacement")):
                 return False  # healthy (or a person's resume): the caller resumes it
-        if active is None and not (info.drained or _down(info)) and not state.get("stopped"):
-            if state.get("validating"):
-                forget(w, state)  # resumed by a person: their call
+        if not rebooting and not (info.drained or _down(info)) and ledger.state.stopped is None:
+            forget(ledger)  # resumed by a person: their call
             return False  # not drained (yet): the caller drains first
         jobs = [j for j in w.slurm.jobs_on_node(w.node) if j.active and j.ref != own_job and str(j.job_id) != own_job]
     except SlurmHooksError as exc:
         print(f"slurm-hooks: repair: {exc}", file=sys.stderr)
         return busy
-    if ladder.waits_for_jobs(RepairState.from_json(state), jobs):
+    if ladder.waits_for_jobs(ledger.state, jobs):
         return False  # repaired once the last job has left (its epilog, or the next check)
     try:
         if mode == ladder.Mode.HELD:
@@ -126,9 +125,9 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
                 return True  # a worker (or a person's repair) has the node right now
             if mode == ladder.Mode.INLINE:
                 return _work(w, report, outcome, rejudge, info, resetter)
-            state = load(w)  # as the lock holder sees it
-            restore_services(w, state)  # a worker died with them stopped
-            due = _due(w, report, state, info, resetter)
+            ledger = Ledger(w)  # as the lock holder sees it
+            restore_services(w, ledger)  # a worker died with them stopped
+            due = _due(w, report, ledger, info, resetter)
     except RepairStateUnreadable as exc:
         return _unreadable(report, outcome, exc)
     if due is not ladder.Decision.WORK:
@@ -150,26 +149,25 @@ def _unreadable(report: Report, outcome: Outcome, exc: RepairStateUnreadable) ->
 def _restore_now(w: Wiring, mode: str) -> bool:
     """Services a dead worker left stopped come back whoever holds the node now."""
     if mode == "held":
-        restore_services(w, load(w))
+        restore_services(w, Ledger(w))
         return False
     with locked(w) as mine:
         if mine:
-            restore_services(w, load(w))
+            restore_services(w, Ledger(w))
     return False
 
 
-def _due(w: Wiring, report: Report, state: dict[str, Any], info: Any,
-         resetter: GpuResetter | None) -> ladder.Decision:
+def _due(w: Wiring, report: Report, ledger: Ledger, info: Any, resetter: GpuResetter | None) -> ladder.Decision:
     """What the hook does with the lock free (:func:`ladder.decide`), after the ladder's memory
     is taken from Slurm's reason where the state dir was lost."""
     boot = ""
-    if state.get("active") is not None:
-        boot = (resetter or resetter_for(w, state)).boot_id()
-    elif not state.get("validating") and _recall(w, report, state, info):
+    if ledger.state.active is not None:
+        boot = (resetter or resetter_for(w, ledger)).boot_id()
+    elif ledger.state.validating is None and _recall(w, report, ledger, info):
         return ladder.Decision.WAIT  # the state dir was lost, and Slurm's reason says a person must act
     findings = report.drain_findings()
     # The jobs were weighed before the lock was taken (and services a dead worker stopped restored since).
-    return ladder.decide(RepairState.from_json(state), info, (), boot, report, now=time.time(),
+    return ladder.decide(ledger.state, info, (), boot, report, now=time.time(),
                          policy=ladder.Policy.from_config(w.config.repair), gpus=gpus_of(report, findings),
                          summary=drain_summary(report) if findings else "")
 
@@ -177,53 +175,49 @@ def _due(w: Wiring, report: Report, state: dict[str, Any], info: Any,
 def _work(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, info: Any,
           resetter: GpuResetter | None) -> bool:
     """The ladder's due rung, run by the lock holder."""
-    state = load(w)
-    restore_services(w, state)
-    active = state.get("active")
-    if active is not None:
-        return _after_reboot(w, report, outcome, rejudge, state, active, info, resetter)
-    if state.get("validating"):
-        return _revalidate(w, report, outcome, rejudge, state, info, resetter)
-    if _recall(w, report, state, info):
+    ledger = Ledger(w)
+    restore_services(w, ledger)
+    if ledger.state.active is not None:
+        return _after_reboot(w, report, outcome, rejudge, ledger, ledger.state.active, info, resetter)
+    if ledger.state.validating is not None:
+        return _revalidate(w, report, outcome, rejudge, ledger, info, resetter)
+    if _recall(w, report, ledger, info):
         return True  # the state dir was lost, and Slurm's reason says a person must act
-    return _climb(w, report, outcome, rejudge, state, resetter)
+    return _climb(w, report, outcome, rejudge, ledger, resetter)
 
 
-def _climb(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, state: dict[str, Any],
+def _climb(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, ledger: Ledger,
            resetter: GpuResetter | None) -> bool:
     """Run the due rung; a failed reset climbs to the next rung in the same run, a reboot Slurm
     refused to ``[replace]`` (the rungs themselves never climb)."""
-    p = plan(w, report, state)
+    p = plan(w, report, ledger.state)
     if p is None:
         return False
     if p.rung == ladder.Rung.RESET:
-        if reset(w, p, outcome, rejudge, state, resetter) != "failed":
+        if reset(w, p, outcome, rejudge, ledger, resetter) != "failed":
             return True
-        p = plan(w, report, state)  # the reset is now an attempt: the next rung
+        p = plan(w, report, ledger.state)  # the reset is now an attempt: the next rung
         if p is None:
             return True
     if p.rung == ladder.Rung.REBOOT:
-        if reboot(w, p, outcome, state, resetter, report) == "refused":
-            replace(w, plan(w, report, state) or p, report, outcome, state)  # counted: the ladder moves on
+        if reboot(w, p, outcome, ledger, resetter, report) == "refused":
+            replace(w, plan(w, report, ledger.state) or p, report, outcome, ledger)  # counted: the ladder moves on
     else:
-        replace(w, p, report, outcome, state)
+        replace(w, p, report, outcome, ledger)
     return True
 
 
-def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, state: dict[str, Any],
-                  active: dict[str, Any], info: Any, resetter: GpuResetter | None) -> bool:
-    p = Plan("reboot", [tuple(g) for g in active.get("gpus", [])], active.get("why", ""),  # type: ignore[misc]
-             active.get("summary", ""))
-    elapsed = time.time() - float(active.get("t", 0))
-    booted = (resetter or resetter_for(w, state)).boot_id() != active.get("boot")
+def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, ledger: Ledger,
+                  active: Active, info: Any, resetter: GpuResetter | None) -> bool:
+    p = Plan("reboot", list(active.gpus), active.why, active.summary)
+    elapsed = time.time() - active.t
+    booted = (resetter or resetter_for(w, ledger)).boot_id() != active.boot
     if not booted and not reboot_pending(info) and not _down(info):
         # No reboot happened and none is pending: a person cancelled it (cancel_reboot) or resumed
         # the node. Their decision: our tracking ends, no [replace] over it.
-        state.pop("active", None)
-        attempt(state, "reboot", p, float(active.get("t", time.time())), "cancelled")
-        save(w, state)
+        ledger.record(attempt("reboot", p, active.t, "cancelled"), active=None)
         outcome.repairs.append("reboot:cancelled")
-        audit(w, "reboot", "cancelled", elapsed, p, reason=active.get("reason"),
+        audit(w, "reboot", "cancelled", elapsed, p, reason=active.reason,
                detail=f"the reboot was cancelled or the node resumed by someone else (node {info.state}, "
                       f"reason {info.reason!r}): tracking ends")
         return False
@@ -232,52 +226,47 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
             return True  # the reboot is still to come, or under way: leave the node to Slurm
         result, detail = "failed", f"no reboot within {elapsed:.0f}s"
     elif info.reason and remediate.holds(w, info, our_reboot=True):
-        state.pop("active", None)
-        save(w, state)
+        ledger.update(active=None)
         return False  # an admin took the node over meanwhile
     elif report.drain_findings():
         result, detail = "failed", f"still {drain_summary(report)} after the reboot"
     else:
-        result, detail, judged = validate_and_resume(w, str(active.get("summary", "")), "reboot", outcome,
-                                                      rejudge, state, info)
+        result, detail, judged = validate_and_resume(w, active.summary, "reboot", outcome, rejudge, ledger, info)
         if result == "ok":
             detail = f"checked healthy on the new boot; {detail}"
         if judged is not None and judged.drain_findings():
             report = judged  # the diagnostic's finding is what the ladder climbs on
-    state.pop("active", None)
-    attempt(state, "reboot", p, float(active.get("t", time.time())), result)
-    save(w, state)
+    ledger.record(attempt("reboot", p, active.t, result), active=None)
     outcome.repairs.append(f"reboot:{result}")
-    audit(w, "reboot", result, elapsed, p, detail=detail, reason=active.get("reason"))
+    audit(w, "reboot", result, elapsed, p, detail=detail, reason=active.reason)
     if result == UNVERIFIED:
         return True
     if result != "ok" and report.drain_findings():
-        _climb(w, report, outcome, rejudge, state, resetter)
+        _climb(w, report, outcome, rejudge, ledger, resetter)
     elif result != "ok":
-        replace(w, p, report, outcome, state)
+        replace(w, p, report, outcome, ledger)
     return True
 
 
-def _revalidate(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, state: dict[str, Any], info: Any,
+def _revalidate(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, ledger: Ledger, info: Any,
                 resetter: GpuResetter | None) -> bool:
     """A validation that its worker did not finish (it died): run it again, at most VALIDATE_TRIES
     times; a fault the node shows meanwhile climbs the ladder instead."""
-    validating = state["validating"]
-    if validating.get("result") == UNVERIFIED:
+    validating = ledger.state.validating
+    if validating is None or validating.unverified:
         return True
-    summary = str(validating.get("summary", ""))
     if report.drain_findings():
-        forget(w, state)
-        return _climb(w, report, outcome, rejudge, state, resetter)
-    if int(validating.get("tries", 0)) >= VALIDATE_TRIES:
-        unverified(w, state, summary, f"validation interrupted {validating.get('tries')} time(s)")
+        forget(ledger)
+        return _climb(w, report, outcome, rejudge, ledger, resetter)
+    if validating.tries >= VALIDATE_TRIES:
+        unverified(w, ledger, validating.summary, f"validation interrupted {validating.tries} time(s)")
         outcome.repairs.append(f"validate:{UNVERIFIED}")
         return True
-    result, _detail, judged = validate_and_resume(w, summary, str(validating.get("after", "")), outcome, rejudge,
-                                                   state, info)
+    result, _detail, judged = validate_and_resume(w, validating.summary, validating.after, outcome, rejudge,
+                                                   ledger, info)
     outcome.repairs.append(f"validate:{result}")
     if result == "failed" and judged is not None and judged.drain_findings():
-        _climb(w, judged, outcome, rejudge, state, resetter)
+        _climb(w, judged, outcome, rejudge, ledger, resetter)
     return True
 
 
@@ -285,12 +274,12 @@ def new_urgent(w: Wiring, report: Report) -> list[Finding]:
     """Urgent findings that our pending reboot was not for (a new fault while the node waits for
     its jobs to end): their jobs are requeued even though the repair holds the node."""
     try:
-        active = load(w).get("active")
+        active = load(w).active
     except RepairStateUnreadable:
         return []  # said by the step that held the node
-    if not active:
+    if active is None:
         return []
-    known = {(c, g) for c, g in active.get("findings", [])}
+    known = set(active.findings)
     return [f for f in report.drain_findings() if f.urgency is Urgency.NOW and (f.check, f.gpu) not in known]
 
 
@@ -299,12 +288,14 @@ def _down(info: Any) -> bool:
     return info.base_state == "DOWN" and info.ours
 
 
-def _replace_ended(w: Wiring, report: Report, state: dict[str, Any], info: Any) -> bool:
+def _replace_ended(w: Wiring, report: Report, ledger: Ledger, info: Any) -> bool:
     """Whether our ``[replace]`` is over: a person resumed the node, or every GPU it named is
     gone from the node (new hardware: new UUIDs). The same GPU passing a check is not enough
     (flaky hardware passes now and then). The RMA entry stays. True when it ended now."""
-    replaced = state["replaced"]
-    gpus = [g for g in replaced.get("gpus", []) if is_uuid(g)]
+    replaced = ledger.state.replaced
+    if replaced is None:
+        return False
+    gpus = [g for g in replaced.gpus if is_uuid(g)]
     snap = report.snapshot
     if not (info.drained or _down(info)):
         detail = "the node was resumed by a person"
@@ -313,11 +304,9 @@ def _replace_ended(w: Wiring, report: Report, state: dict[str, Any], info: Any) 
         detail = f"GPU(s) {', '.join(gpus)} no longer in the node: the hardware was replaced"
     else:
         return False
-    state.pop("replaced", None)
-    state["attempts"] = [a for a in state["attempts"] if not set(a["gpus"]) & set(replaced.get("gpus", []))]
-    save(w, state)
+    ledger.update(replaced=None, attempts=tuple(a for a in ledger.state.attempts if not set(a.gpus) & set(replaced.gpus)))
     w.audit.write("action", node=w.node, action="repair-replace", target=w.node, result="ended", duration_s=0.0,
-                  reason=replaced.get("reason", ""), detail=f"{detail}; the ladder starts afresh on this node")
+                  reason=replaced.reason, detail=f"{detail}; the ladder starts afresh on this node")
     return True
 
 
@@ -328,28 +317,26 @@ def _has_marker(w: Wiring) -> bool:
         return True  # there, though unreadable: the state dir was not lost
 
 
-def _recall(w: Wiring, report: Report, state: dict[str, Any], info: Any) -> bool:
+def _recall(w: Wiring, report: Report, ledger: Ledger, info: Any) -> bool:
     """With no attempt on record (the state dir was lost: a diskless node, a reimage), take the
     ladder's memory from Slurm's reason: ``[replace]`` waits for a person, ``[reboot 1/1]``
     counts as that many reboots of the GPUs now at fault. True when the node waits for a person."""
-    if state["attempts"] or _has_marker(w):
+    if ledger.state.attempts or _has_marker(w):
         return False  # the state dir is there: what it holds is the ladder's memory
     parsed = parse_reason(info.reason)
     if parsed is None:
         return False
     if parsed[1] is Action.REPLACE and (info.drained or _down(info)):
-        state["replaced"] = {"t": time.time(), "reason": info.reason, "gpus": [], "recalled": True}
-        save(w, state)
+        ledger.update(replaced=Replaced(time.time(), info.reason, (), recalled=True))
         return True
     counted = reason_attempt(info.reason)
     if counted is None or counted[0] is not Action.REBOOT:
         return False
-    p = plan(w, report, state)
+    p = plan(w, report, ledger.state)
     if p is None:
         return False
-    for _ in range(counted[1]):
-        attempt(state, "reboot", p, time.time(), "recalled")
-    save(w, state)
+    now = time.time()
+    ledger.update(attempts=(*ledger.state.attempts, *(attempt("reboot", p, now, "recalled") for _ in range(counted[1]))))
     w.audit.write("action", node=w.node, action="repair-reboot", target=w.node, result="recalled", duration_s=0.0,
                   reason=info.reason, detail=f"no repair state on this node (state dir lost?): {counted[1]} reboot(s) "
                                              "taken from Slurm's reason")
@@ -369,7 +356,7 @@ def note_person_resume(w: Wiring, info: Any = None) -> bool:
     except SlurmHooksError:
         return False
     try:
-        rebooting = load(w).get("active") is not None
+        rebooting = load(w).active is not None
     except RepairStateUnreadable as exc:
         print(f"slurm-hooks: repair: {exc}", file=sys.stderr)
         return False
