@@ -96,6 +96,46 @@ def test_choose_folds_the_attempts_on_record(findings, gpus, attempts, policy, r
     assert why in choice.why and choice.why.startswith("row remap on GPU 0: ")
 
 
+@pytest.mark.parametrize("attempts,tries,rung", [
+    # each rung tried up to [repair] attempts times per GPU within the window, then the next
+    ([], 1, Rung.RESET),
+    ([att("reset", "failed")], 2, Rung.REBOOT),  # a reset on record starts one rung above it
+    ([att("reboot", "failed")], 2, Rung.REPLACE),
+    ([att("reboot", "failed", age=90_000)], 1, Rung.RESET),  # outside the window: forgotten
+    ([att("replace", "ok")], 1, Rung.REPLACE),
+])
+def test_choose_for_a_reset_class_fault_at_every_rung(attempts, tries, rung):
+    choice = ladder.choose([f(Action.RESET)], GPU0, attempts, Policy(attempts=tries), NOW, "s")
+    assert choice.rung is rung
+
+
+@pytest.mark.parametrize("policy,allowed", [
+    (Policy(), {Rung.RESET, Rung.REBOOT, Rung.REPLACE}),
+    (Policy(reset=False), {Rung.REBOOT, Rung.REPLACE}),
+    (Policy(reboot=False), {Rung.RESET, Rung.REPLACE}),
+    (Policy(reset=False, reboot=False), {Rung.REPLACE}),  # replace cannot be switched off
+])
+def test_the_policy_allows_each_rung_but_replace_by_its_own_key(policy, allowed):
+    assert {r for r in Rung if policy.allows(r)} == allowed
+
+
+def test_the_policy_reads_the_repair_section():
+    repair = SimpleNamespace(window="3600", attempts="2", reboot_timeout=60, reset=False, reboot=1)
+    assert Policy.from_config(repair) == Policy(3600.0, 2, 60.0, False, True)
+
+
+@pytest.mark.parametrize("state,jobs,waits", [
+    (RepairState(), (), False),
+    (RepairState(), ("job",), True),
+    (RepairState(validating=Validating()), ("job",), True),
+    (RepairState(replaced=Replaced()), ("job",), True),
+    (RepairState(active=Active()), ("job",), False),  # our reboot: Slurm waits for the jobs, not us
+    (RepairState(stopped=Stopped(("x",))), ("job",), False),  # services down: restore them now
+])
+def test_the_ladder_waits_for_jobs_unless_a_repair_is_under_way(state, jobs, waits):
+    assert ladder.waits_for_jobs(state, jobs) is waits
+
+
 def test_choose_has_nothing_for_no_finding_or_one_no_rung_mends():
     assert ladder.choose([], GPU0, [], Policy(), NOW, "s") is None
     assert ladder.choose([f(Action.RESET), f(Action.DRAIN)], GPU0, [], Policy(), NOW, "s") is None
@@ -141,6 +181,11 @@ RUNNING, UNVERIFIED = Validating(result="running"), Validating(result="unverifie
     (RepairState(validating=UNVERIFIED), (), (), "", report(), Decision.WAIT),
     # stopped services: the worker comes even with jobs on the node
     (RepairState(stopped=Stopped(("x",))), (), ("job",), "", report(f(Action.RESET)), Decision.WORK),
+    # replaced: a new fault is weighed against the attempts on record (the hook held the node before)
+    (RepairState(replaced=Replaced(1)), (), (), "", report(), Decision.NONE),
+    (RepairState(replaced=Replaced(1)), (), (), "", report(f(Action.REPLACE)), Decision.WORK),
+    # the attempts on record do not stop a due rung: the top one is still one to run
+    (RepairState(attempts=(att("reset"), att("reboot"))), (), (), "", report(f(Action.RESET)), Decision.WORK),
 ])
 def test_decide_for_every_phase(state, flags, jobs, boot, rep, decision):
     assert ladder.decide(state, node(flags), jobs, boot, rep, now=NOW, policy=Policy(reboot_timeout=900),
