@@ -97,14 +97,8 @@ class StateStore:
     def _read(self) -> BreakerState:
         if not self.path:
             return BreakerState()
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            return BreakerState()
-        except (OSError, ValueError):
-            # A corrupt file must not stop remediation; the annotations still bound the window.
-            return BreakerState()
+        # A corrupt file must not stop remediation; the annotations still bound the window.
+        data = fsutil.read_json(self.path, missing={}, error={})
         return BreakerState.from_dict(data if isinstance(data, dict) else {})
 
     def save(self, state: BreakerState) -> None:

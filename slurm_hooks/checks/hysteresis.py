@@ -115,19 +115,15 @@ class Hysteresis:
     def fold(self, findings: Sequence[Finding], now: float) -> list[Finding]:
         if self.off:
             return list(findings)
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                memory = json.load(fh)
-        except (OSError, ValueError):
-            memory = None
+        from slurm_hooks import fsutil
+
+        memory = fsutil.read_json(self.path, missing=None, error=None)
         try:
             out, memory = fold(findings, memory if isinstance(memory, dict) else None, now, self.confirm,
                                self.resume_after, self.sticky)
         except (TypeError, ValueError, KeyError, AttributeError):
             # A memory we cannot make sense of (edited, torn, another version): afresh, never a crashed run.
             out, memory = fold(findings, None, now, self.confirm, self.resume_after, self.sticky)
-        from slurm_hooks import fsutil
-
         try:
             fsutil.atomic_write(self.path, json.dumps(memory, sort_keys=True), mode=0o600, durable=False)
         except OSError:

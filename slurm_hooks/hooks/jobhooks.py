@@ -178,9 +178,8 @@ def _save_baseline(w: Wiring, jid: str, snap: NodeSnapshot | None) -> None:
 def _pop_baseline(w: Wiring, jid: str) -> NodeSnapshot | None:
     path = _baseline_path(w, jid)
     try:
-        with open(path, encoding="utf-8") as fh:
-            snap = snapshot_from_dict(json.load(fh))
-    except (OSError, ValueError, KeyError, TypeError):
+        snap = snapshot_from_dict(fsutil.read_json(path, missing=None, error=None))
+    except (AttributeError, KeyError, TypeError, ValueError):  # none, unreadable, or not a snapshot
         return None
     try:
         os.unlink(path)

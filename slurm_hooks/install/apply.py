@@ -62,13 +62,10 @@ def _file_sha(path: str) -> str | None:
 
 def load_manifest(prefix: str) -> dict[str, Any] | None:
     path = os.path.join(prefix, MANIFEST)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
+    data = fsutil.read_json(path, missing=None, error=InstallError,
+                            message="{path}: unreadable manifest ({reason}): move it away to start afresh")
+    if data is None:
         return None
-    except (OSError, ValueError) as exc:
-        raise InstallError(f"{path}: unreadable manifest ({exc}): move it away to start afresh") from None
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
         raise InstallError(f"{path}: not a manifest this version reads (format {data.get('format')!r})")
     return data

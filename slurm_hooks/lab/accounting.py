@@ -62,11 +62,10 @@ class Accounting:
     def ports(self) -> dict[str, int]:
         """``{"db": ..., "dbd": ...}``: saved on first use, so slurm.conf and the daemons agree."""
         saved = self.path("ports.json")
-        try:
-            with open(saved, encoding="utf-8") as fh:
-                return {k: int(v) for k, v in json.load(fh).items()}
-        except (OSError, ValueError):
-            pass
+        kept = fsutil.read_json(saved, missing=None, error=None)
+        if kept is not None:
+            with contextlib.suppress(ValueError):
+                return {k: int(v) for k, v in kept.items()}
         free = [p for p in range(PORT_FIRST + secrets.randbelow(400) * 2, PORT_LAST) if _port_free(p)][:2]
         if len(free) < 2:
             raise AccountingError(f"no two free ports in {PORT_FIRST}..{PORT_LAST}")

@@ -884,13 +884,14 @@ class Testbed:
         return f"\n--- last lines of {log}:\n" + "\n".join(tail)
 
     def _load_saved(self) -> dict:
+        data = fsutil.read_json(os.path.join(self.state_dir, "testbed.json"), missing=None, error=None)
+        if data is None:
+            return {}
         try:
-            with open(os.path.join(self.state_dir, "testbed.json"), encoding="utf-8") as fh:
-                data = json.load(fh)
             known = {f.name for f in fields(Settings)}
             return {"settings": Settings(**{k: v for k, v in data.get("settings", {}).items() if k in known}),
                     "ports": {str(k): int(v) for k, v in data.get("ports", {}).items()}}
-        except (OSError, ValueError, TypeError):
+        except (ValueError, TypeError):
             return {}
 
     # -- helpers for tests and demos

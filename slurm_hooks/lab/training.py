@@ -29,6 +29,8 @@ import tempfile
 import time
 from typing import Any
 
+from slurm_hooks import fsutil
+
 EXIT_REQUEUE = 75
 
 _NAME = re.compile(r"^ckpt-(\d{10})\.json$")
@@ -59,11 +61,10 @@ class Checkpointer:
         in favour of the one before it.
         """
         for step in reversed(self.steps()):
+            data = fsutil.read_json(self._path(step), missing=None, error=None)
             try:
-                with open(self._path(step), encoding="utf-8") as fh:
-                    data = json.load(fh)
                 return int(data["step"]), data["state"]
-            except (OSError, ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError):
                 continue
         return None
 

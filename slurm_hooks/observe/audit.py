@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from slurm_hooks import fsutil
 from slurm_hooks.values import compile_later
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
@@ -190,12 +191,8 @@ class AuditLog:
         return text + (line_out or "")
 
     def _load_repeats(self) -> dict[str, dict[str, dict[str, Any]]]:
-        try:
-            with open(self.repeats_path, encoding="utf-8") as fh:
-                data = json.load(fh)
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        data = fsutil.read_json(self.repeats_path, missing={}, error={})
+        return data if isinstance(data, dict) else {}
 
     def _save_repeats(self, seen: dict[str, Any]) -> None:
         if not seen and not os.path.exists(self.repeats_path):

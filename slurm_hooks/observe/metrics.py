@@ -133,15 +133,14 @@ def _empty() -> dict[str, Any]:
     return {"version": _VERSION, "runs": {}, "remediations": {}}
 
 
+def _afresh(message: str) -> dict[str, Any]:
+    print(message, file=sys.stderr)
+    return _empty()
+
+
 def _read_state(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            state = json.load(fh)
-    except FileNotFoundError:
-        return _empty()
-    except (OSError, ValueError) as exc:
-        print(f"slurm-hooks: {path}: unreadable metrics state, starting afresh: {exc}", file=sys.stderr)
-        return _empty()
+    state = fsutil.read_json(path, missing=_empty(), error=_afresh,
+                             message="slurm-hooks: {path}: unreadable metrics state, starting afresh: {reason}")
     if (not isinstance(state, dict) or state.get("version") != _VERSION
             or not isinstance(state.get("runs"), dict) or not isinstance(state.get("remediations"), dict)):
         print(f"slurm-hooks: {path}: unexpected metrics state, starting afresh", file=sys.stderr)

@@ -477,12 +477,8 @@ class Pace:
         self.changed = False
 
     def load(self) -> None:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                data = json.load(fh)
-            self.state = {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            self.state = {}
+        data = fsutil.read_json(self.path, missing={}, error={})
+        self.state = {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
         self.changed = False
 
     def save(self) -> None:
@@ -637,13 +633,10 @@ class Notifier:
     def _standing(self, told: dict[str, Any], now: float) -> list[Message]:
         """Re-posts of the bridge's problems still true, and the end of those that are not (``told``:
         what was posted, by key; updated)."""
-        try:
-            with open(self.standing_path, encoding="utf-8") as fh:
-                true = json.load(fh).get("true")
-        except (OSError, ValueError, AttributeError):
-            return []  # never told (a node's notifier): nothing to hold or end
+        told_true = fsutil.read_json(self.standing_path, missing={}, error={})
+        true = told_true.get("true") if isinstance(told_true, dict) else None
         if not isinstance(true, dict):
-            return []
+            return []  # never told (a node's notifier): nothing to hold or end
         out: list[Message] = []
         for key, r in true.items():
             m = bridge_message(r, self.s.cluster, self.s.runbook) if isinstance(r, dict) else None

@@ -66,8 +66,7 @@ class Entry:
     @classmethod
     def load(cls, path: str) -> Entry:
         """The entry in ``path``; ``ValueError`` when it is not one (truncated, edited, another version)."""
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = fsutil.read_json(path, missing=FileNotFoundError, error=ValueError)
         if not isinstance(data, dict) or not isinstance(data.get("message"), dict):
             raise ValueError("not an outbox entry")
         try:
@@ -80,11 +79,8 @@ class Entry:
 
 
 def _read_json(path: str, default: Any) -> Any:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return default
+    """The document in ``path`` when it is of ``default``'s type; else ``default``."""
+    data = fsutil.read_json(path, missing=default, error=default)
     return data if isinstance(data, type(default)) else default
 
 

@@ -250,11 +250,7 @@ class LinkGatherer:
         return boot_id()
 
     def load(self) -> dict[str, Any] | None:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, ValueError):
-            return None
+        data = fsutil.read_json(self.path, missing=None, error=None)
         return data if isinstance(data, dict) else None
 
     def __call__(self) -> tuple[IbPort, ...] | None:

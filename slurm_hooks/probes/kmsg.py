@@ -328,9 +328,10 @@ def save_gpu_map(path: str, gpus: GpuMap) -> None:
 
 def load_gpu_map(path: str) -> dict[str, tuple[int, str]]:
     """The map :func:`save_gpu_map` wrote; empty when there is none or it is unreadable."""
+    from slurm_hooks import fsutil
+
+    raw = fsutil.read_json(path, missing={}, error={})
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            raw = json.load(fh)
         return {normalize_pci(str(bus)): (int(ref[0]), str(ref[1])) for bus, ref in raw.items()}
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         return {}

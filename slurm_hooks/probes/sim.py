@@ -140,13 +140,9 @@ def _next_seq_base(sim_dir: str, node: str) -> int:
 
 def read(sim_dir: str, node: str) -> dict[str, Any]:
     path = state_path(sim_dir, node)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            state = json.load(fh)
-    except FileNotFoundError:
-        raise SimStateError(f"{path}: no simulated GPUs for node {node!r} (run: slurm-hooks sim init --node {node})") from None
-    except (OSError, ValueError) as exc:
-        raise SimStateError(f"{path}: corrupt sim state: {exc}") from None
+    state = fsutil.read_json(
+        path, missing=SimStateError(f"{path}: no simulated GPUs for node {node!r} (run: slurm-hooks sim init --node {node})"),
+        error=SimStateError, message="{path}: corrupt sim state: {reason}")
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION or not isinstance(state.get("gpus"), list):
         raise SimStateError(f"{path}: corrupt sim state: expected version {STATE_VERSION} with a 'gpus' list")
     return state

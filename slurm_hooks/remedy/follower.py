@@ -88,8 +88,7 @@ class Followed:
         return json.dumps({**asdict(self), "phase": self.phase.value})
 
     @classmethod
-    def from_json(cls, text: str) -> Followed:
-        data = json.loads(text)
+    def from_dict(cls, data: object) -> Followed:
         if not isinstance(data, dict):
             raise ValueError("not a record")
         known = {f.name for f in fields(cls)}
@@ -363,10 +362,12 @@ def finish_followed(w: Wiring) -> dict[str, str]:
     for name, path in _following_records(w):
         try:
             age = time.time() - os.stat(path).st_mtime
-            with open(path, encoding="utf-8") as fh:
-                pid = json.load(fh).get("pid")
-        except (OSError, ValueError, AttributeError):
+        except OSError:
             continue
+        record = fsutil.read_json(path, missing=None, error=None)
+        if not isinstance(record, dict):
+            continue
+        pid = record.get("pid")
         if age > FOLLOW_RECORD_TTL_S:
             _remove(path)
         elif not _follower_alive(pid):
@@ -420,9 +421,8 @@ def _follower_alive(pid: object) -> bool:
 def read_record(w: Wiring, ref: str) -> Followed | None:
     """The job's record on this node; ``None`` when there is none or it does not read."""
     try:
-        with open(_following_path(w, ref), encoding="utf-8") as fh:
-            return Followed.from_json(fh.read())
-    except (OSError, ValueError, TypeError):
+        return Followed.from_dict(fsutil.read_json(_following_path(w, ref), missing=None, error=None))
+    except (ValueError, TypeError):
         return None
 
 

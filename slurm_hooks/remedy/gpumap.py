@@ -242,18 +242,19 @@ def _boot() -> str:
 
 def cached(w: Wiring) -> GpuMap:
     """The map this boot's runs built (no snapshot at hand: the requeue); unknown when none."""
+    path = cache_path(w)
+    data = fsutil.read_json(path, missing=unknown("no GPU map built yet on this node"), error=unknown,
+                            message="GPU map cache {path} unreadable: {reason}")
+    if isinstance(data, GpuMap):
+        return data
     try:
-        with open(cache_path(w), encoding="utf-8") as fh:
-            data = json.load(fh)
         if data.get("version") != CACHE_VERSION or data.get("boot") != _boot():
             return unknown("no GPU map built since this boot")
         if data.get("conf") != _signature(p for p, _, _ in data.get("conf", ())):
             return unknown("gres.conf changed since the GPU map was built")
         return GpuMap.from_dict(data["map"])
-    except FileNotFoundError:
-        return unknown("no GPU map built yet on this node")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        return unknown(f"GPU map cache {cache_path(w)} unreadable: {exc}")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return unknown(f"GPU map cache {path} unreadable: {exc}")
 
 
 def current(w: Wiring, snap: NodeSnapshot) -> GpuMap:
@@ -261,15 +262,14 @@ def current(w: Wiring, snap: NodeSnapshot) -> GpuMap:
     if snap.error is not None:
         return cached(w)
     ident = _identity(snap)
+    data = fsutil.read_json(cache_path(w), missing=None, error=None)
     try:
-        with open(cache_path(w), encoding="utf-8") as fh:
-            data = json.load(fh)
         if (data.get("version") == CACHE_VERSION and data.get("boot") == _boot()
                 and data.get("gres_source") == w.config.gpu.gres_source
                 and data.get("conf") == _signature(p for p, _, _ in data.get("conf", ()))
                 and (ident is None or ident == data.get("gpus"))):
             return GpuMap.from_dict(data["map"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         pass
     gmap, files = read(w, snap)
     if ident is not None:

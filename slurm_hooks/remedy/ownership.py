@@ -39,6 +39,10 @@ class MarkerUnreadable(SlurmHooksError):
     """The drain marker exists but cannot be read: what we drained for is unknown."""
 
 
+#: What :meth:`DrainMarker.load` reads for a marker that is not there (a ``null`` one is unreadable).
+_NO_MARKER = object()
+
+
 @dataclass(frozen=True)
 class DrainMarker:
     """Our record of draining a node (``<state dir>/drained-<node>``, JSON)."""
@@ -60,13 +64,10 @@ class DrainMarker:
     @classmethod
     def load(cls, path: str) -> DrainMarker | None:
         """The marker at ``path``; ``None`` when there is none. Raises :class:`MarkerUnreadable`."""
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
+        data = fsutil.read_json(path, missing=_NO_MARKER, error=MarkerUnreadable,
+                                message="{path}: unreadable drain marker ({reason})")
+        if data is _NO_MARKER:
             return None
-        except (OSError, ValueError) as exc:
-            raise MarkerUnreadable(f"{path}: unreadable drain marker ({exc})") from None
         if not isinstance(data, dict) or not isinstance(data.get("reason"), str):
             raise MarkerUnreadable(f"{path}: drain marker without a reason")
         try:
@@ -173,9 +174,5 @@ class ReleasedReasons:
                    for e in self._read())
 
     def _read(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, ValueError):
-            return []
+        data = fsutil.read_json(self.path, missing=[], error=[])
         return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []

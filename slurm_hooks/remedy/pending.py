@@ -78,15 +78,14 @@ def load(state_dir: str, node: str) -> Pending | None:
     since replaying a half-understood action is worse than waiting for the next check)."""
     p = path(state_dir, node)
     try:
-        with open(p, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = fsutil.read_json(p, missing=None, error=ValueError)
+        if data is None:
+            return None
         known = {f.name for f in fields(Pending)}
         rec = Pending(**{k: v for k, v in data.items() if k in known})
         return replace(rec, steps=tuple(s for s in rec.steps if s in STEPS),
                        events=tuple(e for e in rec.events if isinstance(e, dict)))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError):
+    except (ValueError, TypeError):
         with contextlib.suppress(OSError):
             os.unlink(p)
         return None

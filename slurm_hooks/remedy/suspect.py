@@ -131,12 +131,8 @@ def _start_isolate(w: Wiring, nodes: list[str], partition: str, jid: str, earlie
 
 
 def _load(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    data = fsutil.read_json(path, missing={}, error={})
+    return data if isinstance(data, dict) else {}
 
 
 def _save(path: str, data: dict) -> None:

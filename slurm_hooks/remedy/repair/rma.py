@@ -24,13 +24,7 @@ def rma_path(w: Wiring) -> str:
 
 
 def read_rma(path: str) -> list[dict[str, Any]]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError):
-        return []
+    data = fsutil.read_json(path, missing={}, error={})
     return [e for e in data.get("gpus", []) if isinstance(e, dict)] if isinstance(data, dict) else []
 
 

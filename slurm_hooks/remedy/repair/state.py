@@ -12,9 +12,9 @@ starting afresh would forget the attempts, and the ladder would climb from its f
 
 from __future__ import annotations
 
-import json
 from enum import Enum
 
+from slurm_hooks import fsutil
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.values import dataclass, field, replace
 
@@ -30,6 +30,10 @@ UNVERIFIED = "unverified"
 
 class RepairStateUnreadable(SlurmHooksError):
     """The repair state file is there but cannot be read: the caller says so and does not act."""
+
+
+#: What :func:`load` reads for a state file that is not there (a ``null`` one is malformed).
+_NO_STATE = object()
 
 
 class Phase(str, Enum):
@@ -291,13 +295,10 @@ class RepairState:
 
 def load(path: str) -> RepairState:
     """The state at ``path``; an empty one when there is none. Raises :class:`RepairStateUnreadable`."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
+    data = fsutil.read_json(path, missing=_NO_STATE, error=RepairStateUnreadable,
+                            message="{path}: unreadable repair state ({reason})")
+    if data is _NO_STATE:
         return RepairState()
-    except (OSError, ValueError) as exc:
-        raise RepairStateUnreadable(f"{path}: unreadable repair state ({exc})") from None
     try:
         return RepairState.from_json(data)
     except ValueError as exc:
