@@ -57,8 +57,6 @@ from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import NodeInfo, Slurm, out_of_service, parse_reason
 
 COMPONENT = nodeops.COMPONENT
-#: Slurm states in which a node is not "healthy again", whatever its drain flag says.
-_UNHEALTHY_FLAGS = frozenset({"DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "UNKNOWN", "FUTURE", "INVAL"})
 #: Consecutive transient errors after which the API server is taken to be down for this pass.
 _ABORT_AFTER = 3
 _CONFLICT_TRIES = 4
@@ -71,13 +69,14 @@ NOTIFIED = frozenset({"bridge_breaker_tripped", "bridge_replace", "bridge_incide
 
 
 def slurm_healthy(node: NodeInfo) -> bool:
-    return not node.drained and not (node.flags & _UNHEALTHY_FLAGS)
+    """Healthy again as Slurm sees it: in service (:attr:`NodeInfo.serving`)."""
+    return node.serving
 
 
 def readopt(node: NodeInfo, verdict: NodeVerdict, actions: tuple[Action, ...]) -> bool:
     """Take a node again from our verdict alone: its reason is the Slinky operator's now (the
     preStop), our annotation is gone, and its replacement was never asked for (asked once)."""
-    return (node.drained or "DOWN" in node.flags) and operator_reason(node.reason) and not verdict.requested \
+    return node.out_of_service and operator_reason(node.reason) and not verdict.requested \
         and verdict.action in {a.value for a in actions}
 
 
@@ -193,13 +192,9 @@ class _SlurmJobsUnknown(SlurmHooksError):
     """Slurm could not say which jobs are on a node: it is not drained this pass."""
 
 
-#: Base states and flags of a Slurm node that still has (or is finishing) a job.
-_BUSY = frozenset({"ALLOCATED", "ALLOC", "MIXED", "COMPLETING", "DRAINING"})
-
-
 def slurm_busy(node: NodeInfo) -> bool:
     """Draining rather than drained: a job still runs or completes on it."""
-    return node.base_state in _BUSY or bool(node.flags & {"COMPLETING", "DRAINING"})
+    return node.busy
 
 
 def _take_id(record: Ownership) -> str:

@@ -62,9 +62,9 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
             who, todo = US, "validating (DCGM diag) before it returns"
         elif reboot_pending(info):
             who, todo = SLURM, "reboot (RebootProgram) once idle"
-        elif action is Action.REBOOT and info.base_state == "DOWN":
+        elif action is Action.REBOOT and info.down:
             who, todo = US, "the first check on the new boot"
-        elif info.base_state in ("MIXED", "ALLOCATED", "COMPLETING") or "DRAINING" in info.flags:
+        elif info.busy:
             who, todo = JOBS, "run to their end; then the repair"
         else:
             who = US

@@ -31,6 +31,7 @@ from slurm_hooks import REASON_PREFIX, fsutil
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import sweep as sweeping
 from slurm_hooks.remedy import culprit
+from slurm_hooks.slurm import JobState
 from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
@@ -273,7 +274,7 @@ class _Waves:
                 elif time.monotonic() - started > self.test_timeout + START_MARGIN_S:
                     sweeping.cancel_quietly(self.w, job)
                     timed_out.add(job)
-                    done[job] = "TIMEOUT"
+                    done[job] = JobState.TIMEOUT
                     del waiting[job]
             if waiting:
                 time.sleep(POLL_S)
@@ -306,7 +307,7 @@ class _Waves:
             pass
         if timed_out:
             return culprit.Outcome(False, None, f"still running {self.test_timeout:g}s in: cancelled", job)
-        if state != "COMPLETED":
+        if state != JobState.COMPLETED:
             lines = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith("srun: ")]
             return culprit.Outcome(False, None, f"ended {state}" + (f": {lines[-1][:160]}" if lines else ""), job)
         for pattern in _BUSBW:

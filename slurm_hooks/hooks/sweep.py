@@ -247,7 +247,7 @@ def node_busy(w: Wiring, node: str, info: Any) -> str:
         return f"running job(s) {', '.join(jobs)}"
     if info.drained or info.reason:
         return f"not in service ({info.state}{': ' + info.reason if info.reason else ''})"
-    if info.base_state != "IDLE":
+    if not info.idle:
         return f"not idle ({info.state})"
     return ""
 

@@ -34,7 +34,7 @@ from slurm_hooks.observe import events
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import Spawned, run_command, spawn_detached
-from slurm_hooks.slurm import hostlist
+from slurm_hooks.slurm import JobState, hostlist
 
 Say = Callable[[str], None]
 
@@ -194,7 +194,7 @@ def _wait_running(tb: Testbed, job_id: int, out: str, steps: int, timeout: float
         job = slurm.job(job_id)
         lines = _tail(out)
         step_lines = [ln for ln in lines if _STEP.match(ln)]
-        if job.state.upper().startswith("RUNNING") and len(step_lines) >= steps:
+        if job.running and len(step_lines) >= steps:
             m = next((_GPUS.search(ln) for ln in lines if _GPUS.search(ln)), None)
             gpu = int(m.group(1).split(",")[0]) if m and m.group(1)[:1].isdigit() else 0
             say(f"  job {job_id} RUNNING on {job.nodes}, GPU {gpu}, at {step_lines[-1]}")
@@ -229,10 +229,9 @@ def _follow(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeou
         now = time.time()
         if node.drained and node.reason.startswith(REASON_PREFIX):
             show("node drained", f"{bad}: {node.reason}", now)
-        state = job.state.upper()
-        if job.restarts >= 1 and state.startswith("PENDING"):
+        if job.restarts >= 1 and job.base_state == JobState.PENDING:
             show("job requeued", f"job {job_id} PENDING ({job.reason or 'requeued'})", now)
-        if job.restarts >= 1 and state.startswith("RUNNING") and job.nodes and job.nodes != bad:
+        if job.restarts >= 1 and job.running and job.nodes and job.nodes != bad:
             show("job running again", f"job {job_id} RUNNING on {job.nodes} (restart {job.restarts})", now)
         for ln in lines[seen_lines:]:
             saved = _SAVED.match(ln)
@@ -298,7 +297,7 @@ class _RepairWatch:
         for rec in reboots:
             if rec.get("result") == "ok":
                 _show(ms, say, "checked healthy", f"{bad}: {rec.get('detail', '')}", now)
-        if "checked healthy" in ms.times and node.state.upper() == "IDLE":  # 23.11+ may keep the reason
+        if "checked healthy" in ms.times and node.ready:  # 23.11+ may keep the reason
             _show(ms, say, "back in service", f"{bad}: {node.state}", now)
         return "back in service" in ms.times
 
@@ -425,7 +424,7 @@ def _wait_ddp_running(tb: Testbed, job_id: int, work: str, out: str, steps: int,
     while time.monotonic() < deadline:
         job = slurm.job(job_id)
         done = _steps_log(work)
-        if job.base_state == "RUNNING" and len(done) >= steps:
+        if job.running and len(done) >= steps:
             ranks = {m.group(4): m.group(3) for ln in _tail(out) for m in _START.finditer(ln)}
             say(f"  job {job_id} RUNNING on {job.nodes}: "
                 + ", ".join(f"rank {r} on {n}" for r, n in sorted(ranks.items())) + f", at step {done[-1][0]}")
@@ -474,10 +473,9 @@ def _follow_ddp(tb: Testbed, job_id: int, bad: str, work: str, out: str, ms: Mil
                 reached = max((s for s, t, r in done if r == "0" and t <= ms.injected), default=0)
                 ms.details["steps lost"] = str(max(0, reached - resumed))
         seen_lines = len(lines)
-        state = job.base_state
-        if job.restarts >= 1 and state == "PENDING":
+        if job.restarts >= 1 and job.base_state == JobState.PENDING:
             show("job requeued", f"job {job_id} PENDING ({job.reason or 'requeued'})", now)
-        if job.restarts >= 1 and state == "RUNNING" and job.nodes and bad not in hostlist.expand(job.nodes):
+        if job.restarts >= 1 and job.running and job.nodes and bad not in hostlist.expand(job.nodes):
             show("job running again", f"job {job_id} RUNNING on {job.nodes} (restart {job.restarts})", now)
         after = [s for s, t, r in done if r != "0"]
         if resumed is not None and after and max(after) > resumed and "node drained" in ms.times \

@@ -39,7 +39,7 @@ from slurm_hooks.lab.accounting import Accounting
 from slurm_hooks.lab.waiting import poll
 from slurm_hooks.probes import sim, simtools
 from slurm_hooks.runner import run_command, spawn_detached
-from slurm_hooks.slurm import JobInfo, NodeInfo, quirks
+from slurm_hooks.slurm import JobInfo, JobState, NodeInfo, quirks
 from slurm_hooks.slurm.errors import SlurmNotFound
 from slurm_hooks.slurm.scontrol import ScontrolSlurm
 from slurm_hooks.slurm.version import parse_version
@@ -684,13 +684,13 @@ class Testbed:
                 last_error = ""
             except SlurmHooksError as exc:
                 last_error = str(exc)
-            if nodes and all((n.state.upper() == "IDLE") if idle else _responding(n) for n in nodes):
+            if nodes and all(n.ready if idle else n.responding for n in nodes):
                 return nodes
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         states = ", ".join(f"{n.name}={n.state}" + (f" ({n.reason})" if n.reason else "") for n in nodes)
-        bad = next((n.name for n in nodes if n.state.upper() != "IDLE"), self.node_names[0])
+        bad = next((n.name for n in nodes if not n.ready), self.node_names[0])
         raise TestbedError(f"nodes not IDLE after {timeout:g}s: {states or last_error}"
                            f"{self._log_tail(f'slurmd {bad}')}")
 
@@ -839,7 +839,7 @@ class Testbed:
                 known = {n.name: n for n in nodes}
                 missing = [f"{name} not known to slurmctld" if name not in known else
                            f"{name} not registered or not responding ({known[name].state})"
-                           for name in self.node_names if name not in known or not _registered(known[name])]
+                           for name in self.node_names if name not in known or not known[name].registered]
                 if missing:
                     error, up = "; ".join(missing), False
         return Status(self.state_dir, up, daemons, nodes, error)
@@ -916,7 +916,7 @@ class Testbed:
         except FileNotFoundError:
             return ""
 
-    def wait_job(self, job_id: int, states: Iterable[str] = ("RUNNING",), timeout: float = 30.0,
+    def wait_job(self, job_id: int, states: Iterable[str] = (JobState.RUNNING,), timeout: float = 30.0,
                  interval: float = 0.1) -> JobInfo:
         """Poll until the job's state is one of ``states``; TestbedError with the last state on timeout."""
         wanted = {s.upper() for s in states}
@@ -926,7 +926,7 @@ class Testbed:
         while True:
             with contextlib.suppress(SlurmNotFound):
                 job = slurm.job(job_id)
-                if job.state.split("+")[0].upper() in wanted:
+                if job.base_state in wanted:
                     return job
             if time.monotonic() > deadline:
                 last = f"{job.state} ({job.reason})" if job else "not found"
@@ -975,7 +975,7 @@ class Testbed:
                             check=False)
                 run_command([os.path.join(BIN, "scancel"), *ids], 10, env=self.env(), check=False)
                 next_cancel = now + 1.0
-            stuck = {nodes for _, state, nodes, _ in queue if state == "COMPLETING" and nodes} - downed
+            stuck = {nodes for _, state, nodes, _ in queue if state == JobState.COMPLETING and nodes} - downed
             if now > half_way and stuck:
                 for nodes in sorted(stuck):
                     self.progress(f"jobs still completing on {nodes}: setting it DOWN")
@@ -1066,7 +1066,7 @@ class Testbed:
     def _stale_reasons(self, slurm: ScontrolSlurm) -> list[str]:
         """Nodes IDLE, not drained, yet with a reason (left by a resume on newer Slurm)."""
         with contextlib.suppress(SlurmHooksError):
-            return [n.name for n in slurm.nodes() if n.state.upper() == "IDLE" and n.reason]
+            return [n.name for n in slurm.nodes() if n.ready and n.reason]
         return []
 
     def _unclean(self, slurm: ScontrolSlurm) -> dict[str, str]:
@@ -1084,7 +1084,7 @@ class Testbed:
             node = nodes.get(name)
             if node is None:
                 out[name] = f"{name} not known to slurmctld"
-            elif node.state.upper() != "IDLE" or node.reason:
+            elif not node.ready or node.reason:
                 out[name] = f"{name} {node.state}" + (f" ({node.reason})" if node.reason else "")
         if jobs:
             out["jobs"] = f"jobs {', '.join(jobs)}"
@@ -1235,18 +1235,6 @@ def _log_grew(path: str, offset: int, marks: tuple[bytes, ...]) -> bool:
     except OSError:
         return False
     return any(mark in new for mark in marks)
-
-
-def _registered(node: NodeInfo) -> bool:
-    """slurmd has registered and answers pings ("*" marks a node that does not), whatever an admin set."""
-    return "*" not in node.state and node.base_state not in ("UNKNOWN", "FUTURE") \
-        and not ({"NOT_RESPONDING", "POWERED_DOWN"} & node.flags)
-
-
-def _responding(node: NodeInfo) -> bool:
-    """Registered and answering: scontrol marks a node that does not answer with ``*`` (``IDLE*``)."""
-    return (node.base_state not in ("DOWN", "UNKNOWN", "FUTURE") and "*" not in node.state
-            and not ({"NOT_RESPONDING", "POWERED_DOWN"} & node.flags))
 
 
 def _host_uptime() -> float:

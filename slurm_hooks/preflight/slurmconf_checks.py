@@ -13,6 +13,7 @@ from slurm_hooks.install import layout
 from slurm_hooks.preflight import nhc, slurmconf
 from slurm_hooks.preflight.results import Result, Status
 from slurm_hooks.preflight.slurmconf import SlurmConf
+from slurm_hooks.slurm.conffile import HealthCheckNodeState as HCNS
 
 # --- programs: HealthCheckProgram, Prolog, Epilog ---------------------------------------
 
@@ -184,7 +185,7 @@ def check_health_check_interval(conf: SlurmConf) -> list[Result]:
     return [Result(check, Status.PASS, f"{shown}: every {value:g} s", "", where)]
 
 
-_ALL_NODE_STATES = ("ALLOC", "ANY", "CYCLE", "IDLE", "NONDRAINED_IDLE", "MIXED", "START_ONLY")
+_ALL_NODE_STATES = HCNS.ALL
 
 
 def check_health_check_node_state(conf: SlurmConf) -> list[Result]:
@@ -198,18 +199,19 @@ def check_health_check_node_state(conf: SlurmConf) -> list[Result]:
     if unknown:
         return [Result(check, Status.FAIL, f"{e}: unknown state(s) {', '.join(sorted(unknown))}",
                        f"use some of {', '.join(_ALL_NODE_STATES)}; ANY is what slurm-hooks needs", where)]
-    states.discard("CYCLE")
-    if not states or "ANY" in states:
+    states.discard(HCNS.CYCLE)
+    if not states or HCNS.ANY in states:
         return [Result(check, Status.PASS, f"{e}: drained idle nodes are re-checked", "", where)]
-    why = ("the check then runs only when slurmd starts" if "START_ONLY" in states
-           else "NONDRAINED_IDLE skips exactly the nodes we drained" if "NONDRAINED_IDLE" in states and "IDLE" not in states
+    why = ("the check then runs only when slurmd starts" if HCNS.START_ONLY in states
+           else "NONDRAINED_IDLE skips exactly the nodes we drained" if HCNS.NONDRAINED_IDLE in states
+           and HCNS.IDLE not in states
            else "drained idle nodes are never checked")
-    if "IDLE" not in states or "START_ONLY" in states:
+    if HCNS.IDLE not in states or HCNS.START_ONLY in states:
         return [Result(check, Status.FAIL,
                        f"{e}: {why}, so a node slurm-hooks drained is never re-checked and stays drained after repair",
                        "HealthCheckNodeState=ANY (or add IDLE: a drained node with no jobs is IDLE+DRAIN; "
                        "ALLOC/MIXED cover only busy nodes and NONDRAINED_IDLE leaves drained ones out)", where)]
-    if not {"ALLOC", "MIXED"} & states:
+    if not {HCNS.ALLOC, HCNS.MIXED} & states:
         return [Result(check, Status.WARN, f"{e}: busy nodes are not checked between prolog and epilog",
                        "HealthCheckNodeState=ANY, or run `slurm-hooks watch` on every node", where)]
     return [Result(check, Status.PASS, f"{e}: drained idle nodes are re-checked", "", where)]

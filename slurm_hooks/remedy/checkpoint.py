@@ -23,7 +23,7 @@ import stat
 
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.remedy.wiring import Wiring
-from slurm_hooks.slurm import JobInfo, jobsignal
+from slurm_hooks.slurm import JobInfo, JobState, jobsignal
 from slurm_hooks.slurm.jobsignal import JobSignal, Source, Target
 
 #: Largest ``/proc/<pid>/environ`` read (the kernel caps a process's environment far above this).
@@ -178,7 +178,7 @@ class Grace(str, enum.Enum):
 
 #: States a job that ends in its grace is requeued from: it did not choose to stop (COMPLETED),
 #: was not cancelled, and did not run out of time; Slurm requeues a finished batch job.
-REQUEUE_ENDED_STATES = ("FAILED",)
+REQUEUE_ENDED_STATES = (JobState.FAILED,)
 
 
 def judge_grace(job: JobInfo, now: float, grace_until: float, restarts: int) -> Grace:

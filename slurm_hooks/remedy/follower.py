@@ -31,7 +31,7 @@ from slurm_hooks import fsutil
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.remedy.audit import annotate_jobs, step
 from slurm_hooks.remedy.wiring import Wiring
-from slurm_hooks.slurm import JobInfo, hostlist, job_ref
+from slurm_hooks.slurm import JobInfo, JobState, hostlist, job_ref
 from slurm_hooks.slurm.errors import AlreadyRequeued, SlurmCommandFailed
 from slurm_hooks.values import asdict, dataclass, fields, replace
 
@@ -292,7 +292,7 @@ def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
         forget_record(w, ref)
         step(w, "start_now", ref, "ok", t0, jobs=[ref])
         return "ok"
-    if job.base_state in ("RUNNING", "CONFIGURING") and job.restarts > 0 and job.nodes \
+    if job.started and job.restarts > 0 and job.nodes \
             and not hostlist.matches(job.nodes, w.node):
         forget_record(w, ref)
         return "already running"
@@ -328,7 +328,7 @@ def _requeued(w: Wiring, rec: Followed, kind: str, t0: float, state: str = "") -
         step(w, "requeue", rec.ref, "self", t0, jobs=[rec.ref], signal=rec.signal, seconds_from_fault=seconds,
              requeued_by="self", detail=detail)
     elif kind == "failed":
-        detail = (f"ended {state or 'FAILED'} in its grace after its {rec.signal} (its framework could not "
+        detail = (f"ended {state or JobState.FAILED} in its grace after its {rec.signal} (its framework could not "
                   f"checkpoint it): requeued {seconds:g}s after the fault")
         step(w, "requeue", rec.ref, "ok", t0, jobs=[rec.ref], signal=rec.signal, seconds_from_fault=seconds,
              requeued_by="ours", ended=state, detail=detail)

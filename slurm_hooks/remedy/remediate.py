@@ -147,7 +147,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
 
 def _empty(info: NodeInfo) -> bool:
     """A drained node Slurm shows IDLE (not ALLOCATED, MIXED or COMPLETING) runs no job and gets none."""
-    return info.drained and info.base_state == "IDLE" and "COMPLETING" not in info.flags
+    return info.drained and info.idle and not info.completing
 
 
 def _after_drain(w: Wiring, reason: str) -> NodeInfo | None:
@@ -550,7 +550,7 @@ def _not_rejudged(w: Wiring, marker: DrainMarker, report: Report, info: NodeInfo
     if missing:
         return (f"drained for {', '.join(missing)}, which the periodic check does not run: "
                 "resume by hand (scontrol update State=RESUME) once mended")
-    if report.snapshot is not None and info.base_state in ("IDLE", "DRAINED", "DOWN"):
+    if report.snapshot is not None and info.empty:
         # An idle node's GPUs should be empty: what is on them now is left over.
         left = report.if_idle
         if left:

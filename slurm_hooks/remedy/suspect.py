@@ -108,7 +108,7 @@ def _requeued(w: Wiring, env: Mapping[str, str], jid: str) -> bool:
         started_as = int(env.get("SLURM_JOB_RESTART_COUNT", "0") or 0)
     except ValueError:
         started_as = 0
-    return info.restarts > started_as or info.base_state in ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PENDING")
+    return info.restarts > started_as or info.pending
 
 
 def _start_isolate(w: Wiring, nodes: list[str], partition: str, jid: str, earlier: list[str]) -> str:

@@ -23,6 +23,47 @@ else:
     Protocol = object  # the classes below are interfaces only
 
 
+class NodeState:
+    """Slurm's words for a node's state, the only place they are spelled: scontrol prints a base
+    state and ``+`` flags (``IDLE+DRAIN``, ``MIXED+COMPLETING``, ``DOWN*+DRAIN``; ``*``: not
+    responding). Ask :class:`NodeInfo`'s properties what a state means; these are for what
+    Slurm is told (``State=RESUME``, ``nextstate=DOWN``) and for playing slurmctld in tests."""
+
+    IDLE = "IDLE"
+    ALLOCATED = "ALLOCATED"
+    ALLOC = "ALLOC"
+    MIXED = "MIXED"
+    COMPLETING = "COMPLETING"
+    DOWN = "DOWN"
+    DRAIN = "DRAIN"
+    DRAINED = "DRAINED"
+    DRAINING = "DRAINING"
+    FAIL = "FAIL"
+    FAILING = "FAILING"
+    NOT_RESPONDING = "NOT_RESPONDING"
+    UNKNOWN = "UNKNOWN"
+    FUTURE = "FUTURE"
+    INVAL = "INVAL"
+    POWERED_DOWN = "POWERED_DOWN"
+    REBOOT_REQUESTED = "REBOOT_REQUESTED"
+    REBOOT_ISSUED = "REBOOT_ISSUED"
+    RESUME = "RESUME"
+    #: scontrol's mark on a node that does not answer (``IDLE*``).
+    NOT_RESPONDING_MARK = "*"
+
+
+#: Base states and flags of a node that still has (or is finishing) a job.
+_BUSY = frozenset({NodeState.ALLOCATED, NodeState.ALLOC, NodeState.MIXED, NodeState.COMPLETING, NodeState.DRAINING})
+_DRAIN_FLAGS = frozenset({NodeState.DRAIN, NodeState.DRAINED, NodeState.DRAINING})
+#: States in which a node does not serve, whatever its drain flag says.
+_TROUBLE = frozenset({NodeState.DOWN, NodeState.FAIL, NodeState.FAILING, NodeState.NOT_RESPONDING, NodeState.UNKNOWN,
+                      NodeState.FUTURE, NodeState.INVAL})
+#: Base states that show no job on a node.
+_EMPTY = (NodeState.IDLE, NodeState.DRAINED, NodeState.DOWN)
+_UNREGISTERED = (NodeState.UNKNOWN, NodeState.FUTURE)
+_SILENT = frozenset({NodeState.NOT_RESPONDING, NodeState.POWERED_DOWN})
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
@@ -44,7 +85,72 @@ class NodeInfo:
     @property
     def drained(self) -> bool:
         """DRAIN flag set (draining or drained) or a DRAINED/DRAINING base state."""
-        return bool({"DRAIN", "DRAINED", "DRAINING"} & self.flags)
+        return bool(_DRAIN_FLAGS & self.flags)
+
+    @property
+    def idle(self) -> bool:
+        """Base state IDLE (flags aside: ``IDLE+DRAIN`` is idle)."""
+        return self.base_state == NodeState.IDLE
+
+    @property
+    def ready(self) -> bool:
+        """Exactly ``IDLE``: no flag at all (not drained, responding, in no reboot)."""
+        return self.state.upper() == NodeState.IDLE
+
+    @property
+    def completing(self) -> bool:
+        """A job is ending on it (``COMPLETING``, base state or flag)."""
+        return NodeState.COMPLETING in self.flags
+
+    @property
+    def busy(self) -> bool:
+        """A job still runs or completes on it: ALLOCATED, MIXED, COMPLETING or DRAINING."""
+        return bool(self.flags & _BUSY)
+
+    @property
+    def draining(self) -> bool:
+        """Drained, but a job still runs or completes on it."""
+        return self.drained and self.busy
+
+    @property
+    def empty(self) -> bool:
+        """Slurm shows no job on it: base state IDLE, DRAINED or DOWN."""
+        return self.base_state in _EMPTY
+
+    @property
+    def down(self) -> bool:
+        return self.base_state == NodeState.DOWN
+
+    @property
+    def serving(self) -> bool:
+        """In service as Slurm sees it: not drained, and not DOWN, FAIL(ING), NOT_RESPONDING, UNKNOWN,
+        FUTURE or INVAL."""
+        return not self.drained and not (self.flags & _TROUBLE)
+
+    @property
+    def registered(self) -> bool:
+        """slurmd has registered and answers pings (``*`` marks a node that does not), whatever an admin set."""
+        return NodeState.NOT_RESPONDING_MARK not in self.state and self.base_state not in _UNREGISTERED \
+            and not (_SILENT & self.flags)
+
+    @property
+    def responding(self) -> bool:
+        """Registered, answering, and not DOWN."""
+        return self.registered and not self.down
+
+    @property
+    def reboot_pending(self) -> bool:
+        """Slurm has a reboot of this node requested or under way (``REBOOT_REQUESTED``, ``REBOOT_ISSUED``)."""
+        return any(flag.startswith("REBOOT") for flag in self.flags)
+
+    @property
+    def reboot_issued(self) -> bool:
+        return NodeState.REBOOT_ISSUED in self.flags
+
+    @property
+    def out_of_service(self) -> bool:
+        """Drained, or DOWN (how our ``nextstate=DOWN`` reboot brings a node back)."""
+        return self.drained or self.down
 
     @property
     def ours(self) -> bool:
@@ -69,11 +175,42 @@ class NodeInfo:
         return str(self.extra.get("Extra") or "")
 
 
+class JobState:
+    """Slurm's words for a job's state (squeue's ``State``, sacct's), the only place they are spelled;
+    ask :class:`JobInfo`'s properties what a state means."""
+
+    PENDING = "PENDING"
+    REQUEUED = "REQUEUED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUE_FED = "REQUEUE_FED"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    SUSPENDED = "SUSPENDED"
+    STOPPED = "STOPPED"
+    SIGNALING = "SIGNALING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    REVOKED = "REVOKED"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+
+
 #: Job states in which a job still holds (or is releasing) a node.
-ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING")
+ACTIVE_JOB_STATES = (JobState.RUNNING, JobState.COMPLETING, JobState.CONFIGURING, JobState.SUSPENDED,
+                     JobState.STOPPED, JobState.SIGNALING)
 #: States of a job that has ended (squeue -t all shows them until MinJobAge).
-FINISHED_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-                       "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT")
+FINISHED_JOB_STATES = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
+                       JobState.OUT_OF_MEMORY, JobState.NODE_FAIL, JobState.PREEMPTED, JobState.BOOT_FAIL,
+                       JobState.DEADLINE, JobState.REVOKED, JobState.SPECIAL_EXIT)
+#: States of a job waiting to run (again, after a requeue).
+PENDING_JOB_STATES = (JobState.PENDING, JobState.REQUEUED, JobState.REQUEUE_HOLD, JobState.REQUEUE_FED)
 #: The hold Slurm puts on a batch job whose launch failed (our prolog refused it on a bad GPU):
 #: squeue prints the first form, scontrol the second (verified on 22.05). The only hold we release.
 LAUNCH_FAILED_HOLD = ("launch failed requeued held", "launch_failed_requeued_held")
@@ -126,7 +263,27 @@ class JobInfo:
 
     @property
     def pending(self) -> bool:
-        return self.base_state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+        """Waiting to run: PENDING, or REQUEUED (held or not) on its way back to it."""
+        return self.base_state in PENDING_JOB_STATES
+
+    @property
+    def running(self) -> bool:
+        return self.base_state == JobState.RUNNING
+
+    @property
+    def started(self) -> bool:
+        """Running or being set up to run (CONFIGURING: its nodes boot or its prolog runs)."""
+        return self.base_state in (JobState.RUNNING, JobState.CONFIGURING)
+
+    @property
+    def completed(self) -> bool:
+        """Ended with exit code 0 (COMPLETED)."""
+        return self.base_state == JobState.COMPLETED
+
+    @property
+    def failed(self) -> bool:
+        """Ended with a non-zero exit code (FAILED; not cancelled, timed out or preempted)."""
+        return self.base_state == JobState.FAILED
 
     @property
     def active(self) -> bool:
@@ -136,7 +293,7 @@ class JobInfo:
     @property
     def completing(self) -> bool:
         """Ending (it exited, or a requeue is under way): requeuing it now would run it again."""
-        return self.base_state == "COMPLETING" or "COMPLETING" in self.state.upper().split("+")[1:]
+        return self.base_state == JobState.COMPLETING or JobState.COMPLETING in self.state.upper().split("+")[1:]
 
     @property
     def finished(self) -> bool:
@@ -338,18 +495,18 @@ def may_drain(node: NodeInfo) -> bool:
 
 
 def reboot_pending(node: NodeInfo) -> bool:
-    """Slurm has a reboot of this node requested or under way (``REBOOT_REQUESTED``, ``REBOOT_ISSUED``)."""
-    return any(flag.startswith("REBOOT") for flag in node.flags)
+    """:attr:`NodeInfo.reboot_pending`, as a function."""
+    return node.reboot_pending
 
 
 def out_of_service(node: NodeInfo) -> bool:
-    """Drained, or DOWN (how our ``nextstate=DOWN`` reboot brings a node back)."""
-    return node.drained or node.base_state == "DOWN"
+    """:attr:`NodeInfo.out_of_service`, as a function."""
+    return node.out_of_service
 
 
 def may_resume(node: NodeInfo) -> bool:
     """Resume only a node we took out ourselves (drained, or DOWN after our reboot)."""
-    return out_of_service(node) and node.ours
+    return node.out_of_service and node.ours
 
 
 #: Our reason's action tag (:data:`slurm_hooks.models.REASON_TAG`), at its end.

@@ -24,6 +24,21 @@ DEFAULT_PATHS = (
     "/var/spool/slurmd/conf-cache/slurm.conf",
 )
 
+
+
+class HealthCheckNodeState:
+    """The words of slurm.conf's ``HealthCheckNodeState``: the nodes slurmd runs the health check on."""
+
+    ALLOC = "ALLOC"
+    ANY = "ANY"
+    CYCLE = "CYCLE"
+    IDLE = "IDLE"
+    NONDRAINED_IDLE = "NONDRAINED_IDLE"
+    MIXED = "MIXED"
+    START_ONLY = "START_ONLY"
+    ALL = (ALLOC, ANY, CYCLE, IDLE, NONDRAINED_IDLE, MIXED, START_ONLY)
+
+
 _PAIR = re.compile(r'\s*([A-Za-z0-9_.]+)\s*=\s*(?:"([^"]*)"|(\S*))(?=\s|$)')
 INCLUDE = re.compile(r"^\s*include\s+(.+?)\s*$", re.IGNORECASE)
 

@@ -25,11 +25,13 @@ from __future__ import annotations
 import dataclasses
 
 from slurm_hooks.errors import PermanentError, SlurmHooksError
-from slurm_hooks.slurm import JobInfo, NodeInfo, hostlist
+from slurm_hooks.slurm import JobInfo, JobState, NodeInfo, NodeState, hostlist
 from slurm_hooks.slurm.errors import AlreadyRequeued
 
-_ON_NODE = ("RUNNING", "CONFIGURING", "COMPLETING")
-_DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
+_ON_NODE = (JobState.RUNNING, JobState.CONFIGURING, JobState.COMPLETING)
+_DONE = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY,
+         JobState.NODE_FAIL)
+_DRAIN, _DOWN, _REBOOT = NodeState.DRAIN, NodeState.DOWN, NodeState.REBOOT_REQUESTED
 
 
 class FakeSlurm:
@@ -56,14 +58,14 @@ class FakeSlurm:
 
     # --- test set-up -------------------------------------------------------------
 
-    def add_node(self, name: str, state: str = "IDLE", reason: str = "", comment: str = "",
+    def add_node(self, name: str, state: str = NodeState.IDLE, reason: str = "", comment: str = "",
                  extra: str = "") -> NodeInfo:
         """Add the node, or replace it whole (``comment``: the Slinky operator's JSON, as the bridge reads it;
         ``extra``: the node's Extra field)."""
         self._nodes[name] = NodeInfo(name, state, reason, comment, extra={"Extra": extra} if extra else {})
         return self._nodes[name]
 
-    def add_job(self, job_id: int, node: str, state: str = "RUNNING", *, batch: bool = True, requeue: bool = True,
+    def add_job(self, job_id: int, node: str, state: str = JobState.RUNNING, *, batch: bool = True, requeue: bool = True,
                 name: str = "train", restarts: int = 0, reason: str = "None", **ids) -> JobInfo:
         """``ids``: array_job_id/array_task_id for an array task, het_job_id for a het component."""
         self._jobs[job_id] = JobInfo(job_id, name, state, node, requeue, batch, restarts, reason, **ids)
@@ -168,26 +170,26 @@ class FakeSlurm:
     def drain(self, name: str, reason: str, *, current: NodeInfo | None = None) -> None:
         self._call("drain", name, reason)
         node = self._node(name)
-        flags = [f for f in node.state.split("+") if f not in ("DRAIN",)]
-        self._nodes[name] = self.stamped(node, reason, state="+".join([*flags, "DRAIN"]))
+        flags = [f for f in node.state.split("+") if f != _DRAIN]
+        self._nodes[name] = self.stamped(node, reason, state="+".join([*flags, _DRAIN]))
 
     def resume(self, name: str) -> None:
         """A node that is neither drained nor DOWN is left as it is (as the adapters do)."""
         self._call("resume", name)
         node = self._node(name)
-        if not (node.drained or node.base_state == "DOWN"):
+        if not node.out_of_service:
             return
         # Slurm's RESUME also brings a DOWN node back (IDLE once it answers).
-        flags = [f for f in node.state.split("+") if f not in ("DRAIN", "DRAINED", "DRAINING", "DOWN")]
-        self._nodes[name] = dataclasses.replace(node, state="+".join(flags) or "IDLE",
+        flags = [f for f in node.state.split("+") if f not in (_DRAIN, NodeState.DRAINED, NodeState.DRAINING, _DOWN)]
+        self._nodes[name] = dataclasses.replace(node, state="+".join(flags) or NodeState.IDLE,
                                                 reason=node.reason if self.keeps_reason else "")
 
-    def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
+    def reboot(self, name: str, reason: str, nextstate: str = _DOWN) -> None:
         """Slurm's ``reboot ASAP``: drained with the reason and a reboot requested."""
         self._call("reboot", name, reason, nextstate)
         node = self._node(name)
-        flags = [f for f in node.state.split("+") if f not in ("DRAIN", "REBOOT_REQUESTED")]
-        self._nodes[name] = self.stamped(node, reason, state="+".join([*flags, "DRAIN", "REBOOT_REQUESTED"]))
+        flags = [f for f in node.state.split("+") if f not in (_DRAIN, _REBOOT)]
+        self._nodes[name] = self.stamped(node, reason, state="+".join([*flags, _DRAIN, _REBOOT]))
 
     def set_node_extra(self, name: str, text: str) -> None:
         self._call("set_node_extra", name, text)
@@ -233,11 +235,11 @@ class FakeSlurm:
     def requeue(self, ref: int | str) -> None:
         self._call("requeue", ref)
         job = self._job(ref)
-        if job.state.upper().startswith("PENDING"):
+        if job.state.upper().startswith(JobState.PENDING):
             raise AlreadyRequeued(f"Job is pending execution for job {ref}")
         if not job.requeue or not job.batch or job.state.upper().startswith(_DONE):
             raise PermanentError(f"Requested operation is presently disabled for job {ref}")
-        self._update(job, state="COMPLETING", restarts=job.restarts + 1)
+        self._update(job, state=JobState.COMPLETING, restarts=job.restarts + 1)
 
     def release(self, ref: int | str) -> None:
         self._call("release", ref)

@@ -13,6 +13,7 @@ from slurm_hooks.models import Action, Context, Finding, Report, Severity
 from slurm_hooks.remedy.repair import ladder
 from slurm_hooks.remedy.repair.ladder import Decision, Mode, Policy, Rung
 from slurm_hooks.remedy.repair.state import Active, Attempt, Phase, RepairState, Replaced, Stopped, Validating
+from slurm_hooks.slurm import NodeInfo
 
 NOW = 1_000_000.0
 GPU0 = [(0, "GPU-0")]
@@ -28,7 +29,7 @@ def att(rung, result="failed", gpus=("GPU-0",), age=60.0):
 
 
 def node(flags=()):
-    return SimpleNamespace(flags=frozenset(flags))
+    return NodeInfo("n1", "+".join(("IDLE", *flags)))
 
 
 def test_ladder_imports_nothing_that_does_io():

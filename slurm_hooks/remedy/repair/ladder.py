@@ -178,7 +178,7 @@ def decide(state: RepairState, node: Any, jobs: Sequence[Any], boot_id: str, rep
         return Decision.NONE
     phase = state.phase
     if phase is Phase.REBOOTING and state.active is not None:
-        pending = any(flag.startswith("REBOOT") for flag in node.flags)
+        pending = node.reboot_pending
         booted = boot_id != state.active.boot
         if (pending or not booted) and now - state.active.t < policy.reboot_timeout:
             return Decision.WAIT

@@ -16,7 +16,7 @@ from slurm_hooks.remedy.repair.planner import Plan, attempt
 from slurm_hooks.remedy.repair.rma import add_to_rma, gpu_ids
 from slurm_hooks.remedy.repair.state import Active, Replaced, Stopped
 from slurm_hooks.remedy.repair.validation import Rejudge, validate_and_resume
-from slurm_hooks.slurm import format_reason
+from slurm_hooks.slurm import NodeState, format_reason
 from slurm_hooks.slurm.errors import ReasonNotOurs
 
 TYPE_CHECKING = False
@@ -76,7 +76,7 @@ def reboot(w: Wiring, p: Plan, outcome: Outcome, ledger: Ledger, resetter: GpuRe
     t0, started = time.monotonic(), time.time()
     boot = (resetter or resetter_for(w, ledger)).boot_id()
     try:
-        w.slurm.reboot(w.node, reason, "DOWN")
+        w.slurm.reboot(w.node, reason, NodeState.DOWN)
     except ReasonNotOurs as exc:
         audit(w, "reboot", "skipped", time.monotonic() - t0, p, reason=reason, detail=str(exc))
         return "skipped"

@@ -101,7 +101,7 @@ def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: Any, de
 
     try:
         node = w.slurm.node(w.node)
-        if not node.drained and node.base_state == "DOWN" and node.ours:
+        if not node.drained and node.down and node.ours:
             w.slurm.drain(w.node, node.reason)
     except SlurmHooksError as exc:
         outcome.failed.append(f"resume: {exc}")

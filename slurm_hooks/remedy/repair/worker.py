@@ -285,7 +285,7 @@ def new_urgent(w: Wiring, report: Report) -> list[Finding]:
 
 def _down(info: Any) -> bool:
     """DOWN with our reason: how our ``nextstate=DOWN`` reboot brings a node back."""
-    return info.base_state == "DOWN" and info.ours
+    return info.down and info.ours
 
 
 def _replace_ended(w: Wiring, report: Report, ledger: Ledger, info: Any) -> bool:
