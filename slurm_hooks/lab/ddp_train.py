@@ -154,8 +154,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+#: torch_missing's answers, by interpreter: importing torch takes seconds, and a test run asks more than once.
+_MISSING: dict[str, str] = {}
+
+
 def torch_missing(python: str = TORCH_PYTHON) -> str:
-    """Why ``python`` cannot run this job ("" when it can): what a test skips with, what the demo says."""
+    """Why ``python`` cannot run this job ("" when it can): what a test skips with, what the demo says.
+    Asked once per interpreter and process."""
+    if python not in _MISSING:
+        _MISSING[python] = _torch_missing(python)
+    return _MISSING[python]
+
+
+def _torch_missing(python: str) -> str:
     import subprocess
 
     try:

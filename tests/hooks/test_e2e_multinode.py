@@ -29,14 +29,12 @@ STEP_S = 0.1
 #: torch's import and gloo's rendezvous take seconds per rank on a loaded 2-core machine.
 START_S = 120.0
 
-_WHY_NOT = ddp_train.torch_missing()
-
-
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
     """Three nodes, slurm-hooks wired in, KillWait 15 s (a DDP rank saves and exits well within)."""
-    if _WHY_NOT:
-        pytest.skip(_WHY_NOT)
+    why_not = ddp_train.torch_missing()  # here, not at import: collecting the no-root tier starts no torch
+    if why_not:
+        pytest.skip(why_not)
     from conftest import TESTBED_SETTINGS, SlurmTestbed, own_testbed
 
     settings = dataclasses.replace(TESTBED_SETTINGS, nodes=3, hooks=True, kill_wait=15, requeue_grace=20.0,
