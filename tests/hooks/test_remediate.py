@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from types import SimpleNamespace
 
 import pynvml
@@ -813,12 +812,13 @@ def test_detached_follower_does_not_import_code_from_the_current_directory(tmp_p
     before = os.getcwd()
     os.chdir(evil)  # an admin running `slurm-hooks check` from /tmp, or slurmd's log dir owned by SlurmUser
     try:
-        follower.follow_jobs(w, [4242], "detached")
+        spawned = follower.follow_jobs(w, [4242], "detached")
     finally:
         os.chdir(before)
-    deadline = time.monotonic() + 10
-    while not proof.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # The follower said it runs (spawn_detached's ready pipe): our code started it, not the planted
+    # __main__ (which never says so, and writes its proof first). It would follow job 4242 for a minute.
+    assert spawned is not None and spawned.started, spawned
+    spawned.stop()
     assert not proof.exists()
 
 
