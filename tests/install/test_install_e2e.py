@@ -54,6 +54,9 @@ def dist(tmp_path_factory) -> Path:
 def site(tmp_path_factory, dist) -> dict[str, Path]:
     """README's install lines, as written, with the site's paths moved under a temp dir."""
     root = tmp_path_factory.mktemp("site")
+    # An admin's shell: not this test run's PYTHONPATH (a checkout, whose egg-info `pip wheel` left
+    # there tells the venv's pip that slurm-hooks is installed already: no programs laid).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     paths = {"prefix": root / "opt" / "slurm-hooks", "config": root / "etc" / "slurm-hooks" / "config.toml"}
     for line in readme_install_lines():
         line = (line.replace("/opt/slurm-hooks", str(paths["prefix"]))
@@ -62,7 +65,7 @@ def site(tmp_path_factory, dist) -> dict[str, Path]:
         argv = shlex.split(line)
         if argv[0] == "python3":
             argv[0] = BASE_PYTHON
-        r = run(argv)
+        r = run(argv, env=env)
         if "validate" in argv:
             # validate judges this machine (no slurm.conf at the default path, no GPUs): FAILs, one line each
             assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
