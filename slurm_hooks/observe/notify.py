@@ -529,15 +529,17 @@ class Notifier:
     ``run(stop)`` is the watcher's thread (a pass every second); :meth:`flush` one
     bounded pass for the health check. ``send`` and ``syslog`` are how a message
     leaves (stdlib urllib and syslog unless given); ``clock`` and ``rng`` are time and
-    chance, ``sleep`` how a flush waits out an incident's settle time (tests pass their own, and
-    move their clock in it: nothing here sleeps on the clock).
+    chance, ``monotonic`` what a pass's deadline is measured on, ``sleep`` how a flush waits out an
+    incident's settle time (tests pass their own, and move their clocks in it: nothing here sleeps
+    on the clock). Only the wait for another process's turn (the lock) is on real time.
     """
 
     def __init__(self, settings: Settings, send: Sender | None = None, syslog: SyslogSender | None = None,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None,
-                 rng: random.Random | None = None, sleep: Callable[[float], None] = time.sleep):
+                 rng: random.Random | None = None, sleep: Callable[[float], None] = time.sleep,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.s = settings
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep, self.monotonic = clock, sleep, monotonic
         self.log = log or (lambda msg: print(f"slurm-hooks notify: {msg}", file=sys.stderr, flush=True))
         self._said: set[str] = set()
         self.dests = settings.destinations(send, syslog, problem=self._say_once)
@@ -563,7 +565,7 @@ class Notifier:
         has passed; wait for that (and read again) when it ends with at least half of ``timeout`` left
         for delivery, so that a health check with no watcher tells its own drain now, not at its next run.
         """
-        deadline = time.monotonic() + timeout
+        deadline = self.monotonic() + timeout
         with self._turn(timeout) as mine:
             if not mine:
                 return {"queued": 0, "sent": 0, "waiting": self.outbox.waiting(), "busy": 1}
@@ -571,7 +573,7 @@ class Notifier:
             queued = self.collect()
             if wait_settle and self._settling is not None:
                 wait = self._settling - self.clock()
-                if 0 < wait <= (deadline - time.monotonic()) / 2:
+                if 0 < wait <= (deadline - self.monotonic()) / 2:
                     self.sleep(wait)
                     queued += self.collect()
             sent = self.deliver(deadline)
@@ -602,7 +604,7 @@ class Notifier:
                 with self._turn(0.0) as mine:
                     if mine:
                         self.collect()
-                        self.deliver(time.monotonic() + max(poll, self.s.timeout * 2))
+                        self.deliver(self.monotonic() + max(poll, self.s.timeout * 2))
             except Exception as exc:  # noqa: BLE001 - a notifier bug must not stop the watcher
                 self._say_once(f"pass failed: {type(exc).__name__}: {exc}")
             self._wake.wait(poll)
@@ -837,7 +839,7 @@ class Notifier:
     # -- the outbox out
 
     def deliver(self, deadline: float) -> int:
-        """Send what is due until ``deadline`` (monotonic), newest incident first, each receiver at its
+        """Send what is due until ``deadline`` (on ``monotonic``), newest incident first, each receiver at its
         own pace. Returns how many were delivered. One entry that fails never stops the others."""
         sent = 0
         now = self.clock()
@@ -851,7 +853,7 @@ class Notifier:
         #: (receiver, incident) with a message not yet sent: the incident's later ones wait behind it.
         behind: set[tuple[str, str]] = set()
         for entry in self.outbox.in_order():
-            if time.monotonic() >= deadline:
+            if self.monotonic() >= deadline:
                 break
             now = self.clock()
             if entry.dest in held or entry.next_at > now or (entry.dest, entry.incident or entry.id) in behind:
@@ -874,7 +876,7 @@ class Notifier:
                     f"(the outbox keeps {self.s.max_queued} for {duration(self.s.max_age)}).") if dropped else ""
             try:
                 dest.send(entry.id, entry.kind, entry.message,
-                          Delivery(max(0.1, min(self.s.timeout, deadline - time.monotonic())), now, note))
+                          Delivery(max(0.1, min(self.s.timeout, deadline - self.monotonic())), now, note))
             except DeliveryError as exc:
                 error = dest.scrub(str(exc))
                 if exc.permanent:

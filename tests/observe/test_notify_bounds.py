@@ -14,6 +14,7 @@ import random
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 from fakes.webhook import Receiver
@@ -39,9 +40,10 @@ def make(tmp_path, receiver):
 
     def notifier(**kw) -> Notifier:
         hooks = kw.pop("webhooks", ({"url": receiver.url(), "format": "json", "name": "test"},))
+        monotonic = kw.pop("monotonic", time.monotonic)
         s = Settings(audit=log.path, dir=str(tmp_path / "notify"), webhooks=hooks, settle=0.0, timeout=2.0,
                      retry_max=kw.pop("retry_max", 300.0), **kw)
-        return Notifier(s, clock=clock, log=said.append, rng=random.Random(7))
+        return Notifier(s, clock=clock, log=said.append, rng=random.Random(7), monotonic=monotonic)
 
     return log, clock, notifier, said
 
@@ -156,6 +158,29 @@ def test_a_message_the_receiver_chokes_on_does_not_block_the_others(make, receiv
     n.flush(5)
     assert sorted(calls) == ["n1", "n2"]
     assert len(os.listdir(tmp_path / "notify" / "failed")) == 1
+
+
+def test_a_pass_ends_at_its_deadline_each_request_within_what_is_left_and_the_rest_waits(make, receiver, tmp_path):
+    """The pass's deadline is on the notifier's monotonic clock (a test's own): each request may take
+    the receiver's timeout or what is left of the pass, the least; none starts past the deadline."""
+    log, clock, notifier, _ = make
+    elapsed = [0.0]
+    for i in range(4):
+        xid79(log, node=f"n{i}")
+    n = notifier(monotonic=lambda: elapsed[0])
+    given: list[float] = []
+
+    def post(url, body, headers, timeout):
+        given.append(timeout)
+        elapsed[0] += 1.0  # each request takes a second
+        return 200
+
+    next(iter(n.dests.values())).post = post
+    assert n.flush(2.5)["sent"] == 3
+    assert given == [2.0, 1.5, 0.5]  # the 2 s timeout, then what was left of the 2.5 s
+    assert len(os.listdir(tmp_path / "notify" / "outbox")) == 1
+    result = n.flush(10)
+    assert (result["sent"], result["waiting"]) == (1, 0)
 
 
 def test_failed_messages_are_pruned_to_the_newest(make, tmp_path):
