@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict
 from typing import Any
 
 from slurm_hooks import fsutil
@@ -59,9 +58,10 @@ class Entry:
         return f"{self.id}@{self.dest}"
 
     def to_json(self) -> str:
-        data = asdict(self)
-        del data["path"]
-        return json.dumps(data)
+        # Not dataclasses.asdict: its deep copy of the message was a fifth of a notifier's pass in an outage.
+        return json.dumps({"id": self.id, "dest": self.dest, "kind": self.kind, "message": self.message,
+                           "created": self.created, "incident": self.incident, "attempts": self.attempts,
+                           "next_at": self.next_at, "last_error": self.last_error, "seq": self.seq})
 
     @classmethod
     def load(cls, path: str) -> Entry:

@@ -25,7 +25,8 @@ from slurm_hooks.errors import ConfigError
 from slurm_hooks.observe import destinations
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.observe.notify import BACKOFF_EXP_MAX, Notifier, Settings, backoff
-from slurm_hooks.observe.outbox import FAILED_KEEP
+from slurm_hooks.observe.outbox import FAILED_KEEP, Entry
+from slurm_hooks.values import fields
 
 pytest_plugins = ["fakes.webhook"]
 
@@ -181,6 +182,15 @@ def test_a_pass_ends_at_its_deadline_each_request_within_what_is_left_and_the_re
     assert len(os.listdir(tmp_path / "notify" / "outbox")) == 1
     result = n.flush(10)
     assert (result["sent"], result["waiting"]) == (1, 0)
+
+
+def test_an_entry_saved_and_loaded_is_the_same_entry_every_field_but_its_path(tmp_path):
+    path = tmp_path / "e.json"
+    entry = Entry(id="m1", dest="test", kind="reminder", message={"text": "x", "jobs": [{"job_id": "7"}]},
+                  created=1.5, incident="n1-1", attempts=3, next_at=9.5, last_error="HTTP 503", seq=4, path="")
+    path.write_text(entry.to_json())
+    assert set(json.loads(path.read_text())) == {f.name for f in fields(Entry)} - {"path"}
+    assert Entry.load(str(path)) == entry
 
 
 def test_failed_messages_are_pruned_to_the_newest(make, tmp_path):
