@@ -172,3 +172,15 @@ except dataclasses.FrozenInstanceError:
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False", "False", "frozen"]
+
+
+def test_the_nvml_probe_adds_no_typing_dataclasses_or_inspect_to_what_pynvml_loads():
+    """A node with GPUs imports the NVML probe on every run, on top of pynvml (bench_check's row)."""
+    pytest.importorskip("pynvml")
+    code = ("import json, sys, pynvml\nbefore = set(sys.modules)\nimport slurm_hooks.probes.nvml\n"
+            "print(json.dumps(sorted(set(sys.modules) - before)))")
+    # not -I: the checkout under test (PYTHONPATH)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    added = json.loads(out.stdout)
+    assert [m for m in NOT_ON_THE_PATH if m in added] == []

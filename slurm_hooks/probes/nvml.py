@@ -12,13 +12,17 @@ calls (INSUFFICIENT_SIZE) is asked again.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import time
-from typing import Any, Callable
 
 from slurm_hooks.models import GpuProcess, GpuSnapshot, MigDevice, NodeSnapshot, NvLink, XidEvent
 from slurm_hooks.probes import nvml_errors
 from slurm_hooks.probes.nvml_errors import GpuLost, NotSupported, ResetRequired
+from slurm_hooks.values import replace
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING: typing (and dataclasses, inspect) stay off a node's every run
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 #: Bit -> name for nvmlDeviceGetCurrentClocksEventReasons (same bits as ...ThrottleReasons).
 CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
@@ -109,7 +113,7 @@ class NvmlProbe:
         by_gpu: dict[int, list[XidEvent]] = {}
         for event in events:
             by_gpu.setdefault(event.gpu if event.gpu is not None else -1, []).append(event)
-        out = [dataclasses.replace(g, xids=tuple(by_gpu[g.index])) if g.index in by_gpu else g for g in gpus]
+        out = [replace(g, xids=tuple(by_gpu[g.index])) if g.index in by_gpu else g for g in gpus]
         return out, tuple(by_gpu.get(-1, ()))
 
 
