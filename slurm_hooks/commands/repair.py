@@ -33,7 +33,7 @@ def repair(config_path: str | None, node: str | None, validate: bool) -> int:
     from slurm_hooks.remedy.wiring import Wiring
 
     w = Wiring.load(config_path, node)
-    if not w.config.check.drain:
+    if w.policy.monitor_only:
         click.echo("slurm-hooks repair: monitor-only ([check] drain = false): this node side drains and resumes "
                    "nothing, so it cannot hold the node out while it validates", err=True)
         return EXIT_USAGE

@@ -311,7 +311,7 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         from slurm_hooks.remedy import repair
 
         fresh = repair.new_urgent(w, report)
-        if fresh and w.config.remediation.requeue:
+        if fresh and w.policy.may_requeue:
             gpus = None if any(f.scope is Scope.NODE or f.gpu is None for f in fresh) \
                 else frozenset(f.gpu for f in fresh if f.gpu is not None and f.instance is None)
             instances = frozenset((f.gpu, f.instance) for f in fresh if f.gpu is not None and f.instance is not None)
@@ -324,7 +324,7 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         # MIG instance, or every job for a node-wide one); the rest run to their end on the drained node.
         gpus, instances = report.requeue_gpus(), report.requeue_instances()
         multi_node = report.requeue_multi_node()  # a fabric fault: the jobs that span nodes
-        requeue = (w.config.remediation.requeue and (gpus is None or bool(gpus) or bool(instances) or multi_node)
+        requeue = (w.policy.may_requeue and (gpus is None or bool(gpus) or bool(instances) or multi_node)
                    and report.context in (Context.CHECK, Context.WATCH))
         if earlier is not None or os.path.exists(w.repair_state()):
             known = None  # a pending action or the repair ladder may have changed the node since: read it
@@ -361,7 +361,7 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
     reason stays pending. Monitor-only (``[check] drain = false``, for every caller: check, watcher,
     prolog, epilog): audited as not acted on, and nothing done. ``known``: the node as this run
     has just read it: the drain's first look at the node is that one, not another RPC."""
-    if not w.config.check.drain:
+    if not w.policy.may_drain:
         remediate.not_acted(w, report, outcome, **extra)
         if earlier is not None:
             _close(w, earlier, "superseded", "monitor-only: [check] drain = false")

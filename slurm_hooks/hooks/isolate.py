@@ -339,7 +339,7 @@ def _write_evidence(w: Wiring, summary: Summary) -> str:
 def _drain(w: Wiring, summary: Summary, node: str, why: str, drain: bool, say: Any) -> None:
     text = reason(node, why)
     started = time.monotonic()
-    if not drain or not w.config.check.drain:
+    if not drain or not w.policy.may_drain:
         summary.not_drained[node] = "monitor-only ([check] drain = false)" if drain else "--no-drain"
         w.audit.write("action", node=node, action="drain", target=node, result="not-acted", reason=text,
                       detail=summary.not_drained[node], evidence=summary.evidence, why="isolate")

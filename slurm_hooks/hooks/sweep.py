@@ -331,7 +331,7 @@ def validate_here(w: Wiring, level: int, timeout: float, job: str = "") -> tuple
         verdict, detail = "failed", "; ".join(f.message for f in extra) if verdict != "failed" else detail
     if verdict == "failed":
         outcome = Outcome()
-        if not w.config.check.drain:  # monitor-only: found, recorded, not acted on
+        if not w.policy.may_drain:  # monitor-only: found, recorded, not acted on
             remediate.not_acted(w, report, outcome, job=job)
             detail = f"not drained ([check] drain = false): {remediate.drain_reason(report)}"
         else:

@@ -13,6 +13,7 @@ from slurm_hooks.config import Config
 from slurm_hooks.errors import CommandError, CommandTimeout, ConfigError, TransientError
 from slurm_hooks.preflight import slurmconf
 from slurm_hooks.preflight.results import Result, Status
+from slurm_hooks.remedy.wiring import ActionPolicy
 
 # --- our config and the machine -----------------------------------------------------------
 
@@ -175,7 +176,7 @@ def check_validation(cfg: Config) -> list[Result]:
     """The repair ladder validates before a node returns ([repair] dcgm_level): without a runnable
     dcgmi every repaired node ends [unverified] and waits for a person."""
     level, dcgmi = int(cfg.repair.dcgm_level), cfg.dcgm.dcgmi
-    if not (cfg.repair.enabled and cfg.check.drain) or level <= 0:
+    if not ActionPolicy.of(cfg).may_repair or level <= 0:
         return []
     if os.path.isfile(dcgmi) and os.access(dcgmi, os.X_OK):
         return [Result("repair-validation", Status.PASS, f"repaired nodes return after dcgmi diag -r {level} ({dcgmi})")]

@@ -75,7 +75,7 @@ class Outcome:
 
 
 def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
-    if not w.config.check.drain:
+    if w.policy.monitor_only:
         extra["monitor_only"] = True  # [check] drain = false: found, told, not acted on
     for f in report.findings:
         if f.severity is Severity.OK:

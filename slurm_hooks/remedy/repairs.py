@@ -41,7 +41,7 @@ def take_turn(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, own
               mode: str = "detached") -> bool:
     """The repair ladder's turn (:func:`slurm_hooks.remedy.repair.step`); True when it holds the node.
     Off with ``[check] drain = false`` too: a node side that may not drain repairs nothing."""
-    if not (w.config.repair.enabled and w.config.check.drain):
+    if not w.policy.may_repair:
         return False
     if not report.drain_findings() and not os.path.exists(w.repair_state()):
         return False  # healthy and no repair under way: the ladder has nothing to look at (not even an import)
@@ -80,7 +80,7 @@ def repair_worker(w: Wiring, rejudge: Rejudge, own_job: str = "",
                       duration_s=0.0, pid=os.getpid(), budget_s=float(w.config.repair.worker_timeout))
         report = rejudge(0, None)
         outcome = Outcome()
-        if w.config.check.drain:
+        if w.policy.may_drain:
             repair.step(w, report, outcome, rejudge, own_job=own_job, mode="held")
         w.audit.write("action", node=w.node, action="repair-worker", target=w.node,
                       result="failed" if outcome.failed else "done", duration_s=round(time.monotonic() - t0, 4),

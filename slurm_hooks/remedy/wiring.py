@@ -27,6 +27,32 @@ if TYPE_CHECKING:
     from slurm_hooks.slurm import Slurm
 
 
+@dataclass(frozen=True)
+class ActionPolicy:
+    """What this node side may do to Slurm, decided once from the config: every hook, command
+    and check that asks "monitor-only?" reads it here (:attr:`Wiring.policy`).
+
+    ``[check] drain = false`` is monitor-only: a fault is found, recorded and told, never acted on,
+    so nothing is drained, requeued or repaired (a node side that may not drain holds nothing
+    out to repair)."""
+
+    may_drain: bool = True
+    #: Requeue the jobs a fault touches ([remediation] requeue), on a node it drains.
+    may_requeue: bool = True
+    #: Let the repair ladder act ([repair] enabled), on a node it drains.
+    may_repair: bool = False
+
+    @property
+    def monitor_only(self) -> bool:
+        return not self.may_drain
+
+    @classmethod
+    def of(cls, config: Config) -> ActionPolicy:
+        drain = bool(config.check.drain)
+        return cls(may_drain=drain, may_requeue=drain and bool(config.remediation.requeue),
+                   may_repair=drain and bool(config.repair.enabled))
+
+
 @dataclass
 class Wiring:
     config: Config
@@ -49,6 +75,11 @@ class Wiring:
         from slurm_hooks import probes
 
         return probes.from_config(self.config, self.node)
+
+    @property
+    def policy(self) -> ActionPolicy:
+        """What this node side may do (monitor-only or not), from the config."""
+        return ActionPolicy.of(self.config)
 
     def start_deadline(self, seconds: float) -> None:
         """One deadline for the whole run, remediation included (unless one is already running)."""

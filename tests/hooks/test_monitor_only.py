@@ -97,3 +97,15 @@ def test_notifications_tell_a_monitor_only_finding_once_marked_not_acted_on(t):
     assert lines == [f"n1: XID 79 on GPU 3 [reboot] (seen by check); not acted on: monitor-only ([check] drain = "
                      f"false), the node stays in service. It would have been drained: \"{REASON}\"."]
     assert t.slurm.calls == []
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[check]\ndrain = false\n[repair]\nenabled = true\n", (False, False, False, True)),
+    ("[check]\ndrain = true\n[repair]\nenabled = true\n", (True, True, True, False)),
+    ("[check]\ndrain = true\n[repair]\nenabled = false\n[remediation]\nrequeue = false\n", (True, False, False, False)),
+])
+def test_one_policy_says_what_the_node_side_may_do(tmp_path, text, expected):
+    from slurm_hooks.remedy.wiring import ActionPolicy
+
+    policy = ActionPolicy.of(sim_config(tmp_path, text))
+    assert (policy.may_drain, policy.may_requeue, policy.may_repair, policy.monitor_only) == expected
