@@ -16,6 +16,7 @@ import datetime
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -50,31 +51,37 @@ def commit() -> str:
     return r.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
 
 
-def run(workers: int) -> tuple[str, float, list[tuple[str, str, str]], list[str], int]:
+def run(workers: int) -> tuple[str, float, float, list[tuple[str, str, str]], list[str], int]:
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TIER, "--durations=10"]
     if workers > 1:
         argv += ["-n", str(workers)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The CPU of pytest and of every process it waited for (its workers, the programs the tests ran):
+    # on a shared machine the wall time says as much about the others' load as about the tests.
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     found = _RESULT.findall(r.stdout)
     result = found[-1][0] if found else f"no result line (pytest exited {r.returncode})"
     slowest = _DURATION.findall(r.stdout)[:10]
-    return result, wall, slowest, _FAILED.findall(r.stdout), r.returncode
+    return result, wall, cpu, slowest, _FAILED.findall(r.stdout), r.returncode
 
 
 def _bar(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render(result: str, wall: float, slowest: list[tuple[str, str, str]], workers: int) -> str:
+def render(result: str, wall: float, cpu: float, slowest: list[tuple[str, str, str]], workers: int) -> str:
     tier = " ".join(f'"{a}"' if " " in a else a for a in TIER)
     lines = [
         f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at {commit()} on "
         f"{platform.node() or 'this machine'} ({machine()}), "
         f"{workers} process(es): `python -m pytest -q -p no:cacheprovider {tier} --durations=10`",
         "",
-        f"**{wall:.0f} s** wall; {result}.",
+        f"**{wall:.0f} s** wall, {cpu:.0f} s CPU (user and system, pytest and the processes it waited for); "
+        f"{result}.",
         "",
         "| seconds | phase | test |",
         "|---|---|---|",
@@ -92,8 +99,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.check_markers:
         return DOC.check(ROOT)
-    result, wall, slowest, failed, rc = run(args.workers)
-    block = render(result, wall, slowest, args.workers)
+    result, wall, cpu, slowest, failed, rc = run(args.workers)
+    block = render(result, wall, cpu, slowest, args.workers)
     print(block)
     for name in failed:
         print(f"failed: {name}")
