@@ -58,7 +58,9 @@ def test_port_down_drains_within_one_check_and_one_good_pass_resumes_by_default(
     assert outcome.resumed and not slurm.peek("n1").drained
 
 
-def test_with_resume_after_3_the_node_comes_back_on_the_third_good_pass(tmp_path):
+def test_with_resume_after_3_the_node_comes_back_on_the_third_good_pass(tmp_path, monkeypatch):
+    real, later = time.time, [0.0]
+    monkeypatch.setattr(time, "time", lambda: real() + later[0])  # the wall clock, moved on by the test
     w, slurm = node(tmp_path, '[hysteresis]\nconfirm = "2/3"\nresume_after = 3\n')
     sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="down")
     _, outcome = check(w)
@@ -66,7 +68,7 @@ def test_with_resume_after_3_the_node_comes_back_on_the_third_good_pass(tmp_path
     sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_0:1", state="up")
     resumed = []
     for _ in range(3):
-        time.sleep(1.1)  # runs 1 s apart are one run to the hysteresis (a re-judge)
+        later[0] += 1.1  # runs 1 s apart are one run to the hysteresis (a re-judge)
         report, outcome = check(w)
         resumed.append(outcome.resumed)
     assert resumed == [False, False, True]
