@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -103,11 +104,54 @@ def own_testbed(tmp_path_factory, name: str, settings: Settings) -> Iterator[Tes
         tb.down()
 
 
-def wait_for(pred, timeout: float, what: str, interval: float = 0.1):
-    """``pred()``'s first truthy value, polled every ``interval`` s; AssertionError after ``timeout`` s."""
+def module_testbed(name: str, settings: Settings):
+    """The fixtures of a module with a cluster of its own: ``bed``, up for the module's tests, and
+    ``tb``, the same cluster reset before each test. ``bed, tb = module_testbed("repairbed", SETTINGS)``."""
+
+    @pytest.fixture(scope="module")
+    def bed(tmp_path_factory):
+        with own_testbed(tmp_path_factory, name, settings) as tb:
+            yield tb
+
+    @pytest.fixture
+    def tb(bed):
+        bed.reset()
+        return bed
+
+    return bed, tb
+
+
+#: The repair ladder's modules: the health check every 2 s, so that a repair is driven the way a
+#: site runs it (Slurm's HealthCheckProgram), and the testbed's RebootProgram, which reboots the
+#: simulated node and restarts its slurmd with a new boot time.
+REPAIR_SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=2, requeue_grace=3.0,
+                           repair=True)
+
+
+def collect_events(source, stop_after: float = 1.0, until: int = 1) -> list:
+    """What an event source's ``follow`` reports until ``until`` events came or ``stop_after`` s passed."""
+    got, stop = [], threading.Event()
+
+    def on_event(event):
+        got.append(event)
+        if len(got) >= until:
+            stop.set()
+
+    timer = threading.Timer(stop_after, stop.set)
+    timer.start()
+    try:
+        source.follow(stop, on_event)
+    finally:
+        timer.cancel()
+    return got
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.1, seen=None):
+    """``pred()``'s first truthy value, polled every ``interval`` s; AssertionError after ``timeout`` s
+    (``seen()``: what to say of the state then)."""
     value = poll(pred, timeout, interval)
     if not value:
-        raise AssertionError(f"not within {timeout:g}s: {what}")
+        raise AssertionError(f"not within {timeout:g}s: {what}" + (f"; {seen()}" if seen is not None else ""))
     return value
 
 

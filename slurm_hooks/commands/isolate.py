@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from slurm_hooks.commands.options import config_option, json_option
-from slurm_hooks.errors import EXIT_OK, EXIT_UNAVAILABLE, EXIT_UNHEALTHY
+from slurm_hooks.commands.summary import run_and_say
+from slurm_hooks.errors import EXIT_UNAVAILABLE
 
 
 @click.command()
@@ -65,15 +64,9 @@ def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: s
         if busy and say:
             say(f"still busy after {wait_idle:g}s: {', '.join(busy)} (skipped below)")
     chosen += isolating.idle_peers(w, partition or "", chosen, peers)
-    try:
-        summary = isolating.isolate(w, chosen, mode=mode or cfg.mode, ratio=float(cfg.ratio), test_timeout=timeout,
-                                    budget=budget or float(cfg.budget), max_tests=max_tests or int(cfg.max_tests),
-                                    drain=not no_drain, progress=say)
-    except isolating.IsolateBusy as exc:
-        click.echo(f"slurm-hooks isolate: {exc}", err=True)
-        return EXIT_UNAVAILABLE
-    except KeyboardInterrupt:
-        click.echo("slurm-hooks isolate: interrupted: its jobs cancelled, its reservation deleted", err=True)
-        return 130
-    click.echo(json.dumps(summary.to_dict()) if as_json else summary.line())
-    return EXIT_OK if summary.ok else EXIT_UNHEALTHY
+    return run_and_say(
+        "isolate", lambda: isolating.isolate(
+            w, chosen, mode=mode or cfg.mode, ratio=float(cfg.ratio), test_timeout=timeout,
+            budget=budget or float(cfg.budget), max_tests=max_tests or int(cfg.max_tests), drain=not no_drain,
+            progress=say),
+        isolating.IsolateBusy, "its jobs cancelled, its reservation deleted", as_json)

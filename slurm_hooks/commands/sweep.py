@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import click
 
 from slurm_hooks.commands.options import config_option, json_option, node_option
+from slurm_hooks.commands.summary import run_and_say
 from slurm_hooks.errors import EXIT_OK, EXIT_UNAVAILABLE, EXIT_UNHEALTHY, EXIT_USAGE
 
 #: What Slurm takes as a partition name (the adapter refuses anything else before running sinfo).
@@ -61,21 +61,16 @@ def sweep(config_path: str | None, nodes: str | None, partition: str | None, lev
     if not chosen:
         raise click.UsageError(f"partition {partition!r} has no nodes")
     say = None if as_json else click.echo
-    try:
-        summary = sweeping.sweep(w, chosen, level=level or int(cfg.sweep.level),
-                                 max_parallel=max_parallel or cfg.sweep.max_parallel,
-                                 job_timeout=job_timeout or float(cfg.sweep.job_timeout), progress=say,
-                                 partition=partition or "")
-    except sweeping.SweepBusy as exc:
-        click.echo(f"slurm-hooks sweep: {exc}", err=True)
-        return EXIT_UNAVAILABLE
-    except KeyboardInterrupt:
-        click.echo("slurm-hooks sweep: interrupted: its jobs cancelled, its reservations deleted", err=True)
-        return 130
-    click.echo(json.dumps(summary.to_dict()) if as_json else summary.line())
+    return run_and_say(
+        "sweep", lambda: sweeping.sweep(
+            w, chosen, level=level or int(cfg.sweep.level), max_parallel=max_parallel or cfg.sweep.max_parallel,
+            job_timeout=job_timeout or float(cfg.sweep.job_timeout), progress=say, partition=partition or ""),
+        sweeping.SweepBusy, "its jobs cancelled, its reservations deleted", as_json, then=_none_validated)
+
+
+def _none_validated(summary) -> None:
     if not summary.of("passed") and not summary.of("failed") and not summary.of("unverified"):
         click.echo("slurm-hooks sweep: no node was validated", err=True)
-    return EXIT_OK if summary.ok else EXIT_UNHEALTHY
 
 
 @click.command(name="sweep-node", hidden=True)

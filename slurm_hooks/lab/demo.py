@@ -34,7 +34,7 @@ from slurm_hooks.observe import events
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import Spawned, run_command, spawn_detached
-from slurm_hooks.slurm import JobState, hostlist
+from slurm_hooks.slurm import JobInfo, JobState, hostlist
 
 Say = Callable[[str], None]
 
@@ -115,21 +115,31 @@ def run(state_dir: str, keep: bool = False, say: Say = print, steps_before_fault
         say(f"  submitted job {job_id}; output {out}")
         node, gpu = _wait_running(tb, job_id, out, steps_before_fault, timeout, say)
         ms = Milestones()
-        say(f"== 3. XID 79 (GPU has fallen off the bus) on {node} GPU {gpu}, under the running job")
-        ms.injected = time.time()
-        sim.inject(tb.sim_dir, node, gpu, xid=79)
+        _inject_xid79(tb, node, gpu, ms, say, "the running job")
         repair = _RepairWatch(tb, node, ms, say)
         _follow(tb, job_id, node, out, ms, timeout, say, also=repair.poll)
         say(f"== 4. the job has moved on: the repair ladder takes {node} back by itself (XID 79: reboot)")
         repair.follow(timeout)
-        say("== 5. the incident, as the audit log tells it (slurm-hooks events)")
-        records = events.select(AuditLog(tb.audit_log).read(), node=node, since=ms.injected - 1)
-        for line in events.render(events.incidents(records)):
-            say(f"  {line}")
+        _tell_incident(tb, node, ms, say, "== 5.")
         _summary(ms, say)
         return ms
     finally:
         _wind_down(tb, watchers, job_id, keep, say)
+
+
+def _inject_xid79(tb: Testbed, node: str, gpu: int, ms: Milestones, say: Say, under: str) -> None:
+    """The fault, on the demo's clock (``ms.injected``: its zero)."""
+    say(f"== 3. XID 79 (GPU has fallen off the bus) on {node} GPU {gpu}, under {under}")
+    ms.injected = time.time()
+    sim.inject(tb.sim_dir, node, gpu, xid=79)
+
+
+def _tell_incident(tb: Testbed, node: str, ms: Milestones, say: Say, heading: str) -> None:
+    """The incident since the fault, as ``slurm-hooks events`` shows it from the audit log."""
+    say(f"{heading} the incident, as the audit log tells it (slurm-hooks events)")
+    records = events.select(AuditLog(tb.audit_log).read(), node=node, since=ms.injected - 1)
+    for line in events.render(events.incidents(records)):
+        say(f"  {line}")
 
 
 def _wind_down(tb: Testbed, watchers: list[Spawned], job_id: int | None, keep: bool, say: Say) -> None:
@@ -206,34 +216,15 @@ def _wait_running(tb: Testbed, job_id: int, out: str, steps: int, timeout: float
 def _follow(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeout: float, say: Say,
             also: Callable[[float], object] | None = None) -> None:
     """Follow the job's recovery; ``also``: one more look in each poll, at that poll's time."""
-    slurm = tb.slurm()
-    deadline = time.monotonic() + timeout
-    seen_lines = len(_tail(out))
     last_step = None
 
     def show(name: str, detail: str, at: float) -> None:
         _show(ms, say, name, detail, at)
 
-    while time.monotonic() < deadline:
-        # One poll, read against the order things happen (output, then job, then node), is one
-        # instant: whatever shows in an earlier read has its causes in the later ones, so every
-        # milestone seen in this poll gets the same time and their order holds.
-        lines = _tail(out)
-        try:
-            job = slurm.job(job_id)
-            node = slurm.node(bad)
-        except SlurmHooksError as exc:
-            say(f"  (slurm: {exc})")
-            time.sleep(0.2)
-            continue
-        now = time.time()
-        if node.drained and node.reason.startswith(REASON_PREFIX):
-            show("node drained", f"{bad}: {node.reason}", now)
-        if job.restarts >= 1 and job.base_state == JobState.PENDING:
-            show("job requeued", f"job {job_id} PENDING ({job.reason or 'requeued'})", now)
-        if job.restarts >= 1 and job.running and job.nodes and job.nodes != bad:
-            show("job running again", f"job {job_id} RUNNING on {job.nodes} (restart {job.restarts})", now)
-        for ln in lines[seen_lines:]:
+    def look(new: list[str], job: JobInfo, now: float) -> bool:
+        nonlocal last_step
+        _job_moved(ms, say, job_id, job, bad, now)
+        for ln in new:
             saved = _SAVED.match(ln)
             if saved:
                 name = "job checkpointed" if "requeued itself" in ln else f"job got {saved.group(1)}"
@@ -246,7 +237,6 @@ def _follow(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeou
             s = _STEP.match(ln)
             if s:
                 last_step = int(s.group(1))
-        seen_lines = len(lines)
         if also is not None:
             try:
                 also(now)
@@ -257,11 +247,52 @@ def _follow(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeou
         if "resumed from checkpoint" in ms.times and "node drained" in ms.times and last_step is not None \
                 and "job running again" in ms.times:
             show("training continues", f"step {last_step}", now)
+            return True
+        return False
+
+    _poll_recovery(tb, job_id, bad, out, ms, timeout, say, lambda: _tail(out), look)
+
+
+def _poll_recovery(tb: Testbed, job_id: int, bad: str, out: str, ms: Milestones, timeout: float, say: Say,
+                   read: Callable[[], list[str]], look: Callable[[list[str], JobInfo, float], bool]) -> None:
+    """Poll until ``look(new, job, now)`` says the training continues (it shows the milestones in the
+    output's ``new`` lines and in the job; the node's drain is shown here); DemoError after ``timeout``.
+
+    One poll, read against the order things happen (output, then job, then node), is one instant:
+    whatever shows in an earlier read has its causes in the later ones, so every milestone seen in
+    this poll gets the same time and their order holds. ``read()``: the output's lines (and anything
+    else a demo reads first).
+    """
+    slurm = tb.slurm()
+    deadline = time.monotonic() + timeout
+    seen_lines = len(read())
+    while time.monotonic() < deadline:
+        lines = read()
+        try:
+            job = slurm.job(job_id)
+            node = slurm.node(bad)
+        except SlurmHooksError as exc:
+            say(f"  (slurm: {exc})")
+            time.sleep(0.2)
+            continue
+        now = time.time()
+        if node.drained and node.reason.startswith(REASON_PREFIX):
+            _show(ms, say, "node drained", f"{bad}: {node.reason}", now)
+        if look(lines[seen_lines:], job, now):
             return
+        seen_lines = len(lines)
         time.sleep(0.1)
     missing = [m for m in ("node drained", "job running again", "resumed from checkpoint") if m not in ms.times]
-    raise DemoError(f"recovery incomplete after {timeout:g}s: no {', '.join(missing)} (see {out} and "
-                    f"{tb.audit_log})")
+    raise DemoError(f"recovery incomplete after {timeout:g}s: no {', '.join(missing) or 'step after the resume'} "
+                    f"(see {out} and {tb.audit_log})")
+
+
+def _job_moved(ms: Milestones, say: Say, job_id: int, job: JobInfo, bad: str, now: float) -> None:
+    """The job requeued (PENDING again), then running again without ``bad``."""
+    if job.restarts >= 1 and job.base_state == JobState.PENDING:
+        _show(ms, say, "job requeued", f"job {job_id} PENDING ({job.reason or 'requeued'})", now)
+    if job.restarts >= 1 and job.running and job.nodes and bad not in hostlist.expand(job.nodes):
+        _show(ms, say, "job running again", f"job {job_id} RUNNING on {job.nodes} (restart {job.restarts})", now)
 
 
 def _show(ms: Milestones, say: Say, name: str, detail: str, at: float) -> None:
@@ -382,15 +413,10 @@ def run_ddp(state_dir: str, keep: bool = False, say: Say = print, steps_before_f
         bad, good = used[1], used[0]  # the node without the batch step: the job's other half
         gpus = tb.slurm().job_gpus(job_id, bad) or (0,)
         ms = Milestones()
-        say(f"== 3. XID 79 (GPU has fallen off the bus) on {bad} GPU {gpus[0]}, under the job's rank 1")
-        ms.injected = time.time()
-        sim.inject(tb.sim_dir, bad, gpus[0], xid=79)
+        _inject_xid79(tb, bad, gpus[0], ms, say, "the job's rank 1")
         _follow_ddp(tb, job_id, bad, work, out, ms, max(timeout, 120.0), say)
         _requeued_once(tb, job_id, good, ms, say)
-        say("== 4. the incident, as the audit log tells it (slurm-hooks events)")
-        records = events.select(AuditLog(tb.audit_log).read(), node=bad, since=ms.injected - 1)
-        for line in events.render(events.incidents(records)):
-            say(f"  {line}")
+        _tell_incident(tb, bad, ms, say, "== 4.")
         _summary_ddp(ms, say)
         return ms
     finally:
@@ -436,28 +462,20 @@ def _wait_ddp_running(tb: Testbed, job_id: int, work: str, out: str, steps: int,
 def _follow_ddp(tb: Testbed, job_id: int, bad: str, work: str, out: str, ms: Milestones, timeout: float,
                 say: Say) -> None:
     """The DDP job's recovery, milestone by milestone, read as in :func:`_follow` (one poll, one instant)."""
-    slurm = tb.slurm()
-    deadline = time.monotonic() + timeout
-    seen_lines = len(_complete_lines(out))
     resumed = None
+    done: list[tuple[int, float, str]] = []
 
     def show(name: str, detail: str, at: float) -> None:
         _show(ms, say, name, detail, at)
 
-    while time.monotonic() < deadline:
+    def read() -> list[str]:
         lines = _complete_lines(out)
-        done = _steps_log(work)
-        try:
-            job = slurm.job(job_id)
-            node = slurm.node(bad)
-        except SlurmHooksError as exc:
-            say(f"  (slurm: {exc})")
-            time.sleep(0.2)
-            continue
-        now = time.time()
-        if node.drained and node.reason.startswith(REASON_PREFIX):
-            show("node drained", f"{bad}: {node.reason}", now)
-        for ln in lines[seen_lines:]:
+        done[:] = _steps_log(work)
+        return lines
+
+    def look(new: list[str], job: JobInfo, now: float) -> bool:
+        nonlocal resumed
+        for ln in new:
             got = _GOT.search(ln)
             if got:
                 show(f"job got {got.group(1)}", got.group(0), now)
@@ -472,20 +490,15 @@ def _follow_ddp(tb: Testbed, job_id: int, bad: str, work: str, out: str, ms: Mil
                      "rank 0", now)
                 reached = max((s for s, t, r in done if r == "0" and t <= ms.injected), default=0)
                 ms.details["steps lost"] = str(max(0, reached - resumed))
-        seen_lines = len(lines)
-        if job.restarts >= 1 and job.base_state == JobState.PENDING:
-            show("job requeued", f"job {job_id} PENDING ({job.reason or 'requeued'})", now)
-        if job.restarts >= 1 and job.running and job.nodes and bad not in hostlist.expand(job.nodes):
-            show("job running again", f"job {job_id} RUNNING on {job.nodes} (restart {job.restarts})", now)
+        _job_moved(ms, say, job_id, job, bad, now)
         after = [s for s, t, r in done if r != "0"]
         if resumed is not None and after and max(after) > resumed and "node drained" in ms.times \
                 and "job running again" in ms.times:
             show("training continues", f"step {max(after)}", now)
-            return
-        time.sleep(0.1)
-    missing = [m for m in ("node drained", "job running again", "resumed from checkpoint") if m not in ms.times]
-    raise DemoError(f"recovery incomplete after {timeout:g}s: no {', '.join(missing) or 'step after the resume'} "
-                    f"(see {out} and {tb.audit_log})")
+            return True
+        return False
+
+    _poll_recovery(tb, job_id, bad, out, ms, timeout, say, read, look)
 
 
 def _requeued_once(tb: Testbed, job_id: int, good: str, ms: Milestones, say: Say) -> None:

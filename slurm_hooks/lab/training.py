@@ -25,7 +25,6 @@ import json
 import os
 import re
 import signal
-import tempfile
 import time
 from typing import Any
 
@@ -75,17 +74,7 @@ class Checkpointer:
         os.makedirs(self.directory, exist_ok=True)
         payload = json.dumps({"step": step, "state": state, "saved_at": time.time()}).encode()
         path = self._path(step)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".ckpt-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        fsutil.atomic_write(path, payload, mode=0o600)  # 0o600: what tempfile.mkstemp made before
         _fsync_dir(self.directory)
         for old in self.steps()[: -self.keep]:
             with contextlib.suppress(FileNotFoundError):

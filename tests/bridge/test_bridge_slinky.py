@@ -195,21 +195,26 @@ def rebooted(server, name: str, boot_id: str) -> None:
     server.put("v1/nodes", body)
 
 
+def _rebooting_bridge(tb, kube_client, tmp_path) -> Reconciler:
+    """A bridge that asks a machine's reboot with a RebootNode (REBOOT_TEMPLATE)."""
+    from slurm_hooks.bridge.settings import RebootSettings
+
+    template = tmp_path / "rebootnode.yaml.j2"
+    template.write_text(REBOOT_TEMPLATE)
+    settings = BridgeSettings(mapping="auto", state_file=str(tmp_path / "state.json"), drain_pass_budget=15,
+                              reboot=RebootSettings(backend="template", template=str(template), plural="rebootnodes"))
+    return Reconciler(tb.slurm, kube_client, settings, audit=AuditLog(tb.audit_log))
+
+
 def test_a_machine_rebooted_in_place_is_given_back_once_its_slurm_node_is_healthy_again(
         slinky, kube_client, tmp_path):
     """Every request the bridge makes is ended by the bridge: the slurmd pod moves to the spare while
     the machine reboots; once the Slurm node is back and the machine reports a new boot, the RebootNode
     is deleted and the machine uncordoned and untainted (before: detached, cordoned for ever)."""
-    from slurm_hooks.bridge.settings import RebootSettings
-
     tb, server, operator = slinky
     bad = tb.nodes[0]
     rebooted(server, bad, "boot-1")
-    template = tmp_path / "rebootnode.yaml.j2"
-    template.write_text(REBOOT_TEMPLATE)
-    settings = BridgeSettings(mapping="auto", state_file=str(tmp_path / "state.json"), drain_pass_budget=15,
-                              reboot=RebootSettings(backend="template", template=str(template), plural="rebootnodes"))
-    bridge = Reconciler(tb.slurm, kube_client, settings, audit=AuditLog(tb.audit_log))
+    bridge = _rebooting_bridge(tb, kube_client, tmp_path)
 
     tb.scontrol("update", f"NodeName={bad}", "State=DRAIN", "Reason=slurm-hooks: XID 79 on GPU 0 [reboot]")
     res = wait_for(lambda: (lambda r: r if r.replaced or r.errors else None)(bridge.run_pass()), 60,
@@ -239,16 +244,10 @@ def test_a_machine_rebooted_in_place_is_given_back_once_its_slurm_node_is_health
 def test_a_machine_whose_reboot_has_not_happened_yet_stays_held(slinky, kube_client, tmp_path):
     """The Slurm node is back on the spare, but the machine reports the boot it had when the reboot
     was asked: the request stands and the machine stays cordoned until it comes back."""
-    from slurm_hooks.bridge.settings import RebootSettings
-
     tb, server, operator = slinky
     bad = tb.nodes[0]
     rebooted(server, bad, "boot-1")
-    template = tmp_path / "rebootnode.yaml.j2"
-    template.write_text(REBOOT_TEMPLATE)
-    settings = BridgeSettings(mapping="auto", state_file=str(tmp_path / "state.json"), drain_pass_budget=15,
-                              reboot=RebootSettings(backend="template", template=str(template), plural="rebootnodes"))
-    bridge = Reconciler(tb.slurm, kube_client, settings, audit=AuditLog(tb.audit_log))
+    bridge = _rebooting_bridge(tb, kube_client, tmp_path)
     tb.scontrol("update", f"NodeName={bad}", "State=DRAIN", "Reason=slurm-hooks: XID 79 on GPU 0 [reboot]")
     wait_for(lambda: bridge.run_pass().replaced, 60, "the reboot is asked for")
     operator.reschedule(bad, "spare-1")

@@ -1,9 +1,6 @@
 """The repair ladder on the real testbed: GPU reset, reboot through Slurm, replace.
 
-A cluster of its own (one module): the health check every 2 s, so that a repair is
-driven the way a site runs it (Slurm's HealthCheckProgram), and the testbed's
-RebootProgram, which reboots the simulated node and restarts its slurmd with a new
-boot time.
+A cluster of its own (one module), with conftest's REPAIR_SETTINGS.
 """
 
 from __future__ import annotations
@@ -13,26 +10,13 @@ import os
 import time
 
 import pytest
-from conftest import audit_records, own_testbed
+from conftest import REPAIR_SETTINGS, audit_records, module_testbed, wait_for
 
-from slurm_hooks.lab.testbed import Settings
 from slurm_hooks.probes import sim
 
 pytestmark = pytest.mark.slurm
 
-SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=2, requeue_grace=3.0, repair=True)
-
-
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory):
-    with own_testbed(tmp_path_factory, "repairbed", SETTINGS) as tb:
-        yield tb
-
-
-@pytest.fixture
-def tb(bed):
-    bed.reset()
-    return bed
+bed, tb = module_testbed("repairbed", REPAIR_SETTINGS)
 
 
 def _records(tb, action=None):
@@ -52,14 +36,8 @@ def _sim(tb, node="n1"):
 
 
 def _wait(pred, timeout, what, tb=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    seen = f"; n1 {tb.slurm().node('n1')}; repairs {_repairs(tb)}" if tb is not None else ""
-    raise AssertionError(f"not within {timeout}s: {what}{seen}")
+    seen = (lambda: f"n1 {tb.slurm().node('n1')}; repairs {_repairs(tb)}") if tb is not None else None
+    return wait_for(pred, timeout, what, interval=0.2, seen=seen)
 
 
 def test_row_remap_pending_on_idle_node_is_reset_checked_and_back_idle_without_reboot(tb):

@@ -2,7 +2,7 @@
 records, the report and ``slurm-hooks status`` name the GPU by serial and say a person must act; new
 hardware closes the incident once; a person's resume closes it as theirs.
 
-A cluster of its own (one module), the health check every 2 s, as test_e2e_repair.py drives it.
+A cluster of its own (one module), with conftest's REPAIR_SETTINGS, as test_e2e_repair.py drives it.
 """
 
 from __future__ import annotations
@@ -14,30 +14,17 @@ import sys
 import time
 
 import pytest
-from conftest import audit_records, own_testbed, wait_for
+from conftest import REPAIR_SETTINGS, audit_records, module_testbed, wait_for
 
 from slurm_hooks import report
 from slurm_hooks.commands import status
-from slurm_hooks.lab.testbed import Settings
 from slurm_hooks.observe import incidents
 from slurm_hooks.probes import sim
 from slurm_hooks.remedy.repair import read_rma
 
 pytestmark = pytest.mark.slurm
 
-SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=2, requeue_grace=3.0, repair=True)
-
-
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory):
-    with own_testbed(tmp_path_factory, "lifecyclebed", SETTINGS) as tb:
-        yield tb
-
-
-@pytest.fixture
-def tb(bed):
-    bed.reset()
-    return bed
+bed, tb = module_testbed("lifecyclebed", REPAIR_SETTINGS)
 
 
 def _incidents(tb, node="n1"):

@@ -7,6 +7,7 @@ import time
 
 import pynvml
 import pytest
+from conftest import collect_events
 from fakes import FakeNvml
 from fakes.config import nvml_wiring, sim_config
 from fakes.slurm import FakeSlurm
@@ -21,26 +22,9 @@ from slurm_hooks.probes.nvml_events import NvmlEventSource
 from slurm_hooks.remedy.wiring import Wiring
 
 
-def collect(source, stop_after: float = 1.0, until: int = 1) -> list:
-    got, stop = [], threading.Event()
-
-    def on_event(event):
-        got.append(event)
-        if len(got) >= until:
-            stop.set()
-
-    timer = threading.Timer(stop_after, stop.set)
-    timer.start()
-    try:
-        source.follow(stop, on_event)
-    finally:
-        timer.cancel()
-    return got
-
-
 def test_nvml_source_registers_every_gpu_for_critical_xids_and_delivers_with_the_gpu_index():
     fake = FakeNvml.healthy(gpus=4).emit_xid(2, 79)
-    [event] = collect(NvmlEventSource(nvml=fake, poll=0.05))
+    [event] = collect_events(NvmlEventSource(nvml=fake, poll=0.05))
     assert (event.code, event.gpu, event.source, event.uuid) == (79, 2, "nvml", fake.gpus[2]["uuid"])
     assert [mask for _, mask in fake.registered] == [pynvml.nvmlEventTypeXidCriticalError] * 4
     assert fake.shutdowns == 1
@@ -49,7 +33,7 @@ def test_nvml_source_registers_every_gpu_for_critical_xids_and_delivers_with_the
 def test_nvml_source_keeps_waiting_through_timeouts_until_stopped():
     fake = FakeNvml.healthy(gpus=1)
     started = time.monotonic()
-    assert collect(NvmlEventSource(nvml=fake, poll=0.05), stop_after=0.3) == []
+    assert collect_events(NvmlEventSource(nvml=fake, poll=0.05), stop_after=0.3) == []
     assert time.monotonic() - started < 2.0
     assert fake.called("nvmlEventSetWait_v2") >= 2
 
@@ -57,7 +41,7 @@ def test_nvml_source_keeps_waiting_through_timeouts_until_stopped():
 def test_nvml_source_turns_an_nvml_failure_into_a_typed_error():
     fake = FakeNvml.healthy(gpus=1).fail("nvmlEventSetWait_v2", code=pynvml.NVML_ERROR_GPU_IS_LOST)
     with pytest.raises(ProbeError):
-        collect(NvmlEventSource(nvml=fake, poll=0.05))
+        collect_events(NvmlEventSource(nvml=fake, poll=0.05))
     assert fake.shutdowns == 1
 
 
@@ -83,14 +67,14 @@ def test_first_working_falls_back_to_the_kernel_log_when_nvml_events_are_not_sup
     kmsg_event = XidEvent(48, gpu=1, source="kmsg", seq=7)
     source = FirstWorking(ListSource(error=NotSupported("event sets not supported")), ListSource([kmsg_event]),
                           logs.append)
-    assert collect(source) == [kmsg_event]
+    assert collect_events(source) == [kmsg_event]
     assert "reading the kernel log" in logs[0]
 
 
 def test_first_working_does_not_hide_a_real_nvml_failure():
     source = FirstWorking(ListSource(error=ProbeError("NVML: GPU is lost")), ListSource(), lambda m: None)
     with pytest.raises(ProbeError):
-        collect(source)
+        collect_events(source)
 
 
 def test_sim_source_delivers_each_injected_xid_once_in_order(tmp_path):
@@ -100,7 +84,7 @@ def test_sim_source_delivers_each_injected_xid_once_in_order(tmp_path):
     assert [e.code for e in source.backlog()] == [13]
     threading.Timer(0.1, lambda: (sim.inject(str(tmp_path), "n1", 5, xid=79),
                                   sim.inject(str(tmp_path), "n1", 6, xid=48))).start()
-    got = collect(source, stop_after=3.0, until=2)
+    got = collect_events(source, stop_after=3.0, until=2)
     assert [(e.code, e.gpu) for e in got] == [(79, 5), (48, 6)]
     state = sim.read(str(tmp_path), "n1")
     assert [e.uuid for e in got] == [state["gpus"][5]["uuid"], state["gpus"][6]["uuid"]]

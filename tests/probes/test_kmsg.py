@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -148,20 +149,32 @@ def _follow_in_thread(path: str, events: list):
     return stop, thread
 
 
-def test_follow_picks_up_an_xid_appended_to_a_file_and_not_older_ones(tmp_path):
-    log = tmp_path / "kern.log"
-    log.write_text(XID79_RECORD + "\n")
+@contextlib.contextmanager
+def _following(log, settle: float):
+    """kmsg.follow on ``log`` (its start read: ``settle`` s) for as long as the block runs; yields
+    the events it reports and its thread, stopped and joined once the block is done."""
     events: list[XidEvent] = []
     stop, thread = _follow_in_thread(str(log), events)
     try:
-        time.sleep(0.2)
-        with open(log, "a") as fh:
-            fh.write("6,4124,3757500000,-;eth0: link becomes ready\n")
-            fh.write("3,4125,3757600000,-;NVRM: Xid (PCI:0000:9b:00): 48, pid=7, name=python, DBE\n")
-        assert _wait_for(lambda: len(events) == 1)
+        time.sleep(settle)
+        yield events, thread
     finally:
         stop.set()
         thread.join(5)
+
+
+def _append(log, data: str | bytes) -> None:
+    with open(log, "ab") as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
+
+
+def test_follow_picks_up_an_xid_appended_to_a_file_and_not_older_ones(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text(XID79_RECORD + "\n")
+    with _following(log, settle=0.2) as (events, thread):
+        _append(log, "6,4124,3757500000,-;eth0: link becomes ready\n"
+                     "3,4125,3757600000,-;NVRM: Xid (PCI:0000:9b:00): 48, pid=7, name=python, DBE\n")
+        assert _wait_for(lambda: len(events) == 1)
     assert not thread.is_alive()
     assert (events[0].code, events[0].seq) == (48, 4125)
 
@@ -169,20 +182,12 @@ def test_follow_picks_up_an_xid_appended_to_a_file_and_not_older_ones(tmp_path):
 def test_follow_waits_for_the_end_of_a_partly_written_line(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("")
-    events: list[XidEvent] = []
-    stop, thread = _follow_in_thread(str(log), events)
-    try:
-        time.sleep(0.1)
-        with open(log, "a") as fh:
-            fh.write("3,7,1000000,-;NVRM: Xid (PCI:0000:9b:00): 4")
+    with _following(log, settle=0.1) as (events, _):
+        _append(log, "3,7,1000000,-;NVRM: Xid (PCI:0000:9b:00): 4")
         time.sleep(0.2)
         assert events == []
-        with open(log, "a") as fh:
-            fh.write("8, pid=7, name=python, DBE\n")
+        _append(log, "8, pid=7, name=python, DBE\n")
         assert _wait_for(lambda: len(events) == 1)
-    finally:
-        stop.set()
-        thread.join(5)
     assert events[0].code == 48
 
 
@@ -253,16 +258,9 @@ def test_bytes_that_are_not_utf8_never_stop_the_reader(tmp_path):
 def test_follow_survives_bytes_that_are_not_utf8(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("")
-    events: list[XidEvent] = []
-    stop, thread = _follow_in_thread(str(log), events)
-    try:
-        time.sleep(0.1)
-        with open(log, "ab") as fh:
-            fh.write(b"3,9,1000000,-;NVRM: Xid (PCI:0000:9b:00): 48, pid=7, name=\xff\xfe, DBE\n")
+    with _following(log, settle=0.1) as (events, thread):
+        _append(log, b"3,9,1000000,-;NVRM: Xid (PCI:0000:9b:00): 48, pid=7, name=\xff\xfe, DBE\n")
         assert _wait_for(lambda: len(events) == 1)
-    finally:
-        stop.set()
-        thread.join(5)
     assert thread.is_alive() is False and events[0].code == 48
 
 

@@ -9,6 +9,7 @@ import os
 
 import pynvml
 import pytest
+from conftest import collect_events
 from fakes import FakeLink, FakeNvml
 from paths import FIXTURES
 
@@ -529,25 +530,10 @@ def test_a_process_list_that_never_settles_is_an_unreadable_field_not_a_crash():
 
 
 def _events(fake: FakeNvml, clock=None, until: int = 1, stop_after: float = 10.0) -> list:
-    import threading
-
     from slurm_hooks.probes.nvml_events import NvmlEventSource
 
-    got, stop = [], threading.Event()
-
-    def on_event(event):
-        got.append(event)
-        if len(got) >= until:
-            stop.set()
-
-    timer = threading.Timer(stop_after, stop.set)
-    timer.start()
-    try:
-        kw = {"clock": clock} if clock is not None else {}
-        NvmlEventSource(nvml=fake, poll=0.05, **kw).follow(stop, on_event)
-    finally:
-        timer.cancel()
-    return got
+    kw = {"clock": clock} if clock is not None else {}
+    return collect_events(NvmlEventSource(nvml=fake, poll=0.05, **kw), stop_after, until)
 
 
 def test_nvml_event_struct_has_no_timestamp_and_two_xids_in_one_microsecond_are_two_events():
