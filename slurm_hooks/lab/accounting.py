@@ -66,7 +66,7 @@ class Accounting:
         if kept is not None:
             with contextlib.suppress(ValueError):
                 return {k: int(v) for k, v in kept.items()}
-        free = [p for p in range(PORT_FIRST + secrets.randbelow(400) * 2, PORT_LAST) if _port_free(p)][:2]
+        free = [p for p in range(PORT_FIRST + secrets.randbelow(400) * 2, PORT_LAST) if port_free(p)][:2]
         if len(free) < 2:
             raise AccountingError(f"no two free ports in {PORT_FIRST}..{PORT_LAST}")
         ports = {"db": free[0], "dbd": free[1]}
@@ -249,10 +249,11 @@ def ensure_packages(progress: Progress | None = None) -> None:
     packages.ensure(PROGRAMS, PACKAGES, AccountingError, progress)
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a TCP socket can bind ``port`` on ``host`` now (the testbed's daemons ask for any address)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True

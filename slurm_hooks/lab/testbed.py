@@ -18,7 +18,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import stat
 import sys
 import time
@@ -605,13 +604,13 @@ class Testbed:
 
     def _pick_ports(self) -> dict[str, int]:
         names = ["slurmctld", *self.node_names]
-        if self._ports and all(n in self._ports for n in names) and all(_port_free(self._ports[n]) for n in names):
+        if self._ports and all(n in self._ports for n in names) and all(accounting.port_free(self._ports[n], "0.0.0.0") for n in names):
             return {n: self._ports[n] for n in names}
         first = zlib.crc32(self.state_dir.encode()) % PORT_BLOCKS
         for step in range(PORT_BLOCKS):
             base = PORT_FIRST + ((first + step) % PORT_BLOCKS) * PORT_BLOCK
             ports = {"slurmctld": base, **{n: base + k for k, n in enumerate(self.node_names, 1)}}
-            if all(_port_free(p) for p in ports.values()):
+            if all(accounting.port_free(p, "0.0.0.0") for p in ports.values()):
                 return ports
         raise TestbedError(f"no free block of {len(names)} ports in {PORT_FIRST}..{PORT_FIRST + PORT_BLOCKS * PORT_BLOCK}")
 
@@ -1294,15 +1293,6 @@ def _mknod(path: str, minor: int, major: int = NVIDIA_MAJOR) -> None:
         os.mknod(path, 0o600 | stat.S_IFCHR, want)
     except OSError as exc:
         raise TestbedError(f"mknod {path} c {major} {minor}: {exc.strerror}") from None
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def _pids() -> list[int]:

@@ -5,6 +5,7 @@ at a time. The sim's dcgmi stand-in reads the simulated GPUs (levels, durations 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -105,13 +106,20 @@ def scontrol(tb, *args):
     return run_command([os.path.join(BIN, "scontrol"), *args], 10, env=tb.env())
 
 
-def test_sweep_partition_submits_its_jobs_there_when_the_default_partition_holds_no_gpu_node(tb):
-    scontrol(tb, "create", "PartitionName=cpu", "Default=YES", "State=UP")  # no nodes: sbatch's default now
+@contextlib.contextmanager
+def default_partition_without_nodes(tb):
+    """Slurm's default partition is ``cpu``, which has no nodes (sbatch's default then), for the block."""
+    scontrol(tb, "create", "PartitionName=cpu", "Default=YES", "State=UP")
     try:
-        done, _ = sweep(tb, "--partition", "gpu", "--level", "1", "--max-parallel", "100%", "--json")
+        yield
     finally:
         scontrol(tb, "update", "PartitionName=gpu", "Default=YES")
         scontrol(tb, "delete", "PartitionName=cpu")
+
+
+def test_sweep_partition_submits_its_jobs_there_when_the_default_partition_holds_no_gpu_node(tb):
+    with default_partition_without_nodes(tb):
+        done, _ = sweep(tb, "--partition", "gpu", "--level", "1", "--max-parallel", "100%", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["counts"] == {"passed": 3, "failed": 0, "unverified": 0, "skipped": 0}
     assert reservations(tb) == []
@@ -120,12 +128,8 @@ def test_sweep_partition_submits_its_jobs_there_when_the_default_partition_holds
 def test_sweep_nodes_submits_to_the_nodes_own_partition_when_the_default_one_holds_none_of_them(tb):
     # Without --partition the jobs went to Slurm's default partition: "Requested node configuration is not
     # available", every node unverified (a cron line `sweep --nodes gpu[01-64]` on such a cluster).
-    scontrol(tb, "create", "PartitionName=cpu", "Default=YES", "State=UP")
-    try:
+    with default_partition_without_nodes(tb):
         done, _ = sweep(tb, "--nodes", "n[1-2]", "--level", "1", "--max-parallel", "100%", "--json")
-    finally:
-        scontrol(tb, "update", "PartitionName=gpu", "Default=YES")
-        scontrol(tb, "delete", "PartitionName=cpu")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["counts"] == {"passed": 2, "failed": 0, "unverified": 0, "skipped": 0}
     assert reservations(tb) == []
