@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from slurm_hooks.lab.testbed import BIN, Settings, Testbed  # noqa: E402
-from slurm_hooks.remedy.remediate import RECOVER_LOOK_S  # noqa: E402
+from slurm_hooks.remedy.ownership import RECOVER_LOOK_S  # noqa: E402
 
 _RPC = re.compile(r"^\s+([A-Z_0-9]+)\s+\(\s*\d+\)\s+count:(\d+)", re.M)
 

@@ -284,7 +284,7 @@ class Finding:
     summary: str = ""
     #: Judged against a value an admin configured ([expect], [groups]: GPU count, model,
     #: PCIe, NVLinks), not against what the hardware says of itself. A wrong value in the
-    #: config fails every node alike; the drain guard watches for that (remediate.drain).
+    #: config fails every node alike; the drain guard watches for that (drain.drain).
     config_based: bool = False
     #: Which jobs the fault touches and when it is acted on: set by the engine from the severity
     #: table (:mod:`slurm_hooks.severity`), keyed by :attr:`rule`.

@@ -36,7 +36,7 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
           deadline: float | None, verdict: bool) -> int:
     """Check this node's GPUs; drain and requeue on a fault (unless --dry-run or --explain)."""
     from slurm_hooks.hooks import healthcheck
-    from slurm_hooks.remedy import remediate, repairs
+    from slurm_hooks.remedy import repairs, requeue
     from slurm_hooks.remedy.wiring import Wiring
 
     w = Wiring.load(config_path, node)
@@ -48,7 +48,7 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
         click.echo(verdict_line(report))
         return 0 if report.healthy else 1
     if explain:
-        print_explained(report, remediate.explain(w, report), as_json)
+        print_explained(report, requeue.explain(w, report), as_json)
         if not as_json:
             from slurm_hooks.commands.status import held_lines
 

@@ -22,8 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from slurm_hooks import engine
 from slurm_hooks.errors import SlurmHooksError, TransientError
 from slurm_hooks.models import Action, Context, NodeSnapshot, Report, Scope, XidEvent
-from slurm_hooks.remedy import follower, gpumap, pending, remediate, repairs
-from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy import drain, follower, gpumap, ownership, pending, repairs
+from slurm_hooks.remedy.audit import annotate_jobs
+from slurm_hooks.remedy.outcome import Outcome, record_alerts, record_metrics
+from slurm_hooks.remedy.requeue import in_slurms_numbering, job_summary, requeue_jobs
 from slurm_hooks.remedy.wiring import Wiring, xid_history
 from slurm_hooks.slurm import quirks, reboot_pending
 from slurm_hooks.values import asdict, replace
@@ -64,7 +66,7 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     outcome = Outcome()
     if not dry_run:
         if not retry:
-            remediate.record_alerts(w, report)
+            record_alerts(w, report)
             if context is Context.CHECK:
                 _record_slurm_view(w, report)
         act(w, report, outcome, follow=follow, earlier=earlier, repair=repair, known=seen[-1] if seen else None)
@@ -259,7 +261,7 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState, seen: list[NodeIn
     GPU, remapping) are judged afresh as always. The acknowledgement is written at
     once: a node whose history cannot be written stays drained rather than forget it.
     """
-    drained_for = remediate.drained_for(w)
+    drained_for = ownership.drained_for(w)
     if drained_for is None or report.snapshot is None:
         return False
     try:
@@ -281,10 +283,10 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState, seen: list[NodeIn
         print(f"slurm-hooks: {exc}", file=sys.stderr)
         return False
     try:
-        marker = remediate.load_marker(w)
+        marker = ownership.load_marker(w)
     except SlurmHooksError:
         marker = None
-    remediate.let_go(w, marker, info)  # the reason Slurm >= 23.11 may keep is never ours again
+    ownership.let_go(w, marker, info)  # the reason Slurm >= 23.11 may keep is never ours again
     return True
 
 
@@ -303,7 +305,7 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         earlier: pending.Pending | None = None, repair: str = "detached", known: NodeInfo | None = None) -> None:
     """``known``: the node as this run read it before acting (see :func:`judge`), for the drain."""
     if earlier is not None and not _still_to_do(w, earlier, report, outcome):
-        remediate.record_metrics(w, report, outcome)
+        record_metrics(w, report, outcome)
         return
     if report.context is Context.CHECK and repairs.take_turn(w, report, outcome, rejudge(w), mode=repair):
         # A repair holds the node: it neither drains nor resumes it here. But an urgent new fault
@@ -316,8 +318,8 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
                 else frozenset(f.gpu for f in fresh if f.gpu is not None and f.instance is None)
             instances = frozenset((f.gpu, f.instance) for f in fresh if f.gpu is not None and f.instance is not None)
             outcome.node_out = True
-            remediate.requeue_jobs(w, outcome, follow=follow, gpus=gpus, instances=instances)
-        remediate.record_metrics(w, report, outcome)
+            requeue_jobs(w, outcome, follow=follow, gpus=gpus, instances=instances)
+        record_metrics(w, report, outcome)
         return
     if report.drain_findings():
         # Only a fault to act on now requeues, and only the jobs it touches (those on its GPU or
@@ -334,12 +336,12 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
             repairs.take_turn(w, report, outcome, rejudge(w), mode=repair)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
         held = os.path.exists(w.drained_marker())
-        remediate.resume_if_ours(w, outcome, report)
+        drain.resume_if_ours(w, outcome, report)
         if held and not outcome.resumed and not os.path.exists(w.drained_marker()):
             from slurm_hooks.remedy import repair
 
             repair.note_person_resume(w)  # our drain let go of, the node in service: a person resumed it
-    remediate.record_metrics(w, report, outcome)
+    record_metrics(w, report, outcome)
 
 
 def rejudge(w: Wiring) -> Callable[[int, float | None], Report]:
@@ -362,22 +364,22 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
     prolog, epilog): audited as not acted on, and nothing done. ``known``: the node as this run
     has just read it: the drain's first look at the node is that one, not another RPC."""
     if not w.policy.may_drain:
-        remediate.not_acted(w, report, outcome, **extra)
+        drain.not_acted(w, report, outcome, **extra)
         if earlier is not None:
             _close(w, earlier, "superseded", "monitor-only: [check] drain = false")
             outcome.pending = "superseded"
         return
     seen = _SlurmErrors(w.slurm, known)
     ww = replace(w, slurm_override=seen)
-    remediate.drain(ww, report, outcome, **extra)
+    drain.drain(ww, report, outcome, **extra)
     left: list[str] = []
     if seen.transient():
         left = ["drain", "requeue"] if requeue else ["drain"]
     elif requeue and outcome.node_out:
         before = len(seen.errors)
         snap = report.snapshot
-        remediate.requeue_jobs(ww, outcome, follow=follow, gpus=gpus, instances=instances, multi_node=multi_node,
-                               fault_at=snap.taken_at if snap is not None and snap.taken_at > 0 else None)
+        requeue_jobs(ww, outcome, follow=follow, gpus=gpus, instances=instances, multi_node=multi_node,
+                     fault_at=snap.taken_at if snap is not None and snap.taken_at > 0 else None)
         if seen.transient(since=before):
             left = ["requeue"]
         # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its
@@ -385,8 +387,8 @@ def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeu
         # Each names only what touched its own GPUs (and node-wide faults).
         for ref in outcome.requeued:
             held = outcome.job_gpus.get(ref, ())
-            remediate.annotate_jobs(w, [ref], f"requeued from {w.node}, {remediate.job_summary(w, report, held)}"
-                                    + remediate.in_slurms_numbering(w, held))
+            annotate_jobs(w, [ref], f"requeued from {w.node}, {job_summary(w, report, held)}"
+                          + in_slurms_numbering(w, held))
     if earlier is not None and not requeue and "requeue" in earlier.steps:
         left.append("requeue")  # this run (a prolog, an epilog) does not requeue: the next one will
     _settle(w, report, outcome, earlier, left, seen.last_error())
@@ -468,7 +470,7 @@ def _settle(w: Wiring, report: Report, outcome: Outcome, earlier: pending.Pendin
     if left:
         snap = report.snapshot
         events = [asdict(x) for x in engine.snapshot_xids(snap)] if snap is not None else []
-        reason = remediate.drain_reason(report)
+        reason = drain.drain_reason(report)
         try:
             rec = pending.record_failure(state, w.node, steps=left, context=report.context.value, reason=reason,
                                          events=events, error=error, earlier=earlier)

@@ -22,8 +22,10 @@ from slurm_hooks.engine import parse_gpu_list
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.models import Context, NodeSnapshot, Report, Severity, snapshot_from_dict, snapshot_to_dict
-from slurm_hooks.remedy import follower, remediate, repairs
-from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy import drain, follower, repairs
+from slurm_hooks.remedy.audit import annotate_jobs
+from slurm_hooks.remedy.outcome import Outcome, record_alerts
+from slurm_hooks.remedy.requeue import in_slurms_numbering
 from slurm_hooks.remedy.wiring import Wiring
 
 
@@ -81,9 +83,9 @@ def _prolog(w: Wiring, env: Mapping[str, str]) -> int:
         rec = follower.Followed(jid, w.node, fault_at=now, ts=now, nodes=_node_count(env), refused=True)
         follower.follow_jobs(w, [jid], follower.Follow.DETACHED, fallback=False, records=[rec])
         held = [int(g) for g in env.get("SLURM_JOB_GPUS", "").split(",") if g.strip().isdigit()]
-        remediate.annotate_jobs(w, [jid], f"refused by the prolog on {w.node}, "
-                                f"{remediate.findings_summary(report.drain_findings())}{_not_requeued_note(w, jid)}"
-                                + remediate.in_slurms_numbering(w, held))
+        annotate_jobs(w, [jid], f"refused by the prolog on {w.node}, "
+                      f"{drain.findings_summary(report.drain_findings())}{_not_requeued_note(w, jid)}"
+                      + in_slurms_numbering(w, held))
     return 1
 
 
@@ -149,7 +151,7 @@ def _epilog(w: Wiring, env: Mapping[str, str]) -> int:
 def _drain(w: Wiring, report: Report, jid: str | None) -> Outcome:
     """Audit the findings and drain the node, both naming the job; then print the findings.
     A drain that fails for a transient reason stays pending for the next run."""
-    remediate.record_alerts(w, report, job=jid)
+    record_alerts(w, report, job=jid)
     outcome = Outcome()
     healthcheck.take_out(w, report, outcome, follow="none", requeue=False, job=jid, context=report.context.value)
     _print(report)

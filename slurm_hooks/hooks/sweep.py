@@ -308,8 +308,8 @@ def validate_here(w: Wiring, level: int, timeout: float, job: str = "") -> tuple
     AdminComment."""
     from slurm_hooks.hooks import healthcheck
     from slurm_hooks.models import Context
-    from slurm_hooks.remedy import remediate, repair
-    from slurm_hooks.remedy.remediate import Outcome
+    from slurm_hooks.remedy import drain, repair
+    from slurm_hooks.remedy.outcome import Outcome
 
     w.start_deadline(timeout)
     t0 = time.monotonic()
@@ -332,12 +332,12 @@ def validate_here(w: Wiring, level: int, timeout: float, job: str = "") -> tuple
     if verdict == "failed":
         outcome = Outcome()
         if not w.policy.may_drain:  # monitor-only: found, recorded, not acted on
-            remediate.not_acted(w, report, outcome, job=job)
-            detail = f"not drained ([check] drain = false): {remediate.drain_reason(report)}"
+            drain.not_acted(w, report, outcome, job=job)
+            detail = f"not drained ([check] drain = false): {drain.drain_reason(report)}"
         else:
-            remediate.drain(w, report, outcome, job=job)
+            drain.drain(w, report, outcome, job=job)
         if outcome.drained:
-            detail = f"drained: {remediate.drain_reason(report)}"
+            detail = f"drained: {drain.drain_reason(report)}"
     if job:
         line = f"{COMMENT} L{level} {verdict}: {detail}"[:400]
         try:

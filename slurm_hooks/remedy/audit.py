@@ -1,6 +1,6 @@
 """One audit record per remediation step, and the job's own account of why (its AdminComment).
 
-Shared by the remediation (:mod:`.remediate`), the job follower (:mod:`.follower`) and the
+Shared by the remediation (:mod:`.drain`, :mod:`.requeue`), the job follower (:mod:`.follower`) and the
 checkpoint path (:mod:`.checkpoint`), so each writes the same record the same way.
 """
 

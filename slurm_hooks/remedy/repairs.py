@@ -14,8 +14,7 @@ import os
 import time
 
 from slurm_hooks.models import Report
-from slurm_hooks.remedy import remediate
-from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy.outcome import Outcome, record_metrics
 from slurm_hooks.remedy.wiring import Wiring
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
@@ -58,7 +57,7 @@ def repair_after_job(w: Wiring, job: str | None, rejudge: Rejudge, mode: str = "
     report = rejudge(0, None)
     outcome = Outcome()
     take_turn(w, report, outcome, rejudge, own_job=job or "", mode=mode)
-    remediate.record_metrics(w, report, outcome)
+    record_metrics(w, report, outcome)
     return outcome
 
 
@@ -86,7 +85,7 @@ def repair_worker(w: Wiring, rejudge: Rejudge, own_job: str = "",
                       result="failed" if outcome.failed else "done", duration_s=round(time.monotonic() - t0, 4),
                       pid=os.getpid(), repairs=list(outcome.repairs),
                       **({"error": "; ".join(outcome.failed)} if outcome.failed else {}))
-        remediate.record_metrics(w, report, outcome)
+        record_metrics(w, report, outcome)
         return outcome
 
 

@@ -15,7 +15,7 @@ from fakes.config import sim_config, sim_node
 from slurm_hooks.errors import TransientError
 from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.probes import sim
-from slurm_hooks.remedy import remediate
+from slurm_hooks.remedy.audit import annotate_jobs
 from slurm_hooks.slurm import ADMIN_COMMENT_MAX, join_admin_comment
 from slurm_hooks.slurm.scontrol import parse_admin_comment
 
@@ -93,7 +93,7 @@ def test_an_admin_comment_that_cannot_be_written_is_a_warning_not_a_pending_requ
 def test_no_admin_comment_when_the_deadline_is_spent(node):
     w, slurm = node
     w.deadline = time.monotonic() + 0.5
-    remediate.annotate_jobs(w, ["12"], "requeued from n1, XID 79 on GPU 3")
+    annotate_jobs(w, ["12"], "requeued from n1, XID 79 on GPU 3")
     assert not slurm.called("admin_comment")
     assert [(r["result"], r["level"]) for r in annotations(w)] == [("skipped", "warning")]
 

@@ -19,8 +19,9 @@ from fakes.slurm import FakeSlurm
 
 from slurm_hooks.errors import ConfigError, PermanentError
 from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.remedy import checkpoint, follower, remediate
+from slurm_hooks.remedy import checkpoint, follower, requeue
 from slurm_hooks.remedy.follower import Phase
+from slurm_hooks.remedy.outcome import Outcome
 from slurm_hooks.remedy.wiring import Wiring
 
 USR2_SCRIPT = b"#!/bin/bash\n#SBATCH --gres=gpu:1\n#SBATCH --signal=USR2@90\nsrun python -m submitit.core._submit x\n"
@@ -49,8 +50,8 @@ def steps(t, action):
 
 
 def requeue_now(t):
-    outcome = remediate.Outcome()
-    remediate.requeue_jobs(t.w, outcome, follow="none", fault_at=time.time() - 0.5)
+    outcome = Outcome()
+    requeue.requeue_jobs(t.w, outcome, follow="none", fault_at=time.time() - 0.5)
     return outcome
 
 
@@ -167,8 +168,8 @@ def test_the_sites_policy_per_partition_for_jobs_that_declare_none(tmp_path):
         slurm.add_job(job_id, "n1")
         slurm.partitions[job_id] = part
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
-    outcome = remediate.Outcome()
-    remediate.requeue_jobs(w, outcome, follow="none")
+    outcome = Outcome()
+    requeue.requeue_jobs(w, outcome, follow="none")
     assert sent(slurm) == [("signal", 1, "USR2", "batch"), ("signal", 3, "USR1", "steps")]
     assert outcome.requeued == ["2"]
     assert follower.read_record(w, "1").source == "policy"
@@ -268,5 +269,5 @@ def test_full_delivery_where_configured_reaches_the_batch_shell_and_every_step(t
     slurm.add_job(7, "n1")
     slurm.scripts[7] = b"#!/bin/sh\n#SBATCH --signal=R:USR2@90\n"
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
-    remediate.requeue_jobs(w, remediate.Outcome(), follow="none")
+    requeue.requeue_jobs(w, Outcome(), follow="none")
     assert sent(slurm) == [("signal", 7, "USR2", "full")]

@@ -13,7 +13,7 @@ from fakes.config import sim_config, sim_node
 from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.models import Action, Finding, Scope, Severity
 from slurm_hooks.probes import sim
-from slurm_hooks.remedy import remediate
+from slurm_hooks.remedy import drain
 
 BOTH = "slurm-hooks: XID 48 on GPU 0; row remap pending on GPU 3 [reset]"
 
@@ -52,17 +52,17 @@ def _finding(gpu, summary, action=Action.RESET):
 def test_one_set_of_findings_reads_the_same_in_any_order():
     found = [_finding(3, "row remap pending on GPU 3"), _finding(0, "XID 48 on GPU 0"),
              _finding(None, "PCIe gone", Action.REBOOT), _finding(0, "XID 48 on GPU 0")]
-    texts = {remediate.findings_summary(order) for order in (found, found[::-1], found[1:] + found[:1])}
+    texts = {drain.findings_summary(order) for order in (found, found[::-1], found[1:] + found[:1])}
     assert texts == {"PCIe gone; XID 48 on GPU 0; row remap pending on GPU 3"}
 
 
 def test_our_wider_reason_covers_a_narrower_one_and_not_the_other_way():
     narrow = "slurm-hooks: XID 48 on GPU 0 [reset]"
-    assert remediate.covers(BOTH, narrow)
-    assert not remediate.covers(narrow, BOTH)
-    assert not remediate.covers(BOTH, "slurm-hooks: XID 48 on GPU 0 [reboot]")  # a stronger action
-    assert not remediate.covers(BOTH.replace("[reset]", "[reset, at job end]"), narrow)  # sooner now
-    assert not remediate.covers("admin: bad fan", narrow)
+    assert drain.covers(BOTH, narrow)
+    assert not drain.covers(narrow, BOTH)
+    assert not drain.covers(BOTH, "slurm-hooks: XID 48 on GPU 0 [reboot]")  # a stronger action
+    assert not drain.covers(BOTH.replace("[reset]", "[reset, at job end]"), narrow)  # sooner now
+    assert not drain.covers("admin: bad fan", narrow)
 
 
 def test_each_requeued_jobs_admin_comment_names_only_what_touched_its_gpus(tmp_path):

@@ -346,15 +346,16 @@ def test_a_job_name_that_is_not_utf8_on_the_bad_node_is_still_requeued(hooked_te
 
 
 def _requeue_on_bad_node(tb):
-    from slurm_hooks.remedy import remediate
+    from slurm_hooks.remedy.outcome import Outcome
+    from slurm_hooks.remedy.requeue import requeue_jobs
 
     job = tb.sbatch(TRAP_JOB, "--gres=gpu:1", "--requeue", "--open-mode=append")
     bad, gpu = wait_started(tb, job)
     sim.inject(tb.sim_dir, bad, gpu, xid=79)
     tb.slurm.drain(bad, f"slurm-hooks: XID 79 on GPU {gpu} [reboot]")
     w = _wiring(tb, bad)
-    outcome = remediate.Outcome()
-    remediate.requeue_jobs(w, outcome, follow="none")
+    outcome = Outcome()
+    requeue_jobs(w, outcome, follow="none")
     assert outcome.requeued == [str(job)]
     return w, job, bad
 

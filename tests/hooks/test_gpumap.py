@@ -22,8 +22,8 @@ from slurm_hooks.models import GpuSnapshot, MigDevice, NodeSnapshot
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.nvml import NvmlProbe
-from slurm_hooks.remedy import gpumap, remediate
-from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy import gpumap, requeue
+from slurm_hooks.remedy.outcome import Outcome
 from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import gres
 from slurm_hooks.slurm.scontrol import parse_job_gpus
@@ -187,7 +187,7 @@ def test_explain_names_the_job_on_the_faulty_gpu_through_the_map(tmp_path):
     run_jobs(t, {601: "gpu:1(IDX:0)", 602: "gpu:1(IDX:7)"})
     sim.inject(t.sim_dir, "n1", 7, xid=79)
     report = healthcheck.judge(t.w, healthcheck.Context.CHECK)
-    [xid] = [e for e in remediate.explain(t.w, report) if e["check"] == "xid"]
+    [xid] = [e for e in requeue.explain(t.w, report) if e["check"] == "xid"]
     assert xid["requeues"] == ["601"] and xid["gpu_map"] == "known"
 
 
@@ -262,7 +262,7 @@ def test_an_instance_fault_on_another_gpu_spares_a_whole_gpu_job(tmp_path):
     run_jobs(t, {701: "gpu:1(IDX:0)"})
     gpumap.current(t.w, t.w.probe().snapshot())  # a run of this boot built the map
     out = Outcome()
-    remediate.requeue_jobs(t.w, out, follow="none", gpus=frozenset(), instances=frozenset({(5, 1)}))
+    requeue.requeue_jobs(t.w, out, follow="none", gpus=frozenset(), instances=frozenset({(5, 1)}))
     assert out.requeued == [] and requeues(t) == {"spared": ["701"]}
 
 
@@ -337,7 +337,7 @@ def test_explain_says_when_the_map_is_unknown_and_counts_every_gpu_job(tmp_path,
     run_jobs(t, {1001: "gpu:1(IDX:0)", 1002: "gpu:1(IDX:7)", 1003: ""})
     sim.inject(t.sim_dir, "n1", 7, xid=79)
     report = healthcheck.judge(t.w, healthcheck.Context.CHECK)
-    entries = remediate.explain(t.w, report)
+    entries = requeue.explain(t.w, report)
     [xid] = [e for e in entries if e["check"] == "xid"]
     assert xid["requeues"] == ["1001", "1002"] and xid["gpu_map"].startswith("gres.conf unreadable")
     print_explained(report, entries, as_json=False)

@@ -17,7 +17,7 @@ from fakes.config import sim_config, sim_node
 
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.probes import sim
-from slurm_hooks.remedy import remediate
+from slurm_hooks.remedy import ownership
 from slurm_hooks.remedy.ownership import DrainMarker, MarkerUnreadable
 
 XID79 = "slurm-hooks: XID 79 on GPU 3 [reboot]"
@@ -58,7 +58,7 @@ def resumes(t) -> int:
 def test_the_marker_keeps_the_exact_reason_and_slurm_s_reason_time_and_user(t):
     sim.inject(t.sim_dir, "n1", 3, xid=79)
     check(t)
-    marker = remediate.load_marker(t.w)
+    marker = ownership.load_marker(t.w)
     node = t.slurm.peek("n1")
     assert isinstance(marker, DrainMarker) and marker.reason == XID79
     assert (marker.reason_time, marker.reason_user) == (node.reason_time, node.reason_user) != ("", "")
@@ -72,7 +72,7 @@ def test_an_unreadable_marker_raises_and_is_not_taken_for_a_drain_of_ours(t, con
     with open(t.w.drained_marker(), "w") as fh:
         fh.write(content)
     with pytest.raises(MarkerUnreadable) as err:
-        remediate.load_marker(t.w)
+        ownership.load_marker(t.w)
     assert t.w.drained_marker() in str(err.value)
 
 

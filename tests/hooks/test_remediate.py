@@ -23,8 +23,9 @@ from slurm_hooks.hooks.watch import Watcher
 from slurm_hooks.models import NodeSnapshot, snapshot_from_dict
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
-from slurm_hooks.remedy import follower, remediate
-from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy import drain, follower
+from slurm_hooks.remedy.outcome import Outcome
+from slurm_hooks.remedy.requeue import requeue_jobs
 from slurm_hooks.remedy.wiring import Wiring
 
 XID79_REASON = "slurm-hooks: XID 79 on GPU 3 [reboot]"
@@ -666,18 +667,17 @@ def test_remediate_drain_can_be_called_with_a_report_directly(t):
     inject(t, 4, pcie_width=8)
     report = healthcheck.judge(t.w, healthcheck.Context.CHECK, acknowledge=False)
     outcome = Outcome()
-    remediate.drain(t.w, report, outcome, job="42")
+    drain.drain(t.w, report, outcome, job="42")
     assert outcome.ok and outcome.drained
     assert t.slurm.peek("n1").reason == "slurm-hooks: PCIe x8 on GPU 4 [drain, at job end]"
-    [drain] = records(t, "action", action="drain")
-    assert drain["job"] == "42"
+    [rec] = records(t, "action", action="drain")
+    assert rec["job"] == "42"
 
 
 def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
     from fakes.slurm import FakeSlurm
 
     from slurm_hooks.observe.audit import AuditLog
-    from slurm_hooks.remedy import remediate
     from slurm_hooks.remedy.wiring import Wiring
     from slurm_hooks.slurm.errors import AlreadyRequeued
 
@@ -687,8 +687,8 @@ def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
     slurm.add_job(44, "n1")
     slurm.fail("requeue", AlreadyRequeued("scontrol requeue 44: Job is pending execution for job 44"))
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
-    outcome = remediate.Outcome()
-    remediate.requeue_jobs(w, outcome, follow="none")
+    outcome = Outcome()
+    requeue_jobs(w, outcome, follow="none")
     assert outcome.ok and outcome.requeued == []
     assert [(r["action"], r["result"]) for r in w.audit.read()] == [("requeue", "already")]
 

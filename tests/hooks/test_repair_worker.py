@@ -18,8 +18,8 @@ from slurm_hooks.hooks import healthcheck
 from slurm_hooks.models import Context
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import SimReset
-from slurm_hooks.remedy import remediate, repair, repairs
-from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy import drain, ownership, repair, repairs
+from slurm_hooks.remedy.outcome import Outcome
 from slurm_hooks.remedy.repair.state import Stopped, Validating
 from slurm_hooks.remedy.wiring import Wiring
 
@@ -65,7 +65,7 @@ def test_the_reset_attempt_is_on_disk_before_the_reset_acts(t):
 
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
     report = healthcheck.judge(t.w, Context.CHECK)
-    remediate.drain(t.w, report, Outcome())
+    drain.drain(t.w, report, Outcome())
     repair.step(t.w, report, Outcome(), healthcheck.rejudge(t.w), resetter=Watching(), mode="inline")
     assert seen["attempts"] == [("reset", "started")]
     assert [(a.rung, a.result) for a in repair.load(t.w).attempts] == [("reset", "ok")]
@@ -235,7 +235,7 @@ def test_while_a_worker_holds_the_node_the_health_check_does_not_touch_the_gpus(
 def test_a_validation_whose_worker_died_is_run_again_then_given_up_unverified(t, tries, result):
     reason = "slurm-hooks: row remap pending on GPU 3 [validating]"
     t.slurm.set_node("n1", state="IDLE+DRAIN", reason=reason)
-    remediate.write_marker(t.w, reason, None)
+    ownership.write_marker(t.w, reason, None)
     repair.save(t.w, replace(repair.load(t.w), validating=Validating(time.time(), "reset", tries,
                                                                      "row remap pending on GPU 3", "running", reason)))
     _, outcome = healthcheck.run(t.w, follow="none", repair="inline")

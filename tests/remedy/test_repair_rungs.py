@@ -10,7 +10,7 @@ from slurm_hooks.hooks import healthcheck
 from slurm_hooks.models import Context
 from slurm_hooks.probes import sim
 from slurm_hooks.probes.gpureset import SimReset
-from slurm_hooks.remedy.remediate import Outcome
+from slurm_hooks.remedy.outcome import Outcome
 from slurm_hooks.remedy.repair import planner, rungs, store
 
 

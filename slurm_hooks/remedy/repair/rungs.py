@@ -10,7 +10,7 @@ import time
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import PermanentError, SlurmHooksError
 from slurm_hooks.models import Action, Report
-from slurm_hooks.remedy import remediate
+from slurm_hooks.remedy import ownership
 from slurm_hooks.remedy.repair.evidence import keep_evidence
 from slurm_hooks.remedy.repair.planner import Plan, attempt
 from slurm_hooks.remedy.repair.rma import add_to_rma, gpu_ids
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from slurm_hooks.probes.gpureset import GpuResetter, NvidiaSmiReset
-    from slurm_hooks.remedy.remediate import Outcome
+    from slurm_hooks.remedy.outcome import Outcome
     from slurm_hooks.remedy.repair.store import Ledger
     from slurm_hooks.remedy.wiring import Wiring
 
@@ -49,7 +49,7 @@ def reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, ledger: Ledger
     else:
         # The reset cleared what the XIDs we drained for reported; they stay in the kernel log.
         history = xid_history(w).load()
-        history.ack(remediate.drained_for(w) or [])
+        history.ack(ownership.drained_for(w) or [])
         with contextlib.suppress(SlurmHooksError):
             history.save()
         after = rejudge(0, None)
@@ -92,7 +92,7 @@ def reboot(w: Wiring, p: Plan, outcome: Outcome, ledger: Ledger, resetter: GpuRe
         outcome.failed.append(f"reboot: {exc}")
         audit(w, "reboot", "failed", time.monotonic() - t0, p, reason=reason, error=str(exc))
         return "failed"
-    remediate.write_marker(w, reason, None)
+    ownership.write_marker(w, reason, None)
     ledger.update(active=Active(time.time(), boot, reason, p.why, p.summary, tuple(p.gpus),
                                 tuple((f.check, f.gpu) for f in report.drain_findings()) if report else ()))
     outcome.repairs.append("reboot:start")
@@ -114,7 +114,7 @@ def replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, ledger: Ledger
         outcome.failed.append(f"drain: {exc}")
         audit(w, "replace", "failed", time.monotonic() - t0, p, reason=reason, error=str(exc))
         return "failed"
-    remediate.write_marker(w, reason, report)
+    ownership.write_marker(w, reason, report)
     outcome.drained = outcome.node_out = True
     ledger.record(attempt("replace", p, time.time(), "ok"),
                   replaced=Replaced(time.time(), reason, tuple(g for _, g in p.gpus)))

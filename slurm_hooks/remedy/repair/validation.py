@@ -13,7 +13,7 @@ from typing import Callable, Optional
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Report
-from slurm_hooks.remedy import remediate
+from slurm_hooks.remedy import drain, ownership
 from slurm_hooks.remedy.repair import state as repair_state
 from slurm_hooks.remedy.repair.state import RepairStateUnreadable, Validating
 from slurm_hooks.remedy.repair.store import Ledger, load
@@ -24,7 +24,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from slurm_hooks.remedy.remediate import Outcome
+    from slurm_hooks.remedy.outcome import Outcome
     from slurm_hooks.remedy.wiring import Wiring
 
 #: ``judge(dcgm_level, dcgm_timeout)``: the node judged afresh after a repair (a new snapshot),
@@ -61,7 +61,7 @@ def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, r
         outcome.failed.append(f"drain: {exc}")
         forget(ledger)
         return "failed", f"could not mark the node {reason!r}: {exc}", None
-    remediate.write_marker(w, reason, None)
+    ownership.write_marker(w, reason, None)
     budget = min(float(w.config.repair.validate_timeout), w.time_left(float(w.config.repair.validate_timeout)))
     w.audit.write("action", node=w.node, action="repair-validate", target=w.node, result="start", duration_s=0.0,
                   reason=reason, level=level, after=after, timeout_s=round(budget, 1),
@@ -106,7 +106,7 @@ def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: Any, de
     except SlurmHooksError as exc:
         outcome.failed.append(f"resume: {exc}")
         return "failed", f"{detail}, but not resumed: {exc}"
-    remediate.resume_if_ours(w, outcome, report)
+    drain.resume_if_ours(w, outcome, report)
     if outcome.resumed:
         return "ok", f"{detail}, resumed"
     return "failed", f"{detail}, but not resumed: " + "; ".join(outcome.failed or ["see the resume record"])
@@ -120,7 +120,7 @@ def unverified(w: Wiring, ledger: Ledger, summary: str, detail: str) -> None:
     ledger.update(validating=replace(was, result=UNVERIFIED, reason=reason, detail=detail))
     with contextlib.suppress(SlurmHooksError):
         w.slurm.drain(w.node, reason)
-        remediate.write_marker(w, reason, None)
+        ownership.write_marker(w, reason, None)
 
 
 def begin(w: Wiring, ledger: Ledger, info: Any, after: str) -> bool:
@@ -156,5 +156,5 @@ def validate_on_request(w: Wiring, outcome: Outcome, rejudge: Rejudge, who: str)
     ledger = Ledger(w, replace(state, validating=None))
     result, _, judged = validate_and_resume(w, f"validation asked by {who}", "request", outcome, rejudge, ledger)
     if result == "failed" and judged is not None and judged.drain_findings():
-        remediate.drain(w, judged, outcome)  # what failed, as the reason: the ladder takes it from there
+        drain.drain(w, judged, outcome)  # what failed, as the reason: the ladder takes it from there
     return result

@@ -46,7 +46,7 @@ import time
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action, Finding, Report, Urgency
-from slurm_hooks.remedy import remediate
+from slurm_hooks.remedy import ownership
 from slurm_hooks.remedy.repair import ladder
 from slurm_hooks.remedy.repair.planner import Plan, attempt, gpus_of, plan
 from slurm_hooks.remedy.repair.rma import is_uuid
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from slurm_hooks.probes.gpureset import GpuResetter
-    from slurm_hooks.remedy.remediate import Outcome
+    from slurm_hooks.remedy.outcome import Outcome
     from slurm_hooks.remedy.repair.state import Active
     from slurm_hooks.remedy.wiring import Wiring
 
@@ -100,7 +100,7 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
         info = w.slurm.node(w.node)
         # A person's resume (or new hardware) ends our [replace] whatever reason Slurm kept after it.
         ended = state.replaced is not None and not rebooting and _replace_ended(w, report, ledger, info)
-        if info.reason and remediate.holds(w, info, our_reboot=rebooting):
+        if info.reason and ownership.holds(w, info, our_reboot=rebooting):
             forget(ledger)  # someone else took the node over meanwhile
             return ledger.state.stopped is not None and _restore_now(w, mode)
         if ledger.state.replaced is not None and not rebooting and (info.drained or _down(info)):
@@ -225,7 +225,7 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
         if elapsed < float(w.config.repair.reboot_timeout):
             return True  # the reboot is still to come, or under way: leave the node to Slurm
         result, detail = "failed", f"no reboot within {elapsed:.0f}s"
-    elif info.reason and remediate.holds(w, info, our_reboot=True):
+    elif info.reason and ownership.holds(w, info, our_reboot=True):
         ledger.update(active=None)
         return False  # an admin took the node over meanwhile
     elif report.drain_findings():
@@ -312,7 +312,7 @@ def _replace_ended(w: Wiring, report: Report, ledger: Ledger, info: Any) -> bool
 
 def _has_marker(w: Wiring) -> bool:
     try:
-        return remediate.load_marker(w) is not None
+        return ownership.load_marker(w) is not None
     except SlurmHooksError:
         return True  # there, though unreadable: the state dir was not lost
 
