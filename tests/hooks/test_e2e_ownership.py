@@ -19,7 +19,7 @@ import sys
 import time
 
 import pytest
-from conftest import audit_records
+from conftest import audit_records, wait_for
 
 from slurm_hooks.lab.testbed import Settings, Testbed, hook_interpreter
 from slurm_hooks.probes import sim
@@ -92,13 +92,7 @@ def node(tb, name="n1"):
 
 
 def wait(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout}s: {what}")
+    return wait_for(pred, timeout, what, interval=0.2)
 
 
 def wait_rebooted(tb, boots, name="n1"):

@@ -15,7 +15,7 @@ import os
 import time
 
 import pytest
-from conftest import audit_records, own_testbed
+from conftest import audit_records, own_testbed, wait_for
 
 from slurm_hooks.lab.testbed import MARKER, Settings
 from slurm_hooks.probes import sim
@@ -75,15 +75,9 @@ def attempts(tb, node="n1"):
 
 
 def wait(pred, timeout, what, tb=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.3)
-    seen = f"; n1 {tb.slurm().node('n1')}; audit {[(r['action'], r['result']) for r in records(tb, None)]}" \
-        if tb is not None else ""
-    raise AssertionError(f"not within {timeout}s: {what}{seen}")
+    seen = (lambda: f"n1 {tb.slurm().node('n1')}; audit {[(r['action'], r['result']) for r in records(tb, None)]}") \
+        if tb is not None else None
+    return wait_for(pred, timeout, what, interval=0.3, seen=seen)
 
 
 def test_a_reset_hanging_past_the_hooks_limit_runs_in_the_worker_and_the_node_returns_validated(tb):
