@@ -132,7 +132,7 @@ def build(records: list[dict[str, Any]], since: float, until: float | None = Non
     if job_runs is not None:
         lost = 0.0
         for run in job_runs:
-            if run.state == "REQUEUED" and run.start is not None and run.end is not None:
+            if run.requeued and run.start is not None and run.end is not None:
                 lost += (run.end - run.start) / 3600.0 * run.gpus
                 requeued_runs.setdefault(run.job_id, []).append(run)
         _job_restarts_from_accounting(found, rows, job_runs)

@@ -25,6 +25,7 @@ from typing import Any
 
 from slurm_hooks.errors import CommandError, CommandTimeout, TransientError
 from slurm_hooks.runner import run_command
+from slurm_hooks.slurm import JobState
 
 OUR_PREFIX = "slurm-hooks:"
 _GPUS = re.compile(r"gres/gpu=(\d+)")
@@ -62,6 +63,11 @@ class JobRun:
     nodes: str
     gpus: int
     admin_comment: str
+
+    @property
+    def requeued(self) -> bool:
+        """A run that a requeue ended (sacct's ``REQUEUED``; the job ran again as a later run)."""
+        return self.state == JobState.REQUEUED
 
 
 def parse_time(text: str) -> float | None:
@@ -123,7 +129,7 @@ class SlurmDb:
         if not nodes:
             return []
         until = until or time.time()
-        requeued = parse_runs(self._run(["sacct", "-n", "-P", "-X", "-D", "-a", "-s", "REQUEUED", "-N", ",".join(nodes),
+        requeued = parse_runs(self._run(["sacct", "-n", "-P", "-X", "-D", "-a", "-s", JobState.REQUEUED, "-N", ",".join(nodes),
                                          f"--starttime={_stamp(since)}", f"--endtime={_stamp(until + 60)}",
                                          _RUN_FORMAT]))
         ids = sorted({r.job_id for r in requeued}, key=lambda j: (len(j), j))
