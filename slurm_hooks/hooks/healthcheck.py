@@ -35,7 +35,7 @@ TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 m
 if TYPE_CHECKING:
     from typing import Any
 
-    from slurm_hooks.slurm import NodeInfo
+    from slurm_hooks.slurm.recording import Record
     from slurm_hooks.xid.catalog import XidInfo
 
 
@@ -50,9 +50,25 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     with this run's, and acting on the verdict settles it (done, superseded, or retried later).
     ``retry``: this run exists only to finish the pending action (its alerts were recorded).
     ``repair``: how a due repair runs (:data:`slurm_hooks.remedy.repair.MODES`): a detached worker.
+
+    The run talks to Slurm through a record of its own (:meth:`Wiring.recording`): a node or job
+    it has read is not read again until a write of its own may have changed it.
     """
     if context is not Context.WATCH:  # the watcher is a daemon: nothing kills it at 60 s
         w.start_deadline(float(w.config.check.deadline))
+    mine = w.record is None
+    w = w.recording()
+    try:
+        return _run(w, dry_run=dry_run, context=context, follow=follow, events=events, retry=retry, history=history,
+                    xid_lookup=xid_lookup, repair=repair)
+    finally:
+        if mine and w.record is not None:
+            w.record.end()
+
+
+def _run(w: Wiring, *, dry_run: bool, context: Context, follow: str, events: Sequence[XidEvent], retry: bool,
+         history: XidState | None, xid_lookup: Callable[[int], XidInfo | None] | None,
+         repair: str) -> tuple[Report, Outcome]:
     if context is Context.CHECK and not dry_run and repairs.repair_under_way(w):
         # A repair worker has the (drained, idle) node: it judges it itself, and a probe of ours
         # now could hold a GPU open under its nvidia-smi --gpu-reset.
@@ -60,16 +76,14 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     earlier = None if dry_run else pending.load(w.config.state.dir, w.node)
     if earlier is not None:
         events = (*events, *_events(earlier))
-    seen: list[NodeInfo] = []  # the node as this run read it (a node we drained): the drain's read too
-    report = judge(w, context, events=events, acknowledge=not dry_run, history=history, xid_lookup=xid_lookup,
-                   seen=seen)
+    report = judge(w, context, events=events, acknowledge=not dry_run, history=history, xid_lookup=xid_lookup)
     outcome = Outcome()
     if not dry_run:
         if not retry:
             record_alerts(w, report)
             if context is Context.CHECK:
                 _record_slurm_view(w, report)
-        act(w, report, outcome, follow=follow, earlier=earlier, repair=repair, known=seen[-1] if seen else None)
+        act(w, report, outcome, follow=follow, earlier=earlier, repair=repair)
         follower.finish_followed(w)  # jobs a requeue follower left waiting (it died, or could not start)
         if context is Context.CHECK and not retry:
             notify_flush(w)
@@ -154,7 +168,7 @@ def _events(rec: pending.Pending) -> list[XidEvent]:
 def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequence[XidEvent] = (),
           gpus: list[str] | None = None, baseline: NodeSnapshot | None = None, job_failed: bool = False,
           history: XidState | None = None, xid_lookup: Callable[[int], XidInfo | None] | None = None,
-          dcgm_level: int = 0, dcgm_timeout: float | None = None, seen: list[NodeInfo] | None = None) -> Report:
+          dcgm_level: int = 0, dcgm_timeout: float | None = None) -> Report:
     """Take one snapshot (with ``events`` a source delivered) and judge it; then, if we drained this
     node before and an admin has resumed it since, acknowledge the XIDs we drained for and judge
     the same snapshot again: in every context, so that the first job after the resume is not
@@ -164,8 +178,7 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
     its event seen), saved by the caller; without one it is loaded here and saved once.
     ``xid_lookup``: where the XID check looks codes up (the watcher's, which has looked one up).
     ``dcgm_level``: at least this deep a DCGM diag (the validation after a repair), bounded by
-    ``dcgm_timeout`` instead of ``[dcgm] timeout`` when given. ``seen``: gets the node as Slurm
-    showed it, still drained, when it was read to tell an admin's resume (so that the drain need not read it again).
+    ``dcgm_timeout`` instead of ``[dcgm] timeout`` when given.
     """
     started = time.monotonic()
     state = xid_history(w).load() if history is None else history
@@ -186,7 +199,7 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
     report = engine.judge(_with_events(snap, events), request)
     if report.snapshot is not None and report.snapshot.error is None:
         state.record(engine.snapshot_xids(report.snapshot))
-    if acknowledge and report.drain_findings() and _admin_resumed(w, report, state, seen):
+    if acknowledge and report.drain_findings() and _admin_resumed(w, report, state):
         report = engine.judge(report.snapshot, _request(w, context, state, gpus=request.gpus, baseline=baseline,
                                                         job_failed=job_failed, xid_lookup=xid_lookup,
                                                         missing=request.missing))
@@ -252,7 +265,7 @@ def _with_events(snap: NodeSnapshot, events: Sequence[XidEvent]) -> NodeSnapshot
     return replace(snap, gpus=gpus, node_xids=snap.node_xids + tuple(node_level))
 
 
-def _admin_resumed(w: Wiring, report: Report, state: XidState, seen: list[NodeInfo] | None = None) -> bool:
+def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
     """We drained this node for some XIDs and an admin has resumed it: those XIDs are dealt with.
 
     They stay in the kernel log until the next reboot; acknowledging exactly the
@@ -267,8 +280,6 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState, seen: list[NodeIn
     try:
         info = w.slurm.node(w.node)
         if info.drained or reboot_pending(info):
-            if seen is not None and info.drained:
-                seen.append(info)
             return False  # our reboot under way shows no DRAIN flag at times: not an admin's resume
         from slurm_hooks.remedy import repair
 
@@ -302,8 +313,7 @@ def _keys(snap: NodeSnapshot) -> list[str]:
 
 
 def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
-        earlier: pending.Pending | None = None, repair: str = "detached", known: NodeInfo | None = None) -> None:
-    """``known``: the node as this run read it before acting (see :func:`judge`), for the drain."""
+        earlier: pending.Pending | None = None, repair: str = "detached") -> None:
     if earlier is not None and not _still_to_do(w, earlier, report, outcome):
         record_metrics(w, report, outcome)
         return
@@ -328,10 +338,8 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
         multi_node = report.requeue_multi_node()  # a fabric fault: the jobs that span nodes
         requeue = (w.policy.may_requeue and (gpus is None or bool(gpus) or bool(instances) or multi_node)
                    and report.context in (Context.CHECK, Context.WATCH))
-        if earlier is not None or os.path.exists(w.repair_state()):
-            known = None  # a pending action or the repair ladder may have changed the node since: read it
         take_out(w, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus,
-                 instances=instances, multi_node=multi_node, known=known)
+                 instances=instances, multi_node=multi_node)
         if outcome.drained and report.context is Context.CHECK:
             repairs.take_turn(w, report, outcome, rejudge(w), mode=repair)  # an idle node climbs at once
     elif report.healthy and report.context is Context.CHECK:
@@ -355,81 +363,58 @@ def rejudge(w: Wiring) -> Callable[[int, float | None], Report]:
 
 def take_out(w: Wiring, report: Report, outcome: Outcome, *, follow: str, requeue: bool,
              earlier: pending.Pending | None = None, gpus: frozenset[int] | None = None,
-             instances: frozenset[tuple[int, int]] = frozenset(), multi_node: bool = False,
-             known: NodeInfo | None = None, **extra: Any) -> None:
+             instances: frozenset[tuple[int, int]] = frozenset(), multi_node: bool = False, **extra: Any) -> None:
     """Drain, then requeue the node's jobs (``gpus``: only those on these GPUs, ``multi_node``: and
     those that span nodes): most urgent first,
     each Slurm call bounded by what is left of the run's deadline. What fails for a transient
     reason stays pending. Monitor-only (``[check] drain = false``, for every caller: check, watcher,
-    prolog, epilog): audited as not acted on, and nothing done. ``known``: the node as this run
-    has just read it: the drain's first look at the node is that one, not another RPC."""
+    prolog, epilog): audited as not acted on, and nothing done. Through the run's record
+    (:meth:`Wiring.recording`; its own when the caller keeps none): the drain's first look at
+    the node is the one this run took already, if it took one."""
     if not w.policy.may_drain:
         drain.not_acted(w, report, outcome, **extra)
         if earlier is not None:
             _close(w, earlier, "superseded", "monitor-only: [check] drain = false")
             outcome.pending = "superseded"
         return
-    seen = _SlurmErrors(w.slurm, known)
-    ww = replace(w, slurm_override=seen)
-    drain.drain(ww, report, outcome, **extra)
+    mine = w.record is None
+    w = w.recording()
+    try:
+        _take_out(w, w.record, report, outcome, follow=follow, requeue=requeue, earlier=earlier, gpus=gpus,
+                  instances=instances, multi_node=multi_node, **extra)
+    finally:
+        if mine and w.record is not None:
+            w.record.end()
+
+
+def _take_out(w: Wiring, record: Record, report: Report, outcome: Outcome, *, follow: str, requeue: bool,
+              earlier: pending.Pending | None, gpus: frozenset[int] | None, instances: frozenset[tuple[int, int]],
+              multi_node: bool, **extra: Any) -> None:
+    first = len(record.errors)  # this drain's and requeue's errors count, not the run's earlier reads'
+    drain.drain(w, report, outcome, **extra)
     left: list[str] = []
-    if seen.transient():
+    requeued = False
+    if record.transient(since=first):
         left = ["drain", "requeue"] if requeue else ["drain"]
     elif requeue and outcome.node_out:
-        before = len(seen.errors)
+        before = len(record.errors)
         snap = report.snapshot
-        requeue_jobs(ww, outcome, follow=follow, gpus=gpus, instances=instances, multi_node=multi_node,
+        requeue_jobs(w, outcome, follow=follow, gpus=gpus, instances=instances, multi_node=multi_node,
                      fault_at=snap.taken_at if snap is not None and snap.taken_at > 0 else None)
-        if seen.transient(since=before):
+        if record.transient(since=before):
             left = ["requeue"]
-        # Why, in each requeued job's AdminComment: after the requeue, on the plain adapter (its
-        # failure is a warning, never a pending requeue).
-        # Each names only what touched its own GPUs (and node-wide faults).
-        for ref in outcome.requeued:
-            held = outcome.job_gpus.get(ref, ())
-            annotate_jobs(w, [ref], f"requeued from {w.node}, {job_summary(w, report, held)}"
-                          + in_slurms_numbering(w, held))
+        requeued = True
+    error = record.last_error(since=first)  # taken before the AdminComments: theirs is never a pending requeue
+    # Why, in each requeued job's AdminComment: after the requeue (its failure is a warning), joined to
+    # the AdminComment the job showed when its GPUs were read (the record's: no second read).
+    # Each names only what touched its own GPUs (and node-wide faults).
+    for ref in outcome.requeued if requeued else ():
+        held = outcome.job_gpus.get(ref, ())
+        annotate_jobs(w, [ref], f"requeued from {w.node}, {job_summary(w, report, held)}"
+                      + in_slurms_numbering(w, held))
     if earlier is not None and not requeue and "requeue" in earlier.steps:
         left.append("requeue")  # this run (a prolog, an epilog) does not requeue: the next one will
-    _settle(w, report, outcome, earlier, left, seen.last_error())
-
-
-class _SlurmErrors:
-    """The Slurm adapter, noting every error it raises: a step that failed for a transient
-    reason is kept pending, one that failed for good is recorded once and dropped."""
-
-    bounded = None  # already bounded by the run's deadline: Wiring must not unwrap it
-
-    def __init__(self, slurm: Any, known: NodeInfo | None = None):
-        self._slurm = slurm
-        self.errors: list[SlurmHooksError] = []
-        #: The node as this run has just read it: the first ``node()`` of it answers with it, once.
-        self._known = known
-
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._slurm, name)
-        if not callable(target):
-            return target
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if name == "node" and self._known is not None:
-                known, self._known = self._known, None
-                if args == (known.name,) and not kwargs:
-                    return known
-            try:
-                return target(*args, **kwargs)
-            except SlurmHooksError as exc:
-                self.errors.append(exc)
-                raise
-
-        return call
-
-    def transient(self, since: int = 0) -> bool:
-        return any(isinstance(e, TransientError) for e in self.errors[since:])
-
-    def last_error(self) -> str:
-        transient = [e for e in self.errors if isinstance(e, TransientError)]
-        return str(transient[-1]) if transient else ""
+    _settle(w, report, outcome, earlier, left, error)
 
 
 def _still_to_do(w: Wiring, earlier: pending.Pending, report: Report, outcome: Outcome) -> bool:

@@ -47,8 +47,9 @@ def annotate_jobs(w: Wiring, refs: Iterable[str], what: str) -> None:
     (``scontrol show job``, ``sacct -o AdminComment``), keeping what is there.
 
     Called once the requeue (or the prolog's refusal) is done, and never in its way: each call is
-    bounded by what is left of the run's deadline, and a failure is a warning in the audit log.
-    Pass an adapter that does not count failures toward a pending requeue.
+    bounded by what is left of the run's deadline, and a failure is a warning in the audit log,
+    never a pending requeue. The AdminComment joined to is the one the run read with the job's GPUs
+    where it did (the run's record, :mod:`slurm_hooks.slurm.recording`), else it is read here.
     """
     what = what if len(what) <= ANNOTATE_WHAT_MAX else what[: ANNOTATE_WHAT_MAX - 3].rstrip() + "..."
     line = f"{REASON_PREFIX} {what}, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}"

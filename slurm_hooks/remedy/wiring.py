@@ -4,7 +4,9 @@ Hooks receive a :class:`Wiring` instead of building their collaborators, so
 tests give them a real testbed (or another probe) without patching globals.
 The Slurm adapter is created on first use: the prolog's healthy path never
 touches slurmctld. A hook run sets one deadline (:meth:`Wiring.start_deadline`);
-from then on every Slurm call's timeout is cut to the time left.
+from then on every Slurm call's timeout is cut to the time left (each adapter's ``bounded``).
+A health check run talks through a record of its own (:meth:`Wiring.recording`): the errors its
+calls raised, and the reads it reuses (:mod:`slurm_hooks.slurm.recording`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from slurm_hooks import config as config_mod
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import nodename
-from slurm_hooks.values import dataclass, field
+from slurm_hooks.values import dataclass, field, replace
 from slurm_hooks.xid.history import XidHistory
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from slurm_hooks.config import Config
     from slurm_hooks.probes import Probe
     from slurm_hooks.slurm import Slurm
+    from slurm_hooks.slurm.recording import Record
 
 
 @dataclass(frozen=True)
@@ -60,9 +63,14 @@ class Wiring:
     audit: AuditLog
     probe_override: Any = None
     slurm_override: Any = None
-    _slurm: Any = field(default=None, repr=False)
+    #: The adapter made on first use, in a cell that this wiring's copies share (one for every run
+    #: of a long-lived wiring, the watcher's).
+    _slurm: list = field(default_factory=list, repr=False, compare=False)
     #: ``time.monotonic()`` by which this run must be done (None: no deadline, the watcher).
     deadline: float | None = None
+    #: This run's record of its Slurm calls (:mod:`slurm_hooks.slurm.recording`): the errors they
+    #: raised, and the reads the run reuses. None: calls go straight to the adapter.
+    record: Record | None = None
 
     @classmethod
     def load(cls, config_path: str | None = None, node: str | None = None, **overrides: Any) -> Wiring:
@@ -92,16 +100,33 @@ class Wiring:
 
     @property
     def slurm(self) -> Slurm:
+        """The Slurm adapter, every call bounded by the run's deadline, through the run's record when
+        it keeps one (:meth:`recording`)."""
         if self.slurm_override is not None:
             base = self.slurm_override
         else:
-            if self._slurm is None:
+            if not self._slurm:
                 from slurm_hooks.slurm.factory import from_config
 
-                self._slurm = from_config(self.config)
-            base = self._slurm
-        bounded = getattr(base, "bounded", None)
-        return base if self.deadline is None or bounded is None else bounded(self.deadline)
+                self._slurm.append(from_config(self.config))
+            base = self._slurm[0]
+        if self.deadline is not None:
+            base = base.bounded(self.deadline)
+        if self.record is not None:
+            from slurm_hooks.slurm.recording import RecordingSlurm
+
+            base = RecordingSlurm(base, self.record)
+        return base
+
+    def recording(self) -> Wiring:
+        """This wiring for one run: its Slurm calls' errors noted and its reads reused, until the
+        run ends the record (:mod:`slurm_hooks.slurm.recording`). One that records already is
+        returned as it is (its run goes on)."""
+        if self.record is not None:
+            return self
+        from slurm_hooks.slurm.recording import Record
+
+        return replace(self, record=Record())
 
     def state_path(self, *parts: str) -> str:
         return os.path.join(self.config.state.dir, *parts)

@@ -326,7 +326,22 @@ class JobInfo:
             return True
 
 
+@dataclass(frozen=True)
+class JobDetail:
+    """What one ``scontrol -d show job`` says of a job beyond squeue's fields."""
+
+    #: The GPU indexes (Slurm's GRES IDX) it holds on the node asked about; ``None`` when unknown.
+    gpus: tuple[int, ...] | None
+    #: Its AdminComment ("" when none); ``None`` when this read could not say.
+    admin_comment: str | None = None
+
+
 class Slurm(Protocol):
+    def bounded(self, deadline: float | None) -> Slurm:
+        """This adapter with every call's timeout cut to what is left before ``deadline`` (a
+        ``time.monotonic()``; None: no deadline). The caller's adapter is left as it was."""
+        ...
+
     def node(self, name: str) -> NodeInfo: ...
 
     def nodes(self) -> list[NodeInfo]: ...
@@ -362,6 +377,10 @@ class Slurm(Protocol):
 
     def job_gpus(self, ref: int | str, node: str) -> tuple[int, ...] | None:
         """The GPU indexes (Slurm's GRES IDX) the job holds on ``node``; ``None`` when unknown."""
+        ...
+
+    def job_detail(self, ref: int | str, node: str) -> JobDetail:
+        """:meth:`job_gpus` and :meth:`admin_comment` from one read of the job."""
         ...
 
     def requeue(self, ref: int | str) -> None: ...

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from slurm_hooks.slurm import JobInfo, NodeInfo, job_ref, may_resume, out_of_service
+from slurm_hooks.slurm import JobDetail, JobInfo, NodeInfo, job_ref, may_resume, out_of_service
 from slurm_hooks.slurm.errors import (
     AlreadyRequeued,
     ReasonNotOurs,
@@ -151,6 +151,10 @@ class PyslurmSlurm:
         """From ``scontrol -d show job`` (pyslurm's GRES detail differs between its versions);
         ``None`` (unknown: the job counts as touched) without the scontrol backend."""
         return self.cli.job_gpus(ref, node) if self.cli is not None else None
+
+    def job_detail(self, ref: int | str, node: str) -> JobDetail:
+        """Through scontrol's backend, as :meth:`job_gpus`; without it nothing is known."""
+        return self.cli.job_detail(ref, node) if self.cli is not None else JobDetail(None, None)
 
     def _array_cli(self, what: str = "address one task of a job array") -> Any:
         """The scontrol backend this one delegates to (arrays; AdminComment, kept in one place)."""

@@ -22,6 +22,7 @@ from slurm_hooks.runner import Runner, run_command
 from slurm_hooks.slurm import (
     ACTIVE_JOB_STATES,
     ADMIN_COMMENT_MAX,
+    JobDetail,
     JobInfo,
     NodeInfo,
     gres,
@@ -557,8 +558,14 @@ class ScontrolSlurm:
     def job_gpus(self, ref: int | str, node: str) -> tuple[int, ...] | None:
         """The GPU indexes the job holds on ``node`` (``scontrol -d show job``: ``GRES=gpu:2(IDX:0-1)``);
         ``None`` when Slurm does not say."""
-        return parse_job_gpus(self._run("scontrol", "-d", "-o", "show", "job", self._job_arg(ref)),
-                              self._node_arg(node))
+        return self.job_detail(ref, node).gpus
+
+    def job_detail(self, ref: int | str, node: str) -> JobDetail:
+        """The job's GPUs on ``node`` and its AdminComment, from one ``scontrol -d show job`` (each
+        free-text value on its own line, as :func:`parse_admin_comment` reads it)."""
+        arg, where = self._job_arg(ref), self._node_arg(node)
+        text = self._run("scontrol", "-d", "show", "job", arg)
+        return JobDetail(parse_job_gpus(text, where), parse_admin_comment(text))
 
     def requeue(self, ref: int | str) -> None:
         """``scontrol requeue``: SIGTERM, KillWait, SIGKILL, then PENDING (held back 121 s unless start_now).

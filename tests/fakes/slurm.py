@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from slurm_hooks.errors import PermanentError, SlurmHooksError
-from slurm_hooks.slurm import JobInfo, JobState, NodeInfo, NodeState, hostlist
+from slurm_hooks.slurm import JobDetail, JobInfo, JobState, NodeInfo, NodeState, hostlist
 from slurm_hooks.slurm.errors import AlreadyRequeued
 
 _ON_NODE = (JobState.RUNNING, JobState.CONFIGURING, JobState.COMPLETING)
@@ -149,6 +149,10 @@ class FakeSlurm:
         self._jobs[job.job_id] = dataclasses.replace(job, **changes)
         return self._jobs[job.job_id]
 
+    def bounded(self, deadline: float | None) -> FakeSlurm:
+        """Itself: the fake answers at once, within any deadline."""
+        return self
+
     def node(self, name: str) -> NodeInfo:
         self._call("node", name)
         return self._node(name)
@@ -213,6 +217,15 @@ class FakeSlurm:
         """What ``set_job_gpus`` said (``None``: unknown, as for a job Slurm gives no IDX for)."""
         self._call("job_gpus", ref, node)
         return self._job_gpus.get(str(ref))
+
+    def job_detail(self, ref: int | str, node: str) -> JobDetail:
+        """``job_gpus`` and the AdminComment, as one ``scontrol -d show job`` says both."""
+        self._call("job_detail", ref, node)
+        try:
+            comment = self.admin_comments.get(self._job(ref).job_id, "")
+        except PermanentError:
+            comment = None
+        return JobDetail(self._job_gpus.get(str(ref)), comment)
 
     def set_job_gpus(self, job_id: int | str, gpus: tuple[int, ...] | None) -> None:
         self._job_gpus[str(job_id)] = gpus

@@ -74,7 +74,9 @@ def test_a_requeued_job_is_told_why_after_its_requeue(node):
     assert comment.startswith("site: budget 42; slurm-hooks: requeued from n1, XID 79 on GPU 3, ")
     assert re.fullmatch(r".*, \d{4}-\d\d-\d\dT\d\d:\d\dZ", comment)  # the UTC minute
     methods = [c[0] for c in slurm.calls]
-    assert methods.index("requeue") < methods.index("admin_comment") < methods.index("set_admin_comment")
+    # Written after the requeue, joined to the AdminComment read with the job's GPUs (one read of the job).
+    assert methods.index("job_detail") < methods.index("requeue") < methods.index("set_admin_comment")
+    assert "admin_comment" not in methods
     assert [(r["target"], r["result"]) for r in annotations(w)] == [("12", "ok")]
 
 

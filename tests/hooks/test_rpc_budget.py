@@ -13,7 +13,7 @@ from slurm_hooks.hooks import healthcheck
 from slurm_hooks.probes import sim
 
 #: The adapter calls that only read; every other call changes something in Slurm.
-READS = {"node", "nodes", "jobs_on_node", "job_gpus", "jobs", "job", "admin_comment", "drained_count"}
+READS = {"node", "nodes", "jobs_on_node", "job_gpus", "job_detail", "jobs", "job", "admin_comment", "drained_count"}
 REASON = "slurm-hooks: XID 79 on GPU 0 [reboot]"
 
 
@@ -61,7 +61,9 @@ def test_the_first_check_of_a_storm_drains_and_requeues_once_within_its_budget(t
     assert [c[0] for c in writes].count("drain") == 1
     assert [c[0] for c in writes].count("requeue") == 1
     assert [c[0] for c in reads].count("node") <= 2  # before the drain, and its ReasonTime after
-    assert len(reads) + len(writes) <= 10, reads + writes
+    # the job's GPUs and AdminComment in one read: its AdminComment is not read again to say why
+    assert [c[0] for c in reads].count("job_detail") == 1 and "admin_comment" not in [c[0] for c in reads]
+    assert len(reads) + len(writes) <= 8, reads + writes
 
 
 def test_an_admins_resume_is_seen_though_the_drain_reuses_the_checks_read(tmp_path):
@@ -72,3 +74,15 @@ def test_an_admins_resume_is_seen_though_the_drain_reuses_the_checks_read(tmp_pa
     reads, writes = one_check(slurm, w)
     assert [c[0] for c in writes].count("drain") == 0  # the XID it was drained for is acknowledged
     assert "DRAIN" not in slurm.peek("n1").state
+
+
+def test_with_the_repair_ladder_on_its_look_before_the_drain_is_the_drains(tmp_path):
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n[repair]\nenabled = true\n")
+    slurm, w = sim_node(cfg, "ALLOCATED", 12)
+    sim.inject(cfg.gpu.sim_dir, "n1", 0, xid=79)
+    reads, writes = one_check(slurm, w)
+    assert [c[0] for c in writes] == ["drain", "requeue", "set_admin_comment"]
+    # the ladder's look, which the drain reuses; its ReasonTime after the drain; the ladder's after the requeue
+    assert [c[0] for c in reads].count("node") == 3
+    assert [c[0] for c in reads].count("jobs_on_node") == 2  # the requeue's, and the ladder's after it
+    assert len(reads) + len(writes) <= 10, reads + writes
