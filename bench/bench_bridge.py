@@ -33,7 +33,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from fakes.slurm import FakeSlurm  # noqa: E402
 
 from slurm_hooks.bridge.reconciler import Reconciler  # noqa: E402
-from slurm_hooks.bridge.settings import BreakerSettings, BridgeSettings  # noqa: E402
+from slurm_hooks.bridge.settings import BreakerSection, BridgeSection  # noqa: E402
 from slurm_hooks.slurm import NodeInfo  # noqa: E402
 
 REASON = "slurm-hooks: XID 79 on GPU 3 [replace]"
@@ -86,7 +86,7 @@ class Timed:
         return timed
 
 
-def three_passes(kube, slurm: FakeSlurm, settings: BridgeSettings, calls, bad: int) -> list[dict]:
+def three_passes(kube, slurm: FakeSlurm, settings: BridgeSection, calls, bad: int) -> list[dict]:
     timed_kube, timed_slurm = Timed(kube), Timed(slurm)
     bridge = Reconciler(timed_slurm, timed_kube, settings, audit=None, sleep=lambda s: None)
     results = []
@@ -170,9 +170,9 @@ def main() -> int:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        settings = BridgeSettings(
+        settings = BridgeSection(
             state_file=os.path.join(tmp, "state.json"),
-            breaker=BreakerSettings(max_percent=10.0, max_nodes=max(args.bad, 1), window=600.0),
+            breaker=BreakerSection(max_percent=10.0, max_nodes=max(args.bad, 1), window=600.0),
             leader_election=False,
         )
         settings = dataclasses.replace(settings, drain_pass_budget=5.0)

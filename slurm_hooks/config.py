@@ -1,5 +1,8 @@
-"""TOML configuration: load, validate against a schema, and say where an error is.
+"""TOML configuration: load, validate against the sections' classes, and say where an error is.
 
+Every key is a field of its section's class below (:func:`~slurm_hooks.setting.setting`: its type,
+default, the values it can take and what it does); a new key is a new field, and
+``tools/gen_config_doc.py`` writes the example config and docs/configuration.md from them.
 Every error names the file, the line and the key, so that a typo is found by
 ``slurm-hooks validate`` and never drains a node. Unknown keys are errors too.
 """
@@ -10,14 +13,14 @@ import math
 import os
 import re
 import sys
-from types import SimpleNamespace
 
 from slurm_hooks.errors import ConfigError
-from slurm_hooks.models import Action, Expectations, Scope, Urgency
+from slurm_hooks.models import DCGM_LEVEL, Action, Expectations, Scope, Urgency
+from slurm_hooks.setting import POSITIVE, Range, setting
 from slurm_hooks.severity import CHECK_RULES, OVERRIDE_KEYS, Severities, xid_rule_key
 from slurm_hooks.slurm import hostlist
 from slurm_hooks.urlsecret import URL, bad_url
-from slurm_hooks.values import compile_later, dataclass, field, fields, replace
+from slurm_hooks.values import MISSING, compile_later, dataclass, field, fields, replace
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
@@ -28,167 +31,336 @@ ENV_VAR = "SLURM_HOOKS_CONFIG"
 
 _Num = (int, float)
 
-#: section -> key -> (accepted types, default). The single source of defaults;
-#: the example config (slurm_hooks/templates/install/config.toml, laid by `install`) mirrors it and a
-#: test keeps the two equal.
-SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
-    "gpu": {
-        "backend": (str, "nvml"),
-        "sim_dir": (str, "/var/lib/slurm-hooks/sim"),
-        "probe_timeout": (_Num, 20.0),
-        "gres_conf": (str, ""),
-        "gres_source": (str, "gres.conf"),
-        "slurmd": (str, "/usr/sbin/slurmd"),
-        "mig_minors": (str, "/proc/driver/nvidia-caps/mig-minors"),
-    },
-    "log": {
-        "audit": (str, "/var/log/slurm-hooks/audit.jsonl"),
-    },
-    "state": {
-        "dir": (str, "/var/lib/slurm-hooks/state"),
-    },
-    "check": {
-        "deadline": (_Num, 45.0),
-        "drain": (bool, True),
-        "on_check_error": (str, "drain"),
-        "drain_guard": (int, 3),
-    },
-    #: Hysteresis of the threshold checks (slurm_hooks.checks.hysteresis): take the node out only
-    #: on K bad of the last N readings ("2/3"), resume only after this many good ones in a row.
-    "hysteresis": {
-        "confirm": (str, "1/1"),
-        "resume_after": (int, 1),
-        #: ... and hold it at least this many seconds after its last bad reading (0: no such window).
-        "sticky": (_Num, 0.0),
-    },
-    #: InfiniBand/RoCE ports (slurm_hooks.probes.ib, slurm_hooks.checks.links); ``%n``: the node's name.
-    "links": {
-        "sysfs_root": (str, "/sys/class/infiniband"),
-    },
-    "slurm": {
-        "backend": (str, "auto"),
-        "bin_dir": (str, "/usr/bin"),
-        "timeout": (_Num, 10.0),
-    },
-    "remediation": {
-        "requeue": (bool, True),
-        "requeue_grace": (_Num, 120.0),
-    },
-    #: A job's own checkpoint signal (``--signal``), delivered before we requeue it
-    #: (:mod:`slurm_hooks.remedy.checkpoint`).
-    "requeue": {
-        #: Site policy for jobs that declare no ``--signal``: a spec (``USR1``, ``B:USR1@90``); "" = none.
-        "signal": (str, ""),
-        #: Partition -> spec, over ``signal`` for that partition's jobs ("" = none there).
-        "partitions": (dict, {}),
-        #: Longest wait after the signal for the job to requeue itself or end; never past
-        #: the job's own ``@TIME`` nor KillWait.
-        "checkpoint_grace": (_Num, 90.0),
-        #: Deliver with ``scancel --full`` (batch shell, its children and every step) instead
-        #: of Slurm's own way (steps; the batch shell for ``B:``).
-        "full": (bool, False),
-        #: SlurmdSpoolDir (``%n``: the node's name): the batch host's copy of a job's script.
-        "spool_dir": (str, "/var/spool/slurmd"),
-        #: Also read ``sacct -o SubmitLine`` (needs slurmdbd): the command line's ``--signal`` wins.
-        "submit_line": (bool, True),
-    },
-    "repair": {
-        "enabled": (bool, True),
-        "reset": (bool, True),
-        "reboot": (bool, True),
-        "window": (_Num, 86400.0),
-        "attempts": (int, 1),
-        "reboot_timeout": (_Num, 900.0),
-        "reset_timeout": (_Num, 60.0),
-        "dcgm_level": (int, 2),
-        "validate_timeout": (_Num, 1800.0),
-        "worker_timeout": (_Num, 3600.0),
-        "nvidia_smi": (str, "/usr/bin/nvidia-smi"),
-        "systemctl": (str, "/usr/bin/systemctl"),
-        "services": (tuple, ()),
-    },
-    "dcgm": {
-        "dcgmi": (str, "/usr/bin/dcgmi"),
-        "timeout": (_Num, 30.0),
-    },
-    "sweep": {
-        "level": (int, 2),
-        "max_parallel": (str, "1"),
-        "job_timeout": (_Num, 3600.0),
-        "nvbandwidth": (str, "/usr/bin/nvbandwidth"),
-        "all_reduce_perf": (str, "/usr/bin/all_reduce_perf"),
-    },
-    "isolate": {
-        "mode": (str, "bisect"),
-        "command": (tuple, ()),
-        "python": (str, "/usr/bin/python3"),
-        "ratio": (_Num, 0.5),
-        "test_timeout": (_Num, 120.0),
-        "budget": (_Num, 1800.0),
-        "max_tests": (int, 64),
-        "output_dir": (str, ""),
-        "auto": (bool, False),
-        "window": (_Num, 86400.0),
-    },
-    "metrics": {
-        "textfile_dir": (str, ""),
-    },
-    "watch": {
-        "kmsg": (str, "/dev/kmsg"),
-        "poll_interval": (_Num, 0.5),
-    },
-    "notify": {
-        "syslog": (bool, False),
-        "outbox": (str, ""),
-        "settle": (_Num, 2.0),
-        "reminder_after": (_Num, 14400.0),
-        "timeout": (_Num, 5.0),
-        "retry_max": (_Num, 300.0),
-        "flush_timeout": (_Num, 5.0),
-        #: The ``cluster`` label of every alert and the name in every message ("" = $SLURM_CLUSTER_NAME).
-        "cluster": (str, ""),
-        #: Messages waiting per receiver at most; the oldest go first (counted, and said in the next one).
-        "max_queued": (int, 500),
-        #: A message not delivered within this many seconds is dropped (counted, and said in the next one).
-        "max_age": (_Num, 259200.0),
-        #: Requests per second to one receiver at most (Slack takes about one per webhook).
-        "rate": (_Num, 1.0),
-        #: An open incident's alerts are posted again this often; each post's endsAt holds it max(4x, 15 min).
-        "alert_repost": (_Num, 60.0),
-        #: A line every alert and message carries: where the on-call finds what to do.
-        "runbook": (str, ""),
-        "webhook": (list, ()),
-        "alertmanager": (list, ()),
-    },
+#: slurmd kills HealthCheckProgram at 60 s (hard-coded in slurmd, not configurable).
+HEALTH_CHECK_KILL_S = 60.0
+
+
+# --- the sections: one class each, one field per key ----------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuSection:
+    backend: str = setting("nvml", choices=("nvml", "sim"),
+                           doc='"nvml" (real GPUs) or "sim" (simulated, for tests and rehearsals)')
+    sim_dir: str = setting("/var/lib/slurm-hooks/sim", doc="one JSON state file per node for the sim backend")
+    probe_timeout: float = setting(20.0, range=POSITIVE, doc="seconds, shorter than [check] deadline; a GPU probe "
+                                                             "that hangs longer is a failing finding")
+    gres_conf: str = setting("", doc="Slurm's gres.conf for this node; \"\" = beside slurm.conf ($SLURM_CONF, "
+                                     "/etc/slurm, configless cache)")
+    gres_source: str = setting("gres.conf", choices=("gres.conf", "slurmd"),
+                               doc="how Slurm numbers this node's GPUs: \"gres.conf\" (read it), or \"slurmd\" "
+                                   "(`slurmd -G`, once per boot: for AutoDetect=nvml with File= lines, and MIG)")
+    slurmd: str = setting("/usr/sbin/slurmd", doc='for gres_source = "slurmd"')
+    mig_minors: str = setting("/proc/driver/nvidia-caps/mig-minors",
+                              doc="which MIG instance a gres.conf nvidia-cap file is")
+
+
+@dataclass(frozen=True)
+class LogSection:
+    audit: str = setting("/var/log/slurm-hooks/audit.jsonl", doc="one JSON line per alert and per action")
+
+
+@dataclass(frozen=True)
+class StateSection:
+    dir: str = setting("/var/lib/slurm-hooks/state", doc="XID history, job baselines, drain markers")
+
+
+@dataclass(frozen=True)
+class CheckSection:
+    deadline: float = setting(45.0, range=Range(0, HEALTH_CHECK_KILL_S, low_open=True, high_open=True,
+                                                 why=f"slurmd kills the health check at {HEALTH_CHECK_KILL_S:g} s"),
+                              doc="whole run, above 0 and below 60: slurmd kills HealthCheckProgram at 60 s")
+    drain: bool = setting(True, doc="false: report and log only, never drain")
+    on_check_error: str = setting("drain", choices=("drain", "warn"),
+                                  doc='a check that crashes: "drain" (fail safe) or "warn"')
+    drain_guard: int = setting(3, doc="a fault judged against a configured value ([expect]/[groups]: GPU count, "
+                                      "model, PCIe, NVLinks) already drained on this many nodes with the same reason "
+                                      "looks like a wrong value in the config: stop draining, alert loudly, let jobs "
+                                      "run; 0 disables")
+
+
+@dataclass(frozen=True)
+class HysteresisSection:  # read by slurm_hooks.checks.hysteresis
+    confirm: str = setting("1/1", doc="threshold checks (IB counters and rate, PCIe width, NVLink counters, thermal) "
+                                      "take the node out only on K bad of the last N readings: \"2/3\" rides out one "
+                                      "bad reading; XIDs and lost GPUs are never delayed")
+    resume_after: int = setting(1, range=Range(1, 100), doc="a node we drained for such a check is resumed after "
+                                                            "this many good readings in a row (3 keeps a flapping "
+                                                            "link out)")
+    sticky: float = setting(0.0, doc="... and no sooner than this many seconds after its last bad reading (600: an "
+                                     "IB drop that cleared in 30 s keeps the node out 10 minutes)")
+
+
+@dataclass(frozen=True)
+class LinksSection:
+    sysfs_root: str = setting("/sys/class/infiniband", doc="InfiniBand/RoCE ports; %n = the node's name (the sim "
+                                                           "lays one per node)")
+
+
+@dataclass(frozen=True)
+class SlurmSection:
+    backend: str = setting("auto", choices=("auto", "scontrol", "pyslurm"),
+                           doc='"auto" (pyslurm if it matches the running Slurm, else scontrol), "scontrol", '
+                               '"pyslurm"')
+    bin_dir: str = setting("/usr/bin", doc="where scontrol and squeue live (Slurm gives hooks no PATH)")
+    timeout: float = setting(10.0, range=POSITIVE, doc="seconds per Slurm command, shorter than [check] deadline")
+
+
+@dataclass(frozen=True)
+class RemediationSection:
+    requeue: bool = setting(True, doc="requeue the jobs of a node drained for a fault")
+    requeue_grace: float = setting(120.0, doc="seconds a job gets to checkpoint after SIGTERM (Slurm's KillWait "
+                                              "must be >= this)")
+
+
+@dataclass(frozen=True)
+class RequeueSection:
+    """A job's own checkpoint signal (sbatch --signal=[{R|B}:]SIG[@TIME], read from its script,
+    SBATCH_SIGNAL or sacct's SubmitLine) is sent first on a fault; the job then has up to
+    checkpoint_grace seconds to requeue itself (submitit, Lightning) or end, before we requeue it."""
+
+    signal: str = setting("", doc='site policy for jobs that declare none, e.g. "USR1" ("" = none)')
+    partitions: dict[str, str] = setting({}, doc="per partition, over signal", example={"gpu": "USR1"})
+    checkpoint_grace: float = setting(90.0, range=Range(0, 3600, why="0 = no grace: requeue at once after the signal"),
+                                      doc="never past the job's own @TIME nor KillWait")
+    full: bool = setting(False, doc="scancel --full (batch shell, its children, every step)")
+    spool_dir: str = setting("/var/spool/slurmd", doc="SlurmdSpoolDir (%n = node name): the batch host's copy of "
+                                                      "the script")
+    submit_line: bool = setting(True, doc="also read sacct -o SubmitLine (slurmdbd): the command line wins")
+
+
+@dataclass(frozen=True)
+class RepairSection:
+    """The repair ladder on a node we drained, once no job runs on it: GPU reset -> reboot -> replace."""
+
+    enabled: bool = setting(True)
+    reset: bool = setting(True, doc="rung 1: nvidia-smi --gpu-reset of the faulty GPUs, then a full check")
+    reboot: bool = setting(True, doc="rung 2: scontrol reboot ASAP nextstate=DOWN; back in service after our check")
+    window: float = setting(86400.0, range=POSITIVE, doc="a fault back on the same GPU within this many seconds "
+                                                         "starts one rung higher")
+    attempts: int = setting(1, range=Range(1, 10), doc="at most this many tries of one rung per GPU within the window")
+    reboot_timeout: float = setting(900.0, range=POSITIVE, doc="a reboot not done after this long counts as failed")
+    reset_timeout: float = setting(60.0, range=POSITIVE, doc="per nvidia-smi / systemctl call")
+    dcgm_level: int = setting(2, range=DCGM_LEVEL, doc="validation before return to service: DCGM diag level after "
+                                                       "a reset, reboot or replacement (0 = none: back on the NVML "
+                                                       "check alone); a diag that cannot run, times out or is not "
+                                                       "installed leaves the node [unverified]")
+    validate_timeout: float = setting(1800.0, range=POSITIVE, doc="how long that diagnostic may take (level 2 ~ 2 "
+                                                                  "min, 3 ~ 15-30 min)")
+    worker_timeout: float = setting(3600.0, range=POSITIVE, doc="the repair worker's whole budget (the hooks hand it "
+                                                                "the repair, it runs detached)")
+    nvidia_smi: str = setting("/usr/bin/nvidia-smi")
+    systemctl: str = setting("/usr/bin/systemctl")
+    services: tuple[str, ...] = setting((), doc='stopped around a reset, e.g. ["nvidia-dcgm", "nvidia-fabricmanager"]')
+
+
+@dataclass(frozen=True)
+class DcgmSection:
+    dcgmi: str = setting("/usr/bin/dcgmi", doc="absent DCGM is a reason, not a failure")
+    timeout: float = setting(30.0, range=POSITIVE)
+
+
+@dataclass(frozen=True)
+class SweepSection:
+    """slurm-hooks sweep: deep validation of idle nodes in a maintenance reservation, as a root job."""
+
+    level: int = setting(2, range=Range(1, 4, why="dcgmi diag -r level"),
+                         doc="dcgmi diag -r level (1 ~ seconds, 2 ~ 2 min, 3 ~ 15-30 min, 4 ~ hours)")
+    max_parallel: str = setting("1", doc='nodes validated at once: a count, or a share of the nodes chosen ("10%")')
+    job_timeout: float = setting(3600.0, range=POSITIVE, doc="the validation job's time limit; the sweep gives up "
+                                                             "on it after that")
+    nvbandwidth: str = setting("/usr/bin/nvbandwidth", doc="run too where installed")
+    all_reduce_perf: str = setting("/usr/bin/all_reduce_perf", doc="nccl-tests, one node, all its GPUs; run too "
+                                                                   "where installed")
+
+
+@dataclass(frozen=True)
+class IsolateSection:
+    """slurm-hooks isolate: multi-node collective tests in a maintenance reservation find the node that
+    breaks collectives (a hung rank, a slow node, a dropped link) and drain it once confirmed."""
+
+    mode: str = setting("bisect", choices=("bisect", "pairwise"),
+                        doc='"bisect" (halves, then confirm) or "pairwise" (every pair, then confirm)')
+    command: tuple[str, ...] = setting((), doc="one rank's argv under srun; [] = all_reduce_perf ([sweep]) where "
+                                               "installed, else the PyTorch all-reduce")
+    python: str = setting("/usr/bin/python3", doc="the interpreter of the built-in PyTorch all-reduce (Debian's "
+                                                  "python3-torch)")
+    ratio: float = setting(0.5, range=Range(0, 1, low_open=True, high_open=True, why="a share of the peers' bandwidth"),
+                           doc="a test under this share of the peers' bus bandwidth fails")
+    test_timeout: float = setting(120.0, range=POSITIVE, doc="each test job's limit (s); a rank waits as long for "
+                                                             "its peers")
+    budget: float = setting(1800.0, range=POSITIVE, doc="the whole run (s): no wave starts after it")
+    max_tests: int = setting(64, range=Range(2, 10000), doc="test jobs in one run, at most")
+    output_dir: str = setting("", doc='where test jobs write (every node and this host see it); "" = [state] '
+                                      'dir/isolate')
+    auto: bool = setting(False, doc="a job's nodes suspected twice within the window: isolate them once idle")
+    window: float = setting(86400.0, range=POSITIVE, doc="seconds")
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    textfile_dir: str = setting("", doc='node_exporter textfile collector directory; "" disables')
+
+
+@dataclass(frozen=True)
+class WatchSection:
+    kmsg: str = setting("/dev/kmsg", doc="kernel log the watcher and the NVML probe read XIDs from")
+    poll_interval: float = setting(0.5, range=POSITIVE, doc="seconds")
+
+
+@dataclass(frozen=True)
+class NotifySection:
+    """Tell people: one message per incident (the node taken out, why, which jobs were requeued),
+    a follow-up when the node is back in service or the action escalates, a reminder while
+    it stays out. Messages go to an on-disk outbox first and are delivered by `slurm-hooks
+    watch` (or `slurm-hooks notify flush`) with retries; sending never delays a drain.
+    The URL of a receiver is a credential: keep it in a 0600 file (url_file) or the environment
+    (url_env); `slurm-hooks validate` fails a url readable by others. Never printed (scheme and host only)."""
+
+    syslog: bool = setting(False, doc="one line per message to syslog/journald (facility daemon)")
+    outbox: str = setting("", doc='"" = <[state] dir>/notify; the outbox, the log cursor and what was sent')
+    settle: float = setting(2.0, doc="seconds after a drain to gather what the hooks write (requeued jobs)")
+    reminder_after: float = setting(14400.0, doc="seconds an incident may stay open before a reminder (again each "
+                                                 "period); 0 = never")
+    timeout: float = setting(5.0, range=POSITIVE, doc="seconds per webhook request")
+    retry_max: float = setting(300.0, range=POSITIVE, doc="longest wait between retries of a message that failed "
+                                                          "(backoff doubles up to it)")
+    flush_timeout: float = setting(5.0, range=POSITIVE, doc="how long `notify flush` may take when --timeout is not "
+                                                            "given")
+    cluster: str = setting("", doc='the `cluster` label of every alert and the name in every message; "" = '
+                                   '$SLURM_CLUSTER_NAME')
+    max_queued: int = setting(500, range=Range(1, 100000), doc="messages waiting per receiver at most; the oldest go "
+                                                               "(counted, said in the next one)")
+    max_age: float = setting(259200.0, range=POSITIVE, doc="seconds a message may wait (3 days); older ones go "
+                                                           "(counted, said in the next one)")
+    rate: float = setting(1.0, range=POSITIVE, doc="requests per second to one receiver at most (Slack takes about 1 "
+                                                   "per webhook)")
+    alert_repost: float = setting(60.0, range=Range(1, 3600, why="each post holds the alert open (endsAt) for "
+                                                                 "max(4 x alert_repost, 15 min); a longer gap risks "
+                                                                 "a flap"),
+                                  doc="seconds between posts of an open incident's alerts to Alertmanager")
+    runbook: str = setting("", doc="a line (a URL) every alert and message carries for the on-call")
+    webhook: tuple[dict[str, str], ...] = setting((), doc="one [[notify.webhook]] table per receiver")
+    alertmanager: tuple[dict[str, str], ...] = setting((), doc="one [[notify.alertmanager]] table per Alertmanager "
+                                                               "(the fleet's path)")
+
+
+@dataclass(frozen=True)
+class _Receiver:
+    """``[[notify.<kind>]]``: exactly one of ``url``, ``url_file`` or ``url_env`` says where its URL is (the
+    URL is a credential: a Slack webhook URL is all it takes to post)."""
+
+    url: str = setting("", doc="the URL itself (then the config must be 0600)")
+    url_file: str = setting("", doc="a 0600 file holding the URL")
+    url_env: str = setting("", doc="an environment variable holding the URL")
+    name: str = setting("", doc="optional, names the receiver in logs")
+
+
+WEBHOOK_FORMATS = ("slack", "json")
+
+
+@dataclass(frozen=True)
+class WebhookTable(_Receiver):
+    format: str = setting("json", doc='"slack" (incoming webhook) or "json" (the incident as a JSON object)')
+
+
+@dataclass(frozen=True)
+class AlertmanagerTable(_Receiver):
+    auth_file: str = setting("", doc='optional: a file holding the Authorization header\'s value ("Bearer ...", '
+                                     '"Basic ...") or a bare token (sent as Bearer)')
+
+
+#: ``[[notify.<kind>]]`` -> its table's keys.
+DESTINATION_KEYS = {"webhook": WebhookTable, "alertmanager": AlertmanagerTable}
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    nodes: str
+    expect: Expectations
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole file: one typed attribute per section, every value of the type its field declares."""
+
+    path: str | None = None
+    gpu: GpuSection = GpuSection()
+    log: LogSection = LogSection()
+    state: StateSection = StateSection()
+    check: CheckSection = CheckSection()
+    hysteresis: HysteresisSection = HysteresisSection()
+    links: LinksSection = LinksSection()
+    slurm: SlurmSection = SlurmSection()
+    remediation: RemediationSection = RemediationSection()
+    requeue: RequeueSection = RequeueSection()
+    repair: RepairSection = RepairSection()
+    dcgm: DcgmSection = DcgmSection()
+    sweep: SweepSection = SweepSection()
+    isolate: IsolateSection = IsolateSection()
+    metrics: MetricsSection = MetricsSection()
+    watch: WatchSection = WatchSection()
+    notify: NotifySection = NotifySection()
+    #: ``[expect]``: what every node should have where no group says otherwise.
+    expect: Expectations = Expectations()
+    groups: tuple[Group, ...] = ()
+    #: The file's table as parsed: ``[bridge]`` is read from it (:mod:`slurm_hooks.bridge.settings`).
+    raw: dict[str, Any] = field(default_factory=dict)
+    #: The severity table with ``[severity.xid.<code>]`` / ``[severity.check.<rule>]`` overrides.
+    severities: Severities = Severities()
+    #: Where each key was written: errors found later (the ``[bridge]`` section) still name the line.
+    where: Locator | None = field(default=None, repr=False, compare=False)
+
+    def expectations_for(self, node: str) -> Expectations:
+        """First group (in file order) whose ``nodes`` names this host wins."""
+        for group in self.groups:
+            if hostlist.matches(group.nodes, node):
+                return group.expect
+        return self.expect
+
+    def group_for(self, node: str) -> str:
+        for group in self.groups:
+            if hostlist.matches(group.nodes, node):
+                return group.name
+        return "default"
+
+
+#: Section name -> its class, in the file's order (the fields of :class:`Config` that are sections).
+SECTIONS: dict[str, type] = {f.name: type(f.default) for f in fields(Config)
+                             if f.name not in ("path", "groups", "raw", "severities", "where")}
+#: Sections kept raw by :func:`parse` and validated on demand by their owner
+#: (:func:`slurm_hooks.bridge.settings.from_config`), so that a bridge typo never fails a node's health check.
+OPEN_SECTIONS = ("bridge",)
+
+#: A field's declared type -> (the TOML values it accepts, what the value kept is made with).
+_KINDS: dict[str, tuple[Any, Any]] = {
+    "str": (str, None), "int": (int, None), "bool": (bool, None), "float": (_Num, float),
+    "tuple[str, ...]": (tuple, tuple), "dict[str, str]": (dict, dict), "tuple[dict[str, str], ...]": (list, None),
 }
-
-_ENUMS = {
-    ("gpu", "backend"): ("nvml", "sim"),
-    ("gpu", "gres_source"): ("gres.conf", "slurmd"),
-    ("check", "on_check_error"): ("drain", "warn"),
-    ("slurm", "backend"): ("auto", "scontrol", "pyslurm"),
-    ("isolate", "mode"): ("bisect", "pairwise"),
-}
+_SPECS: dict[tuple[type, tuple[str, ...]], dict[str, tuple[Any, Any, Any, Any]]] = {}
 
 
-#: ``[expect]``'s accepted types, declared; its defaults are :class:`Expectations`' own.
-_EXPECT_TYPES: dict[str, Any] = {
-    "gpus": int, "model": str, "pcie_gen": int, "pcie_width": int, "nvlinks": int,
-    "temp_warn_c": int, "temp_fail_c": int,
-    "ecc_uncorrectable_volatile_max": int, "ecc_uncorrectable_aggregate_max": int,
-    "nvlink_crc_max": int, "nvlink_replay_max": int,
-    "persistence_mode": bool, "fabric_manager": bool,
-    "xid_repeat_count": int, "xid_repeat_window_s": int,
-    "dcgm_level_prolog": int, "dcgm_level_epilog": int, "dcgm_level_check": int, "dcgm_level_after_failure": int,
-    "ib_ports": int, "ib_rate_gbps": int,
-}
+def spec(cls: type, tables: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any, Range | None, Any]]:
+    """A section's keys -> (accepted TOML types, default, range, maker of the value kept), from its fields;
+    ``tables``: fields that are tables of their own, not keys."""
+    out = _SPECS.get((cls, tables))
+    if out is None:
+        out = {}
+        for f in fields(cls):
+            if f.name in tables:
+                continue
+            accepted, make = _KINDS[f.type[:-7] if f.type.endswith(" | None") else f.type]
+            default = f.default_factory() if f.default is MISSING else f.default
+            out[f.name] = (accepted, default, (f.metadata or {}).get("range"), make)
+        _SPECS[(cls, tables)] = out
+    return out
 
 
-def _expect_schema() -> dict[str, tuple[Any, Any]]:
-    return {f.name: (_EXPECT_TYPES[f.name], f.default) for f in fields(Expectations)}
+def choices(cls: type) -> dict[str, tuple[str, ...]]:
+    """A section's keys that take one of a few words -> those words."""
+    return {f.name: f.metadata["choices"] for f in fields(cls) if f.metadata and "choices" in f.metadata}
 
-
-SCHEMA["expect"] = _expect_schema()
 
 def parse_share(text: str) -> tuple[int, bool]:
     """``"4"`` -> (4, False): four nodes; ``"10%"`` -> (10, True): a tenth of the nodes chosen."""
@@ -206,134 +378,6 @@ def parse_confirm(text: str) -> tuple[int, int] | None:
     if not (k.strip().isdigit() and n.strip().isdigit()) or not 1 <= int(k) <= int(n) <= 20:
         return None
     return int(k), int(n)
-
-
-#: slurmd kills HealthCheckProgram at 60 s (hard-coded in slurmd, not configurable).
-HEALTH_CHECK_KILL_S = 60.0
-
-
-@dataclass(frozen=True)
-class _Range:
-    """The values a number can take and still work; ``open`` ends exclude the bound itself."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    why: str = ""
-
-    def admits(self, value: float) -> bool:
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
-
-    def describe(self) -> str:
-        parts = []
-        if self.low is not None:
-            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
-        if self.high is not None:
-            parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
-        return "must be " + " and ".join(parts) + (f" ({self.why})" if self.why else "")
-
-
-_POSITIVE = _Range(0, low_open=True)
-_TEMPERATURE = _Range(1, 150, why="degrees C, as NVML reports them")
-_DCGM_LEVEL = _Range(0, 4, why="0 = off, 1..4 = dcgmi diag -r level")
-
-#: (section, key) -> the values that can work; numbers not named here only must not be negative.
-#: ``expect`` ranges hold for ``[groups.*]`` overrides too.
-_RANGES: dict[tuple[str, str], _Range] = {
-    ("gpu", "probe_timeout"): _POSITIVE,
-    ("check", "deadline"): _Range(0, HEALTH_CHECK_KILL_S, low_open=True, high_open=True,
-                                  why=f"slurmd kills the health check at {HEALTH_CHECK_KILL_S:g} s"),
-    ("slurm", "timeout"): _POSITIVE,
-    ("dcgm", "timeout"): _POSITIVE,
-    ("watch", "poll_interval"): _POSITIVE,
-    ("notify", "timeout"): _POSITIVE,
-    ("notify", "retry_max"): _POSITIVE,
-    ("notify", "flush_timeout"): _POSITIVE,
-    ("requeue", "checkpoint_grace"): _Range(0, 3600, why="0 = no grace: requeue at once after the signal"),
-    ("notify", "max_queued"): _Range(1, 100000),
-    ("notify", "max_age"): _POSITIVE,
-    ("notify", "rate"): _POSITIVE,
-    ("notify", "alert_repost"): _Range(1, 3600, why="each post holds the alert open (endsAt) for "
-                                                     "max(4 x alert_repost, 15 min); a longer gap risks a flap"),
-    ("repair", "window"): _POSITIVE,
-    ("repair", "attempts"): _Range(1, 10),
-    ("repair", "reboot_timeout"): _POSITIVE,
-    ("repair", "reset_timeout"): _POSITIVE,
-    ("repair", "dcgm_level"): _DCGM_LEVEL,
-    ("repair", "validate_timeout"): _POSITIVE,
-    ("repair", "worker_timeout"): _POSITIVE,
-    ("sweep", "level"): _Range(1, 4, why="dcgmi diag -r level"),
-    ("sweep", "job_timeout"): _POSITIVE,
-    ("isolate", "ratio"): _Range(0, 1, low_open=True, high_open=True, why="a share of the peers' bandwidth"),
-    ("isolate", "test_timeout"): _POSITIVE,
-    ("isolate", "budget"): _POSITIVE,
-    ("isolate", "max_tests"): _Range(2, 10000),
-    ("isolate", "window"): _POSITIVE,
-    ("expect", "gpus"): _Range(0, 1024),
-    ("expect", "pcie_gen"): _Range(1, 10),
-    ("expect", "pcie_width"): _Range(1, 32),
-    ("expect", "nvlinks"): _Range(0, 36, why="NVML knows at most 36 links per GPU"),
-    ("expect", "temp_warn_c"): _TEMPERATURE,
-    ("expect", "temp_fail_c"): _TEMPERATURE,
-    ("expect", "xid_repeat_window_s"): _POSITIVE,
-    ("expect", "dcgm_level_prolog"): _DCGM_LEVEL,
-    ("expect", "dcgm_level_epilog"): _DCGM_LEVEL,
-    ("expect", "dcgm_level_check"): _DCGM_LEVEL,
-    ("expect", "dcgm_level_after_failure"): _DCGM_LEVEL,
-    ("expect", "ib_ports"): _Range(0, 64),
-    ("expect", "ib_rate_gbps"): _Range(1, 3200, why="Gb/s, as /sys/class/infiniband/*/ports/*/rate says"),
-    ("hysteresis", "resume_after"): _Range(1, 100),
-}
-_GROUP_KEYS = {"nodes": (str, None), **SCHEMA["expect"]}
-#: Sections kept raw by :func:`parse` and validated on demand against :data:`BRIDGE_SCHEMA`
-#: (:meth:`Config.bridge_values`), so that a bridge typo never fails a node's health check.
-OPEN_SECTIONS = ("bridge",)
-
-
-@dataclass(frozen=True)
-class Group:
-    name: str
-    nodes: str
-    expect: Expectations
-
-
-@dataclass(frozen=True)
-class Config:
-    path: str | None
-    sections: dict[str, SimpleNamespace]
-    groups: tuple[Group, ...]
-    default_expect: Expectations
-    raw: dict[str, Any]
-    #: The severity table with ``[severity.xid.<code>]`` / ``[severity.check.<rule>]`` overrides.
-    severities: Severities = Severities()
-    #: Where each key was written: errors found later (the ``[bridge]`` section) still name the line.
-    where: _Locator | None = field(default=None, repr=False, compare=False)
-
-    def __getattr__(self, name: str) -> SimpleNamespace:
-        try:
-            return self.sections[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def expectations_for(self, node: str) -> Expectations:
-        """First group (in file order) whose ``nodes`` names this host wins."""
-        for group in self.groups:
-            if hostlist.matches(group.nodes, node):
-                return group.expect
-        return self.default_expect
-
-    def bridge_values(self) -> dict[str, dict[str, Any]]:
-        """The ``[bridge]`` section validated against :data:`BRIDGE_SCHEMA`; see :func:`check_bridge`."""
-        return check_bridge(self.raw.get("bridge", {}) or {}, self.where or _Locator("", self.path))
-
-    def group_for(self, node: str) -> str:
-        for group in self.groups:
-            if hostlist.matches(group.nodes, node):
-                return group.name
-        return "default"
 
 
 def resolve_path(explicit: str | None = None) -> tuple[str, bool]:
@@ -387,46 +431,43 @@ def parse(text: str, path: str | None = "<string>", raw: dict[str, Any] | None =
     """``raw``: the table already parsed from ``text`` (by :func:`load`), else it is parsed here."""
     if raw is None:
         raw = _toml(text, path)
-    where = _Locator(text, path)
-    sections: dict[str, SimpleNamespace] = {}
+    where = Locator(text, path)
     for name, table in raw.items():
-        if name in SCHEMA or name in OPEN_SECTIONS or name in ("groups", "severity"):
+        if name in SECTIONS or name in OPEN_SECTIONS or name in ("groups", "severity"):
             if not isinstance(table, dict):
                 where.fail(name, None, "must be a table")
         else:
-            where.fail(name, None, f"unknown section (known: {', '.join(sorted([*SCHEMA, 'groups', 'severity', *OPEN_SECTIONS]))})")
-    for name, keys in SCHEMA.items():
-        table = raw.get(name, {})
-        if any(accepted is tuple and isinstance(table.get(k), list) for k, (accepted, _) in keys.items()):
-            table = {k: tuple(v) if keys.get(k, (None,))[0] is tuple and isinstance(v, list) else v
-                     for k, v in table.items()}  # TOML gives a list; the value kept is a tuple
-        values = _check_table(table, keys, name, where)
-        for (sec, key), allowed in _ENUMS.items():
-            if sec == name and values[key] not in allowed:
+            where.fail(name, None, f"unknown section (known: {', '.join(sorted([*SECTIONS, 'groups', 'severity', *OPEN_SECTIONS]))})")
+    sections: dict[str, dict[str, Any]] = {}
+    for name, cls in SECTIONS.items():
+        values = sections[name] = check_table(raw.get(name, {}), spec(cls), name, where)
+        for key, allowed in choices(cls).items():
+            if values[key] not in allowed:
                 where.fail(name, key, f"must be one of {', '.join(allowed)}, not {values[key]!r}")
-        sections[name] = SimpleNamespace(**values)
     _check_together(sections, raw, where)
-    services = sections["repair"].services
+    services = sections["repair"]["services"]
     if not all(isinstance(x, str) and x.strip() and not x.startswith("-") for x in services):
         where.fail("repair", "services", f"must be a list of service names, got {services!r}")
     try:
-        parse_share(sections["sweep"].max_parallel)
+        parse_share(sections["sweep"]["max_parallel"])
     except ValueError as exc:
         where.fail("sweep", "max_parallel", str(exc))
     for kind in DESTINATION_KEYS:
-        setattr(sections["notify"], kind, _check_destinations(kind, raw.get("notify", {}).get(kind, ()), where))
+        sections["notify"][kind] = _check_destinations(kind, raw.get("notify", {}).get(kind, ()), where)
     _check_requeue_signals(sections["requeue"], where)
-    if parse_confirm(sections["hysteresis"].confirm) is None:
-        where.fail("hysteresis", "confirm",
-                   f'must be "K/N" with 1 <= K <= N <= 20 (e.g. "2/3"), not {sections["hysteresis"].confirm!r}')
-    default_expect = Expectations(**vars(sections["expect"]))
+    confirm = sections["hysteresis"]["confirm"]
+    if parse_confirm(confirm) is None:
+        where.fail("hysteresis", "confirm", f'must be "K/N" with 1 <= K <= N <= 20 (e.g. "2/3"), not {confirm!r}')
+    made = {name: cls(*sections[name].values()) for name, cls in SECTIONS.items()}  # fields in order: no kwargs
+    default_expect = made["expect"]
     _check_temperatures(default_expect, raw.get("expect", {}), "expect", where)
     groups = []
+    group_keys = {"nodes": (str, None, None, None), **spec(Expectations)}
     for gname, table in raw.get("groups", {}).items():
         section = f"groups.{gname}"
         if not isinstance(table, dict):
             where.fail(section, None, "must be a table")
-        values = _check_table(table, _GROUP_KEYS, section, where)
+        values = check_table(table, group_keys, section, where)
         if values["nodes"] is not None and not values["nodes"].strip():
             where.fail(section, "nodes", "is empty: name the nodes (e.g. \"gpu[001-128]\") or remove the group")
         if values["nodes"] is None:
@@ -435,14 +476,11 @@ def parse(text: str, path: str | None = "<string>", raw: dict[str, Any] | None =
             hostlist.validate(values["nodes"])
         except ValueError as exc:
             where.fail(section, "nodes", str(exc))
-        overrides = {k: v for k, v in table.items() if k != "nodes"}
-        expect = replace(default_expect, **overrides)
+        expect = replace(default_expect, **{k: values[k] for k in table if k != "nodes"})
         _check_temperatures(expect, table, section, where)
-        groups.append(Group(gname, values.pop("nodes"), expect))
-    for name in OPEN_SECTIONS:
-        sections[name] = SimpleNamespace(**raw.get(name, {}))
+        groups.append(Group(gname, values["nodes"], expect))
     severities = _check_severity(raw.get("severity", {}), where)
-    return Config(path, sections, tuple(groups), default_expect, raw, where=where, severities=severities)
+    return Config(path, **made, groups=tuple(groups), raw=raw, severities=severities, where=where)
 
 
 #: ``[severity.*.*]`` key -> the values it takes.
@@ -452,7 +490,7 @@ _SEVERITY_VALUES = {"scope": tuple(s.value for s in Scope), "urgency": tuple(u.v
 MAX_XID = 999
 
 
-def _check_severity(table: dict, where: _Locator) -> Severities:
+def _check_severity(table: dict, where: Locator) -> Severities:
     """``[severity.xid.<code>]`` and ``[severity.check.<rule>]`` tables of scope/urgency/action."""
     overrides: dict[str, dict[str, str]] = {}
     for kind, rows in table.items():
@@ -485,15 +523,18 @@ def _check_severity(table: dict, where: _Locator) -> Severities:
     return Severities(overrides)
 
 
-def _check_table(table: dict, keys: dict, section: str, where: _Locator, skip: tuple[str, ...] = ()) -> dict:
-    values = {}
+def check_table(table: dict, keys: dict, section: str, where: Locator, skip: tuple[str, ...] = ()) -> dict:
+    """``table``'s values checked against ``keys`` (:func:`spec`), the defaults filled in, each value kept
+    as its field declares (a number for a ``float`` field as a float, a list for a tuple as a tuple)."""
     for key, value in table.items():
         if key in skip:
             continue
         if key not in keys:
             where.fail(section, key, f"unknown key (known: {', '.join(sorted([*keys, *skip]))})")
-        accepted, _ = keys[key]
-        if isinstance(value, bool) and accepted is not bool:
+        accepted, _, allowed, _ = keys[key]
+        if accepted is tuple:
+            ok = isinstance(value, (list, tuple))  # TOML gives a list; the value kept is a tuple
+        elif isinstance(value, bool) and accepted is not bool:
             ok = False
         else:
             ok = isinstance(value, accepted)
@@ -504,19 +545,23 @@ def _check_table(table: dict, keys: dict, section: str, where: _Locator, skip: t
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if value < 0:
                 where.fail(section, key, f"must not be negative, got {value!r}")
-            allowed = _RANGES.get(("expect" if section.startswith("groups.") else section, key))
             if allowed is not None and not allowed.admits(value):
                 where.fail(section, key, f"{allowed.describe()}, got {value!r}")
-    for key, (_, default) in keys.items():
-        values[key] = table.get(key, default)
+    values = {}
+    for key, (_, default, _, make) in keys.items():
+        if key in table:
+            value = table[key]
+            values[key] = value if make is None else make(value)
+        else:
+            values[key] = default
     return values
 
 
-def _check_together(sections: dict[str, SimpleNamespace], raw: dict, where: _Locator) -> None:
+def _check_together(sections: dict[str, dict[str, Any]], raw: dict, where: Locator) -> None:
     """Values that each work alone but not with each other: every wait must fit in the deadline."""
-    deadline = sections["check"].deadline
+    deadline = sections["check"]["deadline"]
     for section, key in (("gpu", "probe_timeout"), ("slurm", "timeout")):
-        value = getattr(sections[section], key)
+        value = sections[section][key]
         if value >= deadline:
             # Blame the key the admin wrote: the other one is at its default.
             blamed = (section, key) if key in raw.get(section, {}) or "deadline" not in raw.get("check", {}) \
@@ -525,7 +570,7 @@ def _check_together(sections: dict[str, SimpleNamespace], raw: dict, where: _Loc
                                 f"{deadline:g} s: the run would end before the call")
 
 
-def _check_requeue_signals(section: SimpleNamespace, where: _Locator) -> None:
+def _check_requeue_signals(section: dict[str, Any], where: Locator) -> None:
     """``[requeue] signal`` and each ``partitions`` value: a ``--signal`` spec or ""."""
 
     def check(value: Any, key: str, label: str) -> None:
@@ -539,37 +584,22 @@ def _check_requeue_signals(section: SimpleNamespace, where: _Locator) -> None:
             except ValueError as exc:
                 where.fail("requeue", key, f"{label}: {exc}")
 
-    check(section.signal, "signal", "signal")
-    for name, value in section.partitions.items():
+    check(section["signal"], "signal", "signal")
+    for name, value in section["partitions"].items():
         check(value, "partitions", f"partition {name!r}")
-    section.partitions = dict(section.partitions)
 
 
-def _check_temperatures(expect: Expectations, table: dict, section: str, where: _Locator) -> None:
+def _check_temperatures(expect: Expectations, table: dict, section: str, where: Locator) -> None:
     if expect.temp_warn_c > expect.temp_fail_c:
         key = "temp_warn_c" if "temp_warn_c" in table or "temp_fail_c" not in table else "temp_fail_c"
         where.fail(section, key, f"temp_warn_c = {expect.temp_warn_c} is above temp_fail_c = "
                                  f"{expect.temp_fail_c}: the warning must come first")
 
 
-#: ``[[notify.<kind>]]`` keys -> (accepted type, default). The URL is a credential (a Slack webhook
-#: URL is all it takes to post): exactly one of ``url``, ``url_file`` (a 0600 file holding it) or
-#: ``url_env`` (an environment variable holding it).
-_URL_KEYS: dict[str, tuple[Any, Any]] = {"url": (str, ""), "url_file": (str, ""), "url_env": (str, ""),
-                                         "name": (str, "")}
-DESTINATION_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
-    "webhook": {**_URL_KEYS, "format": (str, "json")},
-    #: ``auth_file``: a file holding the Authorization header's value ("Bearer ...", "Basic ..."),
-    #: or a bare token (sent as Bearer).
-    "alertmanager": {**_URL_KEYS, "auth_file": (str, "")},
-}
-WEBHOOK_FORMATS = ("slack", "json")
-
-
-def _check_destinations(kind: str, tables: Any, where: _Locator) -> tuple[dict[str, str], ...]:
+def _check_destinations(kind: str, tables: Any, where: Locator) -> tuple[dict[str, str], ...]:
     """Each ``[[notify.<kind>]]`` table: where its URL comes from, and a known format; errors name the
     table's line and never print the URL."""
-    keys = DESTINATION_KEYS[kind]
+    keys = spec(DESTINATION_KEYS[kind])
     out = []
     for n, table in enumerate(tables if isinstance(tables, (list, tuple)) else [tables]):
         at = where.nth_table_line(f"notify.{kind}", n)
@@ -586,7 +616,7 @@ def _check_destinations(kind: str, tables: Any, where: _Locator) -> tuple[dict[s
             if not isinstance(value, str):
                 shown = "a value" if key == "url" else repr(value)
                 fail(f"expected a string, got {type(value).__name__} {shown}", key)
-        values = {k: table.get(k, default) for k, (_, default) in keys.items()}
+        values = {k: table.get(k, default) for k, (_, default, _, _) in keys.items()}
         given = [k for k in ("url", "url_file", "url_env") if values[k]]
         if len(given) != 1:
             fail("needs exactly one of url_file (a 0600 file holding the URL), url_env or url"
@@ -597,187 +627,6 @@ def _check_destinations(kind: str, tables: Any, where: _Locator) -> tuple[dict[s
             fail(f"must be one of {', '.join(WEBHOOK_FORMATS)}, not {values['format']!r}", "format")
         out.append(values)
     return tuple(out)
-
-
-# --- [bridge] ------------------------------------------------------------------------
-#
-# The bridge's section is declared here with the rest, but validated on demand (by the bridge
-# and by ``validate``), never on the node side's path: a typo in it must stop the bridge, not
-# fail the health check of every node that shares the file.
-
-#: table -> key -> (accepted types, default). ``tuple`` means a TOML list (of strings).
-BRIDGE_SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
-    "bridge": {
-        "interval": (_Num, 30.0),
-        #: Actions in our drain reason (``[replace]``) that mean "cordon, drain, replace".
-        "trigger_actions": (tuple, ("reboot", "replace")),
-        "mapping": (str, "auto"),
-        "slinky_namespace": (str, "slurm"),
-        "taint_key": (str, "slurm-hooks.io/gpu-unhealthy"),
-        "condition_type": (str, "GpuHealthy"),
-        "event_namespace": (str, "default"),
-        #: A pod carrying this label (or annotation) = "true" opts its node out of drain and replacement.
-        "opt_out_label": (str, "slurm-hooks.io/do-not-remediate"),
-        "drain": (bool, True),
-        #: Longest wait, from the take, for Slurm's jobs to leave the node before its pods are
-        #: evicted and the replacement is requested anyway; 0 = wait for ever. The default is
-        #: KillWait (120 s recommended) + [remediation] requeue_grace (120 s) + a minute.
-        "max_job_wait": (_Num, 300.0),
-        #: kubectl drain --force: also evict pods that no controller would recreate.
-        "drain_force": (bool, False),
-        #: kubectl drain --delete-emptydir-data: also evict pods with emptyDir volumes (their data is lost).
-        "drain_delete_emptydir_data": (bool, False),
-        "drain_timeout": (_Num, 600.0),
-        #: Seconds one pass may spend retrying blocked evictions on one node before moving on.
-        "drain_pass_budget": (_Num, 30.0),
-        "request_timeout": (_Num, 10.0),
-        "retries": (int, 3),
-        "state_file": (str, "/var/lib/slurm-hooks/bridge-state.json"),
-        #: One bridge acts: a coordination.k8s.io Lease; the breaker's state lives in it
-        #: (``false``: one process only, the breaker's state in ``state_file``).
-        "leader_election": (bool, True),
-        #: The Lease's namespace; "" = the pod's own namespace (in a cluster), else "default".
-        "lease_namespace": (str, ""),
-        "lease_name": (str, "slurm-hooks-bridge"),
-        #: Seconds without a renewal after which a standby bridge takes over.
-        "lease_duration": (_Num, 60.0),
-        "kubeconfig": (str, ""),
-        "context": (str, ""),
-        #: Seconds the bridge may hold a machine before it counts in
-        #: ``slurm_hooks_bridge_held_too_long_nodes`` and is alerted.
-        "held_alert_after": (_Num, 86400.0),
-    },
-    "bridge.breaker": {
-        #: At most this share of all nodes may be taken by the bridge in one window...
-        "max_percent": (_Num, 20.0),
-        #: ...and at most this many, whichever is smaller (never below one node).
-        "max_nodes": (int, 10),
-        #: Sliding window, seconds; a tripped breaker also stays open this long.
-        "window": (_Num, 600.0),
-    },
-    "bridge.replace": {
-        "backend": (str, "condition"),
-        "karpenter_version": (str, "v1"),
-        "capi_version": (str, "v1beta1"),
-        #: backend = "template": a jinja2 template rendering one object (YAML or JSON).
-        "template": (str, ""),
-        #: backend = "template": the resource's plural name, needed for its URL.
-        "plural": (str, ""),
-        #: backend = "template" / "capi": withdraw the request when the node recovers first.
-        "cancel_on_recovery": (bool, True),
-    },
-    #: How a node drained ``[reboot]`` is asked to reboot: ``none`` (like ``[replace]``, through the
-    #: replacement backend), ``template`` (a custom resource: NVSentinel RebootNode, medik8s
-    #: SelfNodeRemediation), ``annotation`` (an annotation on the node).
-    "bridge.reboot": {
-        "backend": (str, "none"),
-        "template": (str, ""),
-        "plural": (str, ""),
-        "annotation": (str, "slurm-hooks.io/reboot-requested"),
-        "cancel_on_recovery": (bool, True),
-    },
-    #: Cluster API in its own management cluster: where its Machines (and MachineHealthChecks) live.
-    "bridge.capi": {
-        #: The management cluster's kubeconfig ("" = this cluster: a self-hosted management cluster).
-        "kubeconfig": (str, ""),
-        "context": (str, ""),
-    },
-}
-#: ``[bridge.nodes]``: Slurm node name -> Kubernetes node name, for bare metal where they differ.
-BRIDGE_SUBTABLES = ("breaker", "replace", "reboot", "capi", "nodes")
-BRIDGE_ENUMS = {
-    ("bridge", "mapping"): ("auto", "slinky", "name"),
-    ("bridge.replace", "backend"): ("condition", "karpenter", "capi", "template"),
-    ("bridge.reboot", "backend"): ("none", "template", "annotation"),
-}
-#: The actions ``trigger_actions`` may name (:class:`slurm_hooks.models.Action` values).
-_ACTIONS = tuple(a.value for a in Action)
-
-
-def bridge_default(table: str, key: str) -> Any:
-    """The one default of ``[table] key`` in :data:`BRIDGE_SCHEMA`."""
-    return BRIDGE_SCHEMA[table][key][1]
-
-
-def check_bridge(raw: dict, where: _Locator | None = None) -> dict[str, dict[str, Any]]:
-    """``[bridge]``'s tables (``bridge``, ``bridge.breaker``, ``bridge.replace``, ``bridge.nodes``) with
-    defaults filled in; a bad value raises :class:`ConfigError` naming file, line and key."""
-    import copy  # here: copy (with weakref) costs ~2 ms, and a health check reads no [bridge]
-
-    where = copy.copy(where or _Locator("", None))
-    where.header_fallback = True  # a key left at its default is blamed on its table's header
-    fail = where.fail
-
-    for name in BRIDGE_SUBTABLES:
-        if name in raw and not isinstance(raw[name], dict):
-            fail(f"bridge.{name}", None, "must be a table")
-    top = dict(raw)
-    if isinstance(top.get("trigger_actions"), list):  # TOML gives a list; the value kept is a tuple
-        top["trigger_actions"] = tuple(top["trigger_actions"])
-    tables = {"bridge": top}
-    tables.update({f"bridge.{n}": raw.get(n, {}) for n in ("breaker", "replace", "reboot", "capi")})
-    values = {}
-    for table, keys in BRIDGE_SCHEMA.items():
-        skip = BRIDGE_SUBTABLES if table == "bridge" else ()
-        values[table] = _check_table(tables[table], keys, table, where, skip)
-    for (table, key), allowed in BRIDGE_ENUMS.items():
-        if values[table][key] not in allowed:
-            fail(table, key, f"must be one of {', '.join(allowed)}, not {values[table][key]!r}")
-
-    top = values["bridge"]
-    for item in top["trigger_actions"]:
-        if item not in _ACTIONS:
-            fail("bridge", "trigger_actions", f"unknown action {item!r} (known: {', '.join(_ACTIONS)})")
-    if not top["trigger_actions"]:
-        fail("bridge", "trigger_actions", "must name at least one action (e.g. [\"replace\"])")
-    for key in ("interval", "request_timeout", "drain_timeout", "lease_duration"):
-        if top[key] <= 0:
-            fail("bridge", key, f"must be greater than 0, got {top[key]!r}")
-    for key in ("taint_key", "condition_type", "opt_out_label", "event_namespace"):
-        if not top[key]:
-            fail("bridge", key, "must not be empty")
-
-    breaker = values["bridge.breaker"]
-    if not 0 < breaker["max_percent"] <= 100:
-        fail("bridge.breaker", "max_percent", f"must be in (0, 100], got {breaker['max_percent']!r}")
-    if breaker["max_nodes"] < 1:
-        fail("bridge.breaker", "max_nodes", "must be at least 1 (the breaker cannot be switched off)")
-    if breaker["window"] <= 0:
-        fail("bridge.breaker", "window", f"must be greater than 0, got {breaker['window']!r}")
-
-    for table in ("bridge.replace", "bridge.reboot"):
-        chosen = values[table]
-        if chosen["backend"] == "template":
-            if not chosen["template"]:
-                fail(table, "template", "backend = \"template\" needs a template path")
-            if not chosen["plural"]:
-                fail(table, "plural", "backend = \"template\" needs the resource's plural name")
-            _check_template(chosen["template"], fail, table)
-    if values["bridge.reboot"]["backend"] == "annotation" and "/" not in values["bridge.reboot"]["annotation"]:
-        fail("bridge.reboot", "annotation", "must be a prefixed key (example.org/name), not "
-                                            f"{values['bridge.reboot']['annotation']!r}")
-
-    nodes = raw.get("nodes", {})
-    for key, value in nodes.items():
-        if not isinstance(value, str) or not value:
-            fail("bridge.nodes", key, f"expected a Kubernetes node name, got {value!r}")
-    values["bridge.nodes"] = dict(nodes)
-    return values
-
-
-def _check_template(path: str, fail: Any, table: str = "bridge.replace") -> None:
-    import jinja2  # the bridge's dependency; never imported on the node side's path
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            source = fh.read()
-    except OSError as exc:
-        fail(table, "template", f"cannot read {path}: {exc.strerror}")
-        return
-    try:
-        jinja2.Environment(undefined=jinja2.StrictUndefined).parse(source)
-    except jinja2.TemplateSyntaxError as exc:
-        fail(table, "template", f"{path}:{exc.lineno}: {exc.message}")
 
 
 def _type_name(accepted: Any) -> str:
@@ -794,7 +643,7 @@ def _toml_error(text: str) -> tuple[str, int | None]:
     return text, None
 
 
-class _Locator:
+class Locator:
     """Finds the line of a ``[section]`` header or of ``key =`` inside it."""
 
     _HEADER = compile_later(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")

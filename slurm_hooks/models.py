@@ -9,11 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
+from slurm_hooks.setting import POSITIVE, Range, setting
 from slurm_hooks.values import asdict, compile_later, dataclass, field, fields
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
     from typing import Any
+
+#: What ``[expect]``'s temperatures and DCGM levels can be (and so every ``[groups.*]`` override).
+_TEMPERATURE = Range(1, 150, why="degrees C, as NVML reports them")
+DCGM_LEVEL = Range(0, 4, why="0 = off, 1..4 = dcgmi diag -r level")
 
 
 class Severity(str, Enum):
@@ -338,31 +343,34 @@ class Finding:
 
 @dataclass(frozen=True)
 class Expectations:
-    """What a node group should have; ``None`` disables the comparison."""
+    """What every node should have, unless a group below says otherwise (unset, None: not compared)."""
 
-    gpus: int | None = None
-    model: str | None = None
-    pcie_gen: int | None = None
-    pcie_width: int | None = None
-    nvlinks: int | None = None
-    temp_warn_c: int = 85
-    temp_fail_c: int = 95
-    ecc_uncorrectable_volatile_max: int = 0
-    ecc_uncorrectable_aggregate_max: int | None = None
-    nvlink_crc_max: int = 100
-    nvlink_replay_max: int = 100
-    persistence_mode: bool | None = True
-    fabric_manager: bool = False
-    xid_repeat_count: int = 3
-    xid_repeat_window_s: int = 86400
-    dcgm_level_prolog: int = 0
-    dcgm_level_epilog: int = 0
-    dcgm_level_check: int = 0
-    #: Epilog of a job that failed (non-zero exit): look deeper, e.g. 2 (~2 min).
-    dcgm_level_after_failure: int = 0
-    #: InfiniBand/RoCE ports that must be up, and the rate each must run at (Gb/s); ``None``: unchecked.
-    ib_ports: int | None = None
-    ib_rate_gbps: int | None = None
+    gpus: int | None = setting(None, range=Range(0, 1024), doc="GPU count (unset: not checked)", example=8)
+    model: str | None = setting(None, doc="substring of the NVML name", example="H100")
+    pcie_gen: int | None = setting(None, range=Range(1, 10), example=5)
+    pcie_width: int | None = setting(None, range=Range(1, 32), example=16)
+    nvlinks: int | None = setting(None, range=Range(0, 36, why="NVML knows at most 36 links per GPU"),
+                                  doc="active NVLinks per GPU", example=18)
+    temp_warn_c: int = setting(85, range=_TEMPERATURE)
+    temp_fail_c: int = setting(95, range=_TEMPERATURE)
+    ecc_uncorrectable_volatile_max: int = setting(0)
+    ecc_uncorrectable_aggregate_max: int | None = setting(None, example=10)
+    nvlink_crc_max: int = setting(100)
+    nvlink_replay_max: int = setting(100)
+    persistence_mode: bool | None = setting(True)
+    fabric_manager: bool = setting(False, doc="true on NVSwitch systems (HGX): fabric registration must complete")
+    xid_repeat_count: int = setting(3, doc="the same XID this many times in the window -> replace")
+    xid_repeat_window_s: int = setting(86400, range=POSITIVE)
+    dcgm_level_prolog: int = setting(0, range=DCGM_LEVEL,
+                                     doc="0 = off, 1 = quick (seconds), 2 = medium (~2 min), 3 = long")
+    dcgm_level_epilog: int = setting(0, range=DCGM_LEVEL)
+    dcgm_level_check: int = setting(0, range=DCGM_LEVEL)
+    dcgm_level_after_failure: int = setting(0, range=DCGM_LEVEL,
+                                            doc="epilog of a job that exited non-zero (e.g. 2: ~2 min)")
+    ib_ports: int | None = setting(None, range=Range(0, 64), example=8,
+                                   doc="InfiniBand/RoCE ports that must be ACTIVE/LinkUp (unset: those present)")
+    ib_rate_gbps: int | None = setting(None, range=Range(1, 3200, why="Gb/s, as /sys/class/infiniband/*/ports/*/rate says"),
+                                       doc="the rate each must run at (H100 NDR: 400)", example=400)
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,17 @@ def error_of(tmp_path: Path, text: str) -> str:
 # --- defaults ------------------------------------------------------------------
 
 
+def _defaults(section: str) -> dict:
+    """A section's keys -> their defaults, as its class declares them."""
+    return {key: default for key, (_, default, _, _) in config.spec(config.SECTIONS[section]).items()}
+
+
 def test_empty_config_gives_every_schema_default():
     cfg = config.parse("")
-    for section, keys in config.SCHEMA.items():
-        assert vars(getattr(cfg, section)) == {key: default for key, (_, default) in keys.items()}, section
-    assert cfg.default_expect == Expectations()
+    for section, cls in config.SECTIONS.items():
+        assert getattr(cfg, section) == cls(), section
+        assert vars(getattr(cfg, section)) == _defaults(section), section
+    assert cfg.expect == Expectations()
     assert cfg.groups == ()
     assert cfg.expectations_for("gpu001") == Expectations()
     assert cfg.group_for("gpu001") == "default"
@@ -52,6 +58,22 @@ def test_some_defaults_an_admin_relies_on():
     assert cfg.expect.gpus is None
 
 
+def test_every_value_is_kept_as_its_field_declares():
+    cfg = config.parse('[gpu]\nprobe_timeout = 5\n[check]\ndeadline = 30\n[repair]\nservices = ["a"]\n')
+    assert type(cfg.gpu.probe_timeout) is float and type(cfg.check.deadline) is float
+    assert cfg.repair.services == ("a",)
+    for section, cls in config.SECTIONS.items():
+        for key, (_, _, _, make) in config.spec(cls).items():
+            if make is float:
+                assert type(getattr(getattr(cfg, section), key)) is float, (section, key)
+
+
+def test_a_float_key_takes_any_number_but_not_true():
+    assert config.parse("[notify]\nrate = 2\n").notify.rate == 2.0
+    with pytest.raises(ConfigError, match="expected a number, got bool True"):
+        config.parse("[notify]\nrate = true\n")
+
+
 def test_unknown_section_attribute_is_an_attribute_error():
     with pytest.raises(AttributeError):
         config.parse("").nonexistent  # noqa: B018
@@ -60,12 +82,12 @@ def test_unknown_section_attribute_is_an_attribute_error():
 def test_values_given_replace_the_defaults_and_the_rest_stay():
     cfg = config.parse('[gpu]\nbackend = "sim"\nprobe_timeout = 5\n[expect]\ngpus = 8\nmodel = "H100"\n')
     assert (cfg.gpu.backend, cfg.gpu.probe_timeout, cfg.gpu.sim_dir) == ("sim", 5, "/var/lib/slurm-hooks/sim")
-    assert cfg.default_expect == Expectations(gpus=8, model="H100")
+    assert cfg.expect == Expectations(gpus=8, model="H100")
 
 
 def test_open_sections_are_kept_raw_for_their_owner():
     cfg = config.parse('[bridge]\nkubeconfig = "/etc/k"\nmax_unhealthy = 3\n')
-    assert (cfg.bridge.kubeconfig, cfg.bridge.max_unhealthy) == ("/etc/k", 3)
+    assert (cfg.raw["bridge"]["kubeconfig"], cfg.raw["bridge"]["max_unhealthy"]) == ("/etc/k", 3)
 
 
 # --- the shipped file -------------------------------------------------------------
@@ -74,17 +96,17 @@ def test_open_sections_are_kept_raw_for_their_owner():
 def test_shipped_config_equals_the_schema_defaults():
     assert SHIPPED.exists(), "the example config (package data) is missing"
     cfg = config.load(str(SHIPPED))
-    for section, keys in config.SCHEMA.items():
-        assert vars(getattr(cfg, section)) == {key: default for key, (_, default) in keys.items()}, section
-    assert cfg.default_expect == Expectations()
+    for section, cls in config.SECTIONS.items():
+        assert getattr(cfg, section) == cls(), section
+    assert cfg.expect == Expectations()
     assert cfg.groups == ()
 
 
 def test_shipped_config_mentions_every_key():
     text = SHIPPED.read_text()
-    for section, keys in config.SCHEMA.items():
+    for section, cls in config.SECTIONS.items():
         assert re.search(rf"^\[{section}\]", text, re.M), section
-        for key in keys:
+        for key in config.spec(cls):
             assert re.search(rf"^#?\s*{key}\s*=", text, re.M), f"[{section}] {key} is not in the example config"
 
 
@@ -245,7 +267,7 @@ def test_warning_temperature_above_the_failing_one_is_refused(tmp_path):
 def test_values_at_the_edge_of_what_works_are_accepted():
     cfg = config.parse('[gpu]\nprobe_timeout = 0.5\n[check]\ndeadline = 59.9\n[slurm]\ntimeout = 1\n'
                        '[expect]\ngpus = 0\nnvlinks = 0\nxid_repeat_count = 0\ntemp_warn_c = 90\ntemp_fail_c = 90\n')
-    assert (cfg.check.deadline, cfg.default_expect.gpus, cfg.default_expect.temp_warn_c) == (59.9, 0, 90)
+    assert (cfg.check.deadline, cfg.expect.gpus, cfg.expect.temp_warn_c) == (59.9, 0, 90)
 
 
 def test_nan_is_not_a_number_of_seconds(tmp_path):
@@ -353,7 +375,7 @@ def test_missing_default_file_gives_the_defaults(monkeypatch):
     monkeypatch.delenv(config.ENV_VAR, raising=False)
     cfg = config.load()
     assert cfg.path is None
-    assert cfg.default_expect == Expectations()
+    assert cfg.expect == Expectations()
     assert cfg.gpu.backend == "nvml"
 
 

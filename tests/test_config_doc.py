@@ -11,6 +11,9 @@ import pytest
 from paths import ROOT
 
 from slurm_hooks import config
+from slurm_hooks.bridge import settings as bridge_settings
+from slurm_hooks.setting import setting
+from slurm_hooks.values import dataclass
 
 REGENERATE = "run `.venv/bin/python tools/gen_config_doc.py` and commit docs/configuration.md"
 
@@ -41,54 +44,60 @@ def test_the_configuration_page_is_what_the_schema_generates(gen):
     assert _page() == gen.render(), f"docs/configuration.md is out of date with slurm_hooks/config.py: {REGENERATE}"
 
 
-@pytest.mark.parametrize("schema", ["SCHEMA", "BRIDGE_SCHEMA"])
-def test_every_key_is_on_the_page_with_its_default(gen, schema):
+def _tables(gen):
+    """(table, its key fields) for every table of the node side and of the bridge."""
+    for table, cls in config.SECTIONS.items():
+        yield table, gen.keys(cls, tuple(config.DESTINATION_KEYS) if table == "notify" else ())
+    for table, cls in bridge_settings.TABLES.items():
+        yield table, gen.keys(cls, bridge_settings.SUBTABLES)
+
+
+def test_every_key_is_on_the_page_with_its_default(gen):
     page = _page()
-    for table, keys in getattr(config, schema).items():
+    for table, keys in _tables(gen):
         text = _section(page, table)
-        for key, (_, default) in keys.items():
-            if table == "notify" and key in config.DESTINATION_KEYS:
-                continue  # a list of tables: its own heading, checked below
-            row = f"| `{key}` | "
-            assert row in text, f"[{table}] {key} is not on docs/configuration.md: {REGENERATE}"
+        for f in keys:
+            row = f"| `{f.name}` | "
+            assert row in text, f"[{table}] {f.name} is not on docs/configuration.md: {REGENERATE}"
             shown = text.split(row, 1)[1].split("\n", 1)[0]
-            assert f"`{gen.toml_value(default)}`" in shown.replace("\\|", "|"), \
-                f"[{table}] {key}: the page does not show the default {default!r}: {REGENERATE}"
+            assert f"`{gen.toml_value(gen.default(f))}`" in shown.replace("\\|", "|"), \
+                f"[{table}] {f.name}: the page does not show the default {gen.default(f)!r}: {REGENERATE}"
 
 
 def test_every_receiver_key_is_on_the_page(gen):
     page = _page()
-    for kind, keys in config.DESTINATION_KEYS.items():
+    for kind, cls in config.DESTINATION_KEYS.items():
         text = _section(page, f"[notify.{kind}]")
-        for key in keys:
-            assert f"| `{key}` | " in text, f"[[notify.{kind}]] {key} is not on docs/configuration.md: {REGENERATE}"
+        for f in gen.keys(cls):
+            assert f"| `{f.name}` | " in text, f"[[notify.{kind}]] {f.name} is not on docs/configuration.md: {REGENERATE}"
 
 
-def test_a_key_added_to_the_schema_shows_on_the_page_with_its_default(gen, monkeypatch):
-    monkeypatch.setitem(config.SCHEMA, "watch", {**config.SCHEMA["watch"], "new_key": (int, 7)})
+def test_a_key_added_to_a_section_shows_on_the_page_with_its_default_and_words(gen, monkeypatch):
+    @dataclass(frozen=True)
+    class Watch(config.WatchSection):
+        new_key: int = setting(7, doc="a key added to the class")
+
+    monkeypatch.setitem(config.SECTIONS, "watch", Watch)
     text = _section(gen.render(), "watch")
-    assert "| `new_key` | integer | `7` |" in text
+    assert "| `new_key` | integer | `7` | >= 0 | a key added to the class |" in text
     assert gen.render() != _page()  # what the first test would catch
 
 
-def test_every_key_of_the_schema_is_in_its_own_table_of_the_example_config(gen):
-    words, _ = gen.read_trailing(gen.EXAMPLE)
-    # a key is found only inside its own table; a key without words is found through the example's text
-    with open(gen.EXAMPLE, encoding="utf-8") as fh:
+def test_every_key_has_words_or_says_none_are_needed(gen):
+    for table, keys in _tables(gen):
+        for f in keys:
+            if table == "repair" and f.name in ("enabled", "nvidia_smi", "systemctl"):
+                continue  # said by the table's words, or by its name
+            assert "doc" in (f.metadata or {}), f"[{table}] {f.name} has no doc"
+
+
+def test_every_bridge_key_is_in_the_bridge_example(gen):
+    with open(gen.BRIDGE_EXAMPLE, encoding="utf-8") as fh:
         text = fh.read()
-    for table, keys in config.SCHEMA.items():
-        body = text.split(f"\n[{table}]\n", 1)
-        assert len(body) == 2, f"[{table}] is not in {gen.EXAMPLE}"
-        part = body[1].split("\n[", 1)[0]
-        for key in keys:
-            assert (table, key) in words or f"{key} =" in part, f"[{table}] {key} is not in [{table}] of the example config"
-
-
-def test_every_bridge_key_has_words_in_the_bridge_example(gen):
-    words = gen.read_above(gen.BRIDGE_EXAMPLE)
-    for table, keys in config.BRIDGE_SCHEMA.items():
-        for key in keys:
-            assert (table, key) in words, f"[{table}] {key}: no comment above it in conf/bridge.example.toml"
+    for table in bridge_settings.TABLES:
+        part = text.split(f"\n[{table}]\n", 1)[1].split("\n[", 1)[0]
+        for key in bridge_settings.keys(table):
+            assert f"\n{key} = " in f"\n{part}", f"[{table}] {key} is not in conf/bridge.example.toml"
 
 
 def test_the_check_mode_says_the_command_that_regenerates_the_page(gen, tmp_path, monkeypatch, capsys):

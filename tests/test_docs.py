@@ -132,10 +132,11 @@ def test_the_version_the_docs_install_is_this_one():
 
 
 def test_the_bridge_example_lists_every_bridge_key():
-    from slurm_hooks.config import BRIDGE_SCHEMA
+    from slurm_hooks.bridge import settings
 
     text = open(os.path.join(ROOT, "conf", "bridge.example.toml"), encoding="utf-8").read()
-    for table, keys in BRIDGE_SCHEMA.items():
+    for table in settings.TABLES:
+        keys = settings.keys(table)
         body = text.split(f"\n[{table}]\n", 1)
         assert len(body) == 2, f"[{table}] is not in conf/bridge.example.toml"
         section = body[1].split("\n[", 1)[0]

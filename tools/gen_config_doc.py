@@ -22,7 +22,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from slurm_hooks import config  # noqa: E402
+from slurm_hooks import config, values  # noqa: E402
+from slurm_hooks.bridge import settings as bridge_settings  # noqa: E402
 from slurm_hooks.models import Action, Scope, Urgency  # noqa: E402
 
 PAGE = os.path.join(REPO, "docs", "configuration.md")
@@ -69,14 +70,13 @@ generated from the schema (`slurm_hooks/config.py`) by `python tools/gen_config_
 each key does is its comment in the example config.
 """
 
-_TYPES = {str: "string", int: "integer", bool: "boolean", float: "number", tuple: "list of strings",
-          list: "list of tables", dict: "table"}
+_TYPES = {"str": "string", "int": "integer", "bool": "boolean", "float": "number", "tuple[str, ...]": "list of strings",
+          "tuple[dict[str, str], ...]": "list of tables", "dict[str, str]": "table"}
 
 
-def type_name(accepted) -> str:
-    if isinstance(accepted, tuple):  # (int, float): any number
-        return "number"
-    return _TYPES.get(accepted, getattr(accepted, "__name__", str(accepted)))
+def type_name(f) -> str:
+    """A field's declared type as the page says it."""
+    return _TYPES[f.type[:-7] if f.type.endswith(" | None") else f.type]
 
 
 def toml_value(value) -> str:
@@ -97,138 +97,55 @@ def cell(text: str) -> str:
     return re.sub(r"\s+", " ", text.replace("|", "\\|")).strip()
 
 
-# --- the words: comments of the example configs ---------------------------------------
-
-_HEADER = re.compile(r"^#?\s*\[([A-Za-z0-9_.]+)\]\s*$")
-_ARRAY = re.compile(r"^#?\s*\[\[([A-Za-z0-9_.]+)\]\]\s*$")
-_KEY = re.compile(r"^#?\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)$")
-_TRAILING = re.compile(r"\s#\s?(.*)$")
+def note(cls) -> str:
+    """A section's words: its class's docstring, on one line."""
+    return " ".join((cls.__doc__ or "").split())
 
 
-def _known(table: str) -> set[str]:
-    if table in config.SCHEMA:
-        return set(config.SCHEMA[table])
-    if table in config.BRIDGE_SCHEMA:
-        return set(config.BRIDGE_SCHEMA[table])
-    kind = table.split(".", 1)[1] if table.startswith("notify.") else ""
-    return set(config.DESTINATION_KEYS.get(kind, ()))
+def default(f):
+    return f.default_factory() if f.default is values.MISSING else f.default
 
 
-def _lines(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as fh:
-        return fh.read().splitlines()
-
-
-def read_trailing(path: str) -> tuple[dict[tuple[str, str], str], dict[str, str]]:
-    """((table, key) -> its words, table -> its note) from the example config: a key's words are the
-    comment on its line and the indented comment lines under it; a comment block is the note of
-    the table it opens or stands in (the file's opening block is no table's)."""
-    words: dict[tuple[str, str], str] = {}
-    notes: dict[str, list[str]] = {}
-    table, sub, block, last = "", "", [], None
-    for line in _lines(path):
-        text = line.strip()
-        header, array, key = _HEADER.match(text), _ARRAY.match(text), _KEY.match(text)
-        if header or array:
-            if array:
-                sub = array.group(1)
-            else:
-                table, sub = header.group(1), ""
-            if block:
-                notes.setdefault(sub or table, []).extend(block)
-            block, last = [], None
-        elif key and (key.group(1) in _known(sub) or key.group(1) in _known(table)):
-            owner = sub if sub and key.group(1) in _known(sub) else table
-            sub = sub if owner == sub else ""
-            if block:
-                notes.setdefault(owner, []).extend(block)
-            said = _TRAILING.search(key.group(2))
-            if said:
-                words[(owner, key.group(1))] = said.group(1).strip()
-            block, last = [], ((owner, key.group(1)) if said else None)
-        elif text.startswith("#"):
-            if line[:1].isspace() and last is not None:
-                words[last] = f"{words[last]} {text.lstrip('#').strip()}"
-            else:
-                block, last = [*block, text.lstrip("#").strip()], None
-        else:
-            if block and table:
-                notes.setdefault(sub or table, []).extend(block)
-            block, last = [], None
-    return words, {t: " ".join(n) for t, n in notes.items()}
-
-
-def read_above(path: str) -> dict[tuple[str, str], str]:
-    """(table, key) -> its words from the bridge's example: the comment lines above a key; a key
-    right under another without words of its own shares that one's (``see `key```)."""
-    words: dict[tuple[str, str], str] = {}
-    table, block, group = "", [], None
-    for line in _lines(path):
-        text = line.strip()
-        header, key = _HEADER.match(text), _KEY.match(text)
-        if header:
-            table, block, group = header.group(1), [], None
-        elif key and key.group(1) in _known(table):
-            said = _TRAILING.search(key.group(2))
-            mine = block + ([said.group(1).strip()] if said else [])
-            if mine:
-                words[(table, key.group(1))], group = " ".join(mine), key.group(1)
-            elif group:
-                words[(table, key.group(1))] = f"see `{group}`"
-            block = []
-        elif text.startswith("#"):
-            block = [*block, text.lstrip("#").strip()]
-        else:
-            block, group = [], None
-    return words
+def keys(cls, skip=()) -> list:
+    """The fields of a section's class that are keys (not ``skip``: tables of their own)."""
+    return [f for f in values.fields(cls) if f.name not in skip]
 
 
 # --- the page --------------------------------------------------------------------------
 
 
-def _values(table: str, key: str, accepted) -> str:
-    enums = {**getattr(config, "_ENUMS", {}), **getattr(config, "BRIDGE_ENUMS", {})}
-    if (table, key) in enums:
-        return "one of " + ", ".join(f"`{v}`" for v in enums[(table, key)])
-    rng = getattr(config, "_RANGES", {}).get((table, key))
-    if rng is not None:
-        return rng.describe().replace("must be ", "", 1)
-    if table in config.SCHEMA and accepted in (int, float) or isinstance(accepted, tuple):
-        return ">= 0" if table in config.SCHEMA else ""
-    return ""
+def _values(f, node_side: bool) -> str:
+    meta = f.metadata or {}
+    if "choices" in meta:
+        return "one of " + ", ".join(f"`{v}`" for v in meta["choices"])
+    if "range" in meta:
+        return meta["range"].describe().replace("must be ", "", 1)
+    return ">= 0" if node_side and type_name(f) in ("integer", "number") else ""
 
 
-def _table(table: str, keys: dict, words: dict, defaults: dict | None = None) -> list[str]:
+def _table(fields_, node_side: bool = True) -> list[str]:
     out = ["| key | type | default | values | what |", "|---|---|---|---|---|"]
-    for key, (accepted, default) in keys.items():
-        if defaults is not None:
-            default = defaults.get(key, default)
-        out.append(f"| `{key}` | {type_name(accepted)} | `{cell(toml_value(default))}` | "
-                   f"{cell(_values(table, key, accepted))} | {cell(words.get((table, key), ''))} |")
+    for f in fields_:
+        out.append(f"| `{f.name}` | {type_name(f)} | `{cell(toml_value(default(f)))}` | "
+                   f"{cell(_values(f, node_side))} | {cell((f.metadata or {}).get('doc', ''))} |")
     return out
 
 
 def render() -> str:
-    words, notes = read_trailing(EXAMPLE)
-    bwords = read_above(BRIDGE_EXAMPLE)
     out = [INTRO.rstrip("\n")]
-    for table, keys in config.SCHEMA.items():
+    for table, cls in config.SECTIONS.items():
         out += ["", f"## `[{table}]`", ""]
-        if notes.get(table):
-            out += [notes[table], ""]
+        if note(cls):
+            out += [note(cls), ""]
         if table == "expect":
             out += ["`unset`: no default value. Every key here may be given again in a `[groups.<name>]` table.", ""]
-        plain = {k: v for k, v in keys.items() if not (table == "notify" and k in config.DESTINATION_KEYS)}
-        out += _table(table, plain, words)
+        out += _table(keys(cls, tuple(config.DESTINATION_KEYS) if table == "notify" else ()))
         if table == "notify":
-            for kind, dkeys in config.DESTINATION_KEYS.items():
-                sub = f"notify.{kind}"
-                out += ["", f"### `[[{sub}]]`", "",
+            for kind, dcls in config.DESTINATION_KEYS.items():
+                out += ["", f"### `[[notify.{kind}]]`", "",
                         f"One table per receiver (`{kind}` in `[notify]`); exactly one of `url_file`, `url_env` "
                         "or `url` says where its URL is.", ""]
-                if notes.get(sub):
-                    out += [notes[sub], ""]
-                out += _table(sub, dkeys, words)
+                out += _table(keys(dcls))
     out += ["", "## `[groups.<name>]`", "",
             "What one group of nodes should have, over `[expect]`; `nodes` (a Slurm hostlist or glob) is "
             "required, any `[expect]` key may follow. The first group, in file order, whose `nodes` names "
@@ -244,9 +161,9 @@ def render() -> str:
             "Read by `slurm-hooks bridge` only (and checked by `slurm-hooks validate`), never on the node "
             "side: a typo here stops the bridge, not a node's health check. The example is "
             "`conf/bridge.example.toml`; see [bridge.md](bridge.md)."]
-    for table, keys in config.BRIDGE_SCHEMA.items():
+    for table, cls in bridge_settings.TABLES.items():
         out += ["", f"### `[{table}]`", ""]
-        out += _table(table, keys, bwords)
+        out += _table(keys(cls, bridge_settings.SUBTABLES), node_side=False)
     out += ["", "### `[bridge.nodes]`", "",
             "Slurm node name = Kubernetes node name, for bare metal where they differ "
             "(`gpu001 = \"ip-10-0-1-17.ec2.internal\"`)."]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from slurm_hooks.bridge.settings import BreakerSettings
+from slurm_hooks.bridge.settings import BreakerSection
 from slurm_hooks.bridge.state import BreakerState
 
 
@@ -30,7 +30,7 @@ class Decision:
 
 
 class CircuitBreaker:
-    def __init__(self, settings: BreakerSettings, state: BreakerState):
+    def __init__(self, settings: BreakerSection, state: BreakerState):
         self.settings = settings
         self.state = state
         self._cache: tuple[tuple[float, int], set[str], set[str]] | None = None

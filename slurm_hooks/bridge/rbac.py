@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slurm_hooks.bridge.settings import BridgeSettings, RebootSettings, ReplaceSettings
+from slurm_hooks.bridge.settings import BridgeSection, RebootSection, ReplaceSection
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def _template_rule(plural: str, group: str, cancel_on_recovery: bool, why: str) 
     return Rule(group, plural, verbs, why)
 
 
-def backend_rules(replace: ReplaceSettings, template_group: str = "") -> tuple[Rule, ...]:
+def backend_rules(replace: ReplaceSection, template_group: str = "") -> tuple[Rule, ...]:
     if replace.backend == "karpenter":
         return (Rule("karpenter.sh", "nodeclaims", ("get", "list", "delete"),
                      "find the bad node's NodeClaim (its owner reference, else a LIST) and delete it"),)
@@ -63,7 +63,7 @@ def backend_rules(replace: ReplaceSettings, template_group: str = "") -> tuple[R
     return ()
 
 
-def reboot_rules(reboot: RebootSettings, template_group: str = "") -> tuple[Rule, ...]:
+def reboot_rules(reboot: RebootSection, template_group: str = "") -> tuple[Rule, ...]:
     """``[bridge.reboot]``'s own rule: a template's resource; the annotation backend patches nodes (CORE)."""
     if reboot.backend == "template":
         return (_template_rule(reboot.plural, template_group, reboot.cancel_on_recovery,
@@ -71,12 +71,12 @@ def reboot_rules(reboot: RebootSettings, template_group: str = "") -> tuple[Rule
     return ()
 
 
-def events_rule(settings: BridgeSettings) -> Rule:
+def events_rule(settings: BridgeSection) -> Rule:
     return Rule("", "events", ("create",), "an Event on the Node for each step", namespaced=True,
                 namespace=settings.event_namespace)
 
 
-def lease_rules(settings: BridgeSettings) -> tuple[Rule, ...]:
+def lease_rules(settings: BridgeSection) -> tuple[Rule, ...]:
     """The leader's Lease, in ``lease_namespace``: get and update that Lease only; create (the first
     bridge makes it) cannot be limited by name."""
     why = "one leader: the Lease, and the circuit breaker's state in its annotation"
@@ -86,7 +86,7 @@ def lease_rules(settings: BridgeSettings) -> tuple[Rule, ...]:
                  namespace=settings.lease_namespace))
 
 
-def rules(settings: BridgeSettings, groups: dict[str, str] | None = None) -> tuple[Rule, ...]:
+def rules(settings: BridgeSection, groups: dict[str, str] | None = None) -> tuple[Rule, ...]:
     """Every rule the bridge needs with these settings; ``groups``: the API group of each template
     backend's resource (``{"replace": ..., "reboot": ...}``, see ``replace.template_groups``)."""
     groups = groups or {}

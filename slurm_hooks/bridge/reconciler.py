@@ -48,7 +48,7 @@ from slurm_hooks.bridge.guard import LeaderGuard, LeadershipLost
 from slurm_hooks.bridge.mapping import NodeMapper
 from slurm_hooks.bridge.ownership import Drained, Ownership, ReleaseReason, VerdictKept
 from slurm_hooks.bridge.replace import Backend, ReplacementError, Target, make_backend, make_reboot_backend
-from slurm_hooks.bridge.settings import BridgeSettings
+from slurm_hooks.bridge.settings import BridgeSection
 from slurm_hooks.bridge.state import StateStore
 from slurm_hooks.bridge.verdict import NodeVerdict, extra_is_foreign, operator_reason
 from slurm_hooks.errors import SlurmHooksError
@@ -207,7 +207,7 @@ class Reconciler:
         self,
         slurm: Slurm,
         kube: KubeApi,
-        settings: BridgeSettings,
+        settings: BridgeSection,
         *,
         audit: AuditLog | None = None,
         backend: Backend | None = None,

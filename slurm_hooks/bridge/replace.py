@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slurm_hooks.bridge.api import KubeApi, KubeConflict, Obj, Resource, annotations_of, meta, name_of
-from slurm_hooks.bridge.settings import RebootSettings, ReplaceSettings
+from slurm_hooks.bridge.settings import RebootSection, ReplaceSection
 from slurm_hooks.errors import ConfigError, PermanentError
 from slurm_hooks.models import Action
 
@@ -395,7 +395,7 @@ def _load(text: str, path: str) -> Obj:
     return data
 
 
-def template_groups(replace: ReplaceSettings, reboot: RebootSettings) -> dict[str, str]:
+def template_groups(replace: ReplaceSection, reboot: RebootSection) -> dict[str, str]:
     """The API group of each configured template backend's resource, read from its template rendered
     for a placeholder node: what ``render`` grants and ``validate`` asks about (``{"replace": g, "reboot": g}``)."""
     placeholder = Target(node={"metadata": {"name": "node", "uid": "uid", "labels": {}}, "spec": {"providerID": ""}},
@@ -409,7 +409,7 @@ def template_groups(replace: ReplaceSettings, reboot: RebootSettings) -> dict[st
     return groups
 
 
-def make_backend(settings: ReplaceSettings, management: KubeApi | None = None) -> Backend:
+def make_backend(settings: ReplaceSection, management: KubeApi | None = None) -> Backend:
     """``management``: the Cluster API management cluster's API, when it is not this cluster."""
     if settings.backend == "karpenter":
         return KarpenterBackend(settings.karpenter_version)
@@ -420,7 +420,7 @@ def make_backend(settings: ReplaceSettings, management: KubeApi | None = None) -
     return ConditionBackend()
 
 
-def make_reboot_backend(settings: RebootSettings) -> Backend | None:
+def make_reboot_backend(settings: RebootSection) -> Backend | None:
     """The backend for ``[reboot]`` drains; ``None``: the replacement backend takes them."""
     if settings.backend == "template":
         return TemplateBackend(settings.template, settings.plural, settings.cancel_on_recovery, name="reboot-template",

@@ -135,5 +135,4 @@ def from_config(config: Any, node: str) -> Hysteresis:
     from slurm_hooks.config import parse_confirm
 
     h = config.hysteresis
-    return Hysteresis(config.state.dir, node, parse_confirm(h.confirm) or (1, 1), int(h.resume_after),
-                      float(h.sticky))
+    return Hysteresis(config.state.dir, node, parse_confirm(h.confirm) or (1, 1), h.resume_after, h.sticky)

@@ -114,7 +114,7 @@ def bridge(ctx: click.Context, config_path, once, dry_run, interval, kubeconfig,
         if management is not None:
             management.close()
     if once and notifier is not None:
-        notifier.flush(float(cfg.notify.flush_timeout))
+        notifier.flush(cfg.notify.flush_timeout)
     rc = EXIT_OK
     if once and result is not None and (result.aborted or result.errors):
         rc = EXIT_UNAVAILABLE

@@ -41,7 +41,7 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
 
     w = Wiring.load(config_path, node)
     if deadline is not None:
-        w.start_deadline(min(deadline, float(w.config.check.deadline)))
+        w.start_deadline(min(deadline, w.config.check.deadline))
     report, outcome = healthcheck.run(w, dry_run=dry_run or explain)
     if verdict:
         print_report(report, False, outcome=None if dry_run else outcome)

@@ -57,7 +57,7 @@ def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: s
         return EXIT_UNAVAILABLE
     if len(chosen) < 2:
         raise click.UsageError(f"{nodes or 'job ' + str(job)}: {len(chosen)} node(s); a collective test needs 2")
-    timeout = test_timeout or float(cfg.test_timeout)
+    timeout = test_timeout or cfg.test_timeout
     say = None if as_json else click.echo
     if wait_idle:
         busy = isolating.wait_idle(w, chosen, wait_idle, say)
@@ -66,7 +66,7 @@ def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: s
     chosen += isolating.idle_peers(w, partition or "", chosen, peers)
     return run_and_say(
         "isolate", lambda: isolating.isolate(
-            w, chosen, mode=mode or cfg.mode, ratio=float(cfg.ratio), test_timeout=timeout,
-            budget=budget or float(cfg.budget), max_tests=max_tests or int(cfg.max_tests), drain=not no_drain,
+            w, chosen, mode=mode or cfg.mode, ratio=cfg.ratio, test_timeout=timeout,
+            budget=budget or cfg.budget, max_tests=max_tests or cfg.max_tests, drain=not no_drain,
             progress=say),
         isolating.IsolateBusy, "its jobs cancelled, its reservation deleted", as_json)

@@ -53,7 +53,7 @@ def report(config_path: str | None, since: str, audit_path: str | None, accounti
         records = [r for r in records if r.get("node") in scope]
     node_events = job_runs = None
     used = "off"
-    db = SlurmDb(cfg.slurm.bin_dir, timeout=3 * float(cfg.slurm.timeout))  # 30 s by default
+    db = SlurmDb(cfg.slurm.bin_dir, timeout=3 * cfg.slurm.timeout)  # 30 s by default
     if accounting is not False:
         try:
             node_events = db.node_events(start, now, scope)

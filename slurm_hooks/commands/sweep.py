@@ -63,8 +63,8 @@ def sweep(config_path: str | None, nodes: str | None, partition: str | None, lev
     say = None if as_json else click.echo
     return run_and_say(
         "sweep", lambda: sweeping.sweep(
-            w, chosen, level=level or int(cfg.sweep.level), max_parallel=max_parallel or cfg.sweep.max_parallel,
-            job_timeout=job_timeout or float(cfg.sweep.job_timeout), progress=say, partition=partition or ""),
+            w, chosen, level=level or cfg.sweep.level, max_parallel=max_parallel or cfg.sweep.max_parallel,
+            job_timeout=job_timeout or cfg.sweep.job_timeout, progress=say, partition=partition or ""),
         sweeping.SweepBusy, "its jobs cancelled, its reservations deleted", as_json, then=_none_validated)
 
 

@@ -45,7 +45,7 @@ def _learn(config_path: str | None, node: str, as_json: bool) -> int:
     from slurm_hooks.remedy.wiring import Wiring
 
     w = Wiring.load(config_path, node)
-    snap = engine.take_snapshot(w.probe(), node, float(w.config.gpu.probe_timeout))
+    snap = engine.take_snapshot(w.probe(), node, w.config.gpu.probe_timeout)
     if snap.error is not None:
         click.echo(f"validate --learn: the GPUs of {node} cannot be read ({snap.error}): nothing learned", err=True)
         return 1
@@ -75,7 +75,7 @@ def _gpu_map(config_path: str | None, node: str, slurm_conf: str | None) -> list
 
     try:
         w = Wiring.load(config_path, node)
-        snap = engine.take_snapshot(w.probe(), node, float(w.config.gpu.probe_timeout))
+        snap = engine.take_snapshot(w.probe(), node, w.config.gpu.probe_timeout)
     except (SlurmHooksError, ImportError):
         return []
     if snap.error is not None:

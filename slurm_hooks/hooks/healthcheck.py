@@ -55,7 +55,7 @@ def run(w: Wiring, *, dry_run: bool = False, context: Context = Context.CHECK, f
     it has read is not read again until a write of its own may have changed it.
     """
     if context is not Context.WATCH:  # the watcher is a daemon: nothing kills it at 60 s
-        w.start_deadline(float(w.config.check.deadline))
+        w.start_deadline(w.config.check.deadline)
     mine = w.record is None
     w = w.recording()
     try:
@@ -111,7 +111,7 @@ def notify_flush(w: Wiring) -> dict[str, int] | None:
     n = w.config.notify
     if not (n.webhook or n.alertmanager or n.syslog):
         return None  # nothing configured: not even an import
-    budget = min(float(n.flush_timeout), w.time_left(float(n.flush_timeout)) - FLUSH_MARGIN_S)
+    budget = min(n.flush_timeout, w.time_left(n.flush_timeout) - FLUSH_MARGIN_S)
     if budget < MIN_FLUSH_S:
         return None
     try:
@@ -188,7 +188,7 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
         expect = replace(request.expect, dcgm_level_check=dcgm_level)
         request = replace(request, expect=expect,
                           dcgm=_dcgm_runner(w, context, expect, job_failed, dcgm_timeout))
-    snap = engine.take_snapshot(w.probe(), w.node, min(float(w.config.gpu.probe_timeout), request.deadline_s))
+    snap = engine.take_snapshot(w.probe(), w.node, min(w.config.gpu.probe_timeout, request.deadline_s))
     if snap.error is None:
         # Slurm's GPU numbers to NVML's (a cached map: one small read), for the job's GPUs here and
         # for the requeue scope later in this run.
@@ -214,7 +214,7 @@ def _request(w: Wiring, context: Context, state: XidState, **kw: Any) -> engine.
     return engine.JudgeRequest(
         expect, context,
         deadline_s=_check_budget(w),
-        probe_timeout_s=float(cfg.gpu.probe_timeout),
+        probe_timeout_s=cfg.gpu.probe_timeout,
         xid_history=state.recorded(),
         severities=cfg.severities,
         acked_xids=state.acked(),
@@ -304,8 +304,8 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
 def _check_budget(w: Wiring) -> float:
     """What probe and checks may take of the run's deadline: the rest (a Slurm call, at most a
     quarter of what is left: a short run, such as one inside NHC, still probes) is kept for the drain."""
-    left = w.time_left(float(w.config.check.deadline))
-    return max(left - min(float(w.config.slurm.timeout), left / 4), 0.5)
+    left = w.time_left(w.config.check.deadline)
+    return max(left - min(w.config.slurm.timeout, left / 4), 0.5)
 
 
 def _keys(snap: NodeSnapshot) -> list[str]:
@@ -490,4 +490,4 @@ def _dcgm_runner(w: Wiring, context: Context, expect, job_failed: bool = False,
         return None
     from slurm_hooks.probes.dcgm import make_runner
 
-    return make_runner(w.config.dcgm.dcgmi, max_timeout=float(w.config.dcgm.timeout if timeout is None else timeout))
+    return make_runner(w.config.dcgm.dcgmi, max_timeout=w.config.dcgm.timeout if timeout is None else timeout)

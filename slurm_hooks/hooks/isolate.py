@@ -93,7 +93,7 @@ def test_argv(w: Wiring, test_timeout: float) -> list[str]:
     built-in all-reduce (which gives up on a peer a little before the job is cancelled)."""
     cfg = w.config.isolate
     if cfg.command:
-        return [str(a) for a in cfg.command]
+        return list(cfg.command)
     perf = w.config.sweep.all_reduce_perf
     if os.access(perf, os.X_OK):
         return [perf, "-b", "8M", "-e", "256M", "-f", "2", "-g",

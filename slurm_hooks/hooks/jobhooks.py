@@ -51,7 +51,7 @@ def _run(w: Wiring, hook: Callable[[Wiring, Mapping[str, str]], int], env: Mappi
     """The hook under one deadline, then whatever an earlier run left on this node: a pending
     action, and jobs a requeue follower left waiting (one failed open and one directory listing
     when there are none)."""
-    w.start_deadline(float(w.config.check.deadline))
+    w.start_deadline(w.config.check.deadline)
     try:
         return hook(w, env)
     finally:

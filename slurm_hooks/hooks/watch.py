@@ -149,7 +149,7 @@ def _unsupported(exc: SlurmHooksError) -> bool:
 
 def default_source(w: Wiring, log: Callable[[str], None] | None = None) -> Source:
     cfg = w.config
-    poll = float(cfg.watch.poll_interval)
+    poll = cfg.watch.poll_interval
     if cfg.gpu.backend == "sim":
         return SimSource(cfg.gpu.sim_dir, w.node, poll)
     from slurm_hooks.probes.kmsg import gpu_map_path

@@ -143,13 +143,12 @@ class Settings:
 
         conf = global_values(("ClusterName", "ResumeTimeout"))
         cluster = n.cluster or os.environ.get("SLURM_CLUSTER_NAME", "") or conf.get("clustername", "")
-        resume = max(_seconds(conf.get("resumetimeout")), float(getattr(cfg.repair, "reboot_timeout", 0.0) or 0.0))
+        resume = max(_seconds(conf.get("resumetimeout")), cfg.repair.reboot_timeout)
         return cls(audit=cfg.log.audit, dir=n.outbox or directory or os.path.join(cfg.state.dir, "notify"),
-                   webhooks=tuple(n.webhook), alertmanagers=tuple(n.alertmanager), syslog=bool(n.syslog),
-                   settle=float(n.settle), reminder_after=float(n.reminder_after), timeout=float(n.timeout),
-                   retry_max=float(n.retry_max), cluster=cluster,
-                   max_queued=int(n.max_queued), max_age=float(n.max_age), rate=float(n.rate),
-                   alert_repost=float(n.alert_repost), runbook=n.runbook, resume_timeout=resume)
+                   webhooks=n.webhook, alertmanagers=n.alertmanager, syslog=n.syslog, settle=n.settle,
+                   reminder_after=n.reminder_after, timeout=n.timeout, retry_max=n.retry_max, cluster=cluster,
+                   max_queued=n.max_queued, max_age=n.max_age, rate=n.rate, alert_repost=n.alert_repost,
+                   runbook=n.runbook, resume_timeout=resume)
 
     @property
     def hold(self) -> float:

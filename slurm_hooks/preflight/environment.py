@@ -80,7 +80,7 @@ def check_gpus(cfg: Config, node: str) -> list[Result]:
     except ImportError as exc:
         return [Result("gpu-backend", Status.FAIL, f"{backend} backend cannot load: {exc}",
                        "pip install nvidia-ml-py on GPU nodes (or [gpu] backend = \"sim\" for rehearsals)", cfg.path or "")]
-    snap = engine.take_snapshot(probe, node, float(cfg.gpu.probe_timeout))
+    snap = engine.take_snapshot(probe, node, cfg.gpu.probe_timeout)
     if snap.error is not None:
         fix = (f"slurm-hooks sim init --node {node}" if backend == "sim"
                else "check the driver with nvidia-smi; the NVML library must be loadable by root")
@@ -110,7 +110,7 @@ def check_scontrol(cfg: Config, slurm_conf_path: str | None = None, runner: Call
     env = None
     if slurm_conf_path:
         env = {**os.environ, slurmconf.ENV_VAR: os.path.abspath(slurm_conf_path)}
-    timeout = float(cfg.slurm.timeout)
+    timeout = cfg.slurm.timeout
     try:
         done = run([scontrol, "ping"], timeout, check=False, env=env)
     except CommandTimeout:
@@ -175,7 +175,7 @@ def check_paths(cfg: Config) -> list[Result]:
 def check_validation(cfg: Config) -> list[Result]:
     """The repair ladder validates before a node returns ([repair] dcgm_level): without a runnable
     dcgmi every repaired node ends [unverified] and waits for a person."""
-    level, dcgmi = int(cfg.repair.dcgm_level), cfg.dcgm.dcgmi
+    level, dcgmi = cfg.repair.dcgm_level, cfg.dcgm.dcgmi
     if not ActionPolicy.of(cfg).may_repair or level <= 0:
         return []
     if os.path.isfile(dcgmi) and os.access(dcgmi, os.X_OK):

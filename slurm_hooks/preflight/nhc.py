@@ -360,7 +360,7 @@ def _timing(conf: SlurmConf, cfg: Config, setup: NhcSetup, lines: list[ConfLine]
     limits = [parse_args(c.args)[1] for c in ours]
     limit = min((t for t in limits if t is not None), default=None)
     share = window if limit is None else min(window, limit)
-    need = START_S + float(cfg.gpu.probe_timeout) + float(cfg.slurm.timeout)
+    need = START_S + cfg.gpu.probe_timeout + cfg.slurm.timeout
     what = (f"{CHECK} gets at most {share} s ({shown}, Slurm's kill at {kill} s, {RESERVE_S} s kept for the checks "
             f"after it" + (f", -t {limit}" if limit is not None else "") + ")")
     before = next(i for i, c in enumerate(lines) if c.check == CHECK)

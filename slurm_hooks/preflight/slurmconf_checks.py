@@ -222,7 +222,7 @@ def check_kill_wait(conf: SlurmConf, cfg: Config) -> list[Result]:
     value, err = _seconds(conf, check, "KillWait", 30)
     if err:
         return [err]
-    grace = float(cfg.remediation.requeue_grace)
+    grace = cfg.remediation.requeue_grace
     where = conf.where("KillWait")
     shown = str(conf.entry("KillWait") or "KillWait unset (default 30)")
     if value < grace:
@@ -241,7 +241,7 @@ def check_checkpoint_grace(conf: SlurmConf, cfg: Config) -> list[Result]:
     value, err = _seconds(conf, check, "KillWait", 30)
     if err:
         return []  # kill-wait says what is wrong with it
-    grace = float(cfg.requeue.checkpoint_grace)
+    grace = cfg.requeue.checkpoint_grace
     shown = str(conf.entry("KillWait") or "KillWait unset (default 30)")
     if grace > value:
         return [Result(check, Status.WARN,
@@ -256,7 +256,7 @@ def check_checkpoint_grace(conf: SlurmConf, cfg: Config) -> list[Result]:
 
 def check_prolog_epilog_timeout(conf: SlurmConf, cfg: Config) -> list[Result]:
     check = "prolog-epilog-timeout"
-    deadline = float(cfg.check.deadline)
+    deadline = cfg.check.deadline
     suggest = max(120, int(deadline) + 30)
     keys = [k for k in ("PrologEpilogTimeout", "PrologTimeout", "EpilogTimeout") if k in conf]
     if not keys:
@@ -414,7 +414,7 @@ def check_controller_failover(conf: SlurmConf, cfg: Config) -> list[Result]:
     takeover, err = _seconds(conf, check, "SlurmctldTimeout", 120)
     if err:
         return [err]
-    ours = float(cfg.slurm.timeout)
+    ours = cfg.slurm.timeout
     n = max(len(hosts), 1)
     need = message + (n - 1) * tcp
     formula = f"MessageTimeout {message:g} s" + (f" + {n - 1} x TCPTimeout {tcp:g} s" if n > 1 else "")
@@ -461,7 +461,7 @@ def check_reboot(conf: SlurmConf, cfg: Config) -> list[Result]:
     value, err = _seconds(conf, "resume-timeout", "ResumeTimeout", 60)
     if err:
         return [*out, err]
-    ours = float(cfg.repair.reboot_timeout)
+    ours = cfg.repair.reboot_timeout
     shown = str(conf.entry("ResumeTimeout") or "ResumeTimeout unset (default 60)")
     if value < ours:
         out.append(Result("resume-timeout", Status.FAIL,
@@ -491,7 +491,7 @@ def check_health_check_timeout(conf: SlurmConf, cfg: Config, version: tuple[int,
     check = "health-check-timeout"
     e = conf.entry("HealthCheckTimeout")
     kill = quirks.health_check_kill_s(version, e.value if e is not None else None)
-    deadline = float(cfg.check.deadline)
+    deadline = cfg.check.deadline
     shown = f"{e}" if e is not None and kill != quirks.HEALTH_CHECK_KILL_S else f"slurmd's {kill:g} s kill"
     if deadline >= kill:
         return [Result(check, Status.FAIL,

@@ -135,7 +135,7 @@ def environment_value(job_id: int, key: str, node: str, proc: str = "/proc") -> 
 
 def grace_seconds(w: Wiring, sig: JobSignal) -> float:
     """``[requeue] checkpoint_grace``, never past the job's own ``@TIME`` nor KillWait."""
-    grace = min(float(w.config.requeue.checkpoint_grace), float(sig.warn_s))
+    grace = min(w.config.requeue.checkpoint_grace, float(sig.warn_s))
     try:
         kill_wait = w.slurm.kill_wait()
     except SlurmHooksError:

@@ -143,7 +143,7 @@ def _config_suspected(w: Wiring, report: Report, reason: str, started: float, ex
     """Every drain-worthy finding is judged against a configured value, and that many nodes
     are already drained for exactly it: a wrong value in [expect]/[groups] fails every node
     alike, and must not take the whole fleet out one health check at a time."""
-    limit = int(w.config.check.drain_guard)
+    limit = w.config.check.drain_guard
     if limit <= 0 or not all(f.config_based for f in report.drain_findings()):
         return False
     already = w.slurm.drained_count(reason)

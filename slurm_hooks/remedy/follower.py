@@ -177,7 +177,7 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: Follow | str, *, pyth
 def follow_timeout(w: Wiring, records: Iterable[Followed]) -> float:
     """Long enough for the longest grace still to run, then a requeue's KillWait and its settling."""
     grace_left = max((r.grace_until - time.time() for r in records if r.phase is Phase.GRACE), default=0.0)
-    return max(0.0, grace_left) + float(w.config.remediation.requeue_grace) + 60.0
+    return max(0.0, grace_left) + w.config.remediation.requeue_grace + 60.0
 
 
 def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: float = 1.0,

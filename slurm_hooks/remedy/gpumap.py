@@ -298,7 +298,7 @@ def read(w: Wiring, snap: NodeSnapshot, source: str | None = None,
         argv = [w.config.gpu.slurmd, "-G", "-N", w.node]
         env = {**os.environ, "SLURM_CONF": slurm_conf} if slurm_conf else None
         try:
-            out = run_command(argv, timeout=min(float(w.config.slurm.timeout), w.time_left(10.0)), env=env)
+            out = run_command(argv, timeout=min(w.config.slurm.timeout, w.time_left(10.0)), env=env)
         except SlurmHooksError as exc:
             return unknown(f"{' '.join(argv)} failed: {exc}", "slurmd -G"), [path]
         conf = gres.parse_slurmd_g(out.stdout + "\n" + out.stderr)

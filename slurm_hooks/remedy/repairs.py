@@ -73,10 +73,10 @@ def repair_worker(w: Wiring, rejudge: Rejudge, own_job: str = "",
             ready()
         if not mine:
             return None
-        w.start_deadline(float(w.config.repair.worker_timeout))
+        w.start_deadline(w.config.repair.worker_timeout)
         t0 = time.monotonic()
         w.audit.write("action", node=w.node, action="repair-worker", target=w.node, result="start",
-                      duration_s=0.0, pid=os.getpid(), budget_s=float(w.config.repair.worker_timeout))
+                      duration_s=0.0, pid=os.getpid(), budget_s=w.config.repair.worker_timeout)
         report = rejudge(0, None)
         outcome = Outcome()
         if w.policy.may_drain:
@@ -97,7 +97,7 @@ def validate_node(w: Wiring, who: str, rejudge: Rejudge) -> str:
     with repair.worker_lock(w) as mine:
         if not mine:
             return "busy"
-        w.start_deadline(float(w.config.repair.worker_timeout))
+        w.start_deadline(w.config.repair.worker_timeout)
         return repair.validate_on_request(w, Outcome(), rejudge, who)
 
 

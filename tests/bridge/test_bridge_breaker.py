@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from slurm_hooks.bridge.breaker import CircuitBreaker
-from slurm_hooks.bridge.settings import BreakerSettings
+from slurm_hooks.bridge.settings import BreakerSection
 from slurm_hooks.bridge.state import BreakerState, StateStore
 from slurm_hooks.observe.audit import AuditLog
 
@@ -15,7 +15,7 @@ T0 = 1_700_000_000.0
 
 
 def breaker(percent=20.0, nodes=10, window=600.0, state=None):
-    return CircuitBreaker(BreakerSettings(percent, nodes, window), state or BreakerState())
+    return CircuitBreaker(BreakerSection(percent, nodes, window), state or BreakerState())
 
 
 def test_cap_is_the_smaller_of_percent_and_count_and_never_zero():
@@ -106,7 +106,7 @@ def test_breaker_bounds_the_nodes_held_not_only_the_rate(tmp_path):
 
     from slurm_hooks.bridge.api import OWNER_SELECTOR
     from slurm_hooks.bridge.reconciler import Reconciler
-    from slurm_hooks.bridge.settings import BridgeSettings
+    from slurm_hooks.bridge.settings import BridgeSection
 
     clock = Clock()
     kube = InMemoryKube()
@@ -115,7 +115,7 @@ def test_breaker_bounds_the_nodes_held_not_only_the_rate(tmp_path):
         name = f"gpu{i:03d}"
         kube.add_node(name)
         slurm.add_node(name, "IDLE+DRAIN", "slurm-hooks: 8 of 9 GPUs visible [reboot]")  # one typo in [expect] gpus
-    settings = BridgeSettings(state_file=str(tmp_path / "bridge-state.json"), drain_pass_budget=1.0)
+    settings = BridgeSection(state_file=str(tmp_path / "bridge-state.json"), drain_pass_budget=1.0)
     bridge = Reconciler(slurm, kube, settings, audit=AuditLog(str(tmp_path / "audit.jsonl")), clock=clock,
                         monotonic=clock, sleep=clock.sleep)
     limit = bridge.run_pass().breaker_limit

@@ -193,7 +193,7 @@ REBOOT79 = "slurm-hooks: XID 79 on GPU 3 [reboot]"
 def test_reboot_backend_over_http_creates_a_rebootnode_for_reboot_and_replaces_on_replace(
         two_nodes, kube_client, bridge_settings, tmp_path):
     from slurm_hooks.bridge.replace import CREATED_FOR_ANNOTATION
-    from slurm_hooks.bridge.settings import RebootSettings
+    from slurm_hooks.bridge.settings import RebootSection
 
     server = two_nodes
     plural = "janitor.dgxc.nvidia.com/v1alpha1/rebootnodes"
@@ -204,7 +204,7 @@ def test_reboot_backend_over_http_creates_a_rebootnode_for_reboot_and_replaces_o
     slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", REBOOT79), NodeInfo("n2", "IDLE+DRAIN", XID79))
     settings = dataclasses.replace(
         bridge_settings, breaker=dataclasses.replace(bridge_settings.breaker, max_percent=100),
-        reboot=RebootSettings(backend="template", template=str(tpl), plural="rebootnodes"))
+        reboot=RebootSection(backend="template", template=str(tpl), plural="rebootnodes"))
     reconciler = bridge(slurm, kube_client, settings, tmp_path)
     assert sorted(reconciler.run_pass().replaced) == ["n1", "n2"]
     made = server.get(plural, "slurm-hooks-n1")
@@ -221,11 +221,11 @@ def test_reboot_backend_over_http_creates_a_rebootnode_for_reboot_and_replaces_o
 
 
 def test_reboot_annotation_backend_over_http_annotates_and_removes(two_nodes, kube_client, bridge_settings, tmp_path):
-    from slurm_hooks.bridge.settings import RebootSettings
+    from slurm_hooks.bridge.settings import RebootSection
 
     server = two_nodes
     slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", REBOOT79), NodeInfo("n2", "IDLE"))
-    settings = dataclasses.replace(bridge_settings, reboot=RebootSettings(backend="annotation"))
+    settings = dataclasses.replace(bridge_settings, reboot=RebootSection(backend="annotation"))
     reconciler = bridge(slurm, kube_client, settings, tmp_path)
     assert reconciler.run_pass().replaced == ["n1"]
     ann = server.get("v1/nodes", "n1")["metadata"]["annotations"]

@@ -25,7 +25,7 @@ from kube.doubles import make_reconciler as make
 
 from slurm_hooks.bridge.api import OWNER_ANNOTATION, OWNER_LABEL, Eviction, Resource
 from slurm_hooks.bridge.ownership import Ownership
-from slurm_hooks.bridge.settings import BreakerSettings
+from slurm_hooks.bridge.settings import BreakerSection
 from slurm_hooks.bridge.state import BreakerState, StateStore
 from slurm_hooks.bridge.verdict import NodeVerdict
 from slurm_hooks.slurm import NodeInfo
@@ -104,7 +104,7 @@ def test_ten_blocked_nodes_share_one_pass_budget(kube, clock, bridge_settings, a
         kube.eviction_script[f"jobs/job-{name}"] = [Eviction.BLOCKED] * 100
         slurm.add_node(name, "IDLE+DRAIN", XID79)
     settings = dataclasses.replace(bridge_settings, drain_pass_budget=10.0,
-                                   breaker=BreakerSettings(max_percent=100, max_nodes=10))
+                                   breaker=BreakerSection(max_percent=100, max_nodes=10))
     t0 = clock.now
     res = make(slurm, kube, settings, clock, audit_path).run_pass()
     assert sorted(res.pending) == sorted(f"n{i}" for i in range(10)) and not res.replaced
@@ -255,7 +255,7 @@ def test_notify_hears_breaker_trips_and_replacements(kube, clock, bridge_setting
     slurm = FakeSlurm(*[NodeInfo(f"n{i}", "IDLE+DRAIN", XID79) for i in range(3)])
     for i in range(3):
         kube.add_node(f"n{i}")
-    settings = dataclasses.replace(bridge_settings, breaker=BreakerSettings(max_percent=100, max_nodes=2))
+    settings = dataclasses.replace(bridge_settings, breaker=BreakerSection(max_percent=100, max_nodes=2))
     make(slurm, kube, settings, clock, audit_path, notify=lambda k, f: seen.append(k)).run_pass()
     assert seen.count("bridge_replace") == 2 and seen.count("bridge_breaker_tripped") == 1
 

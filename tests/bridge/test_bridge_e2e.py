@@ -23,7 +23,7 @@ from kube.doubles import controlled_by  # noqa: E402
 from kube.emulator import node, pod  # noqa: E402
 
 from slurm_hooks.bridge.reconciler import Reconciler, slurm_busy, slurm_healthy  # noqa: E402
-from slurm_hooks.bridge.settings import BridgeSettings  # noqa: E402
+from slurm_hooks.bridge.settings import BridgeSection  # noqa: E402
 from slurm_hooks.observe.audit import AuditLog  # noqa: E402
 from slurm_hooks.probes import sim  # noqa: E402
 
@@ -56,7 +56,7 @@ def cluster(clean_testbed, kube_server):
 @pytest.fixture
 def bridge(cluster, kube_client, tmp_path):
     tb, _ = cluster
-    settings = BridgeSettings(mapping="name", state_file=str(tmp_path / "bridge-state.json"), drain_pass_budget=5)
+    settings = BridgeSection(mapping="name", state_file=str(tmp_path / "bridge-state.json"), drain_pass_budget=5)
     return Reconciler(tb.slurm, kube_client, settings, audit=AuditLog(tb.audit_log), sleep=lambda s: None)
 
 
@@ -140,7 +140,7 @@ def test_ten_of_twelve_failing_at_once_cordons_no_more_than_the_cap(twelve, kube
     for name in names[:10]:
         twelve.scontrol("update", f"NodeName={name}", "State=DRAIN", "Reason=slurm-hooks: XID 79 on GPU 3 [replace]")
     try:
-        settings = BridgeSettings(mapping="name", state_file=str(tmp_path / "state.json"))
+        settings = BridgeSection(mapping="name", state_file=str(tmp_path / "state.json"))
         res = Reconciler(twelve.slurm(), kube_client, settings, audit=AuditLog(str(tmp_path / "audit.jsonl")),
                          sleep=lambda s: None).run_pass()
         cordoned = [n for n in names if kube_server.get("v1/nodes", n)["spec"].get("unschedulable")]
@@ -213,7 +213,7 @@ def test_bridge_waits_out_the_checkpoint_then_evicts_slurmd_last_and_replaces(sl
             server.put("v1/pods", pod(f"slurm-worker-{name}", name, "slurm", **controlled_by(
                 "NodeSet", "slurm-worker", labels={"nodeset.slinky.slurm.net/pod-hostname": name})), "slurm")
         server.put("v1/pods", pod("notebook", bad, "jobs"), "jobs")  # no controller: kept
-        settings = BridgeSettings(mapping="name", state_file=str(tmp_path / "state.json"), drain_pass_budget=5)
+        settings = BridgeSection(mapping="name", state_file=str(tmp_path / "state.json"), drain_pass_budget=5)
         bridge = Reconciler(tb.slurm, kube_client, settings, audit=AuditLog(tb.audit_log), sleep=lambda s: None)
 
         sim.inject(tb.sim_dir, bad, gpu, xid=79)

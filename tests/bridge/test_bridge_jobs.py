@@ -20,7 +20,7 @@ from slurm_hooks.bridge.api import Eviction, Resource
 from slurm_hooks.bridge.evict import Evictor, protection
 from slurm_hooks.bridge.ownership import Ownership
 from slurm_hooks.bridge.replace import CREATED_FOR_ANNOTATION, KarpenterBackend, TemplateBackend
-from slurm_hooks.bridge.settings import BreakerSettings, parse
+from slurm_hooks.bridge.settings import BreakerSection, parse
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.slurm import NodeInfo
 from slurm_hooks.slurm.scontrol import SlurmUnavailable
@@ -200,7 +200,7 @@ def test_the_wait_does_not_count_against_the_breaker_window_twice(kube, bridge_s
         kube.add_node(name)
     slurm = FakeSlurm(*(NodeInfo(n, "IDLE") for n in ("n1", "n2", "n3")))
     settings = dataclasses.replace(bridge_settings, max_job_wait=0,
-                                   breaker=BreakerSettings(max_percent=100, max_nodes=2, window=100))
+                                   breaker=BreakerSection(max_percent=100, max_nodes=2, window=100))
     bridge = make(slurm, kube, settings, clock, audit_path)
     job_running_on_n1(slurm)
     res = bridge.run_pass()

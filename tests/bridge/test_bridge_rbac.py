@@ -17,7 +17,7 @@ from kube.site import write_kubeconfig
 
 from slurm_hooks import config as config_mod
 from slurm_hooks.bridge.reconciler import Reconciler
-from slurm_hooks.bridge.settings import BridgeSettings, RebootSettings
+from slurm_hooks.bridge.settings import BridgeSection, RebootSection
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.preflight.environment import check_bridge
 from slurm_hooks.preflight.results import Status
@@ -111,8 +111,8 @@ def test_a_403_on_the_reboot_request_is_a_missing_permission_not_retried(site, k
         "message": 'rebootnodes.janitor.dgxc.nvidia.com is forbidden: User "system:serviceaccount:slurm-hooks:'
                    'slurm-hooks-bridge" cannot create resource "rebootnodes"'}
     slurm = FakeSlurm(NodeInfo("n1", "IDLE+DRAIN", "slurm-hooks: XID 79 on GPU 0 [reboot]"))
-    settings = BridgeSettings(mapping="name", state_file="", drain_pass_budget=1,
-                              reboot=RebootSettings(backend="template", template=site["template"],
+    settings = BridgeSection(mapping="name", state_file="", drain_pass_budget=1,
+                              reboot=RebootSection(backend="template", template=site["template"],
                                                     plural="rebootnodes"))
     bridge = Reconciler(slurm, kube_client, settings, audit=AuditLog(str(tmp_path / "audit.jsonl")),
                         sleep=lambda s: None)

@@ -15,7 +15,7 @@ from slurm_hooks.bridge.api import OWNER_LABEL, Eviction, KubeTransient, Resourc
 from slurm_hooks.bridge.ownership import Ownership
 from slurm_hooks.bridge.reconciler import trigger
 from slurm_hooks.bridge.replace import CapiBackend, KarpenterBackend, TemplateBackend
-from slurm_hooks.bridge.settings import BreakerSettings
+from slurm_hooks.bridge.settings import BreakerSection
 from slurm_hooks.errors import CommandTimeout
 from slurm_hooks.models import Action
 from slurm_hooks.slurm import NodeInfo
@@ -366,7 +366,7 @@ def test_lost_state_file_cannot_reset_the_budget(kube, bridge_settings, clock, a
 
 
 def test_max_nodes_caps_a_big_cluster(kube, bridge_settings, clock, audit_path):
-    settings = dataclasses.replace(bridge_settings, breaker=BreakerSettings(max_percent=50, max_nodes=3, window=600))
+    settings = dataclasses.replace(bridge_settings, breaker=BreakerSection(max_percent=50, max_nodes=3, window=600))
     slurm = FakeSlurm(*[NodeInfo(f"n{i:03d}", "IDLE") for i in range(100)])
     for i in range(100):
         kube.add_node(f"n{i:03d}")
@@ -447,7 +447,7 @@ def test_api_server_down_aborts_the_pass_and_the_next_one_completes(kube, bridge
     for i in range(5):
         kube.add_node(f"n{i}")
         slurm.drain(f"n{i}", XID79)
-    settings = dataclasses.replace(bridge_settings, breaker=BreakerSettings(max_percent=100, max_nodes=10))
+    settings = dataclasses.replace(bridge_settings, breaker=BreakerSection(max_percent=100, max_nodes=10))
     down = KubeTransient("NewConnectionError: connection refused")
     kube.fail("get_node", down, down, down)
     first = make(slurm, kube, settings, clock, audit_path).run_pass()
@@ -583,7 +583,7 @@ def test_api_calls_grow_with_bad_nodes_not_with_the_cluster(bridge_settings, clo
             kube.add_pod(f"job-{i}", f"n{i:04d}", "jobs", **controlled_by())
         for i in range(bad):
             slurm.drain(f"n{i:04d}", XID79)
-        settings = dataclasses.replace(bridge_settings, breaker=BreakerSettings(max_percent=100, max_nodes=1000))
+        settings = dataclasses.replace(bridge_settings, breaker=BreakerSection(max_percent=100, max_nodes=1000))
         make(slurm, kube, settings, clock, audit_path).run_pass()
         return sum(kube.calls.values())
 

@@ -20,7 +20,7 @@ from kube.doubles import make_reconciler as make
 from kube.memory import InMemoryKube
 
 from slurm_hooks.bridge.api import KubePermanent
-from slurm_hooks.bridge.settings import BreakerSettings
+from slurm_hooks.bridge.settings import BreakerSection
 from slurm_hooks.slurm import NodeInfo
 
 pytest_plugins = ["kube.fixtures"]
@@ -86,7 +86,7 @@ def test_the_latched_breaker_and_a_missing_permission_are_given_every_pass_while
         fleet, bridge_settings, audit_path):
     kube, slurm = fleet
     clock = Clock()
-    settings = dataclasses.replace(bridge_settings, breaker=BreakerSettings(max_percent=100, max_nodes=1,
+    settings = dataclasses.replace(bridge_settings, breaker=BreakerSection(max_percent=100, max_nodes=1,
                                                                             window=3600))
     for name in ("n1", "n2"):
         slurm.drain(name, XID79)

@@ -18,13 +18,13 @@ from kube.memory import InMemoryKube
 from slurm_hooks.bridge.breaker import CircuitBreaker
 from slurm_hooks.bridge.leader import BREAKER_ANNOTATION, LeaderElector, LeaseAdminStore, LeaseStateStore
 from slurm_hooks.bridge.reconciler import Reconciler
-from slurm_hooks.bridge.settings import BreakerSettings, BridgeSettings
+from slurm_hooks.bridge.settings import BreakerSection, BridgeSection
 from slurm_hooks.bridge.state import BreakerState, StateStore, rebase
 from slurm_hooks.slurm import NodeInfo
 
 pytest_plugins = ["kube.fixtures"]
 
-BREAKER = BreakerSettings(max_percent=100, max_nodes=1, window=3600)
+BREAKER = BreakerSection(max_percent=100, max_nodes=1, window=3600)
 
 
 def bad_fleet() -> FakeSlurm:
@@ -60,7 +60,7 @@ def test_reset_during_a_pass_over_http_is_not_undone_by_the_leaders_save(kube_se
             if kind == "bridge_breaker_tripped":
                 admin_reset(admin)
 
-        settings = BridgeSettings(state_file=str(tmp_path / "unused.json"), breaker=BREAKER, drain=False)
+        settings = BridgeSection(state_file=str(tmp_path / "unused.json"), breaker=BREAKER, drain=False)
         bridge = Reconciler(bad_fleet(), leader_client, settings, store=LeaseStateStore(elector),
                             leader=elector.check, notify=told)
         res = bridge.run_pass()
@@ -84,7 +84,7 @@ def test_reset_during_a_pass_with_a_state_file_is_not_undone(tmp_path):
         if kind == "bridge_breaker_tripped":
             admin_reset(StateStore(path))
 
-    settings = BridgeSettings(state_file=path, breaker=BREAKER, drain=False)
+    settings = BridgeSection(state_file=path, breaker=BREAKER, drain=False)
     bridge = Reconciler(bad_fleet(), kube, settings, clock=clock, monotonic=clock, sleep=clock.sleep, notify=told)
     res = bridge.run_pass()
     assert res.taken == ["n1"] and res.blocked

@@ -10,29 +10,29 @@ from paths import ROOT
 
 from slurm_hooks import config as config_mod
 from slurm_hooks.bridge import settings as settings_mod
-from slurm_hooks.bridge.settings import BridgeSettings
+from slurm_hooks.bridge.settings import BridgeSection
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.models import Action
 
 EXAMPLE = os.path.join(ROOT, "conf", "bridge.example.toml")
 
 
-def load(tmp_path, text: str) -> BridgeSettings:
+def load(tmp_path, text: str) -> BridgeSection:
     path = tmp_path / "config.toml"
     path.write_text(textwrap.dedent(text))
     return settings_mod.from_config(config_mod.load(str(path)))
 
 
 def test_no_bridge_section_means_the_defaults(tmp_path):
-    assert load(tmp_path, "") == BridgeSettings()
+    assert load(tmp_path, "") == BridgeSection()
 
 
 def test_shipped_example_equals_the_defaults():
-    assert settings_mod.from_config(config_mod.load(EXAMPLE)) == BridgeSettings()
+    assert settings_mod.from_config(config_mod.load(EXAMPLE)) == BridgeSection()
 
 
 def test_defaults_are_safe():
-    s = BridgeSettings()
+    s = BridgeSection()
     assert s.trigger_actions == (Action.REBOOT, Action.REPLACE)
     assert 0 < s.breaker.max_percent < 100 and s.breaker.max_nodes >= 1 and s.breaker.window > 0
     assert s.replace.backend == "condition"

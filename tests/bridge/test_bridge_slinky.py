@@ -25,7 +25,7 @@ from kube.emulator import node, pod  # noqa: E402
 from kube.slinky import SlinkyOperator  # noqa: E402
 
 from slurm_hooks.bridge.reconciler import Reconciler, slurm_busy, slurm_healthy  # noqa: E402
-from slurm_hooks.bridge.settings import BridgeSettings, ReplaceSettings  # noqa: E402
+from slurm_hooks.bridge.settings import BridgeSection, ReplaceSection  # noqa: E402
 from slurm_hooks.bridge.verdict import NodeVerdict  # noqa: E402
 from slurm_hooks.observe.audit import AuditLog  # noqa: E402
 from slurm_hooks.probes import sim  # noqa: E402
@@ -92,8 +92,8 @@ def test_prestop_overwrites_our_reason_and_the_bridge_replaces_once_and_closes_t
     tb, server, operator = slinky
     template = tmp_path / "snr.yaml.j2"
     template.write_text(TEMPLATE)
-    settings = BridgeSettings(mapping="auto", state_file=str(tmp_path / "state.json"), drain_pass_budget=15,
-                              replace=ReplaceSettings(backend="template", template=str(template),
+    settings = BridgeSection(mapping="auto", state_file=str(tmp_path / "state.json"), drain_pass_budget=15,
+                              replace=ReplaceSection(backend="template", template=str(template),
                                                       plural="selfnoderemediations"))
     bridge = Reconciler(tb.slurm, kube_client, settings, audit=AuditLog(tb.audit_log))
 
@@ -197,12 +197,12 @@ def rebooted(server, name: str, boot_id: str) -> None:
 
 def _rebooting_bridge(tb, kube_client, tmp_path) -> Reconciler:
     """A bridge that asks a machine's reboot with a RebootNode (REBOOT_TEMPLATE)."""
-    from slurm_hooks.bridge.settings import RebootSettings
+    from slurm_hooks.bridge.settings import RebootSection
 
     template = tmp_path / "rebootnode.yaml.j2"
     template.write_text(REBOOT_TEMPLATE)
-    settings = BridgeSettings(mapping="auto", state_file=str(tmp_path / "state.json"), drain_pass_budget=15,
-                              reboot=RebootSettings(backend="template", template=str(template), plural="rebootnodes"))
+    settings = BridgeSection(mapping="auto", state_file=str(tmp_path / "state.json"), drain_pass_budget=15,
+                              reboot=RebootSection(backend="template", template=str(template), plural="rebootnodes"))
     return Reconciler(tb.slurm, kube_client, settings, audit=AuditLog(tb.audit_log))
 
 

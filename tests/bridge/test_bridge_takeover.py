@@ -18,7 +18,7 @@ from kube.doubles import XID79, controlled_by
 
 from slurm_hooks.bridge.leader import LeaderElector, LeaseStateStore
 from slurm_hooks.bridge.reconciler import Reconciler
-from slurm_hooks.bridge.settings import BridgeSettings
+from slurm_hooks.bridge.settings import BridgeSection
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.slurm import NodeInfo
 
@@ -72,7 +72,7 @@ def test_old_leader_neither_evicts_nor_requests_nor_writes_after_the_lease_moved
 
     slurm = FakeSlurm(NodeInfo("n1", "IDLE"), NodeInfo("n2", "IDLE"))
     slurm.drain("n1", XID79)
-    settings = BridgeSettings(state_file=str(tmp_path / "state.json"), drain_pass_budget=60.0)
+    settings = BridgeSection(state_file=str(tmp_path / "state.json"), drain_pass_budget=60.0)
     audit = AuditLog(str(tmp_path / "audit.jsonl"))
     assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
     bridge = Reconciler(slurm, client_a, settings, audit=audit, store=LeaseStateStore(a), leader=a.check)

@@ -4,6 +4,7 @@ shared fake Slurm; the real-Slurm versions are in test_e2e_ownership.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from types import SimpleNamespace
@@ -159,7 +160,9 @@ def test_an_admin_cancel_reboot_ends_our_tracking_without_replace(t, monkeypatch
     check(t)
     # `scontrol cancel_reboot n1`: the reboot request and its drain are gone, no reboot happened.
     t.slurm.set_node("n1", state="IDLE", reason="")
-    monkeypatch.setattr(t.cfg.repair, "reboot_timeout", 0.0)  # long past: still no [replace]
+    # long past: still no [replace]
+    monkeypatch.setattr(t.w, "config", dataclasses.replace(t.cfg, repair=dataclasses.replace(t.cfg.repair,
+                                                                                            reboot_timeout=0.0)))
     _, out = check(t)
     assert "reboot:cancelled" in out.repairs and ("repair-replace", "ok") not in rungs(t)
     assert not any(c[2].endswith("[replace]") for c in t.slurm.called("drain"))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from slurm_hooks.bridge.settings import BridgeSettings
+from slurm_hooks.bridge.settings import BridgeSection
 
 from .doubles import Clock
 from .memory import InMemoryKube
@@ -33,8 +33,8 @@ def audit_path(tmp_path) -> str:
 
 
 @pytest.fixture
-def bridge_settings(tmp_path) -> BridgeSettings:
-    return BridgeSettings(state_file=str(tmp_path / "bridge-state.json"), drain_pass_budget=10.0)
+def bridge_settings(tmp_path) -> BridgeSection:
+    return BridgeSection(state_file=str(tmp_path / "bridge-state.json"), drain_pass_budget=10.0)
 
 
 @pytest.fixture

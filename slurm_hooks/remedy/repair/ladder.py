@@ -95,8 +95,7 @@ class Policy:
 
     @classmethod
     def from_config(cls, repair: Any) -> Policy:
-        return cls(float(repair.window), int(repair.attempts), float(repair.reboot_timeout), bool(repair.reset),
-                   bool(repair.reboot))
+        return cls(repair.window, repair.attempts, repair.reboot_timeout, repair.reset, repair.reboot)
 
     def allows(self, rung: Rung) -> bool:
         return rung is Rung.REPLACE or bool(getattr(self, rung.value))

@@ -67,11 +67,11 @@ def reboot(w: Wiring, p: Plan, outcome: Outcome, ledger: Ledger, resetter: GpuRe
            report: Report | None = None) -> str:
     """Rung 2: "start" once Slurm took the reboot (the node comes back DOWN; the first check on the
     new boot judges it), "refused" (counted: the ladder moves on), "skipped" or "failed"."""
-    since = time.time() - float(w.config.repair.window)
+    since = time.time() - w.config.repair.window
     tried = sum(1 for a in ledger.state.attempts if a.rung == "reboot" and a.t >= since
                 and set(a.gpus) & {g for _, g in p.gpus})
     # The count rides in Slurm's reason ([reboot 1/2]): a lost state dir does not reset it.
-    reason = format_reason(p.summary, Action.REBOOT, attempt=(tried + 1, int(w.config.repair.attempts)))
+    reason = format_reason(p.summary, Action.REBOOT, attempt=(tried + 1, w.config.repair.attempts))
     evidence = keep_evidence(w, report, "reboot")  # a reboot wipes the kernel log and the GPU's state
     t0, started = time.monotonic(), time.time()
     boot = (resetter or resetter_for(w, ledger)).boot_id()
@@ -154,7 +154,7 @@ def resetter_for(w: Wiring, ledger: Ledger) -> NvidiaSmiReset:
     """The node's reset backend, bounded by this run's budget, journaling the services it stops."""
     from slurm_hooks.probes.gpureset import from_config
 
-    return from_config(w.config, w.node, time_left=lambda: w.time_left(float(w.config.repair.reset_timeout)),
+    return from_config(w.config, w.node, time_left=lambda: w.time_left(w.config.repair.reset_timeout),
                        journal=lambda services: _journal(ledger, services))
 
 

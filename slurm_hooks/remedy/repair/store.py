@@ -38,7 +38,7 @@ def load(w: Wiring) -> RepairState:
 def save(w: Wiring, state: RepairState) -> RepairState:
     """Write ``state``, less the attempts older than :data:`KEEP_S` (or the window); returns what
     was written. A failed write is said, not raised: the repair goes on."""
-    state = state.since(time.time() - max(KEEP_S, float(w.config.repair.window)))
+    state = state.since(time.time() - max(KEEP_S, w.config.repair.window))
     try:
         os.makedirs(w.config.state.dir, mode=0o700, exist_ok=True)
         fsutil.atomic_write(state_path(w), json.dumps(state.to_json()), mode=0o600)

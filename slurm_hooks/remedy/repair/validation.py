@@ -44,7 +44,7 @@ def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, r
     Returns (result, detail, the report judged): "ok", "failed" (the diagnostic found a fault: the
     caller climbs on that report), or "unverified" (the node stays drained for a person)."""
 
-    level = int(w.config.repair.dcgm_level)
+    level = w.config.repair.dcgm_level
     if level <= 0:
         report = rejudge(0, None)
         if report.drain_findings():
@@ -62,7 +62,7 @@ def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, r
         forget(ledger)
         return "failed", f"could not mark the node {reason!r}: {exc}", None
     ownership.write_marker(w, reason, None)
-    budget = min(float(w.config.repair.validate_timeout), w.time_left(float(w.config.repair.validate_timeout)))
+    budget = min(w.config.repair.validate_timeout, w.time_left(w.config.repair.validate_timeout))
     w.audit.write("action", node=w.node, action="repair-validate", target=w.node, result="start", duration_s=0.0,
                   reason=reason, level=level, after=after, timeout_s=round(budget, 1),
                   detail=f"dcgmi diag -r {level} before the node returns to service")
@@ -126,7 +126,7 @@ def unverified(w: Wiring, ledger: Ledger, summary: str, detail: str) -> None:
 def begin(w: Wiring, ledger: Ledger, info: Any, after: str) -> bool:
     """Hold a node that is still out (new hardware after ``[replace]``) for its validation,
     which a worker then runs; False when none is configured ([repair] dcgm_level = 0)."""
-    if int(w.config.repair.dcgm_level) <= 0:
+    if w.config.repair.dcgm_level <= 0:
         return False
     parsed = parse_reason(info.reason)
     summary = parsed[0] if parsed else "hardware replaced"

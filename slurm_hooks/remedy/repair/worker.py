@@ -222,7 +222,7 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
                       f"reason {info.reason!r}): tracking ends")
         return False
     if reboot_pending(info) or not booted:
-        if elapsed < float(w.config.repair.reboot_timeout):
+        if elapsed < w.config.repair.reboot_timeout:
             return True  # the reboot is still to come, or under way: leave the node to Slurm
         result, detail = "failed", f"no reboot within {elapsed:.0f}s"
     elif info.reason and ownership.holds(w, info, our_reboot=True):
