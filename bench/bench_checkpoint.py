@@ -30,7 +30,7 @@ import time
 
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.lab import contracts
-from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.lab.testbed import LabSettings, Testbed
 from slurm_hooks.lab.waiting import poll
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
@@ -110,7 +110,7 @@ def split_once(tb: Testbed) -> dict[str, float]:
 
 def fault_split(tmp: str, runs: int, repair: bool) -> dict[str, dict[str, float]]:
     tb = Testbed(os.path.join(tmp, f"split-{int(repair)}"),
-                 Settings(nodes=2, hooks=True, kill_wait=30, health_check_interval=300, requeue_grace=35.0,
+                 LabSettings(nodes=2, hooks=True, kill_wait=30, health_check_interval=300, requeue_grace=35.0,
                           repair=repair))
     tb.up()
     watchers = []
@@ -178,7 +178,7 @@ def contracts_before_after(tmp: str, runs: int) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for label, grace in (("before", 0.0), ("after", GRACE_S)):
         tb = Testbed(os.path.join(tmp, f"contracts-{label}"),
-                     Settings(nodes=2, hooks=True, kill_wait=30, health_check_interval=300, requeue_grace=35.0,
+                     LabSettings(nodes=2, hooks=True, kill_wait=30, health_check_interval=300, requeue_grace=35.0,
                               checkpoint_grace=grace))
         tb.up()
         try:

@@ -57,11 +57,11 @@ def on_testbed(size: int, runs: int, bad: int) -> dict:
     import tempfile
 
     from slurm_hooks.hooks import collective
-    from slurm_hooks.lab.testbed import Settings, Testbed
+    from slurm_hooks.lab.testbed import LabSettings, Testbed
 
     rng = random.Random(f"testbed-{size}-{bad}")
     state = tempfile.mkdtemp(prefix="bench-isolate-")
-    tb = Testbed(state, Settings(nodes=size, hooks=False, own_addresses=True, kill_wait=2))
+    tb = Testbed(state, LabSettings(nodes=size, hooks=False, own_addresses=True, kill_wait=2))
     tb.up()
     cfg = os.path.join(state, "bench-config.toml")
     with open(tb.config_path, encoding="utf-8") as fh, open(cfg, "w", encoding="utf-8") as out:

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from slurm_hooks.lab.testbed import MARKER, Settings, Testbed
+from slurm_hooks.lab.testbed import MARKER, LabSettings, Testbed
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command
 
@@ -114,7 +114,7 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("needs root (the Slurm testbed)")
     with tempfile.TemporaryDirectory(prefix="bench-repair-") as d:
-        tb = Testbed(d, Settings(nodes=3, gpus=8, health_check_interval=2, repair=True, reset_timeout=120))
+        tb = Testbed(d, LabSettings(nodes=3, gpus=8, health_check_interval=2, repair=True, reset_timeout=120))
         tb.up()
         try:
             runs: dict[str, list[float]] = {}

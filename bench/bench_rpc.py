@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from slurm_hooks.lab.testbed import BIN, Settings, Testbed  # noqa: E402
+from slurm_hooks.lab.testbed import BIN, LabSettings, Testbed  # noqa: E402
 from slurm_hooks.remedy.ownership import RECOVER_LOOK_S  # noqa: E402
 
 _RPC = re.compile(r"^\s+([A-Z_0-9]+)\s+\(\s*\d+\)\s+count:(\d+)", re.M)
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        tb = Testbed(os.path.join(tmp, "tb"), Settings(nodes=2, gpus=8, hooks=False, health_check_interval=0))
+        tb = Testbed(os.path.join(tmp, "tb"), LabSettings(nodes=2, gpus=8, hooks=False, health_check_interval=0))
         tb.up()
         try:
             prefix = os.path.join(tmp, "opt")

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.lab.testbed import LabSettings, Testbed
 from slurm_hooks.probes import sim
 
 STAMP_JOB = "#!/bin/sh\necho \"start $(date +%s.%N) restart=${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME\"\n{body}\n"
@@ -130,7 +130,7 @@ def main() -> None:
     args = ap.parse_args()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="sh-bench-") as tmp:
-        tb = Testbed(tmp, Settings(nodes=2, hooks=False, kill_wait=5, health_check_interval=5, requeue_grace=5.0))
+        tb = Testbed(tmp, LabSettings(nodes=2, hooks=False, kill_wait=5, health_check_interval=5, requeue_grace=5.0))
         tb.up()
         try:
             tb.reset()

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from slurm_hooks.lab.testbed import BIN, Settings, Testbed
+from slurm_hooks.lab.testbed import BIN, LabSettings, Testbed
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command
 
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="storm-") as tmp:
-        tb = Testbed(os.path.join(tmp, "tb"), Settings(nodes=args.nodes, gpus=8, hooks=False,
+        tb = Testbed(os.path.join(tmp, "tb"), LabSettings(nodes=args.nodes, gpus=8, hooks=False,
                                                        kill_wait=max(2, args.checkpoint + 2),
                                                        requeue_grace=3.0, up_timeout=180.0))
         try:

@@ -39,7 +39,7 @@ from fakes.webhook import Receiver  # noqa: E402
 
 from slurm_hooks.commands.render import render_all  # noqa: E402
 from slurm_hooks.lab.alertmanager import LabAlertmanager, ensure_installed  # noqa: E402
-from slurm_hooks.lab.testbed import BIN, Settings, Testbed  # noqa: E402
+from slurm_hooks.lab.testbed import BIN, LabSettings, Testbed  # noqa: E402
 from slurm_hooks.probes import sim  # noqa: E402
 from slurm_hooks.runner import run_command  # noqa: E402
 
@@ -172,7 +172,7 @@ def main() -> None:
     ensure_installed()
     receiver = Receiver()
     with tempfile.TemporaryDirectory(prefix="storm32-") as tmp:
-        tb = Testbed(os.path.join(tmp, "tb"), Settings(nodes=args.nodes, gpus=8, hooks=False, kill_wait=2,
+        tb = Testbed(os.path.join(tmp, "tb"), LabSettings(nodes=args.nodes, gpus=8, hooks=False, kill_wait=2,
                                                        health_check_interval=0, requeue_grace=3.0,
                                                        up_timeout=300.0))
         am = LabAlertmanager(os.path.join(tmp, "am"), render_all(

@@ -28,11 +28,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.lab.testbed import LabSettings, Testbed
 from slurm_hooks.lab.waiting import poll
 
 #: Short timers for fast tests; everything else as `slurm-hooks testbed up`.
-TESTBED_SETTINGS = Settings(
+TESTBED_SETTINGS = LabSettings(
     nodes=2,
     gpus=8,
     hooks=False,
@@ -87,7 +87,7 @@ def audit_records(path: str) -> list[dict]:
 
 
 @contextlib.contextmanager
-def own_testbed(tmp_path_factory, name: str, settings: Settings) -> Iterator[Testbed]:
+def own_testbed(tmp_path_factory, name: str, settings: LabSettings) -> Iterator[Testbed]:
     """A cluster up for as long as the block runs (a session's, or a module's with its own
     settings: ``with own_testbed(tmp_path_factory, "repairbed", SETTINGS) as tb: yield tb``)."""
     if os.geteuid() != 0:

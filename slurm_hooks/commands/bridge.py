@@ -143,8 +143,7 @@ def _notifier(cfg, state_file: str):
     permission, a drain past its timeout) through [notify], as the nodes do: from its audit log (each
     told once, across restarts), woken by the reconciler's ``notify`` hook as each is written; its
     outbox and cursor beside its state file."""
-    from slurm_hooks.observe.notify import Notifier
-    from slurm_hooks.observe.notify import Settings as NotifySettings
+    from slurm_hooks.observe.notify import Notifier, NotifySettings
 
     ns = NotifySettings.from_config(cfg, os.path.join(os.path.dirname(os.path.abspath(state_file)), "notify"))
     if not ns.configured:

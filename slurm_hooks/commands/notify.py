@@ -22,10 +22,10 @@ def flush(config_path: str | None, timeout: float | None, as_json: bool) -> None
     import json
 
     from slurm_hooks import config as config_mod
-    from slurm_hooks.observe.notify import Notifier, Settings
+    from slurm_hooks.observe.notify import Notifier, NotifySettings
 
     cfg = config_mod.load(config_path)
-    settings = Settings.from_config(cfg)
+    settings = NotifySettings.from_config(cfg)
     if not settings.configured:
         click.echo("notify: no receiver configured ([notify] syslog, [[notify.webhook]] or "
                    "[[notify.alertmanager]]); nothing to do")
@@ -45,10 +45,10 @@ def status(config_path: str | None) -> None:
     import os
 
     from slurm_hooks import config as config_mod
-    from slurm_hooks.observe.notify import Outbox, Settings, pending, receivers_held
+    from slurm_hooks.observe.notify import NotifySettings, Outbox, pending, receivers_held
 
-    settings = Settings.from_config(config_mod.load(config_path))
-    box = Outbox(settings.dir)
+    settings = NotifySettings.from_config(config_mod.load(config_path))
+    box = Outbox(settings.dir, settings.notify.max_queued, settings.notify.max_age)
     waiting = pending(box.entries())
     click.echo(f"outbox {box.box}: {len(waiting)} waiting")
     for line in waiting:
@@ -74,9 +74,9 @@ def test_(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
     import json
 
     from slurm_hooks import config as config_mod
-    from slurm_hooks.observe.notify import Settings, send_test
+    from slurm_hooks.observe.notify import NotifySettings, send_test
 
-    settings = Settings.from_config(config_mod.load(config_path))
+    settings = NotifySettings.from_config(config_mod.load(config_path))
     if not settings.configured:
         click.echo("notify: no receiver configured ([notify] syslog, [[notify.webhook]] or [[notify.alertmanager]])")
         ctx.exit(1)

@@ -7,7 +7,7 @@ import shlex
 
 import click
 
-from slurm_hooks.lab.testbed import Settings, default_state_dir
+from slurm_hooks.lab.testbed import LabSettings, default_state_dir
 
 _state_dir_option = click.option("--state-dir", default=default_state_dir,
                                  show_default="$XDG_RUNTIME_DIR/slurm-hooks-testbed, else "
@@ -28,7 +28,7 @@ def testbed() -> None:
 @_state_dir_option
 @click.option("--hooks/--no-hooks", default=True, show_default=True,
               help="Wire slurm-hooks in as Prolog, Epilog and HealthCheckProgram.")
-@click.option("--kill-wait", default=Settings.kill_wait, show_default=True, type=click.IntRange(0, 300),
+@click.option("--kill-wait", default=LabSettings.kill_wait, show_default=True, type=click.IntRange(0, 300),
               help="KillWait (s): 120 as `install` recommends (above [requeue] checkpoint_grace); a few seconds "
                    "makes a job that ignores SIGTERM requeue faster in a rehearsal, and validate warns.")
 @click.option("--health-check-interval", default=30, show_default=True, type=click.IntRange(0, 86400),
@@ -64,9 +64,9 @@ def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, healt
        requeue_grace: float, accounting: bool, repair: bool, gres_order: str | None, reboot_program: bool,
        shards: int, mig: int, nhc: str, nhc_check: str, own_addresses: bool, programs: str) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
-    from slurm_hooks.lab.testbed import Settings, Testbed
+    from slurm_hooks.lab.testbed import LabSettings, Testbed
 
-    settings = Settings(nodes=nodes, gpus=gpus, hooks=hooks, kill_wait=kill_wait,
+    settings = LabSettings(nodes=nodes, gpus=gpus, hooks=hooks, kill_wait=kill_wait,
                         health_check_interval=health_check_interval, requeue_grace=requeue_grace,
                         accounting=accounting, repair=repair, gres_order=_order(gres_order),
                         reboot_program=reboot_program, shards=shards, mig=mig,

@@ -115,9 +115,9 @@ def notify_flush(w: Wiring) -> dict[str, int] | None:
     if budget < MIN_FLUSH_S:
         return None
     try:
-        from slurm_hooks.observe.notify import Notifier, Settings
+        from slurm_hooks.observe.notify import Notifier, NotifySettings
 
-        notifier = Notifier(Settings.from_config(w.config),
+        notifier = Notifier(NotifySettings.from_config(w.config),
                             log=lambda msg: print(f"slurm-hooks check: notify: {msg}", file=sys.stderr))
         if notifier.delivering() or not notifier.has_work():
             return None

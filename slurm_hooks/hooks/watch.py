@@ -293,8 +293,7 @@ class Watcher:
     def start_notifier(self, stop: threading.Event) -> Notifier | None:
         """Deliver what the audit log has to tell ([notify]) from a daemon thread, when a receiver
         is configured; the health check then leaves delivery to it."""
-        from slurm_hooks.observe.notify import Notifier
-        from slurm_hooks.observe.notify import Settings as NotifySettings
+        from slurm_hooks.observe.notify import Notifier, NotifySettings
 
         ns = NotifySettings.from_config(self.w.config)
         if not ns.configured:

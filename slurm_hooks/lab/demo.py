@@ -29,7 +29,7 @@ from typing import Callable
 from slurm_hooks import REASON_PREFIX
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.lab import ddp_train
-from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.lab.testbed import LabSettings, Testbed
 from slurm_hooks.observe import events
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
@@ -94,7 +94,7 @@ def run(state_dir: str, keep: bool = False, say: Say = print, steps_before_fault
     if ddp:
         return run_ddp(state_dir, keep=keep, say=say, steps_before_fault=max(steps_before_fault, 20),
                        timeout=timeout)
-    tb = Testbed(state_dir, Settings(nodes=2, kill_wait=10, requeue_grace=10.0, health_check_interval=HEALTH_CHECK_INTERVAL,
+    tb = Testbed(state_dir, LabSettings(nodes=2, kill_wait=10, requeue_grace=10.0, health_check_interval=HEALTH_CHECK_INTERVAL,
                                      repair=True),
                  progress=lambda m: say(f"  {m}"))
     say("== 1. a local Slurm cluster with 2 nodes x 8 simulated H100s, slurm-hooks wired in")
@@ -388,7 +388,7 @@ def run_ddp(state_dir: str, keep: bool = False, say: Say = print, steps_before_f
     XID 79 under its rank 1, and the job requeued once onto the healthy nodes, resumed from its
     checkpoint. ``timeout``: per phase (the start waits at least 120 s: torch's import and gloo's
     rendezvous take seconds per rank on a loaded machine)."""
-    settings = Settings(nodes=DDP_NODES, kill_wait=15, requeue_grace=20.0, checkpoint_grace=8.0,
+    settings = LabSettings(nodes=DDP_NODES, kill_wait=15, requeue_grace=20.0, checkpoint_grace=8.0,
                         health_check_interval=HEALTH_CHECK_INTERVAL, own_addresses=True)
     tb = Testbed(state_dir, settings, progress=lambda m: say(f"  {m}"))
     say(f"== 1. a local Slurm cluster with {DDP_NODES} nodes x 8 simulated H100s, slurm-hooks wired in")

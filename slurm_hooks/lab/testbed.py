@@ -91,7 +91,7 @@ class TestbedError(SlurmHooksError):
 
 
 @dataclass(frozen=True)
-class Settings:
+class LabSettings:
     """What ``up`` builds. Saved as ``testbed.json`` so ``down``/``status`` need only the directory."""
 
     nodes: int = 2
@@ -197,11 +197,11 @@ class Testbed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, state_dir: str | None = None, settings: Settings | None = None,
+    def __init__(self, state_dir: str | None = None, settings: LabSettings | None = None,
                  progress: Progress | None = None):
         self.state_dir = os.path.abspath(state_dir or default_state_dir())
         saved = self._load_saved()
-        self.settings = settings or saved.get("settings") or Settings()
+        self.settings = settings or saved.get("settings") or LabSettings()
         self._ports: dict[str, int] = saved.get("ports", {})
         self.progress = progress or (lambda msg: None)
         self.last_up_seconds: float | None = None
@@ -712,7 +712,7 @@ class Testbed:
             return
         self._reconfigure(_replace(self.settings, programs=prefix))
 
-    def _reconfigure(self, settings: Settings) -> None:
+    def _reconfigure(self, settings: LabSettings) -> None:
         self.settings = settings
         self._render("slurm.conf.j2", self.slurm_conf, self._template_context())
         self._save_settings()
@@ -887,8 +887,8 @@ class Testbed:
         if data is None:
             return {}
         try:
-            known = {f.name for f in fields(Settings)}
-            return {"settings": Settings(**{k: v for k, v in data.get("settings", {}).items() if k in known}),
+            known = {f.name for f in fields(LabSettings)}
+            return {"settings": LabSettings(**{k: v for k, v in data.get("settings", {}).items() if k in known}),
                     "ports": {str(k): int(v) for k, v in data.get("ports", {}).items()}}
         except (ValueError, TypeError):
             return {}
@@ -1271,8 +1271,8 @@ def slurmd_ancestor(pid: int) -> tuple[int, str, list[bytes]] | None:
     return None
 
 
-def _replace(settings: Settings, **changes) -> Settings:
-    return Settings(**{**asdict(settings), **changes})
+def _replace(settings: LabSettings, **changes) -> LabSettings:
+    return LabSettings(**{**asdict(settings), **changes})
 
 
 def _mkdir(path: str, mode: int) -> None:

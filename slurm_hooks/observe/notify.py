@@ -114,46 +114,33 @@ def _seconds(value: str | None) -> float:
 
 
 @dataclass(frozen=True)
-class Settings:
-    """What the notifier needs from ``[notify]`` (and where the log and the state are)."""
+class NotifySettings:
+    """What the notifier needs: ``[notify]`` as configured (:class:`slurm_hooks.config.NotifySection`),
+    where the audit log and the outbox are, and what is found out at start."""
 
     audit: str
     dir: str
-    webhooks: tuple[dict[str, str], ...] = ()
-    alertmanagers: tuple[dict[str, str], ...] = ()
-    syslog: bool = False
-    settle: float = 2.0
-    reminder_after: float = 14400.0
-    timeout: float = 5.0
-    retry_max: float = 300.0
+    notify: Any  # slurm_hooks.config.NotifySection (observe depends on no config)
+    #: The ``cluster`` label: ``[notify] cluster``, else $SLURM_CLUSTER_NAME, else slurm.conf's ClusterName.
     cluster: str = ""
-    max_queued: int = 500
-    max_age: float = 259200.0
-    rate: float = 1.0
-    alert_repost: float = 60.0
-    runbook: str = ""
     #: How long a reboot may keep a node silent (Slurm's ``ResumeTimeout``, or ``[repair] reboot_timeout``
     #: when longer): a node's alerts are held that much longer while it reboots.
     resume_timeout: float = 0.0
 
     @classmethod
-    def from_config(cls, cfg: Any, directory: str | None = None) -> Settings:
+    def from_config(cls, cfg: Any, directory: str | None = None) -> NotifySettings:
         n = cfg.notify
         from slurm_hooks.slurm.conffile import global_values
 
         conf = global_values(("ClusterName", "ResumeTimeout"))
         cluster = n.cluster or os.environ.get("SLURM_CLUSTER_NAME", "") or conf.get("clustername", "")
         resume = max(_seconds(conf.get("resumetimeout")), cfg.repair.reboot_timeout)
-        return cls(audit=cfg.log.audit, dir=n.outbox or directory or os.path.join(cfg.state.dir, "notify"),
-                   webhooks=n.webhook, alertmanagers=n.alertmanager, syslog=n.syslog, settle=n.settle,
-                   reminder_after=n.reminder_after, timeout=n.timeout, retry_max=n.retry_max, cluster=cluster,
-                   max_queued=n.max_queued, max_age=n.max_age, rate=n.rate, alert_repost=n.alert_repost,
-                   runbook=n.runbook, resume_timeout=resume)
+        return cls(cfg.log.audit, n.outbox or directory or os.path.join(cfg.state.dir, "notify"), n, cluster, resume)
 
     @property
     def hold(self) -> float:
         """A firing alert's ``endsAt`` ahead of its post (see :data:`ALERT_HOLD_MIN_S`)."""
-        return max(4 * self.alert_repost, ALERT_HOLD_MIN_S)
+        return max(4 * self.notify.alert_repost, ALERT_HOLD_MIN_S)
 
     def hold_for(self, action: str) -> float:
         """The hold of a node's alerts while its action is ``action``: a node sent to reboot (or to a
@@ -167,7 +154,7 @@ class Settings:
 
     @property
     def configured(self) -> bool:
-        return bool(self.syslog or self.webhooks or self.alertmanagers)
+        return bool(self.notify.syslog or self.notify.webhook or self.notify.alertmanager)
 
     def destinations(self, send: Sender | None = None, syslog: SyslogSender | None = None,
                      problem: Callable[[str], None] | None = None) -> dict[str, Destination]:
@@ -194,11 +181,11 @@ class Settings:
                 dest.name = f"{base}-{k}"
             out[dest.name] = dest
 
-        if self.syslog:
+        if self.notify.syslog:
             add(Syslog(syslog))
-        for n, table in enumerate(self.webhooks):
+        for n, table in enumerate(self.notify.webhook):
             add(Webhook(table, url_of("webhook", n, table), send))
-        for n, table in enumerate(self.alertmanagers):
+        for n, table in enumerate(self.notify.alertmanager):
             auth = ""
             if table.get("auth_file"):
                 try:
@@ -533,7 +520,7 @@ class Notifier:
     on the clock). Only the wait for another process's turn (the lock) is on real time.
     """
 
-    def __init__(self, settings: Settings, send: Sender | None = None, syslog: SyslogSender | None = None,
+    def __init__(self, settings: NotifySettings, send: Sender | None = None, syslog: SyslogSender | None = None,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None,
                  rng: random.Random | None = None, sleep: Callable[[float], None] = time.sleep,
                  monotonic: Callable[[], float] = time.monotonic):
@@ -542,8 +529,8 @@ class Notifier:
         self.log = log or (lambda msg: print(f"slurm-hooks notify: {msg}", file=sys.stderr, flush=True))
         self._said: set[str] = set()
         self.dests = settings.destinations(send, syslog, problem=self._say_once)
-        self.outbox = Outbox(settings.dir, settings.max_queued, settings.max_age)
-        self.pace = Pace(os.path.join(settings.dir, "pace.json"), settings.rate, settings.retry_max,
+        self.outbox = Outbox(settings.dir, settings.notify.max_queued, settings.notify.max_age)
+        self.pace = Pace(os.path.join(settings.dir, "pace.json"), settings.notify.rate, settings.notify.retry_max,
                          rng or random.Random())
         self.state_path = os.path.join(settings.dir, "cursor.json")
         self.standing_path = os.path.join(settings.dir, "standing.json")
@@ -603,7 +590,7 @@ class Notifier:
                 with self._turn(0.0) as mine:
                     if mine:
                         self.collect()
-                        self.deliver(self.monotonic() + max(poll, self.s.timeout * 2))
+                        self.deliver(self.monotonic() + max(poll, self.s.notify.timeout * 2))
             except Exception as exc:  # noqa: BLE001 - a notifier bug must not stop the watcher
                 self._say_once(f"pass failed: {type(exc).__name__}: {exc}")
             self._wake.wait(poll)
@@ -640,19 +627,19 @@ class Notifier:
             return []  # never told (a node's notifier): nothing to hold or end
         out: list[Message] = []
         for key, r in true.items():
-            m = bridge_message(r, self.s.cluster, self.s.runbook) if isinstance(r, dict) else None
+            m = bridge_message(r, self.s.cluster, self.s.notify.runbook) if isinstance(r, dict) else None
             if m is None:
                 continue
             t = told.setdefault(key, {"since": now, "n": 0})
             t["record"] = r
-            n = int((now - float(t["since"])) // self.s.alert_repost)
-            if self.s.alertmanagers and n > int(t.get("n", 0)):
+            n = int((now - float(t["since"])) // self.s.notify.alert_repost)
+            if self.s.notify.alertmanager and n > int(t.get("n", 0)):
                 t["n"] = n
                 mid = f"bridge-{key}-{int(float(t['since']) * 1000)}-firing-{n}"
                 out.append(Message(mid, FIRING, m.text, {**m.data, "id": mid, "kind": FIRING}, f"bridge-{key}"))
         for key in [k for k in told if k not in true]:
             t = told.pop(key)
-            m = bridge_message(t.get("record") or {}, self.s.cluster, self.s.runbook)
+            m = bridge_message(t.get("record") or {}, self.s.cluster, self.s.notify.runbook)
             if m is None:
                 continue
             mid = f"bridge-{key}-{int(float(t['since']) * 1000)}-resolved"
@@ -725,8 +712,8 @@ class Notifier:
         messages: list[Message] = []
         for r in records:
             if float(r.get("ts", 0)) >= quiet_before:
-                m = bridge_message(r, self.s.cluster, self.s.runbook) or monitor_message(r, self.s.cluster,
-                                                                                       self.s.runbook)
+                m = bridge_message(r, self.s.cluster, self.s.notify.runbook) or monitor_message(r, self.s.cluster,
+                                                                                       self.s.notify.runbook)
                 if m is not None:
                     messages.append(m)
         for inc in [*tracker.closed, *tracker.open.values()]:
@@ -752,14 +739,14 @@ class Notifier:
     def _due(self, inc: Incident, now: float, quiet_before: float) -> list[Message]:
         told = inc.told
         out: list[Message] = []
-        c, rb = self.s.cluster, self.s.runbook
+        c, rb = self.s.cluster, self.s.notify.runbook
         hold = self.s.hold_for(inc.action)
         if inc.opened_at < quiet_before and not told.opened:
             told.opened = told.backfilled = True
             told.escalated = [a for _, a in inc.escalations]
         if not told.opened:
-            if inc.open and now < inc.opened_at + self.s.settle:
-                due = inc.opened_at + self.s.settle
+            if inc.open and now < inc.opened_at + self.s.notify.settle:
+                due = inc.opened_at + self.s.notify.settle
                 self._settling = due if self._settling is None else min(self._settling, due)
                 return out  # let the hooks finish writing (requeued jobs) before the one message
             out.append(compose(inc, OPENED, now, cluster=c, runbook=rb, hold=hold))
@@ -777,13 +764,13 @@ class Notifier:
                 out.append(compose(inc, RESOLVED, now, cluster=c, runbook=rb))
             told.resolved = True
             return out
-        if self.s.reminder_after > 0:
-            n = int((now - inc.opened_at) // self.s.reminder_after)
+        if self.s.notify.reminder_after > 0:
+            n = int((now - inc.opened_at) // self.s.notify.reminder_after)
             if n > told.reminders:
                 out.append(compose(inc, REMINDER, now, n, cluster=c, runbook=rb))
                 told.reminders = n
-        if self.s.alertmanagers and not told.backfilled:
-            n = int((now - (told.opened_at if told.opened_at is not None else now)) // self.s.alert_repost)
+        if self.s.notify.alertmanager and not told.backfilled:
+            n = int((now - (told.opened_at if told.opened_at is not None else now)) // self.s.notify.alert_repost)
             if n > told.reposts:
                 out.append(compose(inc, FIRING, now, n, cluster=c, runbook=rb, hold=hold))
                 told.reposts = n
@@ -872,10 +859,11 @@ class Notifier:
                 continue
             dropped = self.outbox.dropped(entry.dest)
             note = (f"{dropped} older message(s) for this receiver were dropped while it could not be reached "
-                    f"(the outbox keeps {self.s.max_queued} for {duration(self.s.max_age)}).") if dropped else ""
+                    f"(the outbox keeps {self.s.notify.max_queued} for {duration(self.s.notify.max_age)}).") \
+                    if dropped else ""
             try:
                 dest.send(entry.id, entry.kind, entry.message,
-                          Delivery(max(0.1, min(self.s.timeout, deadline - self.monotonic())), now, note))
+                          Delivery(max(0.1, min(self.s.notify.timeout, deadline - self.monotonic())), now, note))
             except DeliveryError as exc:
                 error = dest.scrub(str(exc))
                 if exc.permanent:
@@ -885,7 +873,7 @@ class Notifier:
                     # The receiver is out (its credentials, its address, its health, the network): every
                     # message waits, in order, until it answers again; none is thrown away for it.
                     until = self.pace.failed(entry.dest, now, exc.retry_after)
-                    self.outbox.retry(entry, error, max(until, now + backoff(entry.attempts + 1, self.s.retry_max,
+                    self.outbox.retry(entry, error, max(until, now + backoff(entry.attempts + 1, self.s.notify.retry_max,
                                                                              self.pace.rng)))
                     held.add(entry.dest)
                     behind.add((entry.dest, entry.incident or entry.id))
@@ -927,7 +915,7 @@ class Answer:
     said: str
 
 
-def send_test(settings: Settings, send: Sender | None = None, syslog: SyslogSender | None = None,
+def send_test(settings: NotifySettings, send: Sender | None = None, syslog: SyslogSender | None = None,
               clock: Callable[[], float] = time.time, host: str = "") -> list[Answer]:
     """One marked message straight to each receiver (not through the outbox: a test says what the
     receiver answers now). For Alertmanager an ``info`` alert, ``SlurmHooksTest``, that ends by itself
@@ -950,7 +938,7 @@ def send_test(settings: Settings, send: Sender | None = None, syslog: SyslogSend
     out = []
     for name, dest in dests.items():
         try:
-            status = dest.send(mid, "test", message, Delivery(settings.timeout, now))
+            status = dest.send(mid, "test", message, Delivery(settings.notify.timeout, now))
         except DeliveryError as exc:
             kind = "refused this message" if exc.permanent else "could not be reached"
             out.append(Answer(name, dest.where, False, f"{kind}: {dest.scrub(str(exc))}"))
@@ -964,12 +952,12 @@ def send_test(settings: Settings, send: Sender | None = None, syslog: SyslogSend
     return out
 
 
-def receivers_held(settings: Settings, now: float | None = None) -> list[str]:
+def receivers_held(settings: NotifySettings, now: float | None = None) -> list[str]:
     """One line per receiver held back after failed tries (for ``notify status``): an outage, its
     messages waiting; never its URL."""
     import datetime
 
-    pace = Pace(os.path.join(settings.dir, "pace.json"), settings.rate, settings.retry_max, random.Random())
+    pace = Pace(os.path.join(settings.dir, "pace.json"), settings.notify.rate, settings.notify.retry_max, random.Random())
     pace.load()
     now = time.time() if now is None else now
     names = {d.name: d.where for d in settings.destinations(problem=lambda m: None).values()}

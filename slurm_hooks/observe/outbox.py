@@ -85,7 +85,8 @@ def _read_json(path: str, default: Any) -> Any:
 
 
 class Outbox:
-    def __init__(self, directory: str, max_queued: int = 500, max_age: float = 259200.0):
+    def __init__(self, directory: str, max_queued: int, max_age: float):
+        """``max_queued``, ``max_age``: ``[notify]``'s caps (:class:`slurm_hooks.config.NotifySection`)."""
         self.dir = directory
         self.box = os.path.join(directory, "outbox")
         self.failed = os.path.join(directory, "failed")

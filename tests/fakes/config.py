@@ -83,3 +83,12 @@ def sim_node(cfg, state: str, *jobs: int):
     for job in jobs:
         slurm.add_job(job, "n1")
     return slurm, Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+
+
+def notify_settings(audit: str, dir: str, cluster: str = "", resume_timeout: float = 0.0, **notify):
+    """A :class:`slurm_hooks.observe.notify.NotifySettings` whose ``[notify]`` keys are ``notify`` (the rest
+    at their defaults), as if read from a config file."""
+    from slurm_hooks.config import NotifySection
+    from slurm_hooks.observe.notify import NotifySettings
+
+    return NotifySettings(audit, dir, NotifySection(**notify), cluster, resume_timeout)

@@ -12,14 +12,14 @@ import pytest
 from conftest import SlurmTestbed, own_testbed
 from hooks.test_e2e_slurm import TRAP_JOB, actions, drained_by_us, healthcheck, wait_running_elsewhere, wait_started
 
-from slurm_hooks.lab.testbed import Settings
+from slurm_hooks.lab.testbed import LabSettings
 from slurm_hooks.probes import sim
 
 pytestmark = pytest.mark.slurm
 
 REVERSE = tuple(range(7, -1, -1))
 #: Both module testbeds: two nodes of 8 GPUs with the hooks, gres.conf's File= lines in reverse.
-SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, requeue_grace=3.0, gres_order=REVERSE)
+SETTINGS = LabSettings(nodes=2, gpus=8, hooks=True, kill_wait=2, requeue_grace=3.0, gres_order=REVERSE)
 
 
 def nvml_of(gres: int) -> int:

@@ -21,13 +21,13 @@ import time
 import pytest
 from conftest import audit_records, wait_for
 
-from slurm_hooks.lab.testbed import Settings, Testbed, hook_interpreter
+from slurm_hooks.lab.testbed import LabSettings, Testbed, hook_interpreter
 from slurm_hooks.probes import sim
 from slurm_hooks.slurm import reboot_pending
 
 pytestmark = pytest.mark.slurm
 
-BASE = Settings(nodes=2, gpus=4, hooks=True, kill_wait=2, health_check_interval=0, repair=True,
+BASE = LabSettings(nodes=2, gpus=4, hooks=True, kill_wait=2, health_check_interval=0, repair=True,
                 requeue_grace=2.0, resume_timeout=60, slurmd_timeout=10)
 
 

@@ -17,7 +17,7 @@ import time
 import pytest
 from conftest import audit_records, own_testbed, wait_for
 
-from slurm_hooks.lab.testbed import MARKER, Settings
+from slurm_hooks.lab.testbed import MARKER, LabSettings
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slurm
 SERVICES = ("nvidia-fabricmanager", "nvidia-dcgm")
 #: Past slurmd's 60 s kill of the HealthCheckProgram (and our 45 s [check] deadline).
 HANG_S = 62.0
-SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=0, requeue_grace=3.0,
+SETTINGS = LabSettings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=0, requeue_grace=3.0,
                     repair=True, reset_timeout=HANG_S + 40)
 
 

@@ -16,14 +16,14 @@ import time
 import pytest
 from conftest import own_testbed
 
-from slurm_hooks.lab.testbed import BIN, Settings
+from slurm_hooks.lab.testbed import BIN, LabSettings
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import run_command
 
 pytestmark = pytest.mark.slurm
 
 #: With accounting (slurmdbd on a private MariaDB): the sweep's jobs show in sacct like any job.
-SETTINGS = Settings(nodes=3, gpus=8, hooks=True, kill_wait=2, health_check_interval=30, requeue_grace=3.0,
+SETTINGS = LabSettings(nodes=3, gpus=8, hooks=True, kill_wait=2, health_check_interval=30, requeue_grace=3.0,
                     accounting=True)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from fakes.config import sim_config, sim_node
+from fakes.config import notify_settings, sim_config, sim_node
 
 from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.hooks.watch import Watcher
@@ -83,13 +83,13 @@ def test_the_watcher_acts_on_nothing(t):
 def test_notifications_tell_a_monitor_only_finding_once_marked_not_acted_on(t):
     """The health check runs every few minutes on a node with XID 79, monitor-only: the receiver
     (syslog here) gets one message, saying it was not acted on; the node stays in service."""
-    from slurm_hooks.observe.notify import Notifier, Settings
+    from slurm_hooks.observe.notify import Notifier
 
     sim.inject(t.sim_dir, "n1", 3, xid=79)
     for _ in range(3):
         healthcheck.run(t.w, follow="none")
     lines = []
-    settings = Settings(audit=t.cfg.log.audit, dir=t.cfg.state.dir + "/notify", syslog=True, settle=0.0)
+    settings = notify_settings(audit=t.cfg.log.audit, dir=t.cfg.state.dir + "/notify", syslog=True, settle=0.0)
     notifier = Notifier(settings, syslog=lambda priority, text: lines.append(text), log=lambda m: None)
     notifier.flush(5)
     healthcheck.run(t.w, follow="none")

@@ -17,7 +17,7 @@ from slurm_hooks.lab.testbed import (
     FORCE_REQUEUE_ON_FAIL_SINCE,
     HOOKS,
     MARKER,
-    Settings,
+    LabSettings,
     Testbed,
     TestbedError,
     default_state_dir,
@@ -130,7 +130,7 @@ def test_the_testbed_an_admin_brings_up_passes_validate_on_what_it_rehearses(tmp
     """`testbed up` with its defaults (the demo's, an admin's) runs what validate recommends:
     KillWait 120 above the 90 s checkpoint grace, ReturnToService=1, ForceRequeueOnFail where this
     Slurm has it (23.02+; 22.05's daemons refuse it): the settings `testbed up` passes."""
-    tb = Testbed(str(tmp_path / "tb"), Settings(repair=repair, force_requeue_on_fail=True))
+    tb = Testbed(str(tmp_path / "tb"), LabSettings(repair=repair, force_requeue_on_fail=True))
     tb._prepare()  # the files `up` writes; no daemon needed to judge them
     res = run_command([sys.executable, "-m", "slurm_hooks", "validate", "--json", "--config", tb.config_path,
                        "--slurm-conf", tb.slurm_conf, "--node", "n1"], 120, check=False)
@@ -148,7 +148,7 @@ def test_the_testbed_an_admin_brings_up_passes_validate_on_what_it_rehearses(tmp
 
 
 def test_tests_keep_their_short_kill_wait_and_a_site_without_force_requeue_on_fail(tmp_path):
-    tb = Testbed(str(tmp_path / "tb"), Settings(kill_wait=2, force_requeue_on_fail=False, return_to_service=2))
+    tb = Testbed(str(tmp_path / "tb"), LabSettings(kill_wait=2, force_requeue_on_fail=False, return_to_service=2))
     tb._prepare()
     with open(tb.slurm_conf, encoding="utf-8") as fh:
         lines = fh.read().splitlines()
@@ -221,7 +221,7 @@ def test_cli_status_prints_nodes_and_exits_zero_when_up(clean_testbed, tmp_path)
 
 
 def test_second_testbed_starts_beside_the_first_and_down_leaves_nothing_running(testbed, tmp_path):
-    other = Testbed(str(tmp_path / "tb"), Settings(nodes=1, hooks=False, kill_wait=1))
+    other = Testbed(str(tmp_path / "tb"), LabSettings(nodes=1, hooks=False, kill_wait=1))
     started = time.monotonic()
     try:
         status = other.up()
@@ -252,7 +252,7 @@ def _pid_of(tb: Testbed, label: str) -> int:
 
 
 def test_up_brings_back_a_testbed_whose_slurmd_died(tmp_path):
-    tb = Testbed(str(tmp_path / "tb"), Settings(nodes=2, hooks=False, kill_wait=1))
+    tb = Testbed(str(tmp_path / "tb"), LabSettings(nodes=2, hooks=False, kill_wait=1))
     try:
         tb.up()
         dead = _pid_of(tb, "slurmd n1")
@@ -273,7 +273,7 @@ def test_up_brings_back_a_testbed_whose_slurmd_died(tmp_path):
 def test_up_restarts_a_testbed_whose_daemons_run_but_a_node_never_answers(tmp_path):
     # After a failed start, every pid file can name a live daemon while a node is not
     # registered: `up` must not call that "already up".
-    tb = Testbed(str(tmp_path / "tb"), Settings(nodes=2, hooks=False, kill_wait=1, slurmd_timeout=5,
+    tb = Testbed(str(tmp_path / "tb"), LabSettings(nodes=2, hooks=False, kill_wait=1, slurmd_timeout=5,
                                                  message_timeout=2))
     stopped = None
     try:
@@ -320,9 +320,9 @@ def test_down_of_a_testbed_that_is_not_running_is_a_no_op(tmp_path):
 
 def test_settings_reject_impossible_sizes():
     with pytest.raises(TestbedError):
-        Settings(nodes=0)
+        LabSettings(nodes=0)
     with pytest.raises(TestbedError):
-        Settings(gpus=65)
+        LabSettings(gpus=65)
 
 
 def test_slurm_is_installed_and_its_version_is_read():
@@ -378,7 +378,7 @@ def test_a_port_taken_between_the_pick_and_the_bind_starts_afresh_on_other_ports
                 sock.listen(1)
                 taken.append(sock)
 
-    tb = Raced(str(tmp_path / "raced"), Settings(nodes=1, gpus=1, hooks=False))
+    tb = Raced(str(tmp_path / "raced"), LabSettings(nodes=1, gpus=1, hooks=False))
     try:
         tb.up()
         assert tb.status().up and tb._ports["slurmctld"] != taken[0].getsockname()[1]
@@ -391,7 +391,7 @@ def test_a_port_taken_between_the_pick_and_the_bind_starts_afresh_on_other_ports
 def test_sixteen_nodes_each_on_its_own_loopback_address_run_one_job_across_all(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("the Slurm testbed needs root")
-    tb = Testbed(str(tmp_path / "tb16"), Settings(nodes=16, hooks=False, own_addresses=True, kill_wait=2))
+    tb = Testbed(str(tmp_path / "tb16"), LabSettings(nodes=16, hooks=False, own_addresses=True, kill_wait=2))
     try:
         tb.up()
         with open(tb.slurm_conf, encoding="utf-8") as fh:

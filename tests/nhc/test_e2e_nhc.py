@@ -21,7 +21,7 @@ from hooks.test_e2e_slurm import TRAP_JOB, wait_running_elsewhere, wait_started
 from paths import ROOT
 
 from slurm_hooks.lab import nhc
-from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.lab.testbed import LabSettings, Testbed
 from slurm_hooks.probes import sim
 
 pytestmark = pytest.mark.slurm
@@ -35,7 +35,7 @@ def bed(tmp_path_factory):
     if tarball is None:
         pytest.skip(f"NHC's source is neither named by ${nhc.SOURCE_ENV} (a mej/nhc checkout or tarball) nor "
                     "beside the project (../shared/third_party/lbnl-nhc-*.tar.gz)")
-    settings = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=INTERVAL,
+    settings = LabSettings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=INTERVAL,
                         requeue_grace=3.0, nhc=tarball)
     with own_testbed(tmp_path_factory, "nhcbed", settings) as tb:
         yield tb

@@ -9,6 +9,7 @@ no output, log line, ``failed/`` file or ``notify status``. Receivers are real H
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -18,6 +19,7 @@ import sys
 import threading
 
 import pytest
+from fakes.config import notify_settings
 from fakes.webhook import Receiver
 from observe.test_notify import Clock, resume, xid79
 
@@ -26,7 +28,7 @@ from slurm_hooks.observe import destinations
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.observe.destinations import DeliveryError, Syslog
 from slurm_hooks.observe.incidents import build
-from slurm_hooks.observe.notify import Notifier, Settings, compose, pending, receivers_held, send_test
+from slurm_hooks.observe.notify import Notifier, NotifySettings, compose, pending, receivers_held, send_test
 
 pytest_plugins = ["fakes.webhook"]
 
@@ -45,8 +47,8 @@ class Outage(Receiver):
 
 
 def notifier(tmp_path, url: str, clock, said: list[str], **kw) -> Notifier:
-    s = Settings(audit=str(tmp_path / "audit.jsonl"), dir=str(tmp_path / "notify"),
-                 webhooks=({"url": url, "format": "json"},), settle=0.0, timeout=2.0, retry_max=60.0, **kw)
+    s = notify_settings(audit=str(tmp_path / "audit.jsonl"), dir=str(tmp_path / "notify"),
+                 webhook=({"url": url, "format": "json"},), settle=0.0, timeout=2.0, retry_max=60.0, **kw)
     return Notifier(s, clock=clock, log=said.append, rng=random.Random(5), sleep=lambda s: None)
 
 
@@ -228,7 +230,7 @@ def test_an_exception_a_sender_raises_with_the_url_in_it_is_kept_without_the_url
 
     clock, said = Clock(), []
     log = AuditLog(str(tmp_path / "audit.jsonl"))
-    s = Settings(audit=log.path, dir=str(tmp_path / "notify"), webhooks=({"url": url},), settle=0.0)
+    s = notify_settings(audit=log.path, dir=str(tmp_path / "notify"), webhook=({"url": url},), settle=0.0)
     n = Notifier(s, send=send, clock=clock, log=said.append)
     xid79(log)
     n.flush(5)
@@ -301,7 +303,7 @@ def test_syslog_without_its_socket_is_a_failed_delivery_not_a_delivered_one(tmp_
         Syslog(socket=str(tmp_path / "no-dev-log")).send("x", "opened", {"text": "t"},
                                                           destinations.Delivery(1.0, 0.0))
     log = AuditLog(str(tmp_path / "audit.jsonl"))
-    s = Settings(audit=log.path, dir=str(tmp_path / "notify"), syslog=True, settle=0.0)
+    s = notify_settings(audit=log.path, dir=str(tmp_path / "notify"), syslog=True, settle=0.0)
     n = Notifier(s, clock=Clock(), log=lambda m: None)
     n.dests["syslog"] = Syslog(socket=str(tmp_path / "no-dev-log"))
     xid79(log)
@@ -317,8 +319,8 @@ def test_two_receivers_with_one_url_file_stay_two(tmp_path, receiver):
     cfg = config.parse(f'[[notify.webhook]]\nurl_file = "{secret}"\n[[notify.webhook]]\nurl_file = "{secret}"\n'
                        'format = "slack"\n')
     log = AuditLog(str(tmp_path / "audit.jsonl"))
-    s = Settings.from_config(cfg, str(tmp_path / "notify"))
-    s = Settings(**{**s.__dict__, "audit": log.path, "settle": 0.0})
+    s = NotifySettings.from_config(cfg, str(tmp_path / "notify"))
+    s = dataclasses.replace(s, audit=log.path, notify=dataclasses.replace(s.notify, settle=0.0))
     n = Notifier(s, log=lambda m: None)
     assert len(n.dests) == 2
     xid79(log)
@@ -354,7 +356,7 @@ def test_notify_test_sends_one_marked_message_to_each_receiver_and_says_what_eac
 
 
 def test_notify_test_answers_for_syslog_without_a_socket(tmp_path):
-    s = Settings(audit=str(tmp_path / "a"), dir=str(tmp_path / "n"), syslog=True)
+    s = notify_settings(audit=str(tmp_path / "a"), dir=str(tmp_path / "n"), syslog=True)
     [answer] = send_test(s)
     assert answer.ok == os.path.exists("/dev/log")
     if not answer.ok:
@@ -386,11 +388,11 @@ def test_the_cluster_label_defaults_to_slurm_confs_cluster_name(tmp_path, monkey
     monkeypatch.setenv("SLURM_CONF", str(conf))
     monkeypatch.delenv("SLURM_CLUSTER_NAME", raising=False)
     cfg = config.parse('[[notify.alertmanager]]\nurl = "http://127.0.0.1:9"\n')
-    s = Settings.from_config(cfg, str(tmp_path / "n"))
+    s = NotifySettings.from_config(cfg, str(tmp_path / "n"))
     assert s.cluster == "alpha" and s.resume_timeout == 1800.0
     assert s.hold_for("reboot") >= 1800.0 + s.hold_for("drain")
     cfg = config.parse('[notify]\ncluster = "beta"\n[[notify.alertmanager]]\nurl = "http://127.0.0.1:9"\n')
-    assert Settings.from_config(cfg, str(tmp_path / "n")).cluster == "beta"
+    assert NotifySettings.from_config(cfg, str(tmp_path / "n")).cluster == "beta"
 
 
 def test_a_quiet_pass_writes_nothing(tmp_path, receiver):
@@ -422,7 +424,7 @@ def test_an_auth_file_with_a_second_line_fails_validate_and_the_notifier_says_so
     assert rows["notify-secrets"]["status"] == "FAIL" and "one line" in rows["notify-secrets"]["message"]
     assert SECRET not in out.stdout + out.stderr
     said: list[str] = []
-    Notifier(Settings.from_config(config.load(str(path)), str(tmp_path / "n")), log=said.append)
+    Notifier(NotifySettings.from_config(config.load(str(path)), str(tmp_path / "n")), log=said.append)
     assert len(said) == 1 and str(auth) in said[0] and SECRET not in said[0]
 
 

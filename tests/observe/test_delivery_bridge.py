@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import random
 
+from fakes.config import notify_settings
 from observe.test_notify import Clock
 
 from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.observe.notify import Notifier, Settings
+from slurm_hooks.observe.notify import Notifier
 
 pytest_plugins = ["fakes.webhook"]
 
@@ -19,8 +20,8 @@ AM = "/am/api/v2/alerts"
 
 def bridge(tmp_path, receiver, clock) -> tuple[AuditLog, Notifier]:
     log = AuditLog(str(tmp_path / "audit.jsonl"))
-    s = Settings(audit=log.path, dir=str(tmp_path / "notify"), webhooks=({"url": receiver.url(), "format": "json"},),
-                 alertmanagers=({"url": receiver.url("/am")},), settle=0.0, timeout=2.0, cluster="lab",
+    s = notify_settings(audit=log.path, dir=str(tmp_path / "notify"), webhook=({"url": receiver.url(), "format": "json"},),
+                 alertmanager=({"url": receiver.url("/am")},), settle=0.0, timeout=2.0, cluster="lab",
                  alert_repost=60.0)
     return log, Notifier(s, clock=clock, log=lambda m: None, rng=random.Random(1))
 

@@ -4,10 +4,11 @@ person's resume is told once as theirs. The receiver is the shared fake webhook 
 from __future__ import annotations
 
 import pytest
+from fakes.config import notify_settings
 
 from slurm_hooks.observe import incidents
 from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.observe.notify import Notifier, Settings
+from slurm_hooks.observe.notify import Notifier
 
 pytest_plugins = ["fakes.webhook"]
 
@@ -17,8 +18,8 @@ GPU0 = {"index": 0, "uuid": "GPU-8f2c", "serial": "1650923012345", "pci_bus_id":
 @pytest.fixture
 def told(tmp_path, receiver):
     log = AuditLog(str(tmp_path / "audit.jsonl"))
-    settings = Settings(audit=log.path, dir=str(tmp_path / "notify"), settle=0.0, timeout=2.0, retry_max=5.0,
-                        webhooks=({"url": receiver.url(), "format": "json", "name": "test"},))
+    settings = notify_settings(audit=log.path, dir=str(tmp_path / "notify"), settle=0.0, timeout=2.0, retry_max=5.0,
+                        webhook=({"url": receiver.url(), "format": "json", "name": "test"},))
 
     def flush():
         Notifier(settings, log=lambda m: None).flush(5)

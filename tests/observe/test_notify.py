@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from fakes.config import sim_config, sim_node
+from fakes.config import notify_settings, sim_config, sim_node
 from hooks.test_e2e_slurm import TRAP_JOB, wait_started
 
 from slurm_hooks import config
@@ -24,7 +24,7 @@ from slurm_hooks.errors import ConfigError
 from slurm_hooks.hooks import healthcheck
 from slurm_hooks.hooks.watch import SimSource, Watcher
 from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.observe.notify import Notifier, Settings
+from slurm_hooks.observe.notify import Notifier, NotifySettings
 from slurm_hooks.probes import sim
 
 pytest_plugins = ["fakes.webhook"]
@@ -44,8 +44,8 @@ def setup(tmp_path, receiver):
     clock = Clock()
 
     def notifier(**kw) -> Notifier:
-        hooks = kw.pop("webhooks", ({"url": receiver.url(), "format": "json", "name": "test"},))
-        s = Settings(audit=log.path, dir=str(tmp_path / "notify"), webhooks=hooks,
+        hooks = kw.pop("webhook", ({"url": receiver.url(), "format": "json", "name": "test"},))
+        s = notify_settings(audit=log.path, dir=str(tmp_path / "notify"), webhook=hooks,
                      settle=kw.pop("settle", 0.0), timeout=2.0, retry_max=5.0,
                      **{k: v for k, v in kw.items() if k not in ("send", "syslog_send")})
         return Notifier(s, send=kw.pop("send", None), syslog=kw.pop("syslog_send", None), clock=clock,
@@ -312,7 +312,7 @@ def test_slack_and_json_receivers_each_get_their_shape(setup, receiver):
     hooks = ({"url": receiver.url("/slack"), "format": "slack", "name": ""},
              {"url": receiver.url("/json"), "format": "json", "name": ""})
     xid79(log)
-    notifier(webhooks=hooks).flush(5)
+    notifier(webhook=hooks).flush(5)
     [slack] = receiver.bodies("/slack")
     [plain] = receiver.bodies("/json")
     assert set(slack) == {"text", "blocks"}
@@ -329,7 +329,7 @@ def test_slack_and_json_receivers_each_get_their_shape(setup, receiver):
 def test_syslog_gets_one_line_per_message(setup, receiver):
     log, _, notifier = setup
     lines = []
-    n = notifier(syslog=True, webhooks=(), syslog_send=lambda priority, text: lines.append((priority, text)))
+    n = notifier(syslog=True, webhook=(), syslog_send=lambda priority, text: lines.append((priority, text)))
     xid79(log)
     resume(log)
     n.flush(5)
@@ -400,7 +400,7 @@ def test_the_watcher_runs_a_notifier_thread_that_posts_the_incident(node, receiv
             assert time.monotonic() < deadline, "the watcher's notifier posted nothing"
             time.sleep(0.05)
         assert "notify" in [t.name for t in threading.enumerate()]
-        assert Notifier(Settings.from_config(w.config)).delivering()
+        assert Notifier(NotifySettings.from_config(w.config)).delivering()
     finally:
         stop.set()
         thread.join(5)
@@ -408,7 +408,7 @@ def test_the_watcher_runs_a_notifier_thread_that_posts_the_incident(node, receiv
     assert msg["kind"] == "opened" and msg["gpus"][0]["index"] == 3
     assert msg["jobs"] == [{"job_id": "12", "user": None, "how": "requeued"}]
     deadline = time.monotonic() + 5
-    while Notifier(Settings.from_config(w.config)).delivering():  # a clean stop takes its heartbeat away
+    while Notifier(NotifySettings.from_config(w.config)).delivering():  # a clean stop takes its heartbeat away
         assert time.monotonic() < deadline, "the heartbeat outlived the watcher"
         time.sleep(0.05)
 
@@ -434,7 +434,7 @@ def test_the_health_check_tells_its_own_drain_when_no_watcher_delivers(node, rec
 
 def test_the_health_check_leaves_delivery_to_a_live_watcher(node, receiver, tmp_path):
     w = node()
-    n = Notifier(Settings.from_config(w.config))
+    n = Notifier(NotifySettings.from_config(w.config))
     n._beat()  # the watcher's notifier made a pass a moment ago
     sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
     _, outcome = healthcheck.run(w, follow="none")

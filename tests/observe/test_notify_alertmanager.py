@@ -16,13 +16,14 @@ import time
 
 import pytest
 from conftest import wait_for
+from fakes.config import notify_settings
 from fakes.webhook import Receiver
 from observe.test_notify import Clock, xid79
 
 from slurm_hooks.commands.render import render_all
 from slurm_hooks.lab.alertmanager import AMTOOL, AlertmanagerError, LabAlertmanager, ensure_installed
 from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.observe.notify import Notifier, Settings
+from slurm_hooks.observe.notify import Notifier
 from slurm_hooks.probes import sim
 
 pytest_plugins = ["fakes.webhook"]
@@ -79,7 +80,7 @@ def test_the_rendered_route_groups_by_alertname_and_cluster_and_amtool_accepts_i
 
 def node_notifier(tmp_path, name: str, am: LabAlertmanager, clock) -> tuple[AuditLog, Notifier]:
     log = AuditLog(str(tmp_path / name / "audit.jsonl"))
-    s = Settings(audit=log.path, dir=str(tmp_path / name / "notify"), alertmanagers=({"url": am.url},), settle=0.0,
+    s = notify_settings(audit=log.path, dir=str(tmp_path / name / "notify"), alertmanager=({"url": am.url},), settle=0.0,
                  timeout=2.0, retry_max=30.0, cluster="lab", alert_repost=60.0)
     return log, Notifier(s, clock=clock, log=lambda m: None, rng=random.Random(3))
 
@@ -251,7 +252,7 @@ def test_a_node_rebooting_20_minutes_has_one_firing_alert_no_flap_and_one_resolu
     clock = Clock()
     clock.offset = -1260.0
     log = AuditLog(str(tmp_path / "n1" / "audit.jsonl"))
-    s = Settings(audit=log.path, dir=str(tmp_path / "n1" / "notify"), alertmanagers=({"url": alertmanager.url},),
+    s = notify_settings(audit=log.path, dir=str(tmp_path / "n1" / "notify"), alertmanager=({"url": alertmanager.url},),
                  settle=0.0, timeout=2.0, retry_max=30.0, cluster="lab", alert_repost=60.0, resume_timeout=1800.0)
     n = Notifier(s, clock=clock, log=lambda m: None, rng=random.Random(3))
     log.write("alert", ts=clock(), node="n1", context="check", gpu=2, check="xid", severity="fail", action="reboot",

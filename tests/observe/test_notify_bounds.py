@@ -8,6 +8,7 @@ thirty days of outage pass in a loop, nothing sleeps.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import sys
 import time
 
 import pytest
+from fakes.config import notify_settings
 from fakes.webhook import Receiver
 from observe.test_notify import Clock, resume, xid79
 
@@ -24,7 +26,7 @@ from slurm_hooks import config, urlsecret
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.observe import destinations
 from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.observe.notify import BACKOFF_EXP_MAX, Notifier, Settings, backoff
+from slurm_hooks.observe.notify import BACKOFF_EXP_MAX, Notifier, NotifySettings, backoff
 from slurm_hooks.observe.outbox import FAILED_KEEP, Entry
 from slurm_hooks.values import fields
 
@@ -40,9 +42,9 @@ def make(tmp_path, receiver):
     said: list[str] = []
 
     def notifier(**kw) -> Notifier:
-        hooks = kw.pop("webhooks", ({"url": receiver.url(), "format": "json", "name": "test"},))
+        hooks = kw.pop("webhook", ({"url": receiver.url(), "format": "json", "name": "test"},))
         monotonic = kw.pop("monotonic", time.monotonic)
-        s = Settings(audit=log.path, dir=str(tmp_path / "notify"), webhooks=hooks, settle=0.0, timeout=2.0,
+        s = notify_settings(audit=log.path, dir=str(tmp_path / "notify"), webhook=hooks, settle=0.0, timeout=2.0,
                      retry_max=kw.pop("retry_max", 300.0), **kw)
         return Notifier(s, clock=clock, log=said.append, rng=random.Random(7), monotonic=monotonic)
 
@@ -291,7 +293,7 @@ def test_200_requeued_jobs_make_a_message_slack_accepts(make, tmp_path):
     try:
         log, _, notifier, _ = make
         xid79(log, jobs=range(1000, 1200), user="<!channel> & co")
-        n = notifier(webhooks=({"url": slack.url("/services/T0/B0/secret"), "format": "slack"},))
+        n = notifier(webhook=({"url": slack.url("/services/T0/B0/secret"), "format": "slack"},))
         assert n.flush(5)["sent"] == 1
         [req] = slack.requests
         assert req["code"] == 200
@@ -335,8 +337,8 @@ def test_the_url_comes_from_a_file_or_the_environment_and_is_never_printed(tmp_p
     log = AuditLog(str(tmp_path / "audit.jsonl"))
     xid79(log)
     said: list[str] = []
-    s = Settings.from_config(cfg, str(tmp_path / "notify"))
-    s = Settings(**{**s.__dict__, "audit": log.path, "settle": 0.0})
+    s = NotifySettings.from_config(cfg, str(tmp_path / "notify"))
+    s = dataclasses.replace(s, audit=log.path, notify=dataclasses.replace(s.notify, settle=0.0))
     n = Notifier(s, log=said.append)
     assert n.flush(5)["sent"] == 2
     assert {r["path"] for r in receiver.requests} == {"/services/T0/B0/s3cr3t", "/env-hook"}
@@ -350,7 +352,7 @@ def test_the_url_comes_from_a_file_or_the_environment_and_is_never_printed(tmp_p
 def test_an_unreadable_url_file_names_the_file_and_the_message_waits(tmp_path):
     cfg = config.parse(f'[[notify.webhook]]\nurl_file = "{tmp_path}/missing.url"\n')
     said: list[str] = []
-    Notifier(Settings.from_config(cfg, str(tmp_path / "n")), log=said.append)
+    Notifier(NotifySettings.from_config(cfg, str(tmp_path / "n")), log=said.append)
     assert said == [f"{tmp_path}/missing.url: [[notify.webhook]] #1 url_file: cannot read: No such file or directory"]
     (tmp_path / "bad.url").write_text("hooks.slack.com/services/T0/B0/s3cr3t")
     with pytest.raises(ConfigError) as err:
@@ -442,7 +444,7 @@ def test_alertmanager_gets_the_authorization_from_its_file(make, receiver, tmp_p
     basic = tmp_path / "am.basic"
     basic.write_text("Basic dXNlcjpwYXNz\n")
     xid79(log)
-    n = notifier(webhooks=(), alertmanagers=({"url": receiver.url("/am1"), "auth_file": str(token)},
+    n = notifier(webhook=(), alertmanager=({"url": receiver.url("/am1"), "auth_file": str(token)},
                                              {"url": receiver.url("/am2/api/v2/alerts"), "auth_file": str(basic)}))
     assert n.flush(5)["sent"] == 2
     by_path = {r["path"]: r for r in receiver.requests}

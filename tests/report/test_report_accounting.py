@@ -17,7 +17,7 @@ import time
 import pytest
 from conftest import own_testbed
 
-from slurm_hooks.lab.testbed import Settings, Testbed
+from slurm_hooks.lab.testbed import LabSettings, Testbed
 from slurm_hooks.probes import sim
 
 pytestmark = pytest.mark.slurm
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture(scope="module")
 def accounted(tmp_path_factory):
-    with own_testbed(tmp_path_factory, "acct", Settings(nodes=2, gpus=4, hooks=False, accounting=True,
+    with own_testbed(tmp_path_factory, "acct", LabSettings(nodes=2, gpus=4, hooks=False, accounting=True,
                                                         kill_wait=2, requeue_grace=3.0)) as tb:
         _accounting_live(tb)
         yield tb
