@@ -251,9 +251,10 @@ class _Receiver:
     URL is a credential: a Slack webhook URL is all it takes to post)."""
 
     url: str = setting("", doc="the URL itself (then the config must be 0600)")
-    url_file: str = setting("", doc="a 0600 file holding the URL")
+    url_file: str = setting("", doc="a 0600 file holding the URL (or url_env, or url)",
+                            example="/etc/slurm-hooks/receiver.url")
     url_env: str = setting("", doc="an environment variable holding the URL")
-    name: str = setting("", doc="optional, names the receiver in logs")
+    name: str = setting("", doc="optional, names the receiver in logs", example="oncall")
 
 
 WEBHOOK_FORMATS = ("slack", "json")
@@ -261,12 +262,12 @@ WEBHOOK_FORMATS = ("slack", "json")
 
 @dataclass(frozen=True)
 class WebhookTable(_Receiver):
-    format: str = setting("json", doc='"slack" (incoming webhook) or "json" (the incident as a JSON object)')
+    format: str = setting("json", example="slack", doc='"slack" (incoming webhook) or "json" (the incident as a JSON object)')
 
 
 @dataclass(frozen=True)
 class AlertmanagerTable(_Receiver):
-    auth_file: str = setting("", doc='optional: a file holding the Authorization header\'s value ("Bearer ...", '
+    auth_file: str = setting("", example="/etc/slurm-hooks/alertmanager.auth", doc='optional: a file holding the Authorization header\'s value ("Bearer ...", '
                                      '"Basic ...") or a bare token (sent as Bearer)')
 
 

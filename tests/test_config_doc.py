@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 import pytest
 from paths import ROOT
@@ -15,6 +16,7 @@ from slurm_hooks.bridge import settings as bridge_settings
 from slurm_hooks.setting import setting
 from slurm_hooks.values import dataclass
 
+SHIPPED = os.path.join(ROOT, "slurm_hooks", "templates", "install", "config.toml")
 REGENERATE = "run `.venv/bin/python tools/gen_config_doc.py` and commit docs/configuration.md"
 
 
@@ -42,6 +44,22 @@ def _section(page: str, table: str) -> str:
 
 def test_the_configuration_page_is_what_the_schema_generates(gen):
     assert _page() == gen.render(), f"docs/configuration.md is out of date with slurm_hooks/config.py: {REGENERATE}"
+
+
+def test_the_example_config_is_what_the_sections_generate(gen):
+    with open(gen.EXAMPLE, encoding="utf-8") as fh:
+        assert fh.read() == gen.render_example(), \
+            f"{gen.EXAMPLE} is out of date with slurm_hooks/config.py: run `.venv/bin/python tools/gen_config_doc.py`"
+
+
+def test_the_example_config_has_every_key_in_its_own_table_at_its_default():
+    from slurm_hooks.values import fields
+
+    text = open(SHIPPED, encoding="utf-8").read()
+    for table, cls in config.SECTIONS.items():
+        part = text.split(f"\n[{table}]\n", 1)[1].split("\n[", 1)[0]
+        for f in fields(cls):
+            assert re.search(rf"^(# )?{f.name} = ", part, re.M), f"[{table}] {f.name} is not in [{table}] of {SHIPPED}"
 
 
 def _tables(gen):
@@ -81,6 +99,9 @@ def test_a_key_added_to_a_section_shows_on_the_page_with_its_default_and_words(g
     text = _section(gen.render(), "watch")
     assert "| `new_key` | integer | `7` | >= 0 | a key added to the class |" in text
     assert gen.render() != _page()  # what the first test would catch
+    example = gen.render_example().split("\n[watch]\n", 1)[1].split("\n[", 1)[0]
+    assert re.search(r"^new_key = 7 +# a key added to the class$", example, re.M)
+    assert config.parse("[watch]\nnew_key = 9\n").watch.new_key == 9  # and the file takes it
 
 
 def test_every_key_has_words_or_says_none_are_needed(gen):
