@@ -9,7 +9,7 @@ kept as a float; ``tuple[str, ...]``: a list, kept as a tuple; ``dict[str, str]`
 
 from __future__ import annotations
 
-from slurm_hooks.values import MISSING, dataclass, field
+from slurm_hooks.values import MISSING, Field, dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,5 +56,5 @@ def setting(default: Any, *, range: Range | None = None, choices: tuple[str, ...
     if example is not MISSING:
         meta["example"] = example
     if isinstance(default, dict):  # a table: each instance its own (only {} is a default here)
-        return field(default_factory=dict, metadata=meta)
-    return field(default=default, metadata=meta)
+        return Field(MISSING, dict, metadata=meta)
+    return Field(default, metadata=meta)  # as values.field(default=..., metadata=...), one call less

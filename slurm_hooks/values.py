@@ -143,58 +143,81 @@ def _base_fields(base: type) -> dict[str, Field]:
 
 
 def _make(cls: type, *, frozen: bool, eq: bool, with_repr: bool) -> type:
-    annotations = cls.__dict__.get("__annotations__", {})
-    if any(str(a).startswith(("ClassVar", "typing.ClassVar", "InitVar", "dataclasses.InitVar"))
-           for a in annotations.values()):
+    own = cls.__dict__
+    annotations = own.get("__annotations__", {})
+    if annotations and "Var" in " ".join(map(str, annotations.values())) and \
+            any(str(a).startswith(_NOT_HERE) for a in annotations.values()):
         return _with_dataclasses(cls, frozen=frozen, eq=eq, repr=with_repr)  # not needed on the hot path
     fields: dict[str, Field] = {}
-    for base in reversed(cls.__mro__[1:]):
+    for base in cls.__mro__[-2:0:-1]:  # its bases, farthest first (object has no fields)
         fields.update(_base_fields(base))
     for name, annotation in annotations.items():
-        value = cls.__dict__.get(name, MISSING)
-        explicit = isinstance(value, Field) or _is_dc_field(value)
-        f = (value if isinstance(value, Field) else _from_dataclasses(value)) if explicit else Field(default=value)
-        f.name, f.type = name, annotation
-        if explicit:
+        value = own.get(name, MISSING)
+        if value.__class__ is Field:
+            f = value
             if f.default is MISSING:
                 delattr(cls, name)
             else:
                 setattr(cls, name, f.default)
+        elif _is_dc_field(value):
+            f = _from_dataclasses(value)
+            if f.default is MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, f.default)
+        else:
+            f = Field(value)
+        f.name, f.type = name, annotation
         fields[name] = f
-    init = tuple((f.name, f.default, f.default_factory) for f in fields.values() if f.init)
-    for i, (name, default, factory) in enumerate(init):
-        if default is MISSING and factory is MISSING and any(d is not MISSING or fa is not MISSING
-                                                               for _, d, fa in init[:i]):
-            raise TypeError(f"non-default argument {name!r} follows default argument")
-    later = tuple((f.name, f.default, f.default_factory) for f in fields.values() if not f.init)
-    shown = tuple(f.name for f in fields.values() if f.repr)
-    compared = tuple(f.name for f in fields.values() if f.compare)
-    hashed = tuple(f.name for f in fields.values() if (f.compare if f.hash is None else f.hash))
-    own = cls.__dict__
+    # one pass over the fields (this runs for every class on the hot path at each start)
+    init, later, names, shown, compared, hashed = [], [], [], [], [], []
+    seen_default = False
+    for f in fields.values():
+        name = f.name
+        if f.init:
+            if f.default is MISSING and f.default_factory is MISSING:
+                if seen_default:
+                    raise TypeError(f"non-default argument {name!r} follows default argument")
+            else:
+                seen_default = True
+            init.append((name, f.default, f.default_factory))
+            names.append(name)
+        else:
+            later.append((name, f.default, f.default_factory))
+        if f.repr:
+            shown.append(name)
+        if f.compare:
+            compared.append(name)
+        if f.compare if f.hash is None else f.hash:
+            hashed.append(name)
+    init, later = tuple(init), tuple(later)
     explicit_hash = own.get("__hash__") is not None
-
-    def put(name: str, fn: Any) -> None:  # as dataclasses: a method the class writes itself stays
-        if name not in own:
-            setattr(cls, name, fn)
-
     cls._values_fields = fields
     cls.__dataclass_fields__ = _FieldsOnDemand(cls)
-    put("__match_args__", tuple(name for name, _, _ in init))
-    put("__init__", _init(cls, init, later))
-    if with_repr:
-        put("__repr__", _repr(shown))
+    # as dataclasses: a method the class writes itself stays
+    if "__match_args__" not in own:
+        cls.__match_args__ = tuple(names)
+    if "__init__" not in own:
+        cls.__init__ = _init(cls, init, later)
+    if with_repr and "__repr__" not in own:
+        cls.__repr__ = _repr(tuple(shown))
     if eq:
-        put("__eq__", _eq(compared))
+        if "__eq__" not in own:
+            cls.__eq__ = _eq(tuple(compared))
         if frozen and not explicit_hash:
-            cls.__hash__ = _hash(hashed)
+            cls.__hash__ = _hash(tuple(hashed))
         elif not explicit_hash:
             cls.__hash__ = None  # as dataclasses: mutable and compared by value, so not hashable
     if frozen:
         if "__setattr__" in own or "__delattr__" in own:
             raise TypeError(f"cannot overwrite __setattr__/__delattr__ in frozen class {cls.__qualname__}")
-        cls.__setattr__ = _frozen_setattr(cls, set(fields))
-        cls.__delattr__ = _frozen_delattr(cls, set(fields))
+        field_names = set(fields)
+        cls.__setattr__ = _frozen_setattr(cls, field_names)
+        cls.__delattr__ = _frozen_delattr(cls, field_names)
     return cls
+
+
+_NOT_HERE = ("ClassVar", "typing.ClassVar", "InitVar", "dataclasses.InitVar")
 
 
 def _init(cls: type, init: tuple, later: tuple):
@@ -202,12 +225,21 @@ def _init(cls: type, init: tuple, later: tuple):
     assign = object.__setattr__
     has_post = hasattr(cls, "__post_init__")
 
+    # every field at its plain default (no factory): what a call without arguments gives
+    defaults = None if later or has_post or any(d is MISSING for _, d, _ in init) else \
+        tuple((name, d) for name, d, _ in init)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if not kwargs and len(args) == len(init) and not later and not has_post and type(self) is cls:
-            # the common call, all positional (a subclass may add __post_init__: the long way)
-            for (name, _, _), value in zip(init, args):
-                assign(self, name, value)
-            return
+        if not kwargs and type(self) is cls:
+            if len(args) == len(init) and not later and not has_post:
+                # the common call, all positional (a subclass may add __post_init__: the long way)
+                for (name, _, _), value in zip(init, args):
+                    assign(self, name, value)
+                return
+            if not args and defaults is not None:  # all defaults (a config section's, say)
+                for name, value in defaults:
+                    assign(self, name, value)
+                return
         if len(args) > len(init):
             raise TypeError(f"{qual}.__init__() takes {len(init) + 1} positional arguments but "
                             f"{len(args) + 1} were given")

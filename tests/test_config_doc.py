@@ -124,7 +124,13 @@ def test_every_bridge_key_is_in_the_bridge_example(gen):
 def test_the_check_mode_says_the_command_that_regenerates_the_page(gen, tmp_path, monkeypatch, capsys):
     stale = tmp_path / "configuration.md"
     stale.write_text("# Configuration\n")
+    example = tmp_path / "config.toml"  # never the checkout's own files: another test may be reading them
+    example.write_text(gen.render_example())
     monkeypatch.setattr(gen, "PAGE", str(stale))
+    monkeypatch.setattr(gen, "EXAMPLE", str(example))
     assert gen.main(["--check"]) == 1
     assert "python tools/gen_config_doc.py" in capsys.readouterr().err
     assert gen.main([]) == 0 and gen.main(["--check"]) == 0
+    example.write_text("# stale\n")
+    assert gen.main(["--check"]) == 1 and "config.toml" in capsys.readouterr().err
+    assert gen.main([]) == 0 and example.read_text() == gen.render_example()
