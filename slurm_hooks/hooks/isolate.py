@@ -97,7 +97,7 @@ def test_argv(w: Wiring, test_timeout: float) -> list[str]:
     perf = w.config.sweep.all_reduce_perf
     if os.access(perf, os.X_OK):
         return [perf, "-b", "8M", "-e", "256M", "-f", "2", "-g",
-                str(max(1, int(w.config.expectations_for(w.node).gpus or 1)))]
+                str(max(1, w.config.expectations_for(w.node).gpus or 1))]
     from slurm_hooks.hooks import collective
 
     return [cfg.python, os.path.abspath(collective.__file__), "--timeout", f"{max(2.0, test_timeout * 0.8):g}"]

@@ -363,7 +363,7 @@ def _extra_tests(w: Wiring) -> list[tuple[str, list[str]]]:
         tests.append(("nvbandwidth", [cfg.nvbandwidth]))
     if os.access(cfg.all_reduce_perf, os.X_OK):
         tests.append(("all_reduce_perf", [cfg.all_reduce_perf, "-b", "8", "-e", "256M", "-f", "2", "-g",
-                                          str(max(1, int(w.config.expectations_for(w.node).gpus or 1)))]))
+                                          str(max(1, w.config.expectations_for(w.node).gpus or 1))]))
     return tests
 
 
