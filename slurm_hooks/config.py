@@ -245,34 +245,10 @@ class NotifySection:
                                                                "(the fleet's path)")
 
 
-@dataclass(frozen=True)
-class _Receiver:
-    """``[[notify.<kind>]]``: exactly one of ``url``, ``url_file`` or ``url_env`` says where its URL is (the
-    URL is a credential: a Slack webhook URL is all it takes to post)."""
-
-    url: str = setting("", doc="the URL itself (then the config must be 0600)")
-    url_file: str = setting("", doc="a 0600 file holding the URL (or url_env, or url)",
-                            example="/etc/slurm-hooks/receiver.url")
-    url_env: str = setting("", doc="an environment variable holding the URL")
-    name: str = setting("", doc="optional, names the receiver in logs", example="oncall")
-
-
 WEBHOOK_FORMATS = ("slack", "json")
-
-
-@dataclass(frozen=True)
-class WebhookTable(_Receiver):
-    format: str = setting("json", example="slack", doc='"slack" (incoming webhook) or "json" (the incident as a JSON object)')
-
-
-@dataclass(frozen=True)
-class AlertmanagerTable(_Receiver):
-    auth_file: str = setting("", example="/etc/slurm-hooks/alertmanager.auth", doc='optional: a file holding the Authorization header\'s value ("Bearer ...", '
-                                     '"Basic ...") or a bare token (sent as Bearer)')
-
-
-#: ``[[notify.<kind>]]`` -> its table's keys.
-DESTINATION_KEYS = {"webhook": WebhookTable, "alertmanager": AlertmanagerTable}
+#: ``[[notify.<kind>]]``: the receivers' tables; their keys are the fields of
+#: :data:`slurm_hooks.receivers.TABLES` (imported only for a file that has one).
+DESTINATION_KEYS = ("webhook", "alertmanager")
 
 
 @dataclass(frozen=True)
@@ -454,7 +430,8 @@ def parse(text: str, path: str | None = "<string>", raw: dict[str, Any] | None =
     except ValueError as exc:
         where.fail("sweep", "max_parallel", str(exc))
     for kind in DESTINATION_KEYS:
-        sections["notify"][kind] = _check_destinations(kind, raw.get("notify", {}).get(kind, ()), where)
+        tables = raw.get("notify", {}).get(kind, ())
+        sections["notify"][kind] = _check_destinations(kind, tables, where) if tables else ()
     _check_requeue_signals(sections["requeue"], where)
     confirm = sections["hysteresis"]["confirm"]
     if parse_confirm(confirm) is None:
@@ -600,7 +577,9 @@ def _check_temperatures(expect: Expectations, table: dict, section: str, where: 
 def _check_destinations(kind: str, tables: Any, where: Locator) -> tuple[dict[str, str], ...]:
     """Each ``[[notify.<kind>]]`` table: where its URL comes from, and a known format; errors name the
     table's line and never print the URL."""
-    keys = spec(DESTINATION_KEYS[kind])
+    from slurm_hooks.receivers import TABLES
+
+    keys = spec(TABLES[kind])
     out = []
     for n, table in enumerate(tables if isinstance(tables, (list, tuple)) else [tables]):
         at = where.nth_table_line(f"notify.{kind}", n)

@@ -11,7 +11,7 @@ import re
 import pytest
 from paths import ROOT
 
-from slurm_hooks import config
+from slurm_hooks import config, receivers
 from slurm_hooks.bridge import settings as bridge_settings
 from slurm_hooks.setting import setting
 from slurm_hooks.values import dataclass
@@ -84,7 +84,7 @@ def test_every_key_is_on_the_page_with_its_default(gen):
 
 def test_every_receiver_key_is_on_the_page(gen):
     page = _page()
-    for kind, cls in config.DESTINATION_KEYS.items():
+    for kind, cls in receivers.TABLES.items():
         text = _section(page, f"[notify.{kind}]")
         for f in gen.keys(cls):
             assert f"| `{f.name}` | " in text, f"[[notify.{kind}]] {f.name} is not on docs/configuration.md: {REGENERATE}"

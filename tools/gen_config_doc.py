@@ -23,7 +23,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from slurm_hooks import config, values  # noqa: E402
+from slurm_hooks import config, receivers, values  # noqa: E402
 from slurm_hooks.bridge import settings as bridge_settings  # noqa: E402
 from slurm_hooks.models import Action, Scope, Urgency  # noqa: E402
 
@@ -142,7 +142,7 @@ def render() -> str:
             out += ["`unset`: no default value. Every key here may be given again in a `[groups.<name>]` table.", ""]
         out += _table(keys(cls, tuple(config.DESTINATION_KEYS) if table == "notify" else ()))
         if table == "notify":
-            for kind, dcls in config.DESTINATION_KEYS.items():
+            for kind, dcls in receivers.TABLES.items():
                 out += ["", f"### `[[notify.{kind}]]`", "",
                         f"One table per receiver (`{kind}` in `[notify]`); exactly one of `url_file`, `url_env` "
                         "or `url` says where its URL is.", ""]
@@ -240,7 +240,7 @@ def render_example() -> str:
             if table == "notify" and f.name in config.DESTINATION_KEYS:
                 out += _key_lines(f, commented=True)
                 out.append(f"# [[notify.{f.name}]]")
-                for g in keys(config.DESTINATION_KEYS[f.name]):
+                for g in keys(receivers.TABLES[f.name]):
                     if "example" in (g.metadata or {}):
                         out += _key_lines(g)
             else:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from slurm_hooks import config
 from slurm_hooks.models import Action, Context, Finding, Report, Severity
 from slurm_hooks.remedy.repair import ladder
 from slurm_hooks.remedy.repair.ladder import Decision, Mode, Policy, Rung
@@ -121,8 +122,10 @@ def test_the_policy_allows_each_rung_but_replace_by_its_own_key(policy, allowed)
 
 
 def test_the_policy_reads_the_repair_section():
-    repair = SimpleNamespace(window="3600", attempts="2", reboot_timeout=60, reset=False, reboot=1)
-    assert Policy.from_config(repair) == Policy(3600.0, 2, 60.0, False, True)
+    repair = config.parse("[repair]\nwindow = 3600\nattempts = 2\nreboot_timeout = 60\nreset = false\n").repair
+    policy = Policy.from_config(repair)
+    assert policy == Policy(3600.0, 2, 60.0, False, True)
+    assert (type(policy.window), type(policy.reboot_timeout)) == (float, float)  # as the section keeps them
 
 
 @pytest.mark.parametrize("state,jobs,waits", [
