@@ -51,9 +51,9 @@ class ActionPolicy:
 
     @classmethod
     def of(cls, config: Config) -> ActionPolicy:
-        drain = bool(config.check.drain)
-        return cls(may_drain=drain, may_requeue=drain and bool(config.remediation.requeue),
-                   may_repair=drain and bool(config.repair.enabled))
+        drain = config.check.drain
+        return cls(may_drain=drain, may_requeue=drain and config.remediation.requeue,
+                   may_repair=drain and config.repair.enabled)
 
 
 @dataclass

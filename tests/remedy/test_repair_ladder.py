@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-from types import SimpleNamespace
 
 import pytest
 
