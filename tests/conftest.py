@@ -104,7 +104,7 @@ def own_testbed(tmp_path_factory, name: str, settings: LabSettings) -> Iterator[
         tb.down()
 
 
-def module_testbed(name: str, settings: Settings):
+def module_testbed(name: str, settings: LabSettings):
     """The fixtures of a module with a cluster of its own: ``bed``, up for the module's tests, and
     ``tb``, the same cluster reset before each test. ``bed, tb = module_testbed("repairbed", SETTINGS)``."""
 
@@ -124,7 +124,7 @@ def module_testbed(name: str, settings: Settings):
 #: The repair ladder's modules: the health check every 2 s, so that a repair is driven the way a
 #: site runs it (Slurm's HealthCheckProgram), and the testbed's RebootProgram, which reboots the
 #: simulated node and restarts its slurmd with a new boot time.
-REPAIR_SETTINGS = Settings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=2, requeue_grace=3.0,
+REPAIR_SETTINGS = LabSettings(nodes=2, gpus=8, hooks=True, kill_wait=2, health_check_interval=2, requeue_grace=3.0,
                            repair=True)
 
 
