@@ -291,6 +291,13 @@ def write_marker(w: Wiring, reason: str, report: Report | None, node: NodeInfo |
                              checks=tuple(sorted({f.check for f in report.drain_findings()})))
     if node is not None and split_reason(node.reason)[0] == reason:
         marker = marker.seen(node)
+    if report is not None:
+        try:
+            before = load_marker(w)
+        except MarkerUnreadable:
+            before = None
+        if before is not None and replace(before, ts=marker.ts) == marker:
+            return  # the same drain, seen again by a later run: kept as written (its time too), no write
     try:
         marker.save(w.drained_marker())
     except OSError as exc:

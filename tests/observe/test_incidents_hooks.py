@@ -150,3 +150,19 @@ def test_our_reboot_under_way_is_not_a_persons_resume(tmp_path):
     assert os.path.exists(w.drained_marker())  # still our drain
     [inc] = incidents.build(w.audit.history())
     assert inc.open
+
+
+def test_checks_of_a_node_still_drained_for_the_same_fault_leave_the_drain_record_as_written(node):
+    """The drain record (its time: what a resume compares a verdict's snapshot with) is written when
+    we drain, not again by every later check that finds the same fault: no write, no fsync, per run."""
+    slurm, w, sim_dir = node
+    sim.inject(sim_dir, "n1", 0, xid=79)
+    healthcheck.run(w, follow="none")
+    path = w.drained_marker()
+    first = os.stat(path).st_mtime_ns, open(path).read()
+    for _ in range(3):
+        healthcheck.run(replace(w, deadline=None), follow="none")
+    assert (os.stat(path).st_mtime_ns, open(path).read()) == first
+    sim.inject(sim_dir, "n1", 0, xid=79)  # the fault again: a new event, the record says it
+    healthcheck.run(replace(w, deadline=None), follow="none")
+    assert open(path).read() != first[1]
