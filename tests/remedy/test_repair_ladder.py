@@ -14,6 +14,7 @@ from slurm_hooks.remedy.repair import ladder
 from slurm_hooks.remedy.repair.ladder import Decision, Mode, Policy, Rung
 from slurm_hooks.remedy.repair.state import Active, Attempt, Phase, RepairState, Replaced, Stopped, Validating
 from slurm_hooks.slurm import NodeInfo
+from slurm_hooks.values import replace
 
 NOW = 1_000_000.0
 GPU0 = [(0, "GPU-0")]
@@ -30,6 +31,11 @@ def att(rung, result="failed", gpus=("GPU-0",), age=60.0):
 
 def node(flags=()):
     return NodeInfo("n1", "+".join(("IDLE", *flags)))
+
+
+def policy(**keys):
+    """The ladder's policy of a default ``[repair]`` section (the one place its defaults are), ``keys`` changed."""
+    return replace(Policy.from_config(config.RepairSection()), **keys)
 
 
 def test_ladder_imports_nothing_that_does_io():
@@ -70,26 +76,26 @@ def test_rungs_and_modes_keep_the_words_of_the_state_file_and_the_cli():
 
 @pytest.mark.parametrize("findings,gpus,attempts,policy,rung,why", [
     # where each fault starts, nothing on record
-    ([f(Action.RESET)], GPU0, [], Policy(), Rung.RESET, "starts at reset"),
-    ([f(Action.REBOOT)], GPU0, [], Policy(), Rung.REBOOT, "starts at reboot"),
-    ([f(Action.REPLACE)], GPU0, [], Policy(), Rung.REPLACE, "starts at replace"),
-    ([f(Action.RESET), f(Action.REBOOT, gpu=1)], GPU0, [], Policy(), Rung.REBOOT, "starts at reboot"),
+    ([f(Action.RESET)], GPU0, [], policy(), Rung.RESET, "starts at reset"),
+    ([f(Action.REBOOT)], GPU0, [], policy(), Rung.REBOOT, "starts at reboot"),
+    ([f(Action.REPLACE)], GPU0, [], policy(), Rung.REPLACE, "starts at replace"),
+    ([f(Action.RESET), f(Action.REBOOT, gpu=1)], GPU0, [], policy(), Rung.REBOOT, "starts at reboot"),
     # back on the same GPU within the window: one rung above the last tried
-    ([f(Action.RESET)], GPU0, [att("reset", "ok")], Policy(), Rung.REBOOT, "after a reset"),
-    ([f(Action.RESET)], GPU0, [att("reboot", "ok")], Policy(), Rung.REPLACE, "after a reboot"),
-    ([f(Action.RESET)], GPU0, [att("reset", "ok", age=90_000)], Policy(), Rung.RESET, "starts at reset"),
-    ([f(Action.RESET)], GPU0, [att("reset", "ok", gpus=("GPU-1",))], Policy(), Rung.RESET, "starts at reset"),
+    ([f(Action.RESET)], GPU0, [att("reset", "ok")], policy(), Rung.REBOOT, "after a reset"),
+    ([f(Action.RESET)], GPU0, [att("reboot", "ok")], policy(), Rung.REPLACE, "after a reboot"),
+    ([f(Action.RESET)], GPU0, [att("reset", "ok", age=90_000)], policy(), Rung.RESET, "starts at reset"),
+    ([f(Action.RESET)], GPU0, [att("reset", "ok", gpus=("GPU-1",))], policy(), Rung.RESET, "starts at reset"),
     # a refused reboot: a person must act, no second ask
-    ([f(Action.REBOOT)], GPU0, [att("reboot", "refused")], Policy(), Rung.REPLACE, "refused by Slurm"),
+    ([f(Action.REBOOT)], GPU0, [att("reboot", "refused")], policy(), Rung.REPLACE, "refused by Slurm"),
     # rungs switched off, tried too often, or without a GPU to reset
-    ([f(Action.RESET)], GPU0, [], Policy(reset=False), Rung.REBOOT, "reset is off"),
-    ([f(Action.RESET)], GPU0, [], Policy(reset=False, reboot=False), Rung.REPLACE, "reboot is off"),
-    ([f(Action.RESET, gpu=None)], NODE, [], Policy(), Rung.REBOOT, "no single GPU to reset"),
-    ([f(Action.REBOOT)], GPU0, [att("reset", "ok")], Policy(), Rung.REBOOT, "starts at reboot"),
-    ([f(Action.REBOOT)], GPU0, [att("reboot", "cancelled")], Policy(attempts=2), Rung.REPLACE, "after a reboot"),
-    ([f(Action.REBOOT)], GPU0, [att("reboot", "ok"), att("reboot", "ok")], Policy(attempts=2), Rung.REPLACE,
+    ([f(Action.RESET)], GPU0, [], policy(reset=False), Rung.REBOOT, "reset is off"),
+    ([f(Action.RESET)], GPU0, [], policy(reset=False, reboot=False), Rung.REPLACE, "reboot is off"),
+    ([f(Action.RESET, gpu=None)], NODE, [], policy(), Rung.REBOOT, "no single GPU to reset"),
+    ([f(Action.REBOOT)], GPU0, [att("reset", "ok")], policy(), Rung.REBOOT, "starts at reboot"),
+    ([f(Action.REBOOT)], GPU0, [att("reboot", "cancelled")], policy(attempts=2), Rung.REPLACE, "after a reboot"),
+    ([f(Action.REBOOT)], GPU0, [att("reboot", "ok"), att("reboot", "ok")], policy(attempts=2), Rung.REPLACE,
      "after a reboot"),
-    ([f(Action.RESET)], GPU0, [att("reset", "started")], Policy(attempts=2), Rung.REBOOT, "after a reset"),
+    ([f(Action.RESET)], GPU0, [att("reset", "started")], policy(attempts=2), Rung.REBOOT, "after a reset"),
 ])
 def test_choose_folds_the_attempts_on_record(findings, gpus, attempts, policy, rung, why):
     choice = ladder.choose(findings, gpus, attempts, policy, NOW, "row remap on GPU 0")
@@ -106,15 +112,15 @@ def test_choose_folds_the_attempts_on_record(findings, gpus, attempts, policy, r
     ([att("replace", "ok")], 1, Rung.REPLACE),
 ])
 def test_choose_for_a_reset_class_fault_at_every_rung(attempts, tries, rung):
-    choice = ladder.choose([f(Action.RESET)], GPU0, attempts, Policy(attempts=tries), NOW, "s")
+    choice = ladder.choose([f(Action.RESET)], GPU0, attempts, policy(attempts=tries), NOW, "s")
     assert choice.rung is rung
 
 
 @pytest.mark.parametrize("policy,allowed", [
-    (Policy(), {Rung.RESET, Rung.REBOOT, Rung.REPLACE}),
-    (Policy(reset=False), {Rung.REBOOT, Rung.REPLACE}),
-    (Policy(reboot=False), {Rung.RESET, Rung.REPLACE}),
-    (Policy(reset=False, reboot=False), {Rung.REPLACE}),  # replace cannot be switched off
+    (policy(), {Rung.RESET, Rung.REBOOT, Rung.REPLACE}),
+    (policy(reset=False), {Rung.REBOOT, Rung.REPLACE}),
+    (policy(reboot=False), {Rung.RESET, Rung.REPLACE}),
+    (policy(reset=False, reboot=False), {Rung.REPLACE}),  # replace cannot be switched off
 ])
 def test_the_policy_allows_each_rung_but_replace_by_its_own_key(policy, allowed):
     assert {r for r in Rung if policy.allows(r)} == allowed
@@ -140,8 +146,8 @@ def test_the_ladder_waits_for_jobs_unless_a_repair_is_under_way(state, jobs, wai
 
 
 def test_choose_has_nothing_for_no_finding_or_one_no_rung_mends():
-    assert ladder.choose([], GPU0, [], Policy(), NOW, "s") is None
-    assert ladder.choose([f(Action.RESET), f(Action.DRAIN)], GPU0, [], Policy(), NOW, "s") is None
+    assert ladder.choose([], GPU0, [], policy(), NOW, "s") is None
+    assert ladder.choose([f(Action.RESET), f(Action.DRAIN)], GPU0, [], policy(), NOW, "s") is None
 
 
 def test_a_repeat_offender_goes_to_replace_and_the_policy_is_not_asked_at_the_top():
@@ -151,10 +157,10 @@ def test_a_repeat_offender_goes_to_replace_and_the_policy_is_not_asked_at_the_to
         asked.append(ids)
         return "repeat offender: GPU-0"
 
-    choice = ladder.choose([f(Action.RESET)], GPU0, [], Policy(), NOW, "s", offender=offender)
+    choice = ladder.choose([f(Action.RESET)], GPU0, [], policy(), NOW, "s", offender=offender)
     assert choice.rung is Rung.REPLACE and choice.why.endswith("; repeat offender: GPU-0") and asked == [["GPU-0"]]
     asked.clear()
-    assert ladder.choose([f(Action.REPLACE)], GPU0, [], Policy(), NOW, "s", offender=offender).rung is Rung.REPLACE
+    assert ladder.choose([f(Action.REPLACE)], GPU0, [], policy(), NOW, "s", offender=offender).rung is Rung.REPLACE
     assert asked == []
 
 
@@ -191,7 +197,7 @@ RUNNING, UNVERIFIED = Validating(result="running"), Validating(result="unverifie
     (RepairState(attempts=(att("reset"), att("reboot"))), (), (), "", report(f(Action.RESET)), Decision.WORK),
 ])
 def test_decide_for_every_phase(state, flags, jobs, boot, rep, decision):
-    assert ladder.decide(state, node(flags), jobs, boot, rep, now=NOW, policy=Policy(reboot_timeout=900),
+    assert ladder.decide(state, node(flags), jobs, boot, rep, now=NOW, policy=policy(reboot_timeout=900.0),
                          gpus=GPU0, summary="s") is decision
 
 

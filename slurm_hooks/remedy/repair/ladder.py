@@ -85,13 +85,13 @@ def start_rung(finding: Finding) -> Rung | None:
 
 @dataclass(frozen=True)
 class Policy:
-    """The ``[repair]`` keys the ladder weighs."""
+    """The ``[repair]`` keys the ladder weighs (their defaults are the config's: ``config.RepairSection``)."""
 
-    window: float = 86400.0
-    attempts: int = 1
-    reboot_timeout: float = 900.0
-    reset: bool = True
-    reboot: bool = True
+    window: float
+    attempts: int
+    reboot_timeout: float
+    reset: bool
+    reboot: bool
 
     @classmethod
     def from_config(cls, repair: Any) -> Policy:
