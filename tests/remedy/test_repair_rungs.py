@@ -36,3 +36,10 @@ def test_a_refused_reboot_is_returned_counted_and_does_not_climb_to_replace(node
     assert [(a.rung, a.result) for a in store.load(w).attempts] == [("reboot", "refused")]
     assert outcome.repairs == ["reboot:refused"] and "[replace]" not in slurm.peek("n1").reason
     assert planner.plan(w, report, store.load(w)).rung == "replace"  # the worker's next step, not the rung's
+
+
+def test_every_rung_says_on_which_results_the_worker_climbs_on_and_the_top_on_none():
+    from slurm_hooks.remedy.repair import ladder
+
+    assert set(rungs.CLIMBS_ON) == set(ladder.Rung)
+    assert rungs.CLIMBS_ON[ladder.Rung.REPLACE] == frozenset()

@@ -1,8 +1,9 @@
 """The repair ladder: GPU reset -> reboot -> replace, climbed only as far as the fault needs.
 
 Its parts: :mod:`.state` (the ladder's memory, apart from its storage), :mod:`.ladder` (the pure
-decision), :mod:`.store` (the state file, the lock), :mod:`.planner`, :mod:`.rungs` (each runs once
-and returns its result), :mod:`.validation`, :mod:`.evidence`, :mod:`.rma` and :mod:`.worker`
+decision), :mod:`.store` (the state file, the :class:`.store.Ledger` a repair changes it through,
+the lock), :mod:`.planner`, :mod:`.rungs` (each runs once and returns its result; the results the
+worker climbs on), :mod:`.validation`, :mod:`.evidence`, :mod:`.rma` and :mod:`.worker`
 (the one sequencer: gather, decide, run, record, climb). What the hooks and commands call is
 named here.
 """

@@ -12,6 +12,7 @@ from slurm_hooks.errors import PermanentError, SlurmHooksError
 from slurm_hooks.models import Action, Report
 from slurm_hooks.remedy import ownership
 from slurm_hooks.remedy.repair.evidence import keep_evidence
+from slurm_hooks.remedy.repair.ladder import Rung
 from slurm_hooks.remedy.repair.planner import Plan, attempt
 from slurm_hooks.remedy.repair.rma import add_to_rma, gpu_ids
 from slurm_hooks.remedy.repair.state import Active, Replaced, Stopped
@@ -124,6 +125,21 @@ def replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, ledger: Ledger
     audit(w, "replace", "ok", time.monotonic() - t0, p, reason=reason, rma=rma, gpu_ids=gpu_ids(report, p),
            evidence=evidence, detail=f"{p.why}; drain stays for a person or the bridge; GPU(s) on the RMA list")
     return "ok"
+
+
+def run(rung: Rung, w: Wiring, p: Plan, report: Report, outcome: Outcome, rejudge: Rejudge, ledger: Ledger,
+        resetter: GpuResetter | None) -> str:
+    """Run one rung for the plan; its result says whether the worker climbs on (:data:`CLIMBS_ON`)."""
+    if rung is Rung.RESET:
+        return reset(w, p, outcome, rejudge, ledger, resetter)
+    if rung is Rung.REBOOT:
+        return reboot(w, p, outcome, ledger, resetter, report)
+    return replace(w, p, report, outcome, ledger)
+
+
+#: The results on which the worker climbs to the next rung in the same run: a failed reset (the
+#: node is out anyway), a reboot Slurm refused (counted: asking again would be refused again).
+CLIMBS_ON = {Rung.RESET: frozenset({"failed"}), Rung.REBOOT: frozenset({"refused"}), Rung.REPLACE: frozenset()}
 
 
 def restore_services(w: Wiring, ledger: Ledger) -> list[str]:

@@ -50,7 +50,7 @@ from slurm_hooks.remedy import ownership
 from slurm_hooks.remedy.repair import ladder
 from slurm_hooks.remedy.repair.planner import Plan, attempt, gpus_of, plan
 from slurm_hooks.remedy.repair.rma import is_uuid
-from slurm_hooks.remedy.repair.rungs import audit, reboot, replace, reset, resetter_for, restore_services
+from slurm_hooks.remedy.repair.rungs import CLIMBS_ON, audit, replace, resetter_for, restore_services, run
 from slurm_hooks.remedy.repair.state import RepairStateUnreadable, Replaced
 from slurm_hooks.remedy.repair.store import Ledger, load, locked
 from slurm_hooks.remedy.repair.validation import (
@@ -188,23 +188,18 @@ def _work(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, info: A
 
 def _climb(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, ledger: Ledger,
            resetter: GpuResetter | None) -> bool:
-    """Run the due rung; a failed reset climbs to the next rung in the same run, a reboot Slurm
-    refused to ``[replace]`` (the rungs themselves never climb)."""
+    """Run the due rung, and on a result in :data:`.rungs.CLIMBS_ON` the rung the ladder gives
+    next, in the same run (a failed reset, a reboot Slurm refused): the rungs never climb."""
     p = plan(w, report, ledger.state)
     if p is None:
         return False
-    if p.rung == ladder.Rung.RESET:
-        if reset(w, p, outcome, rejudge, ledger, resetter) != "failed":
+    while True:
+        rung = ladder.Rung(p.rung)
+        if run(rung, w, p, report, outcome, rejudge, ledger, resetter) not in CLIMBS_ON[rung]:
             return True
-        p = plan(w, report, ledger.state)  # the reset is now an attempt: the next rung
-        if p is None:
+        p = plan(w, report, ledger.state)  # the attempt is on record: the next rung
+        if p is None or ladder.Rung(p.rung).index <= rung.index:
             return True
-    if p.rung == ladder.Rung.REBOOT:
-        if reboot(w, p, outcome, ledger, resetter, report) == "refused":
-            replace(w, plan(w, report, ledger.state) or p, report, outcome, ledger)  # counted: the ladder moves on
-    else:
-        replace(w, p, report, outcome, ledger)
-    return True
 
 
 def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, ledger: Ledger,
