@@ -22,10 +22,10 @@ from slurm_hooks.values import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
 
     from slurm_hooks.remedy.outcome import Outcome
     from slurm_hooks.remedy.wiring import Wiring
+    from slurm_hooks.slurm import NodeInfo
 
 #: ``judge(dcgm_level, dcgm_timeout)``: the node judged afresh after a repair (a new snapshot),
 #: with a DCGM diag of at least that level bounded by that timeout (None: ``[dcgm] timeout``).
@@ -38,7 +38,7 @@ VALIDATE_TRIES = 2
 
 
 def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, rejudge: Rejudge,
-                        ledger: Ledger, info: Any = None) -> tuple[str, str, Report | None]:
+                        ledger: Ledger, info: NodeInfo | None = None) -> tuple[str, str, Report | None]:
     """The node checked healthy on NVML after ``after`` (reset, reboot, request): hold it drained
     ``[validating]`` while the configured diagnostic runs, then resume it only on a full pass.
     Returns (result, detail, the report judged): "ok", "failed" (the diagnostic found a fault: the
@@ -95,7 +95,7 @@ def verdict(report: Report, level: int) -> tuple[str, str]:
     return "ok", f"DCGM diag L{level} passed"
 
 
-def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: Any, detail: str) -> tuple[str, str]:
+def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: NodeInfo, detail: str) -> tuple[str, str]:
     """Back into service after a validation (or none configured): a node that came back DOWN from
     our reboot is drained with our reason first, which resume accepts."""
 
@@ -123,7 +123,7 @@ def unverified(w: Wiring, ledger: Ledger, summary: str, detail: str) -> None:
         ownership.write_marker(w, reason, None)
 
 
-def begin(w: Wiring, ledger: Ledger, info: Any, after: str) -> bool:
+def begin(w: Wiring, ledger: Ledger, info: NodeInfo, after: str) -> bool:
     """Hold a node that is still out (new hardware after ``[replace]``) for its validation,
     which a worker then runs; False when none is configured ([repair] dcgm_level = 0)."""
     if w.config.repair.dcgm_level <= 0:

@@ -66,12 +66,12 @@ from slurm_hooks.slurm import parse_reason, reason_attempt, reboot_pending
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
 
     from slurm_hooks.probes.gpureset import GpuResetter
     from slurm_hooks.remedy.outcome import Outcome
     from slurm_hooks.remedy.repair.state import Active
     from slurm_hooks.remedy.wiring import Wiring
+    from slurm_hooks.slurm import NodeInfo
 
 #: How a due rung runs: handed to a detached worker (the hooks); here, taking the repair lock
 #: (tests, a person's command); or here under the lock the caller holds (the worker itself).
@@ -157,7 +157,7 @@ def _restore_now(w: Wiring, mode: str) -> bool:
     return False
 
 
-def _due(w: Wiring, report: Report, ledger: Ledger, info: Any, resetter: GpuResetter | None) -> ladder.Decision:
+def _due(w: Wiring, report: Report, ledger: Ledger, info: NodeInfo, resetter: GpuResetter | None) -> ladder.Decision:
     """What the hook does with the lock free (:func:`ladder.decide`), after the ladder's memory
     is taken from Slurm's reason where the state dir was lost."""
     boot = ""
@@ -172,7 +172,7 @@ def _due(w: Wiring, report: Report, ledger: Ledger, info: Any, resetter: GpuRese
                          summary=drain_summary(report) if findings else "")
 
 
-def _work(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, info: Any,
+def _work(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, info: NodeInfo,
           resetter: GpuResetter | None) -> bool:
     """The ladder's due rung, run by the lock holder."""
     ledger = Ledger(w)
@@ -203,7 +203,7 @@ def _climb(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, ledger
 
 
 def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, ledger: Ledger,
-                  active: Active, info: Any, resetter: GpuResetter | None) -> bool:
+                  active: Active, info: NodeInfo, resetter: GpuResetter | None) -> bool:
     p = Plan("reboot", list(active.gpus), active.why, active.summary)
     elapsed = time.time() - active.t
     booted = (resetter or resetter_for(w, ledger)).boot_id() != active.boot
@@ -243,7 +243,7 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
     return True
 
 
-def _revalidate(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, ledger: Ledger, info: Any,
+def _revalidate(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, ledger: Ledger, info: NodeInfo,
                 resetter: GpuResetter | None) -> bool:
     """A validation that its worker did not finish (it died): run it again, at most VALIDATE_TRIES
     times; a fault the node shows meanwhile climbs the ladder instead."""
@@ -278,12 +278,12 @@ def new_urgent(w: Wiring, report: Report) -> list[Finding]:
     return [f for f in report.drain_findings() if f.urgency is Urgency.NOW and (f.check, f.gpu) not in known]
 
 
-def _down(info: Any) -> bool:
+def _down(info: NodeInfo) -> bool:
     """DOWN with our reason: how our ``nextstate=DOWN`` reboot brings a node back."""
     return info.down and info.ours
 
 
-def _replace_ended(w: Wiring, report: Report, ledger: Ledger, info: Any) -> bool:
+def _replace_ended(w: Wiring, report: Report, ledger: Ledger, info: NodeInfo) -> bool:
     """Whether our ``[replace]`` is over: a person resumed the node, or every GPU it named is
     gone from the node (new hardware: new UUIDs). The same GPU passing a check is not enough
     (flaky hardware passes now and then). The RMA entry stays. True when it ended now."""
@@ -312,7 +312,7 @@ def _has_marker(w: Wiring) -> bool:
         return True  # there, though unreadable: the state dir was not lost
 
 
-def _recall(w: Wiring, report: Report, ledger: Ledger, info: Any) -> bool:
+def _recall(w: Wiring, report: Report, ledger: Ledger, info: NodeInfo) -> bool:
     """With no attempt on record (the state dir was lost: a diskless node, a reimage), take the
     ladder's memory from Slurm's reason: ``[replace]`` waits for a person, ``[reboot 1/1]``
     counts as that many reboots of the GPUs now at fault. True when the node waits for a person."""
@@ -338,7 +338,7 @@ def _recall(w: Wiring, report: Report, ledger: Ledger, info: Any) -> bool:
     return False
 
 
-def note_person_resume(w: Wiring, info: Any = None) -> bool:
+def note_person_resume(w: Wiring, info: NodeInfo | None = None) -> bool:
     """We drained this node (our marker was there) and it is back in service, not by our resume:
     a person resumed it. Closes its incident as "resumed by <user>" (Slurm's ``ReasonUser`` only
     when it is not the drain's own, else "a person"). One Slurm read, once per incident. True
