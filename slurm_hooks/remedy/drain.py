@@ -183,7 +183,7 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
         return
     started = time.monotonic()
     try:
-        info = w.slurm.node(w.node)
+        info = w.node_now()  # a resume decides on Slurm's answer now, not on one read earlier in the run
         if not out_of_service(info):
             let_go(w, marker, info)
             return

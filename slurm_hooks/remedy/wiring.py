@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from slurm_hooks.config import Config
     from slurm_hooks.probes import Probe
-    from slurm_hooks.slurm import Slurm
+    from slurm_hooks.slurm import NodeInfo, Slurm
     from slurm_hooks.slurm.recording import Record
 
 
@@ -117,6 +117,13 @@ class Wiring:
 
             base = RecordingSlurm(base, self.record)
         return base
+
+    def node_now(self) -> NodeInfo:
+        """This node as Slurm shows it now, never a read reused from earlier in the run: what a
+        resume or a repair rung decides on (someone may have drained or resumed it meanwhile)."""
+        if self.record is not None:
+            self.record.forget_node(self.node)
+        return self.slurm.node(self.node)
 
     def recording(self) -> Wiring:
         """This wiring for one run: its Slurm calls' errors noted and its reads reused, until the

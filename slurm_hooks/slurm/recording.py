@@ -22,6 +22,9 @@
       a job was requeued is joined to what the job showed just before (no second read), while a
       job sent its checkpoint signal is read afresh when its grace ends.
 
+  A caller about to resume or repair the node reads it afresh (:meth:`Record.forget_node`,
+  through :meth:`slurm_hooks.remedy.wiring.Wiring.node_now`).
+
   Read afresh every time: ``job`` and ``jobs`` (the follower polls them until a job is
   PENDING again), ``nodes``, ``drained_count``, and what a job was submitted with. A read that
   failed is not kept. So what the run reads after a write of its own is Slurm's answer (the
@@ -79,6 +82,12 @@ class Record:
         self._nodes.clear()
         self._jobs_on.clear()
         self._details.clear()
+
+    def forget_node(self, name: str) -> None:
+        """The next read of this node (and of its jobs) goes to Slurm: what a resume or a repair
+        decides on is Slurm's answer now, never one from earlier in the run (a person may have
+        drained or resumed the node since)."""
+        self._forget_node(name)
 
     def _forget_node(self, name: str) -> None:
         self._nodes.pop(name, None)

@@ -163,3 +163,24 @@ def test_slurm_s_own_verdict_in_the_health_check_s_environment_is_recorded(t, mo
     check(t)
     [seen] = [r for r in t.audit.read() if r["kind"] == "slurm-view"]
     assert (seen["node_is_healthy"], seen["ours"], seen["node"]) == ("no", "healthy", "n1")
+
+
+def test_a_drain_by_someone_else_after_the_runs_first_read_is_seen_by_the_resume(t):
+    """The run read the node early (ours, and mended now); an admin drains it for maintenance before
+    our resume: the resume reads the node afresh, sees their reason, and leaves their drain."""
+    from slurm_hooks.models import Context
+    from slurm_hooks.remedy import drain
+    from slurm_hooks.remedy.outcome import Outcome
+
+    sim.inject(t.sim_dir, "n1", 3, xid=79)
+    _, out = check(t)
+    assert out.drained
+    sim.reboot(t.sim_dir, "n1")  # mended
+    w = t.w.recording()
+    report = healthcheck.judge(w, Context.CHECK)
+    assert report.healthy and w.slurm.node("n1").reason == XID79  # the run's read: still ours
+    t.slurm.drain("n1", "maintenance: swap PSU")  # an admin's scontrol update state=drain
+    outcome = Outcome()
+    drain.resume_if_ours(w, outcome, report)
+    assert not outcome.resumed and t.slurm.peek("n1").drained
+    assert t.slurm.peek("n1").reason == "maintenance: swap PSU"

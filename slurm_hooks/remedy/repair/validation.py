@@ -100,7 +100,7 @@ def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: NodeInf
     our reboot is drained with our reason first, which resume accepts."""
 
     try:
-        node = w.slurm.node(w.node)
+        node = w.node_now()
         if not node.drained and node.down and node.ours:
             w.slurm.drain(w.node, node.reason)
     except SlurmHooksError as exc:

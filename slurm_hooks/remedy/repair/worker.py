@@ -97,7 +97,7 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
         return False
     ledger = Ledger(w, state)
     try:
-        info = w.slurm.node(w.node)
+        info = w.node_now()  # the ladder decides on Slurm's answer now (a person may have taken the node)
         # A person's resume (or new hardware) ends our [replace] whatever reason Slurm kept after it.
         ended = state.replaced is not None and not rebooting and _replace_ended(w, report, ledger, info)
         if info.reason and ownership.holds(w, info, our_reboot=rebooting):
