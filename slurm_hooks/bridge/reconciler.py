@@ -54,7 +54,7 @@ from slurm_hooks.bridge.verdict import NodeVerdict, extra_is_foreign, operator_r
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action
 from slurm_hooks.observe.audit import AuditLog
-from slurm_hooks.slurm import NodeInfo, Slurm, out_of_service, parse_reason
+from slurm_hooks.slurm import NodeInfo, Slurm, parse_reason
 
 COMPONENT = nodeops.COMPONENT
 #: Consecutive transient errors after which the API server is taken to be down for this pass.
@@ -82,7 +82,7 @@ def readopt(node: NodeInfo, verdict: NodeVerdict, actions: tuple[Action, ...]) -
 
 def trigger(node: NodeInfo, actions: tuple[Action, ...]) -> tuple[str, Action] | None:
     """(summary, action) when this Slurm node asks the bridge to act, else ``None``."""
-    if not out_of_service(node) or not node.ours:
+    if not node.out_of_service or not node.ours:
         return None  # a DOWN node counts: our reboot left "reboot timed out" (Slurm's suffixes parsed off)
     parsed = parse_reason(node.reason)
     if parsed is None or parsed[1] not in actions:

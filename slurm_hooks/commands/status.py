@@ -29,14 +29,14 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
     next and what they do. ``open_incidents``: node -> its open :class:`Incident` from the local
     log (may be empty); ``rma``: the RMA list's entries (may be empty)."""
     from slurm_hooks.models import Action
-    from slurm_hooks.slurm import out_of_service, parse_reason, reboot_pending, split_reason, status_tag
+    from slurm_hooks.slurm import parse_reason, split_reason, status_tag
 
     by_node: dict[str, list[dict[str, Any]]] = {}
     for e in rma:
         by_node.setdefault(str(e.get("node")), []).append(e)
     out = []
     for info in nodes:
-        if not (info.ours and out_of_service(info)):
+        if not (info.ours and info.out_of_service):
             continue
         parsed = parse_reason(info.reason) or ("", None)
         summary, action = parsed
@@ -60,7 +60,7 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
             why = "drained for a DCGM diagnostic, which the periodic check does not run"
         elif status == "validating":
             who, todo = US, "validating (DCGM diag) before it returns"
-        elif reboot_pending(info):
+        elif info.reboot_pending:
             who, todo = SLURM, "reboot (RebootProgram) once idle"
         elif action is Action.REBOOT and info.down:
             who, todo = US, "the first check on the new boot"

@@ -27,7 +27,7 @@ from slurm_hooks.remedy.audit import annotate_jobs
 from slurm_hooks.remedy.outcome import Outcome, record_alerts, record_metrics
 from slurm_hooks.remedy.requeue import in_slurms_numbering, job_summary, requeue_jobs
 from slurm_hooks.remedy.wiring import Wiring, xid_history
-from slurm_hooks.slurm import quirks, reboot_pending
+from slurm_hooks.slurm import quirks
 from slurm_hooks.values import asdict, replace
 from slurm_hooks.xid.history import XidState
 
@@ -279,7 +279,7 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
         return False
     try:
         info = w.slurm.node(w.node)
-        if info.drained or reboot_pending(info):
+        if info.drained or info.reboot_pending:
             return False  # our reboot under way shows no DRAIN flag at times: not an admin's resume
         from slurm_hooks.remedy import repair
 

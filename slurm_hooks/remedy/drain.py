@@ -28,7 +28,6 @@ from slurm_hooks.slurm import (
     NodeInfo,
     format_reason,
     may_drain,
-    out_of_service,
     parse_reason,
     split_reason,
     waits_for_job_end,
@@ -184,7 +183,7 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
     started = time.monotonic()
     try:
         info = w.node_now()  # a resume decides on Slurm's answer now, not on one read earlier in the run
-        if not out_of_service(info):
+        if not info.out_of_service:
             let_go(w, marker, info)
             return
         theirs = foreign(info)

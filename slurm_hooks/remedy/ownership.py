@@ -31,8 +31,6 @@ from slurm_hooks.slurm import (
     FOREIGN_PREFIXES,
     OWNER_KEEPING_SUFFIXES,
     SUFFIX_SEP,
-    out_of_service,
-    reboot_pending,
     split_reason,
     status_tag,
 )
@@ -141,7 +139,7 @@ def _differs(marker: DrainMarker, node: NodeInfo, our_reboot: bool, same_text: b
         restamped = _restamped(marker, node)
         if restamped:
             return restamped
-    if reboot_pending(node) and not our_reboot:
+    if node.reboot_pending and not our_reboot:
         return "a reboot we did not ask for is pending on the node (someone else's scontrol reboot)"
     return ""
 
@@ -226,7 +224,7 @@ def recover_marker(w: Wiring) -> DrainMarker | None:
         info = w.slurm.node(w.node)
     except SlurmHooksError:
         return None
-    if not (out_of_service(info) and info.ours) or reboot_pending(info) or released(w).covers(info):
+    if not (info.out_of_service and info.ours) or info.reboot_pending or released(w).covers(info):
         return None
     text = split_reason(info.reason)[0]
     # What it was drained for is lost with the marker; the reason still says whether it was DCGM.
@@ -252,7 +250,7 @@ def holds(w: Wiring, info: NodeInfo, *, our_reboot: bool = False) -> str:
         return marker.why_not_ours(info, our_reboot=our_reboot, same_text=False)
     if released(w).covers(info):
         return "a reason we let go of (Slurm kept it on the node after a resume)"
-    if reboot_pending(info) and not our_reboot:
+    if info.reboot_pending and not our_reboot:
         return "a reboot we did not ask for is pending on the node (someone else's scontrol reboot)"
     return ""
 

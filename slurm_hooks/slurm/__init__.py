@@ -513,16 +513,6 @@ def may_drain(node: NodeInfo) -> bool:
     return not node.reason or node.ours
 
 
-def reboot_pending(node: NodeInfo) -> bool:
-    """:attr:`NodeInfo.reboot_pending`, as a function."""
-    return node.reboot_pending
-
-
-def out_of_service(node: NodeInfo) -> bool:
-    """:attr:`NodeInfo.out_of_service`, as a function."""
-    return node.out_of_service
-
-
 def may_resume(node: NodeInfo) -> bool:
     """Resume only a node we took out ourselves (drained, or DOWN after our reboot)."""
     return node.out_of_service and node.ours

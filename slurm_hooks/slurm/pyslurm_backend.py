@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from slurm_hooks.slurm import JobDetail, JobInfo, NodeInfo, job_ref, may_resume, out_of_service
+from slurm_hooks.slurm import JobDetail, JobInfo, NodeInfo, job_ref, may_resume
 from slurm_hooks.slurm.errors import (
     AlreadyRequeued,
     ReasonNotOurs,
@@ -111,7 +111,7 @@ class PyslurmSlurm:
 
     def resume(self, name: str) -> None:
         current = self.node(name)
-        if not out_of_service(current):
+        if not current.out_of_service:
             return
         if not may_resume(current):
             raise ReasonNotOurs(current, "resume")

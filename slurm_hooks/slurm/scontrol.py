@@ -29,7 +29,6 @@ from slurm_hooks.slurm import (
     hostlist,
     job_ref,
     may_resume,
-    out_of_service,
     quirks,
 )
 from slurm_hooks.slurm.errors import (
@@ -492,7 +491,7 @@ class ScontrolSlurm:
         (an admin, ``Prolog error``, ``slurm-operator:``).
         """
         current = self.node(name)
-        if not out_of_service(current):
+        if not current.out_of_service:
             return
         if not may_resume(current):
             raise ReasonNotOurs(current, "resume")

@@ -23,7 +23,6 @@ from conftest import audit_records, wait_for
 
 from slurm_hooks.lab.testbed import LabSettings, Testbed, hook_interpreter
 from slurm_hooks.probes import sim
-from slurm_hooks.slurm import reboot_pending
 
 pytestmark = pytest.mark.slurm
 
@@ -98,7 +97,7 @@ def wait(pred, timeout, what):
 def wait_rebooted(tb, boots, name="n1"):
     """Our RebootProgram ran (the sim booted) and Slurm has the node back (no reboot pending)."""
     wait(lambda: sim.read(tb.sim_dir, name).get("boots", 0) >= boots, 40, f"{name} rebooted")
-    return wait(lambda: (lambda n: n if not reboot_pending(n) and "NOT_RESPONDING" not in n.flags
+    return wait(lambda: (lambda n: n if not n.reboot_pending and "NOT_RESPONDING" not in n.flags
                          and not n.state.endswith("*") else None)(node(tb, name)), 60, f"{name} back from its reboot")
 
 
@@ -209,7 +208,7 @@ def test_state_dir_wiped_after_our_reboot_a_persisting_fault_reaches_replace_wit
         wipe_state(tb)
         check(tb)
         time.sleep(1)
-    assert sim.read(tb.sim_dir, "n1")["boots"] == 1 and not reboot_pending(node(tb))
+    assert sim.read(tb.sim_dir, "n1")["boots"] == 1 and not node(tb).reboot_pending
     assert node(tb).drained
 
 

@@ -62,7 +62,7 @@ from slurm_hooks.remedy.repair.validation import (
     unverified,
     validate_and_resume,
 )
-from slurm_hooks.slurm import parse_reason, reason_attempt, reboot_pending
+from slurm_hooks.slurm import parse_reason, reason_attempt
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
     p = Plan("reboot", list(active.gpus), active.why, active.summary)
     elapsed = time.time() - active.t
     booted = (resetter or resetter_for(w, ledger)).boot_id() != active.boot
-    if not booted and not reboot_pending(info) and not _down(info):
+    if not booted and not info.reboot_pending and not _down(info):
         # No reboot happened and none is pending: a person cancelled it (cancel_reboot) or resumed
         # the node. Their decision: our tracking ends, no [replace] over it.
         ledger.record(attempt("reboot", p, active.t, "cancelled"), active=None)
@@ -216,7 +216,7 @@ def _after_reboot(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge,
                detail=f"the reboot was cancelled or the node resumed by someone else (node {info.state}, "
                       f"reason {info.reason!r}): tracking ends")
         return False
-    if reboot_pending(info) or not booted:
+    if info.reboot_pending or not booted:
         if elapsed < w.config.repair.reboot_timeout:
             return True  # the reboot is still to come, or under way: leave the node to Slurm
         result, detail = "failed", f"no reboot within {elapsed:.0f}s"
@@ -344,7 +344,6 @@ def note_person_resume(w: Wiring, info: NodeInfo | None = None) -> bool:
     when it is not the drain's own, else "a person"). One Slurm read, once per incident. True
     when it wrote the closing record."""
     from slurm_hooks.observe import incidents
-    from slurm_hooks.slurm import out_of_service
 
     try:
         info = w.slurm.node(w.node) if info is None else info
@@ -355,7 +354,7 @@ def note_person_resume(w: Wiring, info: NodeInfo | None = None) -> bool:
     except RepairStateUnreadable as exc:
         print(f"slurm-hooks: repair: {exc}", file=sys.stderr)
         return False
-    if out_of_service(info) or reboot_pending(info) or rebooting:
+    if info.out_of_service or info.reboot_pending or rebooting:
         return False  # still out, or our reboot under way (Slurm shows it neither drained nor DOWN at times)
     incidents.record_person_resume(w.audit, w.node, reason=info.reason, state=info.state)
     return True
