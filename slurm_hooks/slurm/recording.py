@@ -84,12 +84,8 @@ class Record:
         self._details.clear()
 
     def forget_node(self, name: str) -> None:
-        """The next read of this node (and of its jobs) goes to Slurm: what a resume or a repair
-        decides on is Slurm's answer now, never one from earlier in the run (a person may have
-        drained or resumed the node since)."""
-        self._forget_node(name)
-
-    def _forget_node(self, name: str) -> None:
+        """The next read of this node (and of its jobs) goes to Slurm: after a write to it, and
+        before a resume or a repair decides (a person may have drained or resumed the node since)."""
         self._nodes.pop(name, None)
         self._jobs_on.pop(name, None)
 
@@ -141,25 +137,25 @@ class RecordingSlurm:
         try:
             self._call(self._base.drain, name, reason, current=current)
         finally:
-            self.record._forget_node(name)
+            self.record.forget_node(name)
 
     def resume(self, name: str) -> None:
         try:
             self._call(self._base.resume, name)
         finally:
-            self.record._forget_node(name)
+            self.record.forget_node(name)
 
     def set_node_extra(self, name: str, text: str) -> None:
         try:
             self._call(self._base.set_node_extra, name, text)
         finally:
-            self.record._forget_node(name)
+            self.record.forget_node(name)
 
     def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
         try:
             self._call(self._base.reboot, name, reason, nextstate)
         finally:
-            self.record._forget_node(name)
+            self.record.forget_node(name)
 
     # -- jobs
 
