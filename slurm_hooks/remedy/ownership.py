@@ -275,11 +275,11 @@ def write_marker(w: Wiring, reason: str, report: Report | None, node: NodeInfo |
     """Remember that we drained this node: when, why, for which XID events and checks, and the
     node's ReasonTime/ReasonUser right after (``node``, as read then; ``None``: unknown).
     ``report`` None: a new reason for the same drain, as the repair's reboot gives it."""
+    try:
+        before = load_marker(w)
+    except MarkerUnreadable:
+        before = None
     if report is None:
-        try:
-            before = load_marker(w)
-        except MarkerUnreadable:
-            before = None
         marker = replace(before, ts=time.time(), reason=reason, reason_time="", reason_user="") if before \
             else DrainMarker(reason=reason, ts=time.time())
     else:
@@ -289,13 +289,8 @@ def write_marker(w: Wiring, reason: str, report: Report | None, node: NodeInfo |
                              checks=tuple(sorted({f.check for f in report.drain_findings()})))
     if node is not None and split_reason(node.reason)[0] == reason:
         marker = marker.seen(node)
-    if report is not None:
-        try:
-            before = load_marker(w)
-        except MarkerUnreadable:
-            before = None
-        if before is not None and replace(before, ts=marker.ts) == marker:
-            return  # the same drain, seen again by a later run: kept as written (its time too), no write
+    if report is not None and before is not None and replace(before, ts=marker.ts) == marker:
+        return  # the same drain, seen again by a later run: kept as written (its time too), no write
     try:
         marker.save(w.drained_marker())
     except OSError as exc:
