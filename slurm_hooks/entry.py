@@ -47,7 +47,7 @@ def _fast_args(args: list[str]) -> tuple[str, str | None, str | None] | None:
 
 
 def _run_hook(hook: str, config_path: str | None, node: str | None) -> int:
-    from slurm_hooks import confcache
+    from slurm_hooks.config import cache as confcache
     from slurm_hooks.remedy.wiring import Wiring
 
     confcache.enable()  # the next run of any hook reads the parsed config instead of parsing it

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
-from slurm_hooks.setting import POSITIVE, Range, setting
-from slurm_hooks.values import asdict, compile_later, dataclass, field, fields
+from slurm_hooks.values import POSITIVE, Range, asdict, compile_later, dataclass, field, fields, setting
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:

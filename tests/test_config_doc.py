@@ -11,10 +11,10 @@ import re
 import pytest
 from paths import ROOT
 
-from slurm_hooks import config, receivers
+from slurm_hooks import config
 from slurm_hooks.bridge import settings as bridge_settings
-from slurm_hooks.setting import setting
-from slurm_hooks.values import dataclass
+from slurm_hooks.config import receivers
+from slurm_hooks.values import dataclass, setting
 
 SHIPPED = os.path.join(ROOT, "slurm_hooks", "templates", "install", "config.toml")
 REGENERATE = "run `.venv/bin/python tools/gen_config_doc.py` and commit docs/configuration.md"
@@ -43,13 +43,13 @@ def _section(page: str, table: str) -> str:
 
 
 def test_the_configuration_page_is_what_the_schema_generates(gen):
-    assert _page() == gen.render(), f"docs/configuration.md is out of date with slurm_hooks/config.py: {REGENERATE}"
+    assert _page() == gen.render(), f"docs/configuration.md is out of date with slurm_hooks/config/sections.py: {REGENERATE}"
 
 
 def test_the_example_config_is_what_the_sections_generate(gen):
     with open(gen.EXAMPLE, encoding="utf-8") as fh:
         assert fh.read() == gen.render_example(), \
-            f"{gen.EXAMPLE} is out of date with slurm_hooks/config.py: run `.venv/bin/python tools/gen_config_doc.py`"
+            f"{gen.EXAMPLE} is out of date with slurm_hooks/config/sections.py: run `.venv/bin/python tools/gen_config_doc.py`"
 
 
 def test_the_example_config_has_every_key_in_its_own_table_at_its_default():

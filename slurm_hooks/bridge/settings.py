@@ -15,8 +15,7 @@ from typing import Any
 from slurm_hooks.config import Config, Locator, check_table, choices, spec
 from slurm_hooks.errors import ConfigError
 from slurm_hooks.models import Action
-from slurm_hooks.setting import setting
-from slurm_hooks.values import dataclass, field
+from slurm_hooks.values import dataclass, field, setting
 
 _WAIT = ("The node is cordoned and tainted at once; its pods are evicted and the replacement requested only once "
          "Slurm has no job left on it (drained, not draining, and no job listing it), or this many seconds after it "

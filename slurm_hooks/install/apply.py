@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_hooks import confcache, fsutil
+from slurm_hooks import fsutil
+from slurm_hooks.config import cache as confcache
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.install.layout import CURRENT, MANIFEST, VERSIONS, Inputs, Laid, example_config, render
 

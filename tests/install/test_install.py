@@ -123,7 +123,7 @@ def test_uninstall_leaves_nothing_behind(tmp_path):
 
 
 def test_uninstall_also_removes_the_hooks_parsed_copy_of_the_config(tmp_path):
-    from slurm_hooks import confcache
+    from slurm_hooks.config import cache as confcache
 
     prefix, cfg = tmp_path / "opt", tmp_path / "etc" / "config.toml"
     assert cli("install", "--prefix", str(prefix), "--config", str(cfg)).returncode == 0

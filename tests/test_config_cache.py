@@ -1,4 +1,4 @@
-"""The parsed config kept beside the file (slurm_hooks.confcache): used only when it was made from the
+"""The parsed config kept beside the file (slurm_hooks.config.cache): used only when it was made from the
 file's very text by this user, so an edit, a corrupt cache or someone else's file never changes
 what a run reads."""
 
@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from slurm_hooks import confcache, config
+from slurm_hooks import config
+from slurm_hooks.config import cache as confcache
 
 
 @pytest.fixture

@@ -4,8 +4,7 @@ file that has such a table: a node's health check without receivers makes none o
 
 from __future__ import annotations
 
-from slurm_hooks.setting import setting
-from slurm_hooks.values import dataclass
+from slurm_hooks.values import dataclass, setting
 
 
 @dataclass(frozen=True)
