@@ -426,12 +426,6 @@ def read_record(w: Wiring, ref: str) -> Followed | None:
         return None
 
 
-def in_grace(w: Wiring, ref: str) -> Followed | None:
-    """The job's record when it is in its grace on this node (signalled, not yet requeued)."""
-    rec = read_record(w, ref)
-    return rec if rec is not None and rec.phase is Phase.GRACE else None
-
-
 def write_record(w: Wiring, rec: Followed) -> None:
     rec = replace(rec, node=w.node, ts=rec.ts or time.time())
     try:

@@ -15,10 +15,20 @@ from slurm_hooks.models import Context, Finding, Report, Scope, Urgency
 from slurm_hooks.remedy import gpumap
 from slurm_hooks.remedy.audit import step
 from slurm_hooks.remedy.drain import findings_summary
-from slurm_hooks.remedy.follower import Follow, Followed, Phase, follow_jobs, in_grace, record_requeue_seconds
+from slurm_hooks.remedy.follower import (
+    Follow,
+    Followed,
+    Phase,
+    follow_jobs,
+    forget_record,
+    read_record,
+    record_requeue_seconds,
+    write_record,
+)
 from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import JobInfo, hostlist
 from slurm_hooks.slurm.errors import AlreadyRequeued
+from slurm_hooks.values import replace
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
@@ -61,7 +71,10 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
     ``<array id>_<task id>`` (the array's id alone would requeue every task), a
     heterogeneous job through its leader, once however many of its components
     run here. A job that is completing (it exited, or another run's requeue is
-    under way) is left alone: Slurm would run a completed job again. A job
+    under way) is left alone: Slurm would run a completed job again. A fault's
+    requeue is recorded once per job: a later run (slurmd's periodic check, the
+    watcher) that finds a job this node already sees to (its following record:
+    in its grace, or requeued and completing) records nothing for it. A job
     submitted with ``--no-requeue`` is left running on the drained node (a
     warning, not a failure).
 
@@ -89,6 +102,9 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
         ref = job.ref
         t0 = time.monotonic()
         scope = _scope_note(gmap, held)
+        seen_to = read_record(w, ref)
+        if seen_to is not None and (seen_to.phase is Phase.GRACE or _ended(job) is not None):
+            continue  # this node already sees to it (in its grace, or requeued): its first record says so
         if not touched:
             ended = _ended(job)
             if ended is not None:  # a requeue under way shows no GPUs: not "left to run"
@@ -107,30 +123,29 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
             step(w, "requeue", ref, result, t0, jobs=[ref], detail=detail, **({"level": level} if level else {}),
                   **scope)
             continue
-        earlier = in_grace(w, ref)
-        if earlier is not None:
-            step(w, "requeue", ref, "already", t0, jobs=[ref], signal=earlier.signal,
-                  detail=f"in its checkpoint grace (got {earlier.signal} "
-                         f"{time.time() - earlier.signalled_at:.1f}s ago): its follower requeues it if it does not")
-            continue
         rec = _signal_first(w, job, fault_at)
         if rec is not None:
             graced.append(rec)
             outcome.signalled.append(ref)
             continue
+        # Written before the requeue: a run that looks while the job completes (slurmd's periodic check,
+        # the watcher) finds it being seen to and adds no record of its own.
+        mine = Followed(ref, w.node, Phase.REQUEUED, fault_at=fault_at, ts=time.time(), nodes=node_count(job))
+        write_record(w, mine)
         try:
             w.slurm.requeue(ref)
         except AlreadyRequeued as exc:
-            # Another run (the watcher, the check on the job's other node) requeued it a moment ago.
+            # Another run (the check on the job's other node) requeued it a moment ago.
+            forget_record(w, ref)
             step(w, "requeue", ref, "already", t0, jobs=[ref], detail=str(exc))
             continue
         except SlurmHooksError as exc:
+            forget_record(w, ref)
             outcome.failed.append(f"requeue {ref}: {exc}")
             step(w, "requeue", ref, "failed", t0, jobs=[ref], error=str(exc))
             continue
         outcome.requeued.append(ref)
-        requeued.append(Followed(ref, w.node, Phase.REQUEUED, fault_at=fault_at, ts=time.time(),
-                                 nodes=node_count(job)))
+        requeued.append(replace(mine, ts=time.time()))
         seconds = round(time.time() - fault_at, 3)
         step(w, "requeue", ref, "ok", t0, jobs=[ref], requeued_by="ours", seconds_from_fault=seconds,
               **({"gpus": list(held)} if held else {}), **scope)

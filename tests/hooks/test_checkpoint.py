@@ -106,7 +106,7 @@ def test_another_run_during_the_grace_leaves_the_job_to_its_follower(t):
     again = requeue_now(t)  # the watcher and the health check on the same fault
     assert (again.requeued, again.signalled) == ([], [])
     assert len(sent(t.slurm)) == 1
-    assert steps(t, "requeue")[-1] == ("101", "already")
+    assert steps(t, "requeue") == []  # the first run's signal record says it all
 
 
 def test_a_job_that_ends_in_its_grace_is_not_requeued(t):

@@ -693,6 +693,26 @@ def test_a_job_requeued_a_moment_ago_by_another_run_is_not_a_failure(tmp_path):
     assert [(r["action"], r["result"]) for r in w.audit.read()] == [("requeue", "already")]
 
 
+
+def test_a_later_check_that_finds_our_requeued_job_completing_adds_no_record(tmp_path):
+    """One requeue record per job and fault: slurmd's periodic check (or the watcher) that runs while
+    the job we requeued is still COMPLETING on the node sees our following record and stays silent;
+    a job that completes without one (it ended by itself) is still said to be skipped."""
+    cfg = sim_config(tmp_path)
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "MIXED")
+    slurm.add_job(44, "n1")
+    slurm.add_job(45, "n1", state="COMPLETING")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+    requeue_jobs(w, Outcome(), follow="none")
+    assert slurm.job(44).state == "COMPLETING"  # the requeue is under way
+    later = Outcome()
+    requeue_jobs(w, later, follow="none")
+    assert later.requeued == [] and later.failed == []
+    assert [(r["target"], r["result"]) for r in w.audit.read() if r["action"] == "requeue"] == [
+        ("44", "ok"), ("45", "skipped")]  # 45's second look is a repeat of its first (one line)
+    assert slurm.called("requeue") == [("requeue", 44)]
+
 # --- the drain guard: a wrong value in the config must not drain the fleet ------------------------
 
 
