@@ -16,7 +16,10 @@ Runs as a plain script under any Python that has torch (Debian's ``python3-torch
 
 Rendezvous: ``env://`` when MASTER_ADDR is set, else a FileStore in ``--ckpt-dir`` (a shared
 filesystem, as a checkpoint directory is); on one host (the testbed) ``GLOO_SOCKET_IFNAME=lo``. Each rank prints ``start restart=R step=S on NODE
-rank=K``, ``got SIGTERM at step=S on NODE rank=K``; rank 0 logs ``<step> <unix time>
+rank=K``, ``got SIGTERM at step=S on NODE rank=K`` when its own signal came before the step's
+all-reduce, and ``stopping at step=S on NODE rank=K on its own signal|a peer's signal``: a rank whose
+peer's signal came first stops at the same step before its own arrives (Slurm signals each node's
+steps apart), so only the stop lines, not the signal lines, are there for every rank; rank 0 logs ``<step> <unix time>
 <restart>`` per step to ``--log``, so the work lost to a fault is read back exactly.
 """
 
@@ -134,19 +137,22 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.log, "a", encoding="utf-8") as fh:
                 fh.write(f"{step} {time.time():.3f} {restart}\n")
         time.sleep(max(0.0, args.step_s - (time.monotonic() - t0)))
-        flag[0] = 1.0 if got else 0.0
+        seen = got[:]  # a signal that lands after this look counts at the next step, never lost
+        flag[0] = 1.0 if seen else 0.0
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         stopping = bool(flag.item())
-        for signum in got:
+        why = "its own signal" if seen else "a peer's signal"  # a peer's all-reduce can come before ours
+        for signum in seen:
             print(f"got {signal.Signals(signum).name} at step={step} on {node} rank={rank}", flush=True)
-        got.clear()
+        del got[:len(seen)]
         if stopping or (args.save_every and step % args.save_every == 0):
             if rank == 0:
                 path = save(torch, args.ckpt_dir, step, {"model": model.state_dict(), "opt": opt.state_dict()})
                 print(f"saved step={step} at={time.time():.3f} to {path}", flush=True)
             dist.barrier()
         if stopping:
-            print(f"stopping at step={step} on {node} rank={rank}: checkpoint saved, exit {EXIT_REQUEUE}", flush=True)
+            print(f"stopping at step={step} on {node} rank={rank} on {why}: checkpoint saved, exit {EXIT_REQUEUE}",
+                  flush=True)
             dist.destroy_process_group()
             return EXIT_REQUEUE
     dist.destroy_process_group()

@@ -123,9 +123,12 @@ def test_a_ddp_job_on_two_nodes_hit_by_xid79_on_one_is_requeued_once_and_resumes
     reached = max((s for s, t, r in steps(work) if r == "0" and t <= fault), default=0)
     assert (reached - int(resumed["step"])) * STEP_S <= MAX_LOST_S, (reached, resumed)
     output = tb.job_output(job)
-    for rank, node in (("0", used[0]), ("1", used[1])):  # every rank on every node got the signal
-        assert re.search(rf"got SIGTERM at step=\d+ on {node} rank={rank}\b", output), output
-    assert "stopping at step=" in output and "saved step=" in output
+    # Every rank stops at one step, its checkpoint's; Slurm signals the two nodes' steps apart, so a rank
+    # may stop on its peer's signal before its own arrives: at least one rank got SIGTERM itself.
+    stopped = {rank: step for step, rank in re.findall(r"stopping at step=(\d+) on \S+ rank=(\d) on ", output)}
+    assert set(stopped) == {"0", "1"} and len(set(stopped.values())) == 1, output
+    assert re.search(rf"got SIGTERM at step={stopped['0']} on \S+ rank=\d\b", output), output
+    assert f"saved step={stopped['0']} " in output
     requeues = acted(tb, "requeue")
     assert [(r["result"], r.get("requeued_by")) for r in requeues] == [("ok", "ours")], requeues
     drained = {n.name: n for n in tb.slurm.nodes()}
