@@ -302,13 +302,6 @@ def repeat_offender(attempts: Iterable[Mapping[str, Any]], ids: Iterable[str], n
             f"(limit {limit}; before: {told}): a person must look")
 
 
-def ladder_start(rung: str, why: str, attempts: Iterable[Mapping[str, Any]], ids: Iterable[str],
-                 now: float) -> tuple[str, str]:
-    """The repair ladder's start rung with the repeat-offender policy laid over it."""
-    told = repeat_offender(list(attempts), ids, now) if rung != "replace" else ""
-    return ("replace", f"{why}; {told}") if told else (rung, why)
-
-
 def app_or_hardware(recorded: Mapping[str, tuple[str, int, float]], gpu: str, now: float,
                     window: float = 86400.0) -> str:
     """XID 13/31 on ``gpu`` read against the node's history (:meth:`XidState.recorded`):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 
+import pytest
 from fakes.config import repair_config, sim_node
 from fakes.slurm import FakeSlurm
 
@@ -96,3 +100,39 @@ def test_a_sweep_drained_node_says_it_waits_for_a_person_and_why_without_repeati
     lines = status.held_lines(w)
     assert len(lines) == 1 and lines[0].startswith("held by slurm-hooks: n1  [reset]")
     assert "a person:" in lines[0] and "State=RESUME" in lines[0]
+
+
+#: ``scontrol`` as 22.05 answers ``-o show nodes``: n1 left for a person ([replace]) since 2024, n2
+#: since a minute ago, n3 ours but with slurm-hooks to act next (a reboot under way), n4 in service.
+SCONTROL = """#!/bin/sh
+now=$(date -d '-1 minute' +%Y-%m-%dT%H:%M:%S)
+case "$*" in
+  --version) echo "slurm 22.05.8" ;;
+  "-o show nodes")
+    echo "NodeName=n1 CPUTot=8 Gres=gpu:8 State=IDLE+DRAIN Partitions=gpu Reason=slurm-hooks: XID 79 on GPU 3 [replace] [root@2024-09-01T10:06:00]"
+    echo "NodeName=n2 CPUTot=8 Gres=gpu:8 State=IDLE+DRAIN Partitions=gpu Reason=slurm-hooks: XID 79 on GPU 5 [replace] [root@$now]"
+    echo "NodeName=n3 CPUTot=8 Gres=gpu:8 State=DOWN Partitions=gpu Reason=slurm-hooks: GPU lost [reboot 1/1] : reboot issued : reboot complete [root@2024-09-01T10:06:00]"
+    echo "NodeName=n4 CPUTot=8 Gres=gpu:8 State=IDLE Partitions=gpu" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("max_wait,exit_code,late", [("1d", 1, ["n1"]), ("30d", 1, ["n1"]), ("0", 0, [])])
+def test_status_exits_1_only_when_a_node_waited_for_a_person_longer_than_max_wait(tmp_path, max_wait, exit_code,
+                                                                                    late):
+    """n3 waits longer than any limit too, but for slurm-hooks (its first check on the new boot), not a person."""
+    from fakes.config import write_sim_config
+
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    conf = write_sim_config(tmp_path, f'[slurm]\nbackend = "scontrol"\nbin_dir = "{bin_dir}"\n')
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_HOOKS_CONFIG"}
+    r = subprocess.run([sys.executable, "-m", "slurm_hooks", "status", "--json", "--max-wait", max_wait,
+                        "--config", str(conf)], capture_output=True, text=True, env=env, timeout=60)
+    out = json.loads(r.stdout)
+    assert [(n["node"], n["next"]) for n in out["nodes"]] == [("n1", "a person"), ("n2", "a person"),
+                                                               ("n3", "slurm-hooks")]
+    assert (r.returncode, out["waiting_for_a_person_too_long"]) == (exit_code, late), r.stderr

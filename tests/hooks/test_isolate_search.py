@@ -167,3 +167,16 @@ def test_a_node_whose_tests_never_complete_is_named_after_two_partners():
     confirms = [t.nodes for t in found.tests if t.purpose == "confirm" and t.nodes[0] == "n9"]
     assert len(confirms) == 2 and confirms[0][1] != confirms[1][1]
     assert found.culprits == {"n9": "did not complete: time limit reached (a rank hung)"}
+
+
+@pytest.mark.parametrize("faults", [
+    {"n2": "slow 2.5", "n6": "slow 2.5"},  # half the first wave at 40%: the median of all at 70%
+    {"n2": "slow 8", "n6": "slow 8", "n10": "slow 8"},  # three groups of four slow: the median of all is slow
+], ids=["half-the-groups-mildly-slow", "most-groups-slow"])
+def test_slow_groups_do_not_set_the_reference_so_each_slow_node_is_still_found(faults):
+    """The peers' reference is the upper half's median: with the median of every test, the slow
+    groups would pull the bar under their own bandwidth and pass, and no slow node be named."""
+    fabric = Fabric(nodes(16), faults, noise=0.0)
+    found = search(fabric.nodes, fabric.run_wave)
+    assert set(found.culprits) == set(faults), found.line()
+    assert found.reference == 100.0

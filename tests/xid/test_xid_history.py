@@ -264,8 +264,6 @@ def test_fifth_remediation_of_one_gpu_in_7_days_goes_to_a_person_with_its_histor
     assert told.startswith("repeat offender: GPU-aaa would have its remediation 5 within 7 days (limit 5; before: "
                            "reset 2025-06-09")
     assert told.count("reset 2025-06-") == 4 and told.endswith("a person must look")
-    assert xid_history.ladder_start("reset", "row remap pending on GPU 3: starts at reset", done, ["GPU-aaa"],
-                                    NOW) == ("replace", f"row remap pending on GPU 3: starts at reset; {told}")
 
 
 def test_fourth_remediation_or_an_old_one_or_another_gpu_goes_ahead():
@@ -277,7 +275,7 @@ def test_fourth_remediation_or_an_old_one_or_another_gpu_goes_ahead():
     assert xid_history.repeat_offender(spread, ["GPU-aaa"], NOW) == ""
     refused = remediations("GPU-aaa", [NOW - 4 * DAY, NOW - 3 * DAY, NOW - 2 * DAY]) + \
         remediations("GPU-aaa", [NOW - DAY], rung="reboot", result="refused")
-    assert xid_history.ladder_start("reset", "why", refused, ["GPU-aaa"], NOW) == ("reset", "why")
+    assert xid_history.repeat_offender(refused, ["GPU-aaa"], NOW) == ""  # a refused reboot mended nothing
 
 
 def test_repair_plan_sends_the_fifth_remediation_in_7_days_to_replace(tmp_path):
