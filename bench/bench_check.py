@@ -15,7 +15,8 @@ subject's wall time over ``python -I -c pass``'s in the same round (the goal: at
 imports, alone, the Python modules the check imports (its ``-X importtime``, less the empty start's and
 the package's own): the share of the start-up that is the standard library's; another imports the NVML
 probe and ``pynvml``, which a node with GPUs loads on every run and the simulated GPUs do not. The
-figures are written between the markers of docs/dev/performance.md (``--no-write``: only printed). ``--venv before=DIR`` adds another installation's ``DIR/bin/slurm-hooks``
+figures are written between the markers of docs/dev/performance.md, stamped with the checkout's commit
+(which must be clean; ``--no-write``, ``--json`` and ``--editable``: only printed). ``--venv before=DIR`` adds another installation's ``DIR/bin/slurm-hooks``
 (e.g. the release before, from its own wheel) to compare with. NHC is LBNL NHC from ``--nhc``, else
 ``$SLURM_HOOKS_NHC_SRC`` (a tarball, or a checkout of mej/nhc), else
 ``../shared/third_party/lbnl-nhc-*.tar.gz`` beside the checkout, run as
@@ -181,6 +182,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.check_markers:
         raise SystemExit(DOC.check(ROOT))
+    commit = "" if args.no_write or args.json or args.editable else DOC.ready()
     with tempfile.TemporaryDirectory() as tmp:
         bindir = os.path.join(wheel_venv(tmp), "bin") if not args.editable else os.path.dirname(sys.executable)
         here, python = os.path.join(bindir, "slurm-hooks"), os.path.join(bindir, "python")
@@ -255,8 +257,8 @@ def main() -> None:
         return
     block = render(results, meta)
     print(block)
-    if not args.no_write:
-        DOC.write(block)
+    if commit:
+        DOC.write(block, commit)
         print(f"written to {os.path.relpath(PAGE, ROOT)}")
 
 
