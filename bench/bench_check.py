@@ -15,7 +15,8 @@ subject's wall time over ``python -I -c pass``'s in the same round (the goal: at
 imports, alone, the Python modules the check imports (its ``-X importtime``, less the empty start's and
 the package's own): the share of the start-up that is the standard library's; another imports the NVML
 probe and ``pynvml``, which a node with GPUs loads on every run and the simulated GPUs do not. The
-figures are written between the markers of docs/dev/performance.md (``--no-write``: only printed). ``--venv before=DIR`` adds another installation's ``DIR/bin/slurm-hooks``
+figures are written between the markers of docs/dev/performance.md, stamped with the checkout's commit
+(which must be clean; ``--no-write``, ``--json`` and ``--editable``: only printed). ``--venv before=DIR`` adds another installation's ``DIR/bin/slurm-hooks``
 (e.g. the release before, from its own wheel) to compare with. NHC is LBNL NHC from ``--nhc``, else
 ``$SLURM_HOOKS_NHC_SRC`` (a tarball, or a checkout of mej/nhc), else
 ``../shared/third_party/lbnl-nhc-*.tar.gz`` beside the checkout, run as
@@ -44,6 +45,12 @@ EMPTY = "python -I -c pass"
 #: The row that imports only the Python modules the check imports (``-m``'s included), nothing of the package's.
 FLOOR = "python -I -c 'import' the check's"
 NVML = "python -I -c 'import slurm_hooks.probes.nvml, pynvml' (a real node's probe)"
+#: The check started without ``runpy`` (``-c``, not ``-m``), then without ``site`` as well (``-S``, the
+#: install's own site-packages put on ``sys.path`` by the command line): what a wrapper could save.
+NO_RUNPY = "python -I -c 'from slurm_hooks.entry import main; main()' check (no -m)"
+NO_SITE = "python -I -S -c 'sys.path.append(SITE); ...main()' check (no -m, no site)"
+#: The start-up asked of the healthy check's two cheaper wrappers.
+WRAPPER_GOAL = 2.5
 #: What the healthy path may cost, as a multiple of the interpreter's own empty start.
 GOAL = 2.0
 NHC_CHECKS = """\
@@ -121,6 +128,13 @@ def render(results: dict[str, dict[str, float]], meta: dict) -> str:
     if floor:
         lines[-1] += (f" Python's own modules that the check imports, imported alone, take {floor['x_empty']:.2f}x "
                       f"({floor['cpu_x_empty']:.2f}x its CPU time).")
+    cheaper = [(n, results[n]) for n in (NO_RUNPY, NO_SITE) if n in results]
+    if cheaper:
+        lines[-1] += " Started as a wrapper could start it: " + "; ".join(
+            f"{'without `-m`' if n == NO_RUNPY else 'without `-m` and `site`'} {s['x_empty']:.2f}x "
+            f"({s['cpu_x_empty']:.2f}x its CPU time)" for n, s in cheaper) + (
+            f" (asked: {WRAPPER_GOAL:.1f}x, judged on CPU time, the steadier on a loaded machine: "
+            f"{'met' if min(s['cpu_x_empty'] for _, s in cheaper) <= WRAPPER_GOAL else 'not met'}).")
     nvml = results.get(NVML)
     if nvml:
         lines[-1] += (f" A node with GPUs also imports the NVML probe and pynvml, which alone take "
@@ -181,6 +195,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.check_markers:
         raise SystemExit(DOC.check(ROOT))
+    commit = "" if args.no_write or args.json or args.editable else DOC.ready()
     with tempfile.TemporaryDirectory() as tmp:
         bindir = os.path.join(wheel_venv(tmp), "bin") if not args.editable else os.path.dirname(sys.executable)
         here, python = os.path.join(bindir, "slurm-hooks"), os.path.join(bindir, "python")
@@ -217,6 +232,13 @@ def main() -> None:
             "slurm-hooks-prolog (installed program)": ([os.path.join(prefix, "bin", "slurm-hooks-prolog")],
                                                        slurmd_job_env),
         }
+        site = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        entry = "from slurm_hooks.entry import main; main()"
+        subjects[NO_RUNPY] = ([python, "-I", "-c", entry, "check", "--config", cfg], slurmd_env)
+        if not args.editable:  # an editable install is found through a .pth file, which -S leaves unread
+            subjects[NO_SITE] = ([python, "-I", "-S", "-c", f"import sys; sys.path.append({site!r}); {entry}",
+                                  "check", "--config", cfg], slurmd_env)
         goal_subjects = ["python -I -m slurm_hooks check", "python -I -m slurm_hooks prolog, 8 GPUs"]
         stdlib = stdlib_imports(subjects["python -I -m slurm_hooks check"], subjects[EMPTY])
         subjects[f"{FLOOR} {len(stdlib)} stdlib modules"] = (
@@ -255,8 +277,8 @@ def main() -> None:
         return
     block = render(results, meta)
     print(block)
-    if not args.no_write:
-        DOC.write(block)
+    if commit:
+        DOC.write(block, commit)
         print(f"written to {os.path.relpath(PAGE, ROOT)}")
 
 

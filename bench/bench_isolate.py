@@ -1,7 +1,7 @@
 """How many collective test jobs, waves and how much wall time ``isolate`` needs to find 1 and 2
 bad nodes among 16 and 64 (a simulated fabric: slurm_hooks.remedy.culprit.Fabric).
 
-    python bench/bench_isolate.py [--trials 200] [--wave-s 30] [--json]
+    python bench/bench_isolate.py [--trials 200] [--wave-s 30] [--json] [--write]
     python bench/bench_isolate.py --testbed 16 [--runs 20] [--bad 1]     (root: a real local cluster)
 
 Each trial puts random faults (hang, drop, slow 4-20x) on random nodes and runs the search in
@@ -9,7 +9,8 @@ both modes. Wall time is waves x ``--wave-s`` (one wave's test jobs run at once:
 start, its collective and the slowest one's time limit; 30 s is a cluster's typical all_reduce_perf
 job), as the search runs no faster than its slowest test per wave. Prints, per case: the share of
 trials right (exactly the bad nodes drained), trials with a healthy node named (must be 0), and the
-median / max test jobs and waves.
+median / max test jobs and waves. ``--write`` puts them between this bench's markers in docs/isolate.md
+(the commit must be clean: the block names it).
 
 ``--testbed N`` runs ``slurm-hooks isolate`` for real instead: a testbed of N nodes (each on its own
 address), ``--runs`` times a random fault (hang, slow 8, drop) on ``--bad`` random node(s), the lab's
@@ -29,7 +30,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from docblock import DocBlock  # noqa: E402
+
 from slurm_hooks.remedy import culprit  # noqa: E402
+
+DOC = DocBlock(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "isolate.md"), "bench_isolate")
 
 
 def run(size: int, bad: int, mode: str, trials: int, wave_s: float) -> dict:
@@ -50,6 +55,21 @@ def run(size: int, bad: int, mode: str, trials: int, wave_s: float) -> dict:
             "healthy_named": wrong, "jobs_median": statistics.median(jobs), "jobs_max": max(jobs),
             "waves_median": statistics.median(waves), "waves_max": max(waves),
             "wall_s_median": statistics.median(waves) * wave_s, "search_cpu_us": round(cpu * 1e6, 1)}
+
+
+def render(rows: list[dict], trials: int) -> str:
+    """The figures as docs/isolate.md shows them."""
+    lines = [f"Simulated fabric (`slurm_hooks.remedy.culprit.Fabric`: hang, drop or slow 4-20x on random nodes), "
+             f"{trials} trials per case (`python bench/bench_isolate.py --trials {trials} --write`):", "",
+             "| nodes / bad | mode | right | healthy node drained | test jobs, median / max | waves, median / max |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['nodes']} / {r['bad']} | {r['mode']} | {r['right_pct']:g}% | {r['healthy_named']} | "
+                     f"{r['jobs_median']:g} / {r['jobs_max']} | {r['waves_median']:g} / {r['waves_max']} |")
+    wrong = sum(r["healthy_named"] for r in rows)
+    lines += ["", f"Right in {min(r['right_pct'] for r in rows):g}% of trials at worst; a healthy node drained in "
+              f"{wrong} of {trials * len(rows)} trials."]
+    return "\n".join(lines) + "\n"
 
 
 def on_testbed(size: int, runs: int, bad: int) -> dict:
@@ -104,12 +124,16 @@ def main() -> None:
     ap.add_argument("--testbed", type=int, default=0, metavar="N", help="run isolate on a real N-node testbed")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--bad", type=int, default=1)
+    ap.add_argument("--write", action="store_true", help="write the simulated figures into docs/isolate.md")
     args = ap.parse_args()
     if args.testbed:
         on_testbed(args.testbed, args.runs, args.bad)
         return
+    commit = DOC.ready() if args.write else ""
     rows = [run(size, bad, mode, args.trials, args.wave_s)
             for size in (16, 64) for bad in (1, 2) for mode in culprit.MODES]
+    if args.write:
+        DOC.write(render(rows, args.trials), commit)
     if args.json:
         print(json.dumps(rows, indent=1))
         return

@@ -169,6 +169,7 @@ def main() -> None:
     args = ap.parse_args()
     if not 1 <= args.hit <= args.nodes:
         raise SystemExit(f"--hit must be 1..{args.nodes}, got {args.hit}")
+    commit = DOC.ready() if args.write else ""  # before the hour's run: it refuses uncommitted code
     ensure_installed()
     receiver = Receiver()
     with tempfile.TemporaryDirectory(prefix="storm32-") as tmp:
@@ -193,7 +194,7 @@ def main() -> None:
     if not args.json:
         print(text, end="")
     if args.write:
-        DOC.write(text)
+        DOC.write(text, commit)
 
 
 if __name__ == "__main__":

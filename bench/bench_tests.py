@@ -44,13 +44,6 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-def commit() -> str:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=30)
-    return r.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
-
-
 def run(workers: int) -> tuple[str, float, float, list[tuple[str, str, str]], list[str], int]:
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TIER, "--durations=10"]
     if workers > 1:
@@ -73,10 +66,11 @@ def _bar(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render(result: str, wall: float, cpu: float, slowest: list[tuple[str, str, str]], workers: int) -> str:
+def render(result: str, wall: float, cpu: float, slowest: list[tuple[str, str, str]], workers: int,
+           commit: str) -> str:
     tier = " ".join(f'"{a}"' if " " in a else a for a in TIER)
     lines = [
-        f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at {commit()} on "
+        f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at {commit} on "
         f"{platform.node() or 'this machine'} ({machine()}), "
         f"{workers} process(es): `python -m pytest -q -p no:cacheprovider {tier} --durations=10`",
         "",
@@ -99,8 +93,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.check_markers:
         return DOC.check(ROOT)
+    commit = "the working tree" if args.no_write else DOC.ready()
     result, wall, cpu, slowest, failed, rc = run(args.workers)
-    block = render(result, wall, cpu, slowest, args.workers)
+    block = render(result, wall, cpu, slowest, args.workers, commit)
     print(block)
     for name in failed:
         print(f"failed: {name}")
@@ -108,7 +103,7 @@ def main() -> int:
         print(f"not written: pytest exited {rc} before the tests ran")
         return rc or 1
     if not args.no_write:
-        DOC.write(block)
+        DOC.write(block, commit)
         print(f"written to {os.path.relpath(PAGE, ROOT)}")
     return rc
 

@@ -1,14 +1,17 @@
 """Docs that cannot drift: every ``slurm-hooks ...`` command line shown in README.md, docs/ and docs/dev/
 runs with ``--help`` (click parses the whole line first, so a renamed command or option fails),
-every path under the install prefix they name is one ``slurm-hooks install`` lays, and every
-file of the checkout they name exists."""
+every path under the install prefix they name is one ``slurm-hooks install`` lays, every
+file of the checkout they name exists, and every measured figure is either written by a bench
+(its block as the bench wrote it, naming a commit of this repository) or in a dated note."""
 
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import re
 import shlex
+import subprocess
 
 import pytest
 from paths import ROOT
@@ -179,3 +182,106 @@ def test_the_install_page_shows_the_readmes_install_lines():
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     lines = readme[readme.index("<!-- install-section:"):].split("```sh\n", 1)[1].split("```", 1)[0]
     assert f"```sh\n{lines}```" in open(os.path.join(ROOT, "docs", "install.md"), encoding="utf-8").read()
+
+
+def _load_docblock():
+    spec = importlib.util.spec_from_file_location("docblock", os.path.join(ROOT, "bench", "docblock.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+docblock = _load_docblock()
+
+
+def _text(doc: str) -> str:
+    return open(doc, encoding="utf-8").read()
+
+
+def test_every_generated_block_is_as_its_bench_wrote_it():
+    """A hand edit of a bench's figures (or of its stamp) changes the digest the bench wrote."""
+    found = 0
+    for doc in DOCS:
+        for b in docblock.blocks(_text(doc)):
+            found += 1
+            where = f"{os.path.relpath(doc, ROOT)}: {b['name']}"
+            assert os.path.exists(os.path.join(ROOT, "bench", f"{b['name']}.py")), where
+            if b["commit"] is None:
+                assert b["body"] == "", f"{where}: 'not yet run' but it holds text"
+                continue
+            assert b["digest"] == docblock.digest(b["name"], b["commit"], b["date"], b["body"]), \
+                f"{where}: edited by hand (its digest no longer matches): run python bench/{b['name']}.py again"
+    assert found >= 4  # bench_check, bench_storm32, bench_tests, bench_isolate
+
+
+def test_a_generated_block_edited_by_hand_is_told_apart():
+    body = "| x | 1.0 |\n"
+    stamp = docblock.digest("bench_x", "95f4d47", "2026-12-03", body)
+    page = f"<!-- bench_x: written by bench/bench_x.py at 95f4d47, 2026-12-03; sha256 {stamp} -->\n{body}<!-- /bench_x -->\n"
+    [b] = docblock.blocks(page)
+    assert b["digest"] == docblock.digest(b["name"], b["commit"], b["date"], b["body"])
+    [edited] = docblock.blocks(page.replace("1.0", "0.9"))
+    assert edited["digest"] != docblock.digest(edited["name"], edited["commit"], edited["date"], edited["body"])
+
+
+def _commits_named() -> dict[str, list[str]]:
+    """commit -> where: every generated block's and every dated note's."""
+    named: dict[str, list[str]] = {}
+    for doc in DOCS:
+        rel = os.path.relpath(doc, ROOT)
+        text = _text(doc)
+        for b in docblock.blocks(text):
+            if b["commit"]:
+                named.setdefault(b["commit"], []).append(f"{rel}: {b['name']}")
+        for body in docblock.notes(text):
+            head = docblock.NOTE_HEAD.match(body)
+            assert head, f"{rel}: a dated note must open with '*Dated note (YYYY-MM-DD, ... COMMIT ...):*': {body[:80]!r}"
+            for commit in re.findall(r"[0-9a-f]{7,40}", head.group("commits")):
+                named.setdefault(commit, []).append(f"{rel}: dated note of {head.group('date')}")
+    return named
+
+
+def test_every_figure_names_a_commit_of_this_repository():
+    named = _commits_named()
+    assert len(named) >= 5
+    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("not a git checkout: the commits the figures name cannot be looked up")
+    missing = [f"{c} ({', '.join(where)})" for c, where in sorted(named.items())
+               if subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=ROOT, capture_output=True,
+                                 timeout=30).returncode != 0]
+    assert missing == [], "commits not in this repository"
+
+
+#: A measured figure: a decimal with its unit, or milliseconds.
+_FIGURE = re.compile(r"(?<![\w.])(?:\d+\.\d+ ?(?:ms|s|x|MiB|GiB|%)|\d+ ms)(?!\w)")
+#: Figures that are settings or a test's set-up, not measurements.
+SETTINGS = {
+    "docs/bridge.md": ("0.5 s doubling", "from 0.5 s capped"),
+    "docs/checkpoint.md": ("every 0.1 s",),
+}
+#: Pages another part of the work rewrites; their figures are theirs to mark.
+NOT_YET = ("docs/severity.md", "docs/configuration.md")
+
+
+def _prose(text: str) -> str:
+    """The page without its code, generated blocks and dated notes (blanked, so offsets hold)."""
+    spans = docblock.spans(text) + [m.span() for m in _FENCE.finditer(text)]
+    spans += [m.span() for m in _INLINE.finditer(text)]
+    chars = list(text)
+    for start, end in spans:
+        chars[start:end] = ["\n" if c == "\n" else " " for c in chars[start:end]]
+    return "".join(chars)
+
+
+def test_every_measured_figure_is_written_by_a_bench_or_in_a_dated_note():
+    loose = []
+    for doc in DOCS:
+        rel = os.path.relpath(doc, ROOT)
+        if rel in NOT_YET:
+            continue
+        prose = _prose(_text(doc))
+        for n, line in enumerate(prose.splitlines(), 1):
+            for allowed in SETTINGS.get(rel, ()):
+                line = line.replace(allowed, "")
+            loose += [f"{rel}:{n}: {m}" for m in _FIGURE.findall(line)]
+    assert loose == [], "figures typed by hand: write them with a bench (bench/docblock.py) or mark them a dated note"

@@ -152,7 +152,7 @@ class LabSettings:
     mig: int = 0
     #: Each node on a loopback address of its own (``NodeAddr=127.1.B.K``, B from the testbed's port
     #: block, so two testbeds never share one), so that a fault can be put on one node's traffic.
-    #: Off: every node is ``localhost``, as before.
+    #: Off (the default): every node is ``localhost``.
     own_addresses: bool = False
 
     def __post_init__(self) -> None:

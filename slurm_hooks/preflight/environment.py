@@ -189,8 +189,9 @@ def check_validation(cfg: Config) -> list[Result]:
 
 def check_notify_secrets(cfg: Config) -> list[Result]:
     """A receiver's URL is a credential (anyone holding a Slack webhook URL can post to the channel): the
-    file it is written in, the config or its ``url_file``, must not be readable by others; and it
-    must be readable by us. Never prints a URL."""
+    file it is written in, the config or its ``url_file`` (and an ``auth_file``), must be readable by
+    its owner alone: no group or other read bit (0600 and 0400 pass, 0640 and 0644 fail); and it must
+    be readable by us. Never prints a URL."""
     from slurm_hooks.observe.destinations import read_auth
 
     check = "notify-secrets"
@@ -202,14 +203,15 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
     same: list[str] = []
     for kind, n, table in tables:
         label = f"[[notify.{kind}]] #{n + 1}"
-        if urlsecret.holds_secret(table) and cfg.path and os.stat(cfg.path).st_mode & 0o004:
-            problems.append(f"{label} has its url written in {cfg.path}, which is readable by others "
-                            f"(mode {os.stat(cfg.path).st_mode & 0o777:04o})")
+        if urlsecret.holds_secret(table) and cfg.path:
+            exposed = _readable_beyond_owner(cfg.path)
+            if exposed:
+                problems.append(f"{label} has its url written in {cfg.path}, which is {exposed}")
         for key in ("url_file", "auth_file"):
             path = table.get(key)
-            if path and os.path.exists(path) and os.stat(path).st_mode & 0o004:
-                problems.append(f"{label} {key} {path} is readable by others "
-                                f"(mode {os.stat(path).st_mode & 0o777:04o})")
+            exposed = _readable_beyond_owner(path) if path and os.path.exists(path) else ""
+            if exposed:
+                problems.append(f"{label} {key} {path} is {exposed}")
         try:
             url = urlsecret.resolve_url(table, label)
             if (kind, url) in seen:
@@ -233,7 +235,19 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
         return [Result(check, Status.FAIL, "; ".join(problems),
                        "chmod 600 the file (owned by root), keep the URL alone on one line, or move it to "
                        "url_file = \"/etc/slurm-hooks/<name>.url\" (mode 0600)", cfg.path or ""), *out]
-    return [Result(check, Status.PASS, f"{len(tables)} receiver URL(s) readable by us and by no one else"), *out]
+    return [Result(check, Status.PASS, f"{len(tables)} receiver URL(s) readable by us; every file holding one "
+                   "(the config, a url_file, an auth_file) is readable by its owner alone (no group or other read bit)"),
+            *out]
+
+
+def _readable_beyond_owner(path: str) -> str:
+    """Who besides the file's owner may read ``path``, with its mode and the command that ends it; ""
+    when no one does (0600, 0400)."""
+    mode = os.stat(path).st_mode & 0o777
+    who = [name for bit, name in ((0o040, "its group"), (0o004, "others")) if mode & bit]
+    if not who:
+        return ""
+    return f"readable by {' and '.join(who)} (mode {mode:04o}): run chmod 600 {path}"
 
 
 #: File systems that do not survive a reboot.

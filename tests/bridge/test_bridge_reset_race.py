@@ -1,8 +1,8 @@
 """``reset-breaker`` wins over a pass in flight: the pass's save is a compare-and-swap, not a write-back.
 
 The breaker trips in the middle of a pass (3 bad nodes, a cap of 1); an admin resets it before
-the pass ends (from the notifier hook: the moment the trip is told). Before the fix the leader
-wrote back the state it loaded at the start plus its trip, over the reset; now the reset stands.
+the pass ends (from the notifier hook: the moment the trip is told). The reset stands: a leader
+that wrote back the state it loaded at the start plus its trip would undo it, and this test fails.
 """
 
 from __future__ import annotations

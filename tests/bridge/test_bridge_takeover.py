@@ -3,8 +3,8 @@
 Leader ``a`` takes ``n1`` and starts draining it; a PodDisruptionBudget holds the eviction.
 Then ``a``'s renewals fail (kmock answers its Lease PUTs with 503) and ``b`` takes the Lease
 over once it has seen it unrenewed for the lease duration; only then does the PDB let go.
-Before the fix ``a`` went on with its drain rounds and evicted the pod, set the condition
-(the request) and saved its record after ``b`` led; now it stops at its renew deadline.
+``a`` stops at its renew deadline: were it to go on with its drain rounds it would evict the pod,
+set the condition (the request) and save its record after ``b`` led, and this test fails.
 """
 
 from __future__ import annotations

@@ -640,7 +640,7 @@ def test_epilog_judges_only_xids_new_since_the_prolog(t):
     assert t.slurm.peek("n1").reason == "slurm-hooks: XID 48 on GPU 0 [reset]"
     assert [r["message"] for r in records(t, "alert", context="epilog")] == [
         # once: the one before the job is not alerted again, but it is history: the same GPU again and
-        # no other is hardware (issue 33), judged with the XID 48 that resets the GPU anyway
+        # no other is hardware (the repeat-offender rule), judged with the XID 48 that resets the GPU anyway
         "XID 13 (Graphics Engine Exception), again on this GPU and on no other within 24h -> hardware",
         "XID 48 (Double Bit ECC Error)",
     ]

@@ -407,7 +407,7 @@ def test_sixteen_nodes_each_on_its_own_loopback_address_run_one_job_across_all(t
 
 
 def test_a_node_fault_is_checked_written_for_the_jobs_and_cleared_by_reset(testbed):
-    assert testbed.node_addr("n1") == "localhost"  # the session's testbed: shared address, as before
+    assert testbed.node_addr("n1") == "localhost"  # the session's testbed: one shared address
     testbed.set_fault("n2", "slow 8")
     testbed.set_fault("n1", "hang")
     assert testbed.faults() == {"n1": "hang", "n2": "slow 8"}

@@ -382,7 +382,7 @@ def test_validate_fails_a_world_readable_config_that_holds_a_webhook_url(tmp_pat
     out = _validate(path)
     rows = {r["check"]: r for r in json.loads(out.stdout)}
     assert rows["notify-secrets"]["status"] == "FAIL", out.stdout
-    assert "readable by others" in rows["notify-secrets"]["message"]
+    assert "readable by its group and others (mode 0644)" in rows["notify-secrets"]["message"]
     assert "s3cr3t" not in out.stdout + out.stderr
     path.chmod(0o600)
     rows = {r["check"]: r for r in json.loads(_validate(path).stdout)}
@@ -403,6 +403,37 @@ def test_validate_fails_a_url_file_readable_by_others(tmp_path):
     secret.chmod(0o600)
     rows = {r["check"]: r for r in json.loads(_validate(path).stdout)}
     assert rows["notify-secrets"]["status"] == "PASS"
+
+
+@pytest.mark.parametrize("mode, readers", [(0o600, ""), (0o400, ""), (0o660, "its group"), (0o640, "its group"),
+                                           (0o604, "others"), (0o644, "its group and others")])
+def test_validate_passes_a_url_file_only_its_owner_can_read(tmp_path, mode, readers):
+    from slurm_hooks.preflight.environment import check_notify_secrets
+
+    secret = tmp_path / "slack.url"
+    secret.write_text("https://hooks.slack.com/services/T0/B0/s3cr3t\n")
+    secret.chmod(mode)
+    path = tmp_path / "config.toml"
+    path.write_text(f'[[notify.webhook]]\nurl_file = "{secret}"\n')
+    [row] = check_notify_secrets(config.load(str(path)))
+    if not readers:
+        assert row.status.value == "PASS" and "readable by its owner alone" in row.message
+        return
+    assert row.status.value == "FAIL"
+    assert f"url_file {secret} is readable by {readers} (mode {mode:04o}): run chmod 600 {secret}" in row.message
+    assert "s3cr3t" not in row.message + row.fix
+
+
+def test_validate_fails_a_config_holding_a_url_that_its_group_can_read(tmp_path):
+    from slurm_hooks.preflight.environment import check_notify_secrets
+
+    path = tmp_path / "config.toml"
+    path.write_text('[[notify.webhook]]\nurl = "https://hooks.slack.com/services/T0/B0/s3cr3t"\n')
+    path.chmod(0o640)
+    [row] = check_notify_secrets(config.load(str(path)))
+    assert row.status.value == "FAIL" and f"readable by its group (mode 0640): run chmod 600 {path}" in row.message
+    path.chmod(0o600)
+    assert [r.status.value for r in check_notify_secrets(config.load(str(path)))] == ["PASS"]
 
 
 def test_render_out_writes_0600_and_gives_slinky_a_secret(tmp_path):

@@ -279,7 +279,7 @@ def test_mig_instance_of_a_real_contained_error_line_is_read_and_the_whole_gpus_
     assert (whole.code, whole.instance) == (94, None)
 
 
-# --- mlx5 (ConnectX) kernel lines (issue 33) ----------------------------------------------------
+# --- mlx5 (ConnectX) kernel lines ---------------------------------------------------------------
 
 MLX5 = os.path.join(FIXTURES, "mlx5-events.log")
 

@@ -402,7 +402,7 @@ def test_sim_replace_command_names_the_new_uuid_and_refuses_an_unknown_gpu(sim_d
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "9" in bad.stderr
 
 
-# --- InfiniBand ports (issue 33) ----------------------------------------------------------------
+# --- InfiniBand ports ---------------------------------------------------------------------------
 
 
 def ib_ports(sim_dir, node="n1", clock=None, boot=None):

@@ -251,7 +251,7 @@ def test_an_xid_after_a_reboot_is_not_hidden_by_an_acknowledged_one_from_the_pre
     assert slurm.peek("n1").drained
 
 
-# --- repeat offenders (issue 33) ----------------------------------------------------------------
+# --- repeat offenders ---------------------------------------------------------------------------
 
 
 def remediations(ident: str, times: list[float], rung: str = "reset", result: str = "ok") -> list[dict]:
