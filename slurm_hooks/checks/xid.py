@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from slurm_hooks.checks.recovery import verdict_finding, verdict_from_text
-from slurm_hooks.models import Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
+from slurm_hooks.models import KERNEL_LOG, Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
 from slurm_hooks.values import replace
 from slurm_hooks.xid.history import APP_OR_HARDWARE_XIDS, app_or_hardware
 
@@ -42,6 +42,11 @@ def _catalog_lookup(code: int) -> XidInfo | None:
 
 
 def check_xids(inp: CheckInput) -> Iterator[Finding]:
+    unread = inp.snapshot.unread(KERNEL_LOG)
+    if unread is not None:
+        # No XID seen in a log that could not be read is no verdict: said, never acted on.
+        yield Finding("xid", Severity.WARN, Action.WARN, f"kernel log unreadable: XIDs not seen ({unread})",
+                      summary="kernel log unreadable", rule=KERNEL_LOG)
     known = _baseline_keys(inp) | inp.acked_xids
     for gpu in inp.selected():
         yield from _judge(inp, gpu.index, gpu_identity(gpu.uuid, gpu.index, gpu.pci_bus_id), gpu.xids, known)
