@@ -117,6 +117,9 @@ class XidEvent:
     uuid: str = ""  # the GPU's UUID, set where the source knows it
     #: The MIG GPU instance the driver names (``GPU-I:05`` in the kernel line); ``None``: the whole GPU.
     instance: int | None = None
+    #: When it happened, wall clock, where the source can tell (a kernel-log record of this boot:
+    #: the boot's start plus its ``ts``); ``None``: when it was read. Not part of :attr:`key`.
+    at: float | None = None
 
     @property
     def key(self) -> str:

@@ -575,3 +575,18 @@ def test_nvml_xid_is_delivered_once_then_timeouts_and_names_its_mig_instance():
     got = _events(fake, until=2, stop_after=0.5)
     assert [(e.gpu, e.code, e.instance) for e in got] == [(0, 94, 3)]
     assert fake.called("nvmlEventSetWait_v2") >= 3  # the XID, then TIMEOUT after TIMEOUT
+
+
+def test_kernel_log_records_of_this_boot_carry_when_they_happened():
+    """A record's ts is seconds since boot: the probe adds the boot's start, so that a burst read by two
+    runs minutes apart keeps its lines seconds apart. A line of no known boot (a captured file) has none."""
+    import time
+
+    from slurm_hooks.models import XidEvent
+    from slurm_hooks.probes.nvml import _dated
+
+    now_line = XidEvent(code=31, ts=time.monotonic() - 5.0, source="kmsg", seq=1, boot="b1")
+    captured = XidEvent(code=31, ts=12.0, source="kmsg", seq=2)
+    dated, undated = _dated([now_line, captured], "b1")
+    assert abs(dated.at - (time.time() - 5.0)) < 1.0 and dated.key == now_line.key
+    assert undated.at is None
