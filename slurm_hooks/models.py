@@ -117,6 +117,9 @@ class XidEvent:
     uuid: str = ""  # the GPU's UUID, set where the source knows it
     #: The MIG GPU instance the driver names (``GPU-I:05`` in the kernel line); ``None``: the whole GPU.
     instance: int | None = None
+    #: When it happened, wall clock, where the source can tell (a kernel-log record of this boot:
+    #: the boot's start plus its ``ts``); ``None``: when it was read. Not part of :attr:`key`.
+    at: float | None = None
 
     @property
     def key(self) -> str:
@@ -258,6 +261,10 @@ class IbPort:
         return None
 
 
+#: :attr:`NodeSnapshot.errors` name of a kernel log the probe could not read: no XID seen then says nothing.
+KERNEL_LOG = "kernel-log"
+
+
 @dataclass(frozen=True)
 class NodeSnapshot:
     node: str
@@ -269,6 +276,16 @@ class NodeSnapshot:
     error: str | None = None
     #: XIDs that could not be tied to one GPU index.
     node_xids: tuple[XidEvent, ...] = ()
+    #: What of the node (not of one GPU) could not be read, while the rest could: name -> why
+    #: (``("kernel-log", "cannot read kernel log /dev/kmsg: Operation not permitted")``).
+    errors: tuple[tuple[str, str], ...] = ()
+
+    def unread(self, name: str) -> str | None:
+        """Why ``name`` could not be read; ``None`` when it was."""
+        for key, why in self.errors:
+            if key == name:
+                return why
+        return None
 
     def gpu(self, index: int) -> GpuSnapshot | None:
         for gpu in self.gpus:
@@ -299,6 +316,10 @@ class Finding:
     rule: str = ""
     #: The MIG GPU instance the fault was reported for (``GPU-I:``); ``None``: the whole GPU.
     instance: int | None = None
+    #: What within the node (beyond its GPU) the finding is about, when it names one part of
+    #: several: a port (``mlx5_0/1``), a device. Each subject is judged apart wherever findings are
+    #: remembered across runs (hysteresis); "" for the GPU (``gpu``) or the node as a whole.
+    subject: str = ""
 
     @property
     def rule_key(self) -> str:
@@ -321,6 +342,8 @@ class Finding:
         d["urgency"] = self.urgency.value
         if self.instance is None:
             del d["instance"]  # a whole GPU's (or the node's) fault, as every finding was before MIG
+        if not self.subject:
+            del d["subject"]
         return d
 
     @classmethod
@@ -337,6 +360,7 @@ class Finding:
             urgency=Urgency(d.get("urgency", Urgency.NOW.value)),
             rule=d.get("rule", ""),
             instance=d.get("instance"),
+            subject=str(d.get("subject") or ""),
         )
 
 
@@ -481,7 +505,10 @@ class Report:
 
 
 def snapshot_to_dict(snap: NodeSnapshot) -> dict[str, Any]:
-    return asdict(snap)
+    d = asdict(snap)
+    if not snap.errors:
+        del d["errors"]  # a snapshot that read everything reads as it always did
+    return d
 
 
 def snapshot_from_dict(d: dict[str, Any]) -> NodeSnapshot:
@@ -495,6 +522,7 @@ def snapshot_from_dict(d: dict[str, Any]) -> NodeSnapshot:
         driver_version=d.get("driver_version", ""),
         error=d.get("error"),
         node_xids=tuple(XidEvent(**x) for x in d.get("node_xids", ())),
+        errors=tuple((str(k), str(v)) for k, v in d.get("errors", ())),
     )
 
 

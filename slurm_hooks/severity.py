@@ -48,6 +48,9 @@ CHECK_RULES: dict[str, Rule] = {
     "gpu-reset-required": Rule(_G, _NOW, Action.RESET),
     "gpu-model": Rule(_N, _END, Action.DRAIN),
     "probe": Rule(_G, _WATCH, Action.WARN),
+    # What a run could not read or keep, so that its verdict says less than it seems: told, never acted on.
+    "kernel-log": Rule(_N, _WATCH, Action.WARN),
+    "hysteresis-memory": Rule(_N, _WATCH, Action.WARN),
     "ecc": Rule(_G, _NOW, Action.RESET),
     "ecc-aggregate": Rule(_G, _END, Action.REPLACE),
     "retired-pages": Rule(_G, _END, Action.RESET),

@@ -37,8 +37,16 @@ HELD = CONFIRMED | frozenset({"ib-down", "ib-ports", "ib-flaps", "nvlink"})
 SAME_RUN_S = 1.0
 
 
+#: The check and rule of the finding that says the memory cannot be kept (a warning, never a drain).
+MEMORY_CHECK = "hysteresis"
+MEMORY_RULE = "hysteresis-memory"
+
+
 def _key(f: Finding) -> str:
-    return f"{f.rule_key}|{'' if f.gpu is None else f.gpu}"
+    """One memory per subject: a rule on one GPU, or on one port (``Finding.subject``), is counted
+    apart from the same rule elsewhere (two ports each bad once are not one port bad twice)."""
+    key = f"{f.rule_key}|{'' if f.gpu is None else f.gpu}"
+    return f"{key}|{f.subject}" if f.subject else key
 
 
 def fold(findings: Sequence[Finding], memory: Mapping[str, Any] | None, now: float, confirm: tuple[int, int],
@@ -98,10 +106,18 @@ def fold(findings: Sequence[Finding], memory: Mapping[str, Any] | None, now: flo
     return out, {"at": now, "rules": rules, "before": before}
 
 
+def memory_finding(why: str) -> Finding:
+    """The memory cannot be kept: every run then judges alone, ``confirm`` is never reached and a
+    held drain never counts its good readings. Said in every report, acted on never."""
+    return Finding(MEMORY_CHECK, Severity.WARN, Action.WARN,
+                   f"cannot remember readings: {why}; each run judges alone, so a fault to be confirmed "
+                   "over several readings never is", summary="hysteresis memory lost", rule=MEMORY_RULE)
+
+
 class Hysteresis:
     """:func:`fold` with its memory in ``<state_dir>/hysteresis-<node>.json``. A memory that cannot
-    be read starts afresh (every reading stands alone once); one that cannot be written is said
-    on stderr by the caller's next run finding the old one."""
+    be made sense of starts afresh; one that cannot be read or written (a full or read-only
+    disk, a state dir that is no directory) is a finding of its own (:func:`memory_finding`)."""
 
     def __init__(self, state_dir: str, node: str, confirm: tuple[int, int] = (1, 1), resume_after: int = 1,
                  sticky: float = 0.0):
@@ -117,18 +133,48 @@ class Hysteresis:
             return list(findings)
         from slurm_hooks import fsutil
 
-        memory = fsutil.read_json(self.path, missing=None, error=None)
+        problems: list[str] = []
+        memory = self._read(problems)
         try:
-            out, memory = fold(findings, memory if isinstance(memory, dict) else None, now, self.confirm,
-                               self.resume_after, self.sticky)
+            out, memory = fold(findings, memory, now, self.confirm, self.resume_after, self.sticky)
         except (TypeError, ValueError, KeyError, AttributeError):
             # A memory we cannot make sense of (edited, torn, another version): afresh, never a crashed run.
             out, memory = fold(findings, None, now, self.confirm, self.resume_after, self.sticky)
         try:
             fsutil.atomic_write(self.path, json.dumps(memory, sort_keys=True), mode=0o600, durable=False)
-        except OSError:
-            pass
-        return out
+        except OSError as exc:
+            problems.append(f"cannot write {self.path}: {exc.strerror or exc}")
+        return out + [memory_finding("; ".join(problems))] if problems else out
+
+    def trouble(self) -> str:
+        """Why the memory could not be kept, found without writing ("" when it can): validate's question."""
+        problems: list[str] = []
+        self._read(problems)
+        directory = os.path.dirname(self.path)
+        if os.path.isdir(self.path):
+            problems.append(f"{self.path} is a directory")
+        elif os.path.exists(directory) and not os.path.isdir(directory):
+            problems.append(f"{directory} is not a directory")
+        elif os.path.isdir(directory) and not os.access(directory, os.W_OK | os.X_OK):
+            problems.append(f"{directory} is not writable")
+        return "; ".join(dict.fromkeys(problems))
+
+    def _read(self, problems: list[str]) -> dict[str, Any] | None:
+        """The memory; ``None`` for none, or for one that is no JSON object (torn, edited: afresh, and
+        this run's write mends it). A file that cannot be read at all is a problem to say."""
+        try:
+            with open(self.path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            problems.append(f"cannot read {self.path}: {exc.strerror or exc}")
+            return None
+        try:
+            memory = json.loads(raw)
+        except ValueError:
+            return None
+        return memory if isinstance(memory, dict) else None
 
 
 def from_config(config: Any, node: str) -> Hysteresis:

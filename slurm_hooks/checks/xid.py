@@ -10,10 +10,12 @@ and those in this snapshot not recorded yet. Acknowledged and baseline events ar
 no reason to act again, but they did happen, so they still count.
 
 XID 13 and 31 (graphics exception, memory page fault) are the application's as a
-rule, and NVIDIA's catalogue drains for neither; but the same GPU again, and no
-other, is the GPU's (NVSentinel's rule, ``xid.history.app_or_hardware``): that
-one is reset like hardware, while a spread across GPUs says "the application" and
-takes nothing out.
+rule, and NVIDIA's catalogue drains for neither. NVSentinel's rules tell them apart
+(``xid.history.APP_OR_HARDWARE``): lines of one code on one GPU closer than a burst
+window (31: 3 minutes, 13: 15 s) are one burst, one fault of one job; two bursts on
+the same GPU within 24 h are the GPU's, reset like hardware; the code on two GPUs
+within 24 h is the application's, said and acted on never. The two are judged
+apart: a GPU that keeps failing is reset even while a job also failed on another.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from slurm_hooks.checks.recovery import verdict_finding, verdict_from_text
-from slurm_hooks.models import Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
+from slurm_hooks.models import KERNEL_LOG, Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
 from slurm_hooks.values import replace
-from slurm_hooks.xid.history import APP_OR_HARDWARE_XIDS, app_or_hardware
+from slurm_hooks.xid.history import APP_OR_HARDWARE_XIDS, Verdict, app_or_hardware, when
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,6 +44,11 @@ def _catalog_lookup(code: int) -> XidInfo | None:
 
 
 def check_xids(inp: CheckInput) -> Iterator[Finding]:
+    unread = inp.snapshot.unread(KERNEL_LOG)
+    if unread is not None:
+        # No XID seen in a log that could not be read is no verdict: said, never acted on.
+        yield Finding("xid", Severity.WARN, Action.WARN, f"kernel log unreadable: XIDs not seen ({unread})",
+                      summary="kernel log unreadable", rule=KERNEL_LOG)
     known = _baseline_keys(inp) | inp.acked_xids
     for gpu in inp.selected():
         yield from _judge(inp, gpu.index, gpu_identity(gpu.uuid, gpu.index, gpu.pci_bus_id), gpu.xids, known)
@@ -70,8 +77,9 @@ def _judge(inp: CheckInput, gpu: int | None, ident: str, events: Iterable[XidEve
         current = by_code[(code, instance)]
         new = [e for key, e in current.items() if key not in known]
         if new:
-            cause = _app_or_hardware(inp, ident) if code in APP_OR_HARDWARE_XIDS and gpu is not None else ""
-            found = _finding(inp, gpu, code, len(new), _occurrences(inp, ident, code, current), cause)
+            verdict = _app_or_hardware(inp, ident, code) if code in APP_OR_HARDWARE_XIDS and gpu is not None else None
+            total = verdict.bursts if verdict is not None else _occurrences(inp, ident, code, current)
+            found = _finding(inp, gpu, code, len(new), total, verdict)
             if instance >= 0 and gpu is not None:
                 found = replace(found, instance=instance, summary=f"{found.summary} instance {instance}")
             yield found
@@ -81,18 +89,20 @@ def _judge(inp: CheckInput, gpu: int | None, ident: str, events: Iterable[XidEve
                 yield verdict_finding("xid", verdict, gpu, f"XID {code}")
 
 
-def _app_or_hardware(inp: CheckInput, ident: str) -> str:
-    """``app_or_hardware`` over the recorded history and this snapshot's XID 13/31 not recorded yet
-    (on every GPU of the node, not only the job's: a spread is told by the others), those as now."""
+def _app_or_hardware(inp: CheckInput, ident: str, code: int) -> Verdict:
+    """``app_or_hardware`` over the recorded history and this snapshot's events of ``code`` not
+    recorded yet (on every GPU of the node, not only the job's: a spread is told by the others), those
+    at the time they happened where known, else as now."""
     merged = dict(inp.xid_history)
     for g in inp.snapshot.gpus:
         other = gpu_identity(g.uuid, g.index, g.pci_bus_id)
-        merged.update({e.key: (other, e.code, inp.now) for e in g.xids
-                       if e.code in APP_OR_HARDWARE_XIDS and e.key not in merged})
-    return app_or_hardware(merged, ident, inp.now, float(inp.expect.xid_repeat_window_s))
+        merged.update({e.key: (other, e.code, when(e, inp.now)) for e in g.xids
+                       if e.code == code and e.key not in merged})
+    return app_or_hardware(merged, ident, code, inp.now)
 
 
-def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: int, cause: str = "") -> Finding:
+def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: int,
+             verdict: Verdict | None = None) -> Finding:
     info = (inp.xid_lookup or _catalog_lookup)(code)
     if info is None:
         action, severity, what = Action.WARN, Severity.WARN, "unknown XID"
@@ -101,19 +111,26 @@ def _finding(inp: CheckInput, gpu: int | None, code: int, current: int, total: i
         what = info.description if info.description != "Unused" else f"{info.mnemonic}, unused"
     message = f"XID {code} ({what})"
     window = _span(inp.expect.xid_repeat_window_s)
-    if cause == "hardware":
+    hardware = verdict is not None and verdict.hardware
+    if hardware:
         action, severity = max(action, Action.RESET, key=lambda a: a.rank), Severity.FAIL
     limit = inp.expect.xid_repeat_count
     if Action.DRAIN.rank <= action.rank < Action.REPLACE.rank and 0 < limit <= total:
         action, severity = Action.REPLACE, Severity.FAIL
         message += f", {_ordinal(total)} time in {window} -> hardware"
-    else:
+        hardware = True
+    elif verdict is not None:
+        rule = verdict.rule
         if current > 1:
-            message += f", {current} times"
-        if cause == "hardware":
-            message += f", again on this GPU and on no other within {window} -> hardware"
-        elif cause == "application":
-            message += f", on other GPUs too within {window} -> the application, not this GPU"
+            message += f", {current} lines"
+        if hardware:
+            message += (f", {verdict.bursts} bursts on this GPU within {_span(rule.window_s)} "
+                        f"(a burst: lines less than {_span(rule.burst_s)} apart) -> hardware")
+    elif current > 1:
+        message += f", {current} times"
+    if verdict is not None and verdict.application:
+        message += (f"{'; also' if hardware else ','} on {len(verdict.others)} other GPU(s) within "
+                    f"{_span(verdict.rule.window_s)} -> the application" + ("" if hardware else ", not this GPU"))
     summary = f"XID {code} on GPU {gpu}" if gpu is not None else f"XID {code} on node"
     return Finding("xid", severity, action, message, gpu, summary, rule=f"xid.{code}")
 

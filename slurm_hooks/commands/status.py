@@ -102,6 +102,35 @@ def _gpus(inc: Any, entries: list[dict[str, Any]]) -> str:
     return ", ".join(words)
 
 
+#: Warnings that say a node's own verdicts see less than they seem to (its kernel log, its memory of
+#: readings): status shows them for every node whose log has them, held or not.
+BLIND_RULES = frozenset({"kernel-log", "hysteresis-memory"})
+#: How recent such a warning must be to be shown: the health check runs every few minutes.
+BLIND_RECENT_S = 3600.0
+
+
+def blind_spots(records: Iterable[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The latest of each :data:`BLIND_RULES` warning per node within :data:`BLIND_RECENT_S`, from
+    audit records (``alert``, and the ``repeat`` records that count it again)."""
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        of, ts = r, r.get("ts")
+        if r.get("kind") == "repeat":
+            of, ts = r.get("of") or {}, r.get("last_ts", ts)
+        if of.get("kind") != "alert" or of.get("rule") not in BLIND_RULES:
+            continue
+        key = (str(r.get("node")), str(of["rule"]))
+        if key not in last or float(ts or 0) >= last[key]["ts"]:
+            last[key] = {"node": key[0], "rule": key[1], "message": of.get("message", ""), "ts": float(ts or 0)}
+    return sorted((e for e in last.values() if now - e["ts"] <= BLIND_RECENT_S), key=lambda e: (e["node"], e["rule"]))
+
+
+def render_blind(spots: list[dict[str, Any]], now: float) -> list[str]:
+    from slurm_hooks.observe.incidents import duration
+
+    return [f"{e['node']}: {e['message']} (said {duration(max(0.0, now - e['ts']))} ago)" for e in spots]
+
+
 def render(table: list[dict[str, Any]]) -> list[str]:
     from slurm_hooks.observe.incidents import duration
 
@@ -160,9 +189,12 @@ def status(config_path: str | None, max_wait: str, as_json: bool, textfile_dir: 
     cfg = config_mod.load(config_path)
     nodes = from_config(cfg).nodes()
     held = {n.name for n in nodes if n.ours}
-    records = [r for r in AuditLog(cfg.log.audit).history() if r.get("node") in held]
+    everything = list(AuditLog(cfg.log.audit).history())
+    records = [r for r in everything if r.get("node") in held]
     open_ = {i.node: i for i in incidents.build(records) if i.open}
-    table = rows(nodes, open_, read_rma(os.path.join(cfg.state.dir, "rma.json")), time.time())
+    now = time.time()
+    table = rows(nodes, open_, read_rma(os.path.join(cfg.state.dir, "rma.json")), now)
+    blind = blind_spots(everything, now)
     late = [r for r in table if r["next"] == PERSON and limit > 0 and (r["waited_s"] or 0) > limit]
     if textfile_dir:
         from slurm_hooks.observe import metrics
@@ -173,10 +205,15 @@ def status(config_path: str | None, max_wait: str, as_json: bool, textfile_dir: 
             raise click.ClickException(f"cannot write {os.path.join(textfile_dir, metrics.STATUS_FILE)}: "
                                        f"{exc.strerror}") from None
     if as_json:
-        click.echo(json.dumps({"nodes": table, "waiting_for_a_person_too_long": [r["node"] for r in late]}, indent=1))
+        click.echo(json.dumps({"nodes": table, "waiting_for_a_person_too_long": [r["node"] for r in late],
+                               "not_seen": blind}, indent=1))
     else:
         for line in render(table):
             click.echo(line)
+        if blind:
+            click.echo("what these nodes' checks cannot see (warnings, nothing drained):")
+            for line in render_blind(blind, now):
+                click.echo("  " + line)
         if late:
             click.echo(f"{len(late)} node(s) waiting for a person longer than {max_wait}: "
                        + ", ".join(r["node"] for r in late), err=True)

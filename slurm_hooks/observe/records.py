@@ -97,6 +97,8 @@ class Alert(Record):
 
     KIND: ClassVar[str] = Kind.ALERT.value
     check: str = ""
+    #: The severity table's key of the finding (``xid.79``, ``kernel-log``).
+    rule: str = ""
     severity: str = ""
     action: str = ""
     message: str = ""

@@ -16,6 +16,7 @@ from slurm_hooks.preflight import slurmconf
 from slurm_hooks.preflight.environment import (
     check_bridge,
     check_gpus,
+    check_hysteresis_memory,
     check_notify_secrets,
     check_paths,
     check_scontrol,
@@ -49,6 +50,7 @@ def run(config_path: str | None = None, slurm_conf_path: str | None = None, node
         results += check_gpus(cfg, node)
     results += check_scontrol(cfg, conf.path if conf is not None else slurm_conf_path, runner)
     results += check_paths(cfg)
+    results += check_hysteresis_memory(cfg, node or "")
     results += check_validation(cfg)
     results += check_notify_secrets(cfg)
     results += check_wrappers(cfg)

@@ -11,6 +11,7 @@ from slurm_hooks import config as config_mod
 from slurm_hooks import urlsecret
 from slurm_hooks.config import Config
 from slurm_hooks.errors import CommandError, CommandTimeout, ConfigError, TransientError
+from slurm_hooks.models import KERNEL_LOG, NodeSnapshot
 from slurm_hooks.preflight import slurmconf
 from slurm_hooks.preflight.results import Result, Status
 from slurm_hooks.remedy.wiring import ActionPolicy
@@ -80,7 +81,13 @@ def check_gpus(cfg: Config, node: str) -> list[Result]:
     except ImportError as exc:
         return [Result("gpu-backend", Status.FAIL, f"{backend} backend cannot load: {exc}",
                        "pip install nvidia-ml-py on GPU nodes (or [gpu] backend = \"sim\" for rehearsals)", cfg.path or "")]
-    snap = engine.take_snapshot(probe, node, cfg.gpu.probe_timeout)
+    return gpu_results(cfg, node, engine.take_snapshot(probe, node, cfg.gpu.probe_timeout))
+
+
+def gpu_results(cfg: Config, node: str, snap: NodeSnapshot) -> list[Result]:
+    """What validate says of one snapshot of this node: the probe, the GPU count, and what of the
+    node the probe could not read (a kernel log: XIDs would go unseen)."""
+    backend = cfg.gpu.backend
     if snap.error is not None:
         fix = (f"slurm-hooks sim init --node {node}" if backend == "sim"
                else "check the driver with nvidia-smi; the NVML library must be loadable by root")
@@ -98,6 +105,10 @@ def check_gpus(cfg: Config, node: str) -> list[Result]:
                           "find the missing GPU (nvidia-smi, lspci) or correct gpus in the config", cfg.path or ""))
     else:
         out.append(Result("gpu-count", Status.PASS, f"{node} has the {expected} GPU(s) group {group} expects"))
+    if snap.unread(KERNEL_LOG) is not None:
+        out.append(Result(KERNEL_LOG, Status.WARN, f"kernel log unreadable: XIDs not seen ({snap.unread(KERNEL_LOG)})",
+                          "run as root (or with CAP_SYSLOG), or point [watch] kmsg at a readable kernel log",
+                          cfg.path or ""))
     return out
 
 
@@ -170,6 +181,22 @@ def check_paths(cfg: Config) -> list[Result]:
                           "[state] dir on a disk that survives a reboot (default /var/lib/slurm-hooks)",
                           cfg.path or ""))
     return out
+
+
+def check_hysteresis_memory(cfg: Config, node: str = "") -> list[Result]:
+    """With [hysteresis] on, its memory must be kept: else every run judges alone and says so."""
+    from slurm_hooks.checks import hysteresis
+    from slurm_hooks.slurm import nodename
+
+    h = hysteresis.from_config(cfg, node or nodename.resolve(None))
+    if h.off:
+        return []
+    trouble = h.trouble()
+    if not trouble:
+        return [Result(hysteresis.MEMORY_RULE, Status.PASS, f"readings are remembered in {h.path}")]
+    return [Result(hysteresis.MEMORY_RULE, Status.WARN, f"cannot remember readings: {trouble}",
+                   "free or remount [state] dir read-write: until then [hysteresis] confirm is never reached",
+                   cfg.path or "")]
 
 
 def check_validation(cfg: Config) -> list[Result]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import time
 
-from slurm_hooks.models import GpuProcess, GpuSnapshot, MigDevice, NodeSnapshot, NvLink, XidEvent
+from slurm_hooks.models import KERNEL_LOG, GpuProcess, GpuSnapshot, MigDevice, NodeSnapshot, NvLink, XidEvent
 from slurm_hooks.probes import nvml_errors
 from slurm_hooks.probes.nvml_errors import GpuLost, NotSupported, ResetRequired
 from slurm_hooks.values import replace
@@ -91,30 +91,43 @@ class NvmlProbe:
                 nvml.nvmlShutdown()
             except Exception:
                 pass  # nothing useful to do; the snapshot is already taken
-        gpus, node_xids = self._attach_xids(gpus)
+        errors: list[tuple[str, str]] = []
+        gpus, node_xids = self._attach_xids(gpus, errors)
         return NodeSnapshot(self.node, self.name, gpus=tuple(gpus), taken_at=taken, driver_version=driver,
-                            node_xids=node_xids)
+                            node_xids=node_xids, errors=tuple(errors))
 
     def _failed(self, taken: float, error: str, driver: str = "") -> NodeSnapshot:
         return NodeSnapshot(self.node, self.name, taken_at=taken, driver_version=driver, error=error)
 
-    def _attach_xids(self, gpus: list[GpuSnapshot]) -> tuple[list[GpuSnapshot], tuple[XidEvent, ...]]:
-        """XIDs come from the kernel log, each tied to its GPU here, at the source; an unreadable
-        log is no reason to fail the snapshot."""
+    def _attach_xids(self, gpus: list[GpuSnapshot],
+                     errors: list[tuple[str, str]]) -> tuple[list[GpuSnapshot], tuple[XidEvent, ...]]:
+        """XIDs come from the kernel log, each tied to its GPU here, at the source. An unreadable
+        log is no reason to fail the snapshot, but no XID seen then says nothing: ``errors`` gets
+        ``KERNEL_LOG`` and why (the XID check says so)."""
         from slurm_hooks.probes import kmsg
 
         by_bus = kmsg.gpu_map(gpus)
         if self.gpu_map_path and by_bus:
             kmsg.save_gpu_map(self.gpu_map_path, by_bus)
         try:
-            events = kmsg.assign_gpus(kmsg.read_xids(self.kmsg_path), by_bus)
-        except Exception:
+            events = kmsg.assign_gpus(_dated(kmsg.read_xids(self.kmsg_path), kmsg.boot_id()), by_bus)
+        except Exception as exc:  # noqa: BLE001 - the GPUs were read: the snapshot stands, saying what it lacks
+            errors.append((KERNEL_LOG, str(exc) or type(exc).__name__))
             return gpus, ()
         by_gpu: dict[int, list[XidEvent]] = {}
         for event in events:
             by_gpu.setdefault(event.gpu if event.gpu is not None else -1, []).append(event)
         out = [replace(g, xids=tuple(by_gpu[g.index])) if g.index in by_gpu else g for g in gpus]
         return out, tuple(by_gpu.get(-1, ()))
+
+
+def _dated(events: list[XidEvent], boot: str) -> list[XidEvent]:
+    """Kernel-log records of this boot with their wall-clock time (the boot's start plus the record's
+    seconds since boot): a burst read by two runs minutes apart is still one burst. Others as read."""
+    if not boot:
+        return events
+    started = time.time() - time.monotonic()  # the kernel stamps records on its monotonic clock
+    return [replace(e, at=started + e.ts) if e.boot == boot and e.ts is not None else e for e in events]
 
 
 def read_gpu_map(nvml: Any = None) -> dict[str, tuple[int, str]]:

@@ -54,7 +54,7 @@ def record_alerts(w: Wiring, report: Report, **extra: Any) -> None:
         if f.severity is Severity.OK:
             continue
         w.audit.write("alert", node=w.node, context=report.context.value, gpu=f.gpu, check=f.check,
-                      severity=f.severity.value, action=f.action.value, message=f.message,
+                      rule=f.rule_key, severity=f.severity.value, action=f.action.value, message=f.message,
                       **gpu_fields(report, f.gpu), **extra)
 
 

@@ -7,8 +7,9 @@ back). One small JSON file per node, rewritten atomically under a lock.
 
 Each event is kept under its key with the GPU it happened on (its UUID where known,
 see ``models.gpu_identity``), so escalation counts per GPU and across reboots.
-Timestamps are when *we* recorded an event (wall clock), not the event's own
-``ts``, which for kernel log records is seconds since boot.
+Timestamps are wall clock: when the event happened where its source could tell
+(``XidEvent.at``), else when *we* recorded it; never the event's own ``ts``, which for
+kernel log records is seconds since boot.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from slurm_hooks import fsutil
 from slurm_hooks.errors import PermanentError
 from slurm_hooks.models import XidEvent
+from slurm_hooks.values import dataclass
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
@@ -202,13 +204,20 @@ class XidState:
         self._now = now
 
 
+def when(event: XidEvent, now: float) -> float:
+    """When an event counts as having happened: its own time where the source knew it (and it lies
+    within what the history keeps), else ``now``, when it was read."""
+    at = event.at
+    return at if at is not None and now - KEEP_S < at <= now else now
+
+
 def _add_events(state: dict[str, Any], events: list[XidEvent], now: float) -> None:
     known = {e["key"] for e in state["events"]}
     for event in events:
         if event.key not in known:
             known.add(event.key)
             state["events"].append({"key": event.key, "code": event.code, "gpu": event.gpu,
-                                    "id": event.gpu_id, "t": now})
+                                    "id": event.gpu_id, "t": when(event, now)})
 
 
 def _add_keys(section: dict[str, float], keys: list[str], now: float) -> None:
@@ -276,8 +285,71 @@ def _prune(state: dict[str, Any], now: float) -> None:
 #: person (``[replace]``) instead of another reset or reboot (NVSentinel: >= 5 in 7 days -> support).
 REPEAT_LIMIT = 5
 REPEAT_WINDOW_S = 7 * 86400.0
-#: XIDs that are the application's fault when they spread across GPUs, the GPU's when they stay on one.
-APP_OR_HARDWARE_XIDS = frozenset({13, 31})
+
+
+@dataclass(frozen=True)
+class BurstRule:
+    """How an XID that is the application's as a rule (13, 31) is told from a faulty GPU: lines closer
+    than ``burst_s`` to the one before are one burst (one fault of one job); ``repeat`` bursts on
+    one GPU within ``window_s`` are the GPU's; the code on ``spread`` GPUs or more within
+    ``window_s`` is the application's. The two rules are evaluated apart: a GPU that keeps
+    failing is the GPU's even while a job also failed on another."""
+
+    burst_s: float
+    repeat: int = 2
+    spread: int = 2
+    window_s: float = 86400.0
+
+
+#: NVSentinel's published defaults (health-events-analyzer, ``distros/kubernetes/nvsentinel/charts/
+#: health-events-analyzer/values.yaml``): ``RepeatedXID31OnSameGPU`` (2 bursts in 24 h, a new burst
+#: after 180 s without one; RUN_DCGMEUD), ``RepeatedXID31OnDifferentGPU`` (2 GPUs in 24 h; NONE),
+#: ``RepeatedXID13OnSameGPCAndTPC`` (2 bursts in 24 h, a new burst after 15 s; RUN_DCGMEUD) and
+#: ``RepeatedXID13OnDifferentGPCAndTPC`` (NONE).
+APP_OR_HARDWARE: dict[int, BurstRule] = {31: BurstRule(burst_s=180.0), 13: BurstRule(burst_s=15.0)}
+#: XIDs that are the application's fault when they spread across GPUs, the GPU's when they repeat on one.
+APP_OR_HARDWARE_XIDS = frozenset(APP_OR_HARDWARE)
+
+
+def bursts(times: Iterable[float], gap: float) -> int:
+    """How many bursts ``times`` make: a time more than ``gap`` after the one before starts a new one."""
+    count, last = 0, None
+    for t in sorted(times):
+        if last is None or t - last > gap:
+            count += 1
+        last = t
+    return count
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """XID 13/31 on one GPU read against the node's history (:func:`app_or_hardware`)."""
+
+    code: int
+    #: Bursts of the code on this GPU within the window (this one included).
+    bursts: int = 0
+    #: The other GPUs that had the code within the window.
+    others: tuple[str, ...] = ()
+    rule: BurstRule = BurstRule(burst_s=0.0)
+
+    @property
+    def hardware(self) -> bool:
+        return self.bursts >= self.rule.repeat
+
+    @property
+    def application(self) -> bool:
+        return len(self.others) + 1 >= self.rule.spread
+
+
+def app_or_hardware(recorded: Mapping[str, tuple[str, int, float]], gpu: str, code: int, now: float) -> Verdict:
+    """XID ``code`` (13 or 31) on ``gpu`` read against the node's history (:meth:`XidState.recorded`,
+    with this run's events not yet recorded at the time they happened, or ``now``): how many bursts
+    on this GPU, and which other GPUs had it (:data:`APP_OR_HARDWARE`)."""
+    rule = APP_OR_HARDWARE[code]
+    hits = [(ident, t) for ident, c, t in recorded.values() if c == code and now - t < rule.window_s]
+    mine = bursts((t for ident, t in hits if ident == gpu), rule.burst_s)
+    others = tuple(sorted({ident for ident, _ in hits if ident != gpu}))
+    return Verdict(code, mine, others, rule)
 
 
 def repeat_offender(attempts: Iterable[Mapping[str, Any]], ids: Iterable[str], now: float,
@@ -302,16 +374,3 @@ def repeat_offender(attempts: Iterable[Mapping[str, Any]], ids: Iterable[str], n
             f"(limit {limit}; before: {told}): a person must look")
 
 
-def app_or_hardware(recorded: Mapping[str, tuple[str, int, float]], gpu: str, now: float,
-                    window: float = 86400.0) -> str:
-    """XID 13/31 on ``gpu`` read against the node's history (:meth:`XidState.recorded`):
-    ``"hardware"`` when they keep coming back on this GPU alone, ``"application"`` when they spread
-    across GPUs (a job's bug hits every GPU it runs on), ``""`` with too little to tell."""
-    hits = [(ident, t) for ident, code, t in recorded.values() if code in APP_OR_HARDWARE_XIDS and now - t < window]
-    mine = sum(1 for ident, _ in hits if ident == gpu)
-    others = {ident for ident, _ in hits if ident != gpu}
-    if mine >= 2 and not others:
-        return "hardware"
-    if others:
-        return "application"
-    return ""

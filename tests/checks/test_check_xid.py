@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from slurm_hooks.checks.xid import check_xids
 from slurm_hooks.models import (
     Action,
@@ -63,23 +65,39 @@ def test_app_xid13_tells_the_user_and_does_not_drain():
     assert f.message == "XID 13 (Graphics Engine Exception)"
 
 
-def test_app_xid31_on_other_gpus_too_is_the_application_and_does_not_drain():
-    history = {**earlier(31, NOW - HOUR), **earlier(31, NOW - HOUR + 1, on="gpu5")}
-    findings = run(node(gpu(3, *(xid(31, seq=i) for i in range(5)))), xid_history=history)
-    assert [(f.action, f.severity) for f in findings] == [(Action.NONE, Severity.WARN)]
-    assert findings[0].message.endswith("on other GPUs too within 24h -> the application, not this GPU")
+def test_a_gpu_with_five_xid31_is_the_gpus_though_another_gpu_had_one_too():
+    """NVSentinel's same-GPU and other-GPU rules are judged apart: GPU 3's XID 31 in bursts hours apart
+    is the GPU's (reset), whatever a job did on GPU 5; the spread is said beside it."""
+    history = {**earlier(31, NOW - 2 * HOUR), **earlier(31, NOW - HOUR, on="gpu5")}
+    [f] = run(node(gpu(3, xid(31))), xid_history=history)
+    assert (f.action, f.severity) == (Action.RESET, Severity.FAIL)
+    assert f.message == ("XID 31 (GPU memory page fault), 2 bursts on this GPU within 24h (a burst: lines less "
+                         "than 3min apart) -> hardware; also on 1 other GPU(s) within 24h -> the application")
+    history = {**earlier(31, *(NOW - h * HOUR for h in (5, 4, 3, 2))), **earlier(31, NOW - HOUR, on="gpu5")}
+    [f] = run(node(gpu(3, xid(31))), xid_history=history)  # five: past [expect] xid_repeat_count
+    assert (f.action, f.severity) == (Action.REPLACE, Severity.FAIL)
+    assert f.message == ("XID 31 (GPU memory page fault), 5th time in 24h -> hardware; also on 1 other GPU(s) "
+                         "within 24h -> the application")
+
+
+def test_xid31_on_another_gpu_and_once_here_is_the_application_and_does_not_drain():
+    [f] = run(node(gpu(3, xid(31))), xid_history=earlier(31, NOW - HOUR, on="gpu5"))
+    assert (f.action, f.severity) == (Action.NONE, Severity.WARN)
+    assert f.message.endswith(", on 1 other GPU(s) within 24h -> the application, not this GPU")
 
 
 def test_xid13_again_on_the_same_gpu_and_no_other_is_reset_as_hardware():
     [f] = run(node(gpu(0), gpu(3, xid(13))), xid_history=earlier(13, NOW - HOUR))
     assert (f.action, f.severity, f.gpu) == (Action.RESET, Severity.FAIL, 3)
     assert f.action.takes_node_out
-    assert f.message == "XID 13 (Graphics Engine Exception), again on this GPU and on no other within 24h -> hardware"
+    assert f.message == ("XID 13 (Graphics Engine Exception), 2 bursts on this GPU within 24h "
+                         "(a burst: lines less than 15s apart) -> hardware")
 
 
-def test_xid31_then_xid13_on_one_gpu_is_hardware_too():
+def test_xid31_then_xid13_on_one_gpu_are_two_codes_each_once():
+    """Each code has its own rule (NVSentinel's are per code): one 31 and one 13 are no repeat."""
     [f] = run(node(gpu(3, xid(13))), xid_history=earlier(31, NOW - HOUR))
-    assert f.action is Action.RESET and f.message.endswith("-> hardware")
+    assert (f.action, f.message) == (Action.NONE, "XID 13 (Graphics Engine Exception)")
 
 
 def test_xid13_on_several_gpus_at_once_is_the_application_on_each():
@@ -91,10 +109,47 @@ def test_xid13_on_several_gpus_at_once_is_the_application_on_each():
 
 def test_in_the_prolog_another_gpus_xid13_still_tells_the_application():
     """Only the job's GPU is judged, but the spread is read off the whole node."""
-    history = earlier(13, NOW - HOUR)
-    [f] = run(node(gpu(0, xid(13, gpu=0, seq=2)), gpu(3, xid(13))), xid_history=history, gpus=(3,),
-              context=Context.PROLOG)
+    [f] = run(node(gpu(0, xid(13, gpu=0, seq=2)), gpu(3, xid(13))), gpus=(3,), context=Context.PROLOG)
     assert f.gpu == 3 and f.action is Action.NONE and "the application" in f.message
+
+
+# NVSentinel's XID 13/31 rules (health-events-analyzer values.yaml), one row each: the events on GPU 3 and
+# GPU 5, as seconds before now (the last of GPU 3's is this run's, not yet recorded); what GPU 3's finding does.
+RULES = [
+    # RepeatedXID31OnSameGPU: a burst is lines less than 180 s apart; 2 bursts in 24 h -> the GPU.
+    ("31: two lines 5 s apart from one process are one burst", 31, [5, 0], [], Action.NONE),
+    ("31: lines 2 min apart, then 2 min more, are still one burst", 31, [240, 120, 0], [], Action.NONE),
+    ("31: two bursts 10 min apart are the GPU's", 31, [600, 0], [], Action.RESET),
+    ("31: an earlier burst more than 24 h ago does not count", 31, [25 * HOUR, 0], [], Action.NONE),
+    # RepeatedXID31OnDifferentGPU: on 2 GPUs in 24 h -> the application, judged apart from the above.
+    ("31: once here, once on another GPU: the application", 31, [0], [60], Action.NONE),
+    ("31: two bursts here and one on another GPU: still the GPU's", 31, [3 * HOUR, 0], [60], Action.RESET),
+    # RepeatedXID13OnSameGPCAndTPC: a burst is lines less than 15 s apart; 2 bursts in 24 h.
+    ("13: two lines 5 s apart are one burst", 13, [5, 0], [], Action.NONE),
+    ("13: two lines 20 s apart are two bursts: the GPU's", 13, [20, 0], [], Action.RESET),
+    ("13: once here, once on another GPU: the application", 13, [0], [30], Action.NONE),
+]
+
+
+@pytest.mark.parametrize("code,here,there,action", [r[1:] for r in RULES], ids=[r[0] for r in RULES])
+def test_xid13_and_31_follow_nvsentinels_rules(code, here, there, action):
+    *before, _ = here
+    history = {**earlier(code, *(NOW - s for s in before)), **earlier(code, *(NOW - s for s in there), on="gpu5")}
+    [f] = run(node(gpu(3, xid(code))), xid_history=history)
+    assert f.action is action, f.message
+
+
+def test_a_burst_read_by_two_runs_minutes_apart_is_one_burst_when_the_lines_say_when():
+    """The health check reads an XID 31 line, records it; five minutes later it reads the next line of
+    the same burst (1 s after the first, by the kernel's clock): one burst, not the GPU's."""
+    first = XidEvent(code=31, gpu=3, ts=100.0, source="kmsg", seq=7, boot="b", at=NOW - 301.0)
+    again = XidEvent(code=31, gpu=3, ts=101.0, source="kmsg", seq=8, boot="b", at=NOW - 300.0)
+    from slurm_hooks.xid.history import XidState, _empty
+
+    state = XidState(None, _empty(), None)
+    state.record([first], now=NOW - 299.0)
+    [f] = run(node(gpu(3, first, again)), xid_history=state.recorded())
+    assert f.action is Action.NONE and "hardware" not in f.message
 
 
 def test_an_old_xid13_on_the_same_gpu_tells_nothing():

@@ -87,8 +87,9 @@ def test_fixture_round_trips_through_snapshot_to_dict(path):
             if gpu.get(key) == default:
                 gpu.pop(key)
         for event in gpu["xids"]:
-            if event.get("instance") is None:
-                event.pop("instance")
+            for key in ("instance", "at"):
+                if event.get(key) is None:
+                    event.pop(key)
     assert again == data
 
 

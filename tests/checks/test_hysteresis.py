@@ -168,3 +168,63 @@ def test_a_sticky_window_holds_a_port_drop_ten_minutes_after_it_cleared():
 
 def test_sticky_alone_turns_the_hysteresis_on(tmp_path):
     assert not Hysteresis(str(tmp_path), "n1", sticky=600.0).off
+
+
+def port(name: str, rule: str = "ib-rate") -> Finding:
+    """A port's finding as the links check gives it: the port named in ``subject``."""
+    return Finding("links", Severity.FAIL, Action.DRAIN, f"IB {name}: rate 200 Gb/s, expected 400 Gb/s", None,
+                   f"IB {name} at 200 Gb/s", config_based=True, rule=rule, subject=name)
+
+
+def test_two_ports_each_bad_once_are_not_one_port_bad_twice():
+    """confirm 2/3 counts readings of one port: mlx5_0 bad in one run and mlx5_1 in the next are
+    two ports each bad once, a warning for each, never a drain."""
+    a, b = port("mlx5_0 port 1"), port("mlx5_1 port 1")
+    first, memory = fold([a], None, 0.0, (2, 3), 3)
+    second, memory = fold([b], memory, STEP, (2, 3), 3)
+    assert [f.action for f in first + second] == [Action.WARN, Action.WARN]
+    assert "bad in 1 of the last 1 readings" in second[0].message  # its own first reading
+    third, _ = fold([b], memory, 2 * STEP, (2, 3), 3)
+    assert [(f.subject, f.action) for f in third] == [("mlx5_1 port 1", Action.DRAIN)]
+
+
+def test_two_ports_down_at_once_are_both_named():
+    a, b = port("mlx5_0 port 1", "ib-down"), port("mlx5_3 port 1", "ib-down")
+    out, memory = fold([a, b], None, 0.0, (2, 3), 3)
+    assert sorted(f.subject for f in out if f.action.takes_node_out) == ["mlx5_0 port 1", "mlx5_3 port 1"]
+    held, _ = fold([], memory, STEP, (2, 3), 3)  # both held apart, each with its own good count
+    assert sorted(f.subject for f in held) == ["mlx5_0 port 1", "mlx5_3 port 1"]
+    assert all("1 of 3 good readings" in f.message for f in held)
+
+
+def test_a_port_finding_keeps_its_subject_through_the_memory():
+    f = port("mlx5_2 port 1")
+    assert Finding.from_dict(f.to_dict()) == f
+    assert "subject" not in HOT.to_dict()  # a GPU's finding reads as it always did
+
+
+@pytest.mark.parametrize("break_it", ["state dir is a file", "memory is a directory"])
+def test_a_memory_that_cannot_be_kept_is_a_warning_of_its_own(tmp_path, break_it):
+    """A full or read-only state disk (here: the paths as a broken disk leaves them, which even root
+    cannot write through): every run starts afresh, so K of N is never reached. Said in the report,
+    never a drain, and the run's own findings stand."""
+    if break_it == "state dir is a file":
+        state = tmp_path / "state"
+        state.write_text("")
+    else:
+        state = tmp_path
+        (tmp_path / "hysteresis-n1.json").mkdir()
+    h = Hysteresis(str(state), "n1", (2, 3), 3)
+    for run in range(3):
+        out = h.fold([HOT], run * STEP)
+        assert [f.action for f in out if f.check == "thermal"] == [Action.WARN]  # never confirmed: no memory
+        [lost] = [f for f in out if f.rule == hysteresis.MEMORY_RULE]
+        assert lost.message.startswith("cannot remember readings: ")
+        assert "hysteresis-n1.json" in lost.message
+        assert (lost.severity, lost.action, lost.gpu) == (Severity.WARN, Action.WARN, None)
+
+
+def test_a_memory_kept_well_says_nothing(tmp_path):
+    h = Hysteresis(str(tmp_path), "n1", (2, 3), 3)
+    assert [f.check for f in h.fold([HOT], 0.0)] == ["thermal"]
+    assert [f.check for f in h.fold([], STEP)] == []

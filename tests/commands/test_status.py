@@ -136,3 +136,34 @@ def test_status_exits_1_only_when_a_node_waited_for_a_person_longer_than_max_wai
     assert [(n["node"], n["next"]) for n in out["nodes"]] == [("n1", "a person"), ("n2", "a person"),
                                                                ("n3", "slurm-hooks")]
     assert (r.returncode, out["waiting_for_a_person_too_long"]) == (exit_code, late), r.stderr
+
+
+def test_a_node_whose_kernel_log_and_memory_cannot_be_read_is_shown_by_check_and_status(tmp_path, capsys):
+    """Its verdict is "healthy" only as far as it could see: the kernel log unreadable (XIDs unseen)
+    and the hysteresis memory unwritable. Both are warnings in the check's report, drain nothing,
+    and status lists them for the node though it holds no drain, again after the second run."""
+    from fakes import FakeNvml
+    from fakes.config import sim_config
+
+    from slurm_hooks.observe.audit import AuditLog
+    from slurm_hooks.probes.nvml import NvmlProbe
+    from slurm_hooks.remedy.wiring import Wiring
+
+    cfg = sim_config(tmp_path, '[expect]\ngpus = 8\n[hysteresis]\nconfirm = "2/3"\n')
+    os.makedirs(os.path.join(cfg.state.dir, "hysteresis-n1.json"))  # where the memory goes, as a torn disk leaves it
+    log = tmp_path / "kmsg"
+    log.mkdir()  # no record can be read from it
+    slurm = FakeSlurm()
+    slurm.add_node("n1", "IDLE")
+    w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), probe_override=NvmlProbe("n1", kmsg_path=str(log),
+               nvml=FakeNvml.healthy(gpus=8)), slurm_override=slurm)
+    for _ in range(2):
+        report, _ = healthcheck.run(w, follow="none")
+    assert sorted(f.rule for f in report.findings) == ["hysteresis-memory", "kernel-log"]
+    assert not report.drain_findings() and slurm.peek("n1").state == "IDLE"
+    spots = status.blind_spots(w.audit.history(), time.time())
+    assert [(s["node"], s["rule"]) for s in spots] == [("n1", "hysteresis-memory"), ("n1", "kernel-log")]
+    assert spots[1]["message"].startswith("kernel log unreadable: XIDs not seen")
+    assert status.render_blind(spots, time.time())[0].startswith("n1: cannot remember readings: ")
+    # An hour later, with nothing said since, it is no longer shown.
+    assert status.blind_spots(w.audit.history(), time.time() + 2 * status.BLIND_RECENT_S) == []

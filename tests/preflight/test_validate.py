@@ -781,3 +781,35 @@ def test_slurmd_that_rejects_every_gpu_or_fails_is_a_warning_not_a_pass(cluster,
         main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
     out = [line for line in capsys.readouterr().out.splitlines() if " gpu-map: " in line]
     assert out[-1].startswith("WARN  gpu-map: ") and "slurmd -G not compared: " in out[-1] and said in out[-1], out
+
+
+def test_a_hysteresis_memory_that_cannot_be_kept_is_a_warning_naming_it(cluster):
+    """[hysteresis] on, and its memory where the state disk left a directory: every run would
+    judge alone; validate says so (a warning: the node still works), and names the file."""
+    cluster.write_config(GOOD_CONFIG + '[hysteresis]\nconfirm = "2/3"\n')
+    assert only(cluster.run(), "hysteresis-memory").status is validate.Status.PASS
+    (cluster.root / "state").mkdir(exist_ok=True)
+    (cluster.root / "state" / "hysteresis-n1.json").mkdir()
+    r = only(cluster.run(), "hysteresis-memory")
+    assert r.status is validate.Status.WARN
+    assert r.message.startswith("cannot remember readings: ") and "hysteresis-n1.json" in r.message
+
+
+def test_hysteresis_off_needs_no_memory(cluster):
+    assert not [r for r in cluster.run() if r.check == "hysteresis-memory"]
+
+
+def test_a_kernel_log_the_probe_cannot_read_is_a_warning_in_validate(cluster, tmp_path):
+    from fakes import FakeNvml
+
+    from slurm_hooks import config
+    from slurm_hooks.preflight.environment import gpu_results
+    from slurm_hooks.probes.nvml import NvmlProbe
+
+    log = tmp_path / "kmsg"
+    log.mkdir()  # read() says EISDIR: the records cannot be read
+    snap = NvmlProbe("n1", kmsg_path=str(log), nvml=FakeNvml.healthy(gpus=8)).snapshot()
+    results = gpu_results(config.load(cluster.config), "n1", snap)
+    r = only(results, "kernel-log")
+    assert r.status is validate.Status.WARN and r.message.startswith("kernel log unreadable: XIDs not seen")
+    assert only(results, "gpu-backend").status is validate.Status.PASS

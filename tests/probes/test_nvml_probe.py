@@ -411,6 +411,31 @@ def test_unreadable_kernel_log_means_no_xids_not_a_failed_snapshot():
     assert s.error is None and all(g.xids == () for g in s.gpus)
 
 
+def test_a_kernel_log_that_cannot_be_read_is_said_in_the_snapshot_and_judged_a_warning(tmp_path):
+    """A path the probe cannot read records from (here a directory: read() says EISDIR, as /dev/kmsg
+    says EPERM to a process without CAP_SYSLOG under dmesg_restrict): the GPUs were read, so the
+    snapshot stands, but "no XID" then means nothing and the verdict says so, without acting."""
+    from slurm_hooks import engine
+    from slurm_hooks.models import KERNEL_LOG, Action, Context, Expectations, Severity
+
+    log = tmp_path / "kmsg"
+    log.mkdir()
+    s = snap(FakeNvml.healthy(gpus=2), kmsg_path=str(log))
+    assert s.error is None and len(s.gpus) == 2
+    assert "cannot read kernel log" in s.unread(KERNEL_LOG)
+    report = engine.judge(s, engine.JudgeRequest(Expectations(), Context.CHECK, deadline_s=10.0))
+    [f] = [f for f in report.findings if f.rule == KERNEL_LOG]
+    assert f.message.startswith("kernel log unreadable: XIDs not seen (cannot read kernel log")
+    assert (f.severity, f.action, f.acts) == (Severity.WARN, Action.WARN, False)
+    assert report.healthy and not report.drain_findings()
+
+
+def test_a_readable_kernel_log_with_no_xid_says_nothing(tmp_path):
+    log = tmp_path / "kmsg"
+    log.write_text("6,1200,4000000,-;nvidia-nvswitch0: open (major=510)\n")
+    assert snap(FakeNvml.healthy(gpus=2), kmsg_path=str(log)).errors == ()
+
+
 # --- the one place error codes are typed ----------------------------------------------------
 
 
@@ -550,3 +575,18 @@ def test_nvml_xid_is_delivered_once_then_timeouts_and_names_its_mig_instance():
     got = _events(fake, until=2, stop_after=0.5)
     assert [(e.gpu, e.code, e.instance) for e in got] == [(0, 94, 3)]
     assert fake.called("nvmlEventSetWait_v2") >= 3  # the XID, then TIMEOUT after TIMEOUT
+
+
+def test_kernel_log_records_of_this_boot_carry_when_they_happened():
+    """A record's ts is seconds since boot: the probe adds the boot's start, so that a burst read by two
+    runs minutes apart keeps its lines seconds apart. A line of no known boot (a captured file) has none."""
+    import time
+
+    from slurm_hooks.models import XidEvent
+    from slurm_hooks.probes.nvml import _dated
+
+    now_line = XidEvent(code=31, ts=time.monotonic() - 5.0, source="kmsg", seq=1, boot="b1")
+    captured = XidEvent(code=31, ts=12.0, source="kmsg", seq=2)
+    dated, undated = _dated([now_line, captured], "b1")
+    assert abs(dated.at - (time.time() - 5.0)) < 1.0 and dated.key == now_line.key
+    assert undated.at is None

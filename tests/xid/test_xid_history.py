@@ -303,17 +303,37 @@ def recorded(*events: tuple[str, int, float]) -> dict:
     return {f"k{i}": e for i, e in enumerate(events)}
 
 
-def test_xid_13_again_on_the_same_gpu_is_hardware():
-    assert xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 600), ("GPU-a", 31, NOW - 60)),
-                                       "GPU-a", NOW) == "hardware"
+def test_xid_13_again_on_the_same_gpu_after_its_burst_is_hardware():
+    v = xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 600), ("GPU-a", 13, NOW - 60)), "GPU-a", 13, NOW)
+    assert (v.bursts, v.hardware, v.application) == (2, True, False)
 
 
 def test_xid_13_spread_across_gpus_is_the_application():
-    assert xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 600), ("GPU-b", 13, NOW - 590),
-                                                ("GPU-c", 13, NOW - 580)), "GPU-a", NOW) == "application"
+    v = xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 600), ("GPU-b", 13, NOW - 590),
+                                             ("GPU-c", 13, NOW - 580)), "GPU-a", 13, NOW)
+    assert (v.hardware, v.application, v.others) == (False, True, ("GPU-b", "GPU-c"))
 
 
-def test_one_xid_13_or_old_ones_tell_nothing():
-    assert xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 60)), "GPU-a", NOW) == ""
-    assert xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 2 * DAY), ("GPU-a", 13, NOW - 60),
-                                                ("GPU-b", 79, NOW - 30)), "GPU-a", NOW) == ""
+def test_one_xid_13_or_old_ones_or_another_code_tell_nothing():
+    v = xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 60)), "GPU-a", 13, NOW)
+    assert not (v.hardware or v.application)
+    v = xid_history.app_or_hardware(recorded(("GPU-a", 13, NOW - 2 * DAY), ("GPU-a", 13, NOW - 60),
+                                             ("GPU-b", 79, NOW - 30), ("GPU-a", 31, NOW - 900)), "GPU-a", 13, NOW)
+    assert not (v.hardware or v.application)
+
+
+def test_bursts_split_where_the_gap_passes_the_window():
+    assert xid_history.bursts([], 15.0) == 0
+    assert xid_history.bursts([0, 10, 20, 30], 15.0) == 1  # each within 15 s of the one before
+    assert xid_history.bursts([32, 0, 16], 15.0) == 3
+
+
+def test_an_event_that_says_when_it_happened_is_recorded_at_that_time(tmp_path):
+    from slurm_hooks.models import XidEvent
+
+    h = xid_history.XidHistory(str(tmp_path / "xids.json"))
+    dated = XidEvent(code=31, gpu=0, ts=5.0, source="kmsg", seq=1, boot="b", at=NOW - 250)
+    undated = XidEvent(code=31, gpu=0, ts=6.0, source="kmsg", seq=2)
+    ancient = XidEvent(code=31, gpu=0, ts=7.0, source="kmsg", seq=3, boot="b", at=NOW - 30 * DAY)
+    h.record([dated, undated, ancient], now=NOW)
+    assert sorted(t for _, _, t in h.recorded().values()) == [NOW - 250, NOW, NOW]
