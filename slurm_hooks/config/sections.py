@@ -88,6 +88,9 @@ class HysteresisSection:  # read by slurm_hooks.checks.hysteresis
 class LinksSection:
     sysfs_root: str = setting("/sys/class/infiniband", doc="InfiniBand/RoCE ports; %n = the node's name (the sim "
                                                            "lays one per node)")
+    rate_window: float = setting(600.0, range=Range(60, 86400, why="seconds"),
+                                 doc="seconds of readings an error rate is judged over (kept across runs, per boot); "
+                                     "a burst in a shorter window only warns")
 
 
 @dataclass(frozen=True)
