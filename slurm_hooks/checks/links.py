@@ -239,3 +239,22 @@ def check_kernel_events(inp: CheckInput) -> Iterator[Finding]:
             yield Finding("link-events", Severity.WARN if warn else Severity.FAIL, Action.WARN if warn else Action.DRAIN,
                           f"IB {p.device}: kernel: {text}", None, f"IB {p.device} {_EVENT_WORDS.get(rule, rule)}",
                           rule=rule)
+
+
+def standing(links) -> list[str]:
+    """What stands against judging these ports, however long ago it was first said: the counters
+    that cannot be judged on this boot and a counter memory that cannot be written. ``validate``
+    and ``status`` say it every time they are asked; the health check says each once per boot."""
+    if links is None:
+        return []
+    error = getattr(links, "memory_error", "")
+    out = [f"cannot remember link counters: {error}"] if error else []
+    out += [f"{p.kind} {p.name}: {'; '.join(p.unjudged)}: cannot be judged on this boot" for p in links
+            if p.present and p.unjudged]
+    return out
+
+
+#: How an admin mends what :func:`standing` says.
+STANDING_FIX = ("a saturated counter: clear the port's counters (perfquery -R, infiniband-diags; a reboot "
+                "clears them too); a refused one: nothing to do, the driver will not give it; a memory: free "
+                "or remount read-write the disk of [state] dir")
