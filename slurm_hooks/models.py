@@ -401,13 +401,13 @@ class Expectations:
     dcgm_level_after_failure: int = setting(0, range=DCGM_LEVEL,
                                             doc="epilog of a job that exited non-zero (e.g. 2: ~2 min)")
     ib_ports: int | None = setting(None, range=Range(0, 64), example=8,
-                                   doc="InfiniBand ports (link_layer InfiniBand) that must be ACTIVE/LinkUp "
-                                       "(unset: those present)")
+                                   doc="InfiniBand ports (link_layer InfiniBand: a RoCE port is never counted, "
+                                       "as in gpud and gcm) that must be ACTIVE/LinkUp (unset: those present)")
     ib_rate_gbps: int | None = setting(None, range=_PORT_RATE, doc="the rate each must run at (H100 NDR: 400)",
                                        example=400)
     roce_ports: int | None = setting(None, range=Range(0, 64), example=1,
-                                     doc="RoCE ports (link_layer Ethernet) that must be ACTIVE/LinkUp (unset: those "
-                                         "present)")
+                                     doc="RoCE ports (link_layer Ethernet), judged apart from the InfiniBand ones, "
+                                         "that must be ACTIVE/LinkUp (unset: those present)")
     roce_rate_gbps: int | None = setting(None, range=_PORT_RATE, doc="the rate each RoCE port must run at",
                                          example=200)
 
