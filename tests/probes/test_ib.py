@@ -1,4 +1,4 @@
-"""The InfiniBand gather step on captured /sys trees and ibstat output (tests/fixtures/ib)."""
+"""The InfiniBand/RoCE gather step on the captured H100 /sys tree (tests/fixtures/ib) and trees laid from it."""
 
 from __future__ import annotations
 
