@@ -241,20 +241,19 @@ def check_kernel_events(inp: CheckInput) -> Iterator[Finding]:
                           rule=rule)
 
 
-def standing(links) -> list[str]:
-    """What stands against judging these ports, however long ago it was first said: the counters
-    that cannot be judged on this boot and a counter memory that cannot be written. ``validate``
-    and ``status`` say it every time they are asked; the health check says each once per boot."""
+def standing(links) -> list[tuple[str, str]]:
+    """What stands against judging these ports, however long ago it was first said, and how an
+    admin mends it: a counter memory that cannot be written and the counters that cannot be
+    judged on this boot. ``validate`` and ``status`` say it every time they are asked; the health
+    check says each once per boot."""
     if links is None:
         return []
     error = getattr(links, "memory_error", "")
-    out = [f"cannot remember link counters: {error}"] if error else []
-    out += [f"{p.kind} {p.name}: {'; '.join(p.unjudged)}: cannot be judged on this boot" for p in links
-            if p.present and p.unjudged]
+    out = [(f"cannot remember link counters: {error}", "free the disk of [state] dir, or mount it read-write")] \
+        if error else []
+    for p in links:
+        if p.present and p.unjudged:
+            fix = "clear the port's counters: perfquery -R (infiniband-diags), or reboot" \
+                if any(u.endswith("its maximum") for u in p.unjudged) else "none: the driver refuses them on this port"
+            out.append((f"{p.kind} {p.name}: {'; '.join(p.unjudged)}: cannot be judged on this boot", fix))
     return out
-
-
-#: How an admin mends what :func:`standing` says.
-STANDING_FIX = ("a saturated counter: clear the port's counters (perfquery -R, infiniband-diags; a reboot "
-                "clears them too); a refused one: nothing to do, the driver will not give it; a memory: free "
-                "or remount read-write the disk of [state] dir")

@@ -197,7 +197,7 @@ def _local_links(cfg: Any) -> tuple[str, list[str]]:
 
     node = nodename.resolve(None)
     try:
-        return node, links.standing(ib.from_config(cfg, node)())
+        return node, [line for line, _ in links.standing(ib.from_config(cfg, node)())]
     except OSError as exc:
         return node, [f"cannot read the links: {exc}"]
 

@@ -84,7 +84,7 @@ def _links(config_path: str | None, node: str) -> list:
         kinds = [p.kind for p in ports if p.present]
         return [Result("links", Status.PASS, f"{kinds.count('IB')} InfiniBand and {kinds.count('RoCE')} RoCE "
                                              "port(s): every counter can be judged")]
-    return [Result("links", Status.WARN, line, links.STANDING_FIX) for line in said]
+    return [Result("links", Status.WARN, line, fix) for line, fix in said]
 
 
 def _gpu_map(config_path: str | None, node: str, slurm_conf: str | None) -> list:
