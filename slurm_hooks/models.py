@@ -226,7 +226,7 @@ class GpuSnapshot:
 @dataclass(frozen=True)
 class IbPort:
     """One InfiniBand/RoCE port as ``/sys/class/infiniband/<device>/ports/<port>`` shows it, with
-    its counters' rates over the real time since the last reading (:mod:`slurm_hooks.probes.ib`)."""
+    its counters' growth over a window of real time (:mod:`slurm_hooks.probes.ib`)."""
 
     device: str
     port: int
@@ -234,10 +234,12 @@ class IbPort:
     phys_state: str = ""  # "LinkUp", "Polling", "Disabled", ...
     rate_gbps: float | None = None
     link_layer: str = ""  # "InfiniBand" or "Ethernet" (RoCE)
-    #: Counter name -> its value now; and -> its growth since the last reading, over ``window_s``.
+    #: Counter name -> its value now; and -> its growth (resets added back) over ``window_s``.
     counters: tuple[tuple[str, int], ...] = ()
     deltas: tuple[tuple[str, int], ...] = ()
     window_s: float = 0.0
+    #: The window a rate must span to be judged (``[links] rate_window``): a shorter one only warns.
+    rate_window_s: float = 0.0
     #: When each flap ended (a drop of at least the flap length that came back), newest last.
     flaps: tuple[float, ...] = ()
     #: Seconds this port has been seen down (0: up).
@@ -245,14 +247,31 @@ class IbPort:
     #: mlx5 kernel lines of its adapter seen lately: (severity rule, the line), e.g.
     #: ("ib-module-temperature", "... Port module event[error]: module 0, Cable error, High Temperature").
     events: tuple[tuple[str, str], ...] = ()
+    #: The RoCE port's network interface (its carrier counts the link's drops); "" for none.
+    netdev: str = ""
+    #: False: seen since boot, gone now (an adapter fallen off the bus); ``down_s`` is how long.
+    present: bool = True
+    #: Counters whose growth cannot be seen ("excessive_buffer_overrun_errors at 15, its maximum",
+    #: "symbol_error refused by the kernel"); ``unjudged_new``: first said on this boot.
+    unjudged: tuple[str, ...] = ()
+    unjudged_new: bool = False
 
     @property
     def name(self) -> str:
         return f"{self.device} port {self.port}"
 
     @property
+    def roce(self) -> bool:
+        """An Ethernet port (RoCE): judged apart from the InfiniBand ones."""
+        return self.link_layer == "Ethernet"
+
+    @property
+    def kind(self) -> str:
+        return "RoCE" if self.roce else "IB"
+
+    @property
     def up(self) -> bool:
-        return self.state.upper() == "ACTIVE" and self.phys_state.lower() in ("linkup", "")
+        return self.present and self.state.upper() == "ACTIVE" and self.phys_state.lower() in ("linkup", "")
 
     def delta(self, counter: str) -> int | None:
         for key, value in self.deltas:
@@ -263,6 +282,18 @@ class IbPort:
 
 #: :attr:`NodeSnapshot.errors` name of a kernel log the probe could not read: no XID seen then says nothing.
 KERNEL_LOG = "kernel-log"
+
+
+class LinkPorts(tuple):
+    """The ports one gather step read (a tuple of :class:`IbPort`), and what the step itself could
+    not do: ``memory_error`` says why the counters' memory could not be written ("": it was)."""
+
+    memory_error: str
+
+    def __new__(cls, ports=(), memory_error: str = "") -> LinkPorts:
+        self = super().__new__(cls, ports)
+        self.memory_error = memory_error
+        return self
 
 
 @dataclass(frozen=True)
@@ -364,6 +395,9 @@ class Finding:
         )
 
 
+_PORT_RATE = Range(1, 3200, why="Gb/s, as /sys/class/infiniband/*/ports/*/rate says")
+
+
 @dataclass(frozen=True)
 class Expectations:
     """What every node should have, unless a group below says otherwise (unset, None: not compared)."""
@@ -391,9 +425,15 @@ class Expectations:
     dcgm_level_after_failure: int = setting(0, range=DCGM_LEVEL,
                                             doc="epilog of a job that exited non-zero (e.g. 2: ~2 min)")
     ib_ports: int | None = setting(None, range=Range(0, 64), example=8,
-                                   doc="InfiniBand/RoCE ports that must be ACTIVE/LinkUp (unset: those present)")
-    ib_rate_gbps: int | None = setting(None, range=Range(1, 3200, why="Gb/s, as /sys/class/infiniband/*/ports/*/rate says"),
-                                       doc="the rate each must run at (H100 NDR: 400)", example=400)
+                                   doc="InfiniBand ports (link_layer InfiniBand: a RoCE port is never counted, "
+                                       "as in gpud and gcm) that must be ACTIVE/LinkUp (unset: those present)")
+    ib_rate_gbps: int | None = setting(None, range=_PORT_RATE, doc="the rate each must run at (H100 NDR: 400)",
+                                       example=400)
+    roce_ports: int | None = setting(None, range=Range(0, 64), example=1,
+                                     doc="RoCE ports (link_layer Ethernet), judged apart from the InfiniBand ones, "
+                                         "that must be ACTIVE/LinkUp (unset: those present)")
+    roce_rate_gbps: int | None = setting(None, range=_PORT_RATE, doc="the rate each RoCE port must run at",
+                                         example=200)
 
 
 @dataclass(frozen=True)

@@ -75,11 +75,24 @@ CHECK_RULES: dict[str, Rule] = {
     # InfiniBand/RoCE (slurm_hooks.checks.links): a link is no GPU; the jobs that span nodes use it.
     "ib-down": Rule(_F, _NOW, Action.DRAIN),
     "ib-ports": Rule(_F, _NOW, Action.DRAIN),
+    "ib-gone": Rule(_F, _NOW, Action.DRAIN),
     "ib-rate": Rule(_F, _END, Action.DRAIN),
     "ib-errors": Rule(_F, _END, Action.DRAIN),
     "ib-degraded": Rule(_F, _WATCH, Action.WARN),
+    "ib-unjudged": Rule(_F, _WATCH, Action.WARN),
     "ib-flaps": Rule(_F, _END, Action.DRAIN),
     "ib-flap": Rule(_F, _WATCH, Action.WARN),
+    # RoCE (link_layer Ethernet) ports, judged apart: their transport counters only warn.
+    "roce-down": Rule(_F, _NOW, Action.DRAIN),
+    "roce-ports": Rule(_F, _NOW, Action.DRAIN),
+    "roce-gone": Rule(_F, _NOW, Action.DRAIN),
+    "roce-rate": Rule(_F, _END, Action.DRAIN),
+    "roce-degraded": Rule(_F, _WATCH, Action.WARN),
+    "roce-unjudged": Rule(_F, _WATCH, Action.WARN),
+    "roce-flaps": Rule(_F, _END, Action.DRAIN),
+    "roce-flap": Rule(_F, _WATCH, Action.WARN),
+    # The links' counter memory cannot be written: no rate or unseen flap is judged until it can.
+    "links-memory": Rule(_N, _WATCH, Action.WARN),
     # mlx5 kernel lines (slurm_hooks.probes.kmsg): an overheating cable module, a slot short of power.
     "ib-module-temperature": Rule(_F, _END, Action.DRAIN),
     "ib-power": Rule(_F, _END, Action.DRAIN),

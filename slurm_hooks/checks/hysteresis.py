@@ -29,9 +29,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 #: Rules judged against a threshold: confirmed over readings before they act.
-CONFIRMED = frozenset({"ib-rate", "ib-errors", "pcie", "nvlink-errors", "thermal"})
+CONFIRMED = frozenset({"ib-rate", "roce-rate", "ib-errors", "pcie", "nvlink-errors", "thermal"})
 #: Rules whose drain is held until ``resume_after`` good readings: the above, and link states.
-HELD = CONFIRMED | frozenset({"ib-down", "ib-ports", "ib-flaps", "nvlink"})
+HELD = CONFIRMED | frozenset({"ib-down", "ib-ports", "ib-flaps", "ib-gone", "roce-down", "roce-ports",
+                               "roce-flaps", "roce-gone", "nvlink"})
 #: Two folds closer than this are one run judged twice (the health check's re-judge after an
 #: admin's resume): the second starts from the memory the first started from.
 SAME_RUN_S = 1.0

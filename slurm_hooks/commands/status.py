@@ -204,9 +204,10 @@ def status(config_path: str | None, max_wait: str, as_json: bool, textfile_dir: 
         except OSError as exc:
             raise click.ClickException(f"cannot write {os.path.join(textfile_dir, metrics.STATUS_FILE)}: "
                                        f"{exc.strerror}") from None
+    here, standing = _local_links(cfg)
     if as_json:
         click.echo(json.dumps({"nodes": table, "waiting_for_a_person_too_long": [r["node"] for r in late],
-                               "not_seen": blind}, indent=1))
+                               "not_seen": blind, "links": {"node": here, "cannot_judge": standing}}, indent=1))
     else:
         for line in render(table):
             click.echo(line)
@@ -214,10 +215,27 @@ def status(config_path: str | None, max_wait: str, as_json: bool, textfile_dir: 
             click.echo("what these nodes' checks cannot see (warnings, nothing drained):")
             for line in render_blind(blind, now):
                 click.echo("  " + line)
+        for line in standing:
+            click.echo(f"links of {here}: {line}")
         if late:
             click.echo(f"{len(late)} node(s) waiting for a person longer than {max_wait}: "
                        + ", ".join(r["node"] for r in late), err=True)
     return EXIT_UNHEALTHY if late else EXIT_OK
+
+
+def _local_links(cfg: Any) -> tuple[str, list[str]]:
+    """(this host's node name, what stands against judging its links): the counters that cannot
+    be judged on this boot and a counter memory that cannot be written, gathered as the health
+    check gathers them; nothing on a host without ports."""
+    from slurm_hooks.checks import links
+    from slurm_hooks.probes import ib
+    from slurm_hooks.slurm import nodename
+
+    node = nodename.resolve(None)
+    try:
+        return node, [line for line, _ in links.standing(ib.from_config(cfg, node)())]
+    except OSError as exc:
+        return node, [f"cannot read the links: {exc}"]
 
 
 def _seconds(text: str) -> float:

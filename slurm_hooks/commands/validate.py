@@ -29,6 +29,7 @@ def validate(config_path: str | None, slurm_conf: str | None, as_json: bool, nod
         return _learn(config_path, node, as_json)
     results = preflight.run(config_path, slurm_conf, node)
     results += _gpu_map(config_path, node, slurm_conf)
+    results += _links(config_path, node)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in results], indent=1))
     else:
@@ -58,6 +59,32 @@ def _learn(config_path: str | None, node: str, as_json: bool) -> int:
     else:
         click.echo(learn.snippet(node, section, values, notes + port_notes, w.config.path or ""), nl=False)
     return 0
+
+
+def _links(config_path: str | None, node: str) -> list:
+    """The node's links as the health check gathers them: what cannot be judged on this boot (a
+    counter saturated or refused) and a counter memory that cannot be written, every time; nothing
+    for a node without ports or a config that cannot be read (its own check FAILs)."""
+    from slurm_hooks.checks import links
+    from slurm_hooks.errors import SlurmHooksError
+    from slurm_hooks.preflight.results import Result, Status
+    from slurm_hooks.probes import ib
+
+    try:
+        from slurm_hooks import config as config_mod
+
+        cfg = config_mod.load(config_path)
+        ports = ib.from_config(cfg, node)()
+    except (SlurmHooksError, OSError):
+        return []
+    if ports is None:
+        return []
+    said = links.standing(ports)
+    if not said:
+        kinds = [p.kind for p in ports if p.present]
+        return [Result("links", Status.PASS, f"{kinds.count('IB')} InfiniBand and {kinds.count('RoCE')} RoCE "
+                                             "port(s): every counter can be judged")]
+    return [Result("links", Status.WARN, line, fix) for line, fix in said]
 
 
 def _gpu_map(config_path: str | None, node: str, slurm_conf: str | None) -> list:

@@ -86,8 +86,17 @@ class HysteresisSection:  # read by slurm_hooks.checks.hysteresis
 
 @dataclass(frozen=True)
 class LinksSection:
+    """The node's InfiniBand and RoCE ports, judged apart against [expect] ib_* and roce_* (gpud counts
+    only link_layer InfiniBand ports against its thresholds; gcm's ibstat check defaults to IB links
+    only). Error rates need rate_window of readings: a symbol-error rate drains above a bit error
+    rate of 1e-12 of the port's own rate (1,440/h at 400 Gb/s; docs/severity.md has the arithmetic)."""
+
     sysfs_root: str = setting("/sys/class/infiniband", doc="InfiniBand/RoCE ports; %n = the node's name (the sim "
                                                            "lays one per node)")
+    rate_window: float = setting(600.0, range=Range(60, 86400, why="seconds"),
+                                 doc="seconds of readings an error rate is judged over (kept across runs, per boot); "
+                                     "a burst in a shorter window only warns (600: the XID watcher's runs seconds "
+                                     "apart judge the same 10 minutes as the health check)")
 
 
 @dataclass(frozen=True)

@@ -51,22 +51,30 @@ def learn_gpus(gpus: Sequence[GpuSnapshot]) -> tuple[dict[str, Any], list[str]]:
 
 
 def learn_ports(ports: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
-    """(expectations, notes) from ``probes.ib.read_ports``: how many ports are up, and the slowest
-    rate among them (a faster port passes a lower expectation; a storage port at 200 Gb/s beside
-    eight at 400 would otherwise fail every run). A port that is down is no expectation: a note."""
-    up = [p for p in ports if p.get("state") == "ACTIVE" and p.get("phys_state") == "LinkUp"]
-    notes = [f"IB {p['device']} port {p['port']} is {p.get('state') or '?'}/{p.get('phys_state') or '?'}: not "
-             "counted; learn again once it is up, or leave ib_ports below the ports the node has"
-             for p in ports if p not in up]
+    """(expectations, notes) from ``probes.ib.read_ports``: for the InfiniBand ports and, apart, the
+    Ethernet (RoCE) ones, how many are up and the slowest rate among them (a faster port passes a
+    lower expectation). Apart, because a storage bond at 200 Gb/s beside eight NDR ports at 400
+    would otherwise lower the compute ports' rate to 200 and let a port trained down to 2X pass.
+    A port that is down is no expectation: a note."""
     if not ports:
         return {}, ["no InfiniBand/RoCE port under the [links] tree: ib_ports and ib_rate_gbps left unset"]
-    values: dict[str, Any] = {"ib_ports": len(up)}
-    rates = [p["rate_gbps"] for p in up if p.get("rate_gbps")]
-    if rates:
-        values["ib_rate_gbps"] = int(min(rates))
-        if len(set(rates)) > 1:
-            notes.append(f"ports run at {', '.join(f'{r:g}' for r in sorted(set(rates)))} Gb/s: the slowest is "
-                         "expected of every port")
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    for prefix, kind, mine in (("ib", "IB", [p for p in ports if p.get("link_layer") != "Ethernet"]),
+                               ("roce", "RoCE", [p for p in ports if p.get("link_layer") == "Ethernet"])):
+        if not mine:
+            continue
+        up = [p for p in mine if p.get("state") == "ACTIVE" and p.get("phys_state") == "LinkUp"]
+        notes += [f"{kind} {p['device']} port {p['port']} is {p.get('state') or '?'}/{p.get('phys_state') or '?'}: "
+                  f"not counted; learn again once it is up, or leave {prefix}_ports below the ports the node has"
+                  for p in mine if p not in up]
+        values[f"{prefix}_ports"] = len(up)
+        rates = [p["rate_gbps"] for p in up if p.get("rate_gbps")]
+        if rates:
+            values[f"{prefix}_rate_gbps"] = int(min(rates))
+            if len(set(rates)) > 1:
+                notes.append(f"{kind} ports run at {', '.join(f'{r:g}' for r in sorted(set(rates)))} Gb/s: the "
+                             "slowest is expected of every one")
     return values, notes
 
 

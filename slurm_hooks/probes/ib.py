@@ -1,22 +1,29 @@
 """InfiniBand/RoCE ports: gathered once per run from ``/sys/class/infiniband/*/ports/*``.
 
-A counter means something only as a rate, and a drop only if it lasts: the last reading of
-every port (its counters, when it went down, its recent flaps) is kept in the state dir, keyed
-by the kernel's boot id, so each run judges the growth over the real time since the one
-before, and a reboot (counters back at zero) starts afresh. :func:`advance` is that step as a
-pure function of the reading, the kept memory and the clock; :class:`LinkGatherer` adds the
-files around it.
+A counter means something only as a rate over enough time, and a drop only if it lasts: every
+port's readings (its counters' running totals, when it went down, its recent flaps) are kept in
+the state dir, keyed by the kernel's boot id, so each run judges the growth over a window of at
+least ``[links] rate_window`` of real time, and a reboot (counters back at zero) starts afresh.
+:func:`advance` is that step as a pure function of the reading, the kept memory and the clock;
+:class:`LinkGatherer` adds the files around it.
+
+What is read depends on the port's ``link_layer``. An InfiniBand port: the four PMA error
+counters under ``counters/``. An Ethernet (RoCE) port: its own signals instead, the mlx5
+``hw_counters/`` that count lost or retransmitted packets (kernel ``drivers/infiniband/hw/mlx5/
+counters.c``) and its network interface's carrier counters, which count every link drop
+without the 8-bit ceiling of ``link_downed``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from slurm_hooks import fsutil
-from slurm_hooks.models import IbPort
+from slurm_hooks.models import IbPort, LinkPorts
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
@@ -24,32 +31,51 @@ if TYPE_CHECKING:
 
 SYSFS_ROOT = "/sys/class/infiniband"
 
-#: The counters judged (slurm_hooks.checks.links). Only these are read: on some converged systems
-#: every counter read costs the driver a firmware command (gpud 1164, ``ACCESS_REG failed``).
-COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "excessive_buffer_overrun_errors")
+#: The PMA counters of an InfiniBand port judged (slurm_hooks.checks.links), with their width in
+#: bits: PortCounters saturate at 2**bits - 1 and never wrap. Only these are read: on some
+#: converged systems every counter read costs the driver a firmware command (gpud 1164,
+#: ``ACCESS_REG failed``).
+COUNTERS = {"symbol_error": 16, "link_downed": 8, "port_rcv_errors": 16, "excessive_buffer_overrun_errors": 4}
+#: A RoCE port's mlx5 ``hw_counters`` judged (names as counters.c gives them). The firmware keeps
+#: them in 32 bits that wrap (a wrap reads as a reset: growth is under-, never over-counted).
+HW_COUNTERS = ("out_of_sequence", "packet_seq_err", "implied_nak_seq_err", "local_ack_timeout_err",
+               "req_transport_retries_exceeded", "roce_adp_retrans_to", "rx_icrc_encapsulated")
+#: A RoCE port's link drops, read from its network interface: ``carrier_down_count`` (Linux 4.16+,
+#: one per drop) or else ``carrier_changes`` (one per drop and one per return).
+CARRIER = ("carrier_down_count", "carrier_changes")
+#: The counter each kind of port counts its drops with.
+DROPS = ("link_downed", "carrier_down_count", "carrier_changes")
 
 #: A drop shorter than this is no flap (gpud's ``ib-port-drop-threshold``).
 FLAP_DOWN_S = 25.0
 #: Flaps are kept this long (the flap window of the check).
 FLAP_KEEP_S = 12 * 3600.0
-#: Two readings closer than this are one reading (the re-judge of one run, a fast watcher poll):
-#: the rates of the earlier window stand.
-MIN_WINDOW_S = 1.0
+#: The default ``[links] rate_window``: a rate is judged over at least this much real time.
+RATE_WINDOW_S = 600.0
+#: Readings are kept this far apart at least (a window's start is then at most this late).
+KEEP_EVERY = 1 / 8
+#: What the kernel says of a counter it will not read on this port (not "try again").
+_REFUSED = frozenset({errno.EINVAL, errno.EOPNOTSUPP})
 
-RawPort = dict  # {"device", "port", "state", "phys_state", "rate_gbps", "link_layer", "counters": {...}}
+RawPort = dict  # {"device", "port", "state", "phys_state", "rate_gbps", "link_layer", "counters", "refused", "netdev"}
 
 
 def _read(path: str) -> str:
     """A small sysfs file's text; "" when it cannot be read. (``os.read``: a third of ``open()``'s cost,
     and a health check reads some 80 of these.)"""
+    return _read_or_errno(path)[0]
+
+
+def _read_or_errno(path: str) -> tuple[str, int]:
+    """(text, 0), or ("", errno) when the file cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return ""
+    except OSError as exc:
+        return "", exc.errno or -1
     try:
-        return os.read(fd, 256).decode("ascii", "replace").strip()
-    except OSError:
-        return ""
+        return os.read(fd, 256).decode("ascii", "replace").strip(), 0
+    except OSError as exc:
+        return "", exc.errno or -1
     finally:
         os.close(fd)
 
@@ -61,7 +87,7 @@ def state_word(text: str) -> str:
 
 
 def parse_rate(text: str) -> float | None:
-    """``"400 Gb/sec (4X NDR)"`` -> 400.0; ``"2.5 Gb/sec (1X SDR)"`` -> 2.5; ibstat's ``"400"`` -> 400.0."""
+    """``"400 Gb/sec (4X NDR)"`` -> 400.0; ``"2.5 Gb/sec (1X SDR)"`` -> 2.5."""
     word = text.strip().split(" ", 1)[0]
     try:
         return float(word)
@@ -69,8 +95,34 @@ def parse_rate(text: str) -> float | None:
         return None
 
 
-def read_ports(root: str = SYSFS_ROOT, counters: Sequence[str] = COUNTERS) -> list[RawPort]:
-    """Every port under ``root`` (``<device>/ports/<n>/``), sorted; none when there is no such tree."""
+def netdev_dir(root: str, device: str, base: str) -> tuple[str, str]:
+    """(name, sysfs directory) of the network interface behind a RoCE port: the PCI function's own
+    (``<device>/device/net/<if>``, the physical link), else the port's GID table's
+    (``ports/N/gid_attrs/ndevs/0``, e.g. a bond, under ``/sys/class/net``); ("", "") for none."""
+    net = os.path.join(root, device, "device", "net")
+    try:
+        names = sorted(os.listdir(net))
+    except OSError:
+        names = []
+    if names:
+        return names[0], os.path.join(net, names[0])
+    name = _read(os.path.join(base, "gid_attrs", "ndevs", "0"))
+    if name:
+        return name, os.path.join(os.path.dirname(os.path.abspath(root)), "net", name)
+    return "", ""
+
+
+def _counter(path: str, key: str, values: dict[str, int], refused: list[str]) -> None:
+    text, err = _read_or_errno(path)
+    if text.isdigit():
+        values[key] = int(text)
+    elif err in _REFUSED:
+        refused.append(key)
+
+
+def read_ports(root: str = SYSFS_ROOT, counters: bool = True, skip: frozenset[str] = frozenset()) -> list[RawPort]:
+    """Every port under ``root`` (``<device>/ports/<n>/``), sorted; none when there is no such tree.
+    ``skip``: ``"<device>:<port>:<counter>"`` not to read (refused earlier on this boot)."""
     out: list[RawPort] = []
     try:
         devices = sorted(os.listdir(root))
@@ -87,50 +139,38 @@ def read_ports(root: str = SYSFS_ROOT, counters: Sequence[str] = COUNTERS) -> li
             state = _read(os.path.join(base, "state"))
             if not state and not os.path.isdir(base):
                 continue  # gone between the listing and the read (an adapter reset): not there, not down
-            values: dict[str, int] = {}
-            for name in counters:
-                text = _read(os.path.join(base, "counters", name))
-                if text.isdigit():
-                    values[name] = int(text)
-            out.append({"device": device, "port": int(port),
-                        "state": state_word(state),  # "": unreadable, judged as unknown, never as down
-                        "phys_state": state_word(_read(os.path.join(base, "phys_state"))),
-                        "rate_gbps": parse_rate(_read(os.path.join(base, "rate"))),
-                        "link_layer": _read(os.path.join(base, "link_layer")),
-                        "counters": values})
+            layer = _read(os.path.join(base, "link_layer"))
+            raw: RawPort = {"device": device, "port": int(port),
+                            "state": state_word(state),  # "": unreadable, judged as unknown, never as down
+                            "phys_state": state_word(_read(os.path.join(base, "phys_state"))),
+                            "rate_gbps": parse_rate(_read(os.path.join(base, "rate"))),
+                            "link_layer": layer, "counters": {}, "refused": [], "netdev": ""}
+            out.append(raw)
+            if counters:
+                _read_counters(root, raw, base, f"{device}:{port}:", skip)
     return out
+
+
+def _read_counters(root: str, raw: RawPort, base: str, prefix: str, skip: frozenset[str]) -> None:
+    values, refused = raw["counters"], raw["refused"]
+    if raw["link_layer"] != "Ethernet":
+        for name in COUNTERS:
+            if prefix + name not in skip:
+                _counter(os.path.join(base, "counters", name), name, values, refused)
+        return
+    for name in HW_COUNTERS:
+        if prefix + name not in skip:
+            _counter(os.path.join(base, "hw_counters", name), name, values, refused)
+    raw["netdev"], where = netdev_dir(root, raw["device"], base)
+    for name in CARRIER if where else ():
+        _counter(os.path.join(where, name), name, values, refused)
+        if name in values:
+            break
 
 
 def port_states(root: str = SYSFS_ROOT) -> dict[str, str]:
     """``"mlx5_0:1"`` -> ``"ACTIVE/LinkUp"``: two small reads a port, what the watcher polls."""
-    return {f"{p['device']}:{p['port']}": f"{p['state']}/{p['phys_state']}" for p in read_ports(root, ())}
-
-
-def parse_ibstat(text: str) -> list[RawPort]:
-    """``ibstat`` output as :func:`read_ports` gives it (no counters): for captured outputs."""
-    out: list[RawPort] = []
-    device = ""
-    current: RawPort | None = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("CA '") and line.endswith("'"):
-            device, current = line[4:-1], None
-        elif line.startswith("Port ") and line.endswith(":") and line[5:-1].isdigit():
-            current = {"device": device, "port": int(line[5:-1]), "state": "", "phys_state": "",
-                       "rate_gbps": None, "link_layer": "", "counters": {}}
-            out.append(current)
-        elif current is not None and ":" in line:
-            key, _, value = line.partition(":")
-            value = value.strip()
-            if key == "State":
-                current["state"] = value.upper()
-            elif key == "Physical state":
-                current["phys_state"] = value
-            elif key == "Rate":
-                current["rate_gbps"] = parse_rate(value)
-            elif key == "Link layer":
-                current["link_layer"] = value
-    return out
+    return {f"{p['device']}:{p['port']}": f"{p['state']}/{p['phys_state']}" for p in read_ports(root, False)}
 
 
 def _up(raw: Mapping[str, Any]) -> bool:
@@ -171,43 +211,66 @@ def fresh_events(lines: Sequence[tuple[str, str, Any, Any, str]], memory: Mappin
     return out, seen
 
 
-def advance(ports: Sequence[RawPort], memory: Mapping[str, Any] | None, now: float,
-            boot: str) -> tuple[tuple[IbPort, ...], dict[str, Any]]:
-    """The ports with their counters' growth since the last reading, and the memory to keep.
+def _grown(old: int, new: int) -> int:
+    """A counter's growth between two readings; one that went down was cleared (``perfquery -R``, a
+    driver reload, a 32-bit wrap) and has grown by its new value since."""
+    return new - old if new >= old else new
+
+
+def _saturated(name: str, value: int) -> bool:
+    bits = COUNTERS.get(name)
+    return bits is not None and value >= (1 << bits) - 1
+
+
+def advance(ports: Sequence[RawPort], memory: Mapping[str, Any] | None, now: float, boot: str,
+            rate_window: float = RATE_WINDOW_S) -> tuple[tuple[IbPort, ...], dict[str, Any]]:
+    """The ports with their counters' growth over the rate window, and the memory to keep.
 
     Counters count from the last boot: a memory of another boot (or none) gives no growth, only
-    a new baseline. A counter that went backwards (a driver reload) starts afresh too. A drop is
-    a flap once the port comes back after at least :data:`FLAP_DOWN_S`; a ``link_downed`` that
-    grew between two readings that both saw the port up is a drop that came and went unseen,
-    and counts as a flap too.
+    a new baseline. Each counter's running total adds its growth between readings (a decrease is
+    a reset, the new value its growth since); readings of the totals are kept at least
+    ``rate_window * KEEP_EVERY`` apart, and the window runs from the newest kept reading at least
+    ``rate_window`` old (or, until there is one, the oldest: a short window the check only warns
+    on). A drop is a flap once the port comes back after at least :data:`FLAP_DOWN_S`; a drop
+    counter (``link_downed``, a RoCE interface's carrier) that grew by N between two readings
+    that both saw the port up is N drops that came and went unseen: N flaps. A port seen on this
+    boot that is no longer there is kept as gone (``present=False``), with how long.
     """
     memory = dict(memory or {})
     same_boot = bool(memory) and memory.get("boot") == boot
-    last_at = float(memory.get("at", 0.0)) if same_boot else 0.0
-    kept = memory.get("ports", {}) if isinstance(memory.get("ports"), dict) else {}
-    too_soon = same_boot and now - last_at < MIN_WINDOW_S
+    kept = memory.get("ports", {}) if same_boot and isinstance(memory.get("ports"), dict) else {}
+    said = set(memory.get("said", ())) if same_boot else set()
+    refused = set(memory.get("refused", ())) if same_boot else set()
+    step = rate_window * KEEP_EVERY
     out: list[IbPort] = []
     new_ports: dict[str, Any] = {}
     for raw in ports:
         key = f"{raw['device']}:{raw['port']}"
         before = kept.get(key, {}) if isinstance(kept.get(key), dict) else {}
         counters = {k: int(v) for k, v in raw.get("counters", {}).items()}
+        last = {k: int(v) for k, v in before.get("last", {}).items()}
+        totals = {k: int(v) for k, v in before.get("totals", {}).items()}
+        grown = {k: _grown(last[k], v) for k, v in counters.items() if k in last}
+        for k in counters:
+            totals[k] = totals.get(k, 0) + grown.get(k, 0)
+        readings = [(float(t), {k: int(v) for k, v in tot.items()}) for t, tot in before.get("readings", ())]
+        readings = [r for r in readings if r[0] <= now] or [(now, dict(totals))]
+        if now - readings[-1][0] >= step:
+            readings.append((now, dict(totals)))
+        old = [r for r in readings if now - r[0] >= rate_window]
+        start_at, start = old[-1] if old else readings[0]
+        readings = readings[len(old) - 1:] if old else readings
+        window = now - start_at
+        deltas = {k: v - start[k] for k, v in totals.items() if k in start} if window > 0 else {}
         flaps = [float(t) for t in before.get("flaps", ()) if now - float(t) < FLAP_KEEP_S]
         down_since = before.get("down_since")
         up = _up(raw)
         known = bool(raw.get("state"))  # a state that could not be read neither starts nor ends a drop
-        if too_soon:
-            deltas, window, base = dict(before.get("deltas", {})), float(before.get("window", 0.0)), \
-                dict(before.get("counters", {}))
-        else:
-            base = counters
-            window = now - last_at if same_boot and before.get("counters") is not None else 0.0
-            deltas = {}
-            if window > 0:
-                old = before.get("counters", {})
-                deltas = {k: v - int(old[k]) for k, v in counters.items() if k in old and v >= int(old[k])}
-            if up and down_since is None and before.get("up") and deltas.get("link_downed", 0) > 0:
-                flaps.append(now)  # a drop between two readings that both saw it up
+        if up and down_since is None and before.get("up"):
+            drops = next((grown[k] for k in DROPS if k in grown), 0)
+            if "carrier_changes" in grown and "carrier_down_count" not in grown:
+                drops = (drops + 1) // 2  # a drop and its return are two changes
+            flaps.extend([now] * drops)  # drops between two readings that both saw it up
         if not known:
             pass
         elif not up and down_since is None:
@@ -216,31 +279,51 @@ def advance(ports: Sequence[RawPort], memory: Mapping[str, Any] | None, now: flo
             if now - float(down_since) >= FLAP_DOWN_S:
                 flaps.append(now)
             down_since = None
+        refused.update(f"{key}:{name}" for name in raw.get("refused", ()))
+        unjudged = tuple(f"{k} at {v}, its maximum" for k, v in sorted(counters.items()) if _saturated(k, v)) + \
+            tuple(f"{name} refused by the kernel" for name in sorted(
+                r.rsplit(":", 1)[1] for r in refused if r.startswith(key + ":")))
+        fresh = {f"{key}:{u}" for u in unjudged} - said
+        said |= fresh
         out.append(IbPort(raw["device"], int(raw["port"]), raw.get("state", ""), raw.get("phys_state", ""),
                           raw.get("rate_gbps"), raw.get("link_layer", ""),
                           counters=tuple(sorted(counters.items())), deltas=tuple(sorted(deltas.items())),
-                          window_s=window, flaps=tuple(flaps),
-                          down_s=0.0 if down_since is None else max(now - float(down_since), 0.0)))
-        new_ports[key] = {"counters": base, "deltas": deltas, "window": window, "up": up,
-                          "down_since": down_since, "flaps": flaps}
-    return tuple(out), {"boot": boot, "at": last_at if too_soon else now, "ports": new_ports}
+                          window_s=window, rate_window_s=rate_window, flaps=tuple(flaps),
+                          down_s=0.0 if down_since is None else max(now - float(down_since), 0.0),
+                          netdev=raw.get("netdev", ""), unjudged=unjudged, unjudged_new=bool(fresh)))
+        new_ports[key] = {"last": counters, "totals": totals, "readings": readings, "up": up,
+                          "down_since": down_since, "flaps": flaps, "link_layer": raw.get("link_layer", ""),
+                          "rate_gbps": raw.get("rate_gbps")}
+    for key, before in kept.items():
+        if key in new_ports or not isinstance(before, dict):
+            continue
+        gone_since = float(before.get("gone_since", now))
+        device, _, port = key.rpartition(":")
+        out.append(IbPort(device, int(port), link_layer=str(before.get("link_layer", "")),
+                          rate_gbps=before.get("rate_gbps"), present=False, down_s=max(now - gone_since, 0.0),
+                          rate_window_s=rate_window))
+        new_ports[key] = {**before, "gone_since": gone_since}
+    return tuple(out), {"boot": boot, "at": now, "ports": new_ports, "said": sorted(said),
+                        "refused": sorted(refused)}
 
 
 class LinkGatherer:
     """The gather step the engine calls once per run: read the ports, advance the kept memory.
 
     ``root`` may hold ``%n`` (the node's name: the sim lays one tree per node). Memory lives in
-    ``<state_dir>/ib-<node>.json``; a memory that cannot be read or written is a fresh start, never
-    a failed run (the next run has a baseline again)."""
+    ``<state_dir>/ib-<node>.json``; a memory that cannot be read is a fresh start, never a failed
+    run, and one that cannot be written is said (``LinkPorts.memory_error``): without it no rate
+    is ever seen."""
 
     def __init__(self, root: str, state_dir: str, node: str, boot: Callable[[], str] | None = None,
-                 clock: Callable[[], float] = time.time, kmsg: str = ""):
+                 clock: Callable[[], float] = time.time, kmsg: str = "", rate_window: float = RATE_WINDOW_S):
         self.root = root.replace("%n", node)
         self.path = os.path.join(state_dir, f"ib-{node}.json")
         self._boot = boot
         self._clock = clock
         #: Where the mlx5 kernel lines are read ("" : not read).
         self.kmsg = kmsg
+        self.rate_window = rate_window
 
     def boot(self) -> str:
         if self._boot is not None:
@@ -253,32 +336,37 @@ class LinkGatherer:
         data = fsutil.read_json(self.path, missing=None, error=None)
         return data if isinstance(data, dict) else None
 
-    def __call__(self) -> tuple[IbPort, ...] | None:
-        """The ports, or ``None`` when this node has none (no tree: nothing to judge)."""
-        raw = read_ports(self.root)
-        if not raw and not os.path.isdir(self.root):
-            return None
+    def __call__(self) -> LinkPorts | None:
+        """The ports, or ``None`` when this node has none (no tree, none seen on this boot: nothing
+        to judge)."""
         before, now, boot = self.load(), self._clock(), self.boot()
+        if before is not None and before.get("boot") != boot:
+            before = None
+        skip = before.get("refused", ()) if before is not None else ()
+        raw = read_ports(self.root, skip=frozenset(x for x in skip if isinstance(x, str)))
+        if not raw and not os.path.isdir(self.root) and not (before or {}).get("ports"):
+            return None
         try:
-            ports, memory = advance(raw, before, now, boot)
+            ports, memory = advance(raw, before, now, boot, self.rate_window)
         except (TypeError, ValueError, KeyError, AttributeError):
             # A memory we cannot make sense of (edited, torn by a crash, another version) is a fresh
             # baseline, never a failed gather (that would drain the node on our own garbage).
             before = None
-            ports, memory = advance(raw, None, now, boot)
+            ports, memory = advance(raw, None, now, boot, self.rate_window)
         if self.kmsg and ports:
             ports, memory["events"] = self._with_events(ports, before, now, boot)
+        error = ""
         try:
             fsutil.atomic_write(self.path, json.dumps(memory, sort_keys=True), mode=0o600, durable=False)
-        except OSError:
-            pass
-        return ports
-
+        except OSError as exc:
+            error = f"{self.path}: {exc.strerror or exc}"
+        return LinkPorts(ports, memory_error=error)
 
     def _with_events(self, ports: tuple[IbPort, ...], before: Mapping[str, Any] | None, now: float,
                      boot: str) -> tuple[tuple[IbPort, ...], dict[str, float]]:
-        """Each port with its adapter's recent mlx5 lines; a line that names no adapter we can tell
-        goes with every port (it is the node's). An unreadable kernel log adds nothing."""
+        """Each port with its adapter's recent mlx5 lines: a line goes with the RDMA device whose PCI
+        function it names (``<device>/device``), and with none when it names another adapter (an
+        Ethernet-only ConnectX) or none at all. An unreadable kernel log adds nothing."""
         import dataclasses
 
         from slurm_hooks.errors import ProbeError
@@ -295,10 +383,9 @@ class LinkGatherer:
         if not events:
             return ports, seen
         pci = {p.device: device_pci(self.root, p.device) for p in ports}
-        known = set(pci.values()) - {""}
         out = []
         for p in ports:
-            mine = tuple((rule, text) for rule, where, text in events if where == pci[p.device] or where not in known)
+            mine = tuple((rule, text) for rule, where, text in events if where and where == pci[p.device])
             out.append(dataclasses.replace(p, events=mine) if mine else p)
         return tuple(out), seen
 
@@ -320,4 +407,4 @@ def from_config(config: Any, node: str) -> LinkGatherer:
                 return sim.boot_id(sim_dir, node)
             except Exception:  # noqa: BLE001 - no sim state: no boot to key on
                 return ""
-    return LinkGatherer(root, config.state.dir, node, boot=boot, kmsg=kmsg)
+    return LinkGatherer(root, config.state.dir, node, boot=boot, kmsg=kmsg, rate_window=config.links.rate_window)

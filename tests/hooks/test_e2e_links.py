@@ -122,9 +122,11 @@ def memory(w: Wiring) -> dict:
 
 
 def age_memory(w: Wiring, seconds: float) -> None:
-    """The last reading as if taken ``seconds`` ago (the fake clock of a rate over real time)."""
+    """The kept readings as if taken ``seconds`` earlier (the fake clock of a rate over real time)."""
     data = memory(w)
     data["at"] -= seconds
+    for port in data["ports"].values():
+        port["readings"] = [[t - seconds, totals] for t, totals in port["readings"]]
     with open(os.path.join(w.config.state.dir, "ib-n1.json"), "w") as fh:
         json.dump(data, fh)
 
@@ -133,11 +135,11 @@ def test_counter_rates_survive_a_restart_and_a_reboot_starts_them_afresh(tmp_pat
     w, slurm = node(tmp_path)
     check(w)  # the baseline
     age_memory(w, 3600.0)
-    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_2:1", counter=("symbol_error", 200))
+    sim.inject_ib(w.config.gpu.sim_dir, "n1", "mlx5_2:1", counter=("symbol_error", 2000))
     report, outcome = check(w)  # a new process: the memory on disk is the only link to the last run
     assert slurm.peek("n1").reason == "slurm-hooks: IB mlx5_2 port 1 symbol errors [drain, at job end]"
     [f] = report.drain_findings()
-    assert "200 symbol errors in 1 h (200/h, limit 120/h)" in f.message
+    assert "2,000 symbol errors in 1 h (2,000/h; 1,440/h, a BER of 1e-12 at 400 Gb/s)" in f.message
     before = memory(w)["boot"]
     sim.reboot(w.config.gpu.sim_dir, "n1")
     report, _ = check(w)

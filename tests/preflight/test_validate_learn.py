@@ -11,9 +11,11 @@ try:
 except ImportError:  # Python 3.9, 3.10
     import tomli as tomllib
 
+from fakes import ibtree
+
 from slurm_hooks import config as config_mod
 from slurm_hooks.preflight import learn
-from slurm_hooks.probes import sim
+from slurm_hooks.probes import ib, sim
 
 CONFIG = """[gpu]
 backend = "sim"
@@ -28,11 +30,12 @@ audit = "{root}/audit.jsonl"
 
 
 def node_with_ports(tmp_path, ports: int = 8, extra: str = "") -> str:
-    """A sim node ``n1`` as ``sim init --ib N`` lays it; returns its config's path."""
+    """A sim node ``n1`` as ``sim init --ib N`` lays it (0: no simulated ports); returns its config's path."""
     path = tmp_path / "config.toml"
     path.write_text(CONFIG.format(root=tmp_path) + extra)
     sim.init(str(tmp_path / "sim"), "n1", 8)
-    sim.init_ib(str(tmp_path / "sim"), "n1", ports)
+    if ports:
+        sim.init_ib(str(tmp_path / "sim"), "n1", ports)
     return str(path)
 
 
@@ -88,9 +91,34 @@ def test_ports_at_different_rates_expect_the_slowest_and_say_so():
     ports.append({"device": "mlx5_8", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "rate_gbps": 200.0})
     values, notes = learn.learn_ports(ports)
     assert values == {"ib_ports": 9, "ib_rate_gbps": 200}
-    assert notes == ["ports run at 200, 400 Gb/s: the slowest is expected of every port"]
+    assert notes == ["IB ports run at 200, 400 Gb/s: the slowest is expected of every one"]
 
 
 def test_a_node_without_ports_learns_no_port_keys():
     assert learn.learn_ports([]) == ({}, ["no InfiniBand/RoCE port under the [links] tree: ib_ports and "
                                           "ib_rate_gbps left unset"])
+
+
+def test_the_captured_h100_ports_learn_eight_infiniband_at_400_and_the_roce_bond_apart():
+    values, notes = learn.learn_ports(ib.read_ports(ibtree.H100_SYS))
+    assert values == {"ib_ports": 8, "ib_rate_gbps": 400, "roce_ports": 1, "roce_rate_gbps": 200}
+    assert notes == []
+
+
+def test_on_the_h100_tree_the_learned_lines_drain_a_2x_port_and_name_a_port_down(tmp_path):
+    root = ibtree.lay(str(tmp_path / "sys"))
+    path = node_with_ports(tmp_path, 0, extra=f'\n[links]\nsysfs_root = "{root}"\n')
+    res = slurm_hooks("validate", "--learn", "--config", path, "--node", "n1")
+    assert res.returncode == 0, res.stderr
+    learned = tomllib.loads(res.stdout)["expect"]
+    assert {k: v for k, v in learned.items() if "ports" in k or "rate" in k} == \
+        {"ib_ports": 8, "ib_rate_gbps": 400, "roce_ports": 1, "roce_rate_gbps": 200}
+    with open(path, "a") as fh:
+        fh.write("\n" + res.stdout)
+    assert slurm_hooks("check", "--config", path, "--node", "n1", "--dry-run").returncode == 0
+    ibtree.write(ibtree.port_file(root, "mlx5_6", "rate"), "200 Gb/sec (2X NDR)")
+    slow = slurm_hooks("check", "--config", path, "--node", "n1", "--dry-run")
+    assert slow.returncode != 0 and "IB mlx5_6 port 1: rate 200 Gb/s, expected 400 Gb/s" in slow.stdout, slow.stdout
+    ibtree.set_state(root, "mlx5_0", "DOWN", "Polling")
+    down = slurm_hooks("check", "--config", path, "--node", "n1", "--dry-run")
+    assert "IB mlx5_0 port 1: state DOWN, physical state Polling (expected ACTIVE/LinkUp)" in down.stdout, down.stdout
