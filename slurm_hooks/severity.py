@@ -102,7 +102,7 @@ CHECK_RULES: dict[str, Rule] = {
     "check-error": Rule(_N, _END, None),
 }
 
-#: A rule nobody wrote down: act as hard as before the table existed.
+#: A rule the table does not name: node-wide, at once, with the action its finding asks for (the safe side).
 FALLBACK = Rule(_N, _NOW, None)
 #: An XID the catalogue does not know.
 UNKNOWN_XID = Rule(_G, _WATCH, Action.WARN)

@@ -217,7 +217,7 @@ class NotifySection:
     it stays out. Messages go to an on-disk outbox first and are delivered by `slurm-hooks
     watch` (or `slurm-hooks notify flush`) with retries; sending never delays a drain.
     The URL of a receiver is a credential: keep it in a 0600 file (url_file) or the environment
-    (url_env); `slurm-hooks validate` fails a url readable by others. Never printed (scheme and host only)."""
+    (url_env); `slurm-hooks validate` fails a url file its group or others can read. Never printed (scheme and host only)."""
 
     syslog: bool = setting(False, doc="one line per message to syslog/journald (facility daemon)")
     outbox: str = setting("", doc='"" = <[state] dir>/notify; the outbox, the log cursor and what was sent')
