@@ -9,8 +9,8 @@ shell. Every call has a timeout; failures become the project's typed errors.
 What each read costs slurmctld (``sdiag``, 22.05): ``squeue`` asks for the partition table
 beside the jobs, and without ``--local`` for the federation's too, so every job read here is
 ``--local`` (a node's jobs are its own cluster's): ``squeue --local -j <one>`` is 2 RPCs, ``-j
-<several>`` 2 (the job table, once), ``scontrol --local show job`` 1. ``-w <node>`` would add
-the node table: a node's jobs are picked from the job table here instead.
+<several>`` 2 (the job table, once), ``-w <node>`` 3 (the node table too), ``scontrol --local
+show job`` 1, with ``-d`` 2 (the node table).
 """
 
 from __future__ import annotations
@@ -563,12 +563,12 @@ class ScontrolSlurm:
         return [info for info in found if any(info.answers_to(ref) for ref in wanted)]
 
     def jobs_on_node(self, name: str) -> list[JobInfo]:
-        """Jobs holding the node (running, completing, configuring, suspended), in one squeue call: the
-        cluster's active jobs (``-a``: hidden partitions' too), this node's picked here (``-w`` would cost
-        slurmctld its node table as well)."""
-        self._node_arg(name)
-        listed = self._squeue("-a", "-t", ",".join(ACTIVE_JOB_STATES))
-        return [job for job in listed if job.active and job.runs_on(name)]
+        """Jobs holding the node (running, completing, configuring, suspended), in one squeue call
+        (``-a``: hidden partitions' too). ``-w`` costs slurmctld its node table as well (3 RPCs), but
+        squeue picks the node's jobs itself: without it every caller would parse the cluster's whole
+        job table (0.4 s for 20,000 jobs here), the bridge and the repair worker once per node and pass."""
+        listed = self._squeue("-a", "-w", self._node_arg(name), "-t", ",".join(ACTIVE_JOB_STATES))
+        return [job for job in listed if job.active and (not job.nodes or job.runs_on(name))]
 
     def job_gpus(self, ref: int | str, node: str) -> tuple[int, ...] | None:
         """The GPU indexes the job holds on ``node`` (``scontrol -d show job``: ``GRES=gpu:2(IDX:0-1)``);
