@@ -40,19 +40,25 @@ DAEMON_MESSAGES = re.compile(r"^(MESSAGE_|REQUEST_COMPLETE_|REQUEST_STEP_COMPLET
 
 def sdiag_rpcs(tb: Testbed) -> dict[str, int]:
     """slurmctld's RPC counts by message type since the last ``sdiag -r``."""
+    return sdiag_counts(tb)[0]
+
+
+def sdiag_counts(tb: Testbed) -> tuple[dict[str, int], dict[str, int]]:
+    """slurmctld's RPC counts since the last ``sdiag -r``, by message type and by user, as an admin reads
+    them (this read is one ``REQUEST_STATS_INFO`` of root's in both)."""
     out = run_command([os.path.join(BIN, "sdiag")], 10, env=tb.env()).stdout
-    counts: dict[str, int] = {}
-    in_types = False
+    sections: dict[str, dict[str, int]] = {"message": {}, "user": {}}
+    counts: dict[str, int] | None = None
     for line in out.splitlines():
-        if line.startswith("Remote Procedure Call statistics by message type"):
-            in_types = True
+        if line.startswith("Remote Procedure Call statistics by "):
+            counts = sections.get(line.split(" by ", 1)[1].split()[0])
             continue
-        if in_types and line.startswith("Remote Procedure Call statistics by user"):
-            break
         m = re.match(r"\s+(\S+)\s+\(\s*\d+\)\s+count:(\d+)", line)
-        if in_types and m:
+        if counts is not None and m:
             counts[m.group(1)] = int(m.group(2))
-    return counts
+        elif line.strip() and not line.startswith((" ", "\t")):
+            counts = None
+    return sections["message"], sections["user"]
 
 
 def audit(tb: Testbed) -> list[dict]:

@@ -1,16 +1,22 @@
 """A storm on a many-node cluster: XID 79 on several nodes at once. What does it cost slurmctld, what pages go out?
 
-    python bench/bench_storm32.py [--nodes 32] [--hit 8] [--rounds 3] [--json] [--write]
+    python bench/bench_storm32.py [--nodes 32] [--hit 8] [--spare 8] [--rounds 3] [--json] [--write]
 
 Brings up its own testbed (root) with ``--nodes`` slurmd's and one full-node batch job on each
-node, gives every node a state dir, an audit log and a webhook of its own (a config per node, as
-each real node has its own /var/lib and /var/log), puts XID 79 on GPU 0 of ``--hit`` nodes, then
-runs ``slurm-hooks check`` on every node at once, as slurmd's HealthCheckProgram would, ``--rounds``
-times: round 1 drains and requeues; the later rounds find the hit nodes already drained by us.
-``sdiag -r`` before each round; after it, ``sdiag``'s client requests (``REQUEST_*`` other than the
-daemons' own messages) over the hit nodes is the figure (the healthy nodes' checks are in it too,
-so it is an upper bound). ``--write``: the figures go between this bench's markers in
-docs/dev/performance.md. ``--nodes 2 --hit 1`` shows one hit node's RPCs by type.
+node but ``--spare`` (left idle for the hit nodes' jobs to run again on), gives every node a state
+dir, an audit log and a webhook of its own (a config per node, as each real node has its own
+/var/lib and /var/log), puts XID 79 on GPU 0 of ``--hit`` busy nodes, then runs ``slurm-hooks
+check`` on every node at once, as slurmd's HealthCheckProgram would, ``--rounds`` times: round 1
+drains and requeues; the later rounds find the hit nodes already drained by us.
+
+Counted as an admin counts it: ``sdiag -r`` right before the fault, ``sdiag`` once the last hit job
+runs again (its script's first line, read from its output file: the bench's own waiting asks
+slurmctld nothing), and the figure is every RPC sdiag shows for root (``by user``: here slurmd's and
+slurmctld's own messages as well as our squeue and scontrol calls; the ``sdiag`` that reads them
+left out) over the hit nodes. The healthy nodes' checks are in it too, so it is an upper bound.
+The later rounds: ``sdiag -r`` before each, ``sdiag`` a second after its checks. ``--write``: the
+figures go between this bench's markers in docs/dev/performance.md. ``--nodes 2 --hit 1 --spare 1``
+shows one hit node's RPCs by type.
 
 Pages: a real HTTP receiver (tests/fakes/webhook.py) stands for the plain JSON webhook (each node
 sends its own messages: one per node) and for the receiver of a real Alertmanager (Debian's
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,20 +40,24 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "bench")]
 
-from bench_storm import DAEMON_MESSAGES, sdiag_rpcs  # noqa: E402
+from bench_storm import DAEMON_MESSAGES, sdiag_counts  # noqa: E402
 from docblock import DocBlock  # noqa: E402
 from fakes.webhook import Receiver  # noqa: E402
 
 from slurm_hooks.commands.render import render_all  # noqa: E402
 from slurm_hooks.lab.alertmanager import LabAlertmanager, ensure_installed  # noqa: E402
 from slurm_hooks.lab.testbed import BIN, LabSettings, Testbed  # noqa: E402
+from slurm_hooks.lab.waiting import poll  # noqa: E402
 from slurm_hooks.probes import sim  # noqa: E402
 from slurm_hooks.runner import run_command  # noqa: E402
 
 PAGE = os.path.join(ROOT, "docs", "dev", "performance.md")
 DOC = DocBlock(PAGE, "bench_storm32")
 GOAL = 20
-JOB = "#!/bin/sh\ntrap 'exit 0' TERM\nwhile true; do sleep 1; done\n"
+#: Says when and where it (re)starts, in its output file: the bench learns that a job runs again
+#: without asking slurmctld.
+JOB = ("#!/bin/sh\necho \"start $(date +%s.%N) restart=${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME\"\n"
+       "trap 'exit 0' TERM\nwhile true; do sleep 1; done\n")
 
 
 def node_config(tb: Testbed, node: str, root: str, url: str, am_url: str) -> tuple[str, str]:
@@ -96,30 +107,82 @@ def followers_done(audits: dict[str, str], timeout: float) -> None:
         time.sleep(0.5)
 
 
-def storm(tb: Testbed, python: str, hit: int, rounds: int, receiver: Receiver, am: LabAlertmanager, root: str,
-          group_wait: float) -> dict:
+def started(tb: Testbed, job: int, restart: int) -> tuple[float, str] | None:
+    """When and where the job's run number ``restart`` began (its script's first line), if it has."""
+    for line in tb.job_output(job).splitlines():
+        parts = line.split()
+        if len(parts) >= 5 and parts[0] == "start" and parts[2] == f"restart={restart}":
+            return float(parts[1]), parts[4]
+    return None
+
+
+def running_again(tb: Testbed, jobs: list[int], timeout: float) -> dict[int, tuple[float, str]]:
+    """Until every job in ``jobs`` has begun its second run (or ``timeout``): when and where each did."""
+    seen: dict[int, tuple[float, str]] = {}
+
+    def all_seen() -> bool:
+        for job in jobs:
+            again = seen.get(job) or started(tb, job, 1)
+            if again is not None:
+                seen[job] = again
+        return len(seen) == len(jobs)
+
+    poll(all_seen, timeout, 0.1)
+    return seen
+
+
+def counted(tb: Testbed, hit: int, took: float) -> dict:
+    """slurmctld's RPCs since the last ``sdiag -r``: every one sdiag shows for root, less its own read."""
+    by_type, by_user = sdiag_counts(tb)
+    by_type = dict(by_type)
+    by_type["REQUEST_STATS_INFO"] = by_type.get("REQUEST_STATS_INFO", 0) - 1
+    by_type = {t: c for t, c in by_type.items() if c > 0}
+    root = by_user.get("root", 0) - 1
+    ours = sum(c for t, c in by_type.items() if not DAEMON_MESSAGES.match(t))
+    return {"took_s": round(took, 2), "root_rpcs": root, "per_hit_node": round(root / hit, 1),
+            "ours": ours, "ours_per_hit_node": round(ours / hit, 1),
+            "other_users": {u: c for u, c in by_user.items() if u != "root"},
+            "by_type": dict(sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
+def storm(tb: Testbed, python: str, hit: int, spare: int, rounds: int, receiver: Receiver, am: LabAlertmanager,
+          root: str, group_wait: float) -> dict:
     configs, audits = {}, {}
     for n in tb.node_names:
         configs[n], audits[n] = node_config(tb, n, root, receiver.url("/hook"), am.url)
-    jobs = [tb.sbatch(JOB, f"--gres=gpu:{tb.settings.gpus}", "--requeue") for _ in tb.node_names]
+    jobs = [tb.sbatch(JOB, f"--gres=gpu:{tb.settings.gpus}", "--requeue", "--open-mode=append")
+            for _ in range(len(tb.node_names) - spare)]
+    placed = {}  # node -> its job, as each job's first line says
     for job in jobs:
         tb.wait_job(job, ["RUNNING"], timeout=120)
+        begun = poll(lambda job=job: started(tb, job, 0), 30.0, 0.1)
+        if not begun:
+            raise SystemExit(f"job {job} runs but its script wrote no start line")
+        placed[begun[1]] = job
     check_round(tb, python, configs)  # healthy: each node's hourly look at Slurm, as before any storm
-    hit_nodes = tb.node_names[:: max(1, len(tb.node_names) // hit)][:hit]
+    busy = [n for n in tb.node_names if n in placed]
+    hit_nodes = busy[:: max(1, len(busy) // hit)][:hit]
+    hit_jobs = [placed[n] for n in hit_nodes]
+    out = {"nodes": len(tb.node_names), "hit": hit_nodes, "spare": len(tb.node_names) - len(busy), "rounds": []}
+    run_command([os.path.join(BIN, "sdiag"), "-r"], 10, env=tb.env())
+    fault = time.time()
     for n in hit_nodes:
         sim.inject(tb.sim_dir, n, 0, xid=79)
-    out = {"nodes": len(tb.node_names), "hit": hit_nodes, "rounds": []}
-    for k in range(rounds):
+    codes, took = check_round(tb, python, configs)
+    again = running_again(tb, hit_jobs, 180.0)
+    first = counted(tb, len(hit_nodes), took)
+    if len(again) < len(hit_jobs):
+        raise SystemExit(f"only {len(again)} of the {len(hit_jobs)} hit jobs ran again within 180 s")
+    span = max(t for t, _ in again.values()) - fault
+    out["rounds"].append({**first, "exit_codes": sorted(set(codes)), "span_s": round(span, 2),
+                          "running_again_s": sorted(round(t - fault, 2) for t, _ in again.values()),
+                          "moved": all(again[j][1] != n for j, n in zip(hit_jobs, hit_nodes))})
+    followers_done(audits, 60.0)
+    for _ in range(rounds - 1):
         run_command([os.path.join(BIN, "sdiag"), "-r"], 10, env=tb.env())
         codes, took = check_round(tb, python, configs)
-        if k == 0:
-            followers_done(audits, 120.0)
-        time.sleep(1.0)  # the last follower's final squeue
-        client = {t: c for t, c in sdiag_rpcs(tb).items() if not DAEMON_MESSAGES.match(t)}
-        total = sum(client.values())
-        out["rounds"].append({"checks_s": round(took, 2), "exit_codes": sorted(set(codes)), "client_rpcs": total,
-                              "per_hit_node": round(total / len(hit_nodes), 1),
-                              "by_type": dict(sorted(client.items(), key=lambda kv: -kv[1]))})
+        time.sleep(1.0)
+        out["rounds"].append({**counted(tb, len(hit_nodes), took), "exit_codes": sorted(set(codes))})
     drained = {n for n in tb.node_names if "slurm-hooks:" in (tb.slurm().node(n).reason or "")}
     out["drained"] = sorted(drained, key=tb.node_names.index)
     time.sleep(group_wait + 2.0)  # Alertmanager's group gathers, then notifies
@@ -136,18 +199,31 @@ def storm(tb: Testbed, python: str, hit: int, rounds: int, receiver: Receiver, a
 
 
 def block(r: dict, command: str) -> str:
-    first, later = r["rounds"][0], r["rounds"][1:]
-    worst = max(x["per_hit_node"] for x in r["rounds"])
-    lines = [f"{r['nodes']} nodes, XID 79 on {len(r['hit'])} at once ({', '.join(r['hit'])}), one state dir, "
-             f"audit log and webhook per node, `slurm-hooks check` on every node at once (`{command}`):", "",
-             "| round | checks took (s) | client RPCs | per hit node | by type |", "|---|---|---|---|---|"]
+    first = r["rounds"][0]
+    hit = len(r["hit"])
+    times = first["running_again_s"]
+    lines = [f"{r['nodes']} nodes, one full-node job on each but {r['spare']} left idle, XID 79 on {hit} at once "
+             f"({', '.join(r['hit'])}), one state dir, audit log and webhook per node, `slurm-hooks check` on every "
+             f"node at once (`{command}`). Every RPC `sdiag` shows for root (our squeue and scontrol calls and "
+             "slurmd's own messages), over the hit nodes; round 1 from `sdiag -r` right before the fault until "
+             "the last hit job runs again, each later round over its checks:", "",
+             "| round | span (s) | checks took (s) | RPCs | per hit node | of them ours | by type |",
+             "|---|---|---|---|---|---|---|"]
     for k, x in enumerate(r["rounds"], 1):
         types = ", ".join(f"{t} {c}" for t, c in x["by_type"].items())
-        lines.append(f"| {k}{' (drain, requeue)' if k == 1 else ' (already drained)'} | {x['checks_s']} | "
-                     f"{x['client_rpcs']} | {x['per_hit_node']} | {types} |")
-    lines += ["", f"Per hit node (every node's checks counted, the healthy ones' too): at most {worst} "
-              f"(goal: {GOAL}, {'met' if worst <= GOAL else 'not met'}); first round {first['per_hit_node']}"
-              + (f", then {', '.join(str(x['per_hit_node']) for x in later)}" if later else "") + ".",
+        what = " (drain, requeue, until the last hit job runs again)" if k == 1 else " (already drained)"
+        lines.append(f"| {k}{what} | {x.get('span_s', '')} | {x['took_s']} | {x['root_rpcs']} | "
+                     f"**{x['per_hit_node']}** | {x['ours_per_hit_node']} | {types} |")
+    worst = max(x["per_hit_node"] for x in r["rounds"])
+    others = {u: c for x in r["rounds"] for u, c in x["other_users"].items()}
+    lines += ["", f"Per hit node: at most {worst} (goal: {GOAL}, {'met' if worst <= GOAL else 'not met'}); first "
+              f"round {first['per_hit_node']} (ours {first['ours_per_hit_node']}, the rest slurmd's and slurmctld's "
+              f"messages for the jobs' ends and starts)"
+              + (f", then {', '.join(str(x['per_hit_node']) for x in r['rounds'][1:])}" if r["rounds"][1:] else "")
+              + "." + (f" Other users' RPCs: {others}." if others else ""),
+              f"From the fault, the hit jobs ran again (their scripts' first lines) after {times[0]} to {times[-1]} s "
+              f"(median {statistics.median(times):g}), {'each' if first['moved'] else 'not each'} on another node; "
+              f"the {r['nodes']} checks at once took {first['took_s']} s of it.",
               f"Drained by us: {', '.join(r['drained'])}. Pages to the plain JSON webhook: {r['pages']}, "
               "one message per node and kind (" + "; ".join(f"{k}: {', '.join(v)}" for k, v in
                                                          r["pages_by_kind"].items()) + "). "
@@ -156,19 +232,21 @@ def block(r: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--hit", type=int, default=8)
+    ap.add_argument("--spare", type=int, default=None, help="nodes left idle for the hit jobs (default: --hit)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs the hooks (the code measured)")
     ap.add_argument("--group-wait", type=float, default=10.0, help="Alertmanager's group_wait (seconds)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--write", action="store_true", help=f"write the figures into {PAGE}")
     args = ap.parse_args()
-    if not 1 <= args.hit <= args.nodes:
-        raise SystemExit(f"--hit must be 1..{args.nodes}, got {args.hit}")
+    spare = args.hit if args.spare is None else args.spare
+    if not 1 <= spare < args.nodes or not 1 <= args.hit <= args.nodes - spare:
+        raise SystemExit(f"--spare must be 1..{args.nodes - 1} and --hit 1..{args.nodes} - spare, "
+                         f"got {spare} and {args.hit}")
     commit = DOC.ready() if args.write else ""  # before the hour's run: it refuses uncommitted code
     ensure_installed()
     receiver = Receiver()
@@ -182,7 +260,7 @@ def main() -> None:
         try:
             am.start()
             tb.up()
-            result = storm(tb, args.python, args.hit, args.rounds, receiver, am, os.path.join(tmp, "nodes"),
+            result = storm(tb, args.python, args.hit, spare, args.rounds, receiver, am, os.path.join(tmp, "nodes"),
                            args.group_wait)
         finally:
             tb.down()

@@ -108,6 +108,9 @@ FOLLOW_RECORD_TTL_S = 3600.0
 #: (bench/bench_checkpoint.py), and each tenth spent waiting here is a tenth before it runs
 #: elsewhere: a flat 1 s poll cost 0.5-0.8 s there. Growing waits keep a storm's squeue count
 #: close to the flat poll's (bench/bench_storm.py): 7 looks in the first 3 s, then one a second.
+#: So a wait is about half the time since the requeue: a follower that starts late (a process
+#: started on a loaded node, a job that joins a follower already running) waits as one that had
+#: looked since the requeue would (:func:`_first_wait`), not from FIRST_POLL_S again.
 FIRST_POLL_S = 0.1
 POLL_GROWTH = 1.5
 #: A requeue revokes the job's credential on each of its nodes, and slurmd refuses a launch whose
@@ -149,7 +152,7 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: Follow | str, *, pyth
     if how is Follow.INLINE:
         follow_requeued(w, refs, timeout)
     elif how is Follow.THREAD:
-        threading.Thread(target=follow_requeued, args=(w, refs, timeout), name="follow-jobs", daemon=True).start()
+        _follow_in_thread(w, refs, timeout)
     elif how is Follow.DETACHED:
         from slurm_hooks.runner import python_argv, spawn_detached
 
@@ -174,6 +177,50 @@ def follow_jobs(w: Wiring, refs: Iterable[int | str], how: Follow | str, *, pyth
     return None
 
 
+class Joining:
+    """Jobs handed to a follower thread that already follows this node's jobs (the watcher's), so that
+    one squeue per look asks for all of them; closed once that follower is done."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refs: dict[str, float] = {}
+        self._open = True
+
+    def add(self, refs: list[str], timeout: float) -> bool:
+        """Hand ``refs`` over (followed for ``timeout`` from now); False once the follower is done."""
+        with self._lock:
+            if self._open:
+                for ref in refs:
+                    self._refs[ref] = max(timeout, self._refs.get(ref, 0.0))
+            return self._open
+
+    def take(self) -> dict[str, float]:
+        with self._lock:
+            refs, self._refs = self._refs, {}
+            return refs
+
+    def close(self) -> bool:
+        """Done, unless jobs were handed over meanwhile (False: follow them too)."""
+        with self._lock:
+            self._open = bool(self._refs)
+            return not self._open
+
+
+def _follow_in_thread(w: Wiring, refs: list[str], timeout: float) -> None:
+    """Follow ``refs`` in a thread: the one already following this node's jobs, if one runs, else a new one."""
+    with _THREADS_LOCK:
+        running = w._following[0] if w._following else None
+        if running is not None and running.add(refs, timeout):
+            return
+        joining = Joining()
+        w._following[:] = [joining]
+    threading.Thread(target=follow_requeued, args=(w, refs, timeout), kwargs={"joining": joining},
+                     name="follow-jobs", daemon=True).start()
+
+
+_THREADS_LOCK = threading.Lock()
+
+
 def follow_timeout(w: Wiring, records: Iterable[Followed]) -> float:
     """Long enough for the longest grace still to run, then a requeue's KillWait and its settling."""
     grace_left = max((r.grace_until - time.time() for r in records if r.phase is Phase.GRACE), default=0.0)
@@ -181,21 +228,29 @@ def follow_timeout(w: Wiring, records: Iterable[Followed]) -> float:
 
 
 def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: float = 1.0,
-                    final: bool = True) -> dict[str, str]:
+                    final: bool = True, joining: Joining | None = None) -> dict[str, str]:
     """Follow each job through its grace (if it has one) until it is PENDING again, then release it
     if our prolog's refusal held it and start it now.
 
-    One ``squeue`` for all the jobs per look; the first look at once, then waits from
-    FIRST_POLL_S growing by POLL_GROWTH up to ``poll``; back as soon as every job is
-    settled. ``final``: jobs still unsettled at ``timeout`` are recorded as failures (else
-    they are left to the next hook run).
+    One ``squeue`` for all the jobs per look, those that ``joining`` hands over on the way
+    included; the first look at once, then waits growing by POLL_GROWTH up to ``poll``, from
+    about half the time since the newest requeue (:func:`_first_wait`); back as soon as every
+    job is settled. ``final``: jobs still unsettled at ``timeout`` are recorded as failures
+    (else they are left to the next hook run).
     """
     pending = {str(r): time.monotonic() for r in refs}
     results: dict[str, str] = {}
     deadline = time.monotonic() + timeout
     last_error: SlurmHooksError | None = None
-    wait = min(FIRST_POLL_S, poll)
+    wait = _first_wait(w, pending, poll)
     while True:
+        if joining is not None:
+            joined = {ref: t for ref, t in joining.take().items() if ref not in pending}
+            if joined:
+                now = time.monotonic()
+                pending.update((ref, now) for ref in joined)
+                deadline = max(deadline, now + max(joined.values()))
+                wait = min(wait, _first_wait(w, joined, poll))
         polled = time.monotonic()
         try:
             found = w.slurm.jobs(list(pending))
@@ -209,7 +264,9 @@ def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: floa
                     pending.pop(ref)
                     results[ref] = result
         if not pending or polled + wait >= deadline:
-            break
+            if joining is None or joining.close():
+                break
+            continue  # jobs joined while this look went on
         time.sleep(max(0.0, wait - (time.monotonic() - polled)))
         wait = min(poll, wait * POLL_GROWTH)
     for ref, t0 in pending.items():
@@ -221,6 +278,16 @@ def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: floa
             error = str(last_error) if last_error else f"job not PENDING again within {timeout:g}s"
             step(w, "start_now", ref, "failed", t0, jobs=[ref], error=error)
     return results
+
+
+def _first_wait(w: Wiring, refs: Iterable[str], poll: float) -> float:
+    """The wait after a first look at ``refs``: FIRST_POLL_S for jobs requeued just now, about half the
+    time since the newest requeue for older ones (the wait a follower that had looked since then would
+    have reached), at most ``poll``. A job in its grace, or one without a record, counts as just now."""
+    now = time.time()
+    since = min((now - rec.ts if rec is not None and rec.phase is Phase.REQUEUED and rec.ts else 0.0
+                 for rec in map(lambda ref: read_record(w, ref), refs)), default=0.0)
+    return min(poll, FIRST_POLL_S + (POLL_GROWTH - 1.0) * max(0.0, since))
 
 
 def _pick(found: list[JobInfo], ref: str) -> JobInfo | None:

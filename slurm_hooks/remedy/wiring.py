@@ -66,6 +66,9 @@ class Wiring:
     #: The adapter made on first use, in a cell that this wiring's copies share (one for every run
     #: of a long-lived wiring, the watcher's).
     _slurm: list = field(default_factory=list, repr=False, compare=False)
+    #: The follower thread that follows this node's jobs now, if one runs (:mod:`.follower`), in a
+    #: cell its copies share: a job touched later joins it, one squeue per look for all of them.
+    _following: list = field(default_factory=list, repr=False, compare=False)
     #: ``time.monotonic()`` by which this run must be done (None: no deadline, the watcher).
     deadline: float | None = None
     #: This run's record of its Slurm calls (:mod:`slurm_hooks.slurm.recording`): the errors they

@@ -134,12 +134,21 @@ class PyslurmSlurm:
         return _job_info(self._call(f"load job {ref}", self.ps.Job.load, int(ref)))
 
     def jobs(self, refs: Sequence[int | str]) -> list[JobInfo]:
-        found = []
-        for ref in dict.fromkeys(_ref(r) for r in refs):
+        """In one query, as squeue asks: ``Job.load`` for one job, ``Jobs.load`` (the job table) for
+        several; array tasks through the scontrol backend, all in its one squeue."""
+        wanted = list(dict.fromkeys(_ref(r) for r in refs))
+        plain = [r for r in wanted if "_" not in r]
+        tasks = [r for r in wanted if "_" in r]
+        found = self._array_cli().jobs(tasks) if tasks else []
+        if len(plain) == 1:
             try:
-                found.append(self.job(ref))
+                found.append(self.job(plain[0]))
             except SlurmNotFound:
-                continue
+                pass
+        elif plain:
+            loaded = self._call("load jobs", self.ps.Jobs.load)
+            items = loaded.values() if hasattr(loaded, "values") else loaded
+            found += [job for job in map(_job_info, items) if any(job.answers_to(r) for r in plain)]
         return found
 
     def jobs_on_node(self, name: str) -> list[JobInfo]:

@@ -1,0 +1,83 @@
+"""How many queries each backend makes to read the jobs a follower asks for at one look:
+one, whatever the number of jobs. The scontrol backend's commands are counted through its
+runner (argv and output as squeue 22.05.8 gives them); pyslurm's through a module with
+pyslurm's load calls. The RPCs each command costs slurmctld are counted by sdiag in
+bench/bench_storm32.py and in the slurm-tier adapter tests.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from slurm_hooks.errors import CommandError
+from slurm_hooks.runner import Completed
+from slurm_hooks.slurm.pyslurm_backend import PyslurmSlurm
+from slurm_hooks.slurm.scontrol import ScontrolSlurm
+
+UNKNOWN = "slurm_load_jobs error: Invalid job id specified\n"
+
+
+def scontrol(answers: dict[str, tuple[int, str]]) -> tuple[ScontrolSlurm, list[tuple[str, ...]]]:
+    """A scontrol backend whose squeue answers ``answers[<its -j argument>]`` (exit code, text)."""
+    seen: list[tuple[str, ...]] = []
+
+    def run(argv, timeout, **kw):
+        seen.append(tuple(argv))
+        code, text = answers[argv[argv.index("-j") + 1]]
+        if code:
+            raise CommandError(list(argv), code, "", text)
+        return Completed(tuple(argv), 0, text, "")
+
+    return ScontrolSlurm(bin_dir="/usr/bin", runner=run), seen
+
+
+def test_one_job_slurm_no_longer_knows_is_asked_for_once_per_look():
+    slurm, seen = scontrol({"101": (1, UNKNOWN)})
+    assert slurm.jobs(["101"]) == []
+    assert len(seen) == 1
+
+
+def test_every_job_read_is_this_clusters_own_without_asking_the_federation():
+    slurm, seen = scontrol({"101,102": (0, "101|101|N/A|N/A|PENDING||1|1|1|5|BeginTime|x|101\n")})
+    [job] = slurm.jobs(["101", "102"])
+    assert (job.job_id, job.pending) == (101, True)
+    [argv] = seen
+    assert "--local" in argv  # squeue without it asks slurmctld for the federation as well
+
+
+class Loads:
+    """pyslurm's ``Job.load`` / ``Jobs.load``, counted, over a table of jobs."""
+
+    def __init__(self, *ids: int):
+        self.calls: list[str] = []
+        self.table = {i: SimpleNamespace(id=i, name="x", state="PENDING", allocated_nodes="", is_requeueable=True,
+                                         is_batch_job=True, requeue_count=1, state_reason="BeginTime")
+                      for i in ids}
+        loads = self
+
+        class Job:
+            @staticmethod
+            def load(job_id):
+                loads.calls.append(f"Job.load {job_id}")
+                return loads.table[job_id]
+
+        class Jobs:
+            @staticmethod
+            def load():
+                loads.calls.append("Jobs.load")
+                return dict(loads.table)
+
+        self.module = SimpleNamespace(Job=Job, Jobs=Jobs)
+
+
+def test_pyslurm_reads_several_jobs_in_one_load():
+    loads = Loads(101, 102, 103, 900)
+    found = PyslurmSlurm(module=loads.module).jobs(["101", "102", "103", "104"])
+    assert sorted(j.job_id for j in found) == [101, 102, 103]
+    assert loads.calls == ["Jobs.load"]
+
+
+def test_pyslurm_reads_one_job_alone():
+    loads = Loads(101, 900)
+    [job] = PyslurmSlurm(module=loads.module).jobs(["101"])
+    assert job.job_id == 101 and loads.calls == ["Job.load 101"]
