@@ -15,15 +15,20 @@ from fakes.config import sim_config, sim_node
 
 from slurm_hooks.remedy import follower
 
+#: Follower threads that other tests of this process left running (daemon threads with their own
+#: timeouts): not this test's, so never counted by it.
+_OTHERS: set[threading.Thread] = set()
+
 
 @pytest.fixture
 def node(tmp_path):
+    _OTHERS.clear()
+    _OTHERS.update(t for t in threading.enumerate() if t.name == "follow-jobs")
     cfg = sim_config(tmp_path, "[expect]\ngpus = 8")
     slurm, w = sim_node(cfg, "ALLOCATED")
     yield slurm, w
-    for thread in threading.enumerate():  # no follower thread outlives its test
-        if thread.name == "follow-jobs":
-            thread.join(10)
+    for thread in follower_threads():  # no follower thread of this test outlives it
+        thread.join(10)
 
 
 def looks(slurm):
@@ -31,7 +36,8 @@ def looks(slurm):
 
 
 def follower_threads():
-    return [t for t in threading.enumerate() if t.name == "follow-jobs"]
+    """This test's follower threads."""
+    return [t for t in threading.enumerate() if t.name == "follow-jobs" and t not in _OTHERS]
 
 
 def test_a_follower_of_five_jobs_asks_once_per_look_for_all_five(node):
