@@ -175,6 +175,14 @@ class MigDevice:
     ci: int | None = None
 
 
+def _why(errors: tuple[tuple[str, str], ...], name: str) -> str | None:
+    """Why ``name`` could not be read, from a snapshot's (name, why) pairs; ``None`` when it was."""
+    for key, why in errors:
+        if key == name:
+            return why
+    return None
+
+
 @dataclass(frozen=True)
 class GpuSnapshot:
     """One GPU as the probe saw it. ``None`` means "not supported / unknown"."""
@@ -217,10 +225,7 @@ class GpuSnapshot:
     errors: tuple[tuple[str, str], ...] = ()
 
     def error(self, name: str) -> str | None:
-        for key, why in self.errors:
-            if key == name:
-                return why
-        return None
+        return _why(self.errors, name)
 
 
 @dataclass(frozen=True)
@@ -313,10 +318,7 @@ class NodeSnapshot:
 
     def unread(self, name: str) -> str | None:
         """Why ``name`` could not be read; ``None`` when it was."""
-        for key, why in self.errors:
-            if key == name:
-                return why
-        return None
+        return _why(self.errors, name)
 
     def gpu(self, index: int) -> GpuSnapshot | None:
         for gpu in self.gpus:
