@@ -56,7 +56,7 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
         elif offenders.is_held(info.reason):
             who, todo = PERSON, (f"look at its history (slurm-hooks events --node {info.name}), then "
                                  f"scontrol update NodeName={info.name} State=RESUME")
-            why = "held for a person: " + tag.strip("[]").split(": ", 1)[-1]
+            why = "held for a person: " + offenders.held_for(info.reason)
         elif status == "unverified":
             who, todo = PERSON, f"run `slurm-hooks repair --validate` on {info.name} (or resume it once mended)"
             why = "its diagnostic did not run in full"

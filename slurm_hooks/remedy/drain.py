@@ -54,7 +54,11 @@ def not_acted(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None
 
 
 def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
-    """Drain this node with ``slurm-hooks: <what broke> [<action>]`` unless someone else owns it."""
+    """Drain this node with ``slurm-hooks: <what broke> [<action>]`` unless someone else owns it.
+
+    A drain of a node that was not out by us is a remediation (:mod:`.offenders`): the one that
+    makes ``[remediation] node_limit`` within ``node_window`` says ``[held: N remediations in 7d]``
+    instead of the action, and a held drain is kept as it is by every later run."""
     started, now = time.monotonic(), time.time()
     reason = drain_reason(report)
     try:
@@ -255,7 +259,7 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
 def _not_rejudged(w: Wiring, marker: DrainMarker, report: Report, info: NodeInfo) -> str:
     """Why this healthy verdict does not cover what the node was drained for ("" when it does)."""
     if offenders.is_held(info.reason):
-        return (f"held for a person ({split_reason(info.reason)[0].rsplit('[', 1)[-1].rstrip(']')}): look at its "
+        return (f"held for a person ({offenders.held_for(info.reason)}): look at its "
                 f"history (slurm-hooks events --node {w.node}), then resume it by hand "
                 f"(scontrol update NodeName={w.node} State=RESUME); the count then starts afresh")
     why = marker.why_not_ours(info)

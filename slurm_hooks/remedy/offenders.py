@@ -102,7 +102,13 @@ def held_tag(count: int, window: float) -> str:
 
 def is_held(reason: str) -> bool:
     """Whether our reason says the node is held for a person (Slurm's own suffixes aside)."""
-    return (reason or "").startswith(REASON_PREFIX) and bool(_HELD_TAG.search(split_reason(reason)[0]))
+    return bool(held_for(reason))
+
+
+def held_for(reason: str) -> str:
+    """``5 remediations in 7d`` of our held reason; "" for any other reason."""
+    m = _HELD_TAG.search(split_reason(reason)[0]) if (reason or "").startswith(REASON_PREFIX) else None
+    return m.group(0).strip()[len(HELD) + 3:-1] if m else ""
 
 
 def within(entries: Iterable[Remediation], now: float, window: float) -> list[Remediation]:

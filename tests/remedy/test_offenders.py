@@ -72,7 +72,7 @@ def test_a_flaky_link_drained_and_resumed_five_times_is_held_and_not_resumed_on_
         assert not port(w, clock, "up").resumed
     assert slurm.peek("n1").drained and slurm.peek("n1").reason == HELD
     skipped = [r for r in w.audit.history() if r.get("action") == "resume" and r.get("result") == "skipped"]
-    assert skipped and "held for a person" in skipped[-1]["detail"]
+    assert skipped and skipped[-1]["detail"].startswith("held for a person (5 remediations in 7d): ")
     assert "scontrol update NodeName=n1 State=RESUME" in skipped[-1]["detail"]
 
 
@@ -196,6 +196,7 @@ def test_status_the_page_and_the_report_show_the_held_nodes_history(tmp_path, cl
     # From Slurm alone (no audit log on this host), the reason still says a person acts.
     [bare] = status.rows(slurm.nodes(), {}, [], time.time())
     assert bare["next"] == "a person" and "State=RESUME" in bare["todo"]
+    assert bare["why"] == "held for a person: 5 remediations in 7d"
 
     page = compose(inc, OPENED, inc.opened_at).text
     assert "Held for a person: 5 remediations within 7d (limit 5): " + incidents.history_text(held["history"]) in page
@@ -222,6 +223,8 @@ def test_the_count_is_the_windows_remediations_and_the_limit_th_one_holds():
     assert offenders.is_held("slurm-hooks: IB mlx5_0 port 1 down [held: 5 remediations in 7d] : Not responding")
     assert not offenders.is_held("slurm-hooks: IB mlx5_0 port 1 down [drain]")
     assert not offenders.is_held("admin: [held: 5 remediations in 7d]")
+    assert offenders.held_for("slurm-hooks: XID 79 on GPU 3 [held: 5 remediations in 7d] : reboot issued") == \
+        "5 remediations in 7d"
 
 
 def test_the_log_is_private_and_forgets_past_the_window(tmp_path):
