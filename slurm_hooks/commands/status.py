@@ -29,6 +29,7 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
     next and what they do. ``open_incidents``: node -> its open :class:`Incident` from the local
     log (may be empty); ``rma``: the RMA list's entries (may be empty)."""
     from slurm_hooks.models import Action
+    from slurm_hooks.remedy import offenders
     from slurm_hooks.slurm import parse_reason, split_reason, status_tag
 
     by_node: dict[str, list[dict[str, Any]]] = {}
@@ -52,6 +53,10 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
             who, todo = PERSON, "replace " + (_gpus(inc, by_node.get(info.name, [])) or "the faulty hardware") + \
                 "; new hardware is validated and resumed by itself"
             why = summary
+        elif offenders.is_held(info.reason):
+            who, todo = PERSON, (f"look at its history (slurm-hooks events --node {info.name}), then "
+                                 f"scontrol update NodeName={info.name} State=RESUME")
+            why = "held for a person: " + offenders.held_for(info.reason)
         elif status == "unverified":
             who, todo = PERSON, f"run `slurm-hooks repair --validate` on {info.name} (or resume it once mended)"
             why = "its diagnostic did not run in full"
@@ -74,7 +79,8 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
                     "since": since, "waited_s": None if since is None else round(max(0.0, now - since), 1),
                     "next": who, "todo": todo, "why": why or None, "extra": info.extra_text or None,
                     "incident": inc.id if inc is not None else None,
-                    "evidence": list(inc.evidence) if inc is not None else []})
+                    "evidence": list(inc.evidence) if inc is not None else [],
+                    "history": list(inc.history) if inc is not None else []})
     out.sort(key=lambda r: (r["next"] != PERSON, r["node"]))
     return out
 
@@ -147,6 +153,10 @@ def render(table: list[dict[str, Any]]) -> list[str]:
         if r["extra"]:
             line += f" [Extra: {r['extra']}]"
         lines.append(line)
+        if r.get("history"):
+            from slurm_hooks.observe.incidents import history_line
+
+            lines += [f"  {'':<{width}}  remediation {k}: {history_line(h)}" for k, h in enumerate(r["history"], 1)]
     return lines
 
 

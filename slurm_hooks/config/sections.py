@@ -113,6 +113,12 @@ class RemediationSection:
     requeue: bool = setting(True, doc="requeue the jobs of a node drained for a fault")
     requeue_grace: float = setting(120.0, doc="seconds a job gets to checkpoint after SIGTERM (Slurm's KillWait "
                                               "must be >= this)")
+    node_limit: int = setting(5, range=Range(0, 1000, why="0 = never hold"),
+                              doc="a node we drain anew this many times within node_window (any GPU, any rule, "
+                                  "links included; one fault's drain, reset and reboot count once) is held for a "
+                                  "person: no automatic resume, no repair, until someone resumes it "
+                                  "(NVSentinel's MultipleRemediations: 5 in 7 days); 0 = never")
+    node_window: float = setting(604800.0, range=POSITIVE, doc="seconds (7 days)")
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ _TAKE_OUT_RESULTS = ("ok", "already")
 #: What a person does for a node that waits for them, by why it waits.
 _TODO_RESUME = "mend it, then resume it: scontrol update NodeName={node} State=RESUME"
 _TODO_VALIDATE = "run `slurm-hooks repair --validate` on {node} (or resume it by hand once mended)"
+_TODO_HELD = ("look at its history (slurm-hooks events --node {node}) and mend what keeps failing, then resume it: "
+              "scontrol update NodeName={node} State=RESUME (the count starts afresh)")
 
 
 def incident_id(node: str, ts: float) -> str:
@@ -145,6 +147,10 @@ class Incident:
     rma: list[dict[str, Any]] = field(default_factory=list)
     #: Where the repair kept its evidence before a reboot or [replace].
     evidence: list[str] = field(default_factory=list)
+    #: Held for a person: too many remediations on the node (why), and each of them
+    #: (``{t, what, action, gpus, subjects, context}``, oldest first).
+    held: str = ""
+    history: list[dict[str, Any]] = field(default_factory=list)
     #: The last time any record named the node during the incident (a repeat's last one too).
     last_seen: float | None = None
     told: Told = field(default_factory=Told)
@@ -408,7 +414,12 @@ def _step(inc: Incident, rec: records.Action) -> None:
             inc.step_since = ts
         inc.step, inc.waiting_for, inc.why, inc.todo = step, waiting.value if waiting else "", why, todo
 
-    if action == "drain" and result == "ok":
+    if action == "drain" and result == "ok" and rec.held:
+        inc.held, inc.history = rec.held, [dict(h) for h in rec.history if isinstance(h, dict)]
+        now("drain", WaitingFor.PERSON, f"held for a person: {rec.held}", _TODO_HELD.format(node=node))
+    elif inc.held:
+        pass  # a person acts next, whatever else is written meanwhile (a resume refused, a repeat)
+    elif action == "drain" and result == "ok":
         if records.at_job_end(rec.reason):
             now("drain", WaitingFor.JOBS, "the fault is not urgent: the node is drained, its jobs run to their end")
         elif inc.step in ("drain", ""):
@@ -434,6 +445,19 @@ def _step(inc: Incident, rec: records.Action) -> None:
         now("drain", WaitingFor.PERSON, rec.detail, _TODO_RESUME.format(node=node))
     if rec.evidence and rec.evidence not in inc.evidence:
         inc.evidence.append(rec.evidence)
+
+
+def history_line(h: dict[str, Any]) -> str:
+    """``2026-11-04 12:00Z XID 79 on GPU 0 [reboot]``: one remediation of a held node, as said to people."""
+    ts = h.get("t")
+    when = datetime.fromtimestamp(float(ts), tz=timezone.utc).strftime("%Y-%m-%d %H:%MZ") \
+        if isinstance(ts, (int, float)) else "?"
+    return f"{when} {h.get('what') or '?'}" + (f" [{h['action']}]" if h.get("action") else "")
+
+
+def history_text(history: Iterable[dict[str, Any]]) -> str:
+    """A held node's remediations on one line, oldest first (`` | `` between them)."""
+    return " | ".join(history_line(h) for h in history)
 
 
 def _rma(inc: Incident, rec: records.Action) -> None:
@@ -499,6 +523,8 @@ def summary(inc: Incident) -> dict[str, Any]:
         "why": inc.why or None,
         "todo": inc.todo or None,
         "closed_by": inc.closed_by or None,
+        "held": inc.held or None,
+        "history": [dict(h) for h in inc.history],
         "rma": [dict(g) for g in inc.rma],
         "evidence": list(inc.evidence),
     }

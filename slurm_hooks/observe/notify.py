@@ -290,6 +290,16 @@ def incident_alerts(inc: Incident, cluster: str, runbook: str, action: str | Non
     return list(out.values())
 
 
+def _held_words(inc: Incident, brief: bool = False) -> str:
+    """`` Held for a person: 5 remediations within 7d (limit 5): <each>. To do: ...`` for a node held
+    as a repeat offender ("" for any other); ``brief``: without the history."""
+    if not inc.held:
+        return ""
+    if brief:
+        return f" Held for a person: {inc.held}."
+    return f" Held for a person: {inc.held}: {incidents.history_text(inc.history)}. To do: {inc.todo}."
+
+
 _RUNBOOK = ("slurm-hooks events --node {node} shows what was seen and done; the node returns by itself after a "
             "passing check once repaired (scontrol update NodeName={node} State=RESUME only after a repair)")
 
@@ -304,6 +314,8 @@ def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "",
         if inc.contexts:
             headline = headline[:-1] + f". Seen by {', '.join(inc.contexts)}."
             text += f" Seen by {', '.join(inc.contexts)}."
+        headline += _held_words(inc, brief=True)
+        text += _held_words(inc)
         mid = f"{inc.id}/opened"
     elif kind == ESCALATED:
         headline = text = (f"{inc.node} escalated to [{inc.action}]: {inc.reason.replace('slurm-hooks: ', '', 1)}."
@@ -316,7 +328,7 @@ def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "",
         mid = f"{inc.id}/resolved"
     elif kind == REMINDER:
         headline = text = (f"{inc.node} still out of service after {duration(now - inc.opened_at)} "
-                           f"[{inc.action}]: {_what(inc)}.")
+                           f"[{inc.action}]: {_what(inc)}.") + _held_words(inc)
         mid = f"{inc.id}/reminder-{n}"
     elif kind == FIRING:
         headline = text = f"{inc.node} still out of service [{inc.action}]: {_what(inc)}."

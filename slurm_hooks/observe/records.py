@@ -170,6 +170,10 @@ class Action(Record):
     #: Where a repair kept its evidence (a directory under the state dir).
     evidence: str = ""
     rma: list = field(default_factory=list)
+    #: A drain that holds the node for a person (too many remediations on it): why, and the node's
+    #: remediations within the window, each ``{t, what, action, gpus, subjects, context}``.
+    held: str = ""
+    history: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)

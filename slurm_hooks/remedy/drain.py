@@ -7,11 +7,13 @@ and the next run tries again. Whether a drain is ours is :mod:`.ownership`'s to 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable
 
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Context, Finding, Report
+from slurm_hooks.remedy import offenders
 from slurm_hooks.remedy.audit import step
 from slurm_hooks.remedy.ownership import (
     DrainMarker,
@@ -27,6 +29,7 @@ from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import (
     NodeInfo,
     format_reason,
+    format_status_reason,
     may_drain,
     parse_reason,
     split_reason,
@@ -51,8 +54,12 @@ def not_acted(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None
 
 
 def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
-    """Drain this node with ``slurm-hooks: <what broke> [<action>]`` unless someone else owns it."""
-    started = time.monotonic()
+    """Drain this node with ``slurm-hooks: <what broke> [<action>]`` unless someone else owns it.
+
+    A drain of a node that was not out by us is a remediation (:mod:`.offenders`): the one that
+    makes ``[remediation] node_limit`` within ``node_window`` says ``[held: N remediations in 7d]``
+    instead of the action, and a held drain is kept as it is by every later run."""
+    started, now = time.monotonic(), time.time()
     reason = drain_reason(report)
     try:
         info = w.slurm.node(w.node)
@@ -61,6 +68,12 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
             outcome.node_empty = _empty(info)
             write_marker(w, reason, report, info)  # an earlier drain may have landed after its scontrol timed out
             step(w, "drain", w.node, "already", started, reason=reason, **extra)
+            return
+        if info.out_of_service and info.ours and offenders.is_held(info.reason) and still_ours(w, info):
+            # held for a person: the reason that says why stays as it is, whatever this run found
+            outcome.drained = outcome.node_out = True
+            outcome.node_empty = _empty(info)
+            step(w, "drain", w.node, "already", started, reason=split_reason(info.reason)[0], found=reason, **extra)
             return
         if (report.context is not Context.CHECK and info.drained and info.ours
                 and covers(split_reason(info.reason)[0], reason) and still_ours(w, info)):
@@ -78,6 +91,11 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
             step(w, "drain", w.node, "skipped", started, reason=reason,
                   detail=f"already drained by someone else: {info.reason!r}", **extra)
             return
+        anew = not (info.out_of_service and info.ours)  # not a rewrite of our own drain: a remediation
+        history = _history(w, info, now) if anew else []
+        if anew and history:
+            reason = format_status_reason(findings_summary(report.drain_findings()),
+                                          offenders.held_tag(len(history) + 1, w.config.remediation.node_window))
         w.slurm.drain(w.node, reason, current=info)
     except SlurmHooksError as exc:
         outcome.failed.append(f"drain: {exc}")
@@ -85,7 +103,40 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
         return
     outcome.drained = outcome.node_out = True
     write_marker(w, reason, report, _after_drain(w, reason))
-    step(w, "drain", w.node, "ok", started, reason=reason, **extra)
+    counted = _count(w, report, now, history) if anew else {}
+    step(w, "drain", w.node, "ok", started, reason=reason, **counted, **extra)
+
+
+def _history(w: Wiring, info: NodeInfo, now: float) -> list[offenders.Remediation]:
+    """The remediations on record that make this new drain the node's ``[remediation] node_limit``-th
+    within ``node_window`` ([] when it does not hold the node). A hold of ours that a person has
+    ended since (our marker is of a held drain, the node is no longer out by us) is released first."""
+    try:
+        marker = load_marker(w)
+    except MarkerUnreadable:
+        marker = None
+    if marker is not None and offenders.is_held(marker.reason):
+        let_go(w, marker, info)
+    cfg = w.config.remediation
+    return offenders.holds(offenders.log(w).read(), now, cfg.node_limit, cfg.node_window)
+
+
+def _count(w: Wiring, report: Report, now: float, history: list[offenders.Remediation]) -> dict[str, Any]:
+    """Keep this drain on the node's record of remediations; what its audit record says of it:
+    how many within the window, and for a drain that holds the node, why and the whole history."""
+    cfg = w.config.remediation
+    entry = offenders.of_report(report, findings_summary(report.drain_findings()), now)
+    fields: dict[str, Any] = {}
+    trouble = offenders.record(w, entry)
+    if trouble:
+        print(f"slurm-hooks: {trouble}", file=sys.stderr)
+        fields["detail"] = trouble + ": this drain may go uncounted toward [remediation] node_limit"
+    if history:
+        seen = [*history, entry]
+        fields.update(held=f"{len(seen)} remediations within {offenders.span(cfg.node_window)} "
+                           f"(limit {cfg.node_limit})",
+                      history=[e.to_json() for e in seen])
+    return fields
 
 
 def _empty(info: NodeInfo) -> bool:
@@ -207,6 +258,10 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
 
 def _not_rejudged(w: Wiring, marker: DrainMarker, report: Report, info: NodeInfo) -> str:
     """Why this healthy verdict does not cover what the node was drained for ("" when it does)."""
+    if offenders.is_held(info.reason):
+        return (f"held for a person ({offenders.held_for(info.reason)}): look at its "
+                f"history (slurm-hooks events --node {w.node}), then resume it by hand "
+                f"(scontrol update NodeName={w.node} State=RESUME); the count then starts afresh")
     why = marker.why_not_ours(info)
     if why:
         if split_reason(info.reason)[0] != marker.reason:

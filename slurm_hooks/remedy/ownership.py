@@ -27,6 +27,7 @@ import time
 from slurm_hooks import fsutil
 from slurm_hooks.engine import snapshot_xids
 from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.remedy import offenders
 from slurm_hooks.slurm import (
     FOREIGN_PREFIXES,
     OWNER_KEEPING_SUFFIXES,
@@ -260,6 +261,10 @@ def let_go(w: Wiring, marker: DrainMarker | None, info: NodeInfo | None) -> None
     Slurm may keep on the node (>= 23.11 without accounting) so it is never adopted again."""
     if marker is not None and info is not None and info.reason and split_reason(info.reason)[0] == marker.reason:
         released(w).add(marker.reason, info.reason_time)
+    if marker is not None and offenders.is_held(marker.reason):
+        # we never resume a held node: whoever let it go was a person
+        offenders.release(w, info, "a person resumed the node" if info is None or not info.out_of_service
+                          else f"someone else took the node over ({info.reason!r})")
     forget_drain(w)
 
 

@@ -186,6 +186,11 @@ def build(records: list[dict[str, Any]], since: float, until: float | None = Non
         "by_finding": dict(Counter(_finding_label(i) for i in found).most_common()),
         "repeat_offenders": [n["node"] for n in sorted(nodes.values(), key=lambda n: (-n["incidents"], n["node"]))
                              if n["incidents"] >= 2],
+        # Nodes held for a person as repeat offenders (too many remediations on one node): each
+        # hold, with the remediations that made it.
+        "held_offenders": [{"node": i.node, "incident": i.id, "held_at": incidents.utc(i.opened_at), "open": i.open,
+                            "held": i.held, "history": [dict(h) for h in i.history]}
+                           for i in found if i.held],
         "rma_candidates": rma,
         "waiting_for_a_person": [{"node": i.node, "incident": i.id, "action": i.action,
                                   "since": incidents.utc(i.step_since or i.opened_at),

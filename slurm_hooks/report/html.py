@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from slurm_hooks.observe.incidents import duration
+from slurm_hooks.observe.incidents import duration, history_line
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#1d2330;padding:0 16px}
@@ -120,6 +120,15 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f'<tr><td>{label}</td><td class="n">{_d(st["median_s"])}</td><td class="n">{_d(st["p90_s"])}</td>'
                    f'<td class="n">{st["count"]}</td></tr>')
     out.append("</table>")
+    if rep.get("held_offenders"):
+        out.append("<h2>Held for a person: repeat offenders</h2><table><tr><th>node</th><th>held at (UTC)</th>"
+                   "<th>why</th><th>remediations</th></tr>")
+        for h in rep["held_offenders"]:
+            said = "<br>".join(escape(history_line(e)) for e in h["history"])
+            out.append(f"<tr><td>{escape(h['node'])}</td><td>{escape(h['held_at'].replace('T', ' ').rstrip('Z'))}"
+                       f"{'' if h['open'] else ' (since resumed)'}</td><td>{escape(h['held'])}</td>"
+                       f"<td>{said}</td></tr>")
+        out.append("</table>")
     out.append("<h2>RMA candidates</h2>")
     if rep["rma_candidates"]:
         out.append("<table><tr><th>node</th><th>GPU</th><th>UUID</th><th>serial</th><th>incidents</th><th>why</th></tr>")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurm_hooks.observe.incidents import duration
+from slurm_hooks.observe.incidents import duration, history_line
 
 
 def _d(seconds: float | None) -> str:
@@ -36,6 +36,10 @@ def render(rep: dict[str, Any], width: int = 40) -> list[str]:
         lines += ["", "BY FINDING"]
         lines += [f"  {k:<24}{v:>5}" for k, v in rep["by_finding"].items()]
     lines += ["", "REPEAT OFFENDERS: " + (", ".join(rep["repeat_offenders"]) or "none")]
+    for h in rep.get("held_offenders") or ():
+        lines.append(f"  {h['node']} held for a person at {h['held_at']} ({h['held']})"
+                     + ("" if h["open"] else ", since resumed") + ":")
+        lines += [f"    {history_line(e)}" for e in h["history"]]
     lines += ["", "RMA CANDIDATES" + ("" if rep["rma_candidates"] else ": none")]
     for r in rep["rma_candidates"]:
         ids = ", ".join(x for x in (r["uuid"], f"serial {r['serial']}" if r["serial"] else "") if x)

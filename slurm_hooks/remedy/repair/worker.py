@@ -46,7 +46,7 @@ import time
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action, Finding, Report, Urgency
-from slurm_hooks.remedy import ownership
+from slurm_hooks.remedy import offenders, ownership
 from slurm_hooks.remedy.repair import ladder
 from slurm_hooks.remedy.repair.planner import Plan, attempt, gpus_of, plan
 from slurm_hooks.remedy.repair.rma import is_uuid
@@ -103,6 +103,8 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
         if info.reason and ownership.holds(w, info, our_reboot=rebooting):
             forget(ledger)  # someone else took the node over meanwhile
             return ledger.state.stopped is not None and _restore_now(w, mode)
+        if (info.drained or _down(info)) and offenders.is_held(info.reason):
+            return True  # held for a person (too many remediations on this node): no rung runs, no resume
         if ledger.state.replaced is not None and not rebooting and (info.drained or _down(info)):
             return True  # waiting for a person (or new hardware): no reboot loop, no resume
         if ended and not report.drain_findings():
