@@ -267,6 +267,31 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
             *out]
 
 
+def check_notify_receivers(cfg: Config) -> list[Result]:
+    """A receiver out now (its last delivery failed: its messages wait, held back): FAIL, with since
+    when and its last error, from the notifier's live state on this host (``pace.json``)."""
+    import time
+
+    from slurm_hooks import fsutil
+    from slurm_hooks.observe import receivers
+    from slurm_hooks.observe.notify import NotifySettings
+
+    settings = NotifySettings.from_config(cfg)
+    if not settings.configured:
+        return []
+    names = {d.name: d.where for d in settings.destinations(problem=lambda m: None).values()}
+    pace = fsutil.read_json(os.path.join(settings.dir, "pace.json"), missing={}, error={})
+    out = [o for o in receivers.live(pace if isinstance(pace, dict) else {}, names) if o.receiver in names]
+    if not out:
+        return [Result("notify-receivers", Status.PASS, f"no receiver out of {len(names)} (as this host's notifier "
+                       "last found them)")]
+    now = time.time()
+    return [Result("notify-receivers", Status.FAIL, o.line(now),
+                   "mend the receiver (its credentials, its URL, its service), then `slurm-hooks notify test`: a "
+                   "receiver that takes the test is no longer held back and what waits goes at once",
+                   os.path.join(settings.dir, "pace.json")) for o in out]
+
+
 def _readable_beyond_owner(path: str) -> str:
     """Who besides the file's owner may read ``path``, with its mode and the command that ends it; ""
     when no one does (0600, 0400)."""
