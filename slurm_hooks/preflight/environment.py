@@ -10,7 +10,7 @@ from typing import Any, Callable
 from slurm_hooks import config as config_mod
 from slurm_hooks import urlsecret
 from slurm_hooks.config import Config
-from slurm_hooks.errors import CommandError, CommandTimeout, ConfigError, TransientError
+from slurm_hooks.errors import CommandError, CommandTimeout, ConfigError, SlurmHooksError, TransientError
 from slurm_hooks.models import KERNEL_LOG, NodeSnapshot
 from slurm_hooks.preflight import slurmconf
 from slurm_hooks.preflight.results import Result, Status
@@ -76,12 +76,34 @@ def check_gpus(cfg: Config, node: str) -> list[Result]:
     from slurm_hooks import engine, probes
 
     backend = cfg.gpu.backend
+    if backend == "sim":
+        elsewhere = _other_sim_nodes(cfg.gpu.sim_dir, node)
+        if elsewhere:
+            return [Result("gpu-backend", Status.WARN,
+                           f"sim: {node} (this host) is none of the simulated nodes in {cfg.gpu.sim_dir} "
+                           f"({', '.join(elsewhere[:8])}{' ...' if len(elsewhere) > 8 else ''}): no GPUs judged here",
+                           f"slurm-hooks validate --node {elsewhere[0]} judges a simulated node", cfg.gpu.sim_dir)]
     try:
         probe = probes.from_config(cfg, node)
     except ImportError as exc:
         return [Result("gpu-backend", Status.FAIL, f"{backend} backend cannot load: {exc}",
                        "pip install nvidia-ml-py on GPU nodes (or [gpu] backend = \"sim\" for rehearsals)", cfg.path or "")]
     return gpu_results(cfg, node, engine.take_snapshot(probe, node, cfg.gpu.probe_timeout))
+
+
+def _other_sim_nodes(sim_dir: str, node: str) -> list[str]:
+    """The simulated nodes in ``sim_dir`` when ``node`` is not one of them ([] when it is, or there are none)."""
+    from slurm_hooks.probes import sim
+
+    try:
+        names = sorted(n[:-5] for n in os.listdir(sim_dir) if n.endswith(".json") and not n.startswith("."))
+    except OSError:
+        return []
+    try:
+        mine = os.path.basename(sim.state_path(sim_dir, node))[:-5]
+    except SlurmHooksError:
+        return names
+    return [] if mine in names else names
 
 
 def gpu_results(cfg: Config, node: str, snap: NodeSnapshot) -> list[Result]:
