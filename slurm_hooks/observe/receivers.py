@@ -60,13 +60,16 @@ class Outage:
 
 def out_record(receiver: str, where: str, since: float, error: str) -> dict[str, Any]:
     """The fields of the record that starts an outage."""
-    return {"receiver": receiver, "where": where, "state": OUT, "since": since, "error": error}
+    return {"receiver": receiver, "where": where, "state": OUT, "since": since, "error": error,
+            "message": f"{where} ({receiver}) out: {error}; its messages wait"}
 
 
 def back_record(receiver: str, where: str, since: float, until: float, tries: int, waiting: int) -> dict[str, Any]:
     """The fields of the record that ends one."""
     return {"receiver": receiver, "where": where, "state": BACK, "since": since, "until": until,
-            "out_s": round(max(0.0, until - since), 3), "tries": tries, "waiting": waiting}
+            "out_s": round(max(0.0, until - since), 3), "tries": tries, "waiting": waiting,
+            "message": f"{where} ({receiver}) back after {duration(max(0.0, until - since))} out, {tries} failed "
+                       f"tr{'y' if tries == 1 else 'ies'}; {waiting} message(s) still to deliver"}
 
 
 def fold(records: Iterable[dict[str, Any]]) -> list[Outage]:

@@ -213,6 +213,8 @@ class ReceiverState(Record):
     tries: int = 0
     waiting: int = 0
     error: str = ""
+    #: The event in words (what ``events`` shows).
+    message: str = ""
 
 
 _BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in (Alert, Watch, Action, Lifecycle, Repeat, ReceiverState)}

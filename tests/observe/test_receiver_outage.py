@@ -79,6 +79,7 @@ def test_a_receiver_out_for_90_seconds_is_an_audited_outage_shown_by_status_vali
     [out] = outage_records(settings)
     assert out["state"] == "out" and out["where"] == "oncall" and out["error"].startswith("HTTP 401") and "check its credentials" in out["error"]
     started = out["since"]
+    assert out["message"].startswith("oncall (webhook-") and " out: HTTP 401" in out["message"]  # as `events` shows it
 
     # While it lasts: status, validate and the textfile say so.
     shown = json.loads(status_cli(path).stdout)["receivers"]
