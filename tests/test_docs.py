@@ -285,3 +285,76 @@ def test_every_measured_figure_is_written_by_a_bench_or_in_a_dated_note():
                 line = line.replace(allowed, "")
             loose += [f"{rel}:{n}: {m}" for m in _FIGURE.findall(line)]
     assert loose == [], "figures typed by hand: write them with a bench (bench/docblock.py) or mark them a dated note"
+
+
+# --- snippets marked to run: run as written ------------------------------------------------------
+
+_RUNS = re.compile(r"^<!-- runs as written: tests/test_docs.py -->\n```sh\n(.*?)^```", re.M | re.S)
+_HEREDOC = re.compile(r"<<-?\s*'?\"?(\w+)")
+_EXIT = re.compile(r"#\s*exit (\d+)\s*$")
+
+
+def runnable() -> list[tuple[str, str]]:
+    """(page, block) for every ```sh block right after a ``<!-- runs as written: ... -->`` marker."""
+    return [(os.path.basename(doc), m.group(1)) for doc in DOCS
+            for m in _RUNS.finditer(open(doc, encoding="utf-8").read())]
+
+
+def steps(block: str) -> tuple[str, list[tuple[str, int, list[str]]]]:
+    """The block as a bash script that says each command's exit code after it, and each command with
+    the exit code its ``# exit N`` expects (0 unless said) and the texts its ``# prints:`` lines say."""
+    script, found, heredoc = [], [], ""
+    for line in block.splitlines():
+        script.append(line)
+        if heredoc:
+            heredoc = "" if line.strip() == heredoc else heredoc
+            if not heredoc:
+                script.append(f'echo "@@step {len(found) - 1} rc=$?@@"')
+            continue
+        text = line.strip()
+        if text.startswith("# prints:"):
+            found[-1][2].append(text[len("# prints:"):].strip())
+            continue
+        if not text or text.startswith("#"):
+            continue
+        m = _EXIT.search(text)
+        found.append((text, int(m.group(1)) if m else 0, []))
+        heredoc = (_HEREDOC.search(text.split(" #")[0]) or [None, ""])[1]
+        if not heredoc:
+            script.append(f'echo "@@step {len(found) - 1} rc=$?@@"')
+    return "\n".join(script) + "\n", found
+
+
+def test_the_docs_mark_snippets_to_run():
+    assert [page for page, _ in runnable()] == ["operations.md"]  # the rehearsal
+
+
+@pytest.mark.parametrize("page,block", runnable(), ids=[p for p, _ in runnable()])
+def test_every_snippet_marked_to_run_runs_as_written_for_a_newcomer(page, block, tmp_path):
+    """As a newcomer pastes it: in an empty directory, with this checkout's `slurm-hooks` on PATH and
+    no config, Slurm or node name of this machine in the environment; each command exits as its
+    comment says and prints what its ``# prints:`` line says; nothing outside that directory is used."""
+    import sys
+
+    script, expected = steps(block)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SLURM_HOOKS_CONFIG", "SLURM_CONF", "SLURMD_NODENAME", "SLURM_HOOKS_DEBUG")}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    outputs = re.split(r"@@step (\d+) rc=(\d+)@@\n", r.stdout)
+    said = {int(outputs[i]): (int(outputs[i + 1]), outputs[i - 1]) for i in range(1, len(outputs) - 1, 3)}
+    for n, (line, rc, prints) in enumerate(expected):
+        assert n in said, f"{page}: `{line}` did not run\n{r.stdout}\n{r.stderr}"
+        got, out = said[n]
+        assert got == rc, f"{page}: `{line}` exited {got}, the page says {rc}\n{out}\n{r.stderr}"
+        for text in prints:
+            assert text in out, f"{page}: `{line}` did not print {text!r}\n{out}"
+    assert not any(os.path.isabs(p) and not p.startswith(str(tmp_path)) for p in _written(tmp_path))
+
+
+def _written(root) -> list[str]:
+    """The paths the config files a snippet wrote point at (each must be under ``root``)."""
+    out = []
+    for path in glob.glob(os.path.join(str(root), "**", "*.toml"), recursive=True):
+        out += re.findall(r'=\s*"(/[^"]*)"', open(path, encoding="utf-8").read())
+    return out

@@ -41,11 +41,27 @@ def init(node: str | None, gpus: int, model: str, minors: str | None, mig: int, 
     node = nodename.resolve(node)
     order = _int_list(minors, "--minors") if minors else None
     directory = _sim_dir(config_path, sim_dir)
+    _not_someone_elses(simstate.state_path(directory, node), node)
     simstate.init(directory, node, gpus, model, minors=order, mig=mig)
     if ib:
         simstate.init_ib(directory, node, ib)
     click.echo(f"{node}: {gpus} simulated {model} GPUs" + (f", {mig} MIG instances each" if mig else "")
                + (f", {ib} InfiniBand ports" if ib else ""))
+
+
+def _not_someone_elses(path: str, node: str) -> None:
+    """A node's simulated GPUs another user made (a shared [gpu] sim_dir: their rehearsal) are theirs:
+    ``init`` does not replace them."""
+    import os
+
+    try:
+        owner = os.stat(path).st_uid
+    except FileNotFoundError:
+        return
+    if owner != os.geteuid():
+        raise click.ClickException(f"{path}: {node}'s simulated GPUs belong to uid {owner}, not to you: not "
+                                   "replaced (another user's rehearsal?); use a sim_dir of your own ([gpu] sim_dir "
+                                   "in your config, or --sim-dir)")
 
 
 def _int_list(text: str, option: str) -> list[int]:

@@ -215,9 +215,14 @@ def status(config_path: str | None, max_wait: str, as_json: bool, textfile_dir: 
             raise click.ClickException(f"cannot write {os.path.join(textfile_dir, metrics.STATUS_FILE)}: "
                                        f"{exc.strerror}") from None
     here, standing = _local_links(cfg)
+    outages = receiver_outages(everything, now)
     if as_json:
         click.echo(json.dumps({"nodes": table, "waiting_for_a_person_too_long": [r["node"] for r in late],
-                               "not_seen": blind, "links": {"node": here, "cannot_judge": standing}}, indent=1))
+                               "not_seen": blind, "links": {"node": here, "cannot_judge": standing},
+                               "receivers": [{"receiver": o.receiver, "where": o.where, "node": o.node or None,
+                                              "out": o.open, "since": o.since, "until": o.until,
+                                              "error": o.error or None, "line": o.line(now)} for o in outages]},
+                              indent=1))
     else:
         for line in render(table):
             click.echo(line)
@@ -227,10 +232,22 @@ def status(config_path: str | None, max_wait: str, as_json: bool, textfile_dir: 
                 click.echo("  " + line)
         for line in standing:
             click.echo(f"links of {here}: {line}")
+        if outages:
+            click.echo("receivers of the notifications (this host's audit log):")
+            for o in outages:
+                click.echo("  " + o.line(now))
         if late:
             click.echo(f"{len(late)} node(s) waiting for a person longer than {max_wait}: "
                        + ", ".join(r["node"] for r in late), err=True)
     return EXIT_UNHEALTHY if late else EXIT_OK
+
+
+def receiver_outages(records: Iterable[dict[str, Any]], now: float) -> list[Any]:
+    """The receivers' outages this host's notifier told (:mod:`slurm_hooks.observe.receivers`): each
+    still open, and each that ended within the last hour."""
+    from slurm_hooks.observe import receivers
+
+    return receivers.shown(receivers.fold(records), now)
 
 
 def _local_links(cfg: Any) -> tuple[str, list[str]]:

@@ -95,8 +95,15 @@ def status(state_dir: str) -> int:
     tb = Testbed(state_dir)
     st = tb.status()
     click.echo(f"testbed {'up' if st.up else 'down'} in {st.state_dir}")
+    ports = tb.ports()
     for label, pid in st.daemons.items():
-        click.echo(f"  {label:<12} {'pid ' + str(pid) if pid else 'not running'}")
+        port = ports.get(label.split()[-1]) if label != "munged" else None
+        click.echo(f"  {label:<12} {'pid ' + str(pid) if pid else 'not running':<12}"
+                   + (f" port {port}" if port else ""))
+    if st.up:
+        kept = tb.kept_config()
+        click.echo(f"  config       {tb.config_path}" + (f" ({len(kept.splitlines())} line(s) of yours kept)"
+                                                         if kept.strip() else ""))
     if st.error:
         click.echo(f"  not up: {st.error}")
     for node in st.nodes:
@@ -111,11 +118,20 @@ def status(state_dir: str) -> int:
 
 @testbed.command()
 @_state_dir_option
-def env(state_dir: str) -> None:
-    """Print the shell exports that point Slurm and slurm-hooks at the cluster."""
+@click.pass_context
+def env(ctx: click.Context, state_dir: str) -> None:
+    """Print the shell exports that point Slurm and slurm-hooks at the cluster (exit 3, printing
+    none, when no testbed is up there)."""
     from slurm_hooks.lab.testbed import Testbed
 
-    for key, value in Testbed(state_dir).exports().items():
+    tb = Testbed(state_dir)
+    st = tb.status()
+    if not st.up:
+        why = f": {st.error}" if st.error else ""
+        click.echo(f"slurm-hooks testbed env: no testbed up in {tb.state_dir}{why} (`slurm-hooks testbed up` starts "
+                   "one there; --state-dir names another)", err=True)
+        ctx.exit(3)
+    for key, value in tb.exports().items():
         click.echo(f"export {key}={shlex.quote(value)}")
 
 

@@ -167,6 +167,12 @@ RETRY_POLL_S = 1.0
 RETRY_JOIN_S = 30.0
 #: How often the watcher reads the InfiniBand ports' state (a port down is seen within this).
 LINK_POLL_S = 1.0
+#: How often the watcher asks Slurm about its node while our drain holds it (a person's resume is
+#: seen within this): one ``scontrol show node`` per node held, none on a node we do not hold.
+RESUME_POLL_S = 2.0
+#: A node seen back in service is looked at again this much later with our drain's record unchanged:
+#: our own resume (the health check's, the repair's) lets go of the record right after it resumes.
+RESUME_CONFIRM_S = 0.5
 
 
 def _went_down(last: dict[str, str], now: dict[str, str]) -> list[str]:
@@ -184,13 +190,14 @@ class Watcher:
 
     def __init__(self, w: Wiring, source: Source, log: Callable[[str], None] | None = None,
                  retry_poll: float = RETRY_POLL_S, history: XidHistory | None = None,
-                 catalog: Callable[[int], XidInfo | None] = xid_catalog.lookup):
+                 catalog: Callable[[int], XidInfo | None] = xid_catalog.lookup, resume_poll: float = RESUME_POLL_S):
         self.w = w
         self.source = source
         self.history = history if history is not None else healthcheck.xid_history(w)
         self.catalog = catalog
         self.log = log or _to_stderr
         self.retry_poll = retry_poll
+        self.resume_poll = resume_poll
         self._lock = threading.Lock()
         #: Set once the port poller has its first reading (what a port "went down" from).
         self.polling_links = threading.Event()
@@ -290,6 +297,49 @@ class Watcher:
                     said = text
             stop.wait(interval)
 
+    def _resume_loop(self, stop: threading.Event) -> None:
+        """While our drain holds the node (its record on disk: a stat, and no Slurm call otherwise), ask
+        Slurm for the node every :attr:`resume_poll` seconds. A node back in service that we did not
+        resume is a person's resume: the health check's judgement runs now, as the next check would
+        (the incident closes as resumed by a person, the XIDs drained for are acknowledged, a fault
+        still there drains it again), instead of at the next HealthCheckInterval. Never dies of one
+        failure; a failure that repeats is said once."""
+        said = ""
+        while not stop.wait(self.resume_poll):
+            try:
+                if self._resumed_by_someone_else(stop):
+                    self.log(f"slurm-hooks watch: {self.w.node} is back in service and we did not resume it: "
+                             "a person did; checking it now")
+                    with self._lock:
+                        healthcheck.run(self.w, context=Context.CHECK, follow="thread")
+                said = ""
+            except Exception as exc:  # noqa: BLE001 - the resume poller must outlive any one failure
+                text = f"slurm-hooks watch: looking for a resume failed: {type(exc).__name__}: {exc}"
+                if text != said:
+                    self.log(text)
+                    said = text
+
+    def _resumed_by_someone_else(self, stop: threading.Event) -> bool:
+        """Our drain's record is there, and Slurm shows the node in service (no drain, not down, no
+        reboot pending) now and :data:`RESUME_CONFIRM_S` later with the record unchanged."""
+        import os
+
+        def record() -> tuple[int, int] | None:
+            try:
+                st = os.stat(self.w.drained_marker())
+            except FileNotFoundError:
+                return None
+            return (st.st_ino, st.st_mtime_ns)
+
+        def in_service() -> bool:
+            info = self.w.slurm.node(self.w.node)
+            return not (info.out_of_service or info.reboot_pending)
+
+        before = record()
+        if before is None or not in_service() or stop.wait(RESUME_CONFIRM_S):
+            return False
+        return record() == before and in_service()
+
     def start_notifier(self, stop: threading.Event) -> Notifier | None:
         """Deliver what the audit log has to tell ([notify]) from a daemon thread, when a receiver
         is configured; the health check then leaves delivery to it."""
@@ -308,6 +358,8 @@ class Watcher:
         retry.start()
         links = threading.Thread(target=self._link_loop, args=(stop,), name="ib-ports", daemon=True)
         links.start()
+        resumes = threading.Thread(target=self._resume_loop, args=(stop,), name="resumes", daemon=True)
+        resumes.start()
         notifier = self.start_notifier(stop)
         try:
             self._watch(stop)
@@ -318,7 +370,7 @@ class Watcher:
             stop.set()
             # So does a check the port poller started (a drain with its requeues and its audit line).
             until = time.monotonic() + RETRY_JOIN_S
-            for thread in (retry, links):
+            for thread in (retry, links, resumes):
                 thread.join(max(until - time.monotonic(), 0.0))
             if notifier is not None:
                 notifier.stopped()  # the process ends with its daemon threads: say so before

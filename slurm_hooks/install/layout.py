@@ -114,6 +114,26 @@ def read_status(state_dir: str) -> dict[str, dict[str, str]]:
     return out
 
 
+def laid_env(prefix: str = DEFAULT_PREFIX) -> dict[str, str] | None:
+    """The environment ``install --env`` gave the programs laid under ``prefix`` (the watcher's unit
+    and the hooks slurmd runs carry the same pairs), read back from the unit's ``Environment=`` lines;
+    None when nothing is laid there. systemd starts the watcher with these alone, and slurmd runs
+    the hooks with its own environment and these: neither has the variables of an admin's shell."""
+    try:
+        with open(os.path.join(prefix, UNIT), encoding="utf-8") as fh:
+            text = fh.read(1 << 16)
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        if line.startswith('Environment="') and line.endswith('"'):
+            pair = line[len('Environment="'):-1].replace('\\"', '"').replace("\\\\", "\\")
+            name, sep, value = pair.partition("=")
+            if sep:
+                out[name] = value
+    return out
+
+
 def slurm_conf_lines(prefix: str) -> list[str]:
     """The slurm.conf lines that wire the programs in, with the settings they rely on."""
     return [

@@ -73,6 +73,8 @@ FAULTS = ("hang", "slow", "drop")
 #: Environment marker on every daemon we start; slurmstepd inherits it, so ``down``
 #: finds the step daemons of running jobs too.
 MARKER = "SLURM_HOOKS_TESTBED"
+#: The line of the testbed's config.toml below which an admin's own lines are kept by every ``up``.
+KEEP_BELOW = "# ---- yours: the lines below are kept by `slurm-hooks testbed up` (receivers, [notify], ...) ----"
 HOOKS = ("healthcheck", "prolog", "epilog")
 HOOK_COMMAND = {"healthcheck": "check", "prolog": "prolog", "epilog": "epilog"}
 
@@ -301,6 +303,10 @@ class Testbed:
         """The nodes' syslog under NHC (what NHC and check_slurm_hooks send to ``logger``)."""
         return self.path("log", "syslog")
 
+    def ports(self) -> dict[str, int]:
+        """The ports this testbed picked ("slurmctld", each node's name), as saved by its last ``up``."""
+        return dict(self._ports)
+
     def exports(self) -> dict[str, str]:
         """Only what this cluster adds to an environment (``slurm-hooks testbed env``)."""
         return {"SLURM_CONF": self.slurm_conf, "SLURM_HOOKS_CONFIG": self.config_path}
@@ -398,7 +404,7 @@ class Testbed:
         self._render("slurm.conf.j2", self.slurm_conf, ctx)
         self._render("gres.conf.j2", self.path("gres.conf"), ctx)
         self._render("cgroup.conf.j2", self.path("cgroup.conf"), ctx)
-        self._render("config.toml.j2", self.config_path, ctx)
+        self._write_config(ctx)
         if s.nhc:
             self._write_nhc()
         for hook in HOOKS:
@@ -448,7 +454,36 @@ class Testbed:
             programs["healthcheck"] = self.path("bin", "healthcheck")  # NHC's wrapper: NHC runs our check
         return programs
 
+    def _write_config(self, ctx: dict) -> None:
+        """config.toml: ours rendered afresh, then what an admin added below :data:`KEEP_BELOW` (a
+        receiver, ``[notify]``, a group), kept as it was. The whole must load: a kept line that
+        clashes with ours (a table we write, given again) stops ``up`` with the error, nothing replaced."""
+        from slurm_hooks import config as config_mod
+        from slurm_hooks.errors import ConfigError
+
+        kept = self.kept_config()
+        text = f"{self._text('config.toml.j2', ctx).rstrip()}\n\n{KEEP_BELOW}\n{kept}"
+        try:
+            config_mod.parse(text, self.config_path)
+        except ConfigError as exc:
+            raise TestbedError(f"{exc}: the lines kept below {KEEP_BELOW!r} clash with the testbed's own "
+                               f"(a table it writes given again?); edit {self.config_path}") from None
+        fsutil.atomic_write(self.config_path, text, mode=0o600)
+
+    def kept_config(self) -> str:
+        """What follows :data:`KEEP_BELOW` in the testbed's config.toml ("" when none)."""
+        try:
+            with open(self.config_path, encoding="utf-8") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            return ""
+        _, sep, kept = text.partition(KEEP_BELOW + "\n")
+        return kept if sep else ""
+
     def _render(self, template: str, dest: str, ctx: dict, mode: int = 0o644) -> None:
+        fsutil.atomic_write(dest, self._text(template, ctx), mode=mode)
+
+    def _text(self, template: str, ctx: dict) -> str:
         env = jinja2.Environment(
             loader=jinja2.PackageLoader("slurm_hooks", "templates/testbed"),
             undefined=jinja2.StrictUndefined,
@@ -457,7 +492,7 @@ class Testbed:
             lstrip_blocks=True,
             autoescape=False,
         )
-        fsutil.atomic_write(dest, env.get_template(template).render(**ctx), mode=mode)
+        return env.get_template(template).render(**ctx)
 
     def _write_hook(self, hook: str) -> None:
         package_parent = os.path.dirname(os.path.dirname(os.path.abspath(slurm_hooks.__file__)))

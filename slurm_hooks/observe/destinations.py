@@ -173,12 +173,19 @@ def syslog_send(priority: int, text: str) -> None:
 
 @dataclass(frozen=True)
 class Delivery:
-    """What one send needs besides the message: a request timeout, the clock, and a line to add
-    (``note``: messages this receiver lost while the outbox was full or too old)."""
+    """What one send needs besides the message: a request timeout, the clock, and lines to add
+    (``note``: messages this receiver lost while the outbox was full or too old; ``late``: how late
+    this message is and what happened since, ``late_s`` its seconds)."""
 
     timeout: float
     now: float
     note: str = ""
+    late: str = ""
+    late_s: float = 0.0
+
+    def lines(self) -> str:
+        """The added lines as one text ("" when none)."""
+        return " ".join(x for x in (self.late, self.note) if x)
 
 
 class Destination:
@@ -232,7 +239,7 @@ class Syslog(Destination):
                     REMINDER: syslog.LOG_WARNING, BRIDGE: syslog.LOG_ERR,
                     MONITOR: syslog.LOG_WARNING}.get(kind, syslog.LOG_NOTICE)
         try:
-            self._send(priority, message["text"] + (f" {d.note}" if d.note else ""))
+            self._send(priority, message["text"] + (f" {d.lines()}" if d.lines() else ""))
         except ValueError as exc:  # an embedded NUL: this message, not the log
             raise DeliveryError(f"syslog refused the line: {exc}", permanent=True) from None
         except OSError as exc:
@@ -240,14 +247,20 @@ class Syslog(Destination):
 
 
 class _Http(Destination):
-    def __init__(self, table: dict[str, str], url: str | None, post: Sender | None, prefix: str):
+    def __init__(self, table: dict[str, str], url: str | None, post: Sender | None, prefix: str, problem: str = ""):
+        """``problem``: why ``url`` is None (its file, its variable), never the URL."""
         self.table, self.url, self.post = table, url, post or http_post
+        self.problem = problem
         self.name = _source_name(prefix, table)
         self.where = table.get("name") or (url_origin(url) if url else self.name)
 
+    def unreadable(self) -> DeliveryError:
+        return DeliveryError(f"its URL could not be read: {self.problem}" if self.problem
+                             else "its URL could not be read")
+
     def _post(self, body: dict[str, Any], headers: dict[str, str], d: Delivery) -> int:
         if not self.url:
-            raise DeliveryError("its URL could not be read (see the error above)")
+            raise self.unreadable()
         try:
             status = self.post(self.url, json.dumps(body).encode(), {"Content-Type": "application/json",
                                                                       "User-Agent": "slurm-hooks", **headers}, d.timeout)
@@ -268,17 +281,19 @@ _ALERTMANAGER_ONLY = ("alerts", "ended_alerts", "resolved_ts", "hold_s", "end_no
 class Webhook(_Http):
     """An incoming webhook: Slack's shape, or the message as one JSON object."""
 
-    def __init__(self, table: dict[str, str], url: str | None, post: Sender | None = None):
-        super().__init__(table, url, post, "webhook")
+    def __init__(self, table: dict[str, str], url: str | None, post: Sender | None = None, problem: str = ""):
+        super().__init__(table, url, post, "webhook", problem)
         self.format = table.get("format", "json")
 
     def send(self, entry_id: str, kind: str, message: dict[str, Any], d: Delivery) -> int:
         if self.format == "slack":
-            body = slack_payload(message, d.note)
+            body = slack_payload(message, d.note, d.late)
         else:
             body = {k: v for k, v in message.items() if k not in _ALERTMANAGER_ONLY}
             if d.note:
                 body["dropped"] = d.note
+            if d.late:
+                body["late"], body["late_s"] = d.late, round(d.late_s, 1)
         return self._post(body, {"Idempotency-Key": entry_id}, d)
 
 
@@ -291,8 +306,8 @@ class Alertmanager(_Http):
     kinds = _NEWS | {FIRING}
 
     def __init__(self, table: dict[str, str], url: str | None, post: Sender | None = None, hold: float = 240.0,
-                 auth: str = "", get: Getter | None = None):
-        super().__init__(table, url, post, "alertmanager")
+                 auth: str = "", get: Getter | None = None, problem: str = ""):
+        super().__init__(table, url, post, "alertmanager", problem)
         if self.url:
             base = self.url.rstrip("/")
             self.url = base if base.endswith("/api/v2/alerts") else base + "/api/v2/alerts"
@@ -300,7 +315,7 @@ class Alertmanager(_Http):
 
     def send(self, entry_id: str, kind: str, message: dict[str, Any], d: Delivery) -> int:
         headers = {"Authorization": self.auth} if self.auth else {}
-        body = alerts(message, kind, d.now, self.hold, d.note)
+        body = alerts(message, kind, d.now, self.hold, d.note, d.late)
         if message.get("end_node"):
             body += self._node_alerts(str(message["end_node"]), str(message.get("cluster") or ""), headers, d)
         return self._post(body, headers, d) if body else 200
@@ -310,7 +325,7 @@ class Alertmanager(_Http):
         from urllib.parse import quote
 
         if not self.url:
-            raise DeliveryError("its URL could not be read (see the error above)")
+            raise self.unreadable()
         wanted = [f'node="{node}"'] + ([f'cluster="{cluster}"'] if cluster else [])
         query = "&".join(f"filter={quote(f)}" for f in wanted) + "&active=true&silenced=true&inhibited=true"
         try:
@@ -337,6 +352,26 @@ class Alertmanager(_Http):
                         "startsAt": a.get("startsAt") or _iso(d.now), "endsAt": _iso(d.now)})
         return out
 
+    def identify(self, timeout: float) -> str:
+        """What Alertmanager says of itself (``GET /api/v2/status``): its version. A server that
+        takes a POST to ``/api/v2/alerts`` is not one for that (a plain web server, a proxy's catch-all,
+        a webhook receiver): :class:`DeliveryError` (permanent) when the answer is not Alertmanager's."""
+        if not self.url:
+            raise self.unreadable()
+        headers = {"Accept": "application/json", **({"Authorization": self.auth} if self.auth else {})}
+        status_url = self.url[: -len("alerts")] + "status"
+        try:
+            data = json.loads(self.get(status_url, headers, timeout))
+        except DeliveryError as exc:
+            raise DeliveryError(f"not an Alertmanager (GET /api/v2/status: {scrub(str(exc), self.url)})",
+                                exc.permanent or exc.status is not None, exc.retry_after, exc.status) from None
+        except ValueError:
+            raise DeliveryError("not an Alertmanager (GET /api/v2/status did not answer JSON)", True) from None
+        info = data.get("versionInfo") if isinstance(data, dict) else None
+        if not isinstance(info, dict) or not isinstance(data.get("cluster"), dict):
+            raise DeliveryError("not an Alertmanager (GET /api/v2/status has no versionInfo and cluster)", True)
+        return str(info.get("version") or "?")
+
 
 #: The bridge's alerts that stay true until the bridge says otherwise (its breaker, a permission):
 #: a node's return does not end them.
@@ -359,7 +394,8 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def alerts(message: dict[str, Any], kind: str, now: float, hold: float, note: str = "") -> list[dict[str, Any]]:
+def alerts(message: dict[str, Any], kind: str, now: float, hold: float, note: str = "",
+           late: str = "") -> list[dict[str, Any]]:
     """The request body: the message's alerts, firing until ``now + hold`` or resolved at the node's
     return; an escalation also ends the alerts of the action it replaced. A message may ask a longer
     hold (``hold_s``: a node gone to reboot cannot post again until it is back)."""
@@ -375,6 +411,8 @@ def alerts(message: dict[str, Any], kind: str, now: float, hold: float, note: st
         annotations = dict(alert.get("annotations") or {})
         if note:
             annotations["dropped"] = note
+        if late:
+            annotations["late"] = late
         out.append({"labels": alert["labels"], "annotations": annotations,
                     "startsAt": _iso(float(alert["starts_at"])), "endsAt": _iso(max(ends, float(alert["starts_at"])))})
     for alert in message.get("ended_alerts") or ():
@@ -420,7 +458,7 @@ def fit_text(text: str, limit: int) -> str:
     return text[:keep].rstrip() + f" ... and {len(text) - keep} more characters"
 
 
-def slack_payload(message: dict[str, Any], note: str = "") -> dict[str, Any]:
+def slack_payload(message: dict[str, Any], note: str = "", late: str = "") -> dict[str, Any]:
     """Slack's incoming-webhook body, escaped, each part within Slack's limits."""
     kind = str(message.get("kind", ""))
     headline = slack_escape(str(message.get("headline") or message.get("text") or ""))
@@ -440,7 +478,7 @@ def slack_payload(message: dict[str, Any], note: str = "") -> dict[str, Any]:
                            "text": fit_text(f"*{label}*\n{slack_escape(str(message[key]))}", SLACK_FIELD_MAX)})
     if fields:
         blocks.append({"type": "section", "fields": fields[:SLACK_FIELDS_MAX]})
-    context = [x for x in (note, message.get("runbook")) if x]
+    context = [x for x in (late, note, message.get("runbook")) if x]
     if context:
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": fit_text(slack_escape(str(x)),
                                                                                           SLACK_FIELD_MAX)}

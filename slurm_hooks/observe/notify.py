@@ -35,12 +35,12 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from slurm_hooks import fsutil
 from slurm_hooks.observe import destinations as dst
-from slurm_hooks.observe import incidents
+from slurm_hooks.observe import incidents, receivers
 from slurm_hooks.observe.destinations import (
     BREAKER,
     BRIDGE,
@@ -56,6 +56,7 @@ from slurm_hooks.observe.destinations import (
     Delivery,
     DeliveryError,
     Destination,
+    Getter,
     Sender,
     Syslog,
     SyslogSender,
@@ -126,6 +127,8 @@ class NotifySettings:
     #: How long a reboot may keep a node silent (Slurm's ``ResumeTimeout``, or ``[repair] reboot_timeout``
     #: when longer): a node's alerts are held that much longer while it reboots.
     resume_timeout: float = 0.0
+    #: ``[metrics] textfile_dir``: where the receivers' state is written for node_exporter ("" = not).
+    textfile_dir: str = ""
 
     @classmethod
     def from_config(cls, cfg: Any, directory: str | None = None) -> NotifySettings:
@@ -135,7 +138,8 @@ class NotifySettings:
         conf = global_values(("ClusterName", "ResumeTimeout"))
         cluster = n.cluster or os.environ.get("SLURM_CLUSTER_NAME", "") or conf.get("clustername", "")
         resume = max(_seconds(conf.get("resumetimeout")), cfg.repair.reboot_timeout)
-        return cls(cfg.log.audit, n.outbox or directory or os.path.join(cfg.state.dir, "notify"), n, cluster, resume)
+        return cls(cfg.log.audit, n.outbox or directory or os.path.join(cfg.state.dir, "notify"), n, cluster, resume,
+                   cfg.metrics.textfile_dir)
 
     @property
     def hold(self) -> float:
@@ -157,18 +161,20 @@ class NotifySettings:
         return bool(self.notify.syslog or self.notify.webhook or self.notify.alertmanager)
 
     def destinations(self, send: Sender | None = None, syslog: SyslogSender | None = None,
-                     problem: Callable[[str], None] | None = None) -> dict[str, Destination]:
+                     problem: Callable[[str], None] | None = None, environ: Mapping[str, str] | None = None,
+                     get: Getter | None = None) -> dict[str, Destination]:
         """Name -> receiver. A URL that cannot be read (its file, its variable) leaves the receiver in
-        place without one: its messages wait, and ``problem`` hears why (never the URL)."""
+        place without one: its messages wait, each failure says why, and ``problem`` hears it once
+        (never the URL). ``environ``: where ``url_env`` is read (this process's environment unless given)."""
         from slurm_hooks.errors import ConfigError
         from slurm_hooks.urlsecret import resolve_url
 
-        def url_of(kind: str, n: int, table: dict[str, str]) -> str | None:
+        def url_of(kind: str, n: int, table: dict[str, str]) -> tuple[str | None, str]:
             try:
-                return resolve_url(table, f"[[notify.{kind}]] #{n + 1}")
+                return resolve_url(table, f"[[notify.{kind}]] #{n + 1}", environ), ""
             except ConfigError as exc:
                 (problem or (lambda m: None))(str(exc))
-                return None
+                return None, str(exc)
 
         out: dict[str, Destination] = {}
 
@@ -184,7 +190,8 @@ class NotifySettings:
         if self.notify.syslog:
             add(Syslog(syslog))
         for n, table in enumerate(self.notify.webhook):
-            add(Webhook(table, url_of("webhook", n, table), send))
+            url, why = url_of("webhook", n, table)
+            add(Webhook(table, url, send, problem=why))
         for n, table in enumerate(self.notify.alertmanager):
             auth = ""
             if table.get("auth_file"):
@@ -197,7 +204,8 @@ class NotifySettings:
                     why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
                     (problem or (lambda m: None))(f"[[notify.alertmanager]] #{n + 1} auth_file "
                                                   f"{table['auth_file']}: {why}")
-            add(Alertmanager(table, url_of("alertmanager", n, table), send, hold=self.hold, auth=auth))
+            url, why = url_of("alertmanager", n, table)
+            add(Alertmanager(table, url, send, hold=self.hold, auth=auth, get=get, problem=why))
         return out
 
 
@@ -471,18 +479,23 @@ class Pace:
 
     def __init__(self, path: str, rate: float, cap: float, rng: random.Random):
         self.path, self.rate, self.cap, self.rng = path, rate, cap, rng
-        self.state: dict[str, dict[str, float]] = {}
+        self.state: dict[str, dict[str, Any]] = {}
         self.changed = False
+        #: An outage began or ended since the last save: that save reaches the disk.
+        self.durable = False
+        #: The last :meth:`failed` started an outage.
+        self.began = False
 
     def load(self) -> None:
         data = fsutil.read_json(self.path, missing={}, error={})
         self.state = {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
-        self.changed = False
+        self.changed = self.durable = self.began = False
 
     def save(self) -> None:
         if self.changed:
-            fsutil.atomic_write(self.path, json.dumps(self.state), mode=0o600, durable=False)  # lost: a fresh pace
-            self.changed = False
+            # Lost, it is a fresh pace; but an outage's start and end are kept, so that its end is told.
+            fsutil.atomic_write(self.path, json.dumps(self.state), mode=0o600, durable=self.durable)
+            self.changed = self.durable = False
 
     def _of(self, dest: str, now: float) -> dict[str, float]:
         p = self.state.setdefault(dest, {"tokens": float(BURST), "at": now, "hold": 0.0, "fails": 0})
@@ -494,15 +507,37 @@ class Pace:
         p = self._of(dest, now)
         return now >= float(p.get("hold", 0.0)) and p["tokens"] >= 1.0
 
-    def sent(self, dest: str, now: float) -> None:
+    def sent(self, dest: str, now: float) -> dict[str, Any] | None:
+        """A delivery: the receiver's hold ends. Returns the outage it ends (``out_since``, ``error``,
+        ``fails``), or None when it was not out."""
         p = self._of(dest, now)
         p["tokens"] -= 1.0
-        p["fails"] = 0
-        self.changed = True
+        return self.released(dest, now)
 
-    def failed(self, dest: str, now: float, retry_after: float | None) -> float:
-        """Hold the receiver back; returns until when."""
+    def released(self, dest: str, now: float) -> dict[str, Any] | None:
+        """The receiver answered (a delivery, a ``notify test``): no hold, no failure counted. Returns
+        the outage it ends, as :meth:`sent`."""
         p = self._of(dest, now)
+        ended = None
+        if "out_since" in p:
+            ended = {"out_since": p.pop("out_since"), "error": p.pop("error", ""), "fails": int(p.get("fails", 0))}
+            self.durable = True
+        p["fails"], p["hold"] = 0, 0.0
+        self.changed = True
+        return ended
+
+    def may_try(self, dest: str, now: float) -> bool:
+        """:meth:`may_send` with no regard to its hold (a ``notify flush`` by hand tries now)."""
+        return self._of(dest, now)["tokens"] >= 1.0
+
+    def failed(self, dest: str, now: float, retry_after: float | None, error: str = "") -> float:
+        """Hold the receiver back; returns until when. The first failure after a delivery starts
+        an outage (``out_since``; :attr:`began` says so to the caller)."""
+        p = self._of(dest, now)
+        if "out_since" not in p:
+            p["out_since"], self.began = now, True
+            self.durable = True
+        p["error"] = error
         p["fails"] = int(p.get("fails", 0)) + 1
         wait = backoff(int(p["fails"]), self.cap, self.rng)
         if retry_after is not None:
@@ -535,12 +570,21 @@ class Notifier:
     def __init__(self, settings: NotifySettings, send: Sender | None = None, syslog: SyslogSender | None = None,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None,
                  rng: random.Random | None = None, sleep: Callable[[float], None] = time.sleep,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, environ: Mapping[str, str] | None = None,
+                 get: Getter | None = None):
+        """``environ``: where a ``url_env`` is read (``notify test`` gives the installed programs')."""
+        from slurm_hooks.observe.audit import AuditLog
+
         self.s = settings
         self.clock, self.sleep, self.monotonic = clock, sleep, monotonic
         self.log = log or (lambda msg: print(f"slurm-hooks notify: {msg}", file=sys.stderr, flush=True))
         self._said: set[str] = set()
-        self.dests = settings.destinations(send, syslog, problem=self._say_once)
+        self.dests = settings.destinations(send, syslog, problem=self._say_once, environ=environ, get=get)
+        #: Where a receiver's outage is told (its start and its end).
+        self.audit = AuditLog(settings.audit)
+        self.host = os.uname().nodename.split(".")[0]
+        #: The receivers' textfile as last written by this process.
+        self._prom_text: str | None = None
         self.outbox = Outbox(settings.dir, settings.notify.max_queued, settings.notify.max_age)
         self.pace = Pace(os.path.join(settings.dir, "pace.json"), settings.notify.rate, settings.notify.retry_max,
                          rng or random.Random())
@@ -556,12 +600,13 @@ class Notifier:
 
     # -- one pass
 
-    def flush(self, timeout: float, wait_settle: bool = False) -> dict[str, int]:
+    def flush(self, timeout: float, wait_settle: bool = False, now_all: bool = False) -> dict[str, int]:
         """Read what is new and deliver what is due, within ``timeout`` seconds (the health check's call).
 
         ``wait_settle``: an incident that opened a moment ago is announced only once its settle time
         has passed; wait for that (and read again) when it ends with at least half of ``timeout`` left
         for delivery, so that a health check with no watcher tells its own drain now, not at its next run.
+        ``now_all``: receivers held back after a failure are tried now, once (``notify flush`` by hand).
         """
         deadline = self.monotonic() + timeout
         with self._turn(timeout) as mine:
@@ -574,7 +619,7 @@ class Notifier:
                 if 0 < wait <= (deadline - self.monotonic()) / 2:
                     self.sleep(wait)
                     queued += self.collect()
-            sent = self.deliver(deadline)
+            sent = self.deliver(deadline, now_all=now_all)
         return {"queued": queued, "sent": sent, "waiting": self.outbox.waiting(), "busy": 0}
 
     def has_work(self) -> bool:
@@ -836,12 +881,15 @@ class Notifier:
 
     # -- the outbox out
 
-    def deliver(self, deadline: float) -> int:
+    def deliver(self, deadline: float, now_all: bool = False) -> int:
         """Send what is due until ``deadline`` (on ``monotonic``), newest incident first, each receiver at its
-        own pace. Returns how many were delivered. One entry that fails never stops the others."""
+        own pace. Returns how many were delivered. One entry that fails never stops the others.
+        ``now_all``: a receiver held back after a failure is tried now (``notify flush`` by hand), once:
+        a failure holds it again."""
         sent = 0
         now = self.clock()
-        if not any(self.pace.may_send(name, now) for name in self.dests):
+        if not now_all and not any(self.pace.may_send(name, now) for name in self.dests):
+            self._write_textfile()
             return 0  # every receiver held back (an outage): not even a look at the outbox
         if now >= self._expired_at + EXPIRE_EVERY_S:
             self._expired_at = now
@@ -850,11 +898,13 @@ class Notifier:
         held: set[str] = set()
         #: (receiver, incident) with a message not yet sent: the incident's later ones wait behind it.
         behind: set[tuple[str, str]] = set()
+        later: dict[tuple[str, str], list[Entry]] | None = None
         for entry in self.outbox.in_order():
             if self.monotonic() >= deadline:
                 break
             now = self.clock()
-            if entry.dest in held or entry.next_at > now or (entry.dest, entry.incident or entry.id) in behind:
+            due = now_all or entry.next_at <= now
+            if entry.dest in held or not due or (entry.dest, entry.incident or entry.id) in behind:
                 behind.add((entry.dest, entry.incident or entry.id))
                 continue
             if self.outbox.was_delivered(entry):
@@ -865,7 +915,7 @@ class Notifier:
                 self.outbox.give_up(entry, "destination no longer configured")
                 self.log(f"message {entry.id} kept in {self.outbox.failed}: its receiver is no longer configured")
                 continue
-            if not self.pace.may_send(entry.dest, now):
+            if not (self.pace.may_try(entry.dest, now) if now_all else self.pace.may_send(entry.dest, now)):
                 held.add(entry.dest)
                 behind.add((entry.dest, entry.incident or entry.id))
                 continue
@@ -873,9 +923,18 @@ class Notifier:
             note = (f"{dropped} older message(s) for this receiver were dropped while it could not be reached "
                     f"(the outbox keeps {self.s.notify.max_queued} for {duration(self.s.notify.max_age)}).") \
                     if dropped else ""
+            late_s, late = now - entry.created, ""
+            if entry.attempts or late_s >= receivers.LATE_S:
+                if later is None:
+                    later = self._later()
+                out = self.pace.state.get(entry.dest, {}).get("out_since")
+                late = receivers.late_words(late_s, out if isinstance(out, (int, float)) else None,
+                                            [e.message for e in later.get((entry.dest, entry.incident), ())
+                                             if entry.incident and e.order > entry.order], now)
             try:
                 dest.send(entry.id, entry.kind, entry.message,
-                          Delivery(max(0.1, min(self.s.notify.timeout, deadline - self.monotonic())), now, note))
+                          Delivery(max(0.1, min(self.s.notify.timeout, deadline - self.monotonic())), now, note,
+                                   late, late_s if late else 0.0))
             except DeliveryError as exc:
                 error = dest.scrub(str(exc))
                 if exc.permanent:
@@ -884,7 +943,7 @@ class Notifier:
                 else:
                     # The receiver is out (its credentials, its address, its health, the network): every
                     # message waits, in order, until it answers again; none is thrown away for it.
-                    until = self.pace.failed(entry.dest, now, exc.retry_after)
+                    until = self._failed(dest, now, exc.retry_after, error)
                     self.outbox.retry(entry, error, max(until, now + backoff(entry.attempts + 1, self.s.notify.retry_max,
                                                                              self.pace.rng)))
                     held.add(entry.dest)
@@ -896,7 +955,7 @@ class Notifier:
                 self.outbox.give_up(entry, error)
                 self.log(f"message {entry.id} could not be sent ({error}); kept in {self.outbox.failed}")
                 continue
-            self.pace.sent(entry.dest, now)
+            self._back(dest, self.pace.sent(entry.dest, now), now)
             if dropped:
                 self.outbox.count_dropped(entry.dest, -dropped)
             self.outbox.delivered(entry)
@@ -904,7 +963,106 @@ class Notifier:
             sent += 1
         self.pace.save()
         self._report_moved()
+        self._write_textfile()
         return sent
+
+    def _later(self) -> dict[tuple[str, str], list[Entry]]:
+        """(receiver, incident) -> its entries waiting, in order: what a late message says happened since."""
+        out: dict[tuple[str, str], list[Entry]] = {}
+        for e in self.outbox.entries():
+            if e.incident:
+                out.setdefault((e.dest, e.incident), []).append(e)
+        return out
+
+    def _failed(self, dest: Destination, now: float, retry_after: float | None, error: str) -> float:
+        """Hold ``dest`` back; the first failure after a delivery is the start of an outage, told."""
+        self.pace.began = False
+        until = self.pace.failed(dest.name, now, retry_after, error)
+        if self.pace.began:
+            self.audit.write(receivers.KIND, node=self.host, **receivers.out_record(dest.name, dest.where, now, error))
+            self.log(f"receiver {dest.where} ({dest.name}) is out: {error}; its messages wait")
+        return until
+
+    def _back(self, dest: Destination, ended: dict[str, Any] | None, now: float) -> None:
+        """``dest`` answered: an outage it ends is told (how long, how many tries failed)."""
+        if ended is None:
+            return
+        waiting = sum(1 for e in self.outbox.entries() if e.dest == dest.name)
+        self.audit.write(receivers.KIND, node=self.host,
+                         **receivers.back_record(dest.name, dest.where, float(ended["out_since"]), now,
+                                                 int(ended["fails"]), waiting))
+        self.log(f"receiver {dest.where} ({dest.name}) is back after {duration(now - float(ended['out_since']))}")
+
+    def _write_textfile(self) -> None:
+        """The receivers' state for node_exporter ([metrics] textfile_dir), when it changed."""
+        if not self.s.textfile_dir:
+            return
+        waiting: dict[str, int] = {}
+        for e in self.outbox.entries():
+            waiting[e.dest] = waiting.get(e.dest, 0) + 1
+        text = receivers.render({name: d.where for name, d in self.dests.items()}, self.pace.state, waiting)
+        if text != self._prom_text:
+            if receivers.write_textfile(self.s.textfile_dir, text) is None:
+                self._say_once(f"cannot write {receivers.textfile_path(self.s.textfile_dir)}")
+                return
+            self._prom_text = text
+
+    # -- a test, through the senders' own path
+
+    def test(self, message: dict[str, Any], wait: float) -> list[Answer]:
+        """``notify test``: ``message`` to each receiver through the outbox (a file in it, delivered from
+        it, noted in the ledger: the path the watcher and the health check take), within the notifier's
+        lock (``wait`` seconds for it). An Alertmanager must say it is one first (``GET /api/v2/status``).
+        A receiver that takes it is released: its hold ends (an outage it ends is told) and its waiting
+        messages are due now."""
+        out: list[Answer] = []
+        try:
+            with self._turn(wait) as mine:
+                if not mine:
+                    return [Answer("", "", False, f"another notifier held {self.s.dir}/lock for {wait:g}s: try again")]
+                now = self.clock()
+                for name, dest in self.dests.items():
+                    out.append(self._test_one(name, dest, message, now))
+                self.pace.save()
+                self._write_textfile()
+        except OSError as exc:
+            return [Answer("", "", False, f"cannot use the notifier's directory {self.s.dir} "
+                                          f"({exc.strerror or exc}): the senders cannot queue a message there either")]
+        return out
+
+    def _test_one(self, name: str, dest: Destination, message: dict[str, Any], now: float) -> Answer:
+        version = ""
+        if isinstance(dest, (Webhook, Alertmanager)) and not dest.url:
+            return Answer(name, dest.where, False, f"not sent: {dest.unreadable()}")
+        try:
+            if isinstance(dest, Alertmanager):
+                version = f"Alertmanager {dest.identify(self.s.notify.timeout)}, "
+            if not self.outbox.put(message["id"], "test", message, "", name, now):
+                return Answer(name, dest.where, False, "the test message is in the outbox already")
+        except DeliveryError as exc:
+            kind = "is not one to send to" if exc.permanent else "could not be reached"
+            return Answer(name, dest.where, False, f"{kind}: {dest.scrub(str(exc))}")
+        except OSError as exc:
+            return Answer(name, dest.where, False, f"cannot write the outbox {self.outbox.box} ({exc.strerror}): "
+                                                   "the senders could not queue a message either")
+        [entry] = [e for e in self.outbox.entries() if e.id == message["id"] and e.dest == name]
+        try:
+            status = dest.send(entry.id, "test", entry.message, Delivery(self.s.notify.timeout, now))
+        except DeliveryError as exc:
+            self.outbox.discard(entry)
+            kind = "refused this message" if exc.permanent else "could not be reached"
+            return Answer(name, dest.where, False, f"{kind}: {dest.scrub(str(exc))}")
+        except Exception as exc:  # noqa: BLE001 - a test reports what any receiver did
+            self.outbox.discard(entry)
+            return Answer(name, dest.where, False, dest.scrub(f"{type(exc).__name__}: {exc}"))
+        self.outbox.delivered(entry)
+        held = float(self.pace.state.get(name, {}).get("hold", 0.0) or 0.0) > now
+        self._back(dest, self.pace.released(name, now), now)
+        released = self.outbox.release(name, now)
+        said = version + (f"delivered (HTTP {status})" if status else "delivered")
+        if held or released:
+            said += f"; its hold is lifted: {released} waiting message(s) go now"
+        return Answer(name, dest.where, True, said)
 
     def _report_moved(self) -> None:
         while self.outbox.moved_aside:
@@ -928,14 +1086,16 @@ class Answer:
 
 
 def send_test(settings: NotifySettings, send: Sender | None = None, syslog: SyslogSender | None = None,
-              clock: Callable[[], float] = time.time, host: str = "") -> list[Answer]:
-    """One marked message straight to each receiver (not through the outbox: a test says what the
-    receiver answers now). For Alertmanager an ``info`` alert, ``SlurmHooksTest``, that ends by itself
-    after a few minutes."""
+              clock: Callable[[], float] = time.time, host: str = "", environ: Mapping[str, str] | None = None,
+              get: Getter | None = None) -> list[Answer]:
+    """One marked message to each receiver, by the path the senders take (:meth:`Notifier.test`: the
+    outbox, the ledger, each receiver's hold; ``environ``: the senders' environment, where a
+    ``url_env`` is read). For Alertmanager, after it says it is one, an ``info`` alert,
+    ``SlurmHooksTest``, that ends by itself after a few minutes."""
     import socket
 
     problems: list[str] = []
-    dests = settings.destinations(send, syslog, problem=problems.append)
+    notifier = Notifier(settings, send, syslog, clock=clock, log=lambda m: None, environ=environ, get=get)
     now = clock()
     host = host or socket.gethostname()
     mid = f"test-{host}-{int(now * 1000)}"
@@ -947,20 +1107,10 @@ def send_test(settings: NotifySettings, send: Sender | None = None, syslog: Sysl
                "cluster": settings.cluster or None, "at": incidents.utc(now),
                "alerts": [{"labels": labels, "starts_at": now, "ends_at": now + 300.0,
                            "annotations": {"summary": text}}]}
-    out = []
-    for name, dest in dests.items():
-        try:
-            status = dest.send(mid, "test", message, Delivery(settings.notify.timeout, now))
-        except DeliveryError as exc:
-            kind = "refused this message" if exc.permanent else "could not be reached"
-            out.append(Answer(name, dest.where, False, f"{kind}: {dest.scrub(str(exc))}"))
-            continue
-        except Exception as exc:  # noqa: BLE001 - a test reports what any receiver did
-            out.append(Answer(name, dest.where, False, dest.scrub(f"{type(exc).__name__}: {exc}")))
-            continue
-        out.append(Answer(name, dest.where, True, f"delivered (HTTP {status})" if status else "delivered"))
-    for problem in problems:
-        out.append(Answer("", "", False, problem))
+    settings.destinations(problem=problems.append, environ=environ)
+    out = notifier.test(message, max(2.0, 2 * settings.notify.timeout + 1.0))
+    said = " ".join(a.said for a in out)
+    out += [Answer("", "", False, p) for p in problems if p not in said]
     return out
 
 

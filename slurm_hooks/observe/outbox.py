@@ -278,6 +278,18 @@ class Outbox:
         if self._index is not None:
             self._changed()
 
+    def release(self, dest: str, now: float) -> int:
+        """``dest`` answers again: its waiting messages are due ``now`` (not at their backoff's next try).
+        Returns how many wait for it."""
+        mine = [e for e in self.entries() if e.dest == dest]
+        for e in mine:
+            if e.next_at > now:
+                e.next_at = now
+                fsutil.atomic_write(e.path, e.to_json(), mode=0o600)
+        if mine and self._index is not None:
+            self._changed()
+        return len(mine)
+
     def give_up(self, entry: Entry, error: str) -> None:
         entry.last_error = error
         os.makedirs(self.failed, mode=0o700, exist_ok=True)

@@ -31,6 +31,8 @@ class Kind(str, enum.Enum):
     INCIDENT = "incident"
     #: Repeats of one record that were not written one by one (:class:`Repeat`).
     REPEAT = "repeat"
+    #: A receiver of the notifications out, or back (:class:`ReceiverState`).
+    RECEIVER = "receiver"
 
 
 class Stage(str, enum.Enum):
@@ -200,7 +202,26 @@ class Repeat(Record):
     first_ts: float = 0.0
 
 
-_BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in (Alert, Watch, Action, Lifecycle, Repeat)}
+@dataclass(frozen=True)
+class ReceiverState(Record):
+    """A receiver of the notifications out (``state`` out: since when, the error) or back (how long
+    it was out, the tries that failed, the messages still waiting): :mod:`.receivers`."""
+
+    KIND: ClassVar[str] = Kind.RECEIVER.value
+    receiver: str = ""
+    where: str = ""
+    state: str = ""
+    since: float = 0.0
+    until: float | None = None
+    out_s: float | None = None
+    tries: int = 0
+    waiting: int = 0
+    error: str = ""
+    #: The event in words (what ``events`` shows).
+    message: str = ""
+
+
+_BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in (Alert, Watch, Action, Lifecycle, Repeat, ReceiverState)}
 _NAMES: dict[type[Record], frozenset[str]] = {}
 
 

@@ -17,6 +17,7 @@ from slurm_hooks.preflight.environment import (
     check_bridge,
     check_gpus,
     check_hysteresis_memory,
+    check_notify_receivers,
     check_notify_secrets,
     check_paths,
     check_scontrol,
@@ -53,6 +54,7 @@ def run(config_path: str | None = None, slurm_conf_path: str | None = None, node
     results += check_hysteresis_memory(cfg, node or "")
     results += check_validation(cfg)
     results += check_notify_secrets(cfg)
+    results += check_notify_receivers(cfg)
     results += check_wrappers(cfg)
     if "bridge" in cfg.raw:
         results += check_bridge(cfg)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from slurm_hooks import config as config_mod
 from slurm_hooks import urlsecret
 from slurm_hooks.config import Config
-from slurm_hooks.errors import CommandError, CommandTimeout, ConfigError, TransientError
+from slurm_hooks.errors import CommandError, CommandTimeout, ConfigError, SlurmHooksError, TransientError
 from slurm_hooks.models import KERNEL_LOG, NodeSnapshot
 from slurm_hooks.preflight import slurmconf
 from slurm_hooks.preflight.results import Result, Status
@@ -76,12 +76,34 @@ def check_gpus(cfg: Config, node: str) -> list[Result]:
     from slurm_hooks import engine, probes
 
     backend = cfg.gpu.backend
+    if backend == "sim":
+        elsewhere = _other_sim_nodes(cfg.gpu.sim_dir, node)
+        if elsewhere:
+            return [Result("gpu-backend", Status.WARN,
+                           f"sim: {node} (this host) is none of the simulated nodes in {cfg.gpu.sim_dir} "
+                           f"({', '.join(elsewhere[:8])}{' ...' if len(elsewhere) > 8 else ''}): no GPUs judged here",
+                           f"slurm-hooks validate --node {elsewhere[0]} judges a simulated node", cfg.gpu.sim_dir)]
     try:
         probe = probes.from_config(cfg, node)
     except ImportError as exc:
         return [Result("gpu-backend", Status.FAIL, f"{backend} backend cannot load: {exc}",
                        "pip install nvidia-ml-py on GPU nodes (or [gpu] backend = \"sim\" for rehearsals)", cfg.path or "")]
     return gpu_results(cfg, node, engine.take_snapshot(probe, node, cfg.gpu.probe_timeout))
+
+
+def _other_sim_nodes(sim_dir: str, node: str) -> list[str]:
+    """The simulated nodes in ``sim_dir`` when ``node`` is not one of them ([] when it is, or there are none)."""
+    from slurm_hooks.probes import sim
+
+    try:
+        names = sorted(n[:-5] for n in os.listdir(sim_dir) if n.endswith(".json") and not n.startswith("."))
+    except OSError:
+        return []
+    try:
+        mine = os.path.basename(sim.state_path(sim_dir, node))[:-5]
+    except SlurmHooksError:
+        return names
+    return [] if mine in names else names
 
 
 def gpu_results(cfg: Config, node: str, snap: NodeSnapshot) -> list[Result]:
@@ -265,6 +287,31 @@ def check_notify_secrets(cfg: Config) -> list[Result]:
     return [Result(check, Status.PASS, f"{len(tables)} receiver URL(s) readable by us; every file holding one "
                    "(the config, a url_file, an auth_file) is readable by its owner alone (no group or other read bit)"),
             *out]
+
+
+def check_notify_receivers(cfg: Config) -> list[Result]:
+    """A receiver out now (its last delivery failed: its messages wait, held back): FAIL, with since
+    when and its last error, from the notifier's live state on this host (``pace.json``)."""
+    import time
+
+    from slurm_hooks import fsutil
+    from slurm_hooks.observe import receivers
+    from slurm_hooks.observe.notify import NotifySettings
+
+    settings = NotifySettings.from_config(cfg)
+    if not settings.configured:
+        return []
+    names = {d.name: d.where for d in settings.destinations(problem=lambda m: None).values()}
+    pace = fsutil.read_json(os.path.join(settings.dir, "pace.json"), missing={}, error={})
+    out = [o for o in receivers.live(pace if isinstance(pace, dict) else {}, names) if o.receiver in names]
+    if not out:
+        return [Result("notify-receivers", Status.PASS, f"no receiver out of {len(names)} (as this host's notifier "
+                       "last found them)")]
+    now = time.time()
+    return [Result("notify-receivers", Status.FAIL, o.line(now),
+                   "mend the receiver (its credentials, its URL, its service), then `slurm-hooks notify test`: a "
+                   "receiver that takes the test is no longer held back and what waits goes at once",
+                   os.path.join(settings.dir, "pace.json")) for o in out]
 
 
 def _readable_beyond_owner(path: str) -> str:

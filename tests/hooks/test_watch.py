@@ -9,7 +9,7 @@ import pynvml
 import pytest
 from conftest import collect_events
 from fakes import FakeNvml
-from fakes.config import nvml_wiring, sim_config
+from fakes.config import nvml_wiring, sim_config, sim_node
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks.errors import ProbeError
@@ -339,3 +339,66 @@ def test_watcher_drains_on_a_critical_nvml_xid_event_even_when_the_kernel_log_is
     watcher.handle(event)
     assert watcher.history.seen(event.key)  # it will never be looked at again
     assert slurm.peek("n1").drained
+
+
+# --- a person's resume, seen by the watcher --------------------------------------------------------
+
+
+def test_the_watcher_sees_a_persons_resume_and_closes_the_incident_within_seconds(tmp_path):
+    """XID 79 drains n1 through the watcher; an admin resumes it (scontrol update State=RESUME). No
+    health check runs: the watcher itself sees the node back in service, not by us, within seconds,
+    and the incident closes as resumed by a person; the XID it was drained for is acknowledged, so
+    the node is not drained again for it."""
+    from conftest import wait_for
+
+    from slurm_hooks.observe import incidents
+
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n[watch]\npoll_interval = 0.05\n")
+    slurm, w = sim_node(cfg, "IDLE")
+    stop = threading.Event()
+    watcher = Watcher(w, SimSource(cfg.gpu.sim_dir, "n1", 0.05), log=lambda m: None, resume_poll=0.2)
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        sim.inject(cfg.gpu.sim_dir, "n1", 3, xid=79)
+        wait_for(lambda: slurm.peek("n1").drained, 10, what="the watcher's drain")
+        time.sleep(1.0)  # the watcher polls while it holds the drain: nothing changes on its own
+        assert slurm.peek("n1").drained
+        slurm.set_node("n1", state="IDLE", reason="")  # a person's resume
+        resumed = time.monotonic()
+        closed = wait_for(lambda: [i for i in incidents.build(w.audit.read()) if not i.open], 10,
+                          what="the incident closed by the watcher")
+        took = time.monotonic() - resumed
+    finally:
+        stop.set()
+        thread.join(RETRY_JOIN_S)
+    [inc] = closed
+    assert inc.resolved_by == "a person" and took < 3.0
+    assert not slurm.peek("n1").drained and len(slurm.called("drain")) == 1
+    assert any(r.get("action") == "ack-xids" for r in w.audit.read())
+
+
+def test_the_watcher_does_not_take_our_own_resume_for_a_persons(tmp_path):
+    """The health check mends and resumes n1 itself: the watcher's poll sees no person's resume."""
+    from slurm_hooks.hooks import healthcheck
+    from slurm_hooks.observe import incidents
+
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n")
+    slurm, w = sim_node(cfg, "IDLE")
+    sim.inject(cfg.gpu.sim_dir, "n1", 3, row_remap_pending=True)
+    healthcheck.run(w, follow="none")
+    assert slurm.peek("n1").drained
+    stop = threading.Event()
+    thread = threading.Thread(target=Watcher(w, ListSource(), log=lambda m: None, resume_poll=0.05)._resume_loop,
+                              args=(stop,), daemon=True)
+    thread.start()
+    try:
+        sim.clear(cfg.gpu.sim_dir, "n1", 3)
+        healthcheck.run(w, follow="none")
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        thread.join(5)
+    [inc] = incidents.build(w.audit.read())
+    assert not inc.open and inc.closed_by == "slurm-hooks"
+    assert [r for r in w.audit.read() if r["kind"] == "incident" and r.get("by") == "person"] == []

@@ -419,3 +419,59 @@ def test_a_node_fault_is_checked_written_for_the_jobs_and_cleared_by_reset(testb
         testbed.set_fault("n9", "drop")
     testbed.reset()
     assert testbed.faults() == {}
+
+
+# --- what an admin adds, and what the testbed tells --------------------------------------------------
+
+
+def test_a_receiver_an_admin_added_to_the_testbeds_config_is_kept_by_the_next_up(tmp_path):
+    """An admin adds a webhook below the kept line; `down` then `up` renders the testbed's own part
+    afresh and keeps theirs, and the whole loads. A kept table that clashes with the testbed's stops
+    `up` with the error, the file as it was."""
+    from slurm_hooks import config as config_mod
+    from slurm_hooks.lab.testbed import KEEP_BELOW
+
+    tb = Testbed(str(tmp_path / "tb"), LabSettings(nodes=1, hooks=False, kill_wait=1))
+    try:
+        tb.up()
+        with open(tb.config_path, encoding="utf-8") as fh:
+            assert fh.read().rstrip().endswith(KEEP_BELOW)
+        with open(tb.config_path, "a", encoding="utf-8") as fh:
+            fh.write('[[notify.webhook]]\nurl = "https://hooks.example.org/services/T0"\nname = "oncall"\n')
+        tb.down()
+        tb.up()
+        cfg = config_mod.load(tb.config_path)
+        assert [t.get("name") for t in cfg.notify.webhook] == ["oncall"] and cfg.gpu.backend == "sim"
+        assert stat.S_IMODE(os.stat(tb.config_path).st_mode) == 0o600  # it may hold a receiver's URL
+        status = run_command([sys.executable, "-m", "slurm_hooks", "testbed", "status", "--state-dir", tb.state_dir],
+                             30, check=False)
+        assert "3 line(s) of yours kept" in status.stdout, status.stdout
+        with open(tb.config_path, "a", encoding="utf-8") as fh:
+            fh.write("[watch]\npoll_interval = 1.0\n")  # the testbed writes [watch] itself
+        before = open(tb.config_path, encoding="utf-8").read()
+        tb.down()
+        with pytest.raises(TestbedError, match="clash with the testbed's own"):
+            tb.up()
+        assert open(tb.config_path, encoding="utf-8").read() == before
+    finally:
+        tb.down()
+
+
+def test_cli_status_shows_the_port_each_daemon_listens_on(clean_testbed):
+    st = run_command([sys.executable, "-m", "slurm_hooks", "testbed", "status", "--state-dir", clean_testbed.state_dir],
+                     30, check=False)
+    ports = clean_testbed.tb.ports()
+    assert ports and set(ports) == {"slurmctld", "n1", "n2"}
+    lines = st.stdout.splitlines()
+    for label, port in (("slurmctld", ports["slurmctld"]), ("slurmd n1", ports["n1"]), ("slurmd n2", ports["n2"])):
+        assert any(line.strip().startswith(label) and line.endswith(f"port {port}") for line in lines), st.stdout
+
+
+def test_testbed_env_where_no_testbed_is_up_prints_no_exports_and_exits_3(clean_testbed, tmp_path):
+    none = run_command([sys.executable, "-m", "slurm_hooks", "testbed", "env", "--state-dir", str(tmp_path / "none")],
+                       30, check=False)
+    assert none.returncode == 3 and none.stdout == ""
+    assert f"no testbed up in {tmp_path / 'none'}" in none.stderr
+    up = run_command([sys.executable, "-m", "slurm_hooks", "testbed", "env", "--state-dir", clean_testbed.state_dir],
+                     30, check=False)
+    assert up.returncode == 0 and f"export SLURM_HOOKS_CONFIG={clean_testbed.config_path}" in up.stdout

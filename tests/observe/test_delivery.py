@@ -337,7 +337,8 @@ def test_notify_test_sends_one_marked_message_to_each_receiver_and_says_what_eac
     refusing = Outage(401)
     try:
         path = tmp_path / "config.toml"
-        path.write_text(f'[[notify.webhook]]\nurl = "{receiver.url(f"/ok/{SECRET}")}"\n'
+        path.write_text(f'[state]\ndir = "{tmp_path / "state"}"\n[log]\naudit = "{tmp_path / "audit.jsonl"}"\n'
+                        f'[[notify.webhook]]\nurl = "{receiver.url(f"/ok/{SECRET}")}"\n'
                         f'[[notify.webhook]]\nurl = "{refusing.url(f"/expired/{SECRET}")}"\n')
         path.chmod(0o600)
         run = subprocess.run([sys.executable, "-m", "slurm_hooks", "notify", "test", "--config", str(path)],

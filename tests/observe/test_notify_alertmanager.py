@@ -293,3 +293,17 @@ def test_the_bridge_closing_an_evicted_node_ends_the_alert_the_node_can_no_longe
     assert all(a["status"]["state"] != "active" for a in held(alertmanager, "SlurmHooksXid"))
     time.sleep(GROUP_WAIT_S + 1)
     assert len(told(receiver, "SlurmHooksXid", "resolved")) == 1
+
+
+def test_notify_test_to_a_real_alertmanager_says_its_version_and_posts_the_test_alert(tmp_path, receiver, alertmanager):
+    """The other half of the check that a plain web server fails (test_notify_test.py): Alertmanager
+    answers GET /api/v2/status as itself, then takes the test alert."""
+    from fakes.config import write_sim_config
+
+    path = write_sim_config(tmp_path, f'[[notify.alertmanager]]\nurl = "{alertmanager.url}"\n')
+    path.chmod(0o600)
+    run = subprocess.run([sys.executable, "-m", "slurm_hooks", "notify", "test", "--config", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    [line] = run.stdout.splitlines()
+    assert line.startswith("OK") and ": Alertmanager " in line and "delivered (HTTP 200)" in line, line

@@ -459,6 +459,15 @@ def test_missing_simulated_gpus_fail_with_sim_init_fix(cluster):
     assert r.status is validate.Status.FAIL and r.fix == "slurm-hooks sim init --node n1"
 
 
+def test_validate_on_an_admin_host_that_is_no_simulated_node_warns_and_names_one_to_judge(cluster):
+    """The testbed's config on the admin's own host ('vm'): the sim holds n1, not vm. Not a failure of
+    the setup: a warning that names a node to judge instead."""
+    sim.init(str(cluster.root / "sim"), "n2")
+    r = only(cluster.run(node="vm"), "gpu-backend")
+    assert r.status is validate.Status.WARN and "vm (this host) is none of the simulated nodes" in r.message
+    assert "n1, n2" in r.message and r.fix == "slurm-hooks validate --node n1 judges a simulated node"
+
+
 def test_gpu_count_different_from_expected_fails(cluster):
     sim.init(str(cluster.root / "sim"), "n1", gpus=7)
     r = only(cluster.run(), "gpu-count")

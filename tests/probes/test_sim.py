@@ -551,3 +551,22 @@ def test_diag_status_goes_with_a_diag_failure(sim_dir):
     sim.init(sim_dir, "n1", 2)
     r = cli("inject", "--node", "n1", "--gpu", "1", "--diag-status", "warn", "--sim-dir", sim_dir)
     assert r.returncode == 2 and "--diag-status goes with --diag-failure LEVEL" in r.stderr
+
+
+def test_sim_init_does_not_replace_another_users_node_in_a_shared_sim_dir(tmp_path):
+    """Two people rehearsing in the default (shared) sim_dir: one's `sim init` must not wipe the
+    other's node; the refusal says whose it is and how to use a directory of one's own."""
+    shared = tmp_path / "sim"
+    sim.init(str(shared), "n1", gpus=4)
+    sim.inject(str(shared), "n1", 2, xid=79)
+    path = shared / "n1.json"
+    os.chown(path, 4242, 4242)  # as `sim init` by uid 4242 leaves it
+    before = path.read_bytes()
+    run = subprocess.run([sys.executable, "-m", "slurm_hooks", "sim", "init", "--node", "n1", "--sim-dir", str(shared)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert "belong to uid 4242, not to you: not replaced" in run.stderr and "--sim-dir" in run.stderr
+    assert path.read_bytes() == before
+    mine = subprocess.run([sys.executable, "-m", "slurm_hooks", "sim", "init", "--node", "n2", "--sim-dir", str(shared)],
+                          capture_output=True, text=True, timeout=60)
+    assert mine.returncode == 0, mine.stderr
