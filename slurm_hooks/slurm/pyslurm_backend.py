@@ -1,16 +1,17 @@
 """Slurm through pyslurm (the 23.x+ object API), used only where it matches Slurm.
 
 pyslurm X.Y builds against Slurm X.Y alone and links libslurmfull, so it is
-used only when ``import pyslurm`` works and its major.minor equals the running
-Slurm's; :mod:`slurm_hooks.slurm.factory` decides. It saves a process per call
-(the scontrol backend costs a few milliseconds each) and nothing else, so the
-two backends keep exactly the same behaviour: same reason-ownership rules,
-same errors.
+used only when its major.minor equals the running Slurm's and libslurm will find
+a slurm.conf; :mod:`slurm_hooks.slurm.factory` decides, without importing it. It
+saves a process per call (the scontrol backend costs a few milliseconds each) and
+nothing else, so the two backends keep exactly the same behaviour: same
+reason-ownership rules, same errors, same addressing of array tasks and
+heterogeneous jobs. One contract suite (tests/slurm/test_slurm_adapter.py) runs
+against both, on a real Slurm 25.11 with PyPI's pyslurm 25.11 (docs/dev/testing.md).
 
 Written against pyslurm 23.x-25.x: ``Node.load``, ``Nodes.load``,
 ``Node.modify(Node(state=..., reason=...))``, ``Job.load``, ``Jobs.load``,
-``Job.requeue/release/modify/send_signal``, ``JobSubmitDescription``,
-``RPCError``. Not exercised here (PyPI has only 25.11; this host runs 22.05).
+``Job.requeue/release/modify``, ``JobSubmitDescription``, ``RPCError``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from slurm_hooks.slurm import JobDetail, JobInfo, NodeInfo, job_ref, may_resume
+from slurm_hooks.slurm import JobDetail, JobInfo, NodeInfo, job_ref, may_resume, quirks
 from slurm_hooks.slurm.errors import (
     AlreadyRequeued,
     ReasonNotOurs,
@@ -34,6 +35,7 @@ from slurm_hooks.slurm.errors import (
     requeue_refused,
 )
 from slurm_hooks.slurm.scontrol import call_timeout
+from slurm_hooks.slurm.version import parse_version
 
 
 class PyslurmSlurm:
@@ -115,6 +117,9 @@ class PyslurmSlurm:
             return
         if not may_resume(current):
             raise ReasonNotOurs(current, "resume")
+        if not quirks.may_set_idle(parse_version(current.extra.get("Version", "")), current.flags):
+            raise SlurmCommandFailed(f"{name}: not resumed while its reboot is issued (REBOOT_ISSUED): Slurm "
+                                     "25.11+ refuses it; the reboot's registration brings the node back")
         self._call(f"resume {name}", self.ps.Node(name).modify, self.ps.Node(state="RESUME"))
 
     def reboot(self, name: str, reason: str, nextstate: str = "DOWN") -> None:
@@ -212,15 +217,25 @@ class PyslurmSlurm:
 
 
 def _node_info(node: Any) -> NodeInfo:
+    """pyslurm's ``Node`` as the scontrol backend's JSON read fills :class:`NodeInfo`: the reason's
+    user and time (epoch seconds, as ``scontrol --json``), ``Extra``, the partitions, the version."""
     gres = getattr(node, "configured_gres", None) or {}
     gres_text = ",".join(f"{k}:{v}" for k, v in gres.items()) if isinstance(gres, dict) else str(gres)
+    changed = getattr(node, "reason_time", None)
+    partitions = getattr(node, "partitions", None) or []
+    if isinstance(partitions, str):
+        partitions = partitions.split(",")
     return NodeInfo(
         name=node.name,
         state=node.state or "",
-        reason=node.reason or "",
+        reason=(node.reason or "").strip(),
         comment=getattr(node, "comment", None) or "",
         gres=gres_text,
-        extra={"ReasonUser": getattr(node, "reason_user", None) or "", "Version": getattr(node, "slurm_version", "")},
+        extra={"ReasonUser": getattr(node, "reason_user", None) or "",
+               "ReasonTime": str(changed) if _num(changed) else "",
+               "Version": getattr(node, "slurm_version", None) or "",
+               "Extra": getattr(node, "extra", None) or "",
+               "Partitions": ",".join(str(p) for p in partitions if p)},
     )
 
 
@@ -235,11 +250,25 @@ def _num(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def _task(value: Any) -> str:
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else ""
+def _array(job: Any) -> tuple[int, str]:
+    """(array id, task index) as squeue's ``ArrayJobID``/``ArrayTaskID`` give them: pyslurm says
+    ``None`` for task 0 as for no task (it reads 0 as unset), so an array's record with no
+    tasks still waiting is task 0; the record of the tasks still waiting (``1-3``) and a job
+    outside an array are (0, "")."""
+    array_id = _num(getattr(job, "array_id", None))
+    if not array_id:
+        return 0, ""
+    task = getattr(job, "array_task_id", None)
+    if isinstance(task, int) and not isinstance(task, bool) and task >= 0:
+        return array_id, str(task)
+    if task is None and not getattr(job, "array_tasks_waiting", None):
+        return array_id, "0"
+    return 0, ""
 
 
 def _job_info(job: Any) -> JobInfo:
+    array_id, task = _array(job)
+    priority = getattr(job, "priority", None)
     return JobInfo(
         job_id=int(job.id),
         name=job.name or "",
@@ -249,9 +278,9 @@ def _job_info(job: Any) -> JobInfo:
         batch=bool(job.is_batch_job),
         restarts=int(job.requeue_count or 0),
         reason=job.state_reason or "",
-        array_job_id=_num(getattr(job, "array_id", None)),
-        array_task_id=_task(getattr(job, "array_task_id", None)),
-        het_job_id=_num(getattr(job, "het_job_id", None)),
-        priority=str(getattr(job, "priority", "") or ""),
+        array_job_id=array_id,
+        array_task_id=task,
+        het_job_id=_num(getattr(job, "heterogeneous_id", None)),
+        priority="" if priority is None else str(priority),
         extra={"Comment": getattr(job, "comment", None) or ""},
     )
