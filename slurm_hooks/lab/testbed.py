@@ -675,7 +675,7 @@ class Testbed:
                 self._start(["slurmd", "-N", name, "-f", self.slurm_conf], env, f"slurmd {name}")
 
     def _start(self, argv: list[str], env: Mapping[str, str], label: str) -> None:
-        argv = [os.path.join(self.slurm_sbin, argv[0]), *argv[1:]]
+        argv = [os.path.join(SBIN if argv[0] == "munged" else self.slurm_sbin, argv[0]), *argv[1:]]
         try:
             run_command(argv, 30, env=env)
         except CommandError as exc:

@@ -28,7 +28,7 @@ from typing import Any
 from slurm_hooks.errors import CommandError, ConfigError
 from slurm_hooks.runner import Runner, run_command
 from slurm_hooks.slurm import Slurm
-from slurm_hooks.slurm.conffile import DEFAULT_PATHS, ENV_VAR
+from slurm_hooks.slurm.conffile import DEFAULT_PATHS, ENV_VAR, global_values
 from slurm_hooks.slurm.version import parse_version
 from slurm_hooks.values import dataclass
 
@@ -68,7 +68,8 @@ def backend_for(config: Any, runner: Runner | None = None,
             from slurm_hooks.slurm.pyslurm_backend import PyslurmSlurm
 
             cli = ScontrolSlurm(bin_dir=section.bin_dir, timeout=section.timeout, runner=runner, env=env)
-            return PyslurmSlurm(timeout=section.timeout, module=module, cli=cli), choice
+            return PyslurmSlurm(timeout=section.timeout, module=module, cli=cli,
+                                message_timeout=message_timeout(choice.slurm_conf)), choice
         choice = Choice(SCONTROL, failed, permanent=True)
     if section.backend == PYSLURM and choice.permanent:
         raise ConfigError(f"backend = \"pyslurm\" but {choice.why} (use \"auto\" or \"scontrol\")",
@@ -104,6 +105,17 @@ def choose(backend: str, bin_dir: str = "/usr/bin", runner: Runner | None = None
         return Choice(SCONTROL, f"{asked}: {matched}, but pyslurm in this process already reads {bound} "
                                 f"(libslurm reads one slurm.conf per process), not {conf}")
     return Choice(PYSLURM, f"{asked}: {matched} (slurm.conf {conf})", slurm_conf=conf)
+
+
+def message_timeout(slurm_conf: str) -> float:
+    """slurm.conf's MessageTimeout in seconds (Slurm's default, 10, where it says none): how long
+    libslurm waits for the controller before a pyslurm call fails."""
+    text = global_values(("MessageTimeout",), slurm_conf).get("messagetimeout", "")
+    return float(text) if text.isdigit() and int(text) > 0 else DEFAULT_MESSAGE_TIMEOUT
+
+
+#: Slurm's MessageTimeout where slurm.conf sets none.
+DEFAULT_MESSAGE_TIMEOUT = 10.0
 
 
 def libslurm_conf(bin_dir: str, env: Mapping[str, str] | None = None) -> tuple[str, str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import threading
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -28,7 +27,6 @@ from slurm_hooks.slurm.errors import (
     ReasonNotOurs,
     SlurmCommandFailed,
     SlurmNotFound,
-    SlurmTimeout,
     SlurmUnavailable,
     check_drain,
     classify_message,
@@ -39,16 +37,26 @@ from slurm_hooks.slurm.version import parse_version
 
 
 class PyslurmSlurm:
-    """:class:`slurm_hooks.slurm.Slurm` over pyslurm; every call bounded by ``timeout``."""
+    """:class:`slurm_hooks.slurm.Slurm` over pyslurm.
+
+    A pyslurm call holds the interpreter (its Cython calls keep the GIL) until libslurm gives up on
+    the controller, after slurm.conf's ``MessageTimeout`` (``message_timeout``; seen on 25.11: a
+    stopped slurmctld holds ``Nodes.load`` 5.0 s with MessageTimeout=5, and no other thread runs
+    meanwhile). So no thread or alarm can cut it shorter: where ``timeout``, or the time left before
+    the run's deadline, is shorter than that, the call goes through the scontrol backend instead,
+    whose process is killed at the bound."""
 
     name = "pyslurm"
 
-    def __init__(self, timeout: float = 10.0, module: Any = None, cli: Any = None):
+    def __init__(self, timeout: float = 10.0, module: Any = None, cli: Any = None, message_timeout: float = 10.0):
         self.timeout = float(timeout)
         self.ps = module if module is not None else importlib.import_module("pyslurm")
-        #: The scontrol backend, for what pyslurm's ``Job(int)`` cannot address: one task of an
-        #: array (``Job(<array id>)`` would act on every task).
+        #: The scontrol backend: for what pyslurm's ``Job(int)`` cannot address (one task of an
+        #: array: ``Job(<array id>)`` would act on every task), and for calls that must end sooner
+        #: than libslurm would give up.
         self.cli = cli
+        #: libslurm's own bound on one call (slurm.conf's MessageTimeout, Slurm's default 10 s).
+        self.message_timeout = float(message_timeout)
         self.deadline: float | None = None
 
     def bounded(self, deadline: float | None) -> PyslurmSlurm:
@@ -59,25 +67,17 @@ class PyslurmSlurm:
             other.cli = self.cli.bounded(deadline)
         return other
 
+    def _short(self) -> bool:
+        """Whether this call must end sooner than libslurm would give up (then scontrol makes it)."""
+        return self.cli is not None and call_timeout(self.timeout, self.deadline) < self.message_timeout
+
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run one library call in a worker thread so a hung controller cannot hang us."""
-        box: dict[str, Any] = {}
-
-        def work() -> None:
-            try:
-                box["value"] = fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = exc
-
-        timeout = call_timeout(self.timeout, self.deadline)
-        worker = threading.Thread(target=work, name=f"pyslurm-{what}", daemon=True)
-        worker.start()
-        worker.join(timeout)
-        if worker.is_alive():
-            raise SlurmTimeout(f"pyslurm {what} timed out after {timeout:g}s: controller not answering")
-        if "error" in box:
-            raise self._translate(what, box["error"])
-        return box.get("value")
+        """One library call, bounded by libslurm's MessageTimeout; its failure as our typed error."""
+        call_timeout(self.timeout, self.deadline)  # SlurmTimeout when the run's deadline is too close
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - pyslurm raises RPCError, ValueError, ...
+            raise self._translate(what, exc) from None
 
     def _translate(self, what: str, exc: BaseException) -> Exception:
         rpc_error = getattr(self.ps, "RPCError", None)
@@ -95,23 +95,34 @@ class PyslurmSlurm:
     # -- nodes
 
     def node(self, name: str) -> NodeInfo:
+        if self._short():
+            return self.cli.node(name)
         return _node_info(self._call(f"load node {name}", self.ps.Node.load, name))
 
     def drained_count(self, reason: str) -> int:
         return sum(1 for n in self.nodes() if n.reason == reason and (n.drained or n.base_state == "DOWN"))
 
     def nodes(self) -> list[NodeInfo]:
+        if self._short():
+            return self.cli.nodes()
         loaded = self._call("load nodes", self.ps.Nodes.load)
         items = loaded.values() if hasattr(loaded, "values") else loaded
         return [_node_info(n) for n in items]
 
     def drain(self, name: str, reason: str, *, current: NodeInfo | None = None) -> None:
         """As :meth:`.scontrol.ScontrolSlurm.drain`: ``current`` saves reading the node again."""
-        check_drain(current if current is not None and current.name == name else self.node(name), reason)
+        node = current if current is not None and current.name == name else self.node(name)
+        check_drain(node, reason)
+        if self._short():
+            self.cli.drain(name, reason, current=node)
+            return
         changes = self.ps.Node(state="DRAIN", reason=reason)
         self._call(f"drain {name}", self.ps.Node(name).modify, changes)
 
     def resume(self, name: str) -> None:
+        if self._short():
+            self.cli.resume(name)
+            return
         current = self.node(name)
         if not current.out_of_service:
             return
@@ -134,7 +145,7 @@ class PyslurmSlurm:
 
     def job(self, job_id: int | str) -> JobInfo:
         ref = _ref(job_id)
-        if "_" in ref:
+        if "_" in ref or self._short():
             return self._array_cli().job(ref)
         return _job_info(self._call(f"load job {ref}", self.ps.Job.load, int(ref)))
 
@@ -148,6 +159,8 @@ class PyslurmSlurm:
         return found
 
     def jobs_on_node(self, name: str) -> list[JobInfo]:
+        if self._short():
+            return self.cli.jobs_on_node(name)
         loaded = self._call("load jobs", self.ps.Jobs.load)
         items = loaded.values() if hasattr(loaded, "values") else loaded
         return [job for job in map(_job_info, items) if job.active and job.runs_on(name)]
@@ -169,7 +182,7 @@ class PyslurmSlurm:
 
     def _act(self, what: str, ref: int | str, *args: Any) -> None:
         ref = _ref(ref)
-        if "_" in ref:
+        if "_" in ref or self._short():
             getattr(self._array_cli(), what)(ref, *args)
             return
         job = self.ps.Job(int(ref))

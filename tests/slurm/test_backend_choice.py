@@ -217,32 +217,51 @@ def test_auto_falls_back_to_scontrol_without_a_matching_pyslurm():
 
 
 @pytest.mark.skipif(choose("auto").backend == "pyslurm" or not choose("auto").permanent,
-                    reason="a pyslurm that may match this Slurm is installed")
+                    reason="pyslurm is installed here and may match this Slurm")
 def test_asking_for_pyslurm_where_it_cannot_work_is_a_config_error():
     with pytest.raises(ConfigError) as err:
         from_config(_config("pyslurm"))
     assert "[slurm] backend" in str(err.value) and "pyslurm" in str(err.value)
 
 
-def test_validate_names_the_backend_and_why(tmp_path, monkeypatch):
+VALIDATE = '''\
+import json, sys
+from types import SimpleNamespace
+from slurm_hooks.preflight.environment import check_slurm_backend
+lines = []
+for backend in ("auto", "scontrol", "pyslurm"):
+    config = SimpleNamespace(path="/etc/slurm-hooks/config.toml",
+                             slurm=SimpleNamespace(backend=backend, bin_dir={bin_dir!r}, timeout=7.0))
+    [line] = check_slurm_backend(config)
+    lines.append([line.check, line.status.value, line.message])
+print(json.dumps({{"lines": lines, "imported": "pyslurm" in sys.modules}}))
+'''
+
+
+@pytest.mark.parametrize("slurm_says, auto, asked", [
+    ("slurm 25.11.7", ["PASS", "pyslurm: auto: pyslurm 25.11.2 matches Slurm 25.11 (slurm.conf {conf})"],
+     ["PASS", "pyslurm: pyslurm: pyslurm 25.11.2 matches Slurm 25.11 (slurm.conf {conf})"]),
+    ("slurm 24.11.1", ["PASS", "scontrol: auto: pyslurm 25.11 does not match Slurm 24.11 (pyslurm X.Y works only "
+                               "with Slurm X.Y)"],
+     ["FAIL", "scontrol: pyslurm: pyslurm 25.11 does not match Slurm 24.11 (pyslurm X.Y works only with Slurm X.Y)"]),
+])
+def test_validate_names_the_backend_and_why_without_importing_pyslurm(tmp_path, slurm_says, auto, asked):
     site = install_pyslurm(tmp_path)
     conf = tmp_path / "slurm" / "etc" / "slurm.conf"
     conf.parent.mkdir(parents=True)
     conf.write_text("ClusterName=c\n")
-    (tmp_path / "slurm" / "bin" / "scontrol").write_text("#!/bin/sh\necho 'slurm 25.11.7'\n")
-    os.chmod(tmp_path / "slurm" / "bin" / "scontrol", 0o755)
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.delenv("SLURM_CONF", raising=False)
-    bin_dir = str(tmp_path / "slurm" / "bin")
-    [line] = check_slurm_backend(_config("auto", bin_dir))
-    assert (line.check, line.status) == ("slurm-backend", Status.PASS)
-    assert line.message == f"pyslurm: auto: pyslurm 25.11.2 matches Slurm 25.11 (slurm.conf {conf})"
-    [line] = check_slurm_backend(_config("scontrol", bin_dir))
-    assert line.message == 'scontrol: [slurm] backend = "scontrol"'
-    (tmp_path / "slurm" / "bin" / "scontrol").write_text("#!/bin/sh\necho 'slurm 24.11.1'\n")
-    [line] = check_slurm_backend(_config("pyslurm", bin_dir))
-    assert line.status is Status.FAIL and "pyslurm 25.11 does not match Slurm 24.11" in line.message
-    assert "pyslurm" not in sys.modules  # validate decides as a hook run does: without importing it
+    scontrol = tmp_path / "slurm" / "bin" / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho '{slurm_says}'\n")
+    os.chmod(scontrol, 0o755)
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
+    done = subprocess.run([sys.executable, "-c", VALIDATE.format(bin_dir=str(scontrol.parent))], env=env,
+                          capture_output=True, text=True, timeout=60, check=True)
+    got = json.loads(done.stdout)
+    assert got["lines"] == [["slurm-backend", *(w.format(conf=conf) for w in auto)],
+                            ["slurm-backend", "PASS", 'scontrol: [slurm] backend = "scontrol"'],
+                            ["slurm-backend", *(w.format(conf=conf) for w in asked)]]
+    assert got["imported"] is False  # validate decides as a hook run does
 
 
 def test_validate_says_auto_takes_scontrol_where_pyslurm_is_not_installed(monkeypatch):

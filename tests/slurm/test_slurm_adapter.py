@@ -348,7 +348,9 @@ def test_controller_that_is_not_running_is_a_transient_error(clean_testbed, tmp_
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_hung_controller_times_out_as_a_transient_error_naming_the_backend(clean_testbed, backend):
+def test_hung_controller_times_out_within_the_timeout_as_a_transient_error(clean_testbed, backend):
+    """1 s is shorter than libslurm waits for a controller (MessageTimeout, 5 s here), and a pyslurm
+    call cannot be cut short: that backend makes such a call through scontrol."""
     pid = clean_testbed.status().daemons["slurmctld"]
     slurm = adapter(clean_testbed, backend, timeout=1.0)
     os.kill(pid, signal.SIGSTOP)
@@ -360,8 +362,25 @@ def test_hung_controller_times_out_as_a_transient_error_naming_the_backend(clean
     finally:
         os.kill(pid, signal.SIGCONT)
     assert isinstance(err.value, TransientError)
-    assert f"{backend} " in str(err.value) and "timed out after 1s" in str(err.value)
+    assert "scontrol timed out after 1s" in str(err.value)
     assert elapsed < 3
+
+
+@pytest.mark.slurm
+def test_a_pyslurm_call_to_a_hung_controller_ends_at_libslurms_message_timeout(clean_testbed):
+    slurm = adapter(clean_testbed, "pyslurm", timeout=10.0)
+    assert slurm.message_timeout == clean_testbed.settings.message_timeout == 5
+    pid = clean_testbed.status().daemons["slurmctld"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(SlurmUnavailable) as err:
+            slurm.nodes()
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert "pyslurm load nodes: Socket timed out" in str(err.value)
+    assert 4 < elapsed < 8
 
 
 @pytest.mark.slurm
