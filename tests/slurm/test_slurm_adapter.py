@@ -13,8 +13,10 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +24,8 @@ from conftest import wait_for
 
 from slurm_hooks.errors import PermanentError, SlurmHooksError, TransientError
 from slurm_hooks.models import Action
+from slurm_hooks.probes import sim
+from slurm_hooks.remedy import pending
 from slurm_hooks.remedy.ownership import DrainMarker
 from slurm_hooks.runner import run_command
 from slurm_hooks.slurm import NodeInfo, format_reason, quirks
@@ -35,6 +39,7 @@ from slurm_hooks.slurm.scontrol import (
     SlurmUnavailable,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 OUR_REASON = format_reason("XID 79 on GPU 3", Action.REPLACE)
 SLEEP = "#!/bin/sh\nsleep 300\n"
 
@@ -554,3 +559,29 @@ def test_a_reservation_or_a_job_with_no_node_or_a_bad_name_is_refused_before_any
         with pytest.raises(PermanentError):
             call()
     assert seen == []
+
+
+# --- a run of ours that libslurm gives no slurm.conf -------------------------------------------------
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("backend", ["scontrol", "auto"])
+def test_a_check_run_as_slurmd_runs_it_without_slurm_conf_keeps_its_drain_pending(clean_testbed, tmp_path, backend):
+    """slurmd 25.11 runs the HealthCheckProgram with only PWD and SLURMD_NODENAME: where slurm.conf is
+    not where libslurm looks, the run must live to keep its action pending (auto: pyslurm installed
+    for this Slurm would be chosen, were its slurm.conf to be found)."""
+    tb = clean_testbed
+    if backend == "auto":
+        adapter(tb, "pyslurm")  # skips where no pyslurm could be chosen at all
+    config = tmp_path / "config.toml"
+    with open(tb.config_path, encoding="utf-8") as fh:
+        config.write_text(fh.read().replace('backend = "scontrol"', f'backend = "{backend}"'))
+    sim.inject(tb.sim_dir, "n1", 0, xid=79)
+    env = {"PWD": str(tmp_path), "SLURMD_NODENAME": "n1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "slurm_hooks", "check", "--config", str(config)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    queued = [r for r in tb.audit_events() if r.get("action") == "pending" and r.get("result") == "queued"]
+    assert queued and queued[0]["steps"][0] == "drain", (done.returncode, done.stderr[-800:], tb.audit_events())
+    assert "configuration source" in queued[0]["error"]
+    assert pending.load(tb.hooks_state_dir, "n1") is not None
+    assert tb.slurm.node("n1").state == "IDLE"  # nothing done: the run could not reach Slurm
