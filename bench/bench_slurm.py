@@ -1,12 +1,22 @@
 """Slurm-side timings on a real local cluster (root; brings its own testbed up and down).
 
     python bench/bench_slurm.py [--runs 10] [--json]
+    python bench/bench_slurm.py --backends [--runs 50] [--json] [--write]
 
 - prolog overhead: sbatch -> the batch script's first line, hooks off vs on (median);
 - fault -> job running again: XID 79 under a running job, detected by the
   HealthCheckProgram, until the batch script runs again on the healthy node;
 - XID -> node drained: the watcher vs the periodic health check
   (HealthCheckInterval=5 here; on a cluster the wait is about half the interval).
+
+``--backends``: each adapter call, through the scontrol backend and through pyslurm, on the same
+cluster in one run (the two in turn, call by call, so a noisy machine slows both alike), and what
+each costs a fresh process to set up (``from_config`` in a child: pyslurm's import, the version
+check). pyslurm needs a pyslurm built for the testbed's Slurm in this interpreter, and a testbed
+of that Slurm: ``SLURM_HOOKS_SLURM_PREFIX=/opt/slurm-25.11 VENV/bin/python bench/bench_slurm.py
+--backends`` (docs/dev/testing.md builds both); without them only scontrol is timed, and the
+output says why. ``--write`` puts the table between the ``bench_slurm`` markers of
+docs/dev/performance.md.
 """
 
 from __future__ import annotations
@@ -20,9 +30,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
+
+from docblock import DocBlock
 
 from slurm_hooks.lab.testbed import LabSettings, Testbed
 from slurm_hooks.probes import sim
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = DocBlock(os.path.join(ROOT, "docs", "dev", "performance.md"), "bench_slurm")
+OUR_REASON = "slurm-hooks: bench drain [reboot]"
+SETUP = """\
+import sys, time
+t0 = time.perf_counter()
+from types import SimpleNamespace
+from slurm_hooks.slurm.factory import backend_for
+config = SimpleNamespace(path=None, slurm=SimpleNamespace(backend=sys.argv[1], bin_dir=sys.argv[2], timeout=10.0))
+slurm, choice = backend_for(config)
+print(slurm.name, time.perf_counter() - t0)
+"""
 
 STAMP_JOB = "#!/bin/sh\necho \"start $(date +%s.%N) restart=${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME\"\n{body}\n"
 
@@ -123,11 +149,99 @@ def summary(samples: list[float]) -> dict[str, float]:
             "max_s": round(max(samples), 3), "runs": len(samples)}
 
 
+def backend_calls(tb: Testbed, runs: int) -> tuple[dict[str, dict[str, list[float]]], str]:
+    """{call: {backend: seconds per call}} on ``tb``, the backends in turn; and why pyslurm is absent, if it is."""
+    from slurm_hooks.slurm.factory import PYSLURM, backend_for
+
+    config = SimpleNamespace(path=None, slurm=SimpleNamespace(backend="auto", bin_dir=tb.slurm_bin, timeout=10.0))
+    chosen, choice = backend_for(config, env=tb.exports())
+    adapters = {"scontrol": tb.slurm(timeout=10.0)}
+    if choice.backend == PYSLURM:
+        adapters["pyslurm"] = chosen
+    tb.reset()
+    job = tb.sbatch("#!/bin/sh\nsleep 600\n", "-w", "n1", "--gres=gpu:1")
+    tb.wait_job(job, ("RUNNING",))
+
+    def drain_resume(slurm) -> None:
+        slurm.drain("n2", OUR_REASON)
+        slurm.resume("n2")
+
+    calls = {"node": lambda s: s.node("n1"), "nodes": lambda s: s.nodes(), "jobs_on_node": lambda s: s.jobs_on_node("n1"),
+             "job": lambda s: s.job(job), "drain + resume": drain_resume}
+    times: dict[str, dict[str, list[float]]] = {name: {b: [] for b in adapters} for name in calls}
+    for name, call in calls.items():
+        for slurm in adapters.values():
+            call(slurm)  # warm: the scontrol backend asks the version once per process
+        for _ in range(runs):
+            for backend, slurm in adapters.items():
+                t0 = time.perf_counter()
+                call(slurm)
+                times[name][backend].append(time.perf_counter() - t0)
+    tb.reset()
+    return times, "" if choice.backend == PYSLURM else choice.why
+
+
+def backend_setup(tb: Testbed, runs: int, backends: list[str]) -> dict[str, list[float]]:
+    """Seconds a fresh process takes to import the factory and build each backend's adapter."""
+    env = {**tb.env(), "PYTHONPATH": ROOT}
+    asked = {"scontrol": "scontrol", "pyslurm": "pyslurm"}
+    out: dict[str, list[float]] = {b: [] for b in backends}
+    for _ in range(runs):
+        for backend in backends:
+            done = subprocess.run([sys.executable, "-c", SETUP, asked[backend], tb.slurm_bin], env=env, check=True,
+                                  capture_output=True, text=True, timeout=60)
+            name, took = done.stdout.split()
+            assert name == backend, (name, backend)
+            out[backend].append(float(took))
+    return out
+
+
+def ms(samples: list[float]) -> str:
+    return f"{statistics.median(samples) * 1000:.2f}"
+
+
+def backends_table(tb: Testbed, runs: int) -> tuple[str, dict]:
+    times, why_not = backend_calls(tb, runs)
+    backends = list(next(iter(times.values())))
+    setup = backend_setup(tb, max(5, runs // 5), backends)
+    major, minor = tb.slurm_version
+    load = os.getloadavg()[0]
+    lines = [f"Slurm {major}.{minor:02d} testbed (2 nodes), Python {sys.version.split()[0]}, load average {load:.1f} "
+             f"on {os.cpu_count()} CPUs, median of {runs} calls each, the backends in turn "
+             f"(`python bench/bench_slurm.py --backends --runs {runs}`):", "",
+             "| call | " + " | ".join(f"{b} ms" for b in backends) + (" | scontrol / pyslurm |" if len(backends) > 1
+                                                                     else " |"),
+             "|---|" + "---|" * (len(backends) + (len(backends) > 1))]
+    for name, by in [*times.items(), (f"set up in a fresh process ({len(setup[backends[0]])} runs)", setup)]:
+        ratio = (f" | {statistics.median(by['scontrol']) / statistics.median(by['pyslurm']):.1f}x"
+                 if len(backends) > 1 else "")
+        lines.append(f"| {name} | " + " | ".join(ms(by[b]) for b in backends) + ratio + " |")
+    if why_not:
+        lines += ["", f"pyslurm not timed: {why_not}."]
+    data = {name: {b: round(statistics.median(v) * 1000, 3) for b, v in by.items()} for name, by in times.items()}
+    data["setup"] = {b: round(statistics.median(v) * 1000, 3) for b, v in setup.items()}
+    return "\n".join(lines) + "\n", data
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--backends", action="store_true", help="time each adapter call through scontrol and pyslurm")
+    ap.add_argument("--write", action="store_true", help="with --backends: write the table into docs/dev/performance.md")
     args = ap.parse_args()
+    if args.backends:
+        with tempfile.TemporaryDirectory(prefix="sh-bench-") as tmp:
+            tb = Testbed(tmp, LabSettings(nodes=2, hooks=False, kill_wait=2))
+            tb.up()
+            try:
+                table, data = backends_table(tb, args.runs)
+            finally:
+                tb.down()
+        print(json.dumps(data, indent=1) if args.json else table)
+        if args.write:
+            DOC.write(table)
+        return
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="sh-bench-") as tmp:
         tb = Testbed(tmp, LabSettings(nodes=2, hooks=False, kill_wait=5, health_check_interval=5, requeue_grace=5.0))

@@ -60,9 +60,17 @@ def testbed() -> None:
 @click.option("--programs", default="", metavar="PREFIX",
               help="Name the programs a `slurm-hooks install --prefix PREFIX` laid in slurm.conf (rehearse a "
                    "roll-out), instead of the testbed's own wrappers.")
+@click.option("--slurm-prefix", default="", metavar="PREFIX", envvar="SLURM_HOOKS_SLURM_PREFIX",
+              help="Run another Slurm's slurmctld, slurmd and commands (PREFIX/sbin, PREFIX/bin: a build from "
+                   "SchedMD's source with --enable-multiple-slurmd) instead of Debian's. "
+                   "Default: $SLURM_HOOKS_SLURM_PREFIX.")
+@click.option("--slurm-backend", default="scontrol", show_default=True,
+              type=click.Choice(["auto", "scontrol", "pyslurm"]),
+              help="[slurm] backend of the hooks slurmd runs (auto: pyslurm where it matches this Slurm).")
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
        requeue_grace: float, accounting: bool, repair: bool, gres_order: str | None, reboot_program: bool,
-       shards: int, mig: int, nhc: str, nhc_check: str, own_addresses: bool, programs: str) -> None:
+       shards: int, mig: int, nhc: str, nhc_check: str, own_addresses: bool, programs: str,
+       slurm_prefix: str, slurm_backend: str) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
     from slurm_hooks.lab.testbed import LabSettings, Testbed
 
@@ -71,7 +79,9 @@ def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, healt
                         accounting=accounting, repair=repair, gres_order=_order(gres_order),
                         reboot_program=reboot_program, shards=shards, mig=mig,
                         nhc=os.path.abspath(nhc) if nhc else "", nhc_check=nhc_check, programs=programs,
-                        own_addresses=own_addresses, force_requeue_on_fail=True)
+                        own_addresses=own_addresses, force_requeue_on_fail=True,
+                        slurm_prefix=os.path.abspath(slurm_prefix) if slurm_prefix else "",
+                        slurm_backend=slurm_backend)
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))

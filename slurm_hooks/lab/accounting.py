@@ -250,8 +250,13 @@ def ensure_packages(progress: Progress | None = None) -> None:
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a TCP socket can bind ``port`` on ``host`` now (the testbed's daemons ask for any address)."""
+    """Whether a TCP socket can bind ``port`` on ``host`` now (the testbed's daemons ask for any address).
+
+    With SO_REUSEADDR, as slurmctld, slurmd and MariaDB bind: a port whose last connections linger
+    in TIME_WAIT is free to them, so a restarted cluster keeps its ports (a client that read
+    slurm.conf once, libslurm in a process using pyslurm, keeps reaching it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

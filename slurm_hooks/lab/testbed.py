@@ -59,6 +59,10 @@ PROGRAMS = {
     "/usr/sbin/munged": "munge",
 }
 SBIN, BIN = "/usr/sbin", "/usr/bin"
+#: Names the prefix of another Slurm install (``configure --prefix``: its bin/, sbin/, lib/) that
+#: every testbed started from this environment runs instead of Debian's packages; ``testbed up
+#: --slurm-prefix`` says the same for one cluster.
+SLURM_PREFIX_ENV = "SLURM_HOOKS_SLURM_PREFIX"
 NVIDIA_MAJOR = 195
 #: The nvidia-caps devices' major (the driver's is dynamic, from /proc/devices): any free one will do.
 NVIDIA_CAPS_MAJOR = 509
@@ -156,8 +160,20 @@ class LabSettings:
     #: block, so two testbeds never share one), so that a fault can be put on one node's traffic.
     #: Off (the default): every node is ``localhost``.
     own_addresses: bool = False
+    #: Another Slurm's install prefix (``/opt/slurm-25.11``: a build from SchedMD's source with
+    #: ``--enable-multiple-slurmd``), whose slurmctld, slurmd and commands run this cluster instead
+    #: of Debian's; "" for Debian's. Default: $SLURM_HOOKS_SLURM_PREFIX.
+    slurm_prefix: str = field(default_factory=lambda: os.environ.get(SLURM_PREFIX_ENV, ""))
+    #: ``[slurm] backend`` in the testbed's config.toml: what the hooks that slurmd runs use.
+    slurm_backend: str = "scontrol"
 
     def __post_init__(self) -> None:
+        if self.slurm_prefix and not os.path.isabs(self.slurm_prefix):
+            raise TestbedError(f"--slurm-prefix must be an absolute path, got {self.slurm_prefix!r}")
+        if self.slurm_prefix and self.accounting:
+            raise TestbedError("--slurm-prefix and --accounting: the accounting lab runs Debian's slurmdbd")
+        if self.slurm_backend not in ("auto", "scontrol", "pyslurm"):
+            raise TestbedError(f"--slurm-backend must be auto, scontrol or pyslurm, got {self.slurm_backend!r}")
         object.__setattr__(self, "gres_order", tuple(int(m) for m in self.gres_order))
         if self.return_to_service not in (0, 1, 2):
             raise TestbedError(f"ReturnToService must be 0, 1 or 2, got {self.return_to_service}")
@@ -308,8 +324,12 @@ class Testbed:
         return dict(self._ports)
 
     def exports(self) -> dict[str, str]:
-        """Only what this cluster adds to an environment (``slurm-hooks testbed env``)."""
-        return {"SLURM_CONF": self.slurm_conf, "SLURM_HOOKS_CONFIG": self.config_path}
+        """Only what this cluster adds to an environment (``slurm-hooks testbed env``): with another
+        Slurm's prefix, its commands first on PATH (a job's ``srun`` too)."""
+        out = {"SLURM_CONF": self.slurm_conf, "SLURM_HOOKS_CONFIG": self.config_path}
+        if self.settings.slurm_prefix:
+            out["PATH"] = os.pathsep.join([self.slurm_bin, self.slurm_sbin, os.environ.get("PATH", os.defpath)])
+        return out
 
     def env(self) -> dict[str, str]:
         """A full environment for a subprocess that talks to this cluster."""
@@ -319,7 +339,22 @@ class Testbed:
         return env
 
     def slurm(self, timeout: float = 10.0) -> ScontrolSlurm:
-        return ScontrolSlurm(bin_dir=BIN, timeout=timeout, env=self.exports())
+        return ScontrolSlurm(bin_dir=self.slurm_bin, timeout=timeout, env=self.exports())
+
+    @property
+    def slurm_bin(self) -> str:
+        """Where this cluster's Slurm commands are (Debian's, or ``<slurm_prefix>/bin``)."""
+        return os.path.join(self.settings.slurm_prefix, "bin") if self.settings.slurm_prefix else BIN
+
+    @property
+    def slurm_sbin(self) -> str:
+        """Where this cluster's slurmctld and slurmd are."""
+        return os.path.join(self.settings.slurm_prefix, "sbin") if self.settings.slurm_prefix else SBIN
+
+    @property
+    def slurm_version(self) -> tuple[int, int]:
+        """(major, minor) of the slurmd this cluster runs."""
+        return slurm_version(self.slurm_sbin)
 
     # -- up
 
@@ -327,7 +362,7 @@ class Testbed:
         """Install what is missing, write the config, start the daemons, wait for IDLE nodes."""
         started = time.monotonic()
         _require_root("testbed up")
-        ensure_packages(self.progress)
+        ensure_packages(self.progress, self.settings.slurm_prefix)
         current = self.status()
         if current.up:
             self.progress(f"testbed already up in {self.state_dir} ({len(current.nodes)} nodes)")
@@ -430,8 +465,8 @@ class Testbed:
             "munge_socket": self.munge_socket,
             "ctld_port": self._ports["slurmctld"],
             "nodes": [{"name": n, "port": self._ports[n], "addr": self.node_addr(n)} for n in s.node_names],
-            "cgroup_disabled": quirks.cgroup_disabled(slurm_version()),
-            "force_requeue_on_fail": s.force_requeue_on_fail and slurm_version() >= FORCE_REQUEUE_ON_FAIL_SINCE,
+            "cgroup_disabled": quirks.cgroup_disabled(self.slurm_version),
+            "force_requeue_on_fail": s.force_requeue_on_fail and self.slurm_version >= FORCE_REQUEUE_ON_FAIL_SINCE,
             "sim_dir": self.sim_dir,
             "gres_files": [self.path("dev", f"nvidia{m}") for m in (s.gres_order or range(s.gpus))],
             "gres_conf": self.path("gres.conf"),
@@ -441,7 +476,7 @@ class Testbed:
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
             "spool_dir": os.path.join(self.state_dir, "spool", "%n"),
-            "slurm_bin_dir": BIN,
+            "slurm_bin_dir": self.slurm_bin,
             "accounting_lines": Accounting(self.state_dir).slurm_conf_lines(self.munge_socket) if s.accounting else [],
         }
 
@@ -537,7 +572,7 @@ class Testbed:
 
         inputs = layout.Inputs(prefix=self.install_prefix, python=python, config=self.config_path,
                                state_dir=self.hooks_state_dir, audit=self.audit_log,
-                               scontrol=os.path.join(BIN, "scontrol"), env=(("SLURM_CONF", self.slurm_conf),))
+                               scontrol=os.path.join(self.slurm_bin, "scontrol"), env=(("SLURM_CONF", self.slurm_conf),))
         apply.install(inputs, write_config=False)
         return os.path.join(self.install_prefix, layout.NHC)
 
@@ -629,7 +664,7 @@ class Testbed:
         time.sleep(REBOOT_SETTLE_S)
         up = int(_host_uptime())
         argv = ["/usr/bin/unshare", "--time", "--boottime", f"-{up}",
-                os.path.join(SBIN, "slurmd"), "-N", node, "-f", self.slurm_conf]
+                os.path.join(self.slurm_sbin, "slurmd"), "-N", node, "-f", self.slurm_conf]
         try:
             run_command(argv, 30, env=self._daemon_env())
         except CommandError as exc:
@@ -675,7 +710,7 @@ class Testbed:
                 self._start(["slurmd", "-N", name, "-f", self.slurm_conf], env, f"slurmd {name}")
 
     def _start(self, argv: list[str], env: Mapping[str, str], label: str) -> None:
-        argv = [os.path.join(SBIN, argv[0]), *argv[1:]]
+        argv = [os.path.join(SBIN if argv[0] == "munged" else self.slurm_sbin, argv[0]), *argv[1:]]
         try:
             run_command(argv, 30, env=env)
         except CommandError as exc:
@@ -778,7 +813,7 @@ class Testbed:
         self.progress(f"stopping {len(victims)} process(es)")
         if self._alive("slurmctld"):
             with contextlib.suppress(SlurmHooksError):
-                run_command([os.path.join(BIN, "scontrol"), "shutdown"], 10, env=self.env())
+                run_command([os.path.join(self.slurm_bin, "scontrol"), "shutdown"], 10, env=self.env())
         slurm_daemons = [label for label in self._labels() if label != "munged"]
         poll(lambda: not any(self._alive(lbl) for lbl in slurm_daemons), min(timeout, 10))
         victims |= self._our_processes()
@@ -931,11 +966,11 @@ class Testbed:
     # -- helpers for tests and demos
 
     def scontrol(self, *args: str, timeout: float = 10.0) -> str:
-        return run_command([os.path.join(BIN, "scontrol"), *args], timeout, env=self.env()).stdout
+        return run_command([os.path.join(self.slurm_bin, "scontrol"), *args], timeout, env=self.env()).stdout
 
     def sbatch(self, script: str, *args: str, timeout: float = 10.0) -> int:
         """Submit ``script`` (text) with extra sbatch ``args``; output goes to ``jobs/<id>.out``."""
-        argv = [os.path.join(BIN, "sbatch"), "--parsable", f"--chdir={self.jobs_dir}",
+        argv = [os.path.join(self.slurm_bin, "sbatch"), "--parsable", f"--chdir={self.jobs_dir}",
                 f"--output={self.jobs_dir}/%j.out", *args]
         out = run_command(argv, timeout, env=self.env(), input=script).stdout.strip()
         try:
@@ -1005,15 +1040,15 @@ class Testbed:
                 raise TestbedError(f"jobs still queued {timeout:g}s after scancel: {left}")
             if now >= next_cancel:
                 ids = [job for job, *_ in queue]
-                run_command([os.path.join(BIN, "scancel"), "--signal=KILL", "--full", *ids], 10, env=self.env(),
+                run_command([os.path.join(self.slurm_bin, "scancel"), "--signal=KILL", "--full", *ids], 10, env=self.env(),
                             check=False)
-                run_command([os.path.join(BIN, "scancel"), *ids], 10, env=self.env(), check=False)
+                run_command([os.path.join(self.slurm_bin, "scancel"), *ids], 10, env=self.env(), check=False)
                 next_cancel = now + 1.0
             stuck = {nodes for _, state, nodes, _ in queue if state == JobState.COMPLETING and nodes} - downed
             if now > half_way and stuck:
                 for nodes in sorted(stuck):
                     self.progress(f"jobs still completing on {nodes}: setting it DOWN")
-                    done = run_command([os.path.join(BIN, "scontrol"), "update", f"NodeName={nodes}", "State=DOWN",
+                    done = run_command([os.path.join(self.slurm_bin, "scontrol"), "update", f"NodeName={nodes}", "State=DOWN",
                                         "Reason=testbed reset: job stuck completing"], 10, env=self.env(), check=False)
                     if done.returncode != 0:
                         self.progress(f"setting {nodes} DOWN failed: {done.stderr.strip()}")
@@ -1031,7 +1066,7 @@ class Testbed:
 
     def _queue_rows(self) -> list[tuple[str, str, str, str]]:
         """(job id, state, nodes, reason) of every job slurmctld still holds."""
-        out = run_command([os.path.join(BIN, "squeue"), "-h", "-o", "%i|%T|%N|%r"], 10, env=self.env()).stdout
+        out = run_command([os.path.join(self.slurm_bin, "squeue"), "-h", "-o", "%i|%T|%N|%r"], 10, env=self.env()).stdout
         return [tuple((line.split("|") + ["", "", ""])[:4]) for line in out.splitlines() if line.strip()]
 
     def reset(self, timeout: float = 30.0) -> None:
@@ -1095,7 +1130,7 @@ class Testbed:
     def keeps_reasons(self) -> bool:
         """Whether this cluster's Slurm leaves a resumed node's reason in place (23.11+ without
         accounting: Debian 13's 24.11; :func:`.quirks.reason_kept_after_resume`)."""
-        return quirks.reason_kept_after_resume(slurm_version(), self.settings.accounting)
+        return quirks.reason_kept_after_resume(self.slurm_version, self.settings.accounting)
 
     def _stale_reasons(self, slurm: ScontrolSlurm) -> list[str]:
         """Nodes IDLE, not drained, yet with a reason (left by a resume on newer Slurm)."""
@@ -1209,28 +1244,44 @@ def default_state_dir(environ: Mapping[str, str] | None = None, euid: int | None
 # --- packages ----------------------------------------------------------------
 
 
-def missing_programs() -> list[str]:
-    return packages.missing(PROGRAMS)
+def missing_programs(slurm_prefix: str = "") -> list[str]:
+    return packages.missing(_programs_of(slurm_prefix))
 
 
-def ensure_packages(progress: Progress | None = None) -> None:
-    """apt-get install the Slurm and munge packages when a program is missing (root only)."""
-    packages.ensure(PROGRAMS, PACKAGES, TestbedError, progress)
+def ensure_packages(progress: Progress | None = None, slurm_prefix: str = "") -> None:
+    """apt-get install the Slurm and munge packages when a program is missing (root only); with
+    another Slurm's prefix only munge, and that prefix must hold Slurm's programs."""
+    if not slurm_prefix:
+        packages.ensure(PROGRAMS, PACKAGES, TestbedError, progress)
+        return
+    absent = missing_programs(slurm_prefix)
+    munge = [p for p, package in PROGRAMS.items() if package == "munge"]
+    if [p for p in absent if p not in munge]:
+        raise TestbedError(f"--slurm-prefix {slurm_prefix}: missing {', '.join(absent)} (build and install Slurm "
+                           "there first: docs/dev/testing.md)")
+    packages.ensure(munge, ("munge",), TestbedError, progress)
 
 
-_VERSION: tuple[int, int] | None = None
+def _programs_of(slurm_prefix: str) -> dict[str, str]:
+    """:data:`PROGRAMS` with Slurm's own under ``slurm_prefix`` ("" : Debian's)."""
+    if not slurm_prefix:
+        return dict(PROGRAMS)
+    return {(os.path.join(slurm_prefix, os.path.relpath(p, "/usr")) if package != "munge" else p): package
+            for p, package in PROGRAMS.items()}
 
 
-def slurm_version() -> tuple[int, int]:
-    """(major, minor) of the installed slurmd, e.g. (22, 5)."""
-    global _VERSION
-    if _VERSION is None:
-        out = run_command([os.path.join(SBIN, "slurmd"), "-V"], 10).stdout
+_VERSIONS: dict[str, tuple[int, int]] = {}
+
+
+def slurm_version(sbin: str = SBIN) -> tuple[int, int]:
+    """(major, minor) of the slurmd in ``sbin`` (Debian's by default), e.g. (22, 5)."""
+    if sbin not in _VERSIONS:
+        out = run_command([os.path.join(sbin, "slurmd"), "-V"], 10).stdout
         version = parse_version(out)
         if version is None:
             raise TestbedError(f"cannot read a Slurm version from {out.strip()!r}")
-        _VERSION = version
-    return _VERSION
+        _VERSIONS[sbin] = version
+    return _VERSIONS[sbin]
 
 
 # --- small process and file helpers ------------------------------------------------

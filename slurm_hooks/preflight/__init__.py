@@ -21,6 +21,7 @@ from slurm_hooks.preflight.environment import (
     check_notify_secrets,
     check_paths,
     check_scontrol,
+    check_slurm_backend,
     check_validation,
     check_wrappers,
     load_config,
@@ -50,6 +51,7 @@ def run(config_path: str | None = None, slurm_conf_path: str | None = None, node
     if node:
         results += check_gpus(cfg, node)
     results += check_scontrol(cfg, conf.path if conf is not None else slurm_conf_path, runner)
+    results += check_slurm_backend(cfg, conf.path if conf is not None else slurm_conf_path)
     results += check_paths(cfg)
     results += check_hysteresis_memory(cfg, node or "")
     results += check_validation(cfg)

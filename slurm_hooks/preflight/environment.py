@@ -160,6 +160,27 @@ def check_scontrol(cfg: Config, slurm_conf_path: str | None = None, runner: Call
     return [Result(check, Status.PASS, f"`{scontrol} ping`: {text[0] if text else 'ok'}")]
 
 
+def check_slurm_backend(cfg: Config, slurm_conf_path: str | None = None,
+                        runner: Callable[..., Any] | None = None) -> list[Result]:
+    """Which Slurm backend the hooks use here and why (``[slurm] backend``: auto takes pyslurm where
+    it matches this Slurm and libslurm finds slurm.conf), decided as a hook run decides it,
+    without importing pyslurm."""
+    from slurm_hooks.slurm.factory import PYSLURM, choose
+
+    env = {slurmconf.ENV_VAR: os.path.abspath(slurm_conf_path)} if slurm_conf_path else None
+    choice = choose(cfg.slurm.backend, cfg.slurm.bin_dir, runner, env)
+    message = f"{choice.backend}: {choice.why}"
+    if cfg.slurm.backend != PYSLURM or choice.backend == PYSLURM:
+        return [Result("slurm-backend", Status.PASS, message)]
+    if choice.permanent:
+        return [Result("slurm-backend", Status.FAIL, message,
+                       "install the pyslurm built for this Slurm (pyslurm X.Y for Slurm X.Y), or set [slurm] "
+                       "backend = \"auto\"", cfg.path or "")]
+    return [Result("slurm-backend", Status.WARN, message,
+                   "give the hooks SLURM_CONF (slurm-hooks install --env SLURM_CONF=...), or put slurm.conf "
+                   "where libslurm looks for it")]
+
+
 def writable_dir(path: str) -> tuple[bool, str]:
     """Whether this process could create files in ``path`` (making it if needed); never writes."""
     probe = os.path.abspath(path)

@@ -79,9 +79,11 @@ _UNAVAILABLE = (
     "connection refused",
     "resource temporarily unavailable",
     "munge",
+    # libslurm found no slurm.conf to read (configless: slurmctld could not be asked for one).
+    "could not establish a configuration source",
 )
-#: ...and when the node or job named does not exist.
-_NOT_FOUND = ("invalid job id", "invalid node name", "not found", "no nodes in the system")
+#: ...and when the node or job named does not exist (pyslurm's ``Node.load``: ``Node 'n9' does not exist``).
+_NOT_FOUND = ("invalid job id", "invalid node name", "not found", "no nodes in the system", "does not exist")
 
 
 def classify_message(text: str) -> str | None:
