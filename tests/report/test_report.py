@@ -50,7 +50,8 @@ def test_counts_repair_times_and_rma_candidates(records):
     assert (s["incidents"], s["open"], s["nodes"], s["jobs_requeued"]) == (4, 1, 3, 3)
     assert s["mttr"] == {"count": 3, "median_s": 3600.0, "p90_s": pytest.approx(6480.0)}
     assert s["time_to_drain"]["median_s"] == 0.5
-    assert s["time_to_job_running"] == {"count": 2, "median_s": 2.0, "p90_s": 2.0}
+    assert s["time_to_job_eligible"] == {"count": 2, "median_s": 2.0, "p90_s": 2.0}
+    assert s["time_to_job_running"]["count"] == 0  # made eligible is not running: no look saw them run
     assert s["gpu_hours_lost"] is None and "needs accounting" in s["gpu_hours_lost_how"]
     nodes = {n["node"]: n for n in rep["nodes"]}
     assert set(nodes) == {"n1", "n2", "n3"}
