@@ -258,6 +258,7 @@ def _job_info(job: Any) -> JobInfo:
         batch=bool(job.is_batch_job),
         restarts=int(job.requeue_count or 0),
         reason=job.state_reason or "",
+        user=str(getattr(job, "user_name", None) or ""),
         array_job_id=_num(getattr(job, "array_id", None)),
         array_task_id=_task(getattr(job, "array_task_id", None)),
         het_job_id=_num(getattr(job, "het_job_id", None)),
