@@ -78,12 +78,29 @@ def incidents(records: list[dict[str, Any]], gap: float = INCIDENT_GAP_S) -> lis
     return flat
 
 
+#: Record actions and results in the words of the docs: action -> (its word, result -> words).
+_SAID: dict[str, tuple[str, dict[str, str]]] = {
+    "start_now": ("start", {"ok": "made eligible to start now (StartTime=now)", "skipped": "not made eligible",
+                            "failed": "could not be made eligible"}),
+    "requeue": ("requeue", {"ok": "requeued", "spared": "left to run", "self": "requeued itself",
+                            "already": "already requeued", "ended": "already ended"}),
+    "ack-xids": ("xids", {"ok": "acknowledged"}),
+    "running": ("running", {"ok": "running again"}),
+    "release": ("release", {"ok": "released"}),
+    "signal": ("signal", {"ok": "sent its checkpoint signal"}),
+    "rma-clear": ("rma", {"ok": "mark for replacement cleared"}),
+}
+_ON_JOBS = frozenset({"start_now", "requeue", "running", "release", "signal", "annotate", "follow"})
+
+
 def describe(r: dict[str, Any]) -> str:
     kind = r.get("kind")
     if kind == "repeat":
         of = r.get("of") if isinstance(r.get("of"), dict) else {}
         last = datetime.fromtimestamp(float(r.get("last_ts") or r.get("ts", 0)), tz=timezone.utc)
-        return f"repeat  x{r.get('count', '?')} more until {last.strftime('%Y-%m-%d %H:%M:%S')}: {describe(of)}"
+        count = r.get("count", "?")
+        return (f"again   {count} more time{'' if count == 1 else 's'} until {last.strftime('%Y-%m-%d %H:%M:%S')}: "
+                f"{describe(of)}")
     if kind == "incident":
         stage = r.get("stage", "")
         if stage == "closed":
@@ -113,17 +130,71 @@ def describe(r: dict[str, Any]) -> str:
         return f"pending {steps} {r.get('result', '')} after {r.get('attempt', '?')} attempt(s) ({r.get('detail', '')})"
     if kind == "action":
         detail = r.get("reason") or r.get("detail") or r.get("error") or ""
-        return f"{r.get('action', '?'):<7} {r.get('target', '')} {r.get('result', '')}" + (f" ({detail})" if detail else "")
+        action, result = str(r.get("action", "?")), str(r.get("result", ""))
+        verb, said = _SAID.get(action, (action, {}))
+        target = str(r.get("target", ""))
+        if action in _ON_JOBS:
+            users = r.get("users") if isinstance(r.get("users"), dict) else {}
+            names = r.get("names") if isinstance(r.get("names"), dict) else {}
+            whose = ", ".join(str(x) for x in (users.get(target), names.get(target)) if x)
+            target = f"job {target}" + (f" ({whose})" if whose else "")
+        return f"{verb:<7} {target} {said.get(result, result)}" + (f" ({detail})" if detail else "")
     text = r.get("message") or r.get("detail") or ""
     return f"{kind:<7} {text}"
 
 
-def render(groups: list[list[dict[str, Any]]]) -> list[str]:
+def _stamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def by_incident(found: list[Any], records: list[dict[str, Any]],
+                since: float | None = None) -> list[tuple[Any, list[dict[str, Any]]]]:
+    """Each incident (:class:`slurm_hooks.observe.incidents.Incident`) with the records of its node
+    from its first alert to its close, whatever the quiet between them; the node's other records in
+    runs of their own (incident ``None``), a run after :data:`INCIDENT_GAP_S` of quiet. ``since``: only
+    what goes on from then (an incident going on then is shown whole). Oldest first."""
+    windows: dict[str, list[tuple[float, float, Any]]] = {}
+    for inc in found:
+        end = float("inf") if inc.resolved_at is None else max(inc.resolved_at, inc.last_seen or 0.0)
+        windows.setdefault(inc.node, []).append((inc.first_seen, end, inc))
+    held: dict[str, list[dict[str, Any]]] = {inc.id: [] for inc in found}
+    loose: list[dict[str, Any]] = []
+    for r in records:
+        ts = float(r.get("ts", 0))
+        owner = next((inc for start, end, inc in windows.get(str(r.get("node")), ()) if start <= ts <= end), None)
+        if owner is not None:
+            held[owner.id].append(r)
+        elif since is None or ts >= since:
+            loose.append(r)
+    out: list[tuple[Any, list[dict[str, Any]]]] = [
+        (inc, held[inc.id]) for inc in found if held[inc.id]
+        and (since is None or inc.resolved_at is None or max(inc.resolved_at, inc.last_seen or 0.0) >= since)]
+    out += [(None, run) for run in incidents(loose)]
+    out.sort(key=lambda e: float(e[1][0]["ts"]))
+    return out
+
+
+def render(groups: list[tuple[Any, list[dict[str, Any]]]]) -> list[str]:
+    """Each incident under its id (as pages and the report name it): what it was, where it stands,
+    who acts next; then its records. Records outside any incident under their node."""
+    from slurm_hooks.observe.incidents import duration, next_step
+
     lines: list[str] = []
-    for run in groups:
+    for inc, run in groups:
         t0 = float(run[0]["ts"])
-        stamp = datetime.fromtimestamp(t0, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        lines.append(f"incident on {run[0].get('node')} at {stamp}")
+        if inc is None:
+            lines.append(f"{run[0].get('node')} at {_stamp(t0)}: no incident (the node was not taken out of service)")
+        else:
+            if inc.open:
+                where = f"open, {inc.stage.value}" + (f" for {inc.waiting_for}" if inc.waiting_for else "")
+            else:
+                where = f"back in service after {duration(inc.mttr or 0.0)}, resumed by {inc.resolved_by}"
+            lines.append(f"incident {inc.id} on {inc.node}: drained [{inc.action}] at {_stamp(inc.opened_at)}; {where}")
+            who, what = next_step(inc)
+            if who:
+                lines.append(f"  next: {who} must {what}" if who == "a person" else f"  next: {who} {what}")
+            if inc.evidence:
+                lines.append(f"  evidence: {', '.join(inc.evidence)} (on {inc.node})")
         for r in run:
             lines.append(f"  +{float(r['ts']) - t0:8.3f}s  {describe(r)}")
     return lines

@@ -353,6 +353,7 @@ class Tracker:
             who, how = closing(r)
             if who:
                 inc.resolved_at, inc.resolved_by = _when(r, inc), who
+                inc.last_seen = max(inc.last_seen or 0.0, float(r["ts"]))
                 if how == ClosedBy.US.value and inc.closed_by == ClosedBy.HARDWARE.value:
                     how = ClosedBy.HARDWARE.value  # new hardware, validated, resumed by us
                 inc.closed_by, inc.waiting_for = how, ""
