@@ -406,7 +406,7 @@ def test_the_watcher_runs_a_notifier_thread_that_posts_the_incident(node, receiv
         thread.join(5)
     [msg] = receiver.bodies()
     assert msg["kind"] == "opened" and msg["gpus"][0]["index"] == 3
-    assert msg["jobs"] == [{"job_id": "12", "user": None, "name": None, "how": "requeued"}]
+    assert msg["jobs"] == [{"job_id": "12", "user": None, "name": "train", "how": "requeued"}]
     deadline = time.monotonic() + 5
     while Notifier(NotifySettings.from_config(w.config)).delivering():  # a clean stop takes its heartbeat away
         assert time.monotonic() < deadline, "the heartbeat outlived the watcher"
@@ -427,7 +427,7 @@ def test_the_health_check_tells_its_own_drain_when_no_watcher_delivers(node, rec
     # It waited out the 1 s settle (its own requeue was written already) instead of leaving the
     # message to its next run minutes later.
     [msg] = receiver.bodies()
-    assert msg["kind"] == "opened" and msg["jobs"] == [{"job_id": "12", "user": None, "name": None, "how": "requeued"}]
+    assert msg["kind"] == "opened" and msg["jobs"] == [{"job_id": "12", "user": None, "name": "train", "how": "requeued"}]
     healthcheck.run(w, follow="none")  # the node is still bad: no second message
     assert len(receiver.bodies()) == 1
 
@@ -507,7 +507,7 @@ def test_xid79_under_a_job_one_message_within_5s_and_one_when_back(hooked_testbe
         assert receiver.requests[0]["at"] - drained_at < 5.0
         assert msg["kind"] == "opened" and msg["node"] == "n1" and msg["gpus"][0]["index"] == gpu
         assert msg["finding"]["xid"] == 79 and msg["action"] == "reboot"
-        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"], "name": None, "how": "requeued", "gpus": [gpu]}]
+        assert msg["jobs"] == [{"job_id": str(job), "user": msg["jobs"][0]["user"], "name": msg["jobs"][0]["name"], "how": "requeued", "gpus": [gpu]}]
         # Mended: the health check judges the node again, resumes its own drain, and (no watcher
         # delivering any more) tells it itself within its run.
         sim.clear(tb.sim_dir, "n1")
