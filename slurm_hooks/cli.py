@@ -36,6 +36,7 @@ COMMANDS = {
     "sweep-node": "slurm_hooks.commands.sweep:sweep_node",
     "isolate": "slurm_hooks.commands.isolate:isolate",
     "status": "slurm_hooks.commands.status:status",
+    "rma": "slurm_hooks.commands.rma:rma",
 }
 
 

@@ -21,7 +21,7 @@ from slurm_hooks import config
 from slurm_hooks.errors import PermanentError
 from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.hooks.watch import SimSource, Watcher
-from slurm_hooks.observe import events
+from slurm_hooks.observe import events, timeline
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.remedy import pending
@@ -223,7 +223,7 @@ def test_the_watcher_retries_in_the_background_and_keeps_judging_new_events(t):
     results = [r["result"] for r in pending_records(t)]
     assert results[0] == "queued" and results[-1] == "done"
     [incident] = events.incidents(events.select(t.audit.read(), "n1"))
-    assert any(line.strip().endswith("(drain+requeue finished)") for line in events.render([incident]))
+    assert any(line.strip().endswith("(drain+requeue finished)") for line in timeline.render([(None, incident)]))
 
 
 def test_a_restarted_watcher_finishes_what_the_last_one_left_pending(t):
@@ -248,7 +248,7 @@ def test_events_keep_a_long_outage_in_one_incident():
     ]
     groups = events.incidents(records)
     assert [len(g) for g in groups] == [4, 1]
-    lines = events.render(groups[:1])
+    lines = timeline.render([(None, g) for g in groups[:1]])
     assert "pending drain+requeue waits: Unable to contact slurm controller (next try in 1s)" in lines[2]
     assert "retry 9 failed" in lines[3] and "done after 10 attempt(s)" in lines[4]
 

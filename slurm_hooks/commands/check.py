@@ -48,7 +48,7 @@ def check(config_path: str | None, node: str | None, as_json: bool, dry_run: boo
         click.echo(verdict_line(report))
         return 0 if report.healthy else 1
     if explain:
-        print_explained(report, requeue.explain(w, report), as_json)
+        print_explained(report, requeue.explain(w, report), as_json, held=_held_as(w) if not as_json else "")
         if not as_json:
             from slurm_hooks.commands.status import held_lines
 
@@ -88,7 +88,25 @@ def print_report(report, as_json: bool, outcome=None) -> None:
     print_findings(report, outcome)
 
 
-def print_explained(report, entries: list[dict], as_json: bool) -> None:
+def _held_as(w) -> str:
+    """The tag of our drain when we hold this node (``replace``, ``reboot 1/1``, ``validating``); ""
+    when we do not, or Slurm cannot say."""
+    from slurm_hooks.errors import SlurmHooksError
+    from slurm_hooks.slurm import split_reason
+
+    try:
+        info = w.slurm.node(w.node)
+    except SlurmHooksError:
+        return ""
+    text = split_reason(info.reason)[0]
+    if not (info.ours and info.out_of_service and text.endswith("]") and "[" in text):
+        return ""
+    return text[text.rfind("[") + 1:-1]
+
+
+def print_explained(report, entries: list[dict], as_json: bool, held: str = "") -> None:
+    """``held``: the tag of our drain of this node: a finding's own action is then not what happens
+    next (a node held [replace] waits for a person; it is not drained or rebooted again)."""
     if as_json:
         data = report.to_dict()
         data["findings"] = entries
@@ -102,6 +120,10 @@ def print_explained(report, entries: list[dict], as_json: bool) -> None:
         where = f"gpu{e['gpu']}" if e["gpu"] is not None else "node"
         if not e["acts"]:
             effect = "no action"
+        elif held.startswith("replace"):
+            effect = "nothing more: the node is held [replace], waiting for a person to replace the GPU"
+        elif held:
+            effect = f"nothing more now: the node is held [{held.split()[0]}] while its repair goes on"
         elif e["urgency"] == "now":
             effect = "drain now, requeue " + (", ".join(e["requeues"]) or "no job")
         else:
@@ -109,4 +131,5 @@ def print_explained(report, entries: list[dict], as_json: bool) -> None:
         if e.get("gpu_map", "known") != "known":
             effect += f" (every GPU job: GPU map unknown, {e['gpu_map']})"
         click.echo(f"{where} {e['check']}: {e['message']}: scope {e['scope']}, urgency {e['urgency']}, "
-                   f"action {e['action']} -> {effect}" + (f" ({e['error']})" if e.get("error") else ""))
+                   f"{'its rule says ' if held else 'action '}{e['action']} -> {effect}"
+                   + (f" ({e['error']})" if e.get("error") else ""))

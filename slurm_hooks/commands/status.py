@@ -24,11 +24,15 @@ PERSON, US, SLURM, JOBS = "a person", "slurm-hooks", "Slurm", "its jobs"
 
 
 def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dict[str, Any]],
-         now: float) -> list[dict[str, Any]]:
+         now: float, for_a_person: Iterable[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """One row per node carrying our drain (or DOWN with our reason): node, tag, since, who acts
     next and what they do. ``open_incidents``: node -> its open :class:`Incident` from the local
-    log (may be empty); ``rma``: the RMA list's entries (may be empty)."""
+    log (may be empty); ``rma``: the RMA list's entries (may be empty). ``for_a_person``: what the
+    log says waits for a person (:meth:`slurm_hooks.observe.incidents.Fleet.for_a_person`, as the
+    report lists it): a node among them that Slurm does not show as ours (drained by someone else
+    over our [replace], or returned to service with a GPU still marked) gets its row too."""
     from slurm_hooks.models import Action
+    from slurm_hooks.observe.incidents import replace_todo
     from slurm_hooks.remedy import offenders
     from slurm_hooks.slurm import parse_reason, split_reason, status_tag
 
@@ -50,8 +54,7 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
         if inc is not None and inc.waiting_for == PERSON:
             who, todo, why = PERSON, inc.todo, inc.why
         elif action is Action.REPLACE:
-            who, todo = PERSON, "replace " + (_gpus(inc, by_node.get(info.name, [])) or "the faulty hardware") + \
-                "; new hardware is validated and resumed by itself"
+            who, todo = PERSON, replace_todo(info.name, _gpus(inc, by_node.get(info.name, [])))
             why = summary
         elif offenders.is_held(info.reason):
             who, todo = PERSON, (f"look at its history (slurm-hooks events --node {info.name}), then "
@@ -81,6 +84,20 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
                     "incident": inc.id if inc is not None else None,
                     "evidence": list(inc.evidence) if inc is not None else [],
                     "history": list(inc.history) if inc is not None else []})
+    states = {info.name: info for info in nodes}
+    shown = {r["node"] for r in out}
+    for e in for_a_person:
+        if e["node"] in shown:
+            continue
+        info = states.get(e["node"])
+        state = info.state if info is not None else "?"
+        where = "in service" if e["in_service"] else \
+            (f"drained by someone else ({info.reason})" if info is not None and info.reason else state)
+        out.append({"node": e["node"], "state": state, "tag": f"[{e['action']}]", "reason": where,
+                    "since": e["since"], "waited_s": round(max(0.0, now - e["since"]), 1), "next": PERSON,
+                    "todo": e["todo"], "why": e["why"] if e["in_service"] else f"{where}; {e['why'] or ''}".rstrip("; "),
+                    "extra": info.extra_text or None if info is not None else None, "incident": e["incident"],
+                    "evidence": list(e["evidence"]), "history": []})
     out.sort(key=lambda r: (r["next"] != PERSON, r["node"]))
     return out
 
@@ -98,14 +115,9 @@ def _since(info: Any, inc: Any) -> float | None:
         return None
 
 
-def _gpus(inc: Any, entries: list[dict[str, Any]]) -> str:
-    gpus = list(inc.rma) if inc is not None and inc.rma else \
+def _gpus(inc: Any, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list(inc.rma) if inc is not None and inc.rma else \
         [{"index": e.get("gpu"), "uuid": e.get("uuid"), "serial": e.get("serial")} for e in entries]
-    words = []
-    for g in gpus:
-        ids = ", ".join(x for x in (g.get("uuid") or "", f"serial {g['serial']}" if g.get("serial") else "") if x)
-        words.append(f"GPU {g.get('index', '?')}" + (f" ({ids})" if ids else ""))
-    return ", ".join(words)
 
 
 #: Warnings that say a node's own verdicts see less than they seem to (its kernel log, its memory of
@@ -150,6 +162,8 @@ def render(table: list[dict[str, Any]]) -> list[str]:
         line = f"{r['node']:<{width}}  {r['tag']:<{tag_w}}  {waited:>7}  {r['next']}: {r['todo']}"
         if r["why"]:
             line += f" (why: {r['why']})"
+        if r.get("evidence"):
+            line += f" evidence: {', '.join(r['evidence'])} (on {r['node']})"
         if r["extra"]:
             line += f" [Extra: {r['extra']}]"
         lines.append(line)
@@ -171,11 +185,11 @@ def held_lines(w: Any) -> list[str]:
         info = w.slurm.node(w.node)
     except SlurmHooksError as exc:
         return [f"{w.node}: cannot read the node from Slurm ({exc})"]
-    if not info.ours:
-        return []
     records = [r for r in w.audit.history() if r.get("node") == w.node]
-    open_ = {i.node: i for i in incidents.build(records) if i.open}
-    table = rows([info], open_, read_rma(w.state_path("rma.json")), time.time())
+    fleet = incidents.fold(records)
+    now = time.time()
+    open_ = {i.node: i for i in fleet.incidents if i.open}
+    table = rows([info], open_, read_rma(w.state_path("rma.json")), now, fleet.for_a_person(now))
     return ["held by slurm-hooks: " + line for line in render(table)] if table else []
 
 
@@ -198,12 +212,11 @@ def status(config_path: str | None, max_wait: str, as_json: bool, textfile_dir: 
     limit = _seconds(max_wait)
     cfg = config_mod.load(config_path)
     nodes = from_config(cfg).nodes()
-    held = {n.name for n in nodes if n.ours}
     everything = list(AuditLog(cfg.log.audit).history())
-    records = [r for r in everything if r.get("node") in held]
-    open_ = {i.node: i for i in incidents.build(records) if i.open}
+    fleet = incidents.fold(everything)  # the one state the report reads too
+    open_ = {i.node: i for i in fleet.incidents if i.open}
     now = time.time()
-    table = rows(nodes, open_, read_rma(os.path.join(cfg.state.dir, "rma.json")), now)
+    table = rows(nodes, open_, read_rma(os.path.join(cfg.state.dir, "rma.json")), now, fleet.for_a_person(now))
     blind = blind_spots(everything, now)
     late = [r for r in table if r["next"] == PERSON and limit > 0 and (r["waited_s"] or 0) > limit]
     if textfile_dir:

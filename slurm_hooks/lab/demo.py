@@ -30,7 +30,7 @@ from slurm_hooks import REASON_PREFIX
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.lab import ddp_train
 from slurm_hooks.lab.testbed import LabSettings, Testbed
-from slurm_hooks.observe import events
+from slurm_hooks.observe import events, incidents, timeline
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes import sim
 from slurm_hooks.runner import Spawned, run_command, spawn_detached
@@ -138,7 +138,7 @@ def _tell_incident(tb: Testbed, node: str, ms: Milestones, say: Say, heading: st
     """The incident since the fault, as ``slurm-hooks events`` shows it from the audit log."""
     say(f"{heading} the incident, as the audit log tells it (slurm-hooks events)")
     records = events.select(AuditLog(tb.audit_log).read(), node=node, since=ms.injected - 1)
-    for line in events.render(events.incidents(records)):
+    for line in timeline.render(timeline.by_incident(incidents.build(records), records)):
         say(f"  {line}")
 
 

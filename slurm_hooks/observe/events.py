@@ -78,12 +78,29 @@ def incidents(records: list[dict[str, Any]], gap: float = INCIDENT_GAP_S) -> lis
     return flat
 
 
+#: Record actions and results in the words of the docs: action -> (its word, result -> words).
+_SAID: dict[str, tuple[str, dict[str, str]]] = {
+    "start_now": ("start", {"ok": "made eligible to start now (StartTime=now)", "skipped": "not made eligible",
+                            "failed": "could not be made eligible"}),
+    "requeue": ("requeue", {"ok": "requeued", "spared": "left to run", "self": "requeued itself",
+                            "already": "already requeued", "ended": "already ended"}),
+    "ack-xids": ("xids", {"ok": "acknowledged"}),
+    "running": ("running", {"ok": "running again"}),
+    "release": ("release", {"ok": "released"}),
+    "signal": ("signal", {"ok": "sent its checkpoint signal"}),
+    "rma-clear": ("rma", {"ok": "mark for replacement cleared"}),
+}
+_ON_JOBS = frozenset({"start_now", "requeue", "running", "release", "signal", "annotate", "follow"})
+
+
 def describe(r: dict[str, Any]) -> str:
     kind = r.get("kind")
     if kind == "repeat":
         of = r.get("of") if isinstance(r.get("of"), dict) else {}
         last = datetime.fromtimestamp(float(r.get("last_ts") or r.get("ts", 0)), tz=timezone.utc)
-        return f"repeat  x{r.get('count', '?')} more until {last.strftime('%Y-%m-%d %H:%M:%S')}: {describe(of)}"
+        count = r.get("count", "?")
+        return (f"again   {count} more time{'' if count == 1 else 's'} until {last.strftime('%Y-%m-%d %H:%M:%S')}: "
+                f"{describe(of)}")
     if kind == "incident":
         stage = r.get("stage", "")
         if stage == "closed":
@@ -113,17 +130,18 @@ def describe(r: dict[str, Any]) -> str:
         return f"pending {steps} {r.get('result', '')} after {r.get('attempt', '?')} attempt(s) ({r.get('detail', '')})"
     if kind == "action":
         detail = r.get("reason") or r.get("detail") or r.get("error") or ""
-        return f"{r.get('action', '?'):<7} {r.get('target', '')} {r.get('result', '')}" + (f" ({detail})" if detail else "")
+        action, result = str(r.get("action", "?")), str(r.get("result", ""))
+        verb, said = _SAID.get(action, (action, {}))
+        target = str(r.get("target", ""))
+        if action in _ON_JOBS:
+            users = r.get("users") if isinstance(r.get("users"), dict) else {}
+            names = r.get("names") if isinstance(r.get("names"), dict) else {}
+            whose = ", ".join(str(x) for x in (users.get(target), names.get(target)) if x)
+            target = f"job {target}" + (f" ({whose})" if whose else "")
+        return f"{verb:<7} {target} {said.get(result, result)}" + (f" ({detail})" if detail else "")
     text = r.get("message") or r.get("detail") or ""
     return f"{kind:<7} {text}"
 
 
-def render(groups: list[list[dict[str, Any]]]) -> list[str]:
-    lines: list[str] = []
-    for run in groups:
-        t0 = float(run[0]["ts"])
-        stamp = datetime.fromtimestamp(t0, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        lines.append(f"incident on {run[0].get('node')} at {stamp}")
-        for r in run:
-            lines.append(f"  +{float(r['ts']) - t0:8.3f}s  {describe(r)}")
-    return lines
+def stamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

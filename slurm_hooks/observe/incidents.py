@@ -30,7 +30,8 @@ from slurm_hooks.observe import events, records
 from slurm_hooks.observe.records import ACTIONS, ClosedBy, Stage, WaitingFor, action_rank, reason_action
 from slurm_hooks.values import dataclass, field
 
-__all__ = ["ACTIONS", "Incident", "Tracker", "action_rank", "build", "duration", "reason_action", "summary", "utc"]
+__all__ = ["ACTIONS", "Fleet", "Incident", "Tracker", "action_rank", "build", "duration", "fold", "next_step",
+           "reason_action", "summary", "utc"]
 
 _XID = re.compile(r"\bXID (\d+)\b")
 _TAKE_OUT_RESULTS = ("ok", "already")
@@ -68,9 +69,13 @@ class Finding:
 class Job:
     job_id: str
     user: str = ""
+    #: Its name, bounded and printable (:func:`records.job_name`).
+    name: str = ""
     requeued_at: float | None = None
-    #: Made eligible again on a healthy node (our ``start_now``); Slurm starts it about a second later.
+    #: Made eligible again (``StartTime=now``, the follower's ``start_now``): not yet running.
     restarted_at: float | None = None
+    #: Seen running again on another node (the follower's look; sacct in the report).
+    running_at: float | None = None
     #: Refused by the prolog (Slurm requeues it: it never ran here).
     refused_at: float | None = None
     #: Its own checkpoint signal, as sent first (``USR2@90``; "" when it had none).
@@ -87,6 +92,17 @@ class Job:
     def how(self) -> str:
         """"requeued" (by us, from under the fault), "refused" (at its start), or "" (only named)."""
         return "requeued" if self.requeued_at is not None else "refused" if self.refused_at is not None else ""
+
+    @property
+    def words(self) -> str:
+        """``job 4242 (alice, train)``: whose job it is, as a person reads it."""
+        who = ", ".join(x for x in (self.user, self.name) if x)
+        return f"job {self.job_id}" + (f" ({who})" if who else "")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Job:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass
@@ -151,6 +167,9 @@ class Incident:
     #: (``{t, what, action, gpus, subjects, context}``, oldest first).
     held: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: The GPUs of ``rma`` still marked for replacement: until new hardware replaces them or a person
+    #: clears the mark (``slurm-hooks rma clear``); a person's resume leaves them marked.
+    marked: list[dict[str, Any]] = field(default_factory=list)
     #: The last time any record named the node during the incident (a repeat's last one too).
     last_seen: float | None = None
     told: Told = field(default_factory=Told)
@@ -179,10 +198,22 @@ class Incident:
         return None if self.resolved_at is None else max(0.0, self.resolved_at - self.opened_at)
 
     @property
-    def time_to_job_running(self) -> float | None:
-        """Seconds from the drain until the first requeued job was made to start elsewhere; ``None`` without one."""
+    def time_to_job_eligible(self) -> float | None:
+        """Seconds from the drain until the first requeued job was made eligible to start elsewhere
+        (``StartTime=now``); ``None`` without one. Not when it ran: see :attr:`time_to_job_running`."""
         starts = [j.restarted_at for j in self.jobs.values() if j.restarted_at is not None]
         return None if not starts else max(0.0, min(starts) - self.opened_at)
+
+    @property
+    def time_to_job_running(self) -> float | None:
+        """Seconds from the drain until a requeued job was seen running again; ``None`` until one was."""
+        runs = [j.running_at for j in self.jobs.values() if j.running_at is not None]
+        return None if not runs else max(0.0, min(runs) - self.opened_at)
+
+    @property
+    def still_marked(self) -> list[dict[str, Any]]:
+        """Closed by a person's resume with GPUs still marked for replacement: those GPUs."""
+        return [] if self.open or self.closed_by != ClosedBy.PERSON.value else list(self.marked)
 
     def gpus(self) -> list[Finding]:
         """One finding per GPU named (the first one seen for it)."""
@@ -205,7 +236,7 @@ class Incident:
     def from_dict(cls, data: dict[str, Any]) -> Incident:
         data = dict(data)
         data["findings"] = [Finding(**f) for f in data.get("findings", [])]
-        data["jobs"] = {k: Job(**v) for k, v in data.get("jobs", {}).items()}
+        data["jobs"] = {k: Job.from_dict(v) for k, v in data.get("jobs", {}).items()}
         data["told"] = Told.from_dict(data.get("told") or {})
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -237,16 +268,20 @@ def closing(r: dict[str, Any]) -> tuple[str, str]:
     if r.get("action") == "resume":
         return ClosedBy.US.value, ClosedBy.US.value
     if r.get("action") == "ack-xids":
-        return "admin", ClosedBy.PERSON.value
+        return "a person", ClosedBy.PERSON.value
     return "", ""
 
 
-def record_person_resume(audit: Any, node: str, user: str = "", reason: str = "", state: str = "") -> None:
+def record_person_resume(audit: Any, node: str, user: str = "", reason: str = "", state: str = "",
+                         at: float | None = None) -> None:
     """The incident of ``node`` closed by a person's resume (the health check saw the node back in
-    service with our drain gone, not by our resume): one ``incident`` record, stage closed."""
+    service with our drain gone, not by our resume): one ``incident`` record, stage closed. ``at``:
+    when the resume happened as Slurm or the watcher saw it, where known (the check runs minutes
+    later: its own clock would count those minutes as time out of service)."""
     detail = f"node {state or 'in service'}: resumed by {user or 'a person'}, not by slurm-hooks"
     audit.write(records.Kind.INCIDENT.value, node=node,
-                **records.lifecycle(Stage.CLOSED, by=ClosedBy.PERSON.value, user=user, reason=reason, detail=detail))
+                **records.lifecycle(Stage.CLOSED, by=ClosedBy.PERSON.value, user=user, reason=reason, detail=detail,
+                                    at=at))
 
 
 def record_waiting(audit: Any, node: str, waiting_for: WaitingFor, why: str, todo: str) -> None:
@@ -275,10 +310,14 @@ class Tracker:
     ``closed`` collects incidents as they close; the caller empties it.
     """
 
-    def __init__(self, open_: dict[str, Incident] | None = None, pending: dict[str, list[dict]] | None = None):
+    def __init__(self, open_: dict[str, Incident] | None = None, pending: dict[str, list[dict]] | None = None,
+                 marked: dict[str, dict[str, Any]] | None = None):
         self.open: dict[str, Incident] = open_ or {}
         self.pending: dict[str, list[dict]] = pending or {}
         self.closed: list[Incident] = []
+        #: Nodes back in service by a person's resume with GPUs still marked for replacement: node ->
+        #: {node, gpus, incident, since, resumed_at, resumed_by} (:func:`marked_in_service`).
+        self.marked: dict[str, dict[str, Any]] = marked or {}
 
     def feed(self, records: Iterable[dict[str, Any]]) -> None:
         fresh = [r for r in records if r.get("node") and isinstance(r.get("ts"), (int, float))]
@@ -302,6 +341,7 @@ class Tracker:
         inc = self.open.get(node)
         waiting: list[dict[str, Any]] = []
         for r in run:
+            self._unmark(node, inc, r)
             if inc is None:
                 if takes_out(r):
                     ts = float(r["ts"])
@@ -318,12 +358,17 @@ class Tracker:
                 continue
             who, how = closing(r)
             if who:
-                inc.resolved_at, inc.resolved_by = float(r["ts"]), who
+                inc.resolved_at, inc.resolved_by = _when(r, inc), who
+                inc.last_seen = max(inc.last_seen or 0.0, float(r["ts"]))
                 if how == ClosedBy.US.value and inc.closed_by == ClosedBy.HARDWARE.value:
                     how = ClosedBy.HARDWARE.value  # new hardware, validated, resumed by us
                 inc.closed_by, inc.waiting_for = how, ""
                 if how == ClosedBy.BRIDGE.value:
                     inc.told.resolved = True  # the bridge's own record is its message (notify.bridge_message)
+                if inc.still_marked:
+                    self.marked[node] = {"node": node, "gpus": list(inc.marked), "incident": inc.id,
+                                         "since": inc.step_since or inc.opened_at, "resumed_at": inc.resolved_at,
+                                         "resumed_by": who, "evidence": list(inc.evidence)}
                 self.closed.append(self.open.pop(node))
                 inc = None
                 continue
@@ -331,13 +376,49 @@ class Tracker:
         if waiting:
             self.pending.setdefault(node, []).extend(waiting)
 
+    def _unmark(self, node: str, inc: Incident | None, r: dict[str, Any]) -> None:
+        """A GPU's mark for replacement ends with new hardware or a person's ``rma clear``, wherever
+        the record falls (in an incident, or while the node runs jobs)."""
+        if r.get("kind") != "action":
+            return
+        rec = records.parse(r)
+        if not isinstance(rec, records.Action):
+            return
+        if rec.action == "rma-clear" and rec.result == "ok":
+            gone = {_gpu_key(g) for g in rec.gpu_ids if isinstance(g, dict)}
+        elif rec.action == "repair-replace" and rec.result == "ended" and "hardware was replaced" in rec.detail:
+            gone = None  # every GPU the [replace] named is out of the node
+        else:
+            return
+        held = self.marked.get(node)
+        for marks in ([held["gpus"]] if held else []) + ([inc.marked] if inc is not None else []):
+            marks[:] = [g for g in marks if gone is not None and _gpu_key(g) not in gone]
+        if held is not None and not held["gpus"]:
+            del self.marked[node]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"open": {n: i.to_dict() for n, i in self.open.items()}, "pending": self.pending}
+        return {"open": {n: i.to_dict() for n, i in self.open.items()}, "pending": self.pending,
+                **({"marked": self.marked} if self.marked else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tracker:
         return cls({n: Incident.from_dict(i) for n, i in data.get("open", {}).items()},
-                   {n: list(rs) for n, rs in data.get("pending", {}).items()})
+                   {n: list(rs) for n, rs in data.get("pending", {}).items()},
+                   {n: dict(m) for n, m in (data.get("marked") or {}).items() if isinstance(m, dict)})
+
+
+def _gpu_key(g: dict[str, Any]) -> str:
+    """A marked GPU's identity: serial, else UUID, else its index."""
+    return str(g.get("serial") or g.get("uuid") or f"gpu{g.get('index', g.get('gpu'))}")
+
+
+def _when(r: dict[str, Any], inc: Incident) -> float:
+    """When a closing record's event happened: its source's time (``at``: Slurm's, the watcher's) where it
+    gives one within the incident, else the record's own."""
+    ts, at = float(r["ts"]), r.get("at")
+    if isinstance(at, (int, float)) and not isinstance(at, bool) and inc.opened_at <= at <= ts:
+        return float(at)
+    return ts
 
 
 def _evidence(r: dict[str, Any]) -> bool:
@@ -402,6 +483,10 @@ def _absorb_action(inc: Incident, rec: records.Action) -> None:
             job = _job(inc, job_id, rec)
             if action == "start_now":
                 job.restarted_at = job.restarted_at or ts
+    elif action == "running" and result == "ok":
+        for job_id in records.targets(rec):
+            job = _job(inc, job_id, rec)
+            job.running_at = job.running_at or ts
 
 
 def _step(inc: Incident, rec: records.Action) -> None:
@@ -435,14 +520,16 @@ def _step(inc: Incident, rec: records.Action) -> None:
             _TODO_VALIDATE.format(node=node))
     elif action == "repair-replace" and result == "ok":
         _rma(inc, rec)
-        now("replace", WaitingFor.PERSON, rec.why or rec.reason, "replace " + _gpu_list(inc) +
-            "; new hardware is validated and resumed by itself (or resume the node by hand)")
+        now("replace", WaitingFor.PERSON, rec.why or rec.reason, replace_todo(node, inc.rma))
     elif action == "repair-replace" and result == "ended":
         if "hardware was replaced" in rec.detail:
             inc.closed_by = ClosedBy.HARDWARE.value
             now("validate", WaitingFor.VALIDATION, rec.detail)
     elif action == "resume" and result == "skipped" and ("by hand" in rec.detail or "not ours" in rec.detail):
-        now("drain", WaitingFor.PERSON, rec.detail, _TODO_RESUME.format(node=node))
+        if inc.marked:  # our [replace] stands under someone else's drain: the GPU still waits for its swap
+            now("replace", WaitingFor.PERSON, f"{rec.detail}; our [replace] stands", replace_todo(node, inc.marked))
+        else:
+            now("drain", WaitingFor.PERSON, rec.detail, _TODO_RESUME.format(node=node))
     if rec.evidence and rec.evidence not in inc.evidence:
         inc.evidence.append(rec.evidence)
 
@@ -468,20 +555,64 @@ def _rma(inc: Incident, rec: records.Action) -> None:
         key = g.get("serial") or g.get("uuid")
         if not any((e.get("serial") or e.get("uuid")) == key for e in inc.rma):
             inc.rma.append(dict(g))
+        if not any(_gpu_key(e) == _gpu_key(g) for e in inc.marked):
+            inc.marked.append(dict(g))
         for f in inc.findings:
             if f.gpu is not None and f.gpu == g.get("index"):
                 f.uuid = f.uuid or str(g.get("uuid") or "")
                 f.serial = f.serial or str(g.get("serial") or "")
 
 
-def _gpu_list(inc: Incident) -> str:
-    if not inc.rma:
-        return "the faulty hardware"
+def gpu_list(gpus: Iterable[dict[str, Any]]) -> str:
+    """``GPU 0 (GPU-8f2c..., serial 1652...)``: what an RMA needs, for GPUs as the RMA list names them."""
     words = []
-    for g in inc.rma:
+    for g in gpus:
+        index = g.get("index", g.get("gpu"))
         ids = ", ".join(x for x in (str(g.get("uuid") or ""), f"serial {g['serial']}" if g.get("serial") else "") if x)
-        words.append(f"GPU {g.get('index', '?')}" + (f" ({ids})" if ids else ""))
-    return ", ".join(words)
+        words.append(f"GPU {'?' if index is None else index}" + (f" ({ids})" if ids else ""))
+    return ", ".join(words) or "the faulty hardware"
+
+
+def clear_command(node: str, gpus: Iterable[dict[str, Any]]) -> str:
+    """The command that clears GPUs' marks for replacement (one per GPU)."""
+    indexes = [g.get("index", g.get("gpu")) for g in gpus]
+    return "; ".join(f"slurm-hooks rma clear --node {node} --gpu {i}" for i in indexes if i is not None) \
+        or f"slurm-hooks rma clear --node {node} --gpu <index>"
+
+
+def replace_todo(node: str, gpus: Iterable[dict[str, Any]]) -> str:
+    """What a person does for a node we left ``[replace]``: which board to swap and send back, and
+    how the node returns (by itself on new hardware; by hand, with the mark kept)."""
+    gpus = list(gpus)
+    return (f"replace {gpu_list(gpus)} on {node} and send it back for RMA; new hardware is validated and "
+            f"returns the node to service by itself. Resumed by hand instead, the node runs jobs with the GPU "
+            f"still marked for replacement until `{clear_command(node, gpus)}`")
+
+
+#: Who acts next, as every line a person reads says it.
+PERSON, US, SLURM, JOBS = "a person", "slurm-hooks", "Slurm", "its jobs"
+
+
+def next_step(inc: Incident) -> tuple[str, str]:
+    """(who acts next, what they do) for an incident, in the words every page, reminder, ``status``
+    and report line uses; ("", "") for an incident that is over with nothing left to do."""
+    if not inc.open:
+        marked = inc.still_marked
+        if marked:
+            return PERSON, (f"replace {gpu_list(marked)} on {inc.node} at its next maintenance (it runs jobs "
+                            f"meanwhile), or clear the mark: {clear_command(inc.node, marked)}")
+        return "", ""
+    if inc.waits_for_person:
+        return PERSON, inc.todo or f"look at {inc.node}: {inc.why or 'the repair stopped'}"
+    if inc.waiting_for == WaitingFor.JOBS.value:
+        return JOBS, f"run to their end on {inc.node}; then slurm-hooks repairs it"
+    if inc.waiting_for == WaitingFor.REBOOT.value:
+        return SLURM, f"reboots {inc.node} (RebootProgram) once idle; slurm-hooks checks it on the new boot"
+    if inc.waiting_for == WaitingFor.VALIDATION.value:
+        return US, f"validates {inc.node} (DCGM diagnostic) before it returns to service"
+    step = inc.step if inc.step not in ("", "drain") else ""
+    return US, (f"{step}s {inc.node} now" if step else
+                f"checks {inc.node} again: it returns to service after a passing check")
 
 
 def _job(inc: Incident, job_id: Any, rec: records.Record) -> Job:
@@ -489,13 +620,17 @@ def _job(inc: Incident, job_id: Any, rec: records.Record) -> Job:
     job = inc.jobs.setdefault(key, Job(key))
     user = rec.users.get(key) if rec.users else rec.user
     if user and not job.user:
-        job.user = str(user)
+        job.user = records.job_name(str(user))
+    name = rec.names.get(key) if rec.names else ""
+    if name and not job.name:
+        job.name = records.job_name(str(name))
     return job
 
 
 def summary(inc: Incident) -> dict[str, Any]:
     """The incident as a notification's JSON and the fleet report carry it."""
     f = inc.main_finding()
+    who, what = next_step(inc)
     return {
         "incident": inc.id,
         "node": inc.node,
@@ -507,9 +642,10 @@ def summary(inc: Incident) -> dict[str, Any]:
         "urgency": "high" if action_rank(inc.action) >= action_rank("reboot") else "normal",
         "reason": inc.reason,
         "seen_by": list(inc.contexts),
-        "jobs": [{"job_id": j.job_id, "user": j.user or None, "how": j.how, **_checkpoint(j),
-                  **({"gpus": j.gpus} if j.gpus else {})}
+        "jobs": [{"job_id": j.job_id, "user": j.user or None, "name": j.name or None, "how": j.how,
+                  **_checkpoint(j), **({"gpus": j.gpus} if j.gpus else {})}
                  for j in inc.jobs.values() if j.how],
+        "time_to_job_eligible_s": None if inc.time_to_job_eligible is None else round(inc.time_to_job_eligible, 3),
         "time_to_job_running_s": None if inc.time_to_job_running is None else round(inc.time_to_job_running, 3),
         "opened_at": utc(inc.opened_at),
         "resolved_at": utc(inc.resolved_at) if inc.resolved_at is not None else None,
@@ -522,10 +658,12 @@ def summary(inc: Incident) -> dict[str, Any]:
         "waiting_for": inc.waiting_for or None,
         "why": inc.why or None,
         "todo": inc.todo or None,
+        "next": {"who": who or None, "todo": what or None},
         "closed_by": inc.closed_by or None,
         "held": inc.held or None,
         "history": [dict(h) for h in inc.history],
         "rma": [dict(g) for g in inc.rma],
+        "still_marked": inc.still_marked,
         "evidence": list(inc.evidence),
     }
 
@@ -547,11 +685,51 @@ def utc(ts: float) -> str:
 
 def build(records: Iterable[dict[str, Any]]) -> list[Incident]:
     """Every incident in these records, closed and open, oldest first."""
+    return fold(records).incidents
+
+
+@dataclass
+class Fleet:
+    """What the audit log says stands: every incident, and the nodes in service with GPUs still marked
+    for replacement. ``status`` and the report both read this, so they cannot disagree."""
+
+    incidents: list[Incident]
+    marked: dict[str, dict[str, Any]]
+
+    def for_a_person(self, now: float) -> list[dict[str, Any]]:
+        """What waits for a person, one entry per node: an open incident waiting for one, or a node a
+        person returned to service with a GPU still marked for replacement."""
+        out = []
+        for inc in self.incidents:
+            if inc.waits_for_person:
+                since = inc.step_since or inc.opened_at
+                who, what = next_step(inc)
+                out.append({"node": inc.node, "incident": inc.id, "action": inc.action, "in_service": False,
+                            "since": since, "waited_s": round(max(0.0, now - since), 1), "who": who, "todo": what,
+                            "why": inc.why or None, "evidence": list(inc.evidence), "gpus": list(inc.marked)})
+        for node, m in sorted(self.marked.items()):
+            if any(e["node"] == node for e in out):
+                continue
+            since = float(m.get("resumed_at") or m.get("since") or now)
+            by = m.get("resumed_by") or PERSON
+            out.append({"node": node, "incident": m.get("incident"), "action": "replace", "in_service": True,
+                        "since": since, "waited_s": round(max(0.0, now - since), 1), "who": PERSON,
+                        "todo": (f"replace {gpu_list(m['gpus'])} on {node} at its next maintenance (it runs jobs "
+                                 f"meanwhile), or clear the mark: {clear_command(node, m['gpus'])}"),
+                        "why": f"returned to service by {by} at {utc(since)} with {gpu_list(m['gpus'])} still "
+                               "marked for replacement",
+                        "evidence": list(m.get("evidence") or []), "gpus": list(m["gpus"])})
+        out.sort(key=lambda e: e["node"])
+        return out
+
+
+def fold(records: Iterable[dict[str, Any]]) -> Fleet:
+    """The records folded into incidents (oldest first) and the marks still standing."""
     tracker = Tracker()
     tracker.feed(records)
     out = tracker.closed + list(tracker.open.values())
     out.sort(key=lambda i: i.opened_at)
-    return out
+    return Fleet(out, tracker.marked)
 
 
 def duration(seconds: float) -> str:

@@ -232,19 +232,39 @@ def _gpu_words(f: incidents.Finding) -> str:
 
 
 def _jobs_words(inc: Incident, most: int = TEXT_JOBS_MAX) -> str:
+    """``requeued: job 4242 (alice, train), job 4243 (bob)``: whose jobs, never a bare number."""
     def named(how: str) -> str:
-        jobs = [j.job_id + (f" ({j.user})" if j.user else "") + _checkpoint_words(j)
-                for j in inc.jobs.values() if j.how == how]
+        jobs = [j.words + _checkpoint_words(j) for j in inc.jobs.values() if j.how == how]
         more = f" and {len(jobs) - most} more" if len(jobs) > most else ""
         return ", ".join(jobs[:most]) + more
 
-    words = [f"{label}: {jobs}" for label, jobs in (("jobs requeued", named("requeued")),
-                                                   ("jobs refused at start (Slurm requeues them)", named("refused")))
+    words = [f"{label}: {jobs}" for label, jobs in (("requeued", named("requeued")),
+                                                   ("refused at its start (Slurm requeues it)", named("refused")))
              if jobs]
     if not words:
         words = ["no job requeued"]
     on_it = named("")  # named by a finding, not requeued: whose they are is still news
-    return "; ".join(words + ([f"jobs on it: {on_it}"] if on_it else []))
+    return "; ".join(words + ([f"running on it: {on_it}"] if on_it else []))
+
+
+def _next_words(inc: Incident) -> str:
+    """`` Next: a person must replace GPU 0 (serial ...) on n2 ... Evidence: <dir> (on n2).``: who acts
+    next and what they do, and where the evidence is; "" when nothing is left to do."""
+    who, what = incidents.next_step(inc)
+    out = ""
+    if who:
+        out = f" Next: {who} must {what}." if who == incidents.PERSON else f" Next: {who} {what}."
+    if inc.evidence and (who == incidents.PERSON or inc.action in ("reboot", "replace")):
+        out += f" Evidence: {', '.join(inc.evidence)} (on {inc.node})."
+    return out
+
+
+def _reason_words(reason: str) -> str:
+    """Our reason as a person reads it: no prefix, no Slurm suffix, no counter tag (``[reboot 1/1]``)."""
+    text = reason.replace("slurm-hooks: ", "", 1).split(" : ", 1)[0].strip()
+    if text.endswith("]") and "[" in text:
+        text = text[: text.rfind("[")].rstrip()
+    return text
 
 
 def _checkpoint_words(job: incidents.Job) -> str:
@@ -282,6 +302,7 @@ def incident_alerts(inc: Incident, cluster: str, runbook: str, action: str | Non
     alertname, node, gpu, xid or check, action, severity, cluster."""
     action = action or inc.action
     jobs = _jobs_words(inc)
+    following = _next_words(inc).strip()
     found = inc.findings or [incidents.Finding(check="drain", message=_what(inc), action=action)]
     out: dict[tuple, dict[str, Any]] = {}
     for f in found:
@@ -294,6 +315,7 @@ def incident_alerts(inc: Incident, cluster: str, runbook: str, action: str | Non
         out.setdefault(tuple(sorted(labels.items())), {
             "labels": labels, "starts_at": inc.opened_at,
             "annotations": {"summary": summary, "jobs": jobs, "incident": inc.id,
+                            **({"next": following} if following else {}),
                             "runbook": runbook or _RUNBOOK.format(node=inc.node)}})
     return list(out.values())
 
@@ -316,6 +338,7 @@ def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "",
             previous_action: str = "", hold: float = 0.0) -> Message:
     """One message about one incident; link-free text that reads alone in a channel or a log."""
     data = incidents.summary(inc)
+    after = _next_words(inc)
     if kind == OPENED:
         headline = f"{inc.node} drained [{inc.action}]: {_what(inc)}."
         text = f"{inc.node} drained [{inc.action}]: {_what(inc)}; {_jobs_words(inc)}."
@@ -326,13 +349,23 @@ def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "",
         text += _held_words(inc)
         mid = f"{inc.id}/opened"
     elif kind == ESCALATED:
-        headline = text = (f"{inc.node} escalated to [{inc.action}]: {inc.reason.replace('slurm-hooks: ', '', 1)}."
+        headline = text = (f"{inc.node} escalated to [{inc.action}]: {_reason_words(inc.reason)}."
                            + (f" Found: {_what(inc)}." if inc.findings else ""))
         mid = f"{inc.id}/escalated-{inc.action}"
     elif kind == RESOLVED:
-        who = "by slurm-hooks after a passing check" if inc.resolved_by == "slurm-hooks" else "by an admin"
-        headline = text = (f"{inc.node} back in service after {duration(inc.mttr or 0.0)} (resumed {who}); "
-                           f"it was out for: {_what(inc)}.")
+        marked = inc.still_marked
+        if inc.resolved_by == incidents.US:
+            who = ("by slurm-hooks on new hardware, validated" if inc.closed_by == "new hardware"
+                   else "by slurm-hooks after a passing check")
+        else:
+            who = f"by {inc.resolved_by or incidents.PERSON}"
+        if marked:
+            headline = text = (f"{inc.node} returned to service {who} after {duration(inc.mttr or 0.0)} with "
+                               f"{incidents.gpu_list(marked)} still marked for replacement; it was out for: "
+                               f"{_what(inc)}.")
+        else:
+            headline = text = (f"{inc.node} back in service after {duration(inc.mttr or 0.0)} (resumed {who}); "
+                               f"it was out for: {_what(inc)}.")
         mid = f"{inc.id}/resolved"
     elif kind == REMINDER:
         headline = text = (f"{inc.node} still out of service after {duration(now - inc.opened_at)} "
@@ -343,6 +376,8 @@ def compose(inc: Incident, kind: str, now: float, n: int = 0, cluster: str = "",
         mid = f"{inc.id}/firing-{n}"
     else:
         raise ValueError(kind)
+    text += after
+    headline += after
     text += f" Incident {inc.id}."
     headline += f" Incident {inc.id}."
     data.update({"id": mid, "kind": kind, "text": text, "headline": headline, "cluster": cluster or None,

@@ -86,6 +86,8 @@ class Record:
     job: Any = None
     user: str = ""
     users: dict = field(default_factory=dict)
+    #: Each job's name by id (bounded and printable: :func:`job_name`).
+    names: dict = field(default_factory=dict)
     #: ``warning``, ``error``, ``critical`` where the record is more than information (on
     #: ``repair-validate``: the DCGM diag level, a number).
     level: Any = ""
@@ -176,6 +178,8 @@ class Action(Record):
     #: remediations within the window, each ``{t, what, action, gpus, subjects, context}``.
     held: str = ""
     history: list = field(default_factory=list)
+    #: Where a requeued job was seen running again (``running``: its node list).
+    nodes: str = ""
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,9 @@ class Lifecycle(Record):
     todo: str = ""
     reason: str = ""
     detail: str = ""
+    #: When it happened as its source saw it (Slurm, the watcher), where that is not ``ts``: a person's
+    #: resume seen by the next health check happened before the check's clock says.
+    at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -269,6 +276,17 @@ def parse(r: dict[str, Any]) -> Record:
     except (TypeError, ValueError):
         return Record(ts=float(r.get("ts") or 0) if isinstance(r.get("ts"), (int, float)) else 0.0,
                       node=str(r.get("node") or ""), extra=dict(r))
+
+
+#: A job's name in a record and a message at most this long (Slurm allows far longer ones).
+JOB_NAME_MAX = 40
+
+
+def job_name(name: str) -> str:
+    """A job's name as records and messages carry it: its non-printable characters as ``?``, at most
+    :data:`JOB_NAME_MAX` characters (a name is the job owner's text: it must not forge a line)."""
+    clean = "".join(ch if ch.isprintable() else "?" for ch in str(name or ""))
+    return clean if len(clean) <= JOB_NAME_MAX else clean[: JOB_NAME_MAX - 3] + "..."
 
 
 def targets(r: Action) -> list[str]:

@@ -239,6 +239,9 @@ def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: floa
     (else they are left to the next hook run).
     """
     pending = {str(r): time.monotonic() for r in refs}
+    #: Jobs made eligible on an earlier look: asked about in the looks the others still need (no call of
+    #: their own), so that one seen running elsewhere is recorded as running (the incident's time to it).
+    eligible: dict[str, float] = {}
     results: dict[str, str] = {}
     deadline = time.monotonic() + timeout
     last_error: SlurmHooksError | None = None
@@ -253,16 +256,21 @@ def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: floa
                 wait = min(wait, _first_wait(w, joined, poll))
         polled = time.monotonic()
         try:
-            found = w.slurm.jobs(list(pending))
+            found = w.slurm.jobs([*pending, *eligible])
             last_error = None
         except SlurmHooksError as exc:
             found, last_error = None, exc
         if found is not None:
+            for ref in list(eligible):
+                if _seen_running(w, ref, _pick(found, ref), eligible[ref]):
+                    eligible.pop(ref)
             for ref in list(pending):
                 result = _settle(w, ref, _pick(found, ref), pending[ref])
                 if result is not None:
-                    pending.pop(ref)
+                    t0 = pending.pop(ref)
                     results[ref] = result
+                    if result == "ok":
+                        eligible[ref] = t0
         if not pending or polled + wait >= deadline:
             if joining is None or joining.close():
                 break
@@ -278,6 +286,16 @@ def follow_requeued(w: Wiring, refs: list[int | str], timeout: float, poll: floa
             error = str(last_error) if last_error else f"job not PENDING again within {timeout:g}s"
             step(w, "start_now", ref, "failed", t0, jobs=[ref], error=error)
     return results
+
+
+def _seen_running(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> bool:
+    """A job made eligible, seen again: running on another node (recorded), or no longer waiting."""
+    if job is None or job.finished:
+        return True
+    if job.started and job.nodes and not hostlist.matches(job.nodes, w.node):
+        step(w, "running", ref, "ok", t0, jobs=[ref], nodes=job.nodes)
+        return True
+    return False
 
 
 def _first_wait(w: Wiring, refs: Iterable[str], poll: float) -> float:
@@ -362,6 +380,7 @@ def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
     if job.started and job.restarts > 0 and job.nodes \
             and not hostlist.matches(job.nodes, w.node):
         forget_record(w, ref)
+        step(w, "running", ref, "ok", t0, jobs=[ref], nodes=job.nodes)
         return "already running"
     if job.finished:
         forget_record(w, ref)

@@ -101,6 +101,7 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
     for job, held, touched in touched_jobs(w, jobs, gpus, instances, gmap, multi_node):
         ref = job.ref
         t0 = time.monotonic()
+        whose = _whose(job)
         scope = _scope_note(gmap, held)
         seen_to = read_record(w, ref)
         if seen_to is not None and (seen_to.phase is Phase.GRACE or _ended(job) is not None):
@@ -108,10 +109,10 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
         if not touched:
             ended = _ended(job)
             if ended is not None:  # a requeue under way shows no GPUs: not "left to run"
-                step(w, "requeue", ref, ended[0], t0, jobs=[ref], detail=ended[2])
+                step(w, "requeue", ref, ended[0], t0, jobs=[ref], **whose, detail=ended[2])
                 continue
             where = "no GPU on this node" if held == () else f"GPU {_fmt(gpumap.nvml_of(gmap, held or ()))}"
-            step(w, "requeue", ref, "spared", t0, jobs=[ref], gpus=list(held or ()),
+            step(w, "requeue", ref, "spared", t0, jobs=[ref], **whose, gpus=list(held or ()),
                   detail="runs on this node alone: the network fault does not touch it" if multi_node and not gpus
                   else f"runs on {where}, not on the faulty GPU {faulty}: left to run")
             continue
@@ -120,7 +121,7 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
         why_not = _not_requeued(job)
         if why_not:
             result, level, detail = why_not
-            step(w, "requeue", ref, result, t0, jobs=[ref], detail=detail, **({"level": level} if level else {}),
+            step(w, "requeue", ref, result, t0, jobs=[ref], **whose, detail=detail, **({"level": level} if level else {}),
                   **scope)
             continue
         rec = _signal_first(w, job, fault_at)
@@ -137,21 +138,29 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
         except AlreadyRequeued as exc:
             # Another run (the check on the job's other node) requeued it a moment ago.
             forget_record(w, ref)
-            step(w, "requeue", ref, "already", t0, jobs=[ref], detail=str(exc))
+            step(w, "requeue", ref, "already", t0, jobs=[ref], **whose, detail=str(exc))
             continue
         except SlurmHooksError as exc:
             forget_record(w, ref)
             outcome.failed.append(f"requeue {ref}: {exc}")
-            step(w, "requeue", ref, "failed", t0, jobs=[ref], error=str(exc))
+            step(w, "requeue", ref, "failed", t0, jobs=[ref], **whose, error=str(exc))
             continue
         outcome.requeued.append(ref)
         requeued.append(replace(mine, ts=time.time()))
         seconds = round(time.time() - fault_at, 3)
-        step(w, "requeue", ref, "ok", t0, jobs=[ref], requeued_by="ours", seconds_from_fault=seconds,
+        step(w, "requeue", ref, "ok", t0, jobs=[ref], **whose, requeued_by="ours", seconds_from_fault=seconds,
               **({"gpus": list(held)} if held else {}), **scope)
         record_requeue_seconds(w, "ours", seconds)
     if outcome.requeued or graced:
         follow_jobs(w, [*outcome.requeued, *outcome.signalled], follow, records=[*requeued, *graced])
+
+
+def _whose(job: JobInfo) -> dict[str, dict[str, str]]:
+    """Whose job it is, for its audit record: its owner and its name (bounded, printable)."""
+    from slurm_hooks.observe.records import job_name
+
+    return {k: v for k, v in (("users", {job.ref: job_name(job.user)} if job.user else {}),
+                              ("names", {job.ref: job_name(job.name)} if job.name else {})) if v}
 
 
 def _signal_first(w: Wiring, job: JobInfo, fault_at: float) -> Followed | None:
@@ -173,7 +182,7 @@ def _signal_first(w: Wiring, job: JobInfo, fault_at: float) -> Followed | None:
               level="warning", error=str(exc), detail="could not send the job its checkpoint signal: requeued now")
         return None
     now = time.time()
-    step(w, "signal", job.ref, "ok", t0, jobs=[job.ref], signal=sig.spec, source=sig.source.value, via=how,
+    step(w, "signal", job.ref, "ok", t0, jobs=[job.ref], **_whose(job), signal=sig.spec, source=sig.source.value, via=how,
           grace_s=round(grace, 3), detail=f"sent {sig.name} ({how}); up to {grace:g}s to checkpoint and requeue itself")
     return Followed(job.ref, w.node, Phase.GRACE, fault_at=fault_at, signal=sig.spec, source=sig.source.value,
                     signalled_at=now, grace_until=now + grace, restarts=job.restarts, nodes=node_count(job))

@@ -78,6 +78,10 @@ def from_accounting(events: list[NodeEvent]) -> list[Incident]:
     """Our drains as slurmdbd recorded them. A new reason the second the last one ended is the same
     drain rewritten (escalated): one incident; the same reason again is the node drained anew."""
     ours = sorted((e for e in events if e.reason.startswith(OUR_PREFIX)), key=lambda e: (e.node, e.start))
+    theirs: dict[str, list[NodeEvent]] = {}
+    for e in events:
+        if not e.reason.startswith(OUR_PREFIX):
+            theirs.setdefault(e.node, []).append(e)
     out: list[Incident] = []
     for e in ours:
         last = out[-1] if out and out[-1].node == e.node else None
@@ -95,7 +99,20 @@ def from_accounting(events: list[NodeEvent]) -> list[Incident]:
             inc.findings.append(Finding(check="xid" if xid else "", message=e.reason[len(OUR_PREFIX):].strip(),
                                         action=inc.action, gpu=int(gpu), xid=int(xid) if xid else None))
         out.append(inc)
+    for inc in out:
+        inc.resolved_at = _back_in_service(inc.resolved_at, theirs.get(inc.node, []))
     return out
+
+
+def _back_in_service(end: float | None, others: list[NodeEvent]) -> float | None:
+    """When the node really came back: a person's own drain that replaced ours the second ours ended
+    keeps it out until that one ends too (the resume is theirs)."""
+    while end is not None:
+        nxt = next((e for e in others if abs(e.start - end) <= 1.0 and (e.end is None or e.end > end)), None)
+        if nxt is None:
+            return end
+        end = nxt.end
+    return end
 
 
 def merge(audit: list[Incident], accounted: list[Incident]) -> list[Incident]:
@@ -108,6 +125,10 @@ def merge(audit: list[Incident], accounted: list[Incident]) -> list[Incident]:
             out.append(acc)
         elif twin.resolved_at is None and acc.resolved_at is not None:
             twin.resolved_at, twin.resolved_by = acc.resolved_at, "slurm"
+        elif twin.closed_by == incidents.ClosedBy.PERSON.value and acc.resolved_at is not None \
+                and twin.opened_at <= acc.resolved_at < (twin.resolved_at or float("inf")):
+            # A person's resume, seen by a health check minutes later: Slurm's own time of it counts.
+            twin.resolved_at = acc.resolved_at
     out.sort(key=lambda i: i.opened_at)
     return out
 
@@ -121,7 +142,8 @@ def build(records: list[dict[str, Any]], since: float, until: float | None = Non
           sources: dict[str, Any] | None = None, rma_list: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """``rma_list``: the repair ladder's RMA list (``rma.json`` entries), where readable."""
     until = until or time.time()
-    found = incidents.build(records)
+    fleet = incidents.fold(records)  # the one state `slurm-hooks status` reads too
+    found = fleet.incidents
     if node_events is not None:
         found = merge(found, from_accounting(node_events))
     found = [i for i in found if since <= i.opened_at <= until]
@@ -174,11 +196,13 @@ def build(records: list[dict[str, Any]], since: float, until: float | None = Non
             "gpu_hours_lost": None if lost is None else round(lost, 3),
             "gpu_hours_lost_how": HOW_GPU_HOURS if lost is not None else "needs accounting (slurmdbd): not counted",
             "time_to_drain": _stats([i.time_to_drain for i in found if "accounting" not in i.contexts]),
+            "time_to_job_eligible": _stats([r["time_to_job_eligible_s"] for r in rows
+                                            if r["time_to_job_eligible_s"] is not None]),
             "time_to_job_running": _stats([r["time_to_job_running_s"] for r in rows
                                            if r["time_to_job_running_s"] is not None]),
-            # Without slurmdbd, what the log knows is when a requeued job was made eligible (StartTime=now),
-            # not when it ran: said so, never called "running again".
-            "time_to_job_running_how": "started again (sacct)" if job_runs is not None else "made eligible",
+            # When a requeued job ran again: sacct's start where slurmdbd answers, else the follower's look.
+            "time_to_job_running_how": "started again (sacct)" if job_runs is not None else
+                                       "seen running by the follower",
             "mttr": _stats(mttrs),
         },
         "incidents": rows,
@@ -192,11 +216,8 @@ def build(records: list[dict[str, Any]], since: float, until: float | None = Non
                             "held": i.held, "history": [dict(h) for h in i.history]}
                            for i in found if i.held],
         "rma_candidates": rma,
-        "waiting_for_a_person": [{"node": i.node, "incident": i.id, "action": i.action,
-                                  "since": incidents.utc(i.step_since or i.opened_at),
-                                  "waited_s": round(until - (i.step_since or i.opened_at), 1),
-                                  "why": i.why or None, "todo": i.todo or None}
-                                 for i in found if i.waits_for_person],
+        "waiting_for_a_person": [{**e, "since": incidents.utc(e["since"])} for e in fleet.for_a_person(until)
+                                 if e["in_service"] or any(i.id == e["incident"] for i in found)],
         "trend": _trend(found, since, until),
     }
 

@@ -112,11 +112,9 @@ def render(rep: dict[str, Any]) -> str:
            + _rows([(n["node"], float(n["incidents"])) for n in rep["nodes"]], _BAR, "nodes by incidents") + "</div>",
            "</div>"]
     out.append("<h2>Repair times</h2><table><tr><th></th><th>median</th><th>p90</th><th>incidents</th></tr>")
-    eligible = s.get("time_to_job_running_how") == "made eligible"
-    for label, key in (("time to drain", "time_to_drain"),
-                       ("job made eligible" if eligible else "job running again", "time_to_job_running"),
-                       ("back in service (MTTR)", "mttr")):
-        st = s[key]
+    for label, key in (("time to drain", "time_to_drain"), ("job made eligible", "time_to_job_eligible"),
+                       ("job running again", "time_to_job_running"), ("back in service (MTTR)", "mttr")):
+        st = s.get(key) or {"median_s": None, "p90_s": None, "count": 0}
         out.append(f'<tr><td>{label}</td><td class="n">{_d(st["median_s"])}</td><td class="n">{_d(st["p90_s"])}</td>'
                    f'<td class="n">{st["count"]}</td></tr>')
     out.append("</table>")
@@ -156,7 +154,7 @@ def render(rep: dict[str, Any]) -> str:
         back = '<span class="open">open</span>' if i["out_of_service_s"] is None else _d(i["out_of_service_s"])
         out.append(f"<tr><td>{escape(i['opened_at'].replace('T', ' ').rstrip('Z'))}</td><td>{escape(i['node'])}</td>"
                    f"<td>{escape(finding)}</td><td>{escape(i['action'])}</td>"
-                   f"<td>{escape(', '.join(j['job_id'] for j in i['jobs']))}</td>"
+                   f"<td>{escape(', '.join(j['job_id'] + (' (' + j['user'] + ')' if j.get('user') else '') for j in i['jobs']))}</td>"
                    f'<td class="n">{_d(i["time_to_drain_s"])}</td><td class="n">{back}</td></tr>')
     out.append("</table>")
     out.append(f"<p class=\"sub\">GPU-hours lost: {escape(s['gpu_hours_lost_how'])}.</p></body></html>")

@@ -20,11 +20,9 @@ def render(rep: dict[str, Any], width: int = 40) -> list[str]:
     lines.append(f"{s['incidents']} incidents ({s['open']} open) on {s['nodes']} nodes, {s['gpus']} GPUs; "
                  f"{s['jobs_requeued']} jobs requeued; GPU-hours lost: {lost}")
     lines += ["", f"{'':<20}{'median':>10}{'p90':>10}{'n':>5}"]
-    eligible = s.get("time_to_job_running_how") == "made eligible"
-    for label, key in (("time to drain", "time_to_drain"),
-                       ("job made eligible" if eligible else "job running again", "time_to_job_running"),
-                       ("back in service", "mttr")):
-        st = s[key]
+    for label, key in (("time to drain", "time_to_drain"), ("job made eligible", "time_to_job_eligible"),
+                       ("job running again", "time_to_job_running"), ("back in service", "mttr")):
+        st = s.get(key) or {"median_s": None, "p90_s": None, "count": 0}
         lines.append(f"{label:<20}{_d(st['median_s']):>10}{_d(st['p90_s']):>10}{st['count']:>5}")
     lines += ["", f"{'NODE':<16}{'INCIDENTS':>10}{'OPEN':>6}{'MTTR':>10}  FINDINGS"]
     for n in rep["nodes"]:
@@ -48,8 +46,10 @@ def render(rep: dict[str, Any], width: int = 40) -> list[str]:
     waiting = rep.get("waiting_for_a_person") or []
     lines += ["", "WAITING FOR A PERSON" + ("" if waiting else ": none")]
     for w in waiting:
-        lines.append(f"  {w['node']} [{w['action']}] for {_d(w['waited_s'])}: {w['todo'] or 'look at it'}"
-                     + (f" (why: {w['why']})" if w["why"] else ""))
+        where = "in service, " if w.get("in_service") else ""
+        lines.append(f"  {w['node']} [{w['action']}] {where}for {_d(w['waited_s'])}: {w.get('who') or 'a person'} "
+                     f"must {w['todo'] or 'look at it'}" + (f" (why: {w['why']})" if w["why"] else "")
+                     + (f"; evidence: {', '.join(w['evidence'])} (on {w['node']})" if w.get("evidence") else ""))
     points = rep["trend"]["points"]
     if points and any(p["incidents"] for p in points):
         top = max(p["incidents"] for p in points)

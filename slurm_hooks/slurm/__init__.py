@@ -246,6 +246,8 @@ class JobInfo:
     het_job_id: int = 0
     priority: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    #: Who owns it (squeue's UserName; "" where Slurm did not say).
+    user: str = ""
 
     @property
     def ref(self) -> str:

@@ -300,6 +300,7 @@ def _job_info(job: Any) -> JobInfo:
         batch=bool(job.is_batch_job),
         restarts=int(job.requeue_count or 0),
         reason=job.state_reason or "",
+        user=str(getattr(job, "user_name", None) or ""),
         array_job_id=array_id,
         array_task_id=task,
         het_job_id=_num(getattr(job, "heterogeneous_id", None)),

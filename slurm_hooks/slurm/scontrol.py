@@ -141,7 +141,7 @@ def parse_node_line(line: str) -> NodeInfo:
 #: record (see :func:`parse_squeue_jobs`). ``JobID`` is the unique id (``%A``); an array
 #: task is addressed through ``ArrayJobID``/``ArrayTaskID``, a het component through ``HetJobID``.
 SQUEUE_JOB_FORMAT = ("JobID:|,ArrayJobID:|,ArrayTaskID:|,HetJobID:|,State:|,NodeList:|,Requeue:|,RestartCnt:|,"
-                     "BatchFlag:|,PriorityLong:|,Reason:|,Name:|,JobID:")
+                     "BatchFlag:|,PriorityLong:|,Reason:|,UserName:|,Name:|,JobID:")
 #: The same without the name, for output in which some name broke a line.
 SQUEUE_JOB_FORMAT_NO_NAME = SQUEUE_JOB_FORMAT.replace("Name:|,", "")
 _SQUEUE_FIXED = SQUEUE_JOB_FORMAT.split(",").index("Name:|")
@@ -205,7 +205,7 @@ def _squeue_record(line: str, named: bool) -> JobInfo:
             raise _BadLine("no trailing job id")
     else:
         name, trailer = "", rest
-    job_id, array_id, task_id, het_id, state, nodes, requeue, restarts, batch, priority, reason = \
+    job_id, array_id, task_id, het_id, state, nodes, requeue, restarts, batch, priority, reason, user = \
         (f.strip() for f in fixed)
     if not job_id.isdigit() or trailer.strip() != job_id:
         raise _BadLine("job id not repeated after the name")
@@ -221,6 +221,7 @@ def _squeue_record(line: str, named: bool) -> JobInfo:
             batch=batch not in ("0", "no"),
             restarts=int(restarts or 0),
             reason=_clean(reason),
+            user=_clean(user),
             array_job_id=int(array_id) if array_id.isdigit() and task_id.isdigit() else 0,
             array_task_id=task_id if task_id.isdigit() else "",
             het_job_id=int(het_id) if het_id.isdigit() else 0,

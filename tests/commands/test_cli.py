@@ -14,6 +14,7 @@ import pytest
 from fakes.config import write_sim_config
 
 from slurm_hooks.observe import events as ev
+from slurm_hooks.observe import timeline
 
 T0 = 1764412800.0  # 2025-11-29 10:40:00 UTC
 
@@ -252,35 +253,38 @@ def test_events_shows_incidents_grouped_per_node_in_time_order(conf, tmp_path):
     r = slurm_hooks("events", "--config", str(conf))
     assert (r.returncode, r.stderr) == (0, "")
     lines = r.stdout.splitlines()
-    heads = [line for line in lines if line.startswith("incident on ")]
-    assert heads == ["incident on n1 at 2025-11-29 10:40:00 UTC", "incident on n2 at 2025-11-29 11:40:00 UTC",
-                     "incident on n1 at 2025-11-29 12:40:00 UTC"]
-    first = lines[1:4]
+    heads = [line for line in lines if not line.startswith(" ")]
+    # One incident under its id from its alert to its resume two hours later (no 600 s gap splits
+    # it); the alert on n2 that took nothing out of service is not called an incident.
+    assert heads == ["incident n1-20251129T104000.412Z on n1: drained [replace] at 2025-11-29 10:40:00 UTC; back in "
+                     "service after 2h 00m, resumed by slurm-hooks",
+                     "n2 at 2025-11-29 11:40:00 UTC: no incident (the node was not taken out of service)"]
+    first = lines[1:5]
     assert first[0].startswith("  +   0.000s  alert   gpu3 xid: XID 79 (GPU has fallen off the bus) -> replace")
     assert first[1] == "  +   0.412s  drain   n1 ok (slurm-hooks: XID 79 on GPU 3 [replace])"
-    assert first[2] == "  +   0.900s  requeue 4711 ok"
-    assert lines[-1] == "  +   0.000s  resume  n1 ok (slurm-hooks: XID 79 on GPU 3 [replace])"
+    assert first[2] == "  +   0.900s  requeue job 4711 requeued"
+    assert first[3] == "  +7200.000s  resume  n1 ok (slurm-hooks: XID 79 on GPU 3 [replace])"
 
 
 def test_events_node_filter(conf, tmp_path):
     write_audit(tmp_path, INCIDENT)
     r = slurm_hooks("events", "--node", "n2", "--config", str(conf))
     lines = r.stdout.splitlines()
-    assert lines[0] == "incident on n2 at 2025-11-29 11:40:00 UTC"
+    assert lines[0] == "n2 at 2025-11-29 11:40:00 UTC: no incident (the node was not taken out of service)"
     assert len(lines) == 2 and "leftover" in lines[1]
 
 
 @pytest.mark.parametrize("since", [str(T0 + 3000), "2025-11-29T11:30:00", "2025-11-29T11:30:00+00:00"])
 def test_events_since_an_absolute_time(conf, tmp_path, since):
     write_audit(tmp_path, INCIDENT)
-    r = slurm_hooks("events", "--since", since, "--json", "--config", str(conf))
+    r = slurm_hooks("events", "--since", since, "--records", "--config", str(conf))
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["ts"] for line in r.stdout.splitlines()] == [T0 + 3600, T0 + 7200]
 
 
 def test_events_since_an_iso_time_in_utc_with_z(conf, tmp_path):
     write_audit(tmp_path, INCIDENT)
-    r = slurm_hooks("events", "--since", "2025-11-29T11:30:00Z", "--json", "--config", str(conf))
+    r = slurm_hooks("events", "--since", "2025-11-29T11:30:00Z", "--records", "--config", str(conf))
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == 2
 
@@ -288,16 +292,24 @@ def test_events_since_an_iso_time_in_utc_with_z(conf, tmp_path):
 def test_events_since_a_relative_time(conf, tmp_path):
     now = time.time()
     write_audit(tmp_path, [dict(INCIDENT[0], ts=now - 7200), dict(INCIDENT[1], ts=now - 600)])
-    r = slurm_hooks("events", "--since", "30m", "--json", "--config", str(conf))
+    r = slurm_hooks("events", "--since", "30m", "--records", "--config", str(conf))
     assert [json.loads(line)["kind"] for line in r.stdout.splitlines()] == ["action"]
-    r = slurm_hooks("events", "--since", "3h", "--json", "--config", str(conf))
+    r = slurm_hooks("events", "--since", "3h", "--records", "--config", str(conf))
     assert len(r.stdout.splitlines()) == 2
 
 
-def test_events_json_gives_the_records_sorted_by_time(conf, tmp_path):
+def test_events_records_gives_the_records_sorted_by_time(conf, tmp_path):
     write_audit(tmp_path, list(reversed(INCIDENT)))
-    r = slurm_hooks("events", "--json", "--config", str(conf))
+    r = slurm_hooks("events", "--records", "--config", str(conf))
     assert [json.loads(line) for line in r.stdout.splitlines()] == INCIDENT
+
+
+def test_events_json_gives_incidents_by_their_id_as_pages_and_the_report_name_them(conf, tmp_path):
+    write_audit(tmp_path, INCIDENT)
+    r = slurm_hooks("events", "--json", "--config", str(conf))
+    [inc] = [json.loads(line) for line in r.stdout.splitlines()]
+    assert (inc["incident"], inc["node"], inc["records"]) == ("n1-20251129T104000.412Z", "n1", 4)
+    assert inc["jobs"][0]["job_id"] == "4711" and inc["out_of_service_s"] == pytest.approx(7199.588)
 
 
 def test_events_without_a_log_says_no_events(conf):
@@ -320,7 +332,7 @@ def test_events_after_a_real_check_shows_its_alert(conf, tmp_path):
     assert slurm_hooks("check", "--config", str(conf)).returncode == 1
     r = slurm_hooks("events", "--node", "n1", "--config", str(conf))
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("incident on n1 at ")
+    assert lines[0].startswith("n1 at ") and lines[0].endswith(": no incident (the node was not taken out of service)")
     assert "alert   gpu3 xid: XID 79 (GPU has fallen off the bus) -> reboot" in lines[1]
 
 
@@ -341,9 +353,9 @@ def test_incidents_split_on_a_gap_and_per_node():
         [("n1", 0), ("n1", 599)], [("n2", 10)], [("n1", 1300)]]
 
 
-def test_render_stamps_incidents_in_utc():
-    [head, line] = ev.render([[{"ts": T0, "node": "n1", "kind": "note", "message": "hello"}]])
-    assert head == f"incident on n1 at {datetime.fromtimestamp(T0, tz=timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+def test_render_stamps_records_in_utc():
+    [head, line] = timeline.render([(None, [{"ts": T0, "node": "n1", "kind": "note", "message": "hello"}])])
+    assert head.startswith(f"n1 at {datetime.fromtimestamp(T0, tz=timezone.utc):%Y-%m-%d %H:%M:%S} UTC: ")
     assert line == "  +   0.000s  note    hello"
 
 

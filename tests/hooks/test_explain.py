@@ -48,3 +48,30 @@ def test_a_faulty_node_explained_lists_its_findings_without_the_healthy_line(tmp
     sim(conf, "inject", "--node", "n1", "--gpu", "3", "--xid", "79")
     r = explain(conf)
     assert r.returncode == 1 and "gpu3 xid: XID 79" in r.stdout and "0 findings" not in r.stdout, r.stdout
+
+
+#: ``scontrol`` as 22.05 answers for n1 drained by us [replace] (and nothing else: an explain only reads).
+SCONTROL_REPLACE = """#!/bin/sh
+case "$*" in
+  --version) echo "slurm 22.05.8" ;;
+  *"show node"*) echo "NodeName=n1 Arch=x86_64 CPUAlloc=0 CPUTot=8 Gres=gpu:8 State=IDLE+DRAIN Partitions=gpu Reason=slurm-hooks: XID 79 on GPU 3 [replace] [root@2026-11-29T21:27:07]" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_a_node_held_for_replacement_explained_says_it_waits_for_a_person_not_that_it_drains_again(tmp_path):
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(SCONTROL_REPLACE)
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")  # no job on it
+    for tool in ("scontrol", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    conf = write_sim_config(tmp_path, f"[expect]\ngpus = 8\n[slurm]\nbackend = \"scontrol\"\nbin_dir = \"{bin_dir}\"")
+    sim(conf, "init", "--node", "n1", "--gpus", "8")
+    sim(conf, "inject", "--node", "n1", "--gpu", "3", "--xid", "79")
+    r = explain(conf, "--dry-run")
+    [line] = [x for x in r.stdout.splitlines() if x.startswith("gpu3 xid")]
+    assert line.endswith("its rule says reboot -> nothing more: the node is held [replace], waiting for a person to "
+                         "replace the GPU"), line
+    assert "drain now" not in r.stdout

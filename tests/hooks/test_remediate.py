@@ -479,6 +479,22 @@ def test_follow_handles_several_jobs_independently(t):
     assert t.slurm.called("start_now") == [("start_now", 101), ("start_now", 103)]
 
 
+def test_a_job_made_eligible_is_recorded_running_only_when_a_later_look_sees_it_run_elsewhere(t):
+    """Made eligible (StartTime=now) is not running: 101 waits PENDING (Resources) after it; the look
+    the follower makes anyway for 102 sees it running on n2, and only then is it recorded running."""
+    for job_id in (101, 102):
+        t.slurm.add_job(job_id, "n1")
+    t.slurm.job_states(101, ["PENDING", "PENDING", "RUNNING"], reason="Resources", nodes="n2", restarts=1)
+    t.slurm.job_states(102, ["COMPLETING", "COMPLETING", "COMPLETING", "PENDING"], reason="BeginTime")
+    results = follower.follow_requeued(t.w, [101, 102], timeout=5, poll=0.01)
+    assert results == {"101": "ok", "102": "ok"}
+    done = [(r["action"], r["target"]) for r in t.audit.read() if r.get("kind") == "action"]
+    assert done.index(("start_now", "101")) < done.index(("running", "101"))
+    [running] = [r for r in t.audit.read() if r.get("action") == "running"]
+    assert running["nodes"] == "n2"
+    assert ("running", "102") not in done  # its look is over: never recorded as running unseen
+
+
 # --- Slurm errors are recorded, never raised -----------------------------------------------
 
 

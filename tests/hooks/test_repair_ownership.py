@@ -109,15 +109,28 @@ def replaced(t, gpu=3):
 
 
 @pytest.mark.parametrize("kept", [False, True], ids=["reason-cleared", "reason-kept-24.11"])
-def test_replace_then_a_persons_resume_then_a_new_fault_gets_the_ladder_again(t, kept):
+def test_replace_then_a_persons_resume_and_clear_then_a_new_fault_gets_the_ladder_again(t, kept):
     replaced(t)
     sim.clear(t.sim_dir, "n1", 3)
     t.slurm.keeps_reason = kept
     t.slurm.resume("n1")  # a person: scontrol update State=RESUME (24.11 keeps our [replace] text)
+    assert repair.clear_mark(t.w, 3, "alice")  # and `slurm-hooks rma clear --node n1 --gpu 3`: mended
     sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)  # no check in between
     _, out = check(t)
-    assert ("repair-replace", "ended") in rungs(t)
     assert out.repairs == ["reset:ok"] and out.resumed and t.slurm.peek("n1").state == "IDLE"
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["reason-cleared", "reason-kept-24.11"])
+def test_a_new_fault_on_a_gpu_a_person_resumed_still_marked_is_left_for_replacement_again(t, kept):
+    replaced(t)
+    sim.clear(t.sim_dir, "n1", 3)
+    t.slurm.keeps_reason = kept
+    t.slurm.resume("n1")  # no `rma clear`: the GPU stays marked for replacement
+    check(t)
+    assert ("repair-replace", "resumed") in rungs(t) and ("repair-replace", "ended") not in rungs(t)
+    sim.inject(t.sim_dir, "n1", 3, row_remap_pending=True)
+    _, out = check(t)
+    assert out.repairs == ["replace:ok"] and not out.resumed and t.slurm.peek("n1").reason.endswith("[replace]")
     assert repair.read_rma(repair.rma_path(t.w))  # the RMA entry stays
 
 

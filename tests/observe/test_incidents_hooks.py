@@ -9,7 +9,7 @@ import pytest
 from fakes.config import sim_config, sim_node
 
 from slurm_hooks.hooks import healthcheck
-from slurm_hooks.observe import events, incidents
+from slurm_hooks.observe import events, incidents, timeline
 from slurm_hooks.probes import sim
 from slurm_hooks.values import replace
 
@@ -76,9 +76,10 @@ def test_a_thousand_checks_on_a_drained_node_write_a_handful_of_lines_and_change
     repeats = [r for r in w.audit.history() if r["kind"] == "repeat"]
     assert sum(r["count"] for r in repeats) >= 2000
     # `slurm-hooks events` shows the incident in a handful of lines.
-    shown = events.render(events.incidents(events.select(w.audit.history(), "n1")))
-    assert shown[0].startswith("incident on n1 at ") and len(shown) <= 10
-    assert sum(1 for line in shown if "repeat  x" in line) >= 1
+    history = events.select(w.audit.history(), "n1")
+    shown = timeline.render(timeline.by_incident(incidents.build(history), history))
+    assert shown[0].startswith("incident n1-") and len(shown) <= 10
+    assert sum(1 for line in shown if "again   " in line and " more times until " in line) >= 1
     # The next change writes the counts out, then itself.
     slurm.set_node("n1", state="IDLE", reason="")
     healthcheck.run(w, follow="none")

@@ -112,7 +112,7 @@ def test_alertmanager_down_for_a_while_each_alert_is_delivered_once_when_it_retu
     alert = group["alerts"][0]
     assert alert["labels"]["xid"] == "79" and alert["labels"]["gpu"] == "3" and alert["labels"]["action"] == "replace"
     assert alert["labels"]["severity"] == "critical"
-    assert alert["annotations"]["jobs"] == "jobs requeued: 12 (alice)" and alert["annotations"]["runbook"]
+    assert alert["annotations"]["jobs"] == "requeued: job 12 (alice)" and alert["annotations"]["runbook"]
 
 
 def test_an_escalation_ends_the_alert_of_the_action_it_replaced(tmp_path, receiver, alertmanager):

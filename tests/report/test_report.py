@@ -50,7 +50,8 @@ def test_counts_repair_times_and_rma_candidates(records):
     assert (s["incidents"], s["open"], s["nodes"], s["jobs_requeued"]) == (4, 1, 3, 3)
     assert s["mttr"] == {"count": 3, "median_s": 3600.0, "p90_s": pytest.approx(6480.0)}
     assert s["time_to_drain"]["median_s"] == 0.5
-    assert s["time_to_job_running"] == {"count": 2, "median_s": 2.0, "p90_s": 2.0}
+    assert s["time_to_job_eligible"] == {"count": 2, "median_s": 2.0, "p90_s": 2.0}
+    assert s["time_to_job_running"]["count"] == 0  # made eligible is not running: no look saw them run
     assert s["gpu_hours_lost"] is None and "needs accounting" in s["gpu_hours_lost_how"]
     nodes = {n["node"]: n for n in rep["nodes"]}
     assert set(nodes) == {"n1", "n2", "n3"}
@@ -195,3 +196,21 @@ def test_a_report_scoped_to_nodes_asks_slurmdbd_for_those_nodes_only(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "slurm_hooks", "report", "--config", str(cfg), "--nodes", "n[1-"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--nodes" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_persons_resume_counts_at_slurms_time_not_at_the_check_that_saw_it():
+    """Drained at t, a person drains it for their own reason at t+20 and resumes at t+64; the health check
+    sees it at t+70. Out of service 64 s: from Slurm's accounting (their drain chained to ours), or from
+    the time the closing record says it happened (``at``: the watcher's), never the check's clock."""
+    from slurm_hooks.report.slurmdb import NodeEvent
+
+    t0 = NOW - 3600
+    recs = [{"ts": t0, "kind": "action", "node": "n2", "action": "drain", "target": "n2", "result": "ok",
+             "reason": "slurm-hooks: XID 48 on GPU 0 [replace]"},
+            {"ts": t0 + 70, "kind": "incident", "node": "n2", "stage": "closed", "by": "person"}]
+    events = [NodeEvent("n2", t0, t0 + 20, "DRAIN", "slurm-hooks: XID 48 on GPU 0 [replace]", "root"),
+              NodeEvent("n2", t0 + 20, t0 + 64, "DRAIN", "maint: admin checks cabling", "alice")]
+    assert report.build(recs, NOW - DAY, NOW)["incidents"][0]["out_of_service_s"] == 70.0
+    assert report.build(recs, NOW - DAY, NOW, node_events=events)["incidents"][0]["out_of_service_s"] == 64.0
+    recs[1]["at"] = t0 + 64.5  # the watcher saw the resume then
+    assert report.build(recs, NOW - DAY, NOW)["incidents"][0]["out_of_service_s"] == 64.5

@@ -65,15 +65,20 @@ def test_a_replaced_board_starts_a_clean_history_in_its_slot():
     assert [c["gpu"] for c in rep["rma_candidates"]] == ["OLD"]
 
 
-def test_without_slurmdbd_a_requeued_job_is_made_eligible_not_running_again():
+def test_without_slurmdbd_a_job_made_eligible_counts_as_running_only_once_a_look_saw_it_run():
     recs = [{"ts": NOW - 100, "kind": "action", "node": "n1", "action": "drain", "result": "ok",
              "reason": "slurm-hooks: XID 79 on GPU 0 [reboot]"},
             {"ts": NOW - 99, "kind": "action", "node": "n1", "action": "requeue", "result": "ok", "jobs": [5]},
             {"ts": NOW - 98, "kind": "action", "node": "n1", "action": "start_now", "result": "ok", "jobs": [5]}]
+    s = report.build(recs, NOW - DAY, NOW)["summary"]
+    assert (s["time_to_job_eligible"]["median_s"], s["time_to_job_running"]["count"]) == (2.0, 0)
+    recs.append({"ts": NOW - 88.5, "kind": "action", "node": "n1", "action": "running", "result": "ok", "jobs": [5],
+                 "nodes": "n2"})
     rep = report.build(recs, NOW - DAY, NOW)
-    assert rep["summary"]["time_to_job_running_how"] == "made eligible"
+    assert rep["summary"]["time_to_job_running"]["median_s"] == 11.5
+    assert rep["incidents"][0]["time_to_job_eligible_s"] == 2.0 and rep["incidents"][0]["time_to_job_running_s"] == 11.5
     out = "\n".join(text.render(rep))
-    assert "job made eligible" in out and "running again" not in out
+    assert "job made eligible" in out and "job running again" in out
 
 
 def test_rotated_and_gzipped_logs_are_read(tmp_path):
@@ -97,4 +102,5 @@ def test_a_node_waiting_for_a_person_is_listed_with_what_to_do():
     assert (w["node"], w["action"]) == ("n1", "replace") and "serial 1650923012345" in w["todo"]
     assert 86000 < w["waited_s"] < 86500
     out = "\n".join(text.render(rep))
-    assert "WAITING FOR A PERSON\n  n1 [replace] for 23h 55m: replace GPU 0 (GPU-8f2c, serial 1650923012345)" in out
+    assert ("WAITING FOR A PERSON\n  n1 [replace] for 23h 55m: a person must replace GPU 0 (GPU-8f2c, serial "
+            "1650923012345) on n1 and send it back for RMA") in out

@@ -38,7 +38,7 @@ def test_one_job_slurm_no_longer_knows_is_asked_for_once_per_look():
 
 
 def test_every_job_read_is_this_clusters_own_without_asking_the_federation():
-    slurm, seen = scontrol({"101,102": (0, "101|101|N/A|N/A|PENDING||1|1|1|5|BeginTime|x|101\n")})
+    slurm, seen = scontrol({"101,102": (0, "101|101|N/A|N/A|PENDING||1|1|1|5|BeginTime|root|x|101\n")})
     [job] = slurm.jobs(["101", "102"])
     assert (job.job_id, job.pending) == (101, True)
     [argv] = seen

@@ -236,44 +236,44 @@ def _squeue(*records: tuple) -> str:
 
 def test_array_tasks_keep_their_unique_id_and_are_addressed_as_array_underscore_task():
     # Captured on the testbed: `sbatch -a 0-3`; the last task to start carries the array's id (1).
-    out = ("2|1|0|N/A|RUNNING|n1|1|0|1|4294901757|None|wrap|2\n"
-           "1|1|3|N/A|RUNNING|n2|1|0|1|4294901757|None|wrap|1\n")
+    out = ("2|1|0|N/A|RUNNING|n1|1|0|1|4294901757|None|root|wrap|2\n"
+           "1|1|3|N/A|RUNNING|n2|1|0|1|4294901757|None|root|wrap|1\n")
     jobs = parse_squeue_jobs(out)
     assert [(j.job_id, j.ref) for j in jobs] == [(2, "1_0"), (1, "1_3")]
     assert jobs[1].answers_to(1) and jobs[1].answers_to("1_3") and not jobs[0].answers_to(1)
 
 
 def test_a_plain_job_and_a_het_component_are_addressed_by_id_and_by_their_leader():
-    out = "10|10|N/A|N/A|RUNNING|n1|1|0|1|5|None|plain|10\n8|8|N/A|7|RUNNING|n2|1|0|1|5|None|het|8\n"
+    out = "10|10|N/A|N/A|RUNNING|n1|1|0|1|5|None|root|plain|10\n8|8|N/A|7|RUNNING|n2|1|0|1|5|None|root|het|8\n"
     plain, component = parse_squeue_jobs(out)
     assert (plain.ref, component.ref, component.het_job_id) == ("10", "7", 7)
 
 
 def test_squeue_job_states_and_holds_are_typed():
-    held = parse_squeue_job("9|9|N/A|N/A|PENDING||1|1|1|0|launch failed requeued held|x|9")
+    held = parse_squeue_job("9|9|N/A|N/A|PENDING||1|1|1|0|launch failed requeued held|root|x|9")
     assert held.pending and held.held_by_launch_failure and held.priority == "0"
     assert not held.held_by_admin and not held.active
-    admin = parse_squeue_job("9|9|N/A|N/A|PENDING||1|1|1|0|JobHeldAdmin|x|9")
+    admin = parse_squeue_job("9|9|N/A|N/A|PENDING||1|1|1|0|JobHeldAdmin|root|x|9")
     assert admin.held_by_admin and not admin.held_by_launch_failure
-    completing = parse_squeue_job("9|9|N/A|N/A|COMPLETING|n1|1|0|1|5|None|x|9")
+    completing = parse_squeue_job("9|9|N/A|N/A|COMPLETING|n1|1|0|1|5|None|root|x|9")
     assert completing.active and completing.completing and not completing.finished
-    assert parse_squeue_job("9|9|N/A|N/A|COMPLETED|n1|1|0|1|5|None|x|9").finished
+    assert parse_squeue_job("9|9|N/A|N/A|COMPLETED|n1|1|0|1|5|None|root|x|9").finished
 
 
 def test_a_job_name_with_a_newline_cannot_pass_for_another_jobs_record():
     # Captured: `sbatch -J $'nl\nfake'` prints its name across two lines. Here the name forges a
     # whole record for job 102 (COMPLETED elsewhere): the forgery must not be believed.
-    forged = "102|102|N/A|N/A|COMPLETED|elsewhere|0|0|1|1|None|y"
-    out = _squeue((101, 101, "N/A", "N/A", "RUNNING", "n1", 1, 0, 1, 5, "None", f"x|101\n{forged}", 101),
-                  (102, 102, "N/A", "N/A", "RUNNING", "n1", 1, 0, 1, 5, "None", "victim", 102))
+    forged = "102|102|N/A|N/A|COMPLETED|elsewhere|0|0|1|1|None|root|y"
+    out = _squeue((101, 101, "N/A", "N/A", "RUNNING", "n1", 1, 0, 1, 5, "None", "root", f"x|101\n{forged}", 101),
+                  (102, 102, "N/A", "N/A", "RUNNING", "n1", 1, 0, 1, 5, "None", "root", "victim", 102))
     assert parse_squeue_jobs(out) is None  # so the caller asks again without names
-    without_names = "101|101|N/A|N/A|RUNNING|n1|1|0|1|5|None|101\n102|102|N/A|N/A|RUNNING|n1|1|0|1|5|None|102\n"
+    without_names = "101|101|N/A|N/A|RUNNING|n1|1|0|1|5|None|root|101\n102|102|N/A|N/A|RUNNING|n1|1|0|1|5|None|root|102\n"
     jobs = parse_squeue_jobs(without_names, named=False)
     assert [(j.job_id, j.state, j.nodes, j.name) for j in jobs] == [(101, "RUNNING", "n1", ""), (102, "RUNNING", "n1", "")]
 
 
 def test_a_name_with_pipes_stays_the_name():
-    [job] = parse_squeue_jobs("5|5|N/A|N/A|RUNNING|n1|1|0|1|5|None|a|b|COMPLETED|5\n")
+    [job] = parse_squeue_jobs("5|5|N/A|N/A|RUNNING|n1|1|0|1|5|None|root|a|b|COMPLETED|5\n")
     assert (job.name, job.state) == ("a|b|COMPLETED", "RUNNING")
 
 
@@ -330,7 +330,7 @@ def test_a_job_name_cannot_spoof_the_job_state_or_node_list():
     from slurm_hooks.slurm.scontrol import parse_squeue_job
 
     name = "x UserId=nobody(65534) JobState=COMPLETED NodeList=elsewhere Requeue=0|COMPLETED|elsewhere|0"
-    job = parse_squeue_job(f"77|77|N/A|N/A|RUNNING|n1|1|0|1|4294901759|None|{name}|77")
+    job = parse_squeue_job(f"77|77|N/A|N/A|RUNNING|n1|1|0|1|4294901759|None|root|{name}|77")
     assert (job.state, job.nodes, job.requeue) == ("RUNNING", "n1", True)
     assert job.name == name
 
@@ -355,3 +355,8 @@ def test_the_submit_line_is_read_from_scontrol_show_job_on_25_11():
     assert from_submit_line(line).spec == "B:USR1@90"
     assert parse_admin_comment(SHOW_JOB_25_11) == "site: budget 42"
     assert parse_submit_line(SHOW_JOB_25_11.replace("   SubmitLine=", "   Other=")) == ""
+
+
+def test_a_jobs_owner_is_read_from_squeue():
+    job = parse_squeue_job("4242|4242|N/A|N/A|RUNNING|n1|1|0|1|5|None|alice|train|4242")
+    assert (job.job_id, job.user, job.name) == (4242, "alice", "train")

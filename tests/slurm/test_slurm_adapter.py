@@ -489,7 +489,7 @@ def test_a_newline_in_a_job_name_cannot_hide_a_job_or_fake_another(slurm, clean_
     tb = clean_testbed
     victim = tb.sbatch(SLEEP, "-w", "n1", "-J", "victim")
     tb.wait_job(victim, ["RUNNING"])
-    forged = f"{victim}|{victim}|N/A|N/A|COMPLETED|elsewhere|0|0|1|1|None|y"
+    forged = f"{victim}|{victim}|N/A|N/A|COMPLETED|elsewhere|0|0|1|1|None|root|y"
     hostile = tb.sbatch(SLEEP, "-w", "n1", "-J", f"x|0\n{forged}")
     tb.wait_job(hostile, ["RUNNING"])
     jobs = {j.job_id: j for j in slurm.jobs_on_node("n1")}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from slurm_hooks.remedy.repair.evidence import EVIDENCE_FILE_MAX, EVIDENCE_KEEP, EVIDENCE_S, evidence_dir, keep_evidence
 from slurm_hooks.remedy.repair.planner import RUNGS, Plan, plan, start_rung
 from slurm_hooks.remedy.repair.rma import add_to_rma, gpu_ids, read_rma, rma_path
+from slurm_hooks.remedy.repair.rma import clear as clear_mark
 from slurm_hooks.remedy.repair.rungs import restore_services
 from slurm_hooks.remedy.repair.state import RepairState, RepairStateUnreadable
 from slurm_hooks.remedy.repair.store import KEEP_S, VERSION, load, save, state_path
@@ -37,7 +38,7 @@ from slurm_hooks.remedy.repair.worker import (
 __all__ = [
     "EVIDENCE_FILE_MAX", "EVIDENCE_KEEP", "EVIDENCE_S", "KEEP_S", "MODES", "RUNGS", "UNVERIFIED", "VALIDATE_TRIES",
     "VALIDATING", "VERSION", "WORKER_READY_S", "Plan", "Rejudge", "RepairState", "RepairStateUnreadable",
-    "add_to_rma", "evidence_dir", "gpu_ids", "hand_off", "keep_evidence", "load", "new_urgent", "note_person_resume",
+    "add_to_rma", "clear_mark", "evidence_dir", "gpu_ids", "hand_off", "keep_evidence", "load", "new_urgent", "note_person_resume",
     "plan", "read_rma", "restore_services", "rma_path", "save", "start_rung", "state_path", "step", "validate_on_request",
     "verdict", "worker_lock",
 ]

@@ -56,5 +56,52 @@ def gpu_ids(report: Report | None, p: Plan) -> list[dict[str, Any]]:
              **gpu_fields(report, index)} for index, ident in p.gpus if index is not None]
 
 
+def marked_on(w: Wiring, uuids: list[str]) -> list[dict[str, Any]]:
+    """The RMA list's GPUs of this node with these UUIDs, as audit records name them: index, UUID,
+    serial, PCI bus id (a UUID the list lacks is named by its UUID alone)."""
+    entries = {e.get("uuid"): e for e in read_rma(rma_path(w)) if e.get("node") == w.node}
+    out = []
+    for uuid in uuids:
+        e = entries.get(uuid, {})
+        out.append({"index": e.get("gpu"), "uuid": uuid, "serial": str(e.get("serial") or ""),
+                    "pci_bus_id": str(e.get("pci_bus_id") or "")})
+    return out
+
+
+def clear(w: Wiring, gpu: int, user: str) -> list[dict[str, Any]]:
+    """A person's ``slurm-hooks rma clear``: GPU ``gpu`` of this node is no longer marked for
+    replacement. Its RMA entry goes (its history stays in the audit log, with who cleared it), and
+    the repair ladder forgets its [replace] and its attempts on that GPU, so a fault on it climbs
+    from the foot again. Returns the GPUs cleared ([]: none of this node's marked GPUs has that index)."""
+    from dataclasses import replace
+
+    from slurm_hooks.remedy.repair.store import Ledger
+
+    path = rma_path(w)
+    with fsutil.locked(path):
+        entries = read_rma(path)
+        gone = [e for e in entries if e.get("node") == w.node and e.get("gpu") == gpu]
+        if gone:
+            kept = [e for e in entries if e not in gone]
+            fsutil.atomic_write(path, json.dumps({"version": VERSION, "gpus": kept}, indent=1), mode=0o600)
+    ledger = Ledger(w)
+    replaced = ledger.state.replaced
+    uuids = {str(e.get("uuid")) for e in gone}
+    cleared = [{"index": e.get("gpu"), "uuid": str(e.get("uuid") or ""), "serial": str(e.get("serial") or ""),
+                "pci_bus_id": str(e.get("pci_bus_id") or "")} for e in gone]
+    if replaced is not None and not gone and replaced.recalled:
+        cleared = [{"index": gpu, "uuid": "", "serial": "", "pci_bus_id": ""}]  # taken from Slurm's reason
+        ledger.update(replaced=None)
+    elif replaced is not None and uuids & set(replaced.gpus):
+        left = tuple(g for g in replaced.gpus if g not in uuids)
+        ledger.update(replaced=replace(replaced, gpus=left) if left else None,
+                      attempts=tuple(a for a in ledger.state.attempts if not set(a.gpus) & uuids))
+    if cleared:
+        w.audit.write("action", node=w.node, action="rma-clear", target=w.node, result="ok", duration_s=0.0,
+                      user=user, gpu_ids=cleared, reason=str(gone[0].get("reason") or ""),
+                      detail=f"mark for replacement cleared by {user or 'a person'}")
+    return cleared
+
+
 def is_uuid(ident: str) -> bool:
     return ident.startswith(("GPU-", "MIG-"))

@@ -174,9 +174,12 @@ class Replaced:
     gpus: tuple[str, ...] = ()
     #: Taken from Slurm's reason: the state dir had been lost.
     recalled: bool = False
+    #: When a person returned the node to service with these GPUs still in it (0: not yet). The mark
+    #: stays: only new hardware (new UUIDs) or ``slurm-hooks rma clear`` ends it.
+    resumed: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    _KEYS = ("t", "reason", "gpus", "recalled")
+    _KEYS = ("t", "reason", "gpus", "recalled", "resumed")
 
     @classmethod
     def from_json(cls, data: Any) -> Replaced:
@@ -185,12 +188,14 @@ class Replaced:
             raise ValueError("'replaced' gpus is not a list")
         return cls(_number(data.get("t", 0), "'replaced' time"), str(data.get("reason", "")),
                    tuple(str(g) for g in data.get("gpus", [])), bool(data.get("recalled", False)),
-                   _rest(data, cls._KEYS))
+                   _number(data.get("resumed", 0), "'replaced' resumed"), _rest(data, cls._KEYS))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": self.t, "reason": self.reason, "gpus": list(self.gpus)}
         if self.recalled:
             out["recalled"] = True
+        if self.resumed:
+            out["resumed"] = self.resumed
         return {**out, **self.extra}
 
 

@@ -39,6 +39,7 @@ across reboots. Every rung is an audit record (start, result, duration) and a me
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -105,8 +106,11 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
             return ledger.state.stopped is not None and _restore_now(w, mode)
         if (info.drained or _down(info)) and offenders.is_held(info.reason):
             return True  # held for a person (too many remediations on this node): no rung runs, no resume
-        if ledger.state.replaced is not None and not rebooting and (info.drained or _down(info)):
+        replaced = ledger.state.replaced
+        if replaced is not None and not replaced.resumed and not rebooting and (info.drained or _down(info)):
             return True  # waiting for a person (or new hardware): no reboot loop, no resume
+        # A person returned it to service with the GPU still marked, and a new fault drained it since:
+        # the ladder weighs the new fault on its attempts (a [replace] again, within the window).
         if ended and not report.drain_findings():
             if not ((info.drained or _down(info)) and begin(w, ledger, info, "replacement")):
                 return False  # healthy (or a person's resume): the caller resumes it
@@ -286,25 +290,47 @@ def _down(info: NodeInfo) -> bool:
 
 
 def _replace_ended(w: Wiring, report: Report, ledger: Ledger, info: NodeInfo) -> bool:
-    """Whether our ``[replace]`` is over: a person resumed the node, or every GPU it named is
-    gone from the node (new hardware: new UUIDs). The same GPU passing a check is not enough
-    (flaky hardware passes now and then). The RMA entry stays. True when it ended now."""
+    """Whether our ``[replace]`` is over: every GPU it named is gone from the node (new hardware:
+    new UUIDs). The same GPU passing a check is not enough (flaky hardware passes now and then), and
+    neither is a person's resume: the node then runs jobs with its GPUs still marked for
+    replacement (said once, in the audit log and so in the page, ``status`` and the report) until
+    new hardware or ``slurm-hooks rma clear``. A ``[replace]`` taken from Slurm's reason (no GPU
+    known) ends with the resume. The RMA entry stays. True when it ended now."""
     replaced = ledger.state.replaced
     if replaced is None:
         return False
     gpus = [g for g in replaced.gpus if is_uuid(g)]
     snap = report.snapshot
-    if not (info.drained or _down(info)):
-        detail = "the node was resumed by a person"
-    elif gpus and snap is not None and snap.error is None and snap.gpus \
+    in_service = not (info.drained or _down(info))
+    if gpus and snap is not None and snap.error is None and snap.gpus \
             and not set(gpus) & {g.uuid for g in snap.gpus}:
         detail = f"GPU(s) {', '.join(gpus)} no longer in the node: the hardware was replaced"
+    elif in_service and gpus:
+        if not replaced.resumed:
+            from slurm_hooks.remedy.repair.rma import marked_on
+
+            ledger.update(replaced=dataclasses.replace(replaced, resumed=time.time()))
+            marked = marked_on(w, gpus)
+            w.audit.write("action", node=w.node, action="repair-replace", target=w.node, result="resumed",
+                          duration_s=0.0, reason=replaced.reason, gpu_ids=marked,
+                          detail=f"returned to service by a person with {_named(marked)} still marked for "
+                                 "replacement: jobs run on it; the mark stays until new hardware or "
+                                 + "; ".join(f"`slurm-hooks rma clear --node {w.node} --gpu {g['index']}`"
+                                             for g in marked if g.get("index") is not None))
+        return False
+    elif in_service:
+        detail = "the node was resumed by a person"
     else:
         return False
     ledger.update(replaced=None, attempts=tuple(a for a in ledger.state.attempts if not set(a.gpus) & set(replaced.gpus)))
     w.audit.write("action", node=w.node, action="repair-replace", target=w.node, result="ended", duration_s=0.0,
                   reason=replaced.reason, detail=f"{detail}; the ladder starts afresh on this node")
     return True
+
+
+def _named(gpus: list[dict]) -> str:
+    words = [f"GPU {g.get('index', '?')}" + (f" (serial {g['serial']})" if g.get("serial") else "") for g in gpus]
+    return ", ".join(words) or "its GPU"
 
 
 def _has_marker(w: Wiring) -> bool:
