@@ -227,7 +227,8 @@ class NotifySection:
 
     syslog: bool = setting(False, doc="one line per message to syslog/journald (facility daemon)")
     outbox: str = setting("", doc='"" = <[state] dir>/notify; the outbox, the log cursor and what was sent')
-    settle: float = setting(2.0, doc="seconds after a drain to gather what the hooks write (requeued jobs)")
+    settle: float = setting(2.0, doc="seconds after a drain or an escalation to gather what the hooks write (requeued "
+                             "jobs, the ladder's [replace] with its evidence) before the message")
     reminder_after: float = setting(14400.0, doc="seconds an incident may stay open before a reminder (again each "
                                                  "period); 0 = never")
     timeout: float = setting(5.0, range=POSITIVE, doc="seconds per webhook request")

@@ -507,6 +507,9 @@ def _step(inc: Incident, rec: records.Action) -> None:
     elif action == "drain" and result == "ok":
         if records.at_job_end(rec.reason):
             now("drain", WaitingFor.JOBS, "the fault is not urgent: the node is drained, its jobs run to their end")
+        elif inc.waiting_for == WaitingFor.REBOOT.value and reason_action(rec.reason) == "replace":
+            # A check on the new boot drained it [replace]: the reboot is over and did not mend it.
+            now("replace", WaitingFor.PERSON, rec.reason, replace_todo(node, _replace_gpus(inc)))
         elif inc.step in ("drain", ""):
             now("drain")
     elif action == "repair-reset" and result == "start":
@@ -532,6 +535,15 @@ def _step(inc: Incident, rec: records.Action) -> None:
             now("drain", WaitingFor.PERSON, rec.detail, _TODO_RESUME.format(node=node))
     if rec.evidence and rec.evidence not in inc.evidence:
         inc.evidence.append(rec.evidence)
+
+
+def _replace_gpus(inc: Incident) -> list[dict[str, Any]]:
+    """The GPUs the findings say to replace, as the RMA list names them (before the ladder's own list)."""
+    out: dict[int, dict[str, Any]] = {}
+    for f in inc.findings:
+        if f.action == "replace" and f.gpu is not None:
+            out.setdefault(f.gpu, {"index": f.gpu, "uuid": f.uuid, "serial": f.serial})
+    return list(out.values())
 
 
 def history_line(h: dict[str, Any]) -> str:

@@ -844,8 +844,14 @@ class Notifier:
             out.append(compose(inc, OPENED, now, cluster=c, runbook=rb, hold=hold))
             told.opened, told.opened_at, told.alert_action = True, now, inc.action
             told.escalated = [a for _, a in inc.escalations]
-        for _, action in inc.escalations:
+        for ts, action in inc.escalations:
             if action not in told.escalated:
+                if inc.open and now < ts + self.s.notify.settle:
+                    # As the opening: the hooks write what follows within moments (the ladder's
+                    # [replace] with the GPU's RMA ids and its evidence) and the page tells it.
+                    due = ts + self.s.notify.settle
+                    self._settling = due if self._settling is None else min(self._settling, due)
+                    break
                 snapshot = Incident.from_dict({**inc.to_dict(), "action": action})
                 out.append(compose(snapshot, ESCALATED, now, cluster=c, runbook=rb, previous_action=told.alert_action,
                                    hold=self.s.hold_for(action)))
