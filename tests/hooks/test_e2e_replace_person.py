@@ -170,7 +170,7 @@ def test_replace_page_tells_a_person_what_to_do_and_a_persons_resume_keeps_the_g
     tb.wait_job(ran, ("COMPLETED",), timeout=30)
     assert "ran on n2" in tb.job_output(ran)
     node = slurm.node("n2")
-    assert not node.drained and not [r for r in records(tb, "n2", "drain") if r["ts"] > resumed]
+    assert not node.drained and not [r for r in records(tb, "n2", "drain", "ok") if r["ts"] > resumed]
     held, listed = for_a_person(tb)
     assert held.keys() == {"n2"} and held == listed, (held, listed)
     assert f"serial {serial}) on n2 at its next maintenance" in held["n2"]
