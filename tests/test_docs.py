@@ -113,7 +113,7 @@ def test_every_path_under_the_install_prefix_the_docs_name_is_laid_by_install(tm
                                                       "which `slurm-hooks install` does not lay"
 
 
-_REPO_PATH = re.compile(r"(?<![\w./-])((?:tests|bench|conf|docs|scripts|tools|examples|slurm_hooks)/[\w./-]*\w)")
+_REPO_PATH = re.compile(r"(?<![\w./-])((?:tests|bench|conf|docs|scripts|tools|examples|slurm_hooks)/[\w./*-]*\w)")
 
 
 def test_every_file_of_the_checkout_the_docs_name_exists():
