@@ -143,7 +143,7 @@ def parse_node_line(line: str) -> NodeInfo:
 SQUEUE_JOB_FORMAT = ("JobID:|,ArrayJobID:|,ArrayTaskID:|,HetJobID:|,State:|,NodeList:|,Requeue:|,RestartCnt:|,"
                      "BatchFlag:|,PriorityLong:|,Reason:|,UserName:|,Name:|,JobID:")
 #: The same without the name, for output in which some name broke a line.
-SQUEUE_JOB_FORMAT_NO_NAME = SQUEUE_JOB_FORMAT.replace("Name:|,", "")
+SQUEUE_JOB_FORMAT_NO_NAME = ",".join(f for f in SQUEUE_JOB_FORMAT.split(",") if f != "Name:|")
 _SQUEUE_FIXED = SQUEUE_JOB_FORMAT.split(",").index("Name:|")
 
 

@@ -215,17 +215,41 @@ def test_state_dir_wiped_after_our_reboot_a_persisting_fault_reaches_replace_wit
 # --- [replace] ends ---------------------------------------------------------------------
 
 
-def test_replace_then_a_persons_resume_then_a_new_remap_pending_is_reset_and_back_idle(tb):
+def rma_clear(tb, gpu: int, node_name: str = "n1") -> None:
+    """A person's `slurm-hooks rma clear` on the node: the GPU is known good, its mark ends."""
+    env = {"SLURMD_NODENAME": node_name, "SLURM_CONF": tb.slurm_conf, "SLURM_HOOKS_CONFIG": tb.config_path,
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(sim.__file__)))}
+    done = subprocess.run([hook_interpreter(), "-m", "slurm_hooks", "rma", "clear", "--config", tb.config_path,
+                           "--node", node_name, "--gpu", str(gpu)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+
+
+def test_replace_then_a_persons_resume_and_clear_then_a_new_remap_pending_is_reset_and_back_idle(tb):
     replaced(tb)
     sim.clear(tb.sim_dir, "n1", 3)
     tb.scontrol("update", "NodeName=n1", "State=RESUME")  # a person mended it
     wait(lambda: not node(tb).drained, 10, "n1 resumed by a person")
+    rma_clear(tb, 3)  # and says the GPU is good: the ladder starts afresh on its next fault
     sim.inject(tb.sim_dir, "n1", 3, row_remap_pending=True)
     check(tb)
     wait(lambda: "ok" in results(tb, "repair-reset"), 60, "the worker's reset")
     back = wait(lambda: (lambda n: n if not n.drained and n.base_state == "IDLE" else None)(node(tb)), 60,
                 "n1 back IDLE after the reset")
     assert back
+
+
+def test_replace_then_a_persons_resume_without_clearing_then_a_new_fault_is_replace_again(tb):
+    """The GPU stays marked for replacement through a person's resume: a new fault on it goes back
+    to [replace] at once, with no reset or reboot of a GPU already judged for replacement."""
+    replaced(tb)
+    sim.clear(tb.sim_dir, "n1", 3)
+    tb.scontrol("update", "NodeName=n1", "State=RESUME")
+    wait(lambda: not node(tb).drained, 10, "n1 resumed by a person")
+    sim.inject(tb.sim_dir, "n1", 3, row_remap_pending=True)
+    check(tb)
+    wait(lambda: node(tb).drained and node(tb).reason.endswith("[replace]"), 60, "n1 [replace] again")
+    assert "ok" not in results(tb, "repair-reset")
 
 
 def test_replace_stays_while_the_same_gpu_passes_and_ends_with_new_hardware(tb):

@@ -81,3 +81,13 @@ def test_pyslurm_reads_one_job_alone():
     loads = Loads(101, 900)
     [job] = PyslurmSlurm(module=loads.module).jobs(["101"])
     assert job.job_id == 101 and loads.calls == ["Job.load 101"]
+
+
+def test_the_nameless_squeue_format_is_the_named_one_without_the_name_alone():
+    """The fallback squeue asks when a job name broke a line: every field but the name, the owner's
+    (UserName, which holds "Name") included."""
+    from slurm_hooks.slurm.scontrol import SQUEUE_JOB_FORMAT, SQUEUE_JOB_FORMAT_NO_NAME
+
+    named = SQUEUE_JOB_FORMAT.split(",")
+    assert SQUEUE_JOB_FORMAT_NO_NAME.split(",") == [f for f in named if f != "Name:|"]
+    assert "UserName:|" in SQUEUE_JOB_FORMAT_NO_NAME.split(",")
