@@ -301,8 +301,12 @@ class Testbed:
             if not words or words[0] not in NET_FAULTS:
                 continue
             addr, port = self.node_addr(node), self._ports.get(node, 0)
-            action = {"net-drop": "drop", "net-slow": f"limit rate over {int(words[-1])} kbytes/second drop",
-                      "net-loss": f"numgen random mod 100 < {int(words[-1])} drop"}[words[0]]
+            if words[0] == "net-slow":
+                action = f"limit rate over {int(words[1])} kbytes/second drop"
+            elif words[0] == "net-loss":
+                action = f"numgen random mod 100 < {int(words[1])} drop"
+            else:
+                action = "drop"
             rules.append(f"ip daddr {addr} tcp dport != {port} {action}")
             rules.append(f"ip saddr {addr} tcp sport != {port} {action}")
             rules.append(f"ip daddr {addr} ip protocol != tcp {action}")
