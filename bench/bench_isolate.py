@@ -2,7 +2,7 @@
 nodes, and that it never drains a healthy one (a simulated fabric: slurm_hooks.remedy.culprit.Fabric).
 
     python bench/bench_isolate.py [--trials 300] [--test-s 30] [--json] [--write]
-    python bench/bench_isolate.py --testbed 8 [--runs 10] [--fault "net-slow 2000"] [--bad 1]   (root)
+    python bench/bench_isolate.py --testbed 8 [--runs 10] [--fault net-slow] [--bad 1]   (root)
 
 Each case puts faults on random nodes (hang, drop, slow 4-20x unless the case names its own) and
 runs the search in both modes with an absolute floor at half the healthy bandwidth (what
@@ -107,29 +107,40 @@ def render(rows: list[dict], trials: int, test_s: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def on_testbed(size: int, runs: int, bad: int) -> dict:
+def on_testbed(size: int, runs: int, bad: int, fault: str) -> dict:
+    import re
+    import shlex
     import subprocess
     import tempfile
 
     from slurm_hooks.hooks import collective
     from slurm_hooks.lab.testbed import LabSettings, Testbed
 
-    rng = random.Random(f"testbed-{size}-{bad}")
+    rng = random.Random(f"testbed-{size}-{bad}-{fault}")
     state = tempfile.mkdtemp(prefix="bench-isolate-")
-    tb = Testbed(state, LabSettings(nodes=size, hooks=False, own_addresses=True, kill_wait=2))
+    tb = Testbed(state, LabSettings(nodes=size, gpus=1, hooks=False, own_addresses=True, kill_wait=2))
     tb.up()
-    cfg = os.path.join(state, "bench-config.toml")
-    with open(tb.config_path, encoding="utf-8") as fh, open(cfg, "w", encoding="utf-8") as out:
-        command = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "8", "--size-mb", "2"]
-        out.write(fh.read() + f"\n[isolate]\ncommand = {json.dumps(command)}\ntest_timeout = 15.0\nbudget = 600.0\n")
+    # 80 MiB through each link: nftables' rate limit lets about a second's worth through at once.
+    ring = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "15", "--size-mb", "4", "--iters", "20"]
     right = healthy = 0
     rows = []
     try:
+        # A healthy pair's busbw: "net-slow" without a rate is a tenth of it, and the floor a fifth.
+        out = subprocess.run(["srun", "-N2", "-w", f"{tb.node_names[0]},{tb.node_names[1]}", "--gres=gpu:1", *ring],
+                             env=tb.env(), capture_output=True, text=True, timeout=120).stdout
+        peers = float(re.search(r"busbw=([0-9.]+)", out).group(1))
+        if fault == "net-slow":
+            fault = f"net-slow {max(1, int(peers * 1e6 / 10))}"
+        cfg = os.path.join(state, "bench-config.toml")
+        with open(tb.config_path, encoding="utf-8") as fh, open(cfg, "w", encoding="utf-8") as out_fh:
+            out_fh.write(fh.read() + f"\n[isolate]\ncommand = {json.dumps(ring)}\ntest_timeout = 30.0\n"
+                         f"budget = 600.0\nmin_busbw_gbps = {peers / 5:.4g}\n")
+        print(f"healthy pair busbw {peers:g} GB/s; fault {fault!r}; floor {peers / 5:.4g}", flush=True)
         for run_no in range(runs):
             tb.reset(timeout=60.0)
-            faults = {n: rng.choice(("hang", "slow 8", "drop")) for n in rng.sample(tb.node_names, bad)}
-            for node, fault in faults.items():
-                tb.set_fault(node, fault)
+            faults = {n: fault for n in rng.sample(tb.node_names, bad)}
+            for node, text in faults.items():
+                tb.set_fault(node, text)
             t0 = time.monotonic()
             done = subprocess.run([sys.executable, "-m", "slurm_hooks", "isolate", "--config", cfg, "--json",
                                    "--nodes", ",".join(tb.node_names)], env=tb.env(), capture_output=True, text=True,
@@ -139,14 +150,15 @@ def on_testbed(size: int, runs: int, bad: int) -> dict:
             drained = sorted(n.name for n in tb.slurm().nodes() if n.drained)
             right += drained == sorted(faults)
             healthy += bool(set(drained) - set(faults))
-            rows.append({"faults": faults, "drained": drained, "jobs": out["jobs"], "waves": out["waves"],
-                         "wall_s": round(wall, 1)})
-            print(f"run {run_no + 1:>2}: {faults} -> drained {drained}: {out['jobs']} jobs, {out['waves']} waves, "
-                  f"{wall:.1f}s", flush=True)
+            rows.append({"faults": faults, "drained": drained, "verdict": out["verdict"], "jobs": out["jobs"],
+                         "waves": out["waves"], "wall_s": round(wall, 1), "exit": done.returncode})
+            print(f"run {run_no + 1:>2}: {shlex.quote(fault)} on {sorted(faults)} -> drained {drained} "
+                  f"({out['verdict']}, exit {done.returncode}): {out['jobs']} jobs, {out['waves']} waves, {wall:.1f}s",
+                  flush=True)
     finally:
         tb.down()
     walls = [r["wall_s"] for r in rows]
-    print(f"{size} nodes, {bad} bad: right {right}/{runs}, healthy node drained in {healthy} run(s); "
+    print(f"{size} nodes, {bad} x {fault}: right {right}/{runs}, healthy node drained in {healthy} run(s); "
           f"jobs max {max(r['jobs'] for r in rows)}; wall median {statistics.median(walls):.1f}s max {max(walls):.1f}s")
     return {"right": right, "runs": runs, "healthy_drained": healthy, "rows": rows}
 
@@ -159,7 +171,8 @@ def main() -> None:
     ap.add_argument("--testbed", type=int, default=0, metavar="N", help="run isolate on a real N-node testbed")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--bad", type=int, default=1)
-    ap.add_argument("--fault", default="net-drop", help="testbed fault: net-drop, net-slow KBPS, net-loss PCT")
+    ap.add_argument("--fault", default="net-drop", help="testbed fault: net-drop, net-slow [KBPS] (default: a "
+                                                        "tenth of a healthy pair's busbw), net-loss PCT")
     ap.add_argument("--write", action="store_true", help="write the simulated figures into docs/isolate.md")
     args = ap.parse_args()
     if args.testbed:
