@@ -120,8 +120,8 @@ def on_testbed(size: int, runs: int, bad: int, fault: str) -> dict:
     state = tempfile.mkdtemp(prefix="bench-isolate-")
     tb = Testbed(state, LabSettings(nodes=size, gpus=1, hooks=False, own_addresses=True, kill_wait=2))
     tb.up()
-    # 80 MiB through each link: nftables' rate limit lets about a second's worth through at once.
-    ring = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "15", "--size-mb", "4", "--iters", "20"]
+    # 160 MiB through each link: nftables' rate limit lets about a second's worth through at once.
+    ring = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "25", "--size-mb", "8", "--iters", "20"]
     right = healthy = 0
     rows = []
     try:
@@ -133,7 +133,7 @@ def on_testbed(size: int, runs: int, bad: int, fault: str) -> dict:
             fault = f"net-slow {max(1, int(peers * 1e6 / 10))}"
         cfg = os.path.join(state, "bench-config.toml")
         with open(tb.config_path, encoding="utf-8") as fh, open(cfg, "w", encoding="utf-8") as out_fh:
-            out_fh.write(fh.read() + f"\n[isolate]\ncommand = {json.dumps(ring)}\ntest_timeout = 30.0\n"
+            out_fh.write(fh.read() + f"\n[isolate]\ncommand = {json.dumps(ring)}\ntest_timeout = 40.0\n"
                          f"budget = 600.0\nmin_busbw_gbps = {peers / 5:.4g}\n")
         print(f"healthy pair busbw {peers:g} GB/s; fault {fault!r}; floor {peers / 5:.4g}", flush=True)
         for run_no in range(runs):

@@ -45,10 +45,10 @@ def tb(bed8):
     return bed8
 
 
-def ring(timeout: float = 15.0) -> list[str]:
-    """80 MiB through each link: nftables' rate limit lets about a second's worth through at once."""
+def ring(timeout: float = 25.0) -> list[str]:
+    """160 MiB through each link: nftables' rate limit lets about a second's worth through at once."""
     return [sys.executable, HANG_OR_RUN, sys.executable, collective.__file__, "--backend", "tcp", "--timeout",
-            f"{timeout:g}", "--size-mb", "4", "--iters", "20"]
+            f"{timeout:g}", "--size-mb", "8", "--iters", "20"]
 
 
 def config(tb, tmp_path, command: list[str] | None = None, floor: float = 0.0) -> str:
@@ -57,7 +57,7 @@ def config(tb, tmp_path, command: list[str] | None = None, floor: float = 0.0) -
         text = fh.read()
     path = tmp_path / "config.toml"
     path.write_text(text + "\n[isolate]\n" + f"command = {json.dumps(command or ring())}\n"
-                    f"test_timeout = 30.0\nbudget = 400.0\nmin_busbw_gbps = {floor:g}\n")
+                    f"test_timeout = 40.0\nbudget = 400.0\nmin_busbw_gbps = {floor:g}\n")
     return str(path)
 
 
