@@ -64,6 +64,8 @@ EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL = 0, 1, 2, 
 #: must tell our verdict from our breakage.
 EXIT_WRAPPED_UNHEALTHY = 99
 WRAPPER_ENV = "SLURM_HOOKS_WRAPPER"
+#: ``isolate``: a test failed and no node could be named for it (or the search could not finish).
+EXIT_INCONCLUSIVE = 5
 
 
 def guard(fn: Callable[[], int | None]) -> int:

@@ -33,8 +33,9 @@ def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: s
     """Run multi-node collective tests on idle nodes in a maintenance reservation, find the node
     that breaks them (hung, slow, dropped) and drain it once confirmed against a node that passed.
 
-    Exit 0: every node tested passed; 1: a culprit was found (drained unless --no-drain), or the
-    search could not finish (budget, no passing node); 3: another isolate runs, or Slurm did not answer.
+    Exit 0: every test passed; 1: a culprit was found (drained unless --no-drain); 5: inconclusive (a
+    test failed and no node could be named for it, or the search could not finish: it says what it
+    saw); 3: another isolate runs, or Slurm did not answer.
     """
     from slurm_hooks.errors import SlurmHooksError
     from slurm_hooks.hooks import isolate as isolating
@@ -69,4 +70,5 @@ def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: s
             w, chosen, mode=mode or cfg.mode, ratio=cfg.ratio, test_timeout=timeout,
             budget=budget or cfg.budget, max_tests=max_tests or cfg.max_tests, drain=not no_drain,
             progress=say),
-        isolating.IsolateBusy, "its jobs cancelled, its reservation deleted", as_json)
+        isolating.IsolateBusy, "its jobs cancelled, its reservation deleted", as_json,
+        code=lambda summary: summary.exit_code())

@@ -15,11 +15,11 @@ if TYPE_CHECKING:
 
 
 def run_and_say(name: str, run: Callable[[], Any], busy: type[Exception], undone: str, as_json: bool,
-                then: Callable[[Any], None] | None = None) -> int:
+                then: Callable[[Any], None] | None = None, code: Callable[[Any], int] | None = None) -> int:
     """``run()``'s summary said (its line, or its JSON with ``--json``); ``then(summary)`` after it.
 
-    Exit 0 when the summary is ok, 1 when not; 3 when ``busy`` says another run holds the nodes;
-    130 when interrupted (``undone``: what the run undid on its way out).
+    Exit ``code(summary)`` where given, else 0 when the summary is ok, 1 when not; 3 when ``busy``
+    says another run holds the nodes; 130 when interrupted (``undone``: what the run undid on its way out).
     """
     try:
         summary = run()
@@ -32,4 +32,6 @@ def run_and_say(name: str, run: Callable[[], Any], busy: type[Exception], undone
     click.echo(json.dumps(summary.to_dict()) if as_json else summary.line())
     if then is not None:
         then(summary)
+    if code is not None:
+        return code(summary)
     return EXIT_OK if summary.ok else EXIT_UNHEALTHY

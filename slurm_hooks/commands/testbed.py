@@ -148,12 +148,13 @@ def env(ctx: click.Context, state_dir: str) -> None:
 @testbed.command()
 @_state_dir_option
 @click.option("--node", required=True, help="The node whose traffic the fault is on.")
-@click.argument("fault", nargs=-1, required=True, metavar="hang | slow FACTOR | drop | none")
+@click.argument("fault", nargs=-1, required=True, metavar="net-drop | net-slow KBPS | net-loss PCT | hang | none")
 def fault(state_dir: str, node: str, fault: tuple[str, ...]) -> None:
-    """Put a simulated fault on one node's traffic (or clear it: none).
+    """Put a fault on one node's traffic (or clear it: none).
 
-    The kernel's netem is not everywhere (not in this lab's VMs): the fault is a file in the
-    testbed's faults/ that the lab's collective test and DDP job honour on that node.
+    net-*: made by the kernel, nftables rules on the node's own address (testbed up
+    --own-addresses) in a table of the testbed's own, which `down` and the next `up` delete.
+    hang: a file in the testbed's faults/ that only test-side wrappers read.
     """
     from slurm_hooks.lab.testbed import Testbed, TestbedError
 

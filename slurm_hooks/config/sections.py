@@ -195,8 +195,15 @@ class IsolateSection:
                                                   "python3-torch)")
     ratio: float = setting(0.5, range=Range(0, 1, low_open=True, high_open=True, why="a share of the peers' bandwidth"),
                            doc="a test under this share of the peers' bus bandwidth fails")
-    test_timeout: float = setting(120.0, range=POSITIVE, doc="each test job's limit (s); a rank waits as long for "
-                                                             "its peers")
+    min_busbw_gbps: float = setting(0.0, range=Range(0), doc="the absolute floor, in nccl-tests' busbw (GB/s): a test "
+                                                            "under it fails, a node is a partner only after passing "
+                                                            "it; 0 = the relative bar alone (set it: validate --learn "
+                                                            "proposes one)")
+    repeats: int = setting(2, range=Range(1, 10), doc="passes a suspect that once failed needs before it is cleared")
+    mpi: str = setting("pmix", doc="srun --mpi= for all_reduce_perf (an MPI build needs Slurm's plugin; "
+                                   "validate checks srun --mpi=list offers it)")
+    test_timeout: float = setting(120.0, range=POSITIVE, doc="each test job's limit (s), from its start; a rank waits "
+                                                             "as long for its peers")
     budget: float = setting(1800.0, range=POSITIVE, doc="the whole run (s): no wave starts after it")
     max_tests: int = setting(64, range=Range(2, 10000), doc="test jobs in one run, at most")
     output_dir: str = setting("", doc='where test jobs write (every node and this host see it); "" = [state] '

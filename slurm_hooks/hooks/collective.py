@@ -1,20 +1,24 @@
-"""A multi-node all-reduce test, one rank per node under ``srun``: ``isolate``'s test where
-nccl-tests' ``all_reduce_perf`` is not installed.
+"""A multi-node all-reduce test under ``srun``: ``isolate``'s test where nccl-tests'
+``all_reduce_perf`` is not installed.
 
-    srun --ntasks-per-node=1 python3 collective.py [--backend auto|torch|tcp] [--size-mb 4] [--iters 20]
+    srun --ntasks-per-node=G python3 collective.py [--backend auto|torch|tcp] [--size-mb 4] [--iters 20]
 
 ``torch``: ``torch.distributed.all_reduce`` over NCCL (GPUs) or gloo (CPU). ``tcp``: no
-dependency at all (a star over TCP: every rank sends its buffer to rank 0, which adds them and
-sends the sum back), for a Python without torch. ``auto``: torch when it imports. Rank 0
-prints one line, ``collective: ok ranks=N backend=B busbw=X GB/s ...`` (the bus bandwidth of the
-median iteration, as nccl-tests count it: 2(n-1)/n x size / time); any rank that cannot finish
-within ``--timeout`` exits 1, so a hung or dropped peer fails the job.
+dependency at all, for a Python without torch: a ring, as NCCL's, in which every rank sends
+1/n of the buffer to the next and receives 1/n from the previous, 2(n-1) times per iteration,
+so every node's link carries the same traffic and a slow one slows the whole ring whatever its
+rank (it moves the bytes an all-reduce moves; it adds nothing up). ``auto``: torch when it
+imports. Rank 0 prints one line, ``collective: ok ranks=N backend=B busbw=X GB/s ...`` (the bus
+bandwidth over the mean iteration, as nccl-tests time and count it: 2(n-1)/n x size / time; a
+median would let a link that runs fast for a burst and then crawls pass); any rank that
+cannot finish within ``--timeout`` exits 1, so a hung or dropped peer fails the job.
 
-The lab's fault knob (:meth:`slurm_hooks.lab.testbed.Testbed.set_fault`): where
-``--fault-dir`` or ``SLURM_HOOKS_FAULT_DIR`` is set, the rank reads ``<dir>/<SLURMD_NODENAME>``: ``hang`` (it stops
-before the collective), ``drop`` (it exits mid-test), ``slow F`` (each iteration F times as long).
+Each rank binds and publishes the address toward its peers: the interface named by
+``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME`` where set (the fabric's), else the node's
+``NodeAddr`` as Slurm knows it, else what its name resolves to; never ``gethostbyname(gethostname())``
+(127.0.1.1 on Debian, the management network on a multi-homed host).
 
-Rendezvous: a file in ``--rdzv-dir`` (default: the working directory, a filesystem every node
+Rendezvous: files in ``--rdzv-dir`` (default: the working directory, a filesystem every node
 sees, as the job's output directory is). A plain script: runs on Python 3.9, no slurm_hooks import.
 """
 
@@ -22,52 +26,64 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import os
 import socket
 import statistics
 import struct
+import subprocess
 import sys
+import threading
 import time
 
+#: SIOCGIFADDR (linux/sockios.h): an interface's IPv4 address.
+_SIOCGIFADDR = 0x8915
 
-def fault(environ: dict | None = None, directory: str = "") -> tuple[str, float]:
-    """(kind, factor) of this node's simulated fault; ("", 1.0) when none."""
-    env = os.environ if environ is None else environ
-    directory, node = directory or env.get("SLURM_HOOKS_FAULT_DIR", ""), env.get("SLURMD_NODENAME", "")
-    if not directory or not node:
-        return "", 1.0
-    try:
-        with open(os.path.join(directory, node), encoding="utf-8") as fh:
-            words = fh.read().split()
-    except OSError:
-        return "", 1.0
-    if not words:
-        return "", 1.0
-    if words[0] == "slow" and len(words) == 2:
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of interface ``name`` ("" when it has none)."""
+    import fcntl
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            return "slow", max(1.0, float(words[1]))
-        except ValueError:
-            return "", 1.0
-    return words[0], 1.0
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+        except OSError:
+            return ""
+    return socket.inet_ntoa(packed[20:24])
 
 
-class Faulty:
-    """Applies this rank's simulated fault around each iteration."""
+def _node_addr(node: str, timeout: float) -> str:
+    """The node's NodeAddr from ``scontrol show node`` ("" when Slurm does not say, or it is a name)."""
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "node", node], capture_output=True, text=True,
+                             timeout=timeout, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    for word in out.split():
+        if word.startswith("NodeAddr="):
+            addr = word.split("=", 1)[1]
+            with contextlib.suppress(ValueError):
+                return str(ipaddress.IPv4Address(addr))
+    return ""
 
-    def __init__(self, directory: str = "") -> None:
-        self.kind, self.factor = fault(directory=directory)
 
-    def before(self, iteration: int) -> None:
-        if self.kind == "hang":
-            while True:
-                time.sleep(3600)
-        if self.kind == "drop" and iteration == 1:
-            print(f"rank on {os.environ.get('SLURMD_NODENAME')}: link dropped (simulated)", file=sys.stderr, flush=True)
-            os._exit(1)
-
-    def after(self, took: float) -> None:
-        if self.kind == "slow":
-            time.sleep((self.factor - 1.0) * max(took, 0.02))
+def own_address(environ: dict | None = None, timeout: float = 5.0) -> str:
+    """The address this rank binds and publishes; see the module docstring."""
+    env = os.environ if environ is None else environ
+    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        names = [n.lstrip("=") for n in env.get(var, "").split(",") if n and not n.startswith("^")]
+        for name in names:
+            addr = interface_address(name)
+            if addr:
+                return addr
+    node = env.get("SLURMD_NODENAME", "")
+    if node:
+        addr = _node_addr(node, timeout)
+        if addr:
+            return addr
+        with contextlib.suppress(OSError):
+            return socket.getaddrinfo(node, None, socket.AF_INET)[0][4][0]
+    return socket.gethostbyname(socket.gethostname())
 
 
 def _recv(sock: socket.socket, n: int) -> bytes:
@@ -80,77 +96,78 @@ def _recv(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _rendezvous_path(rdzv_dir: str) -> str:
+def _rendezvous_path(rdzv_dir: str, rank: int | None = None) -> str:
     tag = f"{os.environ.get('SLURM_JOB_ID', 'local')}-{os.environ.get('SLURM_STEP_ID', '0')}"
-    return os.path.join(rdzv_dir, f".collective-{tag}")
+    return os.path.join(rdzv_dir, f".collective-{tag}" + ("" if rank is None else f"-{rank}"))
 
 
-def tcp_allreduce(rank: int, world: int, size: int, iters: int, timeout: float, rdzv_dir: str,
-                  faulty: Faulty) -> list[float]:
-    """Iteration times (s) at this rank of a star all-reduce of ``size`` bytes."""
-    path = _rendezvous_path(rdzv_dir)
-    deadline = time.monotonic() + timeout
-    payload = os.urandom(size)
-    times: list[float] = []
-    if rank == 0:
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        server.bind(("0.0.0.0", 0))
-        server.listen(world)
-        server.settimeout(timeout)
-        host = os.environ.get("SLURM_HOOKS_COLLECTIVE_ADDR") or socket.gethostbyname(socket.gethostname())
-        with open(path + ".tmp", "w", encoding="ascii") as fh:
-            fh.write(f"{host} {server.getsockname()[1]}\n")
-        os.replace(path + ".tmp", path)
-        peers = []
-        try:
-            while len(peers) < world - 1:
-                conn, _ = server.accept()
-                conn.settimeout(timeout)
-                peers.append(conn)
-        finally:
-            server.close()
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        for it in range(iters):
-            faulty.before(it)
-            t0 = time.monotonic()
-            for conn in peers:
-                conn.sendall(b"G")
-            total = int.from_bytes(payload[:8], "little")
-            for conn in peers:
-                total = (total + int.from_bytes(_recv(conn, size)[:8], "little")) % (1 << 64)
-            result = struct.pack("<Q", total) + payload[8:]
-            for conn in peers:
-                conn.sendall(result)
-            took = time.monotonic() - t0
-            faulty.after(took)
-            times.append(time.monotonic() - t0)
-        for conn in peers:
-            conn.close()
-        return times
-    while not os.path.exists(path):
+def _publish(path: str, text: str) -> None:
+    with open(path + ".tmp", "w", encoding="ascii") as fh:
+        fh.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def _read_peer(path: str, deadline: float) -> tuple[str, int]:
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            with open(path, encoding="ascii") as fh:
+                host, port = fh.read().split()
+            return host, int(port)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"rank 0 did not publish its address in {path} within {timeout:g}s")
+            raise TimeoutError(f"the next rank did not publish its address in {path}")
         time.sleep(0.05)
-    with open(path, encoding="ascii") as fh:
-        host, port = fh.read().split()
-    sock = socket.create_connection((host, int(port)), timeout=timeout)
-    with sock:
-        for it in range(iters):
-            faulty.before(it)
+
+
+def tcp_ring(rank: int, world: int, size: int, iters: int, timeout: float, rdzv_dir: str,
+             addr: str) -> list[float]:
+    """Iteration times (s) at this rank of a ring all-reduce's traffic over TCP, bound to ``addr``."""
+    deadline = time.monotonic() + timeout
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((addr, 0))
+    server.listen(1)
+    server.settimeout(timeout)
+    mine = _rendezvous_path(rdzv_dir, rank)
+    _publish(mine, f"{addr} {server.getsockname()[1]}\n")
+    host, port = _read_peer(_rendezvous_path(rdzv_dir, (rank + 1) % world), deadline)
+    nxt = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    nxt.settimeout(timeout)
+    nxt.bind((addr, 0))  # its packets leave from this node's address, as they arrive at it
+    try:
+        nxt.connect((host, port))
+        prev, _ = server.accept()
+    finally:
+        server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(mine)
+    prev.settimeout(timeout)
+    chunk = max(1, size // world)
+    payload = os.urandom(chunk)
+    times: list[float] = []
+    failure: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            nxt.sendall(payload)
+        except BaseException as exc:  # noqa: BLE001 - handed to the receiving side
+            failure.append(exc)
+
+    with nxt, prev:
+        for _ in range(iters):
             t0 = time.monotonic()
-            _recv(sock, 1)
-            sock.sendall(payload)
-            _recv(sock, size)
-            took = time.monotonic() - t0
-            faulty.after(took)
+            for _step in range(2 * (world - 1)):
+                sender = threading.Thread(target=send, daemon=True)
+                sender.start()
+                _recv(prev, chunk)
+                sender.join(max(0.0, deadline + timeout - time.monotonic()))
+                if failure or sender.is_alive():
+                    raise failure[0] if failure else TimeoutError("sending to the next rank did not finish")
             times.append(time.monotonic() - t0)
     return times
 
 
-def torch_allreduce(rank: int, world: int, size: int, iters: int, timeout: float, rdzv_dir: str,
-                    faulty: Faulty) -> tuple[list[float], str]:
+def torch_allreduce(rank: int, world: int, size: int, iters: int, timeout: float,
+                    rdzv_dir: str) -> tuple[list[float], str]:
     import datetime
 
     import torch
@@ -164,14 +181,11 @@ def torch_allreduce(rank: int, world: int, size: int, iters: int, timeout: float
                             timeout=datetime.timedelta(seconds=timeout))
     buf = torch.ones(size // 4, dtype=torch.float32, device="cuda" if cuda else "cpu")
     times = []
-    for it in range(iters):
-        faulty.before(it)
+    for _ in range(iters):
         t0 = time.monotonic()
         dist.all_reduce(buf)
         if cuda:
             torch.cuda.synchronize()
-        took = time.monotonic() - t0
-        faulty.after(took)
         times.append(time.monotonic() - t0)
     backend = dist.get_backend()
     dist.destroy_process_group()
@@ -188,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds any rank waits for its peers")
     p.add_argument("--rdzv-dir", default=".")
-    p.add_argument("--fault-dir", default="", help="the testbed's fault files (default: $SLURM_HOOKS_FAULT_DIR)")
+    p.add_argument("--addr", default="", help="bind and publish this address (default: see above)")
     args = p.parse_args(argv)
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     world = int(os.environ.get("SLURM_NTASKS", "1"))
@@ -201,20 +215,22 @@ def main(argv: list[str] | None = None) -> int:
             backend = "torch"
         except ImportError:
             backend = "tcp"
-    faulty = Faulty(args.fault_dir)
     try:
         if backend == "torch":
-            times, backend = torch_allreduce(rank, world, size, args.iters, args.timeout, args.rdzv_dir, faulty)
+            times, backend = torch_allreduce(rank, world, size, args.iters, args.timeout, args.rdzv_dir)
         else:
-            times = tcp_allreduce(rank, world, size, args.iters, args.timeout, args.rdzv_dir, faulty)
+            addr = args.addr or own_address(timeout=min(5.0, args.timeout / 4))
+            times = tcp_ring(rank, world, size, args.iters, args.timeout, args.rdzv_dir, addr)
+            backend = f"tcp-ring@{addr}"
     except Exception as exc:  # a peer gone or late: this rank fails, and so the job
         print(f"collective: failed on {node} rank={rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     if rank == 0:
-        median = statistics.median(times[1:] or times)  # the first iteration warms up
-        busbw = 2 * (world - 1) / world * size / median / 1e9 if world > 1 else 0.0
+        mean = statistics.mean(times[1:] or times)  # the first iteration warms up
+        moved = size // world * world if backend.startswith("tcp") else size
+        busbw = 2 * (world - 1) / world * moved / mean / 1e9 if world > 1 else 0.0
         print(f"collective: ok ranks={world} backend={backend} size={size} iters={len(times)} "
-              f"median_ms={median * 1e3:.2f} busbw={busbw:.4f} GB/s", flush=True)
+              f"mean_ms={mean * 1e3:.2f} busbw={busbw:.4f} GB/s", flush=True)
     return 0
 
 

@@ -4,16 +4,26 @@ The worst multi-node failures report no XID (a rank hangs in a collective, a nod
 link drops): the job fails where the library gave up, not on the culprit. ``isolate`` takes the
 suspected nodes out of scheduling in one maintenance reservation of its own (as the sweep does:
 ``Flags=MAINT``, which Slurm refuses while a job holds a node; busy nodes are skipped and named),
-runs waves of multi-node collective test jobs there as root (``srun`` one rank per node of the
-configured command: nccl-tests' ``all_reduce_perf`` where installed, the PyTorch all-reduce of
-:mod:`slurm_hooks.hooks.collective` otherwise), lets :func:`slurm_hooks.remedy.culprit.search` pick
-the groups and judge them, and drains only a confirmed culprit, ``slurm-hooks: collective test
-failed on n5 (bandwidth 12% of peers) [isolate]``, with every test in the evidence file.
+runs waves of multi-node collective test jobs there as root, lets
+:func:`slurm_hooks.remedy.culprit.search` pick the groups and judge them, and drains only a
+confirmed culprit, ``slurm-hooks: collective test failed on n5 (bandwidth 12% of peers; failed
+with n1, n2, n7) [isolate]``, with every test in the evidence file.
 
-Bounded: each test job is cancelled ``test_timeout`` after it was submitted (its ``--time`` is the
-backstop), the search starts no wave past ``budget`` and runs at most ``max_tests`` jobs. The
-reservation is deleted whatever happens (failure, SIGINT/SIGTERM); one left by a killed run is
-deleted by the next, under a lock that keeps two runs from overlapping.
+A test job holds every GPU of its nodes: its step asks for them (``srun --gres=gpu:G``, G from
+the nodes' GRES; a step of an ``--exclusive`` job gets none it does not ask for) and runs one
+rank per GPU, with ``NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1`` so that every test's traffic
+crosses the NICs (the same in screens and pairs: one bar judges both). The command is nccl-tests'
+``all_reduce_perf`` where installed, launched through Slurm's MPI plugin (``[isolate] mpi``),
+else the all-reduce of :mod:`slurm_hooks.hooks.collective`, or ``[isolate] command``. Its output
+must name as many ranks as nodes x GPUs (nccl-tests' ``# Rank`` lines, or ``ranks=N``) and a
+bus bandwidth: a test that does not could not run, and counts neither for nor against its nodes.
+
+Bounded: each test job is cancelled ``test_timeout`` after it *started* (a job queued behind
+another on a shared partner is not cut short; its ``--time`` is the backstop), one never started
+by the end of the budget is cancelled as could-not-run; the search starts no wave past
+``budget`` and runs at most ``max_tests`` jobs. The reservation is deleted whatever happens
+(failure, SIGINT/SIGTERM); one left by a killed run is deleted by the next, under a lock that
+keeps two runs from overlapping.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from slurm_hooks import REASON_PREFIX, fsutil
-from slurm_hooks.errors import SlurmHooksError
+from slurm_hooks.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNHEALTHY, SlurmHooksError
 from slurm_hooks.hooks import sweep as sweeping
 from slurm_hooks.remedy import culprit
 from slurm_hooks.slurm import JobState
@@ -43,6 +53,12 @@ PREFIX = "slurm-hooks-isolate"
 START_MARGIN_S = 15.0
 POLL_S = 0.5
 _BUSBW = (re.compile(r"\bbusbw=([0-9.]+)"), re.compile(r"Avg bus bandwidth\s*:\s*([0-9.]+)"))
+#: nccl-tests list every rank of the run (``#  Rank  3 Group  0 Pid 1234 on node2 device  1 ...``);
+#: the built-in test says ``ranks=N``.
+_RANK_LINE = re.compile(r"^(?:\[[^]]*\]<\w+>:)?#\s*Rank\s+(\d+)\s", re.M)
+_RANKS = re.compile(r"\branks=(\d+)")
+#: What every test's ranks get: NVLink and shared memory off, so that the traffic crosses the NICs (gcm's).
+NCCL_ENV = ("NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1")
 
 
 class IsolateBusy(SlurmHooksError):
@@ -64,11 +80,19 @@ class Summary:
     seconds: float = 0.0
 
     @property
+    def verdict(self) -> str:
+        """``ok``, ``found`` or ``inconclusive`` (:attr:`slurm_hooks.remedy.culprit.Result.verdict`)."""
+        return self.result.verdict
+
+    @property
     def ok(self) -> bool:
-        return not self.result.culprits and not self.result.unconfirmed and not self.result.stopped
+        return self.verdict == "ok"
+
+    def exit_code(self) -> int:
+        return {"ok": EXIT_OK, "found": EXIT_UNHEALTHY}.get(self.verdict, EXIT_INCONCLUSIVE)
 
     def line(self) -> str:
-        parts = [f"isolate: {len(self.nodes)} node(s): {self.result.line()}"]
+        parts = [f"isolate: {len(self.nodes)} node(s), {self.verdict}: {self.result.line()}"]
         if self.drained:
             parts.append("drained " + ", ".join(sorted(self.drained)))
         if self.not_drained:
@@ -79,28 +103,49 @@ class Summary:
 
     def to_dict(self) -> dict[str, Any]:
         r = self.result
-        return {"nodes": self.nodes, "skipped": self.skipped, "culprits": r.culprits, "drained": self.drained,
+        return {"nodes": self.nodes, "verdict": self.verdict, "skipped": self.skipped, "culprits": r.culprits,
+                "drained": self.drained, "unexplained": r.unexplained, "floor": r.floor,
                 "not_drained": self.not_drained, "unconfirmed": r.unconfirmed, "cleared": r.cleared,
                 "stopped": r.stopped, "jobs": r.jobs, "waves": r.waves, "reference": r.reference,
                 "seconds": round(self.seconds, 2), "evidence": self.evidence,
-                "tests": [{"nodes": list(t.nodes), "wave": t.wave, "purpose": t.purpose, "passed": t.passed,
+                "tests": [{"nodes": list(t.nodes), "wave": t.wave, "purpose": t.purpose, "passed": t.passed, "ran": t.ran,
                            "why": t.why, "job": t.outcome.job, "completed": t.outcome.completed,
                            "bandwidth": t.outcome.bandwidth, "detail": t.outcome.detail} for t in r.tests]}
 
 
 def test_argv(w: Wiring, test_timeout: float) -> list[str]:
-    """One rank's argv: ``[isolate] command``, else all_reduce_perf where installed, else the
-    built-in all-reduce (which gives up on a peer a little before the job is cancelled)."""
+    """One rank's argv: ``[isolate] command``, else all_reduce_perf where installed (one GPU per
+    rank), else the built-in all-reduce (which gives up on a peer a little before the job is cancelled)."""
     cfg = w.config.isolate
     if cfg.command:
         return list(cfg.command)
     perf = w.config.sweep.all_reduce_perf
     if os.access(perf, os.X_OK):
-        return [perf, "-b", "8M", "-e", "256M", "-f", "2", "-g",
-                str(max(1, w.config.expectations_for(w.node).gpus or 1))]
+        return [perf, "-b", "8M", "-e", "256M", "-f", "2", "-g", "1"]
     from slurm_hooks.hooks import collective
 
     return [cfg.python, os.path.abspath(collective.__file__), "--timeout", f"{max(2.0, test_timeout * 0.8):g}"]
+
+
+def gres_gpus(gres: str) -> int:
+    """The GPUs in a node's ``Gres=`` (``gpu:8``, ``gpu:h100:4(S:0-1),shard:16``): 0 when none."""
+    total = 0
+    for item in re.sub(r"\([^)]*\)", "", gres or "").split(","):
+        parts = item.strip().split(":")
+        if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def step_argv(argv: Sequence[str], gpus: int, mpi: str) -> list[str]:
+    """The test's step: every GPU of each node asked for, one rank per GPU (one per node without
+    GPUs), NVLink and shared memory off; all_reduce_perf through Slurm's MPI plugin ``mpi``."""
+    step = ["srun", "--kill-on-bad-exit=1", f"--ntasks-per-node={max(1, gpus)}"]
+    if gpus:
+        step += [f"--gres=gpu:{gpus}", "--gpus-per-task=1"]
+    if argv and os.path.basename(argv[0]) == "all_reduce_perf" and mpi:
+        step.append(f"--mpi={mpi}")
+    return [*step, "--export=ALL," + ",".join(NCCL_ENV), *argv]
 
 
 def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_timeout: float, budget: float,
@@ -126,7 +171,7 @@ def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_ti
             signal.signal(signal.SIGTERM, previous)
     summary.seconds = time.monotonic() - t0
     w.audit.write("action", node=w.node, action="isolate", target=",".join(summary.nodes),
-                  result="found" if summary.result.culprits else ("ok" if summary.ok else "inconclusive"),
+                  result=summary.verdict,
                   duration_s=round(summary.seconds, 4), detail=summary.line(), evidence=summary.evidence)
     return summary
 
@@ -197,16 +242,18 @@ def cleanup_leftovers(w: Wiring, say: Any) -> list[str]:
 
 def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: float, budget: float, t0: float,
          max_tests: int, argv: list[str], drain: bool, say: Any) -> None:
-    usable = []
+    usable, gpus = [], {}
     for node in summary.nodes:
         try:
-            busy = sweeping.node_busy(w, node, w.slurm.node(node))
+            info = w.slurm.node(node)
+            busy = sweeping.node_busy(w, node, info)
         except SlurmHooksError as exc:
             busy = f"cannot read the node: {exc}"
         if busy:
             summary.skipped[node] = busy
         else:
             usable.append(node)
+            gpus[node] = gres_gpus(info.gres)
     if len(usable) < 2:
         summary.result.stopped = f"{len(usable)} idle node(s): a collective test needs 2"
         return
@@ -217,9 +264,10 @@ def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: 
         summary.result.stopped = f"no maintenance reservation: {exc}"
         return
     say(f"reserved {', '.join(usable)} ({name})")
-    waves = _Waves(w, name, argv, test_timeout, _output_dir(w), say)
+    waves = _Waves(w, name, argv, test_timeout, _output_dir(w), say, gpus, deadline=t0 + budget + test_timeout)
     try:
         summary.result = culprit.search(usable, waves.run_wave, mode=mode, ratio=ratio, max_tests=max_tests,
+                                        floor=w.config.isolate.min_busbw_gbps, repeats=w.config.isolate.repeats,
                                         time_left=lambda: budget - (time.monotonic() - t0))
     except KeyboardInterrupt:
         waves.cancel_running()
@@ -242,40 +290,50 @@ def _reserve(w: Wiring, name: str, nodes: list[str], minutes: int) -> None:
 class _Waves:
     """Runs one wave of test jobs (one per group) in the reservation and turns each into an Outcome."""
 
-    def __init__(self, w: Wiring, reservation: str, argv: list[str], test_timeout: float, out_dir: str, say: Any):
+    def __init__(self, w: Wiring, reservation: str, argv: list[str], test_timeout: float, out_dir: str, say: Any,
+                 gpus: dict[str, int], deadline: float):
         self.w, self.reservation, self.argv, self.test_timeout = w, reservation, argv, test_timeout
-        self.out_dir, self.say = out_dir, say
+        self.out_dir, self.say, self.gpus, self.deadline = out_dir, say, gpus, deadline
         self.running: list[str] = []
 
     def run_wave(self, groups: Sequence[tuple[str, ...]]) -> list[culprit.Outcome]:
-        submitted: list[tuple[str, float] | culprit.Outcome] = []
+        submitted: list[str | culprit.Outcome] = []
         for group in groups:
             try:
                 job = self._submit(group)
             except SlurmHooksError as exc:
-                submitted.append(culprit.Outcome(False, None, f"not submitted: {exc}"))
+                submitted.append(culprit.Outcome(False, None, f"not submitted: {exc}", ran=False))
                 continue
             self.running.append(job)
-            submitted.append((job, time.monotonic()))
+            submitted.append(job)
         self.say(f"wave: {'; '.join(','.join(g) for g in groups)}")
         done: dict[str, str] = {}
-        waiting = {s[0]: s[1] for s in submitted if isinstance(s, tuple)}
-        timed_out: set[str] = set()
+        waiting = {s for s in submitted if isinstance(s, str)}
+        started: dict[str, float] = {}
+        cut: dict[str, str] = {}
         while waiting:
             try:
-                infos = {j.ref: j for j in self.w.slurm.jobs(list(waiting))}
+                infos = {j.ref: j for j in self.w.slurm.jobs(sorted(waiting))}
             except SlurmHooksError:
                 infos = {}
-            for job, started in list(waiting.items()):
+            now = time.monotonic()
+            for job in sorted(waiting):
                 info = infos.get(job)
                 if info is not None and info.finished:
                     done[job] = info.base_state
-                    del waiting[job]
-                elif time.monotonic() - started > self.test_timeout + START_MARGIN_S:
+                elif info is not None and not info.pending:
+                    started.setdefault(job, now)  # its limit runs from here, not from its submission
+                    if now - started[job] <= self.test_timeout + START_MARGIN_S:
+                        continue
+                    cut[job] = f"still running {self.test_timeout:g}s after it started: cancelled"
+                elif now > self.deadline:
+                    cut[job] = "never started within the run's budget: cancelled"
+                else:
+                    continue
+                if job in cut:
                     sweeping.cancel_quietly(self.w, job)
-                    timed_out.add(job)
                     done[job] = JobState.TIMEOUT
-                    del waiting[job]
+                waiting.discard(job)
             if waiting:
                 time.sleep(POLL_S)
         self.running = []
@@ -284,41 +342,67 @@ class _Waves:
             if isinstance(s, culprit.Outcome):
                 out.append(s)
                 continue
-            job = s[0]
-            outcome = self._outcome(job, done[job], job in timed_out)
-            self.say(f"  {','.join(group)}: job {job} {'completed' if outcome.completed else 'failed'}"
+            outcome = self._outcome(s, done[s], cut.get(s, ""), self._ranks(group), started.get(s) is not None)
+            self.say(f"  {','.join(group)}: job {s} {'completed' if outcome.completed else 'failed'}"
                      + (f", busbw {outcome.bandwidth:g}" if outcome.bandwidth is not None else "")
                      + (f": {outcome.detail}" if outcome.detail else ""))
             out.append(outcome)
         return out
 
+    def _gpus(self, group: Sequence[str]) -> int:
+        return min(self.gpus.get(n, 0) for n in group)
+
+    def _ranks(self, group: Sequence[str]) -> int:
+        return len(group) * max(1, self._gpus(group))
+
     def _submit(self, group: tuple[str, ...]) -> str:
-        return self.w.slurm.submit(self.argv, name=PREFIX, node=list(group), reservation=self.reservation,
-                                   minutes=math.ceil(self.test_timeout / 60.0), ntasks_per_node=1, srun=True,
+        gpus = self._gpus(group)
+        return self.w.slurm.submit(step_argv(self.argv, gpus, self.w.config.isolate.mpi), name=PREFIX,
+                                   node=list(group), reservation=self.reservation,
+                                   minutes=math.ceil(self.test_timeout / 60.0), ntasks_per_node=max(1, gpus),
                                    chdir=self.out_dir, output=os.path.join(self.out_dir, PREFIX + "-%j.out"))
 
-    def _outcome(self, job: str, state: str, timed_out: bool) -> culprit.Outcome:
+    def _outcome(self, job: str, state: str, cut: str, ranks: int, started: bool) -> culprit.Outcome:
         text = ""
         path = os.path.join(self.out_dir, f"{PREFIX}-{job}.out")
         try:
             with open(path, encoding="utf-8", errors="replace") as fh:
-                text = fh.read()[-20000:]
+                text = fh.read()[-200000:]
         except OSError:
             pass
-        if timed_out:
-            return culprit.Outcome(False, None, f"still running {self.test_timeout:g}s in: cancelled", job)
+        if cut:
+            return culprit.Outcome(False, None, cut, job, ran=started)
         if state != JobState.COMPLETED:
             lines = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith("srun: ")]
             return culprit.Outcome(False, None, f"ended {state}" + (f": {lines[-1][:160]}" if lines else ""), job)
-        for pattern in _BUSBW:
-            found = pattern.findall(text)
-            if found:
-                return culprit.Outcome(True, float(found[-1]), "", job)
-        return culprit.Outcome(True, None, "no bandwidth in its output", job)
+        return judge_output(text, ranks, job)
 
     def cancel_running(self) -> None:
         for job in self.running:
             sweeping.cancel_quietly(self.w, job)
+
+
+def judge_output(text: str, ranks: int, job: str = "") -> culprit.Outcome:
+    """A completed test's output: its rank count must be ``ranks`` (nccl-tests run without MPI are N
+    one-node runs, each printing its own ranks and its NVLink bandwidth), then its bus bandwidth.
+    Anything else could not run: it is no evidence about the nodes."""
+    listed = [int(r) for r in _RANK_LINE.findall(text)]
+    said = [int(r) for r in _RANKS.findall(text)]
+    if listed:
+        if len(set(listed)) != len(listed) or len(listed) != ranks:
+            return culprit.Outcome(True, None, f"could not run: {len(set(listed))} rank(s) listed "
+                                               f"{len(listed)} time(s), expected {ranks}", job, ran=False)
+    elif said:
+        if said[-1] != ranks:
+            return culprit.Outcome(True, None, f"could not run: ranks={said[-1]}, expected {ranks}", job, ran=False)
+    else:
+        return culprit.Outcome(True, None, f"could not run: no rank count in its output (expected {ranks})", job,
+                               ran=False)
+    for pattern in _BUSBW:
+        found = pattern.findall(text)
+        if found:
+            return culprit.Outcome(True, float(found[-1]), "", job)
+    return culprit.Outcome(True, None, "could not run: no bandwidth in its output", job, ran=False)
 
 
 def _output_dir(w: Wiring) -> str:

@@ -71,9 +71,13 @@ PORT_FIRST, PORT_BLOCKS, PORT_BLOCK = 20000, 120, 100
 #: One port per slurmd in a block, after slurmctld's: what bounds ``--nodes`` (memory comes next:
 #: an idle slurmd holds about 6 MiB resident).
 MAX_NODES = PORT_BLOCK - 1
-#: What a node's fault file (``faults/<node>``, :meth:`Testbed.set_fault`) may say; the lab's
-#: collective and training jobs honour it (``slow FACTOR``: each step FACTOR times as long).
-FAULTS = ("hang", "slow", "drop")
+#: Faults the kernel makes on one node's traffic (:meth:`Testbed.set_fault`, with ``own_addresses``):
+#: nftables rules on that node's address only, in a table of the testbed's own.
+NET_FAULTS = ("net-drop", "net-slow", "net-loss")
+#: What ``testbed fault`` puts on a node: a kernel-made fault, or ``hang``, a file (``faults/<node>``)
+#: that only test-side wrappers read (no shipped program does).
+FAULTS = ("hang", *NET_FAULTS)
+NFT = "/usr/sbin/nft"
 #: Environment marker on every daemon we start; slurmstepd inherits it, so ``down``
 #: finds the step daemons of running jobs too.
 MARKER = "SLURM_HOOKS_TESTBED"
@@ -268,38 +272,84 @@ class Testbed:
         return f"127.1.{block}.{self.node_names.index(name) + 1}"
 
     def set_fault(self, node: str, fault: str = "") -> None:
-        """Put a simulated fault on ``node``'s traffic, or clear it (``""``): ``hang`` (its rank
-        stops answering), ``slow FACTOR`` (each collective FACTOR times as long), ``drop`` (its
-        rank's connection is cut). Where the kernel has no netem (this one's has only htb), this
-        file is the fault: :mod:`slurm_hooks.hooks.collective` and the DDP job read it by
-        SLURMD_NODENAME (``SLURM_HOOKS_FAULT_DIR``)."""
+        """Put a fault on ``node``, or clear it (``""``). Kernel-made, on the node's own address
+        (``own_addresses``), by nftables rules in the table :meth:`nft_table`: ``net-drop`` (every
+        packet to or from it), ``net-slow KBPS`` (over KBPS kbytes/s each way, dropped: TCP backs
+        off), ``net-loss PCT`` (PCT% of its packets dropped at random). Slurm's own traffic to the
+        node's slurmd port is spared, so the node stays up and schedulable, as a fabric fault leaves
+        the management network. ``hang``: a file, ``faults/<node>``, that test-side wrappers read."""
         if node not in self.node_names:
             raise TestbedError(f"no node {node!r} in this testbed ({', '.join(self.node_names)})")
+        words = fault.split()
+        if words:
+            _check_fault(words)
+            if words[0] in NET_FAULTS and not self.settings.own_addresses:
+                raise TestbedError(f"{words[0]} needs nodes on their own addresses: testbed up --own-addresses")
+            if words[0] in NET_FAULTS and not os.access(NFT, os.X_OK):
+                raise TestbedError(f"{words[0]} needs nftables ({NFT}): apt-get install nftables")
         path = os.path.join(self.faults_dir, node)
-        if not fault:
+        if not words:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            return
-        words = fault.split()
-        if words[0] not in FAULTS or len(words) > 2 or (words[0] == "slow") != (len(words) == 2):
-            raise TestbedError(f"fault must be hang, slow FACTOR or drop, got {fault!r}")
-        if words[0] == "slow":
-            try:
-                if float(words[1]) < 1:
-                    raise ValueError
-            except ValueError:
-                raise TestbedError(f"slow FACTOR must be a number >= 1, got {words[1]!r}") from None
-        _mkdir(self.faults_dir, 0o755)
-        fsutil.atomic_write(path, " ".join(words) + "\n", mode=0o644)
+        else:
+            _mkdir(self.faults_dir, 0o755)
+            fsutil.atomic_write(path, " ".join(words) + "\n", mode=0o644)
+        self._apply_net_faults()
 
     def faults(self) -> dict[str, str]:
-        """node -> its simulated fault."""
+        """node -> its fault."""
         out = {}
         for name in self.node_names:
             with contextlib.suppress(OSError):
                 with open(os.path.join(self.faults_dir, name), encoding="utf-8") as fh:
                     out[name] = fh.read().strip()
         return out
+
+    @property
+    def nft_table(self) -> str:
+        """The nftables table (family inet) holding this testbed's network faults, named by its state dir."""
+        return f"slurm_hooks_testbed_{zlib.crc32(self.state_dir.encode()):08x}"
+
+    def net_rules(self) -> list[str]:
+        """The rules of :meth:`nft_table`'s output chain, one per fault and direction: each names
+        the node's own address, and spares its slurmd port."""
+        rules = []
+        for node, fault in sorted(self.faults().items()):
+            words = fault.split()
+            if not words or words[0] not in NET_FAULTS:
+                continue
+            addr, port = self.node_addr(node), self._ports.get(node, 0)
+            if words[0] == "net-slow":
+                action = f"limit rate over {int(words[1])} kbytes/second drop"
+            elif words[0] == "net-loss":
+                action = f"numgen random mod 100 < {int(words[1])} drop"
+            else:
+                action = "drop"
+            rules.append(f"ip daddr {addr} tcp dport != {port} {action}")
+            rules.append(f"ip saddr {addr} tcp sport != {port} {action}")
+            rules.append(f"ip daddr {addr} ip protocol != tcp {action}")
+        return rules
+
+    def _apply_net_faults(self) -> None:
+        rules = self.net_rules()
+        if not rules:
+            self.clear_net_faults()
+            return
+        table = self.nft_table
+        script = "\n".join([f"table inet {table}", f"delete table inet {table}", f"table inet {table} {{",
+                             "  chain out {", "    type filter hook output priority 0; policy accept;",
+                             *(f"    {r}" for r in rules), "  }", "}", ""])
+        try:
+            run_command([NFT, "-f", "-"], 10, input=script)
+        except SlurmHooksError as exc:
+            raise TestbedError(f"nft refused the testbed's fault rules: {exc}") from None
+
+    def clear_net_faults(self) -> None:
+        """Delete :meth:`nft_table` (``down`` and ``up`` do): no rule of ours is left in the kernel."""
+        if not os.access(NFT, os.X_OK):
+            return
+        with contextlib.suppress(SlurmHooksError):
+            run_command([NFT, "delete", "table", "inet", self.nft_table], 10, check=False)
 
     @property
     def munge_socket(self) -> str:
@@ -381,6 +431,9 @@ class Testbed:
             # picked after that, not minutes before slurmctld binds them.
             accounting.ensure_packages(self.progress)
         self.progress(f"preparing {self.state_dir}")
+        self.clear_net_faults()  # a killed testbed's rules, and its fault files, go with it
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.faults_dir)
         self._prepare()
         try:
             self._start_daemons()
@@ -805,6 +858,7 @@ class Testbed:
     def down(self, timeout: float = 15.0) -> list[int]:
         """Stop every daemon of this testbed and the jobs they run. Returns the pids stopped."""
         _require_root("testbed down")
+        self.clear_net_faults()
         Accounting(self.state_dir, self.progress).stop()
         victims = self._our_processes()
         if not victims:
@@ -1355,6 +1409,22 @@ def slurmd_ancestor(pid: int) -> tuple[int, str, list[bytes]] | None:
                     return pid, cmdline[at + 1].decode(errors="replace"), cmdline
         pid = info[0]
     return None
+
+
+def _check_fault(words: list[str]) -> None:
+    kind, args = words[0], words[1:]
+    want = {"hang": 0, "net-drop": 0, "net-slow": 1, "net-loss": 1}.get(kind)
+    if want is None or len(args) != want:
+        raise TestbedError(f"fault must be hang, net-drop, net-slow KBPS or net-loss PCT, got {' '.join(words)!r}")
+    if args:
+        try:
+            value = int(args[0])
+        except ValueError:
+            value = -1
+        if kind == "net-slow" and value < 1:
+            raise TestbedError(f"net-slow KBPS must be a whole number of kbytes/s >= 1, got {args[0]!r}")
+        if kind == "net-loss" and not 1 <= value <= 100:
+            raise TestbedError(f"net-loss PCT must be 1..100, got {args[0]!r}")
 
 
 def _replace(settings: LabSettings, **changes) -> LabSettings:

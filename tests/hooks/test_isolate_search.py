@@ -1,5 +1,5 @@
-"""The culprit search (slurm_hooks.remedy.culprit) on a simulated fabric: 64 nodes, 1 and 2 bad,
-hang / slow / drop, random trials; right in at least 19 of 20, never a healthy node named."""
+"""The culprit search (slurm_hooks.remedy.culprit) on a simulated fabric: random and chosen faults,
+bad partners, queued tests, dips; every bad node named or the run inconclusive, never a healthy one."""
 
 from __future__ import annotations
 
@@ -48,19 +48,134 @@ def test_16_nodes_two_degraded_are_both_found_and_nothing_else():
         assert set(found.culprits) == set(fabric.faults), (fabric.faults, found.line())
 
 
-def test_a_healthy_fabric_names_no_culprit_in_one_wave():
+def test_a_healthy_fabric_names_no_culprit_and_ends_ok_after_one_more_test_of_the_rank_0_nodes():
     fabric = Fabric(nodes(64), {}, seed=3)
-    found = search(fabric.nodes, fabric.run_wave)
-    assert found.culprits == {} and found.unconfirmed == {} and found.waves == 1
+    found = search(fabric.nodes, fabric.run_wave, floor=50.0)
+    assert found.culprits == {} and found.unconfirmed == {} and found.verdict == "ok"
     assert found.passed == nodes(64)
+    [rotate] = [t for t in found.tests if t.purpose == "rotate"]
+    assert found.waves == 2 and rotate.nodes[1:] == tuple(f"n{k}" for k in range(1, 64, 8))
 
 
-def test_the_evidence_says_how_far_under_its_peers_the_culprit_was():
+def test_the_evidence_says_how_far_under_its_peers_the_culprit_was_and_with_which_partners():
     fabric = Fabric(nodes(16), {"n5": "slow 8"}, noise=0.0)
     found = search(fabric.nodes, fabric.run_wave)
-    assert found.culprits == {"n5": "bandwidth 12% of peers"}
+    why = found.culprits["n5"]
+    assert why.startswith("bandwidth 12% of peers; failed with ") and len(why.split("with ")[1].split(", ")) == 3
+    floored = search(fabric.nodes, Fabric(nodes(16), {"n5": "slow 8"}, noise=0.0).run_wave, floor=50.0)
+    assert floored.culprits["n5"].startswith("bandwidth 12% of peers, busbw 12.5 < floor 50; failed with ")
     hung = Fabric(nodes(16), {"n9": "hang"})
-    assert search(hung.nodes, hung.run_wave).culprits == {"n9": "did not complete: time limit reached (a rank hung)"}
+    assert search(hung.nodes, hung.run_wave).culprits["n9"].startswith(
+        "did not complete: time limit reached (a rank hung); failed with ")
+
+
+def test_a_culprit_is_named_only_after_failing_with_three_different_partners_that_passed():
+    hung = Fabric(nodes(16), {"n9": "hang"})
+    found = search(hung.nodes, hung.run_wave, floor=50.0)
+    confirms = [t for t in found.tests if t.purpose == "confirm" and t.nodes[-1] == "n9"]
+    partners = [t.nodes[0] for t in confirms]
+    assert len(confirms) == 3 and len(set(partners)) == 3 and not any(t.passed for t in confirms)
+    passed_before = {n for t in found.tests if t.passed and t.wave < min(c.wave for c in confirms) for n in t.nodes}
+    assert set(partners) <= passed_before | set(found.cleared)
+    assert list(found.culprits) == ["n9"] and found.verdict == "found" and found.jobs <= 10
+
+
+def test_two_failures_with_two_partners_and_nothing_more_name_no_one():
+    """A healthy suspect's confirmation fails twice (two partners' jobs died), then passes: it is not
+    named, and it is cleared only after ``repeats`` passes."""
+    def fabric(groups):
+        out = []
+        for g in groups:
+            confirm_of_n2 = g[-1] == "n2" and g[0] not in ("n1", "n3", "n4")
+            tries = sum(1 for t in seen if t[-1] == "n2" and t[0] not in ("n1", "n3", "n4"))
+            seen.append(g)
+            if "n1" in g and len(g) == 4:
+                out.append(Outcome(False, None, "time limit reached"))
+            elif confirm_of_n2 and tries < 2:
+                out.append(Outcome(False, None, "the partner's rank died"))
+            else:
+                out.append(Outcome(True, 100.0))
+        return out
+
+    seen: list = []
+    found = search(nodes(16), fabric, floor=50.0, repeats=2)
+    n2 = [t for t in found.tests if t.purpose == "confirm" and t.nodes[-1] == "n2"]
+    assert [t.passed for t in n2] == [False, False, True, True]
+    assert "n2" not in found.culprits and found.cleared["n2"].startswith("passed with ")
+    assert "failed with" in found.cleared["n2"]
+
+
+def test_slow_nodes_in_every_screen_are_found_against_the_floor_and_none_is_a_partner():
+    """Four slow nodes, one in each group of the first wave: the peers' median is slow, so only the
+    floor fails them; no slow node serves as anyone's partner."""
+    faults = {"n1": "slow 6", "n6": "slow 6", "n11": "slow 6", "n16": "slow 6"}
+    fabric = Fabric(nodes(16), faults, noise=0.0)
+    found = search(fabric.nodes, fabric.run_wave, floor=50.0)
+    assert set(found.culprits) == set(faults), found.line()
+    assert not {t.nodes[0] for t in found.tests if t.purpose == "confirm"} & set(faults)
+    relative = search(nodes(16), Fabric(nodes(16), faults, noise=0.0).run_wave)
+    assert not set(relative.culprits) - set(faults)  # without a floor: nothing found, nothing healthy named
+
+
+def test_a_failed_screen_that_no_pair_reproduces_ends_inconclusive_and_says_what_it_saw():
+    calls = []
+
+    def once(groups):
+        calls.append(groups)
+        return [Outcome(True, 21.0 if len(calls) == 1 and "n1" in g else 100.0) for g in groups]
+
+    found = search(nodes(16), once, floor=50.0)
+    assert found.culprits == {} and set(found.cleared) == {"n1", "n2", "n3", "n4"}
+    assert found.verdict == "inconclusive"
+    assert found.unexplained == ["n1,n2,n3,n4 (screen, wave 1): bandwidth 21% of peers, busbw 21 < floor 50"]
+    assert "failed, no culprit found: n1,n2,n3,n4 (screen, wave 1)" in found.line()
+
+
+def test_a_test_that_could_not_run_is_retried_and_neither_passes_nor_fails_its_nodes():
+    def broken(groups):
+        return [Outcome(True, None, "ranks=2, expected 8", ran=False) if "n1" in g else Outcome(True, 100.0)
+                for g in groups]
+
+    found = search(nodes(16), broken, floor=50.0)
+    assert found.culprits == {} and found.verdict == "inconclusive"
+    assert [t.purpose for t in found.tests if "n1" in t.nodes] == ["screen", "retry"]
+    assert found.unconfirmed["n1"] == "not tested: could not run: ranks=2, expected 8"
+    assert "n1" not in found.passed
+    completed_without_figure = search(nodes(4), lambda gs: [Outcome(True, None) for _ in gs], floor=50.0)
+    assert completed_without_figure.passed == [] and completed_without_figure.verdict == "inconclusive"
+
+
+def test_a_node_slow_only_when_not_rank_0_is_found_when_it_leads_every_screen_group():
+    fabric = Fabric(nodes(16), {"n5": "slow-peer 8"}, noise=0.0)
+    found = search(fabric.nodes, fabric.run_wave, floor=50.0)
+    assert list(found.culprits) == ["n5"] and found.jobs <= 11, found.line()
+
+
+def test_tests_queued_behind_hung_ones_name_no_healthy_node_when_timed_from_their_start():
+    """Three hung nodes, partners reused: pair tests that share a partner queue behind the hung
+    ones. Timed from their start (as isolate times them), none is cut short; timed from
+    submission, queued tests of healthy suspects are cancelled unfinished and name them."""
+    def healthy_named(timeout_from: str) -> int:
+        rng = random.Random("queued")
+        named = 0
+        for trial in range(100):
+            fabric = Fabric(nodes(16), culprit.random_faults(nodes(16), 3, rng, ("hang",)), seed=trial,
+                            timeout_from=timeout_from)
+            found = search(fabric.nodes, fabric.run_wave, floor=50.0)
+            assert set(fabric.faults) <= set(found.culprits) or found.verdict == "inconclusive"
+            named += bool(set(found.culprits) - set(fabric.faults))
+        return named
+
+    assert healthy_named("start") == 0
+    assert healthy_named("submit") > 0
+
+
+def test_2_percent_of_tests_dipping_to_a_quarter_never_drains_a_healthy_node():
+    rng = random.Random("dips")
+    for trial in range(300):
+        fabric = Fabric(nodes(16), culprit.random_faults(nodes(16), 1, rng), seed=trial, transient=0.02)
+        found = search(fabric.nodes, fabric.run_wave, floor=50.0)
+        assert set(found.culprits) == set(fabric.faults), (fabric.faults, found.line())
 
 
 def test_a_suspect_that_passes_its_confirmation_is_not_a_culprit():
@@ -75,11 +190,12 @@ def test_a_suspect_that_passes_its_confirmation_is_not_a_culprit():
     found = search(nodes(8), flaky)
     assert found.culprits == {} and set(found.cleared) == {"n1", "n2"}
     assert [t.purpose for t in found.tests if t.wave == 2] == ["confirm", "confirm"]
+    assert found.verdict == "inconclusive" and found.unexplained[0].startswith("n1,n2 (screen, wave 1): did not")
 
 
 def test_with_no_node_passing_nothing_is_confirmed_and_nothing_named():
     found = search(nodes(8), lambda groups: [Outcome(False, None, "exit 1") for _ in groups])
-    assert found.culprits == {} and set(found.unconfirmed) == set(nodes(8))
+    assert found.culprits == {} and set(found.unconfirmed) == set(nodes(8)) and found.verdict == "inconclusive"
 
 
 def test_the_test_budget_stops_the_search_before_a_wave_it_cannot_afford_and_names_the_suspects():
@@ -116,57 +232,6 @@ def test_under_a_noisy_fabric_no_healthy_node_is_named_in_200_trials():
         fabric = Fabric(nodes(16), culprit.random_faults(nodes(16), rng.choice((1, 2)), rng), noise=0.3, seed=trial)
         found = search(fabric.nodes, fabric.run_wave)
         assert set(found.culprits) <= set(fabric.faults), (fabric.faults, found.line())
-
-
-def test_a_confirmation_only_just_under_the_bar_is_tested_again_with_another_partner():
-    seen = []
-
-    def fabric(groups):
-        seen.append(list(groups))
-        out = []
-        for g in groups:
-            if len(seen) == 1:  # screening: n1's group slow
-                out.append(Outcome(True, 30.0 if "n1" in g else 100.0))
-            else:  # n1 at 45% of peers: marginal the first time, and again
-                out.append(Outcome(True, 45.0 if "n1" in g else 100.0))
-        return out
-
-    found = search(nodes(8), fabric)
-    confirms = [t.nodes for t in found.tests if t.purpose == "confirm" and t.nodes[0] == "n1"]
-    assert len(confirms) == 2 and confirms[0][1] != confirms[1][1]
-    assert found.culprits == {"n1": "bandwidth 45% of peers"}
-
-
-def test_a_confirmation_that_did_not_complete_once_is_tried_with_another_partner_and_clears_the_node():
-    """n1's group hangs at screening; n1's first confirmation fails too (its partner's job never
-    started), its second, with another partner, passes: n1 is not named on one failed job."""
-    seen = []
-
-    def fabric(groups):
-        seen.append(list(groups))
-        out = []
-        for g in groups:
-            confirm_of_n1 = len(seen) > 1 and g[0] == "n1"
-            if len(seen) == 1 and "n1" in g:
-                out.append(Outcome(False, None, "time limit reached"))
-            elif confirm_of_n1 and len(seen) == 2:
-                out.append(Outcome(False, None, "launch failed on the partner"))
-            else:
-                out.append(Outcome(True, 100.0))
-        return out
-
-    found = search(nodes(8), fabric)
-    confirms = [t for t in found.tests if t.purpose == "confirm" and t.nodes[0] == "n1"]
-    assert [t.passed for t in confirms] == [False, True] and confirms[0].nodes[1] != confirms[1].nodes[1]
-    assert found.culprits == {} and "n1" in found.cleared
-
-
-def test_a_node_whose_tests_never_complete_is_named_after_two_partners():
-    hung = Fabric(nodes(16), {"n9": "hang"})
-    found = search(hung.nodes, hung.run_wave)
-    confirms = [t.nodes for t in found.tests if t.purpose == "confirm" and t.nodes[0] == "n9"]
-    assert len(confirms) == 2 and confirms[0][1] != confirms[1][1]
-    assert found.culprits == {"n9": "did not complete: time limit reached (a rank hung)"}
 
 
 @pytest.mark.parametrize("faults", [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import sys
 
@@ -16,13 +17,14 @@ from conftest import wait_for
 from slurm_hooks.hooks import collective
 
 pytestmark = pytest.mark.slurm
+HANG_OR_RUN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes", "hang_or_run.py")
 
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
     from conftest import TESTBED_SETTINGS, SlurmTestbed, own_testbed
 
-    settings = dataclasses.replace(TESTBED_SETTINGS, nodes=5, hooks=True, own_addresses=True)
+    settings = dataclasses.replace(TESTBED_SETTINGS, nodes=5, gpus=1, hooks=True, own_addresses=True)
     with own_testbed(tmp_path_factory, "testbed-suspect", settings) as tb:
         yield SlurmTestbed(tb)
 
@@ -33,8 +35,8 @@ def set_isolate(tb, auto: bool) -> None:
         text = fh.read().split("\n[isolate]\n")[0]
     # A rank waits 12 s for its peers: srun starts a pair's two ranks seconds apart on a loaded 2-core
     # machine, and at 6 s a healthy node paired to confirm a suspect could "not complete" (Debian 13).
-    command = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "12", "--size-mb", "1",
-               "--fault-dir", tb.faults_dir]
+    command = [sys.executable, HANG_OR_RUN, "--fault-dir", tb.faults_dir, sys.executable, collective.__file__,
+               "--backend", "tcp", "--timeout", "12", "--size-mb", "1"]
     with open(tb.config_path, "w", encoding="utf-8") as fh:
         fh.write(text + "\n[isolate]\n" + f"command = {json.dumps(command)}\n"
                  f"auto = {'true' if auto else 'false'}\ntest_timeout = 20.0\nbudget = 180.0\nwindow = 3600.0\n")
@@ -49,7 +51,8 @@ def tb(bed):
 
 def failing_job(tb) -> int:
     """A two-rank all-reduce on n3 and n4 (a GPU each): with n4 hung, n3's rank gives up and the job fails."""
-    argv = [sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "4", "--size-mb", "1"]
+    argv = [sys.executable, HANG_OR_RUN, sys.executable, collective.__file__, "--backend", "tcp", "--timeout", "4",
+            "--size-mb", "1"]
     script = f"#!/bin/sh\nexec srun --kill-on-bad-exit=1 {' '.join(shlex.quote(a) for a in argv)}\n"
     job = tb.sbatch(script, "-N2", "-w", "n3,n4", "--gres=gpu:1")
     tb.wait_job(job, ["FAILED"], timeout=60)
@@ -84,6 +87,7 @@ def test_the_same_nodes_suspected_again_with_auto_start_one_isolate_that_drains_
     assert f"jobs {first} and {second}" in started["detail"]
     n4 = tb.wait_node("n4", lambda n: n.drained, timeout=120)
     assert n4.reason.startswith("slurm-hooks: collective test failed on n4 (did not complete")
+    assert "; failed with " in n4.reason  # three partners, each of which had passed
     assert n4.reason.endswith("[isolate]")
     [done] = wait_for(lambda: records(tb, "isolate"), 30, "the isolate's summary record")
     assert done["result"] == "found"

@@ -406,17 +406,17 @@ def test_sixteen_nodes_each_on_its_own_loopback_address_run_one_job_across_all(t
         tb.down()
 
 
-def test_a_node_fault_is_checked_written_for_the_jobs_and_cleared_by_reset(testbed):
+def test_a_node_fault_is_checked_and_cleared_by_reset_and_net_faults_need_own_addresses(testbed):
     assert testbed.node_addr("n1") == "localhost"  # the session's testbed: one shared address
-    testbed.set_fault("n2", "slow 8")
     testbed.set_fault("n1", "hang")
-    assert testbed.faults() == {"n1": "hang", "n2": "slow 8"}
-    assert testbed.env["SLURM_HOOKS_FAULT_DIR"] == testbed.faults_dir
-    for bad in ("slow", "slow 0.5", "flaky", "drop 2"):
-        with pytest.raises(TestbedError, match="fault must be|FACTOR must be"):
+    assert testbed.faults() == {"n1": "hang"} and testbed.net_rules() == []
+    for bad in ("slow 8", "drop", "net-slow", "net-slow 0", "net-loss 101", "net-drop 2"):
+        with pytest.raises(TestbedError, match="fault must be|KBPS must be|PCT must be"):
             testbed.set_fault("n1", bad)
+    with pytest.raises(TestbedError, match="needs nodes on their own addresses"):
+        testbed.set_fault("n2", "net-drop")
     with pytest.raises(TestbedError, match="no node 'n9'"):
-        testbed.set_fault("n9", "drop")
+        testbed.set_fault("n9", "hang")
     testbed.reset()
     assert testbed.faults() == {}
 
