@@ -360,6 +360,7 @@ class _Waves:
         return self.w.slurm.submit(step_argv(self.argv, gpus, self.w.config.isolate.mpi), name=PREFIX,
                                    node=list(group), reservation=self.reservation,
                                    minutes=math.ceil(self.test_timeout / 60.0), ntasks_per_node=max(1, gpus),
+                                   gpus_per_node=gpus,
                                    chdir=self.out_dir, output=os.path.join(self.out_dir, PREFIX + "-%j.out"))
 
     def _outcome(self, job: str, state: str, cut: str, ranks: int, started: bool) -> culprit.Outcome:

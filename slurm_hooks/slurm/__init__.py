@@ -430,9 +430,10 @@ class Reserving(Protocol):
 
     def submit(self, argv: Sequence[str], *, name: str, node: str | Sequence[str], reservation: str, minutes: int,
                output: str = "/dev/null", partition: str = "", ntasks_per_node: int = 0, chdir: str = "",
-               srun: bool = False) -> str:
+               srun: bool = False, gpus_per_node: int = 0) -> str:
         """One exclusive, non-requeued job running ``argv`` on ``node`` (or across a list of nodes, with
-        ``srun``: ``ntasks_per_node`` tasks on each) in ``reservation``; its id."""
+        ``srun``: ``ntasks_per_node`` tasks on each) in ``reservation``, asking ``gpus_per_node`` GPUs of
+        each; its id."""
         ...
 
     def jobs_named(self, name: str) -> list[str]:

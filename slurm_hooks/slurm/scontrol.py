@@ -700,13 +700,15 @@ class ScontrolSlurm:
 
     def submit(self, argv: Sequence[str], *, name: str, node: str | Sequence[str], reservation: str, minutes: int,
                output: str = "/dev/null", partition: str = "", ntasks_per_node: int = 0, chdir: str = "",
-               srun: bool = False) -> str:
+               srun: bool = False, gpus_per_node: int = 0) -> str:
         """``sbatch`` one job that runs ``argv`` on ``node`` (one name, or a list: one job across them all)
         in ``reservation``, alone on its nodes; returns its id. The argv is quoted into the job's script
         (``--wrap``), never interpreted; ``srun``: the script launches it with ``srun --kill-on-bad-exit=1``
         (one task per node with ``ntasks_per_node=1``). ``partition``: where to submit it, one name or a
         comma list ("" = Slurm's default partition, which may not hold the nodes). ``output`` may hold
-        sbatch's ``%j``; ``chdir``: the job's working directory."""
+        sbatch's ``%j``; ``chdir``: the job's working directory; ``gpus_per_node``: the GPUs it asks for on
+        each node (``--gres=gpu:N``: ``--exclusive`` alone gives a job no GRES, and with
+        ``ConstrainDevices=yes`` its steps would see no GPU)."""
         nodes = [node] if isinstance(node, str) else list(node)
         if not nodes:
             raise SlurmCommandFailed(f"job {name!r}: no nodes")
@@ -718,9 +720,10 @@ class ScontrolSlurm:
         where = [f"--partition={partition}"] if partition else []
         tasks = [f"--ntasks-per-node={int(ntasks_per_node)}"] if ntasks_per_node else []
         here = [f"--chdir={chdir}"] if chdir else []
+        gres = [f"--gres=gpu:{int(gpus_per_node)}"] if gpus_per_node else []
         out = self._run("sbatch", "--parsable", f"--job-name={name}", *where,
                         f"--reservation={self._name_arg(reservation)}",
-                        "--nodelist=" + ",".join(self._node_arg(n) for n in nodes), f"--nodes={len(nodes)}", *tasks,
+                        "--nodelist=" + ",".join(self._node_arg(n) for n in nodes), f"--nodes={len(nodes)}", *tasks, *gres,
                         "--exclusive", f"--time={max(1, int(minutes))}", *here, f"--output={output}", "--no-requeue",
                         f"--wrap={script}")
         job = out.strip().split(";")[0]

@@ -91,3 +91,18 @@ def test_the_nameless_squeue_format_is_the_named_one_without_the_name_alone():
     named = SQUEUE_JOB_FORMAT.split(",")
     assert SQUEUE_JOB_FORMAT_NO_NAME.split(",") == [f for f in named if f != "Name:|"]
     assert "UserName:|" in SQUEUE_JOB_FORMAT_NO_NAME.split(",")
+
+
+def test_a_test_job_asks_for_every_gpu_of_its_nodes_in_the_job_itself():
+    """isolate's test job: the step's --gres is within the job's, so the job asks for the GPUs too."""
+    seen: list[tuple[str, ...]] = []
+
+    def run(argv, timeout, **kw):
+        seen.append(tuple(argv))
+        return Completed(tuple(argv), 0, "42\n", "")
+
+    slurm = ScontrolSlurm(bin_dir="/usr/bin", runner=run)
+    assert slurm.submit(["true"], name="t", node=["n1", "n2"], reservation="r", minutes=1, gpus_per_node=8) == "42"
+    assert "--gres=gpu:8" in seen[-1] and "--exclusive" in seen[-1]
+    slurm.submit(["true"], name="t", node=["n1"], reservation="r", minutes=1)
+    assert not any(a.startswith("--gres") for a in seen[-1])  # a node without GPUs asks for none
