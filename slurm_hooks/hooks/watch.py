@@ -292,10 +292,7 @@ class Watcher:
                                        duration_s=round(time.monotonic() - started, 4))
                 said = ""
             except Exception as exc:  # noqa: BLE001 - the link poller must outlive any one failure
-                text = f"slurm-hooks watch: polling the IB ports failed: {type(exc).__name__}: {exc}"
-                if text != said:
-                    self.log(text)
-                    said = text
+                said = self._say_failure("polling the IB ports", exc, said)
             stop.wait(interval)
 
     def _resume_loop(self, stop: threading.Event) -> None:
@@ -315,10 +312,14 @@ class Watcher:
                         healthcheck.run(self.w, context=Context.CHECK, follow="thread")
                 said = ""
             except Exception as exc:  # noqa: BLE001 - the resume poller must outlive any one failure
-                text = f"slurm-hooks watch: looking for a resume failed: {type(exc).__name__}: {exc}"
-                if text != said:
-                    self.log(text)
-                    said = text
+                said = self._say_failure("looking for a resume", exc, said)
+
+    def _say_failure(self, what: str, exc: Exception, said: str) -> str:
+        """Log a poller's failure unless it is the one ``said`` last; what is said now."""
+        text = f"slurm-hooks watch: {what} failed: {type(exc).__name__}: {exc}"
+        if text != said:
+            self.log(text)
+        return text
 
     def _resumed_by_someone_else(self, stop: threading.Event) -> bool:
         """Our drain's record is there, and Slurm shows the node in service (no drain, not down, no
