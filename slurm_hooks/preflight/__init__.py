@@ -17,6 +17,7 @@ from slurm_hooks.preflight.environment import (
     check_bridge,
     check_gpus,
     check_hysteresis_memory,
+    check_isolate_mpi,
     check_notify_receivers,
     check_notify_secrets,
     check_paths,
@@ -52,6 +53,7 @@ def run(config_path: str | None = None, slurm_conf_path: str | None = None, node
         results += check_gpus(cfg, node)
     results += check_scontrol(cfg, conf.path if conf is not None else slurm_conf_path, runner)
     results += check_slurm_backend(cfg, conf.path if conf is not None else slurm_conf_path)
+    results += check_isolate_mpi(cfg, conf.path if conf is not None else slurm_conf_path, runner)
     results += check_paths(cfg)
     results += check_hysteresis_memory(cfg, node or "")
     results += check_validation(cfg)

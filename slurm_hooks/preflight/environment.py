@@ -181,6 +181,48 @@ def check_slurm_backend(cfg: Config, slurm_conf_path: str | None = None,
                    "where libslurm looks for it")]
 
 
+def mpi_plugins(text: str) -> set[str]:
+    """The MPI plugin types ``srun --mpi=list`` names: each indented line after "MPI plugin types
+    are...", and the versions of "specific pmix plugin versions available: pmix_v4"."""
+    names: set[str] = set()
+    for line in text.splitlines():
+        if line[:1] in (" ", "\t") and line.strip():
+            names.add(line.strip())
+        elif "plugin versions available:" in line:
+            names.update(v.strip() for v in line.split(":", 1)[1].split(",") if v.strip())
+    return names
+
+
+def check_isolate_mpi(cfg: Config, slurm_conf_path: str | None = None,
+                      runner: Callable[..., Any] | None = None) -> list[Result]:
+    """``[isolate] mpi`` is a plugin this Slurm's srun offers (an MPI build of all_reduce_perf
+    launched without one runs as N one-node tests). A warning, not a failure: only `isolate`
+    needs it."""
+    from slurm_hooks.runner import run_command
+
+    check, mpi = "isolate-mpi", cfg.isolate.mpi
+    if not mpi or mpi == "none":
+        return [Result(check, Status.PASS, f"[isolate] mpi = {mpi!r}: all_reduce_perf is launched without an "
+                                           "MPI plugin (a build without MPI only)")]
+    srun = os.path.join(cfg.slurm.bin_dir, "srun")
+    env = {**os.environ, slurmconf.ENV_VAR: os.path.abspath(slurm_conf_path)} if slurm_conf_path else None
+    try:
+        done = (runner or run_command)([srun, "--mpi=list"], cfg.slurm.timeout, check=False, env=env)
+    except (CommandError, CommandTimeout) as exc:
+        return [Result(check, Status.WARN, f"cannot run `{srun} --mpi=list`: {exc}",
+                       "check it where `slurm-hooks isolate` runs")]
+    offered = mpi_plugins(done.stdout + done.stderr)
+    if done.returncode != 0 or not offered:
+        last = (done.stdout + done.stderr).strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        return [Result(check, Status.WARN, f"`{srun} --mpi=list` named no plugin ({last[0]})",
+                       "check it where `slurm-hooks isolate` runs")]
+    if mpi in offered:
+        return [Result(check, Status.PASS, f"[isolate] mpi = {mpi!r}: srun offers it")]
+    return [Result(check, Status.WARN, f"[isolate] mpi = {mpi!r}: srun offers {', '.join(sorted(offered))}",
+                   "set [isolate] mpi to one of them (all_reduce_perf built with MPI needs Slurm's plugin), "
+                   "or build Slurm with it", cfg.path or "")]
+
+
 def writable_dir(path: str) -> tuple[bool, str]:
     """Whether this process could create files in ``path`` (making it if needed); never writes."""
     probe = os.path.abspath(path)

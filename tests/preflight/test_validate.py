@@ -68,6 +68,10 @@ SCONTROL_UP = """#!/bin/sh
 echo "Slurmctld(primary) at localhost is UP (SLURM_CONF=$SLURM_CONF)"
 exit 0
 """
+#: `srun --mpi=list` as Slurm 22.05.8 prints it.
+SRUN = """#!/bin/sh
+printf 'MPI plugin types are...\\n\\tpmix\\n\\tnone\\n\\tpmi2\\nspecific pmix plugin versions available: pmix_v4\\n'
+"""
 SCONTROL_DOWN = """#!/bin/sh
 echo "Slurmctld(primary) at localhost is DOWN"
 exit 1
@@ -86,6 +90,7 @@ class Cluster:
         self.script("etc/prolog.d/50-slurm-hooks", "#!/bin/sh\n# GPU health before the job\nexec /opt/sh/bin/python3 -m slurm_hooks prolog\n")
         self.script("etc/epilog.d/50-slurm-hooks", "#!/bin/bash\nset -e\n/usr/local/bin/slurm-hooks epilog --json\n")
         self.script("bin/scontrol", SCONTROL_UP)
+        self.script("bin/srun", SRUN)
         self.write_slurm_conf(GOOD_SLURM_CONF)
         self.write_config(GOOD_CONFIG)
         (root / "etc" / "gres.conf").write_text("NodeName=n[1-2] Name=gpu File=/dev/nvidia[0-7]\n")
@@ -157,7 +162,7 @@ def test_good_cluster_passes_every_check_and_exits_0(cluster, capsys):
     assert {"config", "slurm-conf", "health-check-program", "prolog", "epilog", "health-check-interval",
             "health-check-node-state", "kill-wait", "prolog-epilog-timeout", "job-requeue", "nohold-on-prolog-fail",
             "force-requeue-on-fail", "gres", "controller-failover", "gpu-backend", "gpu-count", "scontrol", "audit-log", "state-dir",
-            "gpu-map"} <= checks
+            "gpu-map", "isolate-mpi"} <= checks
 
 
 def test_json_output_lists_check_status_message_fix_and_where(cluster, capsys):
