@@ -61,13 +61,17 @@ def tb(bed):
     return bed
 
 
+def hook_env(tb, node: str) -> dict[str, str]:
+    """The environment slurmd gives a hook on ``node``, with this checkout on the path."""
+    return {"SLURMD_NODENAME": node, "SLURM_CONF": tb.slurm_conf, "SLURM_HOOKS_CONFIG": tb.config_path,
+            "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(sim.__file__)))}
+
+
 def check(tb, node="n1") -> subprocess.CompletedProcess:
     """`slurm-hooks check` exactly as the testbed's wrapper runs it for slurmd, and then the repair
     worker it handed a due rung to (detached), to its end: one step of the ladder per call."""
-    env = {"SLURMD_NODENAME": node, "SLURM_CONF": tb.slurm_conf, "SLURM_HOOKS_CONFIG": tb.config_path,
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(sim.__file__)))}
-    done = subprocess.run([hook_interpreter(), "-m", "slurm_hooks", "check", "--config", tb.config_path], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run([hook_interpreter(), "-m", "slurm_hooks", "check", "--config", tb.config_path],
+                          env=hook_env(tb, node), capture_output=True, text=True, timeout=60)
     wait(lambda: _workers_done(tb), 60, "the repair worker's end")
     return done
 
@@ -217,11 +221,9 @@ def test_state_dir_wiped_after_our_reboot_a_persisting_fault_reaches_replace_wit
 
 def rma_clear(tb, gpu: int, node_name: str = "n1") -> None:
     """A person's `slurm-hooks rma clear` on the node: the GPU is known good, its mark ends."""
-    env = {"SLURMD_NODENAME": node_name, "SLURM_CONF": tb.slurm_conf, "SLURM_HOOKS_CONFIG": tb.config_path,
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(sim.__file__)))}
     done = subprocess.run([hook_interpreter(), "-m", "slurm_hooks", "rma", "clear", "--config", tb.config_path,
-                           "--node", node_name, "--gpu", str(gpu)], env=env, capture_output=True, text=True,
-                          timeout=60)
+                           "--node", node_name, "--gpu", str(gpu)], env=hook_env(tb, node_name),
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, (done.stdout, done.stderr)
 
 
