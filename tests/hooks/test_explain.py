@@ -21,6 +21,16 @@ def explain(conf, *args):
                            "--node", "n1", *args], capture_output=True, text=True, env=env, timeout=60)
 
 
+def with_slurm(tmp_path, **tools: str):
+    """A sim config whose Slurm is these scripts (``scontrol=...``, ``squeue=...``) in its own bin_dir."""
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    for name, script in tools.items():
+        (bin_dir / name).write_text(script)
+        (bin_dir / name).chmod(0o755)
+    return write_sim_config(tmp_path, f"[expect]\ngpus = 8\n[slurm]\nbackend = \"scontrol\"\nbin_dir = \"{bin_dir}\"")
+
+
 #: ``scontrol`` as 22.05 answers for an idle node in service (the only Slurm call of a healthy explain).
 SCONTROL = """#!/bin/sh
 case "$*" in
@@ -32,11 +42,7 @@ esac
 
 
 def test_a_healthy_node_explained_is_one_line_naming_its_gpus_and_no_findings(tmp_path):
-    bin_dir = tmp_path / "slurm-bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(SCONTROL)
-    (bin_dir / "scontrol").chmod(0o755)
-    conf = write_sim_config(tmp_path, f"[expect]\ngpus = 8\n[slurm]\nbackend = \"scontrol\"\nbin_dir = \"{bin_dir}\"")
+    conf = with_slurm(tmp_path, scontrol=SCONTROL)
     sim(conf, "init", "--node", "n1", "--gpus", "8")
     r = explain(conf)
     assert (r.returncode, r.stdout, r.stderr) == (0, "n1: 8 GPUs, 0 findings\n", "")
@@ -61,13 +67,7 @@ esac
 
 
 def test_a_node_held_for_replacement_explained_says_it_waits_for_a_person_not_that_it_drains_again(tmp_path):
-    bin_dir = tmp_path / "slurm-bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(SCONTROL_REPLACE)
-    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")  # no job on it
-    for tool in ("scontrol", "squeue"):
-        (bin_dir / tool).chmod(0o755)
-    conf = write_sim_config(tmp_path, f"[expect]\ngpus = 8\n[slurm]\nbackend = \"scontrol\"\nbin_dir = \"{bin_dir}\"")
+    conf = with_slurm(tmp_path, scontrol=SCONTROL_REPLACE, squeue="#!/bin/sh\nexit 0\n")  # no job on it
     sim(conf, "init", "--node", "n1", "--gpus", "8")
     sim(conf, "inject", "--node", "n1", "--gpu", "3", "--xid", "79")
     r = explain(conf, "--dry-run")
