@@ -27,8 +27,12 @@ from slurm_hooks import fsutil
 if TYPE_CHECKING:
     from slurm_hooks.remedy.wiring import Wiring
 
-#: Idle peers of the partition added to an automatic isolate, to confirm suspects against.
-AUTO_PEERS = 2
+#: Idle peers of the partition added to an automatic isolate, to confirm suspects against: as many
+#: as a culprit needs partners (:data:`slurm_hooks.remedy.culprit.CONFIRMATIONS`), so that a suspect
+#: can be confirmed without the job's other nodes, which are suspects too. With 2 peers, a 2-node
+#: job's hung node could be confirmed only through the other suspect, and one noisy test of that
+#: one left both unconfirmed (the run inconclusive, nothing drained).
+AUTO_PEERS = 3
 #: How long an automatic isolate waits for the suspected nodes to be idle.
 AUTO_WAIT_IDLE_S = 1800.0
 
