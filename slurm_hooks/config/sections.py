@@ -208,8 +208,12 @@ class IsolateSection:
     max_tests: int = setting(64, range=Range(2, 10000), doc="test jobs in one run, at most")
     output_dir: str = setting("", doc='where test jobs write (every node and this host see it); "" = [state] '
                                       'dir/isolate')
-    auto: bool = setting(False, doc="a job's nodes suspected twice within the window: isolate them once idle")
-    window: float = setting(86400.0, range=POSITIVE, doc="seconds")
+    auto: bool = setting(False, doc="isolate the suspected nodes once idle (started by an epilog, once per node "
+                                    "within the window)")
+    suspect_jobs: int = setting(2, range=Range(2, 1000, why="one failed job is no pattern"),
+                                doc="a node in this many failed multi-node jobs within the window (whatever their "
+                                    "other nodes) is suspected")
+    window: float = setting(86400.0, range=POSITIVE, doc="seconds a failed job counts toward its nodes' suspicion")
 
 
 @dataclass(frozen=True)
