@@ -18,7 +18,8 @@ from slurm_hooks.commands.options import config_option, json_output, node
 @click.option("--learn", is_flag=True,
               help="Instead: print the [expect] (or [groups.NAME]) lines this healthy node passes (GPU count, "
                    "model, PCIe, NVLinks, InfiniBand ports and rate) and the fabric tests' floors a healthy "
-                   "run measured ([isolate] min_busbw_gbps), to paste into the config. Writes nothing.")
+                   "run measured ([isolate] min_busbw_gbps; [sweep]'s per-node fabric floors), to paste into the "
+                   "config. Writes nothing.")
 def validate(config_path: str | None, slurm_conf: str | None, as_json: bool, node: str | None,
              learn: bool = False) -> int:
     """Check slurm.conf, our config, the GPUs, scontrol and (with [bridge]) Kubernetes access."""
@@ -57,8 +58,9 @@ def _learn(config_path: str | None, node: str, as_json: bool) -> int:
     section = learn.section_for(w.config.group_for(node))
     isolate, isolate_notes = learn.learn_isolate(learn.isolate_runs(w.config.isolate.output_dir
                                                                     or w.state_path("isolate")))
-    tables = {"isolate": isolate}
-    notes += port_notes + isolate_notes
+    sweep, sweep_notes = learn.learn_sweep(list(w.audit.history()))
+    tables = {"isolate": isolate, "sweep": sweep}
+    notes += port_notes + isolate_notes + sweep_notes
     if as_json:
         click.echo(json.dumps({"section": section, "values": values, "tables": tables, "notes": notes}, indent=1))
     else:

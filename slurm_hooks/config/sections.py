@@ -180,6 +180,19 @@ class SweepSection:
     nvbandwidth: str = setting("/usr/bin/nvbandwidth", doc="run too where installed")
     all_reduce_perf: str = setting("/usr/bin/all_reduce_perf", doc="nccl-tests, one node, all its GPUs; run too "
                                                                    "where installed")
+    fabric_tests: bool = setting(True, doc="the per-node fabric tests too, where their tools are installed: "
+                                           "all_reduce_perf through the NICs and ib_write_bw GPU-direct loopback")
+    nccl_nics_busbw_gbps: float = setting(0.0, range=Range(0), doc="floor of all_reduce_perf's busbw (GB/s) on one "
+                                                                   "node with NVLink and shared memory off "
+                                                                   "(NCCL_P2P_DISABLE/NCCL_SHM_DISABLE); 0 = "
+                                                                   "measured, not judged (validate --learn proposes "
+                                                                   "one)")
+    ib_write_bw: str = setting("/usr/bin/ib_write_bw", doc="perftest's ib_write_bw (built with CUDA: --use_cuda)")
+    ib_write_bw_gbps: float = setting(0.0, range=Range(0), doc="floor of each HCA's GPU-direct loopback (Gb/s, "
+                                                               "BW average); 0 = measured, not judged "
+                                                               "(validate --learn proposes one)")
+    ib_hcas: tuple[str, ...] = setting((), doc="the HCAs to test, HCA i with GPU i mod the GPU count; [] = every "
+                                               "HCA with an active InfiniBand port")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ Typing eight port names and a rate per SKU by hand is how a site ends up checkin
 expectation: the port checks judge every port present, never a missing one). Learning reads
 the node once: the GPUs the probe sees and the InfiniBand/RoCE ports under the ``[links]`` tree,
 and prints TOML to paste; beside them, floors for the fabric tests from a healthy run's own
-figures (``[isolate] min_busbw_gbps`` from an isolate run that passed), or a note saying no
+figures (``[isolate] min_busbw_gbps`` from an isolate run that passed, the sweep's per-node
+fabric floors from this node's own sweep records), or a note saying no
 such run exists (a floor is never invented). It never rewrites the admin's config: a file with comments, groups
 and a review history is theirs to edit.
 """
@@ -114,6 +115,44 @@ def learn_isolate(runs: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[dict[s
     where = ", ".join(sorted({os.path.dirname(p) for p, _ in runs})) or "its output dir"
     return {}, [f"no isolate run that passed every test in {where}: [isolate] min_busbw_gbps not proposed "
                 "(run `slurm-hooks isolate` on healthy nodes, then learn again)"]
+
+
+def learn_sweep(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """(``[sweep]`` values, notes) from this node's sweep-test audit records: the per-node fabric
+    tests' newest healthy figures (``passed`` or ``measured``; a failed or unrun test is none) as
+    floors at :data:`FLOOR_SHARE`: ``nccl_nics_busbw_gbps`` from the NCCL test through the NICs,
+    ``ib_write_bw_gbps`` from the slowest HCA's newest loopback. None measured: a note, no figure."""
+    newest: dict[str, Mapping[str, Any]] = {}
+    for r in records:
+        if r.get("action") != "sweep-test" or r.get("result") not in ("passed", "measured"):
+            continue
+        if not isinstance(r.get("figure"), (int, float)) or r["figure"] <= 0:
+            continue
+        test = str(r.get("test", ""))
+        if test not in newest or r.get("ts", 0) >= newest[test].get("ts", 0):
+            newest[test] = r
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    when = lambda r: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(r.get("ts", 0)))  # noqa: E731
+    nccl = newest.get("nccl-nics")
+    if nccl:
+        values["nccl_nics_busbw_gbps"] = floor_of(nccl["figure"])
+        notes.append(f"[sweep] nccl_nics_busbw_gbps {values['nccl_nics_busbw_gbps']:g}: {FLOOR_SHARE:.0%} of the "
+                     f"busbw through the NICs ({nccl['figure']:g} GB/s) of this node's sweep at {when(nccl)}")
+    else:
+        notes.append("no healthy all_reduce_perf through the NICs in this node's sweep records: [sweep] "
+                     "nccl_nics_busbw_gbps not proposed")
+    hcas = {t: r for t, r in newest.items() if t.startswith("ib_write_bw ")}
+    if hcas:
+        test, low = min(hcas.items(), key=lambda kv: kv[1]["figure"])
+        values["ib_write_bw_gbps"] = floor_of(low["figure"])
+        notes.append(f"[sweep] ib_write_bw_gbps {values['ib_write_bw_gbps']:g}: {FLOOR_SHARE:.0%} of the slowest of "
+                     f"{len(hcas)} HCA(s)' GPU-direct loopback ({test.split()[-1]}, {low['figure']:g} Gb/s) of this "
+                     f"node's sweep at {when(low)}")
+    else:
+        notes.append("no healthy ib_write_bw loopback in this node's sweep records: [sweep] ib_write_bw_gbps not "
+                     "proposed")
+    return values, notes
 
 
 def isolate_runs(directory: str, limit: int = 50) -> list[tuple[str, Any]]:
