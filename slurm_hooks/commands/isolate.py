@@ -24,7 +24,7 @@ from slurm_hooks.errors import EXIT_UNAVAILABLE
 @click.option("--wait-idle", type=click.FloatRange(0), default=0.0, metavar="S",
               help="First wait up to S seconds for the nodes to be idle (an epilog's automatic run).")
 @click.option("--peers", type=click.IntRange(0, 16), default=0, metavar="N",
-              help="Also test N idle nodes of --partition, to confirm suspects against.")
+              help="Also test N idle nodes of --partition, to confirm suspects against (one suspect needs them).")
 @click.option("--partition", metavar="NAME", help="Where --peers come from.")
 @json_option
 def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: str | None,
@@ -56,7 +56,7 @@ def isolate(config_path: str | None, nodes: str | None, job: str | None, mode: s
     except SlurmHooksError as exc:
         click.echo(f"slurm-hooks isolate: {exc}", err=True)
         return EXIT_UNAVAILABLE
-    if len(chosen) < 2:
+    if len(chosen) < 2 and not (chosen and peers and partition):  # one suspect needs peers to be tested against
         raise click.UsageError(f"{nodes or 'job ' + str(job)}: {len(chosen)} node(s); a collective test needs 2")
     timeout = test_timeout or cfg.test_timeout
     say = None if as_json else click.echo

@@ -17,7 +17,9 @@ from slurm_hooks.commands.options import config_option, json_output, node
 @node("Judge GPUs and Gres for this node (default: $SLURMD_NODENAME or short hostname).")
 @click.option("--learn", is_flag=True,
               help="Instead: print the [expect] (or [groups.NAME]) lines this healthy node passes (GPU count, "
-                   "model, PCIe, NVLinks, InfiniBand ports and rate), to paste into the config. Writes nothing.")
+                   "model, PCIe, NVLinks, InfiniBand ports and rate) and the fabric tests' floors a healthy "
+                   "run measured ([isolate] min_busbw_gbps; [sweep]'s per-node fabric floors), to paste into the "
+                   "config. Writes nothing.")
 def validate(config_path: str | None, slurm_conf: str | None, as_json: bool, node: str | None,
              learn: bool = False) -> int:
     """Check slurm.conf, our config, the GPUs, scontrol and (with [bridge]) Kubernetes access."""
@@ -54,10 +56,15 @@ def _learn(config_path: str | None, node: str, as_json: bool) -> int:
     more, port_notes = learn.learn_ports(ib.read_ports(ib.from_config(w.config, node).root))
     values.update(more)
     section = learn.section_for(w.config.group_for(node))
+    isolate, isolate_notes = learn.learn_isolate(learn.isolate_runs(w.config.isolate.output_dir
+                                                                    or w.state_path("isolate")))
+    sweep, sweep_notes = learn.learn_sweep(list(w.audit.history()))
+    tables = {"isolate": isolate, "sweep": sweep}
+    notes += port_notes + isolate_notes + sweep_notes
     if as_json:
-        click.echo(json.dumps({"section": section, "values": values, "notes": notes + port_notes}, indent=1))
+        click.echo(json.dumps({"section": section, "values": values, "tables": tables, "notes": notes}, indent=1))
     else:
-        click.echo(learn.snippet(node, section, values, notes + port_notes, w.config.path or ""), nl=False)
+        click.echo(learn.snippet(node, section, values, notes, w.config.path or "", tables=tables), nl=False)
     return 0
 
 

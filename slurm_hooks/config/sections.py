@@ -180,6 +180,19 @@ class SweepSection:
     nvbandwidth: str = setting("/usr/bin/nvbandwidth", doc="run too where installed")
     all_reduce_perf: str = setting("/usr/bin/all_reduce_perf", doc="nccl-tests, one node, all its GPUs; run too "
                                                                    "where installed")
+    fabric_tests: bool = setting(True, doc="the per-node fabric tests too, where their tools are installed: "
+                                           "all_reduce_perf through the NICs and ib_write_bw GPU-direct loopback")
+    nccl_nics_busbw_gbps: float = setting(0.0, range=Range(0), doc="floor of all_reduce_perf's busbw (GB/s) on one "
+                                                                   "node with NVLink and shared memory off "
+                                                                   "(NCCL_P2P_DISABLE/NCCL_SHM_DISABLE); 0 = "
+                                                                   "measured, not judged (validate --learn proposes "
+                                                                   "one)")
+    ib_write_bw: str = setting("/usr/bin/ib_write_bw", doc="perftest's ib_write_bw (built with CUDA: --use_cuda)")
+    ib_write_bw_gbps: float = setting(0.0, range=Range(0), doc="floor of each HCA's GPU-direct loopback (Gb/s, "
+                                                               "BW average); 0 = measured, not judged "
+                                                               "(validate --learn proposes one)")
+    ib_hcas: tuple[str, ...] = setting((), doc="the HCAs to test, HCA i with GPU i mod the GPU count; [] = every "
+                                               "HCA with an active InfiniBand port")
 
 
 @dataclass(frozen=True)
@@ -208,8 +221,12 @@ class IsolateSection:
     max_tests: int = setting(64, range=Range(2, 10000), doc="test jobs in one run, at most")
     output_dir: str = setting("", doc='where test jobs write (every node and this host see it); "" = [state] '
                                       'dir/isolate')
-    auto: bool = setting(False, doc="a job's nodes suspected twice within the window: isolate them once idle")
-    window: float = setting(86400.0, range=POSITIVE, doc="seconds")
+    auto: bool = setting(False, doc="isolate the suspected nodes once idle (started by an epilog, once per node "
+                                    "within the window)")
+    suspect_jobs: int = setting(2, range=Range(2, 1000, why="one failed job is no pattern"),
+                                doc="a node in this many failed multi-node jobs within the window (whatever their "
+                                    "other nodes) is suspected")
+    window: float = setting(86400.0, range=POSITIVE, doc="seconds a failed job counts toward its nodes' suspicion")
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,12 @@ bandwidth over the mean iteration, as nccl-tests time and count it: 2(n-1)/n x s
 median would let a link that runs fast for a burst and then crawls pass); any rank that
 cannot finish within ``--timeout`` exits 1, so a hung or dropped peer fails the job.
 
-Each rank binds and publishes the address toward its peers: the interface named by
-``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME`` where set (the fabric's), else the node's
+Each rank binds and publishes the address toward its peers, in the TCP ring and in gloo alike
+(gloo's process group gets a device bound to it): the interface named by ``NCCL_SOCKET_IFNAME``
+or ``GLOO_SOCKET_IFNAME`` where set (the fabric's; gloo asks its own first), else the node's
 ``NodeAddr`` as Slurm knows it, else what its name resolves to; never ``gethostbyname(gethostname())``
-(127.0.1.1 on Debian, the management network on a multi-homed host).
+(127.0.1.1 on Debian, the management network on a multi-homed host), which gloo left to itself
+binds. NCCL (GPUs) finds its own interfaces (``NCCL_SOCKET_IFNAME``).
 
 Rendezvous: files in ``--rdzv-dir`` (default: the working directory, a filesystem every node
 sees, as the job's output directory is). A plain script: runs on Python 3.9, no slurm_hooks import.
@@ -67,10 +69,12 @@ def _node_addr(node: str, timeout: float) -> str:
     return ""
 
 
-def own_address(environ: dict | None = None, timeout: float = 5.0) -> str:
-    """The address this rank binds and publishes; see the module docstring."""
+def own_address(environ: dict | None = None, timeout: float = 5.0,
+                ifname_vars: tuple[str, ...] = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")) -> str:
+    """The address this rank binds and publishes; see the module docstring. ``ifname_vars``: the
+    variables naming interfaces, first found first (gloo asks ``GLOO_SOCKET_IFNAME`` before NCCL's)."""
     env = os.environ if environ is None else environ
-    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+    for var in ifname_vars:
         names = [n.lstrip("=") for n in env.get(var, "").split(",") if n and not n.startswith("^")]
         for name in names:
             addr = interface_address(name)
@@ -167,7 +171,10 @@ def tcp_ring(rank: int, world: int, size: int, iters: int, timeout: float, rdzv_
 
 
 def torch_allreduce(rank: int, world: int, size: int, iters: int, timeout: float,
-                    rdzv_dir: str) -> tuple[list[float], str]:
+                    rdzv_dir: str, addr: str = "") -> tuple[list[float], str]:
+    """Iteration times of ``torch.distributed``'s all-reduce: NCCL on GPUs, else gloo, whose
+    process group is built with a device bound to ``addr`` (see :func:`gloo_address`): left to
+    itself, gloo binds what the host's name resolves to."""
     import datetime
 
     import torch
@@ -176,23 +183,43 @@ def torch_allreduce(rank: int, world: int, size: int, iters: int, timeout: float
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("SLURM_LOCALID", "0")) % torch.cuda.device_count())
-    init = "env://" if os.environ.get("MASTER_ADDR") else "file://" + os.path.abspath(_rendezvous_path(rdzv_dir))
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
+    limit = datetime.timedelta(seconds=timeout)
     buf = torch.ones(size // 4, dtype=torch.float32, device="cuda" if cuda else "cpu")
+    if cuda:
+        init = "env://" if os.environ.get("MASTER_ADDR") else "file://" + os.path.abspath(_rendezvous_path(rdzv_dir))
+        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, timeout=limit)
+        reduce = lambda: dist.all_reduce(buf)  # noqa: E731
+    else:
+        addr = addr or gloo_address(timeout)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = limit
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=addr)]
+        store = dist.FileStore(os.path.abspath(_rendezvous_path(rdzv_dir)), world)
+        group = dist.ProcessGroupGloo(store, rank, world, opts)
+        reduce = lambda: group.allreduce([buf]).wait()  # noqa: E731
     times = []
     for _ in range(iters):
         t0 = time.monotonic()
-        dist.all_reduce(buf)
+        reduce()
         if cuda:
             torch.cuda.synchronize()
         times.append(time.monotonic() - t0)
-    backend = dist.get_backend()
-    dist.destroy_process_group()
+    if cuda:
+        backend = dist.get_backend()
+        dist.destroy_process_group()
+    else:
+        backend = f"gloo@{addr}"
+        group.barrier().wait()  # every rank done with the store before rank 0 removes it
     if rank == 0:
         with contextlib.suppress(OSError):
             os.unlink(_rendezvous_path(rdzv_dir))
     return times, backend
+
+
+def gloo_address(timeout: float) -> str:
+    """gloo's address toward its peers: ``GLOO_SOCKET_IFNAME``'s interface, else ``NCCL_SOCKET_IFNAME``'s,
+    else the node's address as :func:`own_address` finds it."""
+    return own_address(timeout=min(5.0, timeout / 4), ifname_vars=("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             backend = "tcp"
     try:
         if backend == "torch":
-            times, backend = torch_allreduce(rank, world, size, args.iters, args.timeout, args.rdzv_dir)
+            times, backend = torch_allreduce(rank, world, size, args.iters, args.timeout, args.rdzv_dir, args.addr)
         else:
             addr = args.addr or own_address(timeout=min(5.0, args.timeout / 4))
             times = tcp_ring(rank, world, size, args.iters, args.timeout, args.rdzv_dir, addr)

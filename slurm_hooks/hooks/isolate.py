@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from slurm_hooks.remedy.wiring import Wiring
 
 #: Our reservation and test jobs are named with this (a killed run's leftovers are found by it).
-PREFIX = "slurm-hooks-isolate"
+PREFIX = culprit.ISOLATE_PREFIX
 #: What a test job may take beyond its time limit to be queued and started in our reservation.
 START_MARGIN_S = 15.0
 POLL_S = 0.5

@@ -6,7 +6,9 @@ takes idle nodes out of scheduling one wave at a time, in a maintenance reservat
 (``scontrol create reservation ... Flags=MAINT``, which Slurm refuses on a node with a job),
 and runs the validation there as a root job (:func:`validate_here`, ``slurm-hooks
 sweep-node``): ``dcgmi diag -r LEVEL``, and nvbandwidth / nccl-tests' ``all_reduce_perf`` on
-the node where installed. The job drains a failing node itself, with our reason and the
+the node where installed, and the per-node fabric tests (:mod:`slurm_hooks.hooks.nodefabric`:
+all_reduce_perf through the NICs, ib_write_bw GPU-direct loopback per HCA) against their
+floors; one with a floor set that could not run leaves the node ``unverified``, never passed. The job drains a failing node itself, with our reason and the
 failing test's action (``slurm-hooks: DCGM diag L2 failed on GPU 3 [reset]``), so the node's
 own hooks and the repair ladder know the drain; a passing node simply gets its reservation
 back. The job writes its verdict into its AdminComment (accounting keeps it); the sweep reads
@@ -326,9 +328,25 @@ def validate_here(w: Wiring, level: int, timeout: float, job: str = "") -> tuple
         if result == "failed":
             extra.append(Finding("sweep", Severity.FAIL, Action.DRAIN, f"{name} failed: {text}",
                                  summary=f"{name} failed"))
+    missed = []
+    if w.config.sweep.fabric_tests:
+        from slurm_hooks.hooks import nodefabric
+
+        t1 = time.monotonic()
+        for test in nodefabric.run_tests(w, max(1.0, min(300.0, w.time_left(timeout) - 5.0))):
+            _record(w, test.name, test.result, time.monotonic() - t1, test.detail, job,
+                    **({"figure": test.figure, "unit": test.unit} if test.figure is not None else {}))
+            t1 = time.monotonic()
+            if test.result == "failed":
+                extra.append(Finding("sweep", Severity.FAIL, Action.DRAIN, f"{test.name} failed: {test.detail}",
+                                     summary=f"{test.name} below its floor"))
+            elif test.result == "not-run" and test.floor > 0:  # a floor set and no figure: not a pass
+                missed.append(f"{test.name} not run: {test.detail}")
     if extra:
         report = dataclasses.replace(report, findings=report.findings + tuple(extra))
         verdict, detail = "failed", "; ".join(f.message for f in extra) if verdict != "failed" else detail
+    elif missed and verdict == "passed":
+        verdict, detail = "unverified", "; ".join(missed)
     if verdict == "failed":
         outcome = Outcome()
         if not w.policy.may_drain:  # monitor-only: found, recorded, not acted on
@@ -351,9 +369,9 @@ def validate_here(w: Wiring, level: int, timeout: float, job: str = "") -> tuple
     return verdict, detail
 
 
-def _record(w: Wiring, test: str, result: str, seconds: float, detail: str, job: str) -> None:
+def _record(w: Wiring, test: str, result: str, seconds: float, detail: str, job: str, **more: Any) -> None:
     w.audit.write("action", node=w.node, action="sweep-test", target=w.node, result=result,
-                  duration_s=round(seconds, 4), test=test, detail=detail, **({"jobs": [job]} if job else {}))
+                  duration_s=round(seconds, 4), test=test, detail=detail, **({"jobs": [job]} if job else {}), **more)
 
 
 def _extra_tests(w: Wiring) -> list[tuple[str, list[str]]]:

@@ -4,13 +4,17 @@ that make every other node of its kind compare against it.
 Typing eight port names and a rate per SKU by hand is how a site ends up checking nothing (no
 expectation: the port checks judge every port present, never a missing one). Learning reads
 the node once: the GPUs the probe sees and the InfiniBand/RoCE ports under the ``[links]`` tree,
-and prints TOML to paste. It never rewrites the admin's config: a file with comments, groups
+and prints TOML to paste; beside them, floors for the fabric tests from a healthy run's own
+figures (``[isolate] min_busbw_gbps`` from an isolate run that passed, the sweep's per-node
+fabric floors from this node's own sweep records), or a note saying no
+such run exists (a floor is never invented). It never rewrites the admin's config: a file with comments, groups
 and a review history is theirs to edit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 
@@ -78,14 +82,109 @@ def learn_ports(ports: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], lis
     return values, notes
 
 
+#: A learned floor is this share of the lowest figure a healthy run measured: every test of that run
+#: passes it twice over, so a healthy node's ordinary spread does not fail it.
+FLOOR_SHARE = 0.5
+
+
+def floor_of(figure: float) -> float:
+    """The floor proposed for a healthy ``figure``: :data:`FLOOR_SHARE` of it, to 3 significant digits."""
+    return float(f"{figure * FLOOR_SHARE:.3g}")
+
+
+def learn_isolate(runs: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[dict[str, Any], list[str]]:
+    """(``[isolate]`` values, notes) from isolate's evidence files, newest first: ``min_busbw_gbps``
+    from the newest run that ended ``ok`` (every test passed), as :data:`FLOOR_SHARE` of its lowest
+    test's bus bandwidth, each figure named. No such run: a note, and no figure (none is invented)."""
+    for path, run in runs:
+        if not isinstance(run, Mapping) or run.get("verdict") != "ok":
+            continue
+        measured = []
+        for t in run.get("tests") or ():
+            bw = t.get("bandwidth") if isinstance(t, Mapping) else None
+            if isinstance(bw, (int, float)) and bw > 0 and t.get("passed") and t.get("ran", True) \
+                    and len(t.get("nodes") or ()) >= 2:
+                measured.append(float(bw))
+        if not measured:
+            continue
+        low, mid = min(measured), sorted(measured)[len(measured) // 2]
+        floor = floor_of(low)
+        return {"min_busbw_gbps": floor}, [
+            f"[isolate] min_busbw_gbps {floor:g}: {FLOOR_SHARE:.0%} of the lowest bus bandwidth ({low:g} GB/s; median {mid:g}) of "
+            f"the {len(measured)} test(s) of the healthy isolate run {path}"]
+    where = ", ".join(sorted({os.path.dirname(p) for p, _ in runs})) or "its output dir"
+    return {}, [f"no isolate run that passed every test in {where}: [isolate] min_busbw_gbps not proposed "
+                "(run `slurm-hooks isolate` on healthy nodes, then learn again)"]
+
+
+def learn_sweep(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """(``[sweep]`` values, notes) from this node's sweep-test audit records: the per-node fabric
+    tests' newest healthy figures (``passed`` or ``measured``; a failed or unrun test is none) as
+    floors at :data:`FLOOR_SHARE`: ``nccl_nics_busbw_gbps`` from the NCCL test through the NICs,
+    ``ib_write_bw_gbps`` from the slowest HCA's newest loopback. None measured: a note, no figure."""
+    newest: dict[str, Mapping[str, Any]] = {}
+    for r in records:
+        if r.get("action") != "sweep-test" or r.get("result") not in ("passed", "measured"):
+            continue
+        if not isinstance(r.get("figure"), (int, float)) or r["figure"] <= 0:
+            continue
+        test = str(r.get("test", ""))
+        if test not in newest or r.get("ts", 0) >= newest[test].get("ts", 0):
+            newest[test] = r
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    when = lambda r: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(r.get("ts", 0)))  # noqa: E731
+    nccl = newest.get("nccl-nics")
+    if nccl:
+        values["nccl_nics_busbw_gbps"] = floor_of(nccl["figure"])
+        notes.append(f"[sweep] nccl_nics_busbw_gbps {values['nccl_nics_busbw_gbps']:g}: {FLOOR_SHARE:.0%} of the "
+                     f"busbw through the NICs ({nccl['figure']:g} GB/s) of this node's sweep at {when(nccl)}")
+    else:
+        notes.append("no healthy all_reduce_perf through the NICs in this node's sweep records: [sweep] "
+                     "nccl_nics_busbw_gbps not proposed")
+    hcas = {t: r for t, r in newest.items() if t.startswith("ib_write_bw ")}
+    if hcas:
+        test, low = min(hcas.items(), key=lambda kv: kv[1]["figure"])
+        values["ib_write_bw_gbps"] = floor_of(low["figure"])
+        notes.append(f"[sweep] ib_write_bw_gbps {values['ib_write_bw_gbps']:g}: {FLOOR_SHARE:.0%} of the slowest of "
+                     f"{len(hcas)} HCA(s)' GPU-direct loopback ({test.split()[-1]}, {low['figure']:g} Gb/s) of this "
+                     f"node's sweep at {when(low)}")
+    else:
+        notes.append("no healthy ib_write_bw loopback in this node's sweep records: [sweep] ib_write_bw_gbps not "
+                     "proposed")
+    return values, notes
+
+
+def isolate_runs(directory: str, limit: int = 50) -> list[tuple[str, Any]]:
+    """isolate's evidence files (``run-*.json``) in ``directory``, newest first (at most ``limit``)."""
+    from slurm_hooks import fsutil
+
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith("run-") and n.endswith(".json")]
+    except OSError:
+        return []
+    paths = sorted((os.path.join(directory, n) for n in names), key=_mtime, reverse=True)[:limit]
+    return [(p, fsutil.read_json(p, missing=None, error=None)) for p in paths]
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
 def snippet(node: str, section: str, values: Mapping[str, Any], notes: Sequence[str], config_path: str = "",
-            now: float | None = None) -> str:
-    """The TOML to paste: one table, its keys in a fixed order, the notes as comments above it."""
+            now: float | None = None, tables: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """The TOML to paste: one table (and ``tables``' non-empty ones after it), keys in a fixed order,
+    the notes as comments above them."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(time.time() if now is None else now))
     where = f" into {config_path}" if config_path else ""
     lines = [f"# learned by `slurm-hooks validate --learn` on {node}, {when}: paste{where}, replacing these keys",
-             *(f"# note: {n}" for n in notes), f"[{section}]"]
-    lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+             *(f"# note: {n}" for n in notes)]
+    for name, table in {section: values, **{k: v for k, v in (tables or {}).items() if v}}.items():
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in table.items()]
     return "\n".join(lines) + "\n"
 
 

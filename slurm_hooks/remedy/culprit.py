@@ -52,6 +52,8 @@ CONFIRM_AT = 4
 #: each) from draining it: 8 in a million per suspect instead of 4 in ten thousand.
 CONFIRMATIONS = 3
 VERDICTS = ("ok", "found", "inconclusive")
+#: isolate's reservation and test jobs are named with this (a running or killed run is found by it).
+ISOLATE_PREFIX = "slurm-hooks-isolate"
 
 
 @dataclass(frozen=True)

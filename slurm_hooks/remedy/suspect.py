@@ -4,14 +4,24 @@ A rank that hangs in a collective, a slow node or a dropped link fails a multi-n
 nothing for our checks to find. The epilog of such a job (it ended with a non-zero exit code,
 so failed, timed out or NODE_FAIL, and our checks found nothing on the node) records a
 *suspect* on its node: an audit action ``suspect`` naming the job, its nodes and its exit
-code. No drain: a user's bug fails jobs too.
+code. No drain: a user's bug fails jobs too. A job that failed and was requeued (by itself, by
+Slurm, by its owner) counts as well; one our own requeue ended (its AdminComment says
+``requeued from <another node>``: a finding there explains it) does not, nor do our own test jobs
+(isolate's, the sweep's: their runs judge them).
 
-The same nodes suspected again, by another job, within ``[isolate] window`` is a pattern: with
-``[isolate] auto = true`` (off by default) the first node of the job's list starts ``slurm-hooks
-isolate`` on them, detached, once (a trigger is not repeated within the window); it waits until
-the nodes are idle, adds idle peers of their partition to confirm against, and drains only a
-confirmed culprit. A job's nodes come from the epilog's own environment (SLURM_NODELIST): every
-node of the job sees the same list, so exactly one of them starts it, without asking slurmctld.
+Suspicion accumulates per node: a node in ``[isolate] suspect_jobs`` (K, at least 2: once is no
+pattern) distinct failed multi-node jobs within ``[isolate] window``, whatever their other nodes,
+is *suspected*. With ``[isolate] auto = true`` (off by default) an epilog that makes or finds a
+suspected node among its job's nodes starts ``slurm-hooks isolate`` on the suspected nodes,
+detached, once per node within the window; it waits until they are idle, adds idle peers of the
+partition to confirm against, and drains only a confirmed culprit.
+
+Each node counts over the failed jobs it took part in (its ``suspects.json``; a state dir the
+nodes share, as the testbed's, holds every node's records, each job counted once): its own
+count is exact, another node's a lower bound. Of a job's nodes, the first one suspected in its
+own count starts the isolate; nodes whose counts agree (the same failed jobs) pick the same one.
+Before starting, it asks Slurm whether an isolate (its reservation or its test jobs) runs already.
+Nothing is drained on suspicion alone: isolate drains only a culprit its tests confirm.
 """
 
 from __future__ import annotations
@@ -19,22 +29,67 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable
 
 from slurm_hooks import fsutil
+from slurm_hooks.remedy.culprit import CONFIRMATIONS
+from slurm_hooks.values import dataclass
 
 if TYPE_CHECKING:
     from slurm_hooks.remedy.wiring import Wiring
 
 #: Idle peers of the partition added to an automatic isolate, to confirm suspects against: as many
-#: as a culprit needs partners (:data:`slurm_hooks.remedy.culprit.CONFIRMATIONS`), so that a suspect
-#: can be confirmed without the job's other nodes, which are suspects too. With 2 peers, a 2-node
-#: job's hung node could be confirmed only through the other suspect, and one noisy test of that
-#: one left both unconfirmed (the run inconclusive, nothing drained).
-AUTO_PEERS = 3
+#: as a culprit needs partners that passed, so that one suspect alone can be confirmed.
+AUTO_PEERS = CONFIRMATIONS
 #: How long an automatic isolate waits for the suspected nodes to be idle.
 AUTO_WAIT_IDLE_S = 1800.0
+#: Starts the isolate: (wiring, suspected nodes, partition, job, what the suspicion is) -> what it did.
+Starter = Callable[["Wiring", "list[str]", str, str, str], str]
+#: The names of our own test jobs (isolate's and the sweep's).
+OUR_TESTS = "slurm-hooks-"
+#: What our requeue writes into a job's AdminComment (remedy's take-out: ``requeued from <node>, ...``).
+OUR_REQUEUE = "requeued from "
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed multi-node job, as the epilogs recorded it."""
+
+    job: str
+    nodes: tuple[str, ...]
+    ts: float
+
+
+def failures(entries: Iterable[Mapping], now: float, window: float) -> list[Failure]:
+    """The distinct failed jobs among suspect records within ``window`` of ``now`` (a job recorded
+    by several of its nodes counts once; its earliest record stands)."""
+    seen: dict[str, Failure] = {}
+    for e in entries:
+        try:
+            ts, job, nodes = float(e.get("ts", 0)), str(e.get("job", "")), tuple(e.get("nodes") or ())
+        except (TypeError, ValueError, AttributeError):
+            continue
+        if not job or len(nodes) < 2 or not now - window < ts <= now + 60:
+            continue
+        if job not in seen or ts < seen[job].ts:
+            seen[job] = Failure(job, nodes, ts)
+    return sorted(seen.values(), key=lambda f: (f.ts, f.job))
+
+
+def suspected(failed: Iterable[Failure], k: int) -> dict[str, tuple[str, ...]]:
+    """Node -> the failed jobs it was in, for each node in at least ``k`` of them (``k`` >= 2: one
+    failed job is no pattern, whatever its node count)."""
+    jobs: dict[str, list[str]] = {}
+    for f in failed:
+        for node in dict.fromkeys(f.nodes):
+            jobs.setdefault(node, []).append(f.job)
+    return {n: tuple(js) for n, js in jobs.items() if len(js) >= max(2, k)}
+
+
+def starter(job_nodes: Sequence[str], suspects: Mapping[str, object]) -> str | None:
+    """The node of the job that starts the isolate: its first suspected node (None: none is)."""
+    return next((n for n in job_nodes if n in suspects), None)
 
 
 def job_nodes(env: Mapping[str, str]) -> list[str]:
@@ -47,26 +102,28 @@ def job_nodes(env: Mapping[str, str]) -> list[str]:
         return []
 
 
-def after_job(w: Wiring, env: Mapping[str, str], jid: str | None) -> str:
+def after_job(w: Wiring, env: Mapping[str, str], jid: str | None, start: Starter | None = None) -> str:
     """The epilog's look at a job our checks found nothing on: record a suspect when the job
-    spanned nodes and failed; start an isolate when the pattern repeats. Returns what it did ("" for
-    nothing: the healthy path costs a few dict lookups). Never raises: an epilog that fails drains
-    the node ("Epilog error"), and a suspect is no reason to."""
+    spanned nodes and failed; start an isolate when a node of it is suspected. Returns what it did
+    ("" for nothing: the healthy path costs a few dict lookups). Never raises: an epilog that fails
+    drains the node ("Epilog error"), and a suspect is no reason to. ``start``: what starts the
+    isolate (:func:`start_isolate`, detached)."""
     code = env.get("SLURM_JOB_EXIT_CODE", "").strip()
     if not jid or code in ("", "0"):
         return ""
     try:
-        return _after_failed_job(w, env, jid, code)
+        return _after_failed_job(w, env, jid, code, start or start_isolate)
     except Exception as exc:  # noqa: BLE001 - see above
         return f"suspect not recorded: {type(exc).__name__}: {exc}"
 
 
-def _after_failed_job(w: Wiring, env: Mapping[str, str], jid: str, code: str) -> str:
+def _after_failed_job(w: Wiring, env: Mapping[str, str], jid: str, code: str, start: Starter) -> str:
     nodes = job_nodes(env)
     if len(nodes) < 2:
         return ""
-    if _requeued(w, env, jid):
-        return ""
+    explained = _ours(w, jid) or _our_requeue(w, jid)
+    if explained:
+        return f"not a suspect: {explained}"
     status = env.get("SLURM_JOB_EXIT_CODE2", "").strip() or code
     cfg = w.config.isolate
     now = time.time()
@@ -79,43 +136,81 @@ def _after_failed_job(w: Wiring, env: Mapping[str, str], jid: str, code: str) ->
         history = _load(path)
         history = {"suspects": [s for s in history.get("suspects", []) if now - s.get("ts", 0) < cfg.window],
                    "triggers": [t for t in history.get("triggers", []) if now - t.get("ts", 0) < cfg.window]}
-        # Entries name their node: the testbed's nodes share one state dir, a site's each have their own.
-        again = [s for s in history["suspects"] if s.get("node", w.node) == w.node and s.get("job") != jid
-                 and sorted(s.get("nodes", [])) == sorted(nodes)]
         history["suspects"].append({"ts": now, "node": w.node, "job": jid, "nodes": nodes, "exit_code": status})
-        fired = any(sorted(t.get("nodes", [])) == sorted(nodes) for t in history["triggers"])
-        trigger = bool(again) and cfg.auto and not fired and w.node == nodes[0]
+        suspects = suspected(failures(history["suspects"], now, cfg.window), cfg.suspect_jobs)
+        first = starter(nodes, suspects)
+        targeted = {n for t in history["triggers"] for n in t.get("nodes", [])}
+        new = [n for n in suspects if n not in targeted]
+        trigger = cfg.auto and first == w.node and bool(new)
         if trigger:
-            history["triggers"].append({"ts": now, "job": jid, "nodes": nodes})
+            history["triggers"].append({"ts": now, "job": jid, "nodes": sorted(suspects)})
         _save(path, history)
-    if not again:
+    if first is None:
         return "suspect recorded"
+    said = ", ".join(f"{n} (jobs {', '.join(js)})" for n, js in sorted(suspects.items()))
     if not cfg.auto:
-        return f"suspected again (jobs {', '.join(s['job'] for s in again)} and {jid}); [isolate] auto is off"
-    if w.node != nodes[0]:
-        return f"suspected again; {nodes[0]} starts isolate"
+        return f"suspected: {said}; [isolate] auto is off"
+    if first != w.node:
+        return f"suspected: {said}; {first} starts isolate"
     if not trigger:
-        return "suspected again; isolate already started for these nodes within the window"
-    return _start_isolate(w, nodes, env.get("SLURM_JOB_PARTITION", ""), jid, [s["job"] for s in again])
+        return f"suspected: {said}; isolate already started for them within the window"
+    running = _isolate_running(w)
+    if running:
+        w.audit.write("action", node=w.node, action="isolate-start", target=",".join(sorted(suspects)),
+                      result="skipped", jobs=[jid], detail=f"suspected: {said}; not started: {running}")
+        return f"suspected: {said}; not started: {running}"
+    return start(w, sorted(suspects), env.get("SLURM_JOB_PARTITION", ""), jid, said)
 
 
-def _requeued(w: Wiring, env: Mapping[str, str], jid: str) -> bool:
-    """The job ends here to start again (our requeue of a fault found on another of its nodes, or
-    its own): slurmctld already counts one more restart than this run started with."""
+def _ours(w: Wiring, jid: str) -> str:
+    """Our own test job (isolate's, the sweep's: named ``slurm-hooks-...``): its failure is the test's
+    verdict, judged by the run that submitted it, never a suspect of its own."""
     from slurm_hooks.errors import SlurmHooksError
 
     try:
-        info = w.slurm.job(jid)
+        name = w.slurm.job(jid).name
     except SlurmHooksError:
-        return False
+        return ""
+    return f"job {jid} is our own test ({name})" if name.startswith(OUR_TESTS) else ""
+
+
+def _our_requeue(w: Wiring, jid: str) -> str:
+    """Why a failure is no suspect: our own requeue ended the job for a finding on another of its
+    nodes (the AdminComment our take-out writes). "" otherwise, or when Slurm cannot say."""
+    from slurm_hooks.errors import SlurmHooksError
+
     try:
-        started_as = int(env.get("SLURM_JOB_RESTART_COUNT", "0") or 0)
-    except ValueError:
-        started_as = 0
-    return info.restarts > started_as or info.pending
+        comment = w.slurm.admin_comment(jid)
+    except SlurmHooksError:
+        return ""
+    for part in (comment or "").split(";"):
+        part = part.strip()
+        if part.startswith(OUR_REQUEUE):
+            origin = part[len(OUR_REQUEUE):].split(",")[0].strip()
+            if origin and origin != w.node:
+                return f"job {jid} was requeued for a finding on {origin}"
+    return ""
 
 
-def _start_isolate(w: Wiring, nodes: list[str], partition: str, jid: str, earlier: list[str]) -> str:
+def _isolate_running(w: Wiring) -> str:
+    """An isolate runs already (its reservation or its test jobs are in Slurm): "" when none is seen."""
+    from slurm_hooks.errors import SlurmHooksError
+    from slurm_hooks.remedy.culprit import ISOLATE_PREFIX as PREFIX
+
+    if not hasattr(w.slurm, "jobs_named"):
+        return ""
+    try:
+        held = [r for r in w.slurm.reservations() if r.startswith(PREFIX + "-")]
+        jobs = w.slurm.jobs_named(PREFIX)
+    except SlurmHooksError:
+        return ""
+    if held or jobs:
+        return "an isolate runs already (" + ", ".join([*held, *(f"job {j}" for j in jobs)]) + ")"
+    return ""
+
+
+def start_isolate(w: Wiring, nodes: list[str], partition: str, jid: str, said: str) -> str:
+    """``slurm-hooks isolate`` on ``nodes`` and idle peers of ``partition``, detached (its log in the state dir)."""
     from slurm_hooks.runner import python_argv, spawn_detached
 
     args = ["isolate", "--nodes", ",".join(nodes), "--wait-idle", f"{AUTO_WAIT_IDLE_S:g}",
@@ -129,8 +224,7 @@ def _start_isolate(w: Wiring, nodes: list[str], partition: str, jid: str, earlie
     spawned = spawn_detached(python_argv("slurm_hooks.entry", *args), output=output)
     result = "ok" if spawned.started else "failed"
     w.audit.write("action", node=w.node, action="isolate-start", target=",".join(nodes), result=result, jobs=[jid],
-                  detail=f"suspected by jobs {', '.join(earlier)} and {jid} within the window: isolate started "
-                         f"(log {output})", error=spawned.error)
+                  detail=f"suspected within the window: {said}; isolate started (log {output})", error=spawned.error)
     return f"isolate started on {', '.join(nodes)}" if spawned.started else f"isolate did not start: {spawned.error}"
 
 

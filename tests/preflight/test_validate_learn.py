@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -122,3 +123,55 @@ def test_on_the_h100_tree_the_learned_lines_drain_a_2x_port_and_name_a_port_down
     ibtree.set_state(root, "mlx5_0", "DOWN", "Polling")
     down = slurm_hooks("check", "--config", path, "--node", "n1", "--dry-run")
     assert "IB mlx5_0 port 1: state DOWN, physical state Polling (expected ACTIVE/LinkUp)" in down.stdout, down.stdout
+
+
+def isolate_run(state_dir, faults: dict, seed: int = 1) -> str:
+    """An isolate run over eight nodes of the project's Fabric model (busbw about 100 GB/s), its
+    evidence written where isolate writes it (``[state] dir/isolate``); returns the file's path."""
+    from slurm_hooks.hooks.isolate import Summary
+    from slurm_hooks.remedy import culprit
+
+    nodes = [f"n{i}" for i in range(1, 9)]
+    fabric = culprit.Fabric(nodes, faults, seed=seed)
+    summary = Summary(nodes, result=culprit.search(nodes, fabric.run_wave))
+    out = os.path.join(str(state_dir), "isolate")
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, f"run-2026010{seed}T000000-1.json")
+    with open(path, "w") as fh:
+        json.dump(summary.to_dict(), fh)
+    return path
+
+
+def test_learn_proposes_the_isolate_floor_from_a_healthy_runs_lowest_busbw_and_names_it(tmp_path):
+    path = node_with_ports(tmp_path)
+    run = isolate_run(tmp_path / "state", {})
+    tests = json.load(open(run))["tests"]
+    low = min(t["bandwidth"] for t in tests)
+    res = slurm_hooks("validate", "--learn", "--config", path, "--node", "n1")
+    assert res.returncode == 0, res.stderr
+    floor = tomllib.loads(res.stdout)["isolate"]["min_busbw_gbps"]
+    assert 30 < low / 2 - 0.5 < floor < low / 2 + 0.5, (floor, low)
+    assert f"of the {len(tests)} test(s) of the healthy isolate run {run}" in res.stdout
+    assert f"lowest bus bandwidth ({low:g} GB/s" in res.stdout
+
+
+def test_a_run_that_found_a_culprit_or_none_at_all_proposes_no_isolate_floor(tmp_path):
+    path = node_with_ports(tmp_path)
+    res = slurm_hooks("validate", "--learn", "--config", path, "--node", "n1")
+    assert "isolate" not in tomllib.loads(res.stdout)
+    assert "no isolate run that passed every test" in res.stdout and "min_busbw_gbps not proposed" in res.stdout
+    isolate_run(tmp_path / "state", {"n5": "slow 10"})
+    res = slurm_hooks("validate", "--learn", "--config", path, "--node", "n1")
+    assert "isolate" not in tomllib.loads(res.stdout), res.stdout
+
+
+def test_the_newest_healthy_run_is_learned_and_tests_that_could_not_run_are_no_figure():
+    healthy = {"verdict": "ok", "tests": [
+        {"nodes": ["n1", "n2"], "passed": True, "ran": True, "bandwidth": 40.0},
+        {"nodes": ["n3", "n4"], "passed": True, "ran": False, "bandwidth": 2.0},
+        {"nodes": ["n1", "n2", "n3", "n4"], "passed": True, "ran": True, "bandwidth": 44.0}]}
+    older = {"verdict": "ok", "tests": [{"nodes": ["n1", "n2"], "passed": True, "ran": True, "bandwidth": 90.0}]}
+    values, notes = learn.learn_isolate([("/x/run-new.json", healthy), ("/x/run-old.json", older)])
+    assert values == {"min_busbw_gbps": 20.0}
+    assert notes == ["[isolate] min_busbw_gbps 20: 50% of the lowest bus bandwidth (40 GB/s; median 44) of the 2 "
+                     "test(s) of the healthy isolate run /x/run-new.json"]
