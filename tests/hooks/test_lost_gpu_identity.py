@@ -47,10 +47,15 @@ def test_a_gpu_off_the_bus_is_drained_paged_and_listed_for_rma_under_the_identit
     log, fake, slurm, w = t
     healthcheck.run(w)  # a run while GPU 2 still answered
     assert not slurm.peek("n1").drained
+    for job, gres in ((71, 2), (72, 5)):
+        slurm.add_job(job, "n1")
+        slurm.set_job_gpus(job, (gres,))
     gpu2_falls_off_the_bus(log, fake)
     report, _ = healthcheck.run(w)
     board = fake.gpus[2]
     assert slurm.peek("n1").reason == "slurm-hooks: GPU 2 lost (XID 79) [replace]"
+    # The XID is GPU 2's, not the node's: only the job on GPU 2 is requeued.
+    assert [c[1] for c in slurm.called("requeue")] == [71]
     found = {(a["check"], a["gpu"], a.get("uuid"), a.get("serial"), a.get("pci_bus_id")) for a in alerts(w)}
     assert found == {(check, 2, board["uuid"], board["serial"], board["pci_bus_id"]) for check in ("gpu-lost", "xid")}
     [lost] = [f for f in report.findings if f.check == "gpu-lost"]
