@@ -9,7 +9,7 @@ the bus); the XID is the driver's own kernel-log line for that GPU's PCI address
 from __future__ import annotations
 
 import pytest
-from fakes import FakeNvml
+from fakes import XID79_GPU2, FakeNvml
 from fakes.config import nvml_wiring
 from fakes.slurm import FakeSlurm
 
@@ -17,10 +17,6 @@ from slurm_hooks.hooks import healthcheck
 from slurm_hooks.observe import incidents
 from slurm_hooks.observe.notify import compose
 from slurm_hooks.remedy import repair
-
-#: XID 79 as the driver logs it for the GPU at 00000000:38:00.0, which FakeNvml enumerates as GPU 2.
-XID79_GPU2 = ("3,4123,3757433200,-;NVRM: Xid (PCI:0000:38:00): 79, pid='<unknown>', name=<unknown>, "
-              "GPU has fallen off the bus.\n")
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 import pynvml
 import pytest
 from conftest import collect_events
-from fakes import FakeNvml
+from fakes import XID79_GPU2, FakeNvml
 from fakes.config import nvml_wiring, sim_config, sim_node
 from fakes.slurm import FakeSlurm
 
@@ -206,11 +206,6 @@ def test_a_watcher_that_dies_of_an_unexpected_error_ends_its_retry_thread_at_onc
 
 
 # --- one identity per XID: the kernel log's line is tied to its GPU at the source --------------
-
-#: XID 79 logged for the GPU at 00000000:38:00.0, which FakeNvml enumerates as GPU 2.
-XID79_GPU2 = ("3,4123,3757433200,-;NVRM: Xid (PCI:0000:38:00): 79, pid='<unknown>', name=<unknown>, "
-              "GPU has fallen off the bus.\n")
-
 
 @pytest.fixture
 def nvml_node(tmp_path):

@@ -14,15 +14,11 @@ import os
 
 import pynvml
 import pytest
-from fakes import FakeNvml
+from fakes import XID79_GPU2, FakeNvml
 
 from slurm_hooks.probes.identity import bus_map, store_path
 from slurm_hooks.probes.kmsg import boot_id
 from slurm_hooks.probes.nvml import NvmlProbe
-
-#: XID 79 as the driver logs it for the GPU at 00000000:38:00.0, which FakeNvml enumerates as GPU 2.
-XID79_GPU2 = ("3,4123,3757433200,-;NVRM: Xid (PCI:0000:38:00): 79, pid='<unknown>', name=<unknown>, "
-              "GPU has fallen off the bus.\n")
 
 
 @pytest.fixture
