@@ -198,6 +198,9 @@ class GpuSnapshot:
     #: Its MIG instances, when MIG mode is on.
     mig: tuple[MigDevice, ...] = ()
     lost: bool = False
+    #: What of its identity (UUID, serial, PCI bus id, model, minor) it did not say now is the last
+    #: this boot read (probes.identity): a GPU fallen off the bus answers nothing, not even its handle.
+    remembered: bool = False
     needs_reset: bool = False
     xids: tuple[XidEvent, ...] = ()
     ecc_volatile_uncorrectable: int | None = None

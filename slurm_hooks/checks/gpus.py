@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slurm_hooks.models import Action, CheckInput, Finding, Severity
+from slurm_hooks.models import Action, CheckInput, Finding, GpuSnapshot, Severity
 
 
 def check_count(inp: CheckInput) -> Iterator[Finding]:
@@ -22,11 +22,29 @@ def check_count(inp: CheckInput) -> Iterator[Finding]:
 def check_lost(inp: CheckInput) -> Iterator[Finding]:
     for gpu in inp.selected():
         if gpu.lost:
-            yield Finding("gpu-lost", Severity.FAIL, Action.REPLACE, "GPU is lost (fell off the bus or stopped answering)",
-                          gpu.index, f"GPU {gpu.index} lost")
+            yield Finding("gpu-lost", Severity.FAIL, Action.REPLACE,
+                          "GPU is lost (fell off the bus or stopped answering)" + _identity_words(gpu),
+                          gpu.index, lost_summary(gpu))
         elif gpu.needs_reset:
             yield Finding("gpu-lost", Severity.FAIL, Action.RESET, "GPU needs a reset (NVML_ERROR_RESET_REQUIRED)",
                           gpu.index, f"GPU {gpu.index} needs reset", rule="gpu-reset-required")
+
+
+def lost_summary(gpu: GpuSnapshot) -> str:
+    """``GPU 3 lost (XID 79)``: a lost GPU and the XIDs the driver logged for it, one text for the
+    loss and its XIDs' findings alike, so the drain reason says it once."""
+    codes = sorted({x.code for x in gpu.xids})
+    return f"GPU {gpu.index} lost" + (f" (XID {', '.join(str(c) for c in codes)})" if codes else "")
+
+
+def _identity_words(gpu: GpuSnapshot) -> str:
+    """Where a lost GPU's identity comes from, when not from its answers now."""
+    if not (gpu.uuid or gpu.serial or gpu.pci_bus_id):
+        return ("; it was lost before any run this boot read its UUID, serial or PCI bus id: "
+                "its identity is unknown (find it by its index)")
+    if gpu.remembered:
+        return "; its UUID, serial and PCI bus id as last read this boot"
+    return ""
 
 
 def check_model(inp: CheckInput) -> Iterator[Finding]:

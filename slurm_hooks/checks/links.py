@@ -134,7 +134,7 @@ def check_counters(inp: CheckInput) -> Iterator[Finding]:
     error = getattr(inp.links, "memory_error", "")
     if error:
         yield Finding("link-errors", Severity.WARN, Action.WARN,
-                      f"cannot remember link counters: {error}; no error rate or unseen flap can be judged until "
+                      f"{_unremembered(error)}; no error rate or unseen flap can be judged until "
                       "it can (a full or read-only disk?)", None, "IB link counters not remembered",
                       rule="links-memory")
     for p in inp.links:
@@ -142,8 +142,7 @@ def check_counters(inp: CheckInput) -> Iterator[Finding]:
             continue
         if p.unjudged_new:
             yield Finding("link-errors", Severity.WARN, Action.WARN,
-                          f"{p.kind} {p.name}: {'; '.join(p.unjudged)}: cannot be judged on this boot "
-                          "(clear a saturated counter with perfquery -R)", None,
+                          f"{_unjudged(p)} (clear a saturated counter with perfquery -R)", None,
                           f"{p.kind} {p.name} counters cannot be judged", subject=p.name, rule=f"{_prefix(p)}-unjudged")
         if p.window_s > 0:
             yield from (_roce_counters(p) if p.roce else _ib_counters(p))
@@ -249,11 +248,20 @@ def standing(links) -> list[tuple[str, str]]:
     if links is None:
         return []
     error = getattr(links, "memory_error", "")
-    out = [(f"cannot remember link counters: {error}", "free the disk of [state] dir, or mount it read-write")] \
-        if error else []
+    out = [(_unremembered(error), "free the disk of [state] dir, or mount it read-write")] if error else []
     for p in links:
         if p.present and p.unjudged:
             fix = "clear the port's counters: perfquery -R (infiniband-diags), or reboot" \
                 if any(u.endswith("its maximum") for u in p.unjudged) else "none: the driver refuses them on this port"
-            out.append((f"{p.kind} {p.name}: {'; '.join(p.unjudged)}: cannot be judged on this boot", fix))
+            out.append((_unjudged(p), fix))
     return out
+
+
+def _unremembered(error: str) -> str:
+    """What the health check and :func:`standing` say of a counter memory that cannot be written."""
+    return f"cannot remember link counters: {error}"
+
+
+def _unjudged(p) -> str:
+    """What the health check and :func:`standing` say of a port's counters this boot cannot judge."""
+    return f"{p.kind} {p.name}: {'; '.join(p.unjudged)}: cannot be judged on this boot"

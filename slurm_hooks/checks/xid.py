@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from slurm_hooks.checks.gpus import lost_summary
 from slurm_hooks.checks.recovery import verdict_finding, verdict_from_text
 from slurm_hooks.models import KERNEL_LOG, Action, CheckInput, Context, Finding, Severity, XidEvent, gpu_identity
 from slurm_hooks.values import replace
@@ -51,7 +52,9 @@ def check_xids(inp: CheckInput) -> Iterator[Finding]:
                       summary="kernel log unreadable", rule=KERNEL_LOG)
     known = _baseline_keys(inp) | inp.acked_xids
     for gpu in inp.selected():
-        yield from _judge(inp, gpu.index, gpu_identity(gpu.uuid, gpu.index, gpu.pci_bus_id), gpu.xids, known)
+        found = _judge(inp, gpu.index, gpu_identity(gpu.uuid, gpu.index, gpu.pci_bus_id), gpu.xids, known)
+        # A lost GPU's XIDs are its loss in the driver's words: said with it, once (``GPU 3 lost (XID 79)``).
+        yield from (replace(f, summary=lost_summary(gpu)) for f in found) if gpu.lost else found
     unmapped: dict[str, list[XidEvent]] = {}
     for event in inp.snapshot.node_xids:
         unmapped.setdefault(event.gpu_id, []).append(event)

@@ -33,8 +33,7 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
     over our [replace], or returned to service with a GPU still marked) gets its row too."""
     from slurm_hooks.models import Action
     from slurm_hooks.observe.incidents import replace_todo
-    from slurm_hooks.remedy import offenders
-    from slurm_hooks.slurm import parse_reason, split_reason, status_tag
+    from slurm_hooks.slurm import held_for, is_held, parse_reason, split_reason, status_tag
 
     by_node: dict[str, list[dict[str, Any]]] = {}
     for e in rma:
@@ -56,10 +55,10 @@ def rows(nodes: Iterable[Any], open_incidents: dict[str, Any], rma: Iterable[dic
         elif action is Action.REPLACE:
             who, todo = PERSON, replace_todo(info.name, _gpus(inc, by_node.get(info.name, [])))
             why = summary
-        elif offenders.is_held(info.reason):
+        elif is_held(info.reason):
             who, todo = PERSON, (f"look at its history (slurm-hooks events --node {info.name}), then "
                                  f"scontrol update NodeName={info.name} State=RESUME")
-            why = "held for a person: " + offenders.held_for(info.reason)
+            why = "held for a person: " + held_for(info.reason)
         elif status == "unverified":
             who, todo = PERSON, f"run `slurm-hooks repair --validate` on {info.name} (or resume it once mended)"
             why = "its diagnostic did not run in full"

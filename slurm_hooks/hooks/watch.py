@@ -77,8 +77,9 @@ class KmsgSource:
     """The kernel log's XIDs, each tied to its GPU here, as the health check's probe ties them, so
     that one line is one event under one key everywhere; a burst of lines is one event.
 
-    The PCI bus id -> GPU map comes from the file the NVML probe leaves (``gpu_map``), else from
-    NVML itself (``ask_nvml``), read again when a line names a bus id the map lacks.
+    The PCI bus id -> GPU map comes from the identities the probe keeps for this boot (``gpu_map``,
+    probes.identity: a GPU fallen off the bus keeps its address there), else from NVML itself
+    (``ask_nvml``), read again when a line names a bus id the map lacks.
     """
 
     def __init__(self, path: str, poll: float, gpu_map: str = "",
@@ -94,7 +95,9 @@ class KmsgSource:
         from slurm_hooks.probes import kmsg
 
         if any(e.pci_bus_id and kmsg.normalize_pci(e.pci_bus_id) not in self._gpus for e in events):
-            self._gpus = (kmsg.load_gpu_map(self.gpu_map) if self.gpu_map else {}) or self._nvml_map()
+            from slurm_hooks.probes.identity import bus_map
+
+            self._gpus = (bus_map(self.gpu_map) if self.gpu_map else {}) or self._nvml_map()
         return kmsg.assign_gpus(events, self._gpus)
 
     def _nvml_map(self) -> dict[str, tuple[int, str]]:
@@ -152,11 +155,11 @@ def default_source(w: Wiring, log: Callable[[str], None] | None = None) -> Sourc
     poll = cfg.watch.poll_interval
     if cfg.gpu.backend == "sim":
         return SimSource(cfg.gpu.sim_dir, w.node, poll)
-    from slurm_hooks.probes.kmsg import gpu_map_path
+    from slurm_hooks.probes.identity import store_path
     from slurm_hooks.probes.nvml_events import NvmlEventSource
 
     return FirstWorking(NvmlEventSource(poll=poll),
-                        KmsgSource(cfg.watch.kmsg, poll, gpu_map=gpu_map_path(cfg.state.dir, w.node)),
+                        KmsgSource(cfg.watch.kmsg, poll, gpu_map=store_path(cfg.state.dir, w.node)),
                         log or _to_stderr)
 
 

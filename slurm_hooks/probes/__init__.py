@@ -28,7 +28,7 @@ def from_config(config: Config, node: str) -> Probe:
         from slurm_hooks.probes.sim import SimProbe
 
         return SimProbe(config.gpu.sim_dir, node)
-    from slurm_hooks.probes.kmsg import gpu_map_path
+    from slurm_hooks.probes.identity import store_path
     from slurm_hooks.probes.nvml import NvmlProbe
 
-    return NvmlProbe(node, kmsg_path=config.watch.kmsg, gpu_map_path=gpu_map_path(config.state.dir, node))
+    return NvmlProbe(node, kmsg_path=config.watch.kmsg, gpu_map_path=store_path(config.state.dir, node))

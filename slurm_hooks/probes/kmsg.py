@@ -10,7 +10,6 @@ pid=..., name=..., <message>``; we read them from raw ``/dev/kmsg`` records
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import select
@@ -302,36 +301,3 @@ def assign_gpus(events: Iterable[XidEvent], gpus: GpuMap) -> list[XidEvent]:
         ref = by_bus.get(normalize_pci(event.pci_bus_id)) if event.pci_bus_id else None
         out.append(replace(event, gpu=ref[0], uuid=ref[1] or event.uuid) if ref else event)
     return out
-
-
-def gpu_map_path(state_dir: str, node: str) -> str:
-    """Where the NVML probe leaves the node's GPU map for the watcher's kernel-log source."""
-    return os.path.join(state_dir, f"gpus-{node}.json")
-
-
-def save_gpu_map(path: str, gpus: GpuMap) -> None:
-    """Write the map when it changed (a small read on the healthy path, a write after a change)."""
-    text = json.dumps({bus: list(ref) for bus, ref in sorted(gpus.items())}, separators=(",", ":"))
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            if fh.read() == text:
-                return
-    except OSError:
-        pass
-    from slurm_hooks import fsutil
-
-    try:
-        fsutil.atomic_write(path, text, mode=0o644, durable=False)
-    except OSError:
-        pass  # a cache: the watcher asks NVML itself without it
-
-
-def load_gpu_map(path: str) -> dict[str, tuple[int, str]]:
-    """The map :func:`save_gpu_map` wrote; empty when there is none or it is unreadable."""
-    from slurm_hooks import fsutil
-
-    raw = fsutil.read_json(path, missing={}, error={})
-    try:
-        return {normalize_pci(str(bus)): (int(ref[0]), str(ref[1])) for bus, ref in raw.items()}
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-        return {}

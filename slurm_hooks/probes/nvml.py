@@ -64,7 +64,8 @@ class NvmlProbe:
         self.node = node
         self.kmsg_path = kmsg_path
         self._nvml = nvml
-        #: Where to leave PCI bus id -> (index, UUID) for the watcher's kernel-log source; "" for nowhere.
+        #: Where this boot's GPU identities are kept (probes.identity), for a GPU that stops saying its
+        #: own and for the watcher's kernel-log source; "" for nowhere.
         self.gpu_map_path = gpu_map_path
 
     def snapshot(self) -> NodeSnapshot:
@@ -101,16 +102,17 @@ class NvmlProbe:
 
     def _attach_xids(self, gpus: list[GpuSnapshot],
                      errors: list[tuple[str, str]]) -> tuple[list[GpuSnapshot], tuple[XidEvent, ...]]:
-        """XIDs come from the kernel log, each tied to its GPU here, at the source. An unreadable
-        log is no reason to fail the snapshot, but no XID seen then says nothing: ``errors`` gets
-        ``KERNEL_LOG`` and why (the XID check says so)."""
-        from slurm_hooks.probes import kmsg
+        """XIDs come from the kernel log, each tied to its GPU here, at the source, by the PCI bus
+        id this boot last read for it (a GPU fallen off the bus no longer says its own). An
+        unreadable log is no reason to fail the snapshot, but no XID seen then says nothing:
+        ``errors`` gets ``KERNEL_LOG`` and why (the XID check says so)."""
+        from slurm_hooks.probes import identity, kmsg
 
-        by_bus = kmsg.gpu_map(gpus)
-        if self.gpu_map_path and by_bus:
-            kmsg.save_gpu_map(self.gpu_map_path, by_bus)
+        boot = kmsg.boot_id()
+        if self.gpu_map_path:
+            gpus = identity.recall(gpus, self.gpu_map_path, boot)
         try:
-            events = kmsg.assign_gpus(_dated(kmsg.read_xids(self.kmsg_path), kmsg.boot_id()), by_bus)
+            events = kmsg.assign_gpus(_dated(kmsg.read_xids(self.kmsg_path), boot), kmsg.gpu_map(gpus))
         except Exception as exc:  # noqa: BLE001 - the GPUs were read: the snapshot stands, saying what it lacks
             errors.append((KERNEL_LOG, str(exc) or type(exc).__name__))
             return gpus, ()

@@ -30,6 +30,9 @@ from slurm_hooks.slurm import (
     NodeInfo,
     format_reason,
     format_status_reason,
+    held_for,
+    held_tag,
+    is_held,
     may_drain,
     parse_reason,
     split_reason,
@@ -69,7 +72,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
             write_marker(w, reason, report, info)  # an earlier drain may have landed after its scontrol timed out
             step(w, "drain", w.node, "already", started, reason=reason, **extra)
             return
-        if info.out_of_service and info.ours and offenders.is_held(info.reason) and still_ours(w, info):
+        if info.out_of_service and info.ours and is_held(info.reason) and still_ours(w, info):
             # held for a person: the reason that says why stays as it is, whatever this run found
             outcome.drained = outcome.node_out = True
             outcome.node_empty = _empty(info)
@@ -95,7 +98,7 @@ def drain(w: Wiring, report: Report, outcome: Outcome, **extra: Any) -> None:
         history = _history(w, info, now) if anew else []
         if anew and history:
             reason = format_status_reason(findings_summary(report.drain_findings()),
-                                          offenders.held_tag(len(history) + 1, w.config.remediation.node_window))
+                                          held_tag(len(history) + 1, offenders.span(w.config.remediation.node_window)))
         w.slurm.drain(w.node, reason, current=info)
     except SlurmHooksError as exc:
         outcome.failed.append(f"drain: {exc}")
@@ -115,7 +118,7 @@ def _history(w: Wiring, info: NodeInfo, now: float) -> list[offenders.Remediatio
         marker = load_marker(w)
     except MarkerUnreadable:
         marker = None
-    if marker is not None and offenders.is_held(marker.reason):
+    if marker is not None and is_held(marker.reason):
         let_go(w, marker, info)
     cfg = w.config.remediation
     return offenders.holds(offenders.log(w).read(), now, cfg.node_limit, cfg.node_window)
@@ -258,8 +261,8 @@ def resume_if_ours(w: Wiring, outcome: Outcome, report: Report) -> None:
 
 def _not_rejudged(w: Wiring, marker: DrainMarker, report: Report, info: NodeInfo) -> str:
     """Why this healthy verdict does not cover what the node was drained for ("" when it does)."""
-    if offenders.is_held(info.reason):
-        return (f"held for a person ({offenders.held_for(info.reason)}): look at its "
+    if is_held(info.reason):
+        return (f"held for a person ({held_for(info.reason)}): look at its "
                 f"history (slurm-hooks events --node {w.node}), then resume it by hand "
                 f"(scontrol update NodeName={w.node} State=RESUME); the count then starts afresh")
     why = marker.why_not_ours(info)

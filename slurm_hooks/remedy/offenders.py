@@ -12,7 +12,8 @@ or an alert: a node is held only for real faults we acted on, ``[remediation] no
 them within ``node_window``.
 
 The drain that reaches the limit **holds** the node for a person: its reason says so
-(``slurm-hooks: XID 79 on GPU 3 [held: 5 remediations in 7d]``), the health check does not
+(``slurm-hooks: XID 79 on GPU 3 [held: 5 remediations in 7d]``, the tag's grammar in
+:mod:`slurm_hooks.slurm` beside the other status tags), the health check does not
 resume it, the repair ladder runs no rung on it, and the bridge (which acts on an action tag)
 leaves it alone. A person's ``scontrol update NodeName=<node> State=RESUME`` ends the hold and
 the count starts afresh (an audit record says so, with the history it ends).
@@ -25,9 +26,8 @@ from __future__ import annotations
 
 import json
 
-from slurm_hooks import REASON_PREFIX, fsutil
-from slurm_hooks.slurm import split_reason
-from slurm_hooks.values import compile_later, dataclass
+from slurm_hooks import fsutil
+from slurm_hooks.values import dataclass
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
@@ -38,10 +38,6 @@ if TYPE_CHECKING:
     from slurm_hooks.remedy.wiring import Wiring
     from slurm_hooks.slurm import NodeInfo
 
-#: The word of the reason's tag that says a node is held for a person.
-HELD = "held"
-#: Our reason's held tag, at its end (Slurm's `` : ...`` suffixes aside).
-_HELD_TAG = compile_later(rf"\s\[{HELD}: [^\[\]]*\]$")
 #: How many remediations the log keeps at most (the window's are all that count).
 KEEP = 64
 
@@ -93,22 +89,6 @@ def span(seconds: float) -> str:
     """``7d``, ``12h``, ``90s``: a window as a reason says it."""
     s = int(seconds)
     return f"{s // 86400}d" if s % 86400 == 0 else f"{s // 3600}h" if s % 3600 == 0 else f"{s}s"
-
-
-def held_tag(count: int, window: float) -> str:
-    """``held: 5 remediations in 7d``: the tag of a held drain (short: Slurm's reasons are cut)."""
-    return f"{HELD}: {count} remediations in {span(window)}"
-
-
-def is_held(reason: str) -> bool:
-    """Whether our reason says the node is held for a person (Slurm's own suffixes aside)."""
-    return bool(held_for(reason))
-
-
-def held_for(reason: str) -> str:
-    """``5 remediations in 7d`` of our held reason; "" for any other reason."""
-    m = _HELD_TAG.search(split_reason(reason)[0]) if (reason or "").startswith(REASON_PREFIX) else None
-    return m.group(0).strip()[len(HELD) + 3:-1] if m else ""
 
 
 def within(entries: Iterable[Remediation], now: float, window: float) -> list[Remediation]:

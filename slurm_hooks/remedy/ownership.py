@@ -32,6 +32,7 @@ from slurm_hooks.slurm import (
     FOREIGN_PREFIXES,
     OWNER_KEEPING_SUFFIXES,
     SUFFIX_SEP,
+    is_held,
     split_reason,
     status_tag,
 )
@@ -261,7 +262,7 @@ def let_go(w: Wiring, marker: DrainMarker | None, info: NodeInfo | None) -> None
     Slurm may keep on the node (>= 23.11 without accounting) so it is never adopted again."""
     if marker is not None and info is not None and info.reason and split_reason(info.reason)[0] == marker.reason:
         released(w).add(marker.reason, info.reason_time)
-    if marker is not None and offenders.is_held(marker.reason):
+    if marker is not None and is_held(marker.reason):
         # we never resume a held node: whoever let it go was a person
         offenders.release(w, info, "a person resumed the node" if info is None or not info.out_of_service
                           else f"someone else took the node over ({info.reason!r})")

@@ -568,6 +568,29 @@ def status_tag(reason: str) -> str:
 
 _STATUS_TAG = compile_later(r"\s\[(validating|unverified)\](?:\s:\s.*)?$")
 
+#: The word of our reason's tag that says a node is held for a person (remedy.offenders):
+#: ``slurm-hooks: XID 79 on GPU 3 [held: 5 remediations in 7d]``.
+HELD = "held"
+#: Our reason's held tag, at its end (Slurm's `` : ...`` suffixes aside).
+_HELD_TAG = compile_later(rf"\s\[{HELD}: [^\[\]]*\]$")
+
+
+def held_tag(count: int, window: str) -> str:
+    """``held: 5 remediations in 7d`` (``window`` as a reason says it): the status of a held drain
+    (:func:`format_status_reason`; short: Slurm's reasons are cut)."""
+    return f"{HELD}: {count} remediations in {window}"
+
+
+def is_held(reason: str) -> bool:
+    """Whether our reason says the node is held for a person (Slurm's own suffixes aside)."""
+    return bool(held_for(reason))
+
+
+def held_for(reason: str) -> str:
+    """``5 remediations in 7d`` of our held reason; "" for any other reason."""
+    m = _HELD_TAG.search(split_reason(reason)[0]) if (reason or "").startswith(REASON_PREFIX) else None
+    return m.group(0).strip()[len(HELD) + 3:-1] if m else ""
+
 
 def parse_reason(reason: str) -> tuple[str, Action | None] | None:
     """Inverse of :func:`format_reason` (Slurm's suffixes dropped); ``None`` when the reason is not ours."""

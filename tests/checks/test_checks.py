@@ -81,9 +81,10 @@ def replace_gpu(snap: NodeSnapshot, index: int, **changes) -> NodeSnapshot:
 def test_fixture_round_trips_through_snapshot_to_dict(path):
     data = json.loads(path.read_text())
     again = json.loads(json.dumps(snapshot_to_dict(snapshot_from_dict(data))))
-    # Fields added after a fixture was captured come back at their defaults (the device minor, MIG).
+    # Fields added after a fixture was captured come back at their defaults (the device minor, MIG,
+    # an identity remembered rather than read).
     for gpu in again["gpus"]:
-        for key, default in (("minor", None), ("mig", [])):
+        for key, default in (("minor", None), ("mig", []), ("remembered", False)):
             if gpu.get(key) == default:
                 gpu.pop(key)
         for event in gpu["xids"]:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .fake_nvml import FakeLink, FakeNvml, healthy_gpu
+from .fake_nvml import XID79_GPU2, FakeLink, FakeNvml, healthy_gpu
 
-__all__ = ["FakeLink", "FakeNvml", "healthy_gpu"]
+__all__ = ["XID79_GPU2", "FakeLink", "FakeNvml", "healthy_gpu"]

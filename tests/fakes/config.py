@@ -58,13 +58,15 @@ def repair_config(tmp_path: Path, extra: str = ""):
 
 def nvml_wiring(tmp_path: Path, slurm, nvml, kmsg_path):
     """A node ``n1`` expecting 8 GPUs, read by the real NVML probe over ``nvml`` (a FakeNvml)
-    and the kernel log at ``kmsg_path``, acting on ``slurm`` (a FakeSlurm)."""
+    and the kernel log at ``kmsg_path``, keeping the GPUs' identities in the state dir as the
+    installed probe does, acting on ``slurm`` (a FakeSlurm)."""
     from slurm_hooks.observe.audit import AuditLog
+    from slurm_hooks.probes.identity import store_path
     from slurm_hooks.probes.nvml import NvmlProbe
     from slurm_hooks.remedy.wiring import Wiring
 
     cfg = sim_config(tmp_path, "[expect]\ngpus = 8\n")
-    probe = NvmlProbe("n1", kmsg_path=str(kmsg_path), nvml=nvml)
+    probe = NvmlProbe("n1", kmsg_path=str(kmsg_path), nvml=nvml, gpu_map_path=store_path(cfg.state.dir, "n1"))
     return Wiring(cfg, "n1", AuditLog(cfg.log.audit), probe_override=probe, slurm_override=slurm)
 
 

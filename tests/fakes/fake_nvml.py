@@ -76,6 +76,11 @@ GPU_KEYS = {
     "processes_started": "processes (as ``processes``) that start between the binding's count and fill calls",
 }
 
+#: XID 79 as the driver logs it (a raw /dev/kmsg record) for the GPU at 00000000:38:00.0, which
+#: ``healthy_gpu`` puts at index 2: a GPU fallen off the bus, in the kernel log.
+XID79_GPU2 = ("3,4123,3757433200,-;NVRM: Xid (PCI:0000:38:00): 79, pid='<unknown>', name=<unknown>, "
+              "GPU has fallen off the bus.\n")
+
 #: Functions that name no GPU: errors for them are set with ``gpu=None``.
 NODE_FUNCTIONS = ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlSystemGetDriverVersion")
 

@@ -8,7 +8,7 @@ import time
 import pynvml
 import pytest
 from conftest import collect_events
-from fakes import FakeNvml
+from fakes import XID79_GPU2, FakeNvml
 from fakes.config import nvml_wiring, sim_config, sim_node
 from fakes.slurm import FakeSlurm
 
@@ -207,15 +207,10 @@ def test_a_watcher_that_dies_of_an_unexpected_error_ends_its_retry_thread_at_onc
 
 # --- one identity per XID: the kernel log's line is tied to its GPU at the source --------------
 
-#: XID 79 logged for the GPU at 00000000:38:00.0, which FakeNvml enumerates as GPU 2.
-XID79_GPU2 = ("3,4123,3757433200,-;NVRM: Xid (PCI:0000:38:00): 79, pid='<unknown>', name=<unknown>, "
-              "GPU has fallen off the bus.\n")
-
-
 @pytest.fixture
 def nvml_node(tmp_path):
     """Node n1 with four real-looking GPUs (NVML probe over the shared fake) and a kernel log."""
-    from slurm_hooks.probes.kmsg import gpu_map_path
+    from slurm_hooks.probes.identity import store_path
     from slurm_hooks.probes.nvml import NvmlProbe
 
     cfg = sim_config(tmp_path)
@@ -225,17 +220,17 @@ def nvml_node(tmp_path):
     slurm = FakeSlurm()
     slurm.add_node("n1", "MIXED")
     slurm.add_job(7, "n1")
-    probe = NvmlProbe("n1", kmsg_path=str(log), nvml=fake, gpu_map_path=gpu_map_path(cfg.state.dir, "n1"))
+    probe = NvmlProbe("n1", kmsg_path=str(log), nvml=fake, gpu_map_path=store_path(cfg.state.dir, "n1"))
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), probe_override=probe, slurm_override=slurm)
     return w, slurm, str(log), fake
 
 
 def kmsg_source(w, log, fake=None):
     from slurm_hooks.hooks.watch import KmsgSource
-    from slurm_hooks.probes.kmsg import gpu_map_path
+    from slurm_hooks.probes.identity import store_path
     from slurm_hooks.probes.nvml import read_gpu_map
 
-    return KmsgSource(log, 0.02, gpu_map=gpu_map_path(w.config.state.dir, "n1"),
+    return KmsgSource(log, 0.02, gpu_map=store_path(w.config.state.dir, "n1"),
                       ask_nvml=(lambda: read_gpu_map(fake)) if fake is not None else (lambda: {}))
 
 
@@ -274,14 +269,12 @@ def test_after_an_admin_resumes_neither_the_check_nor_the_watchers_backlog_drain
 
 
 def test_the_kernel_log_source_reads_the_map_again_for_a_gpu_it_did_not_know(nvml_node, tmp_path):
-    from slurm_hooks.probes import kmsg
-
-    w, _, log, _ = nvml_node
+    w, _, log, fake = nvml_node
     source = kmsg_source(w, log)
     assert source.backlog()[0].gpu is None  # no map anywhere yet: the line stays unmapped, same key
-    kmsg.save_gpu_map(kmsg.gpu_map_path(w.config.state.dir, "n1"), {"00000000:38:00.0": (2, "GPU-two")})
+    w.probe().snapshot()  # a health check run leaves the GPUs it read
     got = follow_while_appending(source, log, XID79_GPU2.replace("4123,3757433200", "4200,3800000000"))
-    assert [(e.gpu, e.uuid) for e in got] == [(2, "GPU-two")]
+    assert [(e.gpu, e.uuid) for e in got] == [(2, fake.gpus[2]["uuid"])]
 
 
 def follow_while_appending(source, log, text: str) -> list:

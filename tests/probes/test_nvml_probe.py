@@ -366,7 +366,7 @@ def test_xids_in_a_captured_dmesg_land_on_the_gpu_at_that_address():
 
 
 def test_kernel_log_xids_carry_their_gpus_uuid_and_the_probe_leaves_the_map_for_the_watcher(tmp_path):
-    from slurm_hooks.probes import kmsg as kmsg_mod
+    from slurm_hooks.probes.identity import bus_map
 
     log = tmp_path / "kmsg"
     log.write_text("6,1234,5000000,-;NVRM: Xid (PCI:0000:38:00): 79, pid=0, name=python, GPU has fallen off the bus.\n")
@@ -375,7 +375,7 @@ def test_kernel_log_xids_carry_their_gpus_uuid_and_the_probe_leaves_the_map_for_
     s = NvmlProbe("n1", kmsg_path=str(log), nvml=fake, gpu_map_path=map_path).snapshot()
     [xid] = s.gpus[2].xids
     assert (xid.gpu, xid.uuid) == (2, fake.gpus[2]["uuid"])
-    assert kmsg_mod.load_gpu_map(map_path) == {g.pci_bus_id: (g.index, g.uuid) for g in s.gpus}
+    assert bus_map(map_path) == {g.pci_bus_id: (g.index, g.uuid) for g in s.gpus}
     assert stat_mtime_unchanged_after_a_second_snapshot(map_path, NvmlProbe("n1", nvml=fake, gpu_map_path=map_path))
 
 

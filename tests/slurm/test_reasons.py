@@ -8,6 +8,10 @@ from slurm_hooks.models import Action
 from slurm_hooks.slurm import (
     NodeInfo,
     format_reason,
+    format_status_reason,
+    held_for,
+    held_tag,
+    is_held,
     may_drain,
     may_resume,
     parse_reason,
@@ -58,6 +62,16 @@ def test_the_ladder_s_count_rides_in_the_reason_and_survives_suffixes():
     assert reason_attempt(OURS) is None and reason_attempt("Prolog error") is None
     at_end = format_reason("row remap pending on GPU 6", Action.RESET, at_job_end=True)
     assert waits_for_job_end(at_end + " : Not responding")
+
+
+def test_a_held_drain_says_so_in_its_tag_and_is_read_through_slurm_s_suffixes():
+    reason = format_status_reason("IB mlx5_0 port 1 down", held_tag(5, "7d"))
+    assert reason == "slurm-hooks: IB mlx5_0 port 1 down [held: 5 remediations in 7d]"
+    assert is_held(reason + " : Not responding")
+    assert not is_held("slurm-hooks: IB mlx5_0 port 1 down [drain]")
+    assert not is_held("admin: [held: 5 remediations in 7d]")
+    assert held_for("slurm-hooks: XID 79 on GPU 3 [held: 5 remediations in 7d] : reboot issued") == \
+        "5 remediations in 7d"
 
 
 def test_our_text_never_holds_slurm_s_separator():

@@ -47,7 +47,7 @@ import time
 from slurm_hooks.engine import drain_summary
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.models import Action, Finding, Report, Urgency
-from slurm_hooks.remedy import offenders, ownership
+from slurm_hooks.remedy import ownership
 from slurm_hooks.remedy.repair import ladder
 from slurm_hooks.remedy.repair.planner import Plan, attempt, gpus_of, plan
 from slurm_hooks.remedy.repair.rma import is_uuid
@@ -63,7 +63,7 @@ from slurm_hooks.remedy.repair.validation import (
     unverified,
     validate_and_resume,
 )
-from slurm_hooks.slurm import parse_reason, reason_attempt
+from slurm_hooks.slurm import is_held, parse_reason, reason_attempt
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def step(w: Wiring, report: Report, outcome: Outcome, rejudge: Rejudge, *, own_j
         if info.reason and ownership.holds(w, info, our_reboot=rebooting):
             forget(ledger)  # someone else took the node over meanwhile
             return ledger.state.stopped is not None and _restore_now(w, mode)
-        if (info.drained or _down(info)) and offenders.is_held(info.reason):
+        if (info.drained or _down(info)) and is_held(info.reason):
             return True  # held for a person (too many remediations on this node): no rung runs, no resume
         replaced = ledger.state.replaced
         if replaced is not None and not replaced.resumed and not rebooting and (info.drained or _down(info)):
