@@ -6,13 +6,16 @@ import os
 import subprocess
 import sys
 
+import pynvml
 import pytest
 from fakes.fake_amdsmi import STATUS, AmdSmiMemoryPageStatus, FakeAmdSmi
+from fakes.fake_nvml import FakeNvml
 from paths import ROOT, TESTS
 
 from slurm_hooks.models import BadPages, EccBlock, NodeSnapshot, snapshot_from_dict, snapshot_to_dict
 from slurm_hooks.probes import AutoProbe
 from slurm_hooks.probes.amdsmi import AmdSmiProbe
+from slurm_hooks.probes.nvml import NvmlProbe
 
 NO_DRM = "/nonexistent/sys/class/drm"
 
@@ -179,7 +182,8 @@ def test_auto_keeps_nvmls_error_on_a_broken_nvidia_node():
     """An NVML that loads but fails (or a node without AMD GPUs either) is NVIDIA's fault to tell:
     an auto probe that answered with an empty AMD snapshot would hide it, and this test fails."""
     broken = _Probe(NodeSnapshot("n", "nvml", error="NVML: nvmlInit failed (NVML_ERROR_UNKNOWN)"))
-    assert AutoProbe(broken, "n", amd=lambda: _Probe(NodeSnapshot("n", "amdsmi"))).snapshot() is broken.snap
+    amd = AmdSmiProbe("n", amdsmi=FakeAmdSmi.healthy(gpus=8), drm_root=NO_DRM)
+    assert AutoProbe(broken, "n", amd=lambda: amd).snapshot() is broken.snap
     absent = _Probe(NodeSnapshot("n", "nvml", error="NVML: driver not loaded"), unloadable=True)
     no_amd = AmdSmiProbe("n", amdsmi=FakeAmdSmi([]), drm_root=NO_DRM)
     assert AutoProbe(absent, "n", amd=lambda: no_amd).snapshot() is absent.snap
@@ -204,3 +208,14 @@ def test_probe_imports_amdsmi_by_name_when_it_runs():
     code = ("from slurm_hooks.probes.amdsmi import AmdSmiProbe;"
             "s = AmdSmiProbe('n', drm_root='/nonexistent').snapshot(); print(s.backend, len(s.gpus), s.error)")
     assert _python(code, TESTS, os.path.join(TESTS, "fakes", "amd_site")) == "amdsmi 8 None"
+
+
+@pytest.mark.parametrize("code, unloadable", [
+    (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, True),
+    (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, True),
+    (pynvml.NVML_ERROR_UNKNOWN, False),
+    (pynvml.NVML_ERROR_NO_PERMISSION, False),
+])
+def test_nvml_probe_tells_auto_whether_nvml_is_absent_or_failing(code, unloadable):
+    probe = NvmlProbe("n", kmsg_path="/nonexistent", nvml=FakeNvml.healthy(gpus=2).fail("nvmlInit", code=code))
+    assert probe.snapshot().error and probe.unloadable is unloadable
