@@ -115,13 +115,17 @@ def _read_card(index: int, device: str, threshold: int | None) -> GpuSnapshot:
         if not name.endswith("_err_count"):
             continue
         path = os.path.join(ras, name)
+        block = name[:-10].upper()
         try:
             with open(path, encoding="ascii", errors="replace") as fh:
-                ue, ce, de = parse_err_count(fh.read())
+                text = fh.read()
         except OSError as exc:
-            errors.append((f"ecc.{name[:-10].upper()}", f"cannot read {path}: {exc.strerror or exc}"))
+            errors.append((f"ecc.{block}", f"cannot read {path}: {exc.strerror or exc}"))
             continue
-        blocks.append(EccBlock(name[:-10].upper(), ce, ue, de))
+        ue, ce, de = parse_err_count(text)
+        if ue is None and ce is None:  # "Query currently inaccessible" while the driver recovers
+            errors.append((f"ecc.{block}", f"{path} says {' '.join(text.split())[:80]!r}"))
+        blocks.append(EccBlock(block, ce, ue, de))
     bad = None
     path = os.path.join(ras, "gpu_vram_bad_pages")
     if os.path.exists(path):

@@ -299,7 +299,8 @@ def _render_minor(r: _Reader, bdf: str, partition: int | None, drm_root: str) ->
 
     from slurm_hooks.probes.amdras import render_minor
 
-    minor = render_minor(os.path.join(os.path.dirname(drm_root.rstrip("/")), "bus", "pci", "devices"), bdf)
+    sys_root = os.path.dirname(os.path.dirname(drm_root.rstrip("/")))  # /sys/class/drm -> /sys
+    minor = render_minor(os.path.join(sys_root, "bus", "pci", "devices"), bdf)
     return _MISSING if minor is None else minor
 
 
