@@ -722,7 +722,7 @@ def test_validate_reports_how_slurms_gpu_numbers_map_to_nvmls(cluster, capsys):
     out = [line for line in capsys.readouterr().out.splitlines() if " gpu-map: " in line]
     assert exc.value.code == 0
     assert f"gres.conf {cluster.root}/etc/gres.conf: 8 GRES index(es), 8 numbered differently" in out[0]
-    assert out[1].startswith("PASS  gpu-map: GRES 0 -> /dev/nvidia4 (minor 4) -> NVML 4 GPU-")
+    assert out[1].startswith("PASS  gpu-map: GRES 0 -> /dev/nvidia4 (minor 4) -> GPU 4 GPU-")
     if os.geteuid() == 0:  # validate asks slurmd -G only as root
         assert out[-1] == "PASS  gpu-map: slurmd -G agrees", out
 
@@ -732,7 +732,7 @@ def test_validate_warns_when_the_gpu_map_is_unknown_and_says_what_follows(cluste
     with pytest.raises(SystemExit):
         main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
     [line] = [x for x in capsys.readouterr().out.splitlines() if " gpu-map: " in x]
-    assert line.startswith("WARN  gpu-map: ") and "Slurm gives this node 4 GPU(s), NVML sees 8" in line
+    assert line.startswith("WARN  gpu-map: ") and "Slurm gives this node 4 GPU(s), the probe sees 8" in line
     assert "requeues every GPU job on this node" in line
 
 
