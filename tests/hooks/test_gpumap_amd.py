@@ -7,7 +7,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
 from fakes.config import sim_config
 from fakes.fake_amdsmi import FakeAmdSmi
 from fakes.slurm import FakeSlurm
