@@ -168,6 +168,9 @@ class RepairSection:
 class DcgmSection:
     dcgmi: str = setting("/usr/bin/dcgmi", doc="absent DCGM is a reason, not a failure")
     timeout: float = setting(30.0, range=POSITIVE)
+    rvs: str = setting("/opt/rocm/bin/rvs", doc="AMD GPUs' diagnostic (ROCm Validation Suite, `rvs -r LEVEL`), run "
+                                                "at the same levels in place of dcgmi where [gpu] backend reads AMD "
+                                                "GPUs; absent, the diagnostic did not run (never a pass)")
 
 
 @dataclass(frozen=True)

@@ -65,3 +65,22 @@ class AutoProbe:
             amd = AmdSmiProbe(self.node)
         other = amd.snapshot()
         return other if other.error is None and other.gpus else snap
+
+
+def diag_runner(config: Config, max_timeout: float | None = None) -> Callable[[int, float], Any]:
+    """The node's GPU diagnostic at DCGM's levels, ``(level, timeout) -> DcgmResult``: dcgmi, or
+    RVS where the backend reads AMD GPUs (``auto``: where the amdgpu driver runs them)."""
+    backend = config.gpu.backend
+    if backend == "amdsmi" or backend == "auto" and _amd_gpus():
+        from slurm_hooks.probes.rvs import make_runner as rvs
+
+        return rvs(config.dcgm.rvs, max_timeout=max_timeout)
+    from slurm_hooks.probes.dcgm import make_runner
+
+    return make_runner(config.dcgm.dcgmi, max_timeout=max_timeout)
+
+
+def _amd_gpus() -> bool:
+    from slurm_hooks.probes.amdras import present
+
+    return present()
