@@ -45,6 +45,8 @@ EMPTY = "python -I -c pass"
 #: The row that imports only the Python modules the check imports (``-m``'s included), nothing of the package's.
 FLOOR = "python -I -c 'import' the check's"
 NVML = "python -I -c 'import slurm_hooks.probes.nvml, pynvml' (a real node's probe)"
+#: An AMD node's probe module (amdsmi itself is imported when the probe runs, and is not here).
+AMD = "python -I -c 'import slurm_hooks.probes.amdsmi' (an AMD node's probe, amdsmi aside)"
 #: The check started without ``runpy`` (``-c``, not ``-m``), then without ``site`` as well (``-S``, the
 #: install's own site-packages put on ``sys.path`` by the command line): what a wrapper could save.
 NO_RUNPY = "python -I -c 'from slurm_hooks.entry import main; main()' check (no -m)"
@@ -139,6 +141,10 @@ def render(results: dict[str, dict[str, float]], meta: dict) -> str:
     if nvml:
         lines[-1] += (f" A node with GPUs also imports the NVML probe and pynvml, which alone take "
                       f"{nvml['x_empty']:.2f}x ({nvml['cpu_x_empty']:.2f}x its CPU time): the simulated GPUs here do not.")
+    amd = results.get(AMD)
+    if amd:
+        lines[-1] += (f" An AMD node imports the AMD probe instead: {amd['x_empty']:.2f}x ({amd['cpu_x_empty']:.2f}x "
+                      "its CPU time), before amdsmi itself.")
     return "\n".join(lines) + "\n"
 
 
@@ -246,6 +252,7 @@ def main() -> None:
         if subprocess.run([python, "-I", "-c", "import pynvml"], env=slurmd_env).returncode == 0:
             # what a node with GPUs adds to this: the NVML probe imports pynvml (and ctypes) on every run
             subjects[NVML] = ([python, "-I", "-c", "import slurm_hooks.probes.nvml, pynvml"], slurmd_env)
+        subjects[AMD] = ([python, "-I", "-c", "import slurm_hooks.probes.amdsmi"], slurmd_env)
         for spec in args.venv:
             label, _, vdir = spec.partition("=")
             exe = os.path.join(vdir, "bin", "slurm-hooks")

@@ -59,7 +59,8 @@ def take_snapshot(probe: Probe, node: str, timeout: float) -> NodeSnapshot:
 
 
 def select_gpus(snap: NodeSnapshot, tokens: Sequence[int | str]) -> tuple[tuple[int, ...], list[str]]:
-    """Map a job's GPUs (indexes, or ``GPU-`` UUIDs as newer Slurm sets them) to indexes."""
+    """Map a job's GPUs (indexes, or UUIDs: ``GPU-`` ones as newer Slurm sets them, or a probe's own
+    UUIDs as the GPU map names them, amdsmi's having no prefix) to indexes."""
     by_uuid = {g.uuid.lower(): g.index for g in snap.gpus if g.uuid}
     present = {g.index for g in snap.gpus}
     indexes: list[int] = []
@@ -71,8 +72,10 @@ def select_gpus(snap: NodeSnapshot, tokens: Sequence[int | str]) -> tuple[tuple[
         if text.lower().startswith("mig-"):
             # A MIG instance does not name its parent GPU here: judge every GPU rather than guess.
             return tuple(sorted(present)), []
-        if text.lower().startswith("gpu-"):
-            index = by_uuid.get(text.lower())
+        if text.lower() in by_uuid:
+            index = by_uuid[text.lower()]
+        elif text.lower().startswith("gpu-"):
+            index = None
         elif text.isdigit():
             index = int(text) if int(text) in present else None
         else:

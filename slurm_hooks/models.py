@@ -175,6 +175,30 @@ class MigDevice:
     ci: int | None = None
 
 
+@dataclass(frozen=True)
+class EccBlock:
+    """One RAS block's error counts since the driver loaded, as AMD's RAS reports them per block (UMC
+    is the HBM's memory controller; GFX, SDMA, MMHUB, XGMI_WAFL, ...). ``deferred``: poisoned data
+    not yet consumed. ``None``: not reported for this block."""
+
+    block: str
+    correctable: int | None = None
+    uncorrectable: int | None = None
+    deferred: int | None = None
+
+
+@dataclass(frozen=True)
+class BadPages:
+    """Retired memory pages by status: ``reserved`` (retired), ``pending`` (retired at the next
+    reset), ``unreservable`` (could not be retired); ``threshold``: how many the board may retire
+    before the driver calls it worn out (``None``: not told)."""
+
+    reserved: int = 0
+    pending: int = 0
+    unreservable: int = 0
+    threshold: int | None = None
+
+
 def _why(errors: tuple[tuple[str, str], ...], name: str) -> str | None:
     """Why ``name`` could not be read, from a snapshot's (name, why) pairs; ``None`` when it was."""
     for key, why in errors:
@@ -226,6 +250,20 @@ class GpuSnapshot:
     memory_used_mib: int | None = None
     #: Field name -> why it could not be read (garbled answer, NVML error, ...).
     errors: tuple[tuple[str, str], ...] = ()
+    #: The compute partition of a physical GPU this one is (0: the first, or an unpartitioned GPU);
+    #: the physical GPU's readings (ECC, pages, PCIe, temperatures) are read on partition 0 and
+    #: shown on each of its partitions, so a fault of the GPU touches the jobs of every partition.
+    partition: int | None = None
+    #: Per RAS block error counts (:class:`EccBlock`); ``None`` where the probe reads totals only.
+    ecc_blocks: tuple[EccBlock, ...] | None = None
+    bad_pages: BadPages | None = None
+    #: The GPU-to-GPU fabric's error status: "none", "error", "multiple"; ``None``: no such fabric.
+    xgmi_error: str | None = None
+    #: PCIe replays and recoveries (L0 -> recovery) since the driver loaded.
+    pcie_replay: int | None = None
+    pcie_recovery: int | None = None
+    #: The hottest memory (HBM) sensor.
+    memory_temperature_c: int | None = None
 
     def error(self, name: str) -> str | None:
         return _why(self.errors, name)
@@ -549,10 +587,19 @@ class Report:
         }
 
 
+#: GPU fields only some probes fill (AMD's per-block RAS, partitions, ...): left out of a snapshot's dict where unset.
+OPTIONAL_GPU_FIELDS = ("partition", "ecc_blocks", "bad_pages", "xgmi_error", "pcie_replay", "pcie_recovery",
+                 "memory_temperature_c")
+
+
 def snapshot_to_dict(snap: NodeSnapshot) -> dict[str, Any]:
     d = asdict(snap)
     if not snap.errors:
         del d["errors"]  # a snapshot that read everything reads as it always did
+    for gpu in d["gpus"]:
+        for name in OPTIONAL_GPU_FIELDS:
+            if gpu.get(name) is None:
+                gpu.pop(name, None)
     return d
 
 
@@ -587,4 +634,8 @@ def gpu_from_dict(d: dict[str, Any]) -> GpuSnapshot:
         kw["throttle_reasons"] = tuple(d["throttle_reasons"])
     kw["errors"] = tuple(tuple(e) for e in d.get("errors", ()))
     kw["mig"] = tuple(MigDevice(**m) for m in d.get("mig", ()))
+    if d.get("ecc_blocks") is not None:
+        kw["ecc_blocks"] = tuple(EccBlock(**b) for b in d["ecc_blocks"])
+    if d.get("bad_pages") is not None:
+        kw["bad_pages"] = BadPages(**d["bad_pages"])
     return GpuSnapshot(**kw)

@@ -53,6 +53,15 @@ CHECK_RULES: dict[str, Rule] = {
     "hysteresis-memory": Rule(_N, _WATCH, Action.WARN),
     "ecc": Rule(_G, _NOW, Action.RESET),
     "ecc-aggregate": Rule(_G, _END, Action.REPLACE),
+    # Poisoned data not yet consumed (AMD's deferred errors): a job that reads it gets an uncorrectable.
+    "ecc-deferred": Rule(_G, _WATCH, Action.WARN),
+    # Retired memory by status (AMD's bad-page table): pending waits for a reset; unreservable, or as
+    # many retired as the board may have, is an RMA when its jobs end.
+    "bad-pages-pending": Rule(_G, _END, Action.RESET),
+    "bad-pages-threshold": Rule(_G, _END, Action.REPLACE),
+    "bad-pages-unreservable": Rule(_G, _END, Action.REPLACE),
+    # AMD's GPU-to-GPU links: the error status stays until a reset.
+    "xgmi": Rule(_G, _END, Action.RESET),
     "retired-pages": Rule(_G, _END, Action.RESET),
     "row-remap": Rule(_G, _END, Action.RESET),
     "row-remap-failure": Rule(_G, _NOW, Action.REPLACE),
@@ -60,6 +69,7 @@ CHECK_RULES: dict[str, Rule] = {
     "nvlink": Rule(_G, _END, Action.RESET),
     "nvlink-errors": Rule(_G, _END, Action.WARN),
     "thermal": Rule(_G, _END, Action.DRAIN),
+    "memory-thermal": Rule(_G, _WATCH, Action.WARN),
     "throttle": Rule(_G, _END, Action.WARN),
     "persistence": Rule(_G, _WATCH, Action.WARN),
     "fabric": Rule(_N, _NOW, Action.DRAIN),

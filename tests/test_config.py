@@ -201,7 +201,7 @@ def test_wrong_type_names_line_key_and_what_was_expected(tmp_path, text, line, k
 
 
 @pytest.mark.parametrize("text, line, key, message", [
-    ('[gpu]\nbackend = "cuda"\n', 2, "[gpu] backend", "must be one of nvml, sim, not 'cuda'"),
+    ('[gpu]\nbackend = "cuda"\n', 2, "[gpu] backend", "must be one of nvml, amdsmi, auto, sim, not 'cuda'"),
     ('[check]\non_check_error = "ignore"\n', 2, "[check] on_check_error", "must be one of drain, warn, not 'ignore'"),
     ('[slurm]\nbackend = "rest"\n', 2, "[slurm] backend", "must be one of auto, scontrol, pyslurm, not 'rest'"),
 ])
@@ -282,7 +282,7 @@ def test_an_error_in_a_key_that_exists_in_two_sections_points_at_the_right_one(t
 
 def test_dotted_keys_at_top_level_are_located(tmp_path):
     msg = error_of(tmp_path, '# comment\ngpu.backend = "cuda"\n')
-    assert msg == "FILE:2: [gpu] backend: must be one of nvml, sim, not 'cuda'"
+    assert msg == "FILE:2: [gpu] backend: must be one of nvml, amdsmi, auto, sim, not 'cuda'"
 
 
 def test_a_section_that_is_not_a_table_is_located(tmp_path):

@@ -21,6 +21,7 @@ from slurm_hooks.checks import (
     recovery,
     remap,
     thermal,
+    xgmi,
     xid,
 )
 from slurm_hooks.models import CheckInput, Context, Finding
@@ -51,8 +52,10 @@ REGISTRY: tuple[Check, ...] = (
     Check("ecc", ecc.check_uncorrectable),
     Check("retired-pages", remap.check_retired_pages),
     Check("row-remap", remap.check_row_remap),
+    Check("bad-pages", remap.check_bad_pages),
     Check("pcie", pcie.check_link, frozenset({Context.CHECK, Context.PROLOG})),
     Check("nvlink", nvlink.check_links, frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG})),
+    Check("xgmi", xgmi.check_xgmi, frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG})),
     Check("thermal", thermal.check_temperature, frozenset({Context.CHECK, Context.PROLOG, Context.EPILOG})),
     Check("throttle", thermal.check_throttle, frozenset({Context.CHECK})),
     Check("persistence", persistence.check_persistence_mode, frozenset({Context.CHECK, Context.PROLOG})),

@@ -33,8 +33,10 @@ HEALTH_CHECK_KILL_S = 60.0
 
 @dataclass(frozen=True)
 class GpuSection:
-    backend: str = setting("nvml", choices=("nvml", "sim"),
-                           doc='"nvml" (real GPUs) or "sim" (simulated, for tests and rehearsals)')
+    backend: str = setting("nvml", choices=("nvml", "amdsmi", "auto", "sim"),
+                           doc='"nvml" (NVIDIA GPUs), "amdsmi" (AMD Instinct GPUs; without the amdsmi module, '
+                               'the amdgpu driver\'s RAS files), "auto" (NVML where it loads, else amdsmi where '
+                               'the amdgpu driver runs GPUs) or "sim" (simulated, for tests and rehearsals)')
     sim_dir: str = setting("/var/lib/slurm-hooks/sim", doc="one JSON state file per node for the sim backend")
     probe_timeout: float = setting(20.0, range=POSITIVE, doc="seconds, shorter than [check] deadline; a GPU probe "
                                                              "that hangs longer is a failing finding")
@@ -166,6 +168,9 @@ class RepairSection:
 class DcgmSection:
     dcgmi: str = setting("/usr/bin/dcgmi", doc="absent DCGM is a reason, not a failure")
     timeout: float = setting(30.0, range=POSITIVE)
+    rvs: str = setting("/opt/rocm/bin/rvs", doc="AMD GPUs' diagnostic (ROCm Validation Suite, `rvs -r LEVEL`), run "
+                                                "at the same levels in place of dcgmi where [gpu] backend reads AMD "
+                                                "GPUs; absent, the diagnostic did not run (never a pass)")
 
 
 @dataclass(frozen=True)

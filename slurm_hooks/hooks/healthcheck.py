@@ -490,6 +490,6 @@ def _dcgm_runner(w: Wiring, context: Context, expect, job_failed: bool = False,
                  timeout: float | None = None) -> Callable | None:
     if engine.dcgm_level(context, expect, job_failed) <= 0:
         return None
-    from slurm_hooks.probes.dcgm import make_runner
+    from slurm_hooks.probes import diag_runner
 
-    return make_runner(w.config.dcgm.dcgmi, max_timeout=w.config.dcgm.timeout if timeout is None else timeout)
+    return diag_runner(w.config, max_timeout=w.config.dcgm.timeout if timeout is None else timeout)

@@ -30,8 +30,10 @@ from slurm_hooks.remedy.wiring import Wiring
 
 
 def job_gpus(env: Mapping[str, str]) -> list[str] | None:
-    """SLURM_JOB_GPUS (Slurm's GRES indexes) first, then CUDA_VISIBLE_DEVICES (indexes or UUIDs)."""
-    return parse_gpu_list(env.get("SLURM_JOB_GPUS")) or parse_gpu_list(env.get("CUDA_VISIBLE_DEVICES"))
+    """SLURM_JOB_GPUS (Slurm's GRES indexes) first, then CUDA_VISIBLE_DEVICES or ROCR_VISIBLE_DEVICES
+    (indexes or UUIDs), whichever the job's environment has."""
+    return (parse_gpu_list(env.get("SLURM_JOB_GPUS")) or parse_gpu_list(env.get("CUDA_VISIBLE_DEVICES"))
+            or parse_gpu_list(env.get("ROCR_VISIBLE_DEVICES")))
 
 
 def job_id(env: Mapping[str, str]) -> str | None:

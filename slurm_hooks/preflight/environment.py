@@ -109,13 +109,22 @@ def _other_sim_nodes(sim_dir: str, node: str) -> list[str]:
 def gpu_results(cfg: Config, node: str, snap: NodeSnapshot) -> list[Result]:
     """What validate says of one snapshot of this node: the probe, the GPU count, and what of the
     node the probe could not read (a kernel log: XIDs would go unseen)."""
+    from slurm_hooks.probes.amdras import AMDSMI
+
     backend = cfg.gpu.backend
     if snap.error is not None:
         fix = (f"slurm-hooks sim init --node {node}" if backend == "sim"
+               else "check the driver with amd-smi; the amdsmi module (ROCm's amd-smi-lib) must load for root"
+               if snap.backend in ("amdsmi", "amdgpu-sysfs")
                else "check the driver with nvidia-smi; the NVML library must be loadable by root")
         return [Result("gpu-backend", Status.FAIL, f"{backend}: {snap.error}", fix)]
-    out = [Result("gpu-backend", Status.PASS,
-                  f"{backend}: {len(snap.gpus)} GPU(s){', driver ' + snap.driver_version if snap.driver_version else ''}")]
+    source = f" ({snap.backend})" if snap.backend and snap.backend != backend else ""
+    out = [Result("gpu-backend", Status.PASS, f"{backend}{source}: {len(snap.gpus)} GPU(s)"
+                                              f"{', driver ' + snap.driver_version if snap.driver_version else ''}")]
+    if snap.unread(AMDSMI) is not None:
+        out.append(Result("gpu-source", Status.WARN, snap.unread(AMDSMI) or "",
+                          "install ROCm's amd-smi-lib and its amdsmi Python module (pip install 'slurm-hooks[amd]' "
+                          "beside it) for temperatures, PCIe, XGMI and partitions", cfg.path or ""))
     expected = cfg.expectations_for(node).gpus
     group = cfg.group_for(node)
     if expected is None:

@@ -1,14 +1,17 @@
 """GPU probes: one snapshot of every GPU on this node per run.
 
 The engine reaches a probe only through :class:`Probe`; the wiring picks one
-from the config (``[gpu] backend``). Only ``probes.nvml`` imports pynvml.
+from the config (``[gpu] backend``). A vendor is a probe filling the same snapshot:
+``probes.nvml`` (the only importer of pynvml), ``probes.amdsmi`` (the only importer of
+amdsmi, with ``probes.amdras``, the amdgpu driver's RAS files, where amdsmi is missing).
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
-    from typing import Protocol
+    from collections.abc import Callable
+    from typing import Any, Protocol
 
     from slurm_hooks.config import Config
     from slurm_hooks.models import NodeSnapshot
@@ -24,11 +27,60 @@ class Probe(Protocol):
 
 
 def from_config(config: Config, node: str) -> Probe:
-    if config.gpu.backend == "sim":
+    backend = config.gpu.backend
+    if backend == "sim":
         from slurm_hooks.probes.sim import SimProbe
 
         return SimProbe(config.gpu.sim_dir, node)
+    if backend == "amdsmi":
+        from slurm_hooks.probes.amdsmi import AmdSmiProbe
+
+        return AmdSmiProbe(node)
     from slurm_hooks.probes.identity import store_path
     from slurm_hooks.probes.nvml import NvmlProbe
 
-    return NvmlProbe(node, kmsg_path=config.watch.kmsg, gpu_map_path=store_path(config.state.dir, node))
+    nvml = NvmlProbe(node, kmsg_path=config.watch.kmsg, gpu_map_path=store_path(config.state.dir, node))
+    return AutoProbe(nvml, node) if backend == "auto" else nvml
+
+
+class AutoProbe:
+    """NVML where it loads; where it does not (no library, no driver, no binding), amdsmi where the
+    amdgpu driver runs GPUs. A node whose NVML fails for any other reason, or that has no AMD GPU
+    either, gets NVML's own error: a broken NVIDIA node is never read as an empty AMD one."""
+
+    name = "auto"
+
+    def __init__(self, nvml: Any, node: str, amd: Callable[[], Probe] | None = None):
+        self.nvml, self.node, self._amd = nvml, node, amd
+
+    def snapshot(self) -> NodeSnapshot:
+        snap = self.nvml.snapshot()
+        if snap.error is None or not getattr(self.nvml, "unloadable", False):
+            return snap
+        if self._amd is not None:
+            amd = self._amd()
+        else:
+            from slurm_hooks.probes.amdsmi import AmdSmiProbe
+
+            amd = AmdSmiProbe(self.node)
+        other = amd.snapshot()
+        return other if other.error is None and other.gpus else snap
+
+
+def diag_runner(config: Config, max_timeout: float | None = None) -> Callable[[int, float], Any]:
+    """The node's GPU diagnostic at DCGM's levels, ``(level, timeout) -> DcgmResult``: dcgmi, or
+    RVS where the backend reads AMD GPUs (``auto``: where the amdgpu driver runs them)."""
+    backend = config.gpu.backend
+    if backend == "amdsmi" or backend == "auto" and _amd_gpus():
+        from slurm_hooks.probes.rvs import make_runner as rvs
+
+        return rvs(config.dcgm.rvs, max_timeout=max_timeout)
+    from slurm_hooks.probes.dcgm import make_runner
+
+    return make_runner(config.dcgm.dcgmi, max_timeout=max_timeout)
+
+
+def _amd_gpus() -> bool:
+    from slurm_hooks.probes.amdras import present
+
+    return present()

@@ -1,5 +1,5 @@
-"""GPU reset backends for the repair ladder: ``nvidia-smi --gpu-reset`` on a real node, the
-simulated GPUs' reset on the testbed. Each also says which boot the node is in, so that a
+"""GPU reset backends for the repair ladder: ``nvidia-smi --gpu-reset`` on an NVIDIA node,
+``amdsmi_reset_gpu`` on an AMD one, the simulated GPUs' reset on the testbed. Each also says which boot the node is in, so that a
 repair can tell a reboot that happened from one that is still to come.
 
 A reset is refused while anything holds the GPU open, persistence mode included: the
@@ -148,9 +148,96 @@ class SimReset(NvidiaSmiReset):
             return ""
 
 
-def from_config(config: Config, node: str, **kwargs: Any) -> NvidiaSmiReset:
+def from_config(config: Config, node: str, **kwargs: Any) -> GpuResetter:
     """The node's reset backend; ``kwargs``: ``time_left``, ``journal`` (see :class:`NvidiaSmiReset`)."""
     r = config.repair
     if config.gpu.backend == "sim":
         return SimReset(config.gpu.sim_dir, node, r.services, r.reset_timeout, **kwargs)
+    if config.gpu.backend == "amdsmi" or (config.gpu.backend == "auto" and _amd_node()):
+        return AmdSmiReset(**kwargs)
     return NvidiaSmiReset(r.nvidia_smi, r.systemctl, r.services, r.reset_timeout, **kwargs)
+
+
+class AmdSmiReset:
+    """``amdsmi_reset_gpu`` on each faulty GPU (once per board: a partition's reset is its board's).
+    Refused, never tried, in a VM guest (the host owns the GPU) and where the library says the
+    reset is not supported: :class:`ResetFailed`, so the ladder moves to its next rung."""
+
+    name = "amdsmi"
+
+    def __init__(self, amdsmi: Any = None, cpuinfo: str = "/proc/cpuinfo", **_: Any):
+        self._smi = amdsmi
+        self.cpuinfo = cpuinfo
+
+    def reset(self, indexes: Sequence[int]) -> None:
+        from slurm_hooks.probes import amdsmi as probe
+
+        if _vm_guest(self.cpuinfo):
+            raise ResetFailed("refused: a VM guest cannot reset its GPU (the host owns it)")
+        try:
+            smi = self._smi if self._smi is not None else probe.import_amdsmi()
+        except Exception as exc:  # noqa: BLE001 - without libamd_smi the module fails at import
+            raise ResetFailed(f"amdsmi not loadable ({' '.join(str(exc).split())})") from None
+        try:
+            smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+        except Exception as exc:
+            raise ResetFailed(probe.node_error(smi, exc, "amdsmi_init")) from None
+        try:
+            handles = list(smi.amdsmi_get_processor_handles())
+            for i in _boards(smi, handles, indexes):
+                try:
+                    smi.amdsmi_reset_gpu(handles[i])
+                except Exception as exc:
+                    status = probe.status_of(smi, exc)
+                    what = "not supported" if status in ("NOT_SUPPORTED", "NOT_YET_IMPLEMENTED") else "failed"
+                    raise ResetFailed(f"GPU {i}: amdsmi_reset_gpu {what} ({probe.describe(smi, exc)})") from None
+        finally:
+            try:
+                smi.amdsmi_shut_down()
+            except Exception:
+                pass
+
+    def start_services(self, services: Sequence[str], errors: list[str] | None = None) -> list[str]:
+        """Nothing to start: this reset stops no service."""
+        return []
+
+    def boot_id(self) -> str:
+        from slurm_hooks.probes.kmsg import boot_id
+
+        return boot_id()
+
+
+def _boards(smi: Any, handles: list, indexes: Sequence[int]) -> list[int]:
+    """The GPUs to reset for ``indexes``: each one's first partition on its board, once."""
+    def device(i: int) -> str:
+        try:
+            return str(smi.amdsmi_get_gpu_device_bdf(handles[i])).rsplit(".", 1)[0].lower()
+        except Exception:
+            return f"#{i}"
+
+    out: list[int] = []
+    seen: set[str] = set()
+    for i in sorted(indexes):
+        if not 0 <= i < len(handles):
+            raise ResetFailed(f"GPU {i}: not among the {len(handles)} amdsmi sees")
+        board = device(i)
+        if board in seen:
+            continue
+        seen.add(board)
+        out.append(next(j for j in range(len(handles)) if device(j) == board))
+    return out
+
+
+def _vm_guest(cpuinfo: str) -> bool:
+    """The CPU says it runs under a hypervisor (the ``hypervisor`` flag of /proc/cpuinfo)."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as fh:
+            return any(line.startswith("flags") and " hypervisor" in line for line in fh)
+    except OSError:
+        return False
+
+
+def _amd_node() -> bool:
+    from slurm_hooks.probes.amdras import present
+
+    return present()

@@ -67,16 +67,22 @@ class NvmlProbe:
         #: Where this boot's GPU identities are kept (probes.identity), for a GPU that stops saying its
         #: own and for the watcher's kernel-log source; "" for nowhere.
         self.gpu_map_path = gpu_map_path
+        #: The last snapshot found no NVML here at all (no binding, library or driver), rather than
+        #: an NVML that failed: what ``[gpu] backend = "auto"`` asks before it tries another vendor.
+        self.unloadable = False
 
     def snapshot(self) -> NodeSnapshot:
         taken = time.time()
+        self.unloadable = False
         try:
             nvml = self._nvml if self._nvml is not None else _import_pynvml()
         except ImportError as exc:
+            self.unloadable = True
             return self._failed(taken, f"NVML: python binding not installed ({exc})")
         try:
             nvml.nvmlInit()
         except Exception as exc:
+            self.unloadable = nvml_errors.classify(exc) in (nvml_errors.LibraryNotFound, nvml_errors.DriverNotLoaded)
             return self._failed(taken, _node_error(exc, "nvmlInit"))
         try:
             driver = _driver_version(nvml)

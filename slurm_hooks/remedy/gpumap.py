@@ -1,8 +1,10 @@
-"""One GPU, one identity: Slurm's GRES index -> device file -> minor number -> NVML index and UUID.
+"""One GPU, one identity: Slurm's GRES index -> device file -> minor number -> the probe's index and UUID.
 
-Slurm numbers a node's GPUs its own way (slurm.gres), NVML numbers them in PCI bus order,
-and the two agree only by luck. What ties them is the device file: GRES ``File=/dev/nvidia6``
-is the GPU whose NVML minor number is 6 (``nvmlDeviceGetMinorNumber``). A MIG instance's
+Slurm numbers a node's GPUs its own way (slurm.gres), the GPU probe numbers them in its own
+order, and the two agree only by luck. What ties them is the device file: GRES
+``File=/dev/nvidia6`` is the GPU whose device minor number is 6 (``nvmlDeviceGetMinorNumber``);
+``File=/dev/dri/renderD130`` the one whose render node is 130 (amdsmi's enumeration info), a
+compute partition of a physical GPU or one die of a two-die board being a GPU of its own. A MIG instance's
 files start with its parent GPU's, and its ``UniqueId`` (or the snapshot's MIG list) names
 the GPU instance.
 
@@ -69,7 +71,7 @@ class GpuMap:
         """One line per GRES index, as ``validate`` prints it."""
         out = []
         for s in self.slots:
-            gpu = f"NVML {s.gpu} {s.uuid or '?'}" if s.gpu is not None else "no GPU with that minor number"
+            gpu = f"GPU {s.gpu} {s.uuid or '?'}" if s.gpu is not None else "no GPU with that minor number"
             mig = f" MIG instance {s.instance}" if s.instance is not None else ""
             minor = "?" if s.minor is None else s.minor
             out.append(f"GRES {s.gres} -> {s.file} (minor {minor}) -> {gpu}{mig}")
@@ -104,6 +106,8 @@ def differences(a: GpuMap, b: GpuMap) -> list[str]:
 #: slurmd's NVIDIA autodetection: ``nvml``, and ``nvidia`` (24.11+, without NVML): both number the
 #: GPUs in the driver's order.
 NVIDIA_AUTODETECT = ("nvml", "nvidia")
+#: Autodetection that reorders gres.conf's File= lines (``rsmi``: AMD's, numbering the GPUs its own way).
+REORDERING_AUTODETECT = (*NVIDIA_AUTODETECT, "rsmi")
 
 
 def build(conf: GresConf, snap: NodeSnapshot, source: str = "",
@@ -117,6 +121,9 @@ def build(conf: GresConf, snap: NodeSnapshot, source: str = "",
     gpus = [g for g in snap.gpus]
     if conf.autodetect in NVIDIA_AUTODETECT and not conf.devices:
         return _autodetected(snap, source)
+    if conf.autodetect == "rsmi" and not conf.devices:
+        return unknown("AutoDetect=rsmi alone: gres.conf does not say which render node is which GRES index; "
+                       "set [gpu] gres_source = \"slurmd\"", source + " AutoDetect=rsmi")
     if not conf.devices:
         why = (f"{conf.fileless} GPU(s) given by Count= without File=: Slurm cannot say which is which"
                if conf.fileless else "no gpu GRES with File= for this node")
@@ -124,14 +131,14 @@ def build(conf: GresConf, snap: NodeSnapshot, source: str = "",
         return unknown(why, source)
     by_minor = {g.minor: g for g in gpus if g.minor is not None}
     if not by_minor and gpus:
-        return unknown("NVML gave no minor numbers (nvmlDeviceGetMinorNumber)", source)
+        return unknown("the GPU probe gave no device minor numbers", source)
     slots: list[Slot] = []
     problems: list[str] = []
     for dev in conf.devices:
         minor = device_minor(dev.file)
         g = by_minor.get(minor)
         if g is None:
-            problems.append(f"GRES {dev.index} ({dev.file}, minor {minor}) names no GPU NVML sees")
+            problems.append(f"GRES {dev.index} ({dev.file}, minor {minor}) names no GPU the probe sees")
             slots.append(Slot(dev.index, dev.file, minor))
             continue
         instance, mig_uuid = None, ""
@@ -145,8 +152,8 @@ def build(conf: GresConf, snap: NodeSnapshot, source: str = "",
         problems.append("MIG is on, but Slurm's GPUs here are whole GPUs: its GRES indexes are the instances'")
     parents = {s.gpu for s in slots if s.gpu is not None}
     if len(parents) != len(gpus):
-        problems.append(f"Slurm gives this node {len(parents)} GPU(s), NVML sees {len(gpus)}")
-    if conf.autodetect in NVIDIA_AUTODETECT and conf.source == "gres.conf":
+        problems.append(f"Slurm gives this node {len(parents)} GPU(s), the probe sees {len(gpus)}")
+    if conf.autodetect in REORDERING_AUTODETECT and conf.source == "gres.conf":
         problems.append(f"AutoDetect={conf.autodetect} with File= lines: slurmd reorders them; set [gpu] gres_source = \"slurmd\"")
     return GpuMap(tuple(slots), source, "; ".join(problems))
 

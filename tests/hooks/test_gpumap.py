@@ -78,7 +78,7 @@ def test_reverse_gres_conf_maps_gres_0_to_the_gpu_behind_dev_nvidia7(tmp_path):
     assert gmap.known, gmap.problem
     assert [(s.gres, s.minor, s.gpu) for s in gmap.slots] == [(k, 7 - k, 7 - k) for k in range(8)]
     assert gmap.slot(0).uuid == snap.gpu(7).uuid
-    assert gmap.describe()[0].startswith(f"GRES 0 -> /dev/nvidia7 (minor 7) -> NVML 7 {snap.gpu(7).uuid}")
+    assert gmap.describe()[0].startswith(f"GRES 0 -> /dev/nvidia7 (minor 7) -> GPU 7 {snap.gpu(7).uuid}")
 
 
 def test_nvml_minor_numbers_tie_files_to_gpus_whatever_nvmls_order(tmp_path):
@@ -104,8 +104,8 @@ def test_the_map_is_cached_for_the_boot_and_keeps_a_gpu_that_fell_off_the_bus(tm
 
 @pytest.mark.parametrize("conf, why", [
     (None, "gres.conf unreadable"),
-    ("Name=gpu File=/dev/nvidia[0-3]\n", "Slurm gives this node 4 GPU(s), NVML sees 8"),
-    ("Name=gpu File=/dev/nvidia[0-8]\n", "GRES 8 (/dev/nvidia8, minor 8) names no GPU NVML sees"),
+    ("Name=gpu File=/dev/nvidia[0-3]\n", "Slurm gives this node 4 GPU(s), the probe sees 8"),
+    ("Name=gpu File=/dev/nvidia[0-8]\n", "GRES 8 (/dev/nvidia8, minor 8) names no GPU the probe sees"),
     ("Name=gpu Count=8\n", "without File="),
 ])
 def test_an_unknown_or_inconsistent_map_says_why(tmp_path, conf, why):

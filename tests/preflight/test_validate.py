@@ -722,7 +722,7 @@ def test_validate_reports_how_slurms_gpu_numbers_map_to_nvmls(cluster, capsys):
     out = [line for line in capsys.readouterr().out.splitlines() if " gpu-map: " in line]
     assert exc.value.code == 0
     assert f"gres.conf {cluster.root}/etc/gres.conf: 8 GRES index(es), 8 numbered differently" in out[0]
-    assert out[1].startswith("PASS  gpu-map: GRES 0 -> /dev/nvidia4 (minor 4) -> NVML 4 GPU-")
+    assert out[1].startswith("PASS  gpu-map: GRES 0 -> /dev/nvidia4 (minor 4) -> GPU 4 GPU-")
     if os.geteuid() == 0:  # validate asks slurmd -G only as root
         assert out[-1] == "PASS  gpu-map: slurmd -G agrees", out
 
@@ -732,7 +732,7 @@ def test_validate_warns_when_the_gpu_map_is_unknown_and_says_what_follows(cluste
     with pytest.raises(SystemExit):
         main(["validate", "--config", cluster.config, "--slurm-conf", cluster.slurm_conf, "--node", "n1"])
     [line] = [x for x in capsys.readouterr().out.splitlines() if " gpu-map: " in x]
-    assert line.startswith("WARN  gpu-map: ") and "Slurm gives this node 4 GPU(s), NVML sees 8" in line
+    assert line.startswith("WARN  gpu-map: ") and "Slurm gives this node 4 GPU(s), the probe sees 8" in line
     assert "requeues every GPU job on this node" in line
 
 
@@ -827,3 +827,23 @@ def test_a_kernel_log_the_probe_cannot_read_is_a_warning_in_validate(cluster, tm
     r = only(results, "kernel-log")
     assert r.status is validate.Status.WARN and r.message.startswith("kernel log unreadable: XIDs not seen")
     assert only(results, "gpu-backend").status is validate.Status.PASS
+
+
+def test_validate_on_an_amd_node_without_amdsmi_says_the_ras_files_are_the_source(cluster, tmp_path):
+    from fakes.amdgpu_sysfs import add_card
+
+    from slurm_hooks import config
+    from slurm_hooks.preflight.environment import gpu_results
+    from slurm_hooks.probes.amdsmi import AmdSmiProbe
+
+    sys_root = tmp_path / "sys"
+    for card in range(2):
+        add_card(sys_root, card, f"0000:{0x0c + 0x10 * card:02x}:00.0")
+    cluster.write_config(GOOD_CONFIG.replace('backend = "sim"', 'backend = "auto"'))
+    snap = AmdSmiProbe("n1", drm_root=str(sys_root / "class" / "drm")).snapshot()  # no amdsmi in the test venv
+    results = gpu_results(config.load(cluster.config), "n1", snap)
+    assert only(results, "gpu-backend").message == "auto (amdgpu-sysfs): 2 GPU(s)"
+    r = only(results, "gpu-source")
+    assert r.status is validate.Status.WARN
+    assert r.message.startswith("amdsmi not loadable (") and "read from the driver's RAS files" in r.message
+    assert "amd-smi-lib" in r.fix
