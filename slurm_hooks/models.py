@@ -120,6 +120,11 @@ class XidEvent:
     #: When it happened, wall clock, where the source can tell (a kernel-log record of this boot:
     #: the boot's start plus its ``ts``); ``None``: when it was read. Not part of :attr:`key`.
     at: float | None = None
+    #: The severity row of a driver event that has no XID code (an amdgpu kernel line:
+    #: ``amdgpu-ue-umc``; ``code`` is then 0); "" for an XID, whose row is ``xid.<code>``.
+    rule: str = ""
+    #: What within the GPU the line names (a RAS block ``umc``, a ring ``gfx_0.0.0``); "" for none.
+    subject: str = ""
 
     @property
     def key(self) -> str:
@@ -133,14 +138,15 @@ class XidEvent:
         name one line alike whether or not they could map it to a GPU.
         """
         boot = f"{self.boot}:" if self.boot else ""
+        what = self.rule or self.code
         if self.source == "kmsg":
             if self.seq is not None:
                 ident = f"{self.seq}@{self.ts}" if self.ts is not None else f"{self.seq}"
             else:
                 ident = f"{self.ts}@{self.pci_bus_id}"
-            return f"kmsg:{boot}{ident}:{self.code}"
+            return f"kmsg:{boot}{ident}:{what}"
         ident: object = self.seq if self.seq is not None else self.ts
-        return f"{self.source}:{boot}{ident}:{self.gpu}:{self.code}"
+        return f"{self.source}:{boot}{ident}:{self.gpu}:{what}"
 
     @property
     def gpu_id(self) -> str:
@@ -550,6 +556,10 @@ def snapshot_to_dict(snap: NodeSnapshot) -> dict[str, Any]:
     d = asdict(snap)
     if not snap.errors:
         del d["errors"]  # a snapshot that read everything reads as it always did
+    for event in [*(x for g in d["gpus"] for x in g["xids"]), *d["node_xids"]]:
+        for key in ("rule", "subject"):
+            if not event[key]:
+                del event[key]  # an XID reads as it always did
     return d
 
 
