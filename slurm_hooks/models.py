@@ -203,6 +203,9 @@ class GpuSnapshot:
     minor: int | None = None
     #: Its MIG instances, when MIG mode is on.
     mig: tuple[MigDevice, ...] = ()
+    #: Which part of its physical GPU this logical GPU is (a compute partition's id, a die of a
+    #: two-die board); ``None``: the whole GPU. Parts share the physical GPU's PCI address.
+    partition: int | None = None
     lost: bool = False
     needs_reset: bool = False
     xids: tuple[XidEvent, ...] = ()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from slurm_hooks.models import Action, CheckInput, Context, Finding, Severity, XidEvent
+from slurm_hooks.models import Action, CheckInput, Context, Finding, GpuSnapshot, Severity, XidEvent
 
 _A = Action
 #: Row -> (the action it suggests, what it is for the reason: ``{block}``/``{ring}`` filled in,
@@ -39,8 +39,19 @@ ROWS = {
 def check_events(inp: CheckInput) -> Iterator[Finding]:
     known = _baseline_keys(inp) | inp.acked_xids
     for gpu in inp.selected():
-        yield from _judge(gpu.index, [e for e in gpu.xids if e.rule], known)
+        yield from _judge(gpu.index, [e for e in gpu.xids if e.rule], known, _name(inp, gpu))
     yield from _judge(None, [e for e in inp.snapshot.node_xids if e.rule], known)
+
+
+def _name(inp: CheckInput, gpu: GpuSnapshot) -> str:
+    """``GPU 2``; a partition's line is its physical GPU's, named by all its partitions (``GPU 8-15``)
+    so that one fault reads as one in the drain reason, while each partition's jobs are touched."""
+    if gpu.partition is None:
+        return f"GPU {gpu.index}"
+    parts = sorted(g.index for g in inp.snapshot.gpus if g.pci_bus_id == gpu.pci_bus_id and g.partition is not None)
+    if len(parts) > 1 and parts == list(range(parts[0], parts[-1] + 1)):
+        return f"GPU {parts[0]}-{parts[-1]}"
+    return "GPU " + ",".join(map(str, parts))
 
 
 def _baseline_keys(inp: CheckInput) -> frozenset[str]:
@@ -50,7 +61,7 @@ def _baseline_keys(inp: CheckInput) -> frozenset[str]:
     return frozenset(e.key for g in base.gpus for e in g.xids if e.rule) | {e.key for e in base.node_xids if e.rule}
 
 
-def _judge(gpu: int | None, events: Iterable[XidEvent], known: frozenset[str]) -> Iterator[Finding]:
+def _judge(gpu: int | None, events: Iterable[XidEvent], known: frozenset[str], name: str = "") -> Iterator[Finding]:
     groups: dict[tuple[str, str, str], dict[str, XidEvent]] = {}
     for e in events:
         where = "" if gpu is not None else (e.pci_bus_id or "")
@@ -58,11 +69,11 @@ def _judge(gpu: int | None, events: Iterable[XidEvent], known: frozenset[str]) -
     for (rule, subject, bus), current in sorted(groups.items()):
         new = [e for key, e in current.items() if key not in known]
         if new:
-            yield _finding(gpu, rule, subject, bus, new)
+            yield _finding(gpu, name, rule, subject, bus, new)
 
 
-def _finding(gpu: int | None, rule: str, subject: str, bus: str, new: list[XidEvent]) -> Finding:
-    where = f"GPU {gpu}" if gpu is not None else (f"PCI {bus}" if bus else "node")
+def _finding(gpu: int | None, name: str, rule: str, subject: str, bus: str, new: list[XidEvent]) -> Finding:
+    where = name if gpu is not None else (f"PCI {bus}" if bus else "node")
     action, words = ROWS.get(rule, (Action.WARN, rule + " on {where}"))
     summary = words.format(where=where, where_cap=where if gpu is not None or bus else "a GPU",
                            block=subject.upper(), ring=subject)

@@ -44,7 +44,7 @@ class Source(Protocol):
 
 
 class SimSource:
-    """Polls the node's sim state file; each injected XID has a sequence number."""
+    """Polls the node's sim state file (each injected XID has a sequence number) and its kernel log."""
 
     def __init__(self, sim_dir: str, node: str, poll: float):
         self.sim_dir, self.node, self.poll = sim_dir, node, poll
@@ -58,6 +58,14 @@ class SimSource:
         except SlurmHooksError:
             return []
         out = [event for gpu in state["gpus"] for event in sim.events_of(gpu)]
+        try:  # the driver's lines in the sim's kernel log (an AMD node's faults), once each
+            once: dict[str, XidEvent] = {}
+            for events in sim.kernel_events(self.sim_dir, self.node, state).values():
+                for e in events:
+                    once.setdefault(e.key, e)
+            out += once.values()
+        except (OSError, SlurmHooksError):
+            pass  # the health check's probe says the log is unread
         return sorted(out, key=lambda e: e.seq or 0)
 
     def backlog(self) -> list[XidEvent]:

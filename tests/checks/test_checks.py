@@ -83,7 +83,7 @@ def test_fixture_round_trips_through_snapshot_to_dict(path):
     again = json.loads(json.dumps(snapshot_to_dict(snapshot_from_dict(data))))
     # Fields added after a fixture was captured come back at their defaults (the device minor, MIG).
     for gpu in again["gpus"]:
-        for key, default in (("minor", None), ("mig", [])):
+        for key, default in (("minor", None), ("mig", []), ("partition", None)):
             if gpu.get(key) == default:
                 gpu.pop(key)
         for event in gpu["xids"]:
