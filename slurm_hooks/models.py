@@ -120,6 +120,11 @@ class XidEvent:
     #: When it happened, wall clock, where the source can tell (a kernel-log record of this boot:
     #: the boot's start plus its ``ts``); ``None``: when it was read. Not part of :attr:`key`.
     at: float | None = None
+    #: The severity row of a driver event that has no XID code (an amdgpu kernel line:
+    #: ``amdgpu-ue-umc``; ``code`` is then 0); "" for an XID, whose row is ``xid.<code>``.
+    rule: str = ""
+    #: What within the GPU the line names (a RAS block ``umc``, a ring ``gfx_0.0.0``); "" for none.
+    subject: str = ""
 
     @property
     def key(self) -> str:
@@ -133,14 +138,15 @@ class XidEvent:
         name one line alike whether or not they could map it to a GPU.
         """
         boot = f"{self.boot}:" if self.boot else ""
+        what = self.rule or self.code
         if self.source == "kmsg":
             if self.seq is not None:
                 ident = f"{self.seq}@{self.ts}" if self.ts is not None else f"{self.seq}"
             else:
                 ident = f"{self.ts}@{self.pci_bus_id}"
-            return f"kmsg:{boot}{ident}:{self.code}"
+            return f"kmsg:{boot}{ident}:{what}"
         ident: object = self.seq if self.seq is not None else self.ts
-        return f"{self.source}:{boot}{ident}:{self.gpu}:{self.code}"
+        return f"{self.source}:{boot}{ident}:{self.gpu}:{what}"
 
     @property
     def gpu_id(self) -> str:
@@ -221,6 +227,11 @@ class GpuSnapshot:
     minor: int | None = None
     #: Its MIG instances, when MIG mode is on.
     mig: tuple[MigDevice, ...] = ()
+    #: Which part of its physical GPU this logical GPU is (a compute partition's id, a die of a
+    #: two-die board); ``None``: the whole GPU. Parts share the physical GPU's PCI device; its
+    #: readings (ECC, pages, PCIe, temperatures) are read on part 0 and shown on each part, so a
+    #: fault of the physical GPU touches the jobs of every part.
+    partition: int | None = None
     lost: bool = False
     #: What of its identity (UUID, serial, PCI bus id, model, minor) it did not say now is the last
     #: this boot read (probes.identity): a GPU fallen off the bus answers nothing, not even its handle.
@@ -250,10 +261,6 @@ class GpuSnapshot:
     memory_used_mib: int | None = None
     #: Field name -> why it could not be read (garbled answer, NVML error, ...).
     errors: tuple[tuple[str, str], ...] = ()
-    #: The compute partition of a physical GPU this one is (0: the first, or an unpartitioned GPU);
-    #: the physical GPU's readings (ECC, pages, PCIe, temperatures) are read on partition 0 and
-    #: shown on each of its partitions, so a fault of the GPU touches the jobs of every partition.
-    partition: int | None = None
     #: Per RAS block error counts (:class:`EccBlock`); ``None`` where the probe reads totals only.
     ecc_blocks: tuple[EccBlock, ...] | None = None
     bad_pages: BadPages | None = None
@@ -600,6 +607,10 @@ def snapshot_to_dict(snap: NodeSnapshot) -> dict[str, Any]:
         for name in OPTIONAL_GPU_FIELDS:
             if gpu.get(name) is None:
                 gpu.pop(name, None)
+    for event in [*(x for g in d["gpus"] for x in g["xids"]), *d["node_xids"]]:
+        for key in ("rule", "subject"):
+            if not event[key]:
+                del event[key]  # an XID reads as it always did
     return d
 
 

@@ -108,6 +108,27 @@ CHECK_RULES: dict[str, Rule] = {
     "ib-power": Rule(_F, _END, Action.DRAIN),
     # Counter reads refused on a restricted function (DGX, GB200): noise, unless nothing else explains a fault.
     "ib-access-reg": Rule(_F, _WATCH, Action.WARN),
+    # amdgpu kernel lines (slurm_hooks.probes.amdgpu_log), judged like XIDs by slurm_hooks.checks.amdgpu.
+    # An uncorrectable error in the HBM (UMC block): the job read bad memory; the driver retires the
+    # page, a reset puts the retirement in force. The line is printed once per new error, never for a
+    # count that merely stands.
+    "amdgpu-ue-umc": Rule(_G, _NOW, Action.RESET),
+    # In any other block (gfx, sdma, mmhub, ...): the GPU's state is not to be trusted until reset.
+    "amdgpu-ue": Rule(_G, _NOW, Action.RESET),
+    # In an XGMI link: the driver resets every GPU of the hive, so every job on the node loses its GPUs.
+    "amdgpu-ue-xgmi": Rule(_N, _NOW, Action.RESET),
+    # A job read memory an uncorrectable error had poisoned: its results are wrong; the driver resets.
+    "amdgpu-poison": Rule(_G, _NOW, Action.RESET),
+    # The driver's own reset did not bring the GPU back: only a reboot may.
+    "amdgpu-reset-failed": Rule(_G, _NOW, Action.REBOOT),
+    # The retired pages reached the driver's threshold: the driver itself marks the board for RMA.
+    "amdgpu-bad-pages": Rule(_G, _END, Action.REPLACE),
+    # Recorded, never acted on: a deferred error not yet read, the driver's reset that came back, the
+    # VRAM that reset wiped (its jobs fail on their own), a ring that hung (an application, as a rule).
+    "amdgpu-deferred": Rule(_G, _WATCH, Action.WARN),
+    "amdgpu-reset": Rule(_G, _WATCH, Action.WARN),
+    "amdgpu-vram-lost": Rule(_G, _WATCH, Action.WARN),
+    "amdgpu-ring-timeout": Rule(_G, _WATCH, Action.WARN),
     # A check that crashed or ran out of time says nothing about the jobs.
     "check-error": Rule(_N, _END, None),
 }

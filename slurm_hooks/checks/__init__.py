@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from slurm_hooks.checks import (
+    amdgpu,
     dcgm,
     ecc,
     fabric,
@@ -48,6 +49,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("gpu-model", gpus.check_model, frozenset({Context.CHECK, Context.PROLOG})),
     Check("probe", gpus.check_probe_errors),
     Check("xid", xid.check_xids),
+    Check("amdgpu", amdgpu.check_events),
     Check("recovery-action", recovery.check_recovery_action),
     Check("ecc", ecc.check_uncorrectable),
     Check("retired-pages", remap.check_retired_pages),

@@ -51,13 +51,16 @@ def check_xids(inp: CheckInput) -> Iterator[Finding]:
         yield Finding("xid", Severity.WARN, Action.WARN, f"kernel log unreadable: XIDs not seen ({unread})",
                       summary="kernel log unreadable", rule=KERNEL_LOG)
     known = _baseline_keys(inp) | inp.acked_xids
+    # Other drivers' events (``rule`` set: an amdgpu line) are judged by their own check.
     for gpu in inp.selected():
-        found = _judge(inp, gpu.index, gpu_identity(gpu.uuid, gpu.index, gpu.pci_bus_id), gpu.xids, known)
+        found = _judge(inp, gpu.index, gpu_identity(gpu.uuid, gpu.index, gpu.pci_bus_id),
+                       [e for e in gpu.xids if not e.rule], known)
         # A lost GPU's XIDs are its loss in the driver's words: said with it, once (``GPU 3 lost (XID 79)``).
         yield from (replace(f, summary=lost_summary(gpu)) for f in found) if gpu.lost else found
     unmapped: dict[str, list[XidEvent]] = {}
     for event in inp.snapshot.node_xids:
-        unmapped.setdefault(event.gpu_id, []).append(event)
+        if not event.rule:
+            unmapped.setdefault(event.gpu_id, []).append(event)
     for ident, events in unmapped.items():
         yield from _judge(inp, None, ident, events, known)
 

@@ -26,8 +26,13 @@ def sim() -> None:
 
 @sim.command()
 @node_option
-@click.option("--gpus", default=8, show_default=True, type=click.IntRange(1, 64))
-@click.option("--model", default="H100", show_default=True, type=click.Choice(sorted(simstate.MODELS)))
+@click.option("--gpus", default=8, show_default=True, type=click.IntRange(1, 64),
+              help="GPUs (with --vendor amd: boards, each --partition's logical GPUs, an MI250X two dies).")
+@click.option("--vendor", default="nvidia", show_default=True, type=click.Choice(simstate.VENDORS))
+@click.option("--model", type=click.Choice(sorted(simstate.MODELS) + ["MI250X", "MI300X", "MI325X"]),
+              help="Default: H100, or MI300X with --vendor amd.")
+@click.option("--partition", type=click.Choice(["spx", "dpx", "qpx", "cpx"]),
+              help="With --vendor amd: the compute partition mode (cpx: 8 logical GPUs per MI300X).")
 @click.option("--minors", metavar="M0,M1,...",
               help="Device minor numbers in NVML order: GPU K is /dev/nvidia<MK> (default: /dev/nvidiaK).")
 @click.option("--mig", default=0, show_default=True, type=click.IntRange(0, 7), help="MIG instances per GPU.")
@@ -35,17 +40,29 @@ def sim() -> None:
               help="Also N healthy InfiniBand ports mlx5_0:1 .. (a /sys/class/infiniband-like tree).")
 @config_option
 @_dir_option
-def init(node: str | None, gpus: int, model: str, minors: str | None, mig: int, ib: int, config_path: str | None,
-         sim_dir: str | None) -> None:
+def init(node: str | None, gpus: int, vendor: str, model: str | None, partition: str | None, minors: str | None,
+         mig: int, ib: int, config_path: str | None, sim_dir: str | None) -> None:
     """Create NODE with healthy GPUs (replaces any earlier state)."""
     node = nodename.resolve(node)
     order = _int_list(minors, "--minors") if minors else None
     directory = _sim_dir(config_path, sim_dir)
     _not_someone_elses(simstate.state_path(directory, node), node)
-    simstate.init(directory, node, gpus, model, minors=order, mig=mig)
+    amd = vendor == "amd"
+    if amd and (order or mig):
+        raise click.UsageError("--minors and --mig are NVIDIA's (an AMD GPU's render nodes follow its index; "
+                               "it is split by --partition)")
+    model = model or ("MI300X" if amd else "H100")
+    if (model.startswith("MI")) != amd:
+        raise click.UsageError(f"--model {model} is {'not ' if amd else ''}an AMD GPU: give --vendor "
+                               f"{'nvidia' if amd else 'amd'}")
+    state = simstate.init(directory, node, gpus, model, minors=order, mig=mig, vendor=vendor, partition=partition)
     if ib:
         simstate.init_ib(directory, node, ib)
-    click.echo(f"{node}: {gpus} simulated {model} GPUs" + (f", {mig} MIG instances each" if mig else "")
+    logical = len(state["gpus"])
+    made = (f"{gpus} simulated {model} GPUs" + (f" in {partition.upper()} mode: {logical} logical GPUs"
+                                                if logical != gpus and partition else
+                                                f" ({logical} dies)" if logical != gpus else ""))
+    click.echo(f"{node}: {made}" + (f", {mig} MIG instances each" if mig else "")
                + (f", {ib} InfiniBand ports" if ib else ""))
 
 
@@ -98,6 +115,15 @@ def _int_list(text: str, option: str) -> list[int]:
               help="A latent fault NVML does not show: a DCGM diagnostic at LEVEL or deeper fails on this GPU.")
 @click.option("--diag-status", type=click.Choice(list(simstate.DIAG_STATUSES)),
               help="With --diag-failure: what that test answers (default fail; warn and skip vouch for nothing).")
+@click.option("--ras-ue", metavar="BLOCK", help="AMD: an uncorrectable error in this RAS block (umc: HBM ECC); "
+              "the driver's line, the block's ue count.")
+@click.option("--ras-deferred", metavar="BLOCK", help="AMD: a deferred error in this RAS block.")
+@click.option("--poison", is_flag=True, help="AMD: a job consumes poisoned memory (the driver's line).")
+@click.option("--ring-timeout", metavar="RING", help="AMD: this ring times out (gfx_0.0.0, sdma0, comp_1.0.0).")
+@click.option("--driver-reset", type=click.Choice(["succeeded", "failed"]),
+              help="AMD: the driver resets the GPU itself, and it comes back or not.")
+@click.option("--bad-pages", type=click.IntRange(1), metavar="N",
+              help="AMD: N more retired pages (at 128 the driver says the threshold is reached).")
 @click.option("--reset-hang", type=click.FloatRange(0), metavar="S",
               help="nvidia-smi --gpu-reset on this GPU (the sim's stand-in) hangs S seconds before it acts.")
 @click.option("--cleared-by", type=click.Choice(simstate.CLEARED_BY),
@@ -132,8 +158,9 @@ def inject(node: str | None, gpu: int | None, ib: str | None, ib_state: str | No
         raise click.UsageError("--diag-status goes with --diag-failure LEVEL")
     if not any(v is not None and v is not False for k, v in fault.items() if k not in ("instance", "diag_status")):
         raise click.UsageError("name a fault: --xid, --ecc-uncorrectable, --row-remap-pending, --row-remap-failure, "
-                               "--lost, --pcie-width, --temp, --process, --nvlink-down, --diag-failure "
-                               "or --reset-hang")
+                               "--lost, --pcie-width, --temp, --process, --nvlink-down, --diag-failure, "
+                               "--reset-hang; on AMD GPUs --ras-ue, --ras-deferred, --poison, --ring-timeout, "
+                               "--driver-reset or --bad-pages")
     node = nodename.resolve(node)
     state = simstate.inject(_sim_dir(config_path, sim_dir), node, gpu, cleared_by=cleared_by, **fault)
     mends = simstate.gpu_entry(state, gpu).get("cleared_by", {})
@@ -234,7 +261,8 @@ def show(node: str | None, as_json: bool, config_path: str | None, sim_dir: str 
     if as_json:
         click.echo(json.dumps(state, indent=1))
         return
-    click.echo(f"{node}: {len(state['gpus'])} x {state.get('model', '?')}")
+    mode = f" ({state['partition'].upper()})" if state.get("partition") else ""
+    click.echo(f"{node}: {len(state['gpus'])} x {state.get('model', '?')}{mode}")
     stopped = sorted(n for n, v in state.get("services", {}).items() if v != "active")
     if stopped:
         click.echo(f"  services stopped: {', '.join(stopped)}")
@@ -258,4 +286,12 @@ def show(node: str | None, as_json: bool, config_path: str | None, sim_dir: str 
             faults.append(f"latent: {said} DCGM L{g['diag_failure']['level']} {g['diag_failure']['test']}")
         if g.get("reset_hang_s"):
             faults.append(f"reset hangs {g['reset_hang_s']:g}s")
-        click.echo(f"  gpu{g['index']} {g['uuid']} {g.get('temperature_c')}C {', '.join(faults) or 'healthy'}")
+        for block, (ue, _) in sorted((g.get("ras") or {}).items()):
+            if ue:
+                faults.append(f"{block} ue {ue}")
+        if g.get("bad_pages"):
+            faults.append(f"{g['bad_pages']} bad pages")
+        where = f" {g['pci_bus_id']}" + (f" part {g['partition']}" if g.get("partition") is not None else "") \
+            if state.get("vendor") == "amd" else ""
+        temp = f"{g.get('temperature_c')}C " if g.get("temperature_c") is not None else ""
+        click.echo(f"  gpu{g['index']} {g['uuid']}{where} {temp}{', '.join(faults) or 'healthy'}")

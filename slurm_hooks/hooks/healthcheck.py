@@ -248,8 +248,8 @@ def _with_events(snap: NodeSnapshot, events: Sequence[XidEvent]) -> NodeSnapshot
         return snap
     present = engine.snapshot_xids(snap)
     keys = {x.key for x in present}
-    seen = {(x.gpu, x.code) for x in present}
-    extra = [e for e in events if e.key not in keys and (e.gpu, e.code) not in seen]
+    seen = {(x.gpu, x.code, x.rule) for x in present}
+    extra = [e for e in events if e.key not in keys and (e.gpu, e.code, e.rule) not in seen]
     if not extra:
         return snap
     by_gpu: dict[int, list[XidEvent]] = {}

@@ -44,7 +44,7 @@ class Source(Protocol):
 
 
 class SimSource:
-    """Polls the node's sim state file; each injected XID has a sequence number."""
+    """Polls the node's sim state file (each injected XID has a sequence number) and its kernel log."""
 
     def __init__(self, sim_dir: str, node: str, poll: float):
         self.sim_dir, self.node, self.poll = sim_dir, node, poll
@@ -58,6 +58,14 @@ class SimSource:
         except SlurmHooksError:
             return []
         out = [event for gpu in state["gpus"] for event in sim.events_of(gpu)]
+        try:  # the driver's lines in the sim's kernel log (an AMD node's faults), once each
+            once: dict[str, XidEvent] = {}
+            for events in sim.kernel_events(self.sim_dir, self.node, state).values():
+                for e in events:
+                    once.setdefault(e.key, e)
+            out += once.values()
+        except (OSError, SlurmHooksError):
+            pass  # the health check's probe says the log is unread
         return sorted(out, key=lambda e: e.seq or 0)
 
     def backlog(self) -> list[XidEvent]:
@@ -214,11 +222,13 @@ class Watcher:
                 self.log(f"slurm-hooks watch: {state.error}")
             if state.seen(event.key) or event.key in state.acked():
                 return
-            info = self.catalog(event.code)
+            # A driver event with a row of its own (``rule``: an amdgpu line) is no XID: no catalogue.
+            info = self.catalog(event.code) if not event.rule else None
             rule = self._rule(event, info)
             action = rule.action or Action.WARN
             where = f"GPU {event.gpu}" if event.gpu is not None else (event.pci_bus_id or "node")
-            self.log(f"slurm-hooks watch: XID {event.code} on {where} -> {action.value} ({rule.urgency.value})")
+            what = event.rule or f"XID {event.code}"
+            self.log(f"slurm-hooks watch: {what} on {where} -> {action.value} ({rule.urgency.value})")
             if action.takes_node_out and rule.urgency is not Urgency.WATCH:
                 started = time.monotonic()
 
@@ -227,7 +237,8 @@ class Watcher:
 
                 report, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread", events=[event],
                                                   history=state, xid_lookup=lookup)
-                self.w.audit.write("watch", node=self.w.node, xid=event.code, gpu=event.gpu, event=event.key,
+                said = {"rule": event.rule} if event.rule else {"xid": event.code}
+                self.w.audit.write("watch", node=self.w.node, **said, gpu=event.gpu, event=event.key,
                                    drained=outcome.drained, requeued=outcome.requeued, signalled=outcome.signalled,
                                    failed=outcome.failed,
                                    duration_s=round(time.monotonic() - started, 4))
@@ -244,6 +255,8 @@ class Watcher:
         from slurm_hooks.checks.xid import RECOVERY_XID
 
         severities = self.w.config.severities
+        if event.rule:
+            return severities.rule(event.rule)
         if event.code == RECOVERY_XID and verdict_from_text(event.message) in VERDICTS:
             return severities.rule(VERDICTS[verdict_from_text(event.message)][0])
         base = Rule(info.scope, info.urgency, info.action) if info is not None else UNKNOWN_XID

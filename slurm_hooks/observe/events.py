@@ -114,13 +114,14 @@ def describe(r: dict[str, Any]) -> str:
         seen_by = f" (seen by {r['context']})" if r.get("context") else ""
         return f"alert   {where} {r.get('check')}: {r.get('message')} -> {r.get('action')}{seen_by}"
     if kind == "watch":
-        if r.get("xid") is not None:
+        if r.get("xid") is not None or r.get("rule"):
             where = f"GPU {r['gpu']}" if r.get("gpu") is not None else "node"
+            what = f"XID {r['xid']}" if r.get("xid") is not None else r["rule"]
             done = "drained" if r.get("drained") else "not drained"
             jobs = ",".join(str(j) for j in r.get("requeued") or []) or "none"
             signalled = ",".join(str(j) for j in r.get("signalled") or [])
             first = f", sent their own signal first: {signalled}" if signalled else ""
-            return f"watch   XID {r['xid']} on {where}: {done}, jobs requeued: {jobs}{first}"
+            return f"watch   {what} on {where}: {done}, jobs requeued: {jobs}{first}"
         return f"watch   {r.get('message', '')}"
     if kind == "action" and r.get("action") == "pending":
         steps = "+".join(r.get("steps") or []) or "remediation"

@@ -422,8 +422,8 @@ def _when(r: dict[str, Any], inc: Incident) -> float:
 
 
 def _evidence(r: dict[str, Any]) -> bool:
-    """An alert, or the watcher's account of an XID (not its "watcher started")."""
-    return r.get("kind") == "alert" or (r.get("kind") == "watch" and r.get("xid") is not None)
+    """An alert, or the watcher's account of a driver event (not its "watcher started")."""
+    return r.get("kind") == "alert" or (r.get("kind") == "watch" and (r.get("xid") is not None or bool(r.get("rule"))))
 
 
 def _absorb(inc: Incident, r: dict[str, Any]) -> None:

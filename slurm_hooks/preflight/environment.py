@@ -106,6 +106,21 @@ def _other_sim_nodes(sim_dir: str, node: str) -> list[str]:
     return [] if mine in names else names
 
 
+def _what(snap: NodeSnapshot) -> str:
+    """``: 64 x AMD Instinct MI300X on 8 boards (8 partitions each)``: the models, and the boards a
+    partitioned (or two-die) GPU's parts share (by board serial)."""
+    by_model: dict[str, list] = {}
+    for g in snap.gpus:
+        by_model.setdefault(g.model or "unknown model", []).append(g)
+    said = []
+    for model, gpus in by_model.items():
+        boards = len({g.serial or g.uuid for g in gpus})
+        parted = any(g.partition is not None for g in gpus)
+        split = f" on {boards} boards ({len(gpus) // boards} parts each)" if parted and boards < len(gpus) else ""
+        said.append(f"{len(gpus)} x {model}{split}")
+    return f": {', '.join(said)}" if said else ""
+
+
 def gpu_results(cfg: Config, node: str, snap: NodeSnapshot) -> list[Result]:
     """What validate says of one snapshot of this node: the probe, the GPU count, and what of the
     node the probe could not read (a kernel log: XIDs would go unseen)."""
@@ -119,7 +134,7 @@ def gpu_results(cfg: Config, node: str, snap: NodeSnapshot) -> list[Result]:
                else "check the driver with nvidia-smi; the NVML library must be loadable by root")
         return [Result("gpu-backend", Status.FAIL, f"{backend}: {snap.error}", fix)]
     source = f" ({snap.backend})" if snap.backend and snap.backend != backend else ""
-    out = [Result("gpu-backend", Status.PASS, f"{backend}{source}: {len(snap.gpus)} GPU(s)"
+    out = [Result("gpu-backend", Status.PASS, f"{backend}{source}: {len(snap.gpus)} GPU(s){_what(snap)}"
                                               f"{', driver ' + snap.driver_version if snap.driver_version else ''}")]
     if snap.unread(AMDSMI) is not None:
         out.append(Result("gpu-source", Status.WARN, snap.unread(AMDSMI) or "",
@@ -133,11 +148,13 @@ def gpu_results(cfg: Config, node: str, snap: NodeSnapshot) -> list[Result]:
                           f"set gpus = {len(snap.gpus)} in [expect] or in the node's [groups.<name>]", cfg.path or ""))
     elif expected != len(snap.gpus):
         out.append(Result("gpu-count", Status.FAIL, f"{node} has {len(snap.gpus)} GPU(s), group {group} expects {expected}",
-                          "find the missing GPU (nvidia-smi, lspci) or correct gpus in the config", cfg.path or ""))
+                          "find the missing GPU (lspci; nvidia-smi or amd-smi) or correct gpus in the config",
+                          cfg.path or ""))
     else:
         out.append(Result("gpu-count", Status.PASS, f"{node} has the {expected} GPU(s) group {group} expects"))
     if snap.unread(KERNEL_LOG) is not None:
-        out.append(Result(KERNEL_LOG, Status.WARN, f"kernel log unreadable: XIDs not seen ({snap.unread(KERNEL_LOG)})",
+        out.append(Result(KERNEL_LOG, Status.WARN,
+                          f"kernel log unreadable: the GPU driver's events not seen ({snap.unread(KERNEL_LOG)})",
                           "run as root (or with CAP_SYSLOG), or point [watch] kmsg at a readable kernel log",
                           cfg.path or ""))
     return out

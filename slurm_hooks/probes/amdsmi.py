@@ -305,7 +305,13 @@ def _render_minor(r: _Reader, bdf: str, partition: int | None, drm_root: str) ->
 
 
 def _share_physical(gpus: list[GpuSnapshot]) -> list[GpuSnapshot]:
-    """Give each partition the readings of its physical GPU's partition 0 (same PCI device)."""
+    """Give each partition the readings of its physical GPU's partition 0 (same PCI device). A
+    physical GPU seen as one processor is whole: its partition id (0) is dropped."""
+    per_device: dict[str, int] = {}
+    for g in gpus:
+        per_device[_device(g.pci_bus_id)] = per_device.get(_device(g.pci_bus_id), 0) + 1
+    gpus = [replace(g, partition=None) if g.partition is not None and g.pci_bus_id
+            and per_device[_device(g.pci_bus_id)] == 1 else g for g in gpus]
     if not any(g.partition for g in gpus):
         return gpus
     first = {_device(g.pci_bus_id): g for g in gpus if not g.partition and g.pci_bus_id}

@@ -1,4 +1,5 @@
-"""NVIDIA XIDs from the kernel log.
+"""GPU driver events from the kernel log: NVIDIA's XIDs, and the amdgpu driver's lines that are
+events like them (:mod:`slurm_hooks.probes.amdgpu_log`).
 
 NVML only reports XIDs that happen while someone listens; the kernel ring buffer
 keeps the ones from before we started (a prolog, a health check run, a watcher
@@ -80,10 +81,16 @@ def _split(text: str, priority: bool = False) -> tuple[int | None, float | None,
 
 
 def parse_line(line: str) -> XidEvent | None:
-    """One kernel log line or ``/dev/kmsg`` record -> its XID, or ``None`` (``ts`` as :func:`_split`)."""
+    """One kernel log line or ``/dev/kmsg`` record -> its XID or amdgpu event, or ``None`` (``ts`` as
+    :func:`_split`)."""
     seq, ts, text = _split(line.split("\n", 1)[0].rstrip("\r"))
     m = _XID.search(text)
     if not m:
+        if "amdgpu" in text:
+            from slurm_hooks.probes import amdgpu_log
+
+            event = amdgpu_log.parse(text, seq, ts)
+            return replace(event, pci_bus_id=normalize_pci(event.pci_bus_id)) if event and event.pci_bus_id else event
         return None
     mig = " ".join(m.group(2).split())
     message = m.group(4).strip()
@@ -173,12 +180,12 @@ class Coalescer:
 
     def __init__(self, window: float = COALESCE_S):
         self.window = window
-        self._first: dict[tuple[str, int], float] = {}
+        self._first: dict[tuple[str, int | str], float] = {}
 
     def keep(self, event: XidEvent) -> bool:
         if event.ts is None:
             return True  # no time to compare (a syslog line): every line counts
-        where = (f"{event.boot}/{event.pci_bus_id or event.gpu_id}", event.code)
+        where = (f"{event.boot}/{event.pci_bus_id or event.gpu_id}", event.rule or event.code)
         first = self._first.get(where)
         if first is not None and 0 <= event.ts - first <= self.window:
             return False

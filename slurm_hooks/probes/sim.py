@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from slurm_hooks import fsutil, values
 from slurm_hooks.errors import SimStateError
-from slurm_hooks.models import Action, GpuSnapshot, NodeSnapshot, XidEvent, gpu_from_dict
+from slurm_hooks.models import KERNEL_LOG, Action, GpuSnapshot, NodeSnapshot, XidEvent, gpu_from_dict
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
@@ -84,10 +84,22 @@ def healthy_gpu(index: int, node: str, model: str, minor: int | None = None, mig
     }
 
 
+#: Who makes the simulated GPUs: NVIDIA's (MODELS) or AMD Instinct (:mod:`slurm_hooks.probes.sim_amd`).
+VENDORS = ("nvidia", "amd")
+
+
 def init(sim_dir: str, node: str, gpus: int = 8, model: str = "H100", minors: list[int] | None = None,
-         mig: int = 0) -> dict[str, Any]:
+         mig: int = 0, vendor: str = "nvidia", partition: str | None = None) -> dict[str, Any]:
     """A node of ``gpus`` healthy GPUs. ``minors``: GPU K's device file is /dev/nvidia<minors[K]>
-    (default K: NVML and the device files agree); ``mig``: MIG instances per GPU (0: MIG off)."""
+    (default K: NVML and the device files agree); ``mig``: MIG instances per GPU (0: MIG off).
+    ``vendor`` "amd": ``gpus`` AMD Instinct boards (``model`` MI300X unless an AMD one is named),
+    each ``partition`` ("cpx": 8) logical GPUs (an MI250X: its two dies)."""
+    if vendor == "amd":
+        return _init_amd(sim_dir, node, gpus, model if model in _amd().MODELS else "MI300X", partition)
+    if vendor not in VENDORS:
+        raise SimStateError(f"--vendor must be one of {', '.join(VENDORS)}, not {vendor!r}")
+    if partition is not None:
+        raise SimStateError("--partition goes with --vendor amd (NVIDIA GPUs are split by --mig)")
     if model not in MODELS:
         raise SimStateError(f"unknown model {model!r} (known: {', '.join(MODELS)})")
     if not 0 < gpus <= 64:
@@ -107,11 +119,95 @@ def init(sim_dir: str, node: str, gpus: int = 8, model: str = "H100", minors: li
         "boot": _new_boot(),
         "gpus": [healthy_gpu(i, node, model, None if minors is None else minors[i], mig) for i in range(gpus)],
     }
+    return _write_new(sim_dir, node, state)
+
+
+def _write_new(sim_dir: str, node: str, state: dict[str, Any]) -> dict[str, Any]:
     path = state_path(sim_dir, node)
     with fsutil.locked(path):
         fsutil.atomic_write(path, json.dumps(state, indent=1))
     _remove_ib(sim_dir, node)  # a fresh node has no ports until `sim init --ib N` lays them
+    _new_kernel_log(sim_dir, node)
+    if state.get("vendor") == "amd":
+        _amd().write_sysfs(sim_dir, node, state)
     return state
+
+
+def _amd():
+    from slurm_hooks.probes import sim_amd
+
+    return sim_amd
+
+
+def _init_amd(sim_dir: str, node: str, gpus: int, model: str, partition: str | None) -> dict[str, Any]:
+    amd = _amd()
+    per = amd.check(model, partition)
+    if not 0 < gpus * per <= 64:
+        raise SimStateError(f"--gpus: {gpus} x {per} logical GPUs, must be 1..64")
+    state = {
+        "version": STATE_VERSION, "node": node, "vendor": "amd", "model": model, "partition": partition,
+        "driver_version": "sim-6.12.12 (amdgpu)", "seq": _next_seq_base(sim_dir, node), "boot": _new_boot(),
+        "gpus": [amd.healthy_gpu(i, node, model, per) for i in range(gpus * per)],
+    }
+    return _write_new(sim_dir, node, state)
+
+
+def _healthy(state: dict[str, Any], node: str, entry: dict[str, Any], generation: int = 0) -> dict[str, Any]:
+    """``entry``'s GPU as it was made, healthy (the ``generation``-th replacement's when > 0)."""
+    if state.get("vendor") == "amd":
+        amd = _amd()
+        return amd.healthy_gpu(entry["index"], node, state.get("model", "MI300X"), amd.per_physical(state),
+                               generation=generation)
+    return healthy_gpu(entry["index"], node, state.get("model", "H100"), generation=generation)
+
+
+# -- the node's kernel log: the driver's lines the sim writes (AMD's faults), read as the kernel's
+
+
+def kernel_log(sim_dir: str, node: str) -> str:
+    """The simulated node's kernel log, ``dmesg``'s lines (``[seconds] text``)."""
+    state_path(sim_dir, node)
+    return os.path.join(sim_dir, "kmsg", f"{node}.log")
+
+
+def _new_kernel_log(sim_dir: str, node: str) -> None:
+    """A new boot's log: empty."""
+    path = kernel_log(sim_dir, node)
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+def _log(sim_dir: str, node: str, texts: list[str]) -> None:
+    """Append lines to the simulated kernel log, each stamped as dmesg stamps it."""
+    if not texts:
+        return
+    path = kernel_log(sim_dir, node)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a", encoding="ascii") as fh:
+        for text in texts:
+            fh.write(f"[{time.time() - _START:.6f}] {text}\n")
+
+
+def kernel_events(sim_dir: str, node: str, state: dict[str, Any]) -> dict[int, list[XidEvent]]:
+    """The driver events in the node's kernel log, by GPU index (-1: tied to no GPU): a line names
+    its GPU's PCI address, which every partition of that GPU shares, so it is each partition's."""
+    from slurm_hooks.probes import kmsg
+
+    path = kernel_log(sim_dir, node)
+    if not os.path.exists(path):
+        return {}
+    by_bus: dict[str, list[dict[str, Any]]] = {}
+    for g in state["gpus"]:
+        by_bus.setdefault(kmsg.normalize_pci(g.get("pci_bus_id", "")), []).append(g)
+    out: dict[int, list[XidEvent]] = {}
+    for event in kmsg.read_xids(path):
+        event = values.replace(event, boot=str(state.get("boot", "")))
+        gpus = by_bus.get(kmsg.normalize_pci(event.pci_bus_id or ""), [])
+        for g in gpus:
+            out.setdefault(g["index"], []).append(values.replace(event, gpu=g["index"], uuid=g.get("uuid", "")))
+        if not gpus:
+            out.setdefault(-1, []).append(event)
+    return out
 
 
 def cap_minor(gpu_minor: int, gi: int) -> int:
@@ -149,12 +245,14 @@ def read(sim_dir: str, node: str) -> dict[str, Any]:
 
 
 def update(sim_dir: str, node: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Read-modify-write the node's state under a lock; atomic on disk."""
+    """Read-modify-write the node's state under a lock; atomic on disk (an AMD node's RAS files too)."""
     path = state_path(sim_dir, node)
     with fsutil.locked(path):
         state = read(sim_dir, node)
         change(state)
         fsutil.atomic_write(path, json.dumps(state, indent=1))
+        if state.get("vendor") == "amd":
+            _amd().write_sysfs(sim_dir, node, state)
     return state
 
 
@@ -167,7 +265,7 @@ def gpu_entry(state: dict[str, Any], index: int) -> dict[str, Any]:
 
 #: Keys of a GPU entry that are the simulation's own, not what NVML would report: a latent fault
 #: only a diagnostic finds (``diag_failure``) and a reset that hangs (``reset_hang_s``) among them.
-SIM_ONLY = frozenset({"cleared_by", "resets", "generation", "diag_failure", "reset_hang_s"})
+SIM_ONLY = frozenset({"cleared_by", "resets", "generation", "diag_failure", "reset_hang_s", "ras", "bad_pages"})
 
 #: What mends a fault: a GPU reset, a reboot of the node, or nothing (a dead GPU).
 CLEARED_BY = ("reset", "reboot", "never")
@@ -223,14 +321,32 @@ def fault_names(fault: dict[str, Any]) -> list[str]:
     return names + [k for k in STATE_CLEARED_BY if fault.get(k) is not None and fault.get(k) is not False]
 
 
+#: The faults of an AMD node: the amdgpu driver's lines (and the RAS counts behind them).
+AMD_FAULTS = ("ras_ue", "ras_deferred", "poison", "ring_timeout", "driver_reset", "bad_pages")
+#: What only an NVIDIA GPU has.
+NVIDIA_FAULTS = ("xid", "instance", "row_remap_pending", "row_remap_failure", "recovery_action", "nvlink_down")
+
+
+def _given(fault: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
+    return [k for k in keys if fault.get(k) is not None and fault.get(k) is not False]
+
+
 def inject(sim_dir: str, node: str, gpu: int, cleared_by: str | None = None, **fault: Any) -> dict[str, Any]:
     """Apply one or more faults to one GPU. Keys as the ``sim inject`` options; ``cleared_by``:
     which repair mends them (reset, reboot, never; default per fault: :func:`default_cleared_by`)."""
     if cleared_by is not None and cleared_by not in CLEARED_BY:
         raise SimStateError(f"--cleared-by must be one of {', '.join(CLEARED_BY)}, not {cleared_by!r}")
+    lines: list[str] = []
 
     def change(state: dict[str, Any]) -> None:
         entry = gpu_entry(state, gpu)
+        amd = state.get("vendor") == "amd"
+        wrong = _given(fault, NVIDIA_FAULTS if amd else AMD_FAULTS)
+        if wrong:
+            raise SimStateError(f"{node} has {'AMD' if amd else 'NVIDIA'} GPUs: "
+                                f"{', '.join('--' + w.replace('_', '-') for w in wrong)} is the other vendor's")
+        if amd:
+            lines.extend(_inject_amd(state, entry, fault))
         mends = entry.setdefault("cleared_by", {})
         for name in fault_names(fault):
             mends[name] = cleared_by or default_cleared_by(name)
@@ -274,7 +390,47 @@ def inject(sim_dir: str, node: str, gpu: int, cleared_by: str | None = None, **f
             for link in links:
                 link["active"] = False
 
-    return update(sim_dir, node, change)
+    state = update(sim_dir, node, change)
+    _log(sim_dir, node, lines)
+    return state
+
+
+def _inject_amd(state: dict[str, Any], entry: dict[str, Any], fault: dict[str, Any]) -> list[str]:
+    """The driver's lines for an AMD GPU's faults (its physical GPU's address: every partition's),
+    and the RAS counts and retired pages behind them."""
+    amd = _amd()
+    head = f"amdgpu {entry['pci_bus_id']}: "
+    state["seq"] = int(state.get("seq", 0)) + 1
+    event = state["seq"] % 100000
+    out: list[str] = []
+    # The RAS counts and retired pages are the physical GPU's: kept on its first partition.
+    step = amd.per_physical(state) if amd.MODELS[state.get("model", "MI300X")][4] == 1 else 1
+    board = gpu_entry(state, entry["index"] - entry["index"] % step)
+    counts = board.setdefault("ras", {})
+    for kind in ("ras_ue", "ras_deferred"):
+        if fault.get(kind) is not None:
+            block = str(fault[kind]).lower()
+            if block not in amd.RAS_BLOCKS:
+                raise SimStateError(f"--{kind.replace('_', '-')}: unknown RAS block {block!r} "
+                                    f"(known: {', '.join(amd.RAS_BLOCKS)})")
+            ue, ce = counts.get(block, (0, 0))
+            counts[block] = (ue + 1, ce) if kind == "ras_ue" else (ue, ce)
+            out += amd.line(kind, block=block, total=ue + 1, event=event)
+    if fault.get("poison"):
+        out += amd.line("poison", event=event)
+    if fault.get("ring_timeout") is not None:
+        out += amd.line("ring_timeout", ring=str(fault["ring_timeout"]))
+    if fault.get("driver_reset") is not None:
+        if fault["driver_reset"] not in amd.DRIVER_RESETS:
+            raise SimStateError(f"--driver-reset must be one of {', '.join(amd.DRIVER_RESETS)}")
+        entry["resets"] = int(entry.get("resets", 0)) + 1
+        out += amd.line("reset", ok=fault["driver_reset"] == "succeeded", count=entry["resets"])
+    if fault.get("bad_pages") is not None:
+        before = int(board.get("bad_pages", 0))
+        board["bad_pages"] = before + int(fault["bad_pages"])
+        if before < amd.BAD_PAGE_THRESHOLD <= board["bad_pages"]:
+            out += amd.line("bad_pages", pages=board["bad_pages"])
+    return [head + text for text in out]
 
 
 class ResetFailed(SimStateError):
@@ -299,12 +455,14 @@ def reset(sim_dir: str, node: str, gpu: int) -> dict[str, Any]:
     XID lines stay in the log); a dead GPU's XIDs come back at once (a new event); a lost GPU does
     not come back from a reset (:class:`ResetFailed`)."""
 
+    said: list[str] = []
+
     def change(state: dict[str, Any]) -> None:
         entry = gpu_entry(state, gpu)
         mends = entry.setdefault("cleared_by", {})
         if entry.get("lost") and mends.get("lost", "reboot") != "reset":
             raise ResetFailed(f"{node} GPU {gpu}: reset failed: the GPU is lost (off the bus)")
-        healthy = healthy_gpu(entry["index"], node, state.get("model", "H100"))
+        healthy = _healthy(state, node, entry)
         for name, by in sorted(mends.items()):
             if by == "reset":
                 _mend(entry, healthy, name)
@@ -312,8 +470,12 @@ def reset(sim_dir: str, node: str, gpu: int) -> dict[str, Any]:
             elif by == "never" and name.startswith("xid:"):
                 _add_xid(state, entry, int(name[4:]), "came back after a GPU reset (slurm-hooks sim)")
         entry["resets"] = int(entry.get("resets", 0)) + 1
+        if state.get("vendor") == "amd":  # the driver says what it did, as for its own resets
+            said.extend(f"amdgpu {entry['pci_bus_id']}: {t}" for t in _amd().line("reset", count=entry["resets"]))
 
-    return update(sim_dir, node, change)
+    state = update(sim_dir, node, change)
+    _log(sim_dir, node, said)
+    return state
 
 
 def reboot(sim_dir: str, node: str) -> dict[str, Any]:
@@ -322,9 +484,8 @@ def reboot(sim_dir: str, node: str) -> dict[str, Any]:
 
     def change(state: dict[str, Any]) -> None:
         state["boot"] = _new_boot()
-        model = state.get("model", "H100")
         for entry in state["gpus"]:
-            healthy = healthy_gpu(entry["index"], node, model)
+            healthy = _healthy(state, node, entry)
             entry["xids"] = []
             mends = entry.setdefault("cleared_by", {})
             for name, by in sorted(mends.items()):
@@ -337,6 +498,7 @@ def reboot(sim_dir: str, node: str) -> dict[str, Any]:
 
     done = update(sim_dir, node, change)
     _reset_ib_counters(sim_dir, node)
+    _new_kernel_log(sim_dir, node)
     return done
 
 
@@ -574,11 +736,9 @@ def clear(sim_dir: str, node: str, gpu: int | None = None) -> dict[str, Any]:
     """Put one GPU (or all) back to healthy, keeping identity and the event counter."""
 
     def change(state: dict[str, Any]) -> None:
-        model = state.get("model", "H100")
         for i, entry in enumerate(state["gpus"]):
             if gpu is None or entry.get("index") == gpu:
-                state["gpus"][i] = {**healthy_gpu(entry["index"], node, model,
-                                                  generation=int(entry.get("generation", 0))),
+                state["gpus"][i] = {**_healthy(state, node, entry, generation=int(entry.get("generation", 0))),
                                     **{k: entry[k] for k in ("minor", "mig") if k in entry}}
 
     if gpu is not None:
@@ -594,8 +754,12 @@ def replace(sim_dir: str, node: str, gpu: int | None = None) -> dict[str, Any]:
         model = state.get("model", "H100")
         for i, entry in enumerate(state["gpus"]):
             if gpu is None or entry.get("index") == gpu:
-                fresh = healthy_gpu(entry["index"], node, model, generation=int(entry.get("generation", 0)) + 1,
-                                    minor=entry.get("minor"), mig=len(entry.get("mig") or ()))
+                generation = int(entry.get("generation", 0)) + 1
+                if state.get("vendor") == "amd":
+                    fresh = _healthy(state, node, entry, generation=generation)
+                else:
+                    fresh = healthy_gpu(entry["index"], node, model, generation=generation, minor=entry.get("minor"),
+                                        mig=len(entry.get("mig") or ()))
                 state["gpus"][i] = fresh
 
     if gpu is not None:
@@ -619,9 +783,18 @@ class SimProbe:
         except (TypeError, ValueError, KeyError) as exc:
             path = state_path(self.sim_dir, self.node)
             return NodeSnapshot(self.node, self.name, taken_at=time.time(), error=f"{path}: corrupt sim state: {exc}")
-        gpus = tuple(_as_seen(g) for g in gpus)
+        errors: tuple[tuple[str, str], ...] = ()
+        try:
+            logged = kernel_events(self.sim_dir, self.node, state)
+        except Exception as exc:  # noqa: BLE001 - as the NVML probe: the GPUs stand, the log is said unread
+            logged, errors = {}, ((KERNEL_LOG, str(exc) or type(exc).__name__),)
+        lost = "GPU is lost (amdsmi: device not found)" if state.get("vendor") == "amd" else \
+            "GPU is lost (NVML_ERROR_GPU_IS_LOST)"
+        gpus = tuple(_as_seen(values.replace(g, xids=g.xids + tuple(logged[g.index])) if g.index in logged else g,
+                              lost) for g in gpus)
         return NodeSnapshot(self.node, self.name, gpus=gpus, taken_at=time.time(),
-                            driver_version=state.get("driver_version", ""))
+                            driver_version=state.get("driver_version", ""), node_xids=tuple(logged.get(-1, ())),
+                            errors=errors)
 
 
 def events_of(gpu: dict[str, Any]) -> list[XidEvent]:
@@ -630,11 +803,12 @@ def events_of(gpu: dict[str, Any]) -> list[XidEvent]:
     return [XidEvent(**{"uuid": gpu.get("uuid", ""), **x}) for x in gpu.get("xids", ())]
 
 
-def _as_seen(gpu: GpuSnapshot) -> GpuSnapshot:
-    """Events carry their GPU's UUID; a lost GPU answers nothing (NVML returns GPU_IS_LOST for every field)."""
+def _as_seen(gpu: GpuSnapshot, lost: str = "GPU is lost (NVML_ERROR_GPU_IS_LOST)") -> GpuSnapshot:
+    """Events carry their GPU's UUID; a lost GPU answers nothing (NVML returns GPU_IS_LOST for every
+    field; ``lost``: what its library says)."""
     if any(x.uuid != gpu.uuid for x in gpu.xids):
         gpu = values.replace(gpu, xids=tuple(values.replace(x, uuid=x.uuid or gpu.uuid) for x in gpu.xids))
     if not gpu.lost:
         return gpu
     return GpuSnapshot(index=gpu.index, uuid=gpu.uuid, pci_bus_id=gpu.pci_bus_id, model=gpu.model, lost=True,
-                       xids=gpu.xids, errors=(("*", "GPU is lost (NVML_ERROR_GPU_IS_LOST)"),))
+                       xids=gpu.xids, partition=gpu.partition, errors=(("*", lost),))

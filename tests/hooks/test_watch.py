@@ -249,6 +249,25 @@ def test_a_kernel_log_xid_is_one_finding_on_its_gpu_under_one_key(nvml_node):
     assert set(healthcheck.xid_history(w).recorded()) == {event.key}
 
 
+def test_an_amdgpu_line_goes_through_the_watcher_in_the_drivers_words(nvml_node):
+    """A driver event that is no XID (an amdgpu line) is judged by its row, drains with its own
+    words, and is one event under one key for the watcher, the check and the history."""
+    from slurm_hooks.hooks import healthcheck
+
+    w, slurm, log, fake = nvml_node
+    with open(log, "w") as fh:
+        fh.write("6,5000,8123456789,-;amdgpu 0000:38:00.0: amdgpu: {3}socket: 0, die: 0, 1 new uncorrectable "
+                 "hardware errors detected in umc block\n")
+    said: list = []
+    [event] = kmsg_source(w, log, fake).backlog()
+    Watcher(w, ListSource(), log=said.append).handle(event)
+    assert slurm.peek("n1").reason == "slurm-hooks: uncorrectable ECC in UMC block on GPU 2 [reset]"
+    assert said and "XID" not in " ".join(said) and "amdgpu-ue-umc on GPU 2" in said[0]
+    assert set(healthcheck.xid_history(w).recorded()) == {event.key}
+    [record] = [r for r in AuditLog(w.config.log.audit).read() if r.get("kind") == "watch"]
+    assert record["rule"] == "amdgpu-ue-umc" and "xid" not in record
+
+
 def test_after_an_admin_resumes_neither_the_check_nor_the_watchers_backlog_drains_again(nvml_node):
     from slurm_hooks.hooks import healthcheck
 

@@ -825,7 +825,8 @@ def test_a_kernel_log_the_probe_cannot_read_is_a_warning_in_validate(cluster, tm
     snap = NvmlProbe("n1", kmsg_path=str(log), nvml=FakeNvml.healthy(gpus=8)).snapshot()
     results = gpu_results(config.load(cluster.config), "n1", snap)
     r = only(results, "kernel-log")
-    assert r.status is validate.Status.WARN and r.message.startswith("kernel log unreadable: XIDs not seen")
+    assert r.status is validate.Status.WARN and \
+        r.message.startswith("kernel log unreadable: the GPU driver's events not seen")
     assert only(results, "gpu-backend").status is validate.Status.PASS
 
 
@@ -847,3 +848,19 @@ def test_validate_on_an_amd_node_without_amdsmi_says_the_ras_files_are_the_sourc
     assert r.status is validate.Status.WARN
     assert r.message.startswith("amdsmi not loadable (") and "read from the driver's RAS files" in r.message
     assert "amd-smi-lib" in r.fix
+
+
+def test_validate_says_what_it_sees_on_an_amd_node_partitioned_or_not(cluster, tmp_path):
+    """The models, and the boards a partitioned GPU's parts share: an admin sees CPX mode at a glance."""
+    from slurm_hooks import config
+    from slurm_hooks.preflight.environment import gpu_results
+
+    sim_dir = str(tmp_path / "amd")
+    sim.init(sim_dir, "n9", 8, vendor="amd", partition="cpx")
+    sim.init(sim_dir, "n8", 8, vendor="amd")
+    cfg = config.load(cluster.config)
+    cpx = only(gpu_results(cfg, "n9", sim.SimProbe(sim_dir, "n9").snapshot()), "gpu-backend")
+    spx = only(gpu_results(cfg, "n8", sim.SimProbe(sim_dir, "n8").snapshot()), "gpu-backend")
+    assert cpx.message.startswith("sim: 64 GPU(s): 64 x AMD Instinct MI300X on 8 boards (8 parts each), driver ")
+    assert spx.message.startswith("sim: 8 GPU(s): 8 x AMD Instinct MI300X, driver ")
+    assert "NVIDIA" not in cpx.message + spx.message
