@@ -843,7 +843,7 @@ def test_validate_on_an_amd_node_without_amdsmi_says_the_ras_files_are_the_sourc
     cluster.write_config(GOOD_CONFIG.replace('backend = "sim"', 'backend = "auto"'))
     snap = AmdSmiProbe("n1", drm_root=str(sys_root / "class" / "drm")).snapshot()  # no amdsmi in the test venv
     results = gpu_results(config.load(cluster.config), "n1", snap)
-    assert only(results, "gpu-backend").message == "auto (amdgpu-sysfs): 2 GPU(s)"
+    assert only(results, "gpu-backend").message == "auto (amdgpu-sysfs): 2 GPU(s): 2 x AMD Instinct MI300X"
     r = only(results, "gpu-source")
     assert r.status is validate.Status.WARN
     assert r.message.startswith("amdsmi not loadable (") and "read from the driver's RAS files" in r.message

@@ -31,7 +31,7 @@ def test_healthy_mi300x_node_reads_identity_and_every_physical_field():
     g = s.gpus[3]
     assert g.uuid == "5bff74a4-0000-1000-8000-a2a7e5b2a003"
     assert g.serial == "PCB0030A1B2C" and g.pci_bus_id == "0000:3C:00.0" and g.minor == 131
-    assert g.model == "AMD Instinct MI300X" and g.partition == 0
+    assert g.model == "AMD Instinct MI300X" and g.partition is None  # a whole GPU: no part of one
     assert g.ecc_volatile_uncorrectable == 0
     assert {b.block for b in g.ecc_blocks} >= {"UMC", "GFX", "SDMA", "MMHUB", "XGMI_WAFL"}
     assert g.bad_pages == BadPages(0, 0, 0, 512)
@@ -126,7 +126,7 @@ def test_mi250x_dies_are_two_gpus_each_with_its_own_pci_device_on_one_board():
     assert [g.pci_bus_id for g in s.gpus[:2]] == ["0000:0C:00.0", "0000:0D:00.0"]
     assert [g.minor for g in s.gpus[:2]] == [128, 129] and s.gpus[0].uuid != s.gpus[1].uuid
     assert s.gpus[0].serial == s.gpus[1].serial  # the board the RMA names
-    assert all(g.partition == 0 for g in s.gpus)
+    assert all(g.partition is None for g in s.gpus)  # each die is a PCI device of its own
 
 
 def test_hbm_temperature_is_the_hottest_stack_and_violations_are_throttle_reasons():
