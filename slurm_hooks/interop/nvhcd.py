@@ -170,7 +170,7 @@ def serve(path: str, answer: Callable[[list[str], float | None], Answer], group:
     the socket cannot be made (another server answers there, a file that is not a socket, a group
     that does not exist)."""
     grpc, request_cls, response_cls = require()
-    gid = _gid(group)
+    gid = group_id(group) if group else None
     _clear(path)
 
     def run_health_check(request: Any, context: Any) -> Any:
@@ -226,9 +226,8 @@ def ask(path: str, args: Sequence[str] = (), timeout: float = 5.0) -> Answer:
     return Answer.read(resp.success, resp.exit_code, resp.output, resp.error)
 
 
-def _gid(group: str) -> int | None:
-    if not group:
-        return None
+def group_id(group: str) -> int:
+    """A group's id from its name (or its number); raises :class:`PermanentError` for no such group."""
     if group.isdigit():
         return int(group)
     import grp
