@@ -171,7 +171,8 @@ class NodeHealth:
                       now=self.clock(), max_age=cfg.nvrx_max_age)
         if not said.healthy:
             self.w.audit.write("nvrx", node=self.w.node, healthy=False, reason=said.message, scope=scope,
-                               failed_checks=list(said.failed_checks), verdict_age_s=said.details.get("verdict_age_s"))
+                               failed_checks=list(said.failed_checks), verdict_age_s=said.details.get("verdict_age_s"),
+                               message=f"answered NVRx: unhealthy ({scope}): {said.message}")
         return said
 
     def _gpus(self, asked: Asked, verdict: Verdict | None, until: float) -> tuple[tuple[int, ...] | None, str]:

@@ -123,6 +123,9 @@ def test_a_node_the_watcher_drained_answers_unhealthy_in_our_drain_reasons_words
     assert any("XID 79" in c for c in r.body["failed_checks"])
     [audited] = n.audit("nvrx")
     assert (audited["healthy"], audited["reason"]) == (False, reason)
+    from slurm_hooks.observe.events import describe
+
+    assert describe(audited) == f"nvrx    answered NVRx: unhealthy (node): {reason}"  # as `slurm-hooks events` shows it
 
 
 def test_our_drain_alone_refuses_the_node_while_the_last_judgement_finds_nothing(node, tmp_path):
