@@ -119,6 +119,7 @@ def _inputs(prefix: str, config_path: str, on_error: str, env: tuple[tuple[str, 
         prefix=prefix, python=interpreter(), config=config_path, state_dir=cfg.state.dir, audit=cfg.log.audit,
         textfile_dir=cfg.metrics.textfile_dir, scontrol=os.path.join(cfg.slurm.bin_dir, "scontrol"),
         on_error=on_error, env=env,
+        extra_write_paths=(os.path.dirname(cfg.interop.nvrx_socket),) if cfg.interop.nvrx_socket else (),
     )
 
 

@@ -246,6 +246,23 @@ class WatchSection:
 
 
 @dataclass(frozen=True)
+class InteropSection:
+    """Work with the job's own resilience: NVIDIA Resiliency Extension's ft_launcher asks the watcher
+    whether this node is fit before each rendezvous (docs/interop.md)."""
+
+    nvrx_socket: str = setting("", doc="Unix socket on which the watcher answers NVRx's node health check "
+                                       "(ft_launcher --ft-node-health-check-endpoint); \"\" = off. Needs the "
+                                       "nvrx extra (grpcio, protobuf)")
+    nvrx_group: str = setting("", doc="group of that socket (mode 0660): the users whose jobs may ask; \"\" = the "
+                                      "watcher's own")
+    nvrx_max_age: float = setting(30.0, range=POSITIVE, doc="seconds: an older verdict is judged again before it "
+                                                            "answers")
+    nvrx_wait: float = setting(5.0, range=POSITIVE, doc="seconds an answer waits for that judgement, never past the "
+                                                        "asker's own deadline (ft_launcher's is 60 s); then the last "
+                                                        "verdict answers, with its age")
+
+
+@dataclass(frozen=True)
 class NotifySection:
     """Tell people: one message per incident (the node taken out, why, which jobs were requeued),
     a follow-up when the node is back in service or the action escalates, a reminder while
@@ -316,6 +333,7 @@ class Config:
     isolate: IsolateSection = IsolateSection()
     metrics: MetricsSection = MetricsSection()
     watch: WatchSection = WatchSection()
+    interop: InteropSection = InteropSection()
     notify: NotifySection = NotifySection()
     #: ``[expect]``: what every node should have where no group says otherwise.
     expect: Expectations = Expectations()

@@ -168,7 +168,7 @@ def _events(rec: pending.Pending) -> list[XidEvent]:
 def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequence[XidEvent] = (),
           gpus: list[str] | None = None, baseline: NodeSnapshot | None = None, job_failed: bool = False,
           history: XidState | None = None, xid_lookup: Callable[[int], XidInfo | None] | None = None,
-          dcgm_level: int = 0, dcgm_timeout: float | None = None) -> Report:
+          dcgm_level: int = 0, dcgm_timeout: float | None = None, node_wide: bool = True) -> Report:
     """Take one snapshot (with ``events`` a source delivered) and judge it; then, if we drained this
     node before and an admin has resumed it since, acknowledge the XIDs we drained for and judge
     the same snapshot again: in every context, so that the first job after the resume is not
@@ -179,11 +179,13 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
     ``xid_lookup``: where the XID check looks codes up (the watcher's, which has looked one up).
     ``dcgm_level``: at least this deep a DCGM diag (the validation after a repair), bounded by
     ``dcgm_timeout`` instead of ``[dcgm] timeout`` when given.
+    ``node_wide`` False: without the readings that count across runs (links, hysteresis), for a
+    judgement that acts on nothing (the watcher's answer to NVRx) and must not count as a reading.
     """
     started = time.monotonic()
     state = xid_history(w).load() if history is None else history
     request = _request(w, context, state, started=started, gpus=gpus, baseline=baseline, job_failed=job_failed,
-                       xid_lookup=xid_lookup)
+                       xid_lookup=xid_lookup, node_wide=node_wide)
     if dcgm_level > request.expect.dcgm_level_check and context is Context.CHECK:
         expect = replace(request.expect, dcgm_level_check=dcgm_level)
         request = replace(request, expect=expect,
@@ -202,13 +204,13 @@ def judge(w: Wiring, context: Context, *, acknowledge: bool = True, events: Sequ
     if acknowledge and report.drain_findings() and _admin_resumed(w, report, state):
         report = engine.judge(report.snapshot, _request(w, context, state, gpus=request.gpus, baseline=baseline,
                                                         job_failed=job_failed, xid_lookup=xid_lookup,
-                                                        missing=request.missing))
+                                                        missing=request.missing, node_wide=node_wide))
     if history is None:
         _save(state)
     return report
 
 
-def _request(w: Wiring, context: Context, state: XidState, **kw: Any) -> engine.JudgeRequest:
+def _request(w: Wiring, context: Context, state: XidState, node_wide: bool = True, **kw: Any) -> engine.JudgeRequest:
     cfg = w.config
     expect = cfg.expectations_for(w.node)
     return engine.JudgeRequest(
@@ -221,7 +223,7 @@ def _request(w: Wiring, context: Context, state: XidState, **kw: Any) -> engine.
         dcgm=_dcgm_runner(w, context, expect, kw.get("job_failed", False)),
         on_check_error=Action(cfg.check.on_check_error),
         if_idle=context is Context.CHECK,  # what resume_if_ours looks at on an idle node
-        **(_node_wide(w) if context in (Context.CHECK, Context.WATCH) else {}),
+        **(_node_wide(w) if node_wide and context in (Context.CHECK, Context.WATCH) else {}),
         **kw,
     )
 

@@ -26,6 +26,8 @@ from slurm_hooks.severity import UNKNOWN_XID, Rule, xid_rule_key
 from slurm_hooks.xid import catalog as xid_catalog
 
 if TYPE_CHECKING:
+    from slurm_hooks.hooks.nodehealth import Service
+    from slurm_hooks.models import Report
     from slurm_hooks.observe.notify import Notifier
     from slurm_hooks.xid.catalog import XidInfo
     from slurm_hooks.xid.history import XidHistory
@@ -213,6 +215,8 @@ class Watcher:
         self._lock = threading.Lock()
         #: Set once the port poller has its first reading (what a port "went down" from).
         self.polling_links = threading.Event()
+        #: The node-health answer NVRx asks ([interop] nvrx_socket), while it is served.
+        self.health: Service | None = None
 
     def handle(self, event: XidEvent) -> None:
         """Act on one event unless it was acted on before (by this or an earlier run)."""
@@ -237,6 +241,7 @@ class Watcher:
 
                 report, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread", events=[event],
                                                   history=state, xid_lookup=lookup)
+                self._judged(report)
                 said = {"rule": event.rule} if event.rule else {"xid": event.code}
                 self.w.audit.write("watch", node=self.w.node, **said, gpu=event.gpu, event=event.key,
                                    drained=outcome.drained, requeued=outcome.requeued, signalled=outcome.signalled,
@@ -247,6 +252,18 @@ class Watcher:
                 state.save()  # the events judged and this one seen, in one write
             except SlurmHooksError as exc:
                 self.log(f"slurm-hooks watch: {exc}")
+
+    def _judged(self, report: Report) -> None:
+        """A run of ours judged the node: the answer NVRx asks for starts from it."""
+        if self.health is not None:
+            self.health.verdicts.offer(report, "watch")
+
+    def start_node_health(self) -> Service | None:
+        """Answer NVRx's node health check on ``[interop] nvrx_socket`` (:mod:`.nodehealth`), when set."""
+        from slurm_hooks.hooks import nodehealth
+
+        self.health = nodehealth.start(self.w, lambda: nodehealth.judge_node(self.w, self.history.load), self.log)
+        return self.health
 
     def _rule(self, event: XidEvent, info: XidInfo | None) -> Rule:
         """The event's row of the severity table, with the admin's override; XID 154 takes the
@@ -302,7 +319,8 @@ class Watcher:
                     self.log(f"slurm-hooks watch: IB {', '.join(went_down)} down")
                     started = time.monotonic()
                     with self._lock:
-                        _, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread")
+                        report, outcome = healthcheck.run(self.w, context=Context.WATCH, follow="thread")
+                    self._judged(report)
                     self.w.audit.write("watch", node=self.w.node, links=went_down, drained=outcome.drained,
                                        requeued=outcome.requeued, failed=outcome.failed,
                                        duration_s=round(time.monotonic() - started, 4))
@@ -325,7 +343,8 @@ class Watcher:
                     self.log(f"slurm-hooks watch: {self.w.node} is back in service and we did not resume it: "
                              "a person did; checking it now")
                     with self._lock:
-                        healthcheck.run(self.w, context=Context.CHECK, follow="thread")
+                        report, _ = healthcheck.run(self.w, context=Context.CHECK, follow="thread")
+                    self._judged(report)
                 said = ""
             except Exception as exc:  # noqa: BLE001 - the resume poller must outlive any one failure
                 said = self._say_failure("looking for a resume", exc, said)
@@ -379,9 +398,12 @@ class Watcher:
         resumes = threading.Thread(target=self._resume_loop, args=(stop,), name="resumes", daemon=True)
         resumes.start()
         notifier = self.start_notifier(stop)
+        health = self.start_node_health()
         try:
             self._watch(stop)
         finally:
+            if health is not None:
+                health.stop()  # first: an asker now finds no socket, which NVRx counts as no check
             # A retry under way finishes, audit line included, before the process ends with its
             # daemon threads (a pending record cleared but never closed in the log is lost history).
             # The watcher is ending, on a stop or an error: no new retry begins.

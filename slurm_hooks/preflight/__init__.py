@@ -20,6 +20,7 @@ from slurm_hooks.preflight.environment import (
     check_isolate_mpi,
     check_notify_receivers,
     check_notify_secrets,
+    check_nvrx,
     check_paths,
     check_scontrol,
     check_slurm_backend,
@@ -59,6 +60,7 @@ def run(config_path: str | None = None, slurm_conf_path: str | None = None, node
     results += check_validation(cfg)
     results += check_notify_secrets(cfg)
     results += check_notify_receivers(cfg)
+    results += check_nvrx(cfg)
     results += check_wrappers(cfg)
     if "bridge" in cfg.raw:
         results += check_bridge(cfg)

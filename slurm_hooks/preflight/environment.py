@@ -325,6 +325,66 @@ def check_validation(cfg: Config) -> list[Result]:
                    "to return nodes on the NVML check alone", cfg.path or "")]
 
 
+def check_nvrx(cfg: Config, ask: Callable[..., Any] | None = None) -> list[Result]:
+    """Whether the watcher answers NVRx's node health check ([interop] nvrx_socket): off, or on and
+    answering a real ``RunHealthCheck`` on the socket (its answer shown), with the socket's mode and
+    group as the config asks. NVRx skips its check when the socket is missing and counts a service
+    that does not answer as healthy, so a socket that is not served is a silent gap: a FAIL here."""
+    import grp
+    import stat
+
+    from slurm_hooks.interop import nvhcd
+
+    check, it = "nvrx", cfg.interop
+    path = it.nvrx_socket
+    if not path:
+        return [Result(check, Status.PASS, 'off ([interop] nvrx_socket = "")')]
+    where = cfg.path or ""
+    try:
+        nvhcd.require()
+    except nvhcd.Unavailable as exc:
+        return [Result(check, Status.FAIL, f"[interop] nvrx_socket = {path}, but {exc}: the watcher serves no answer",
+                       f"{nvhcd.INSTALL_HINT} where slurm-hooks runs, or set [interop] nvrx_socket = \"\"", where)]
+    if it.nvrx_group:
+        try:
+            nvhcd.group_id(it.nvrx_group)
+        except SlurmHooksError as exc:
+            return [Result(check, Status.FAIL, f"[interop] nvrx_group: {exc}: the watcher serves no answer",
+                           "name a group the users whose jobs use NVRx belong to", where)]
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return [Result(check, Status.FAIL, f"[interop] nvrx_socket = {path}: {exc.strerror}: NVRx skips its check "
+                       "without a word", "start slurm-hooks watch on this node (systemctl start slurm-hooks-watch)",
+                       where)]
+    if not stat.S_ISSOCK(st.st_mode):
+        return [Result(check, Status.FAIL, f"{path} is not a socket", "remove it, then restart slurm-hooks watch",
+                       where)]
+    try:
+        said = (ask or nvhcd.ask)(path, (), timeout=it.nvrx_wait + 5.0)
+    except SlurmHooksError as exc:
+        return [Result(check, Status.FAIL, f"[interop] nvrx_socket = {path} does not answer: {exc}: NVRx counts that "
+                       "as healthy", "restart slurm-hooks watch and read its log (journalctl -u slurm-hooks-watch)",
+                       where)]
+    mode = stat.S_IMODE(st.st_mode)
+    group = str(st.st_gid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        pass
+    shape = f"mode {mode:04o}, group {group}"
+    verdict = f"{'healthy' if said.healthy else 'UNHEALTHY'}: {said.message}"
+    wrong = []
+    if mode != nvhcd.SOCKET_MODE:
+        wrong.append(f"mode {mode:04o}, not {nvhcd.SOCKET_MODE:04o}")
+    if it.nvrx_group and it.nvrx_group not in (group, str(st.st_gid)):
+        wrong.append(f"group {group}, not {it.nvrx_group}")
+    if wrong:
+        return [Result(check, Status.WARN, f"{path} answers ({verdict}), but its {' and '.join(wrong)}",
+                       "restart slurm-hooks watch: it sets both when it makes the socket", where)]
+    return [Result(check, Status.PASS, f"answers NVRx on {path} ({shape}): {verdict}")]
+
+
 def check_notify_secrets(cfg: Config) -> list[Result]:
     """A receiver's URL is a credential (anyone holding a Slack webhook URL can post to the channel): the
     file it is written in, the config or its ``url_file`` (and an ``auth_file``), must be readable by

@@ -115,6 +115,7 @@ class FakeNvml:
         self._lost_at: dict[int, str] = {}  # gpu -> the call from which on it is lost
         self._lost: set[int] = set()
         self._devices: dict[int, Any] = {}  # gpu -> the memory its c_nvmlDevice_t handle points at
+        self._stalls: dict[str, Any] = {}  # function -> the threading.Event that lets it answer
 
     # --- building a scenario ---------------------------------------------------
 
@@ -147,6 +148,13 @@ class FakeNvml:
         self._lost_at[gpu] = at
         return self
 
+    def stall(self, function: str, until: Any) -> FakeNvml:
+        """A driver that does not answer: ``function`` blocks until ``until`` (a threading.Event) is set."""
+        if not function.startswith("nvml") or not hasattr(pynvml, function):
+            raise TypeError(f"{function!r} is not a pynvml function")
+        self._stalls[function] = until
+        return self
+
     def remove(self, *functions: str) -> FakeNvml:
         """Hide functions, as an older pynvml would not have them."""
         self._removed.update(functions)
@@ -176,6 +184,8 @@ class FakeNvml:
 
     def _enter(self, function: str, gpu: int | None = None) -> None:
         self.calls.append((function, gpu))
+        if function in self._stalls:
+            self._stalls[function].wait()
         if gpu is not None and self._lost_at.get(gpu) == function:
             self._lost.add(gpu)
         if gpu in self._lost:

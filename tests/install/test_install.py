@@ -70,6 +70,20 @@ def test_install_lays_the_programs_unit_and_nhc_check_with_paths_baked_in_and_pr
     assert os.readlink(prefix / "current").startswith("versions/0.1.0-")
 
 
+def test_the_watchers_unit_lets_it_make_the_nvrx_socket_where_the_config_puts_it(tmp_path):
+    """The unit runs under ProtectSystem=strict: /run/slurm-hooks is its runtime directory, and a
+    socket put elsewhere has its directory made writable, or the watcher could not make it."""
+    prefix, conf = tmp_path / "opt", tmp_path / "etc" / "config.toml"
+    conf.parent.mkdir()
+    conf.write_text(write_sim_config(tmp_path, '[interop]\nnvrx_socket = "/var/run/nvhcd/nvhcd.sock"\n').read_text())
+    r = cli("install", "--prefix", str(prefix), "--config", str(conf))
+    assert r.returncode == 0, r.stderr
+    unit = (prefix / layout.UNIT).read_text()
+    assert "RuntimeDirectory=slurm-hooks\n" in unit and "RuntimeDirectoryMode=0755\n" in unit
+    [paths] = [line for line in unit.splitlines() if line.startswith("ReadWritePaths=")]
+    assert "-/var/run/nvhcd" in paths.split("=", 1)[1].split()
+
+
 def test_a_config_that_does_not_load_stops_the_install_before_anything_is_laid(tmp_path):
     conf = tmp_path / "config.toml"
     conf.write_text("[gpu]\nbakend = 1\n")
