@@ -213,6 +213,17 @@ class IsolateSection:
 
 
 @dataclass(frozen=True)
+class InteropSection:
+    """Jobs that heal themselves (NVRx, torchrun elastic, Megatron-LM, Lightning; docs/checkpoint.md):
+    a job that heals in place is told to leave a node we drain and requeued only if it does not."""
+
+    in_job_grace: float = setting(180.0, range=Range(0, 3600, why="0 = no window: such a job is requeued as any "
+                                                                   "other"),
+                                  doc="seconds a job that heals in place has to leave a node we drained (its ranks "
+                                      "there get SIGTERM) before we requeue it")
+
+
+@dataclass(frozen=True)
 class MetricsSection:
     textfile_dir: str = setting("", doc='node_exporter textfile collector directory; "" disables')
 
@@ -292,6 +303,7 @@ class Config:
     dcgm: DcgmSection = DcgmSection()
     sweep: SweepSection = SweepSection()
     isolate: IsolateSection = IsolateSection()
+    interop: InteropSection = InteropSection()
     metrics: MetricsSection = MetricsSection()
     watch: WatchSection = WatchSection()
     notify: NotifySection = NotifySection()

@@ -96,9 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     env = os.environ
-    rank = int(env.get("SLURM_PROCID", env.get("RANK", "0")))
-    world = int(env.get("SLURM_NTASKS", env.get("WORLD_SIZE", "1")))
-    restart = env.get("SLURM_RESTART_COUNT", "0")
+    elastic = "TORCHELASTIC_RUN_ID" in env  # a worker of torchrun: its rank, world and restarts are torchrun's
+    if elastic:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        restart = f"{env.get('SLURM_RESTART_COUNT', '0')}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    else:
+        rank = int(env.get("SLURM_PROCID", env.get("RANK", "0")))
+        world = int(env.get("SLURM_NTASKS", env.get("WORLD_SIZE", "1")))
+        restart = env.get("SLURM_RESTART_COUNT", "0")
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
     job = env.get("SLURM_JOB_ID", "local")
     cuda = torch.cuda.is_available()
@@ -135,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         if rank == 0 and args.log:
             with open(args.log, "a", encoding="utf-8") as fh:
-                fh.write(f"{step} {time.time():.3f} {restart}\n")
+                fh.write(f"{step} {time.time():.3f} {restart}" + (f" {world}" if elastic else "") + "\n")
         time.sleep(max(0.0, args.step_s - (time.monotonic() - t0)))
         seen = got[:]  # a signal that lands after this look counts at the next step, never lost
         flag[0] = 1.0 if seen else 0.0

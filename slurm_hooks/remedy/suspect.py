@@ -64,12 +64,19 @@ def _after_failed_job(w: Wiring, env: Mapping[str, str], jid: str, code: str) ->
     if _requeued(w, env, jid):
         return ""
     status = env.get("SLURM_JOB_EXIT_CODE2", "").strip() or code
-    cfg = w.config.isolate
-    now = time.time()
     detail = (f"job {jid} on {len(nodes)} nodes ended with exit code {status} and no finding of ours: "
               "a suspect (no drain)")
     w.audit.write("action", node=w.node, action="suspect", target=w.node, result="recorded", jobs=[jid],
                   detail=detail, nodes=nodes, exit_code=status, partition=env.get("SLURM_JOB_PARTITION", ""))
+    return remember(w, jid, nodes, status, env.get("SLURM_JOB_PARTITION", ""))
+
+
+def remember(w: Wiring, jid: str, nodes: list[str], status: str, partition: str) -> str:
+    """Add a suspect on this node to its history (``nodes``: the job's); the same nodes suspected
+    again by another job within the window start an isolate under ``[isolate] auto``. Returns
+    what came of it."""
+    cfg = w.config.isolate
+    now = time.time()
     path = w.state_path("suspects.json")
     with fsutil.locked(path):
         history = _load(path)
@@ -92,7 +99,7 @@ def _after_failed_job(w: Wiring, env: Mapping[str, str], jid: str, code: str) ->
         return f"suspected again; {nodes[0]} starts isolate"
     if not trigger:
         return "suspected again; isolate already started for these nodes within the window"
-    return _start_isolate(w, nodes, env.get("SLURM_JOB_PARTITION", ""), jid, [s["job"] for s in again])
+    return _start_isolate(w, nodes, partition, jid, [s["job"] for s in again])
 
 
 def _requeued(w: Wiring, env: Mapping[str, str], jid: str) -> bool:
