@@ -247,8 +247,15 @@ class WatchSection:
 
 @dataclass(frozen=True)
 class InteropSection:
-    """Work with the job's own resilience: NVIDIA Resiliency Extension's ft_launcher asks the watcher
-    whether this node is fit before each rendezvous (docs/interop.md)."""
+    """Work with the job's own resilience (docs/interop.md, docs/checkpoint.md): NVIDIA Resiliency
+    Extension's ft_launcher asks the watcher whether this node is fit before each rendezvous; a job
+    that heals in place (NVRx, torchrun elastic, Megatron-LM, Lightning) is told to leave a node we
+    drain and requeued only if it does not."""
+
+    in_job_grace: float = setting(180.0, range=Range(0, 3600, why="0 = no window: such a job is requeued as any "
+                                                                   "other"),
+                                  doc="seconds a job that heals in place has to leave a node we drained (its ranks "
+                                      "there get SIGTERM) before we requeue it")
 
     nvrx_socket: str = setting("", doc="Unix socket on which the watcher answers NVRx's node health check "
                                        "(ft_launcher --ft-node-health-check-endpoint); \"\" = off. Needs the "

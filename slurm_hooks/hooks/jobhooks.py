@@ -138,10 +138,14 @@ def _epilog(w: Wiring, env: Mapping[str, str]) -> int:
     if not report.drain_findings():
         _print(report)
         repairs.repair_after_job(w, jid, healthcheck.rejudge(w))  # the last job off a node we drained: the ladder may climb
-        if failed:  # a multi-node job failed with nothing of ours to show: a suspect (remedy/suspect.py)
-            from slurm_hooks.remedy import suspect
+        if failed:  # what a framework's exit says (remedy/selfheal.py), else a multi-node job's suspect
+            from slurm_hooks.remedy import jobexit, suspect
 
-            suspect.after_job(w, env, jid)
+            said = jobexit.after_job(w, env, jid)
+            if said:
+                print(f"slurm-hooks epilog: job {jid}: {said}", file=sys.stderr)
+            else:
+                suspect.after_job(w, env, jid)
         return 0
     outcome = _drain(w, report, jid)
     repairs.repair_after_job(w, jid, healthcheck.rejudge(w))

@@ -96,9 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     env = os.environ
-    rank = int(env.get("SLURM_PROCID", env.get("RANK", "0")))
-    world = int(env.get("SLURM_NTASKS", env.get("WORLD_SIZE", "1")))
-    restart = env.get("SLURM_RESTART_COUNT", "0")
+    elastic = "TORCHELASTIC_RUN_ID" in env  # a worker of torchrun: its rank, world and restarts are torchrun's
+    if elastic:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        restart = f"{env.get('SLURM_RESTART_COUNT', '0')}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    else:
+        rank = int(env.get("SLURM_PROCID", env.get("RANK", "0")))
+        world = int(env.get("SLURM_NTASKS", env.get("WORLD_SIZE", "1")))
+        restart = env.get("SLURM_RESTART_COUNT", "0")
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
     job = env.get("SLURM_JOB_ID", "local")
     cuda = torch.cuda.is_available()
@@ -135,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         if rank == 0 and args.log:
             with open(args.log, "a", encoding="utf-8") as fh:
-                fh.write(f"{step} {time.time():.3f} {restart}\n")
+                fh.write(f"{step} {time.time():.3f} {restart}" + (f" {world}" if elastic else "") + "\n")
         time.sleep(max(0.0, args.step_s - (time.monotonic() - t0)))
         seen = got[:]  # a signal that lands after this look counts at the next step, never lost
         flag[0] = 1.0 if seen else 0.0
@@ -200,6 +205,33 @@ def batch_script(workdir: str, *, nodes: int = 2, python: str = TORCH_PYTHON, si
         [f"#SBATCH --signal={signal_spec}"] if signal_spec else []) + [
         "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}",
         f"exec srun --unbuffered --kill-on-bad-exit=0 {' '.join(shlex.quote(a) for a in argv)} {extra}".rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+def torchrun_script(workdir: str, *, nodes: str = "1:2", max_restarts: int = 3, python: str = TORCH_PYTHON,
+                    step_s: float = 0.1, save_every: int = 10) -> str:
+    """The sbatch script of this job under torchrun (:mod:`slurm_hooks.lab.torchrun`), one agent per
+    node of ``nodes`` (``MIN:MAX``: elastic, it goes on without a node; ``N``: it waits for all N),
+    one worker each, c10d rendezvous hosted by the batch host's agent, a checkpoint every
+    ``save_every`` steps. ``srun --kill-on-bad-exit=0``: one node's agent ending does not end the others."""
+    import shlex
+
+    ckpt, log = os.path.join(workdir, "ckpt"), os.path.join(workdir, "steps.log")
+    os.makedirs(ckpt, exist_ok=True)
+    count = int(nodes.split(":")[-1])
+    launcher = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun.py")
+    train = [os.path.abspath(__file__), "--ckpt-dir", ckpt, "--log", log, "--step-s", f"{step_s:g}",
+             "--save-every", str(save_every)]
+    agent = (f"exec {shlex.quote(python)} {shlex.quote(launcher)} --nnodes={nodes} --nproc_per_node=1 "
+             f"--max_restarts={max_restarts} --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$PORT "
+             "--rdzv_id=$SLURM_JOB_ID --rdzv_conf=is_host=$HOST,last_call_timeout=1 --monitor_interval=1 "
+             + " ".join(shlex.quote(a) for a in train))
+    lines = ["#!/bin/sh", f"#SBATCH --nodes={count}", "#SBATCH --ntasks-per-node=1", "#SBATCH --gres=gpu:1",
+             "#SBATCH --open-mode=append", "#SBATCH --requeue",
+             "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}",
+             "export PORT=$((20000 + SLURM_JOB_ID % 20000))",
+             "exec srun --unbuffered --kill-on-bad-exit=0 sh -c "
+             + shlex.quote('HOST=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0); ' + agent)]
     return "\n".join(lines) + "\n"
 
 

@@ -132,6 +132,8 @@ class LabSettings:
     requeue_grace: float = 3.0
     #: [requeue] checkpoint_grace: how long a job that got its own --signal has to requeue itself.
     checkpoint_grace: float = 90.0
+    #: [interop] in_job_grace: how long a job that heals in place has to leave a node we drained.
+    in_job_grace: float = 180.0
     up_timeout: float = 60.0
     #: Also a private MariaDB and slurmdbd (slurm_hooks.lab.accounting).
     accounting: bool = False

@@ -24,6 +24,7 @@ import stat
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.remedy.wiring import Wiring
 from slurm_hooks.slurm import JobInfo, JobState, jobsignal
+from slurm_hooks.slurm.jobheal import Heals, Marks
 from slurm_hooks.slurm.jobsignal import JobSignal, Source, Target
 
 #: Largest ``/proc/<pid>/environ`` read (the kernel caps a process's environment far above this).
@@ -32,7 +33,7 @@ ENVIRON_MAX_BYTES = 256 * 1024
 PROC_SCAN_MAX = 4096
 
 
-def read_signal(w: Wiring, job: JobInfo) -> JobSignal | None:
+def read_signal(w: Wiring, job: JobInfo, heals: Marks | None = None) -> JobSignal | None:
     """The job's checkpoint signal, in sbatch's order: command line (its submit line:
     ``scontrol show job`` on 25.11+, else ``sacct -o SubmitLine``) over ``SBATCH_SIGNAL`` in its
     environment over its script's ``#SBATCH --signal``; else the site's policy for its
@@ -40,7 +41,8 @@ def read_signal(w: Wiring, job: JobInfo) -> JobSignal | None:
 
     The script is read from the batch host's spool copy when this node is the batch host
     (a file read), else from ``scontrol write batch_script``. A source that cannot be read
-    is skipped: at worst the job keeps the plain requeue.
+    is skipped: at worst the job keeps the plain requeue. A Lightning job (``heals``) that declares
+    none gets Lightning's own default, SIGUSR1, before the site's policy.
     """
     cfg = w.config.requeue
     line = None
@@ -50,7 +52,9 @@ def read_signal(w: Wiring, job: JobInfo) -> JobSignal | None:
         except SlurmHooksError:
             line = None  # no slurmdbd before 25.11, or it does not answer: the other sources still count
     found = line or jobsignal.from_environment(environment_value(job.job_id, "SBATCH_SIGNAL", w.node)) \
-        or jobsignal.from_script(_script(w, job))
+        or jobsignal.from_script(script(w, job))
+    if found is None and heals is not None and Heals.LIGHTNING in heals:
+        found = jobsignal.JobSignal("USR1", source=Source.FRAMEWORK)
     return found or policy(w, job)
 
 
@@ -67,7 +71,8 @@ def policy(w: Wiring, job: JobInfo) -> JobSignal | None:
     return jobsignal.parse_spec(spec, Source.POLICY) if spec else None
 
 
-def _script(w: Wiring, job: JobInfo) -> bytes:
+def script(w: Wiring, job: JobInfo) -> bytes:
+    """The head of the job's batch script: the batch host's spool copy, else ``scontrol write batch_script``."""
     data = spool_script(w.config.requeue.spool_dir, w.node, job.job_id)
     if data is not None:
         return data
@@ -174,6 +179,8 @@ class Grace(str, enum.Enum):
     #: its time limit raises "timed-out and not checkpointable"), or the fault crashed it.
     FAILED = "failed"
     OVER = "over"
+    #: A job that heals in place left the node (:mod:`.selfheal`): healed, not requeued.
+    LEFT = "left"
 
 
 #: States a job that ends in its grace is requeued from: it did not choose to stop (COMPLETED),

@@ -8,6 +8,9 @@ A job touched by a fault is in one of two phases, written down per job under
   requeued again; one still running when the grace is over is requeued by us, and so is one
   that ended FAILED in it (submitit late in its time limit cannot checkpoint and fails: never
   lose a job the fault touched).
+- :attr:`Phase.IN_JOB`: it heals in place (:mod:`.selfheal`); its ranks on this node were told
+  to leave, and it has until ``grace_until`` to; one that left is :attr:`Phase.HEALED`, never
+  requeued; one still here is requeued by us as a job whose grace is over.
 - :attr:`Phase.REQUEUED`: requeued (by us, by itself, or refused by our prolog):
   once PENDING again it is released (our prolog's hold only) and made eligible now
   (``StartTime=now``), saving Slurm's ~121 s requeue delay.
@@ -53,6 +56,14 @@ class Follow(str, enum.Enum):
 class Phase(str, enum.Enum):
     GRACE = "grace"
     REQUEUED = "requeued"
+    #: A job that heals in place was told to leave the node (:mod:`.selfheal`): until ``grace_until``.
+    IN_JOB = "in-job"
+    #: It left and runs on: not followed, kept so that later runs leave it be.
+    HEALED = "healed"
+
+
+#: Phases with a window (``grace_until``) the follower waits out.
+WINDOWS = (Phase.GRACE, Phase.IN_JOB)
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,10 @@ class Followed:
     #: it PENDING again (0: none yet).
     refused: bool = False
     pending_at: float = 0.0
+    #: The job's frameworks that heal it (:class:`slurm_hooks.slurm.jobheal.Marks` ``spec``; "" for none).
+    heals: str = ""
+    #: Nodes to add to its ExcNodeList once PENDING again (a job that named this node: Megatron-LM's exit 16).
+    exclude: str = ""
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "phase": self.phase.value})
@@ -223,7 +238,7 @@ _THREADS_LOCK = threading.Lock()
 
 def follow_timeout(w: Wiring, records: Iterable[Followed]) -> float:
     """Long enough for the longest grace still to run, then a requeue's KillWait and its settling."""
-    grace_left = max((r.grace_until - time.time() for r in records if r.phase is Phase.GRACE), default=0.0)
+    grace_left = max((r.grace_until - time.time() for r in records if r.phase in WINDOWS), default=0.0)
     return max(0.0, grace_left) + w.config.remediation.requeue_grace + 60.0
 
 
@@ -317,20 +332,32 @@ def _pick(found: list[JobInfo], ref: str) -> JobInfo | None:
 def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
     """One look at a followed job: its final result, or ``None`` while it is still on its way."""
     rec = read_record(w, ref)
-    if rec is not None and rec.phase is Phase.GRACE and job is not None:
+    if rec is not None and rec.phase is Phase.HEALED:
+        return "healed in place"
+    if rec is not None and rec.phase in WINDOWS and job is not None:
         from slurm_hooks.remedy import checkpoint  # a job in its grace only (with jobsignal, shlex)
 
-        verdict = checkpoint.judge_grace(job, time.time(), rec.grace_until, rec.restarts)
+        if rec.phase is Phase.GRACE:
+            verdict = checkpoint.judge_grace(job, time.time(), rec.grace_until, rec.restarts)
+        else:
+            from slurm_hooks.remedy import selfheal
+
+            verdict = selfheal.judge_window(w, job, time.time(), restarts=rec.restarts, until=rec.grace_until,
+                                            heals=rec.heals)
         if verdict is checkpoint.Grace.WAITING:
             return None
+        if verdict is checkpoint.Grace.LEFT:
+            return _healed(w, rec, job, t0)
         if verdict is checkpoint.Grace.SELF_REQUEUED:
             _requeued(w, rec, "self", t0)
         elif verdict is checkpoint.Grace.ENDED:
             forget_record(w, ref)
+            after = f"its {rec.signal}" if rec.phase is Phase.GRACE else f"its ranks on {w.node} were told to leave"
+            why = ("NVRx's exit 93: its launcher decided not to restart it" if rec.phase is Phase.IN_JOB and job.failed
+                   else "it checkpointed and stopped, or failed")
             step(w, "requeue", ref, "ended", t0, jobs=[ref], signal=rec.signal,
                  seconds_from_fault=round(time.time() - rec.fault_at, 3),
-                 detail=f"the job ended {job.state} after its {rec.signal} (it checkpointed and stopped, or "
-                        "failed): not requeued")
+                 detail=f"the job ended {job.state} after {after} ({why}): not requeued")
             return f"ended {job.state}"
         elif verdict in (checkpoint.Grace.OVER, checkpoint.Grace.FAILED):
             kind = "ours" if verdict is checkpoint.Grace.OVER else "failed"
@@ -367,6 +394,8 @@ def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
                  detail=f"job is held by someone else ({job.reason}, priority {job.priority or '?'}): left held")
             return f"held: {job.reason}"
         try:
+            if rec is not None and rec.exclude:
+                _exclude(w, target, rec.exclude)
             if job.held_by_launch_failure:
                 w.slurm.release(target)
                 step(w, "release", ref, "ok", t0, jobs=[ref], detail=job.reason)
@@ -387,6 +416,32 @@ def _settle(w: Wiring, ref: str, job: JobInfo | None, t0: float) -> str | None:
         step(w, "start_now", ref, "skipped", t0, jobs=[ref], detail=f"job ended {job.state}")
         return f"ended {job.state}"
     return None
+
+
+def _healed(w: Wiring, rec: Followed, job: JobInfo, t0: float) -> str:
+    """A job that heals in place left this node and runs on: say so once (audit, AdminComment), and
+    keep its record (later checks of the drained node leave it be)."""
+    now = time.time()
+    seconds = round(now - rec.fault_at, 3)
+    write_record(w, replace(rec, phase=Phase.HEALED, ts=now))
+    detail = (f"healed in place ({rec.heals}): its ranks left {w.node} {seconds:g}s after the fault and it runs on "
+              f"({job.nodes}): not requeued")
+    step(w, "requeue", rec.ref, "healed", t0, jobs=[rec.ref], heals=rec.heals, seconds_from_fault=seconds,
+         nodes=job.nodes, detail=detail)
+    annotate_jobs(w, [rec.ref], detail)
+    return "healed in place"
+
+
+def _exclude(w: Wiring, ref: str, nodes: str) -> None:
+    """Add ``nodes`` to the PENDING job's ExcNodeList (what it had is kept)."""
+    have = w.slurm.job_record(ref).excluded
+    try:
+        merged = ",".join(dict.fromkeys([*(hostlist.expand(have) if have else []), *hostlist.expand(nodes)]))
+    except ValueError:
+        merged = nodes
+    w.slurm.exclude_nodes(ref, merged)
+    step(w, "exclude", ref, "ok", time.monotonic(), jobs=[ref], nodes=merged,
+         detail=f"{nodes} excluded: the job named it (it runs elsewhere)")
 
 
 def _revocation_behind(w: Wiring, rec: Followed) -> bool:
@@ -410,9 +465,16 @@ def _requeued(w: Wiring, rec: Followed, kind: str, t0: float, state: str = "") -
     seconds = round(now - rec.fault_at, 3)
     write_record(w, replace(rec, phase=Phase.REQUEUED, ts=now))
     if kind == "self":
-        detail = f"requeued itself {seconds:g}s after the fault, on its {rec.signal} (checkpoint)"
+        detail = (f"requeued itself {seconds:g}s after the fault, on its {rec.signal} (checkpoint)"
+                  if rec.phase is Phase.GRACE else f"requeued itself {seconds:g}s after the fault ({rec.heals})")
         step(w, "requeue", rec.ref, "self", t0, jobs=[rec.ref], signal=rec.signal, seconds_from_fault=seconds,
              requeued_by="self", detail=detail)
+    elif kind == "ours" and rec.phase is Phase.IN_JOB:
+        grace = rec.grace_until - rec.signalled_at
+        detail = (f"heals in place ({rec.heals}), but did not leave {w.node} within [interop] in_job_grace "
+                  f"({grace:g}s): requeued {seconds:g}s after the fault")
+        step(w, "requeue", rec.ref, "ok", t0, jobs=[rec.ref], signal=rec.signal, seconds_from_fault=seconds,
+             requeued_by="ours", heals=rec.heals, detail=detail)
     elif kind == "failed":
         detail = (f"ended {state or JobState.FAILED} in its grace after its {rec.signal} (its framework could not "
                   f"checkpoint it): requeued {seconds:g}s after the fault")
@@ -456,6 +518,8 @@ def finish_followed(w: Wiring) -> dict[str, str]:
         pid = record.get("pid")
         if age > FOLLOW_RECORD_TTL_S:
             _remove(path)
+        elif record.get("phase") == Phase.HEALED.value:
+            continue  # nothing to follow: it stays so that later runs leave the job be
         elif not _follower_alive(pid):
             refs.append(name)
     if not refs:

@@ -16,6 +16,7 @@ from slurm_hooks.remedy import gpumap
 from slurm_hooks.remedy.audit import step
 from slurm_hooks.remedy.drain import findings_summary
 from slurm_hooks.remedy.follower import (
+    WINDOWS,
     Follow,
     Followed,
     Phase,
@@ -104,8 +105,11 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
         whose = _whose(job)
         scope = _scope_note(gmap, held)
         seen_to = read_record(w, ref)
-        if seen_to is not None and (seen_to.phase is Phase.GRACE or _ended(job) is not None):
+        if seen_to is not None and (seen_to.phase in WINDOWS or _ended(job) is not None):
             continue  # this node already sees to it (in its grace, or requeued): its first record says so
+        if seen_to is not None and seen_to.phase is Phase.HEALED and _still_away(w, seen_to, job):
+            write_record(w, replace(seen_to, ts=time.time()))  # kept while the job holds the drained node
+            continue
         if not touched:
             ended = _ended(job)
             if ended is not None:  # a requeue under way shows no GPUs: not "left to run"
@@ -124,7 +128,9 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
             step(w, "requeue", ref, result, t0, jobs=[ref], **whose, detail=detail, **({"level": level} if level else {}),
                   **scope)
             continue
-        rec = _signal_first(w, job, fault_at)
+        rec, found = _in_place(w, job, fault_at, t0, whose)
+        if rec is None:
+            rec = _signal_first(w, job, fault_at, found)
         if rec is not None:
             graced.append(rec)
             outcome.signalled.append(ref)
@@ -163,13 +169,43 @@ def _whose(job: JobInfo) -> dict[str, dict[str, str]]:
                               ("names", {job.ref: job_name(job.name)} if job.name else {})) if v}
 
 
-def _signal_first(w: Wiring, job: JobInfo, fault_at: float) -> Followed | None:
+def _in_place(w: Wiring, job: JobInfo, fault_at: float, t0: float, whose: dict) -> tuple[Followed | None, Any]:
+    """A job that heals in place (:mod:`.selfheal`): its ranks here told to leave, its in-job window
+    open; ``None`` for any other job, and for one that cannot leave this node (requeued now, as any).
+    With what the job says of itself (its :class:`~slurm_hooks.slurm.jobheal.Marks`; ``None``: not read)."""
+    if w.config.interop.in_job_grace <= 0:
+        return None, None
+    from slurm_hooks.remedy import selfheal  # a touched job only (reads /proc, its record, its script)
+
+    record = selfheal.read_record(w, job)
+    procs = selfheal.job_processes(job.job_id, w.node)
+    found = selfheal.marks(w, job, record, procs)
+    if not found.in_place:
+        return None, found
+    grace, why = selfheal.tell_ranks(w, job, found, record, procs)
+    if not grace:
+        step(w, "signal", job.ref, "skipped", t0, jobs=[job.ref], **whose, heals=found.spec, source=found.source,
+             detail=f"heals in place ({found.spec}), but {why}: requeued now")
+        return None, found
+    now = time.time()
+    return Followed(job.ref, w.node, Phase.IN_JOB, fault_at=fault_at, signal="TERM", source=found.source,
+                    signalled_at=now, grace_until=now + grace, restarts=job.restarts, nodes=node_count(job),
+                    heals=found.spec), found
+
+
+def _still_away(w: Wiring, rec: Followed, job: JobInfo) -> bool:
+    from slurm_hooks.remedy import selfheal
+
+    return selfheal.still_away(w, job, rec.restarts)
+
+
+def _signal_first(w: Wiring, job: JobInfo, fault_at: float, found: Any = None) -> Followed | None:
     """Send the job its checkpoint signal and open its grace; ``None`` for a job to requeue now
     (no signal, no grace left, or the signal could not be sent)."""
     from slurm_hooks.remedy import checkpoint  # a job being requeued only (with jobsignal, shlex)
 
     t0 = time.monotonic()
-    sig = checkpoint.read_signal(w, job)
+    sig = checkpoint.read_signal(w, job, found)
     if sig is None:
         return None
     grace = checkpoint.grace_seconds(w, sig)

@@ -125,12 +125,19 @@ def _after_failed_job(w: Wiring, env: Mapping[str, str], jid: str, code: str, st
     if explained:
         return f"not a suspect: {explained}"
     status = env.get("SLURM_JOB_EXIT_CODE2", "").strip() or code
-    cfg = w.config.isolate
-    now = time.time()
     detail = (f"job {jid} on {len(nodes)} nodes ended with exit code {status} and no finding of ours: "
               "a suspect (no drain)")
     w.audit.write("action", node=w.node, action="suspect", target=w.node, result="recorded", jobs=[jid],
                   detail=detail, nodes=nodes, exit_code=status, partition=env.get("SLURM_JOB_PARTITION", ""))
+    return remember(w, jid, nodes, status, env.get("SLURM_JOB_PARTITION", ""), start)
+
+
+def remember(w: Wiring, jid: str, nodes: list[str], status: str, partition: str, start: Starter | None = None) -> str:
+    """Add a suspect on this node to its history (``nodes``: the job's); a node in ``[isolate]
+    suspect_jobs`` failed jobs within the window is suspected, and under ``[isolate] auto`` the
+    first suspected node of the job starts an isolate on the suspected nodes. Returns what came of it."""
+    cfg = w.config.isolate
+    now = time.time()
     path = w.state_path("suspects.json")
     with fsutil.locked(path):
         history = _load(path)
@@ -159,7 +166,7 @@ def _after_failed_job(w: Wiring, env: Mapping[str, str], jid: str, code: str, st
         w.audit.write("action", node=w.node, action="isolate-start", target=",".join(sorted(suspects)),
                       result="skipped", jobs=[jid], detail=f"suspected: {said}; not started: {running}")
         return f"suspected: {said}; not started: {running}"
-    return start(w, sorted(suspects), env.get("SLURM_JOB_PARTITION", ""), jid, said)
+    return (start or start_isolate)(w, sorted(suspects), partition, jid, said)
 
 
 def _ours(w: Wiring, jid: str) -> str:

@@ -338,6 +338,23 @@ class JobDetail:
     admin_comment: str | None = None
 
 
+@dataclass(frozen=True)
+class JobRecord:
+    """What ``scontrol show job`` says of a job about how it runs and how it ended (one read)."""
+
+    #: The user's ``--comment`` ("" when none).
+    comment: str = ""
+    #: Its batch script's path or its command (``Command=``).
+    command: str = ""
+    #: The node that runs its batch script ("" when none, or not said).
+    batch_host: str = ""
+    #: ``ExitCode=<code>:<signal>`` of a job that ended (``None``: not said).
+    exit_code: int | None = None
+    exit_signal: int = 0
+    #: Its ``--exclude`` node list ("" when none).
+    excluded: str = ""
+
+
 class Slurm(Protocol):
     def bounded(self, deadline: float | None) -> Slurm:
         """This adapter with every call's timeout cut to what is left before ``deadline`` (a
@@ -408,6 +425,14 @@ class Slurm(Protocol):
 
     def admin_comment(self, ref: int | str) -> str:
         """The job's AdminComment ("" when none)."""
+        ...
+
+    def job_record(self, ref: int | str) -> JobRecord:
+        """The job's comment, command, batch host, exit code and excluded nodes (one read)."""
+        ...
+
+    def exclude_nodes(self, ref: int | str, nodes: str) -> None:
+        """``scontrol update JobId=<ref> ExcNodeList=<nodes>`` on a PENDING job (the whole list: merge first)."""
         ...
 
     def set_admin_comment(self, ref: int | str, text: str) -> None:

@@ -53,6 +53,8 @@ class Source(str, enum.Enum):
     ENVIRONMENT = "environment"
     SCRIPT = "script"
     POLICY = "policy"
+    #: The job's framework's own default (Lightning: SIGUSR1), for a job marked with it.
+    FRAMEWORK = "framework"
 
 
 @dataclass(frozen=True)

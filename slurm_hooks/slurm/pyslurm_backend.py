@@ -21,7 +21,7 @@ import importlib
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from slurm_hooks.slurm import JobDetail, JobInfo, NodeInfo, job_ref, may_resume, quirks
+from slurm_hooks.slurm import JobDetail, JobInfo, JobRecord, NodeInfo, job_ref, may_resume, quirks
 from slurm_hooks.slurm.errors import (
     AlreadyRequeued,
     ReasonNotOurs,
@@ -236,6 +236,12 @@ class PyslurmSlurm:
 
     def kill_wait(self) -> float | None:
         return self._array_cli("read KillWait").kill_wait()
+
+    def job_record(self, ref: int | str) -> JobRecord:
+        return self._array_cli("read a job's record").job_record(_ref(ref))
+
+    def exclude_nodes(self, ref: int | str, nodes: str) -> None:
+        self._array_cli("exclude nodes").exclude_nodes(_ref(ref), nodes)
 
 
 def _node_info(node: Any) -> NodeInfo:

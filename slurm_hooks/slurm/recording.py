@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from slurm_hooks.errors import SlurmHooksError, TransientError
-from slurm_hooks.slurm import JobDetail, JobInfo, NodeInfo
+from slurm_hooks.slurm import JobDetail, JobInfo, JobRecord, NodeInfo
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
@@ -233,3 +233,9 @@ class RecordingSlurm:
 
     def kill_wait(self) -> float | None:
         return self._call(self._base.kill_wait)
+
+    def job_record(self, ref: int | str) -> JobRecord:
+        return self._call(self._base.job_record, ref)
+
+    def exclude_nodes(self, ref: int | str, nodes: str) -> None:
+        self._job_write(self._base.exclude_nodes, ref, nodes, comment=False)

@@ -30,6 +30,7 @@ from slurm_hooks.slurm import (
     ADMIN_COMMENT_MAX,
     JobDetail,
     JobInfo,
+    JobRecord,
     NodeInfo,
     gres,
     hostlist,
@@ -178,6 +179,24 @@ def parse_show_job_text(text: str, key: str) -> str:
         if i and line.startswith("JobId="):
             break  # the next job's record
     return ""
+
+
+_NODE_LIST = re.compile(r"^[A-Za-z0-9_.\-\[\],]+$")
+
+
+def parse_job_record(text: str) -> JobRecord:
+    """:class:`JobRecord` of the first job in ``scontrol show job`` output."""
+    head = text.split("\nJobId=", 1)[0]
+
+    def word(key: str) -> str:
+        m = re.search(rf"(?:^|\s){key}=(\S*)", head)
+        value = m.group(1) if m else ""
+        return "" if value in ("(null)", "None") else value
+
+    code = re.search(r"(?:^|\s)ExitCode=(\d+):(\d+)", head)
+    return JobRecord(comment=parse_show_job_text(text, "Comment"), command=parse_show_job_text(text, "Command"),
+                     batch_host=word("BatchHost"), exit_code=int(code.group(1)) if code else None,
+                     exit_signal=int(code.group(2)) if code else 0, excluded=word("ExcNodeList"))
 
 
 class _BadLine(ValueError):
@@ -607,6 +626,15 @@ class ScontrolSlurm:
     def admin_comment(self, ref: int | str) -> str:
         """From ``scontrol show job`` (squeue has no AdminComment field in 22.05)."""
         return parse_admin_comment(self._show_job(ref))
+
+    def job_record(self, ref: int | str) -> JobRecord:
+        """From one ``scontrol show job`` (free-text values on their own lines)."""
+        return parse_job_record(self._show_job(ref))
+
+    def exclude_nodes(self, ref: int | str, nodes: str) -> None:
+        if not _NODE_LIST.match(nodes):
+            raise SlurmCommandFailed(f"job {ref}: refusing node list {nodes!r}")
+        self._run("scontrol", "update", f"JobId={self._job_arg(ref)}", f"ExcNodeList={nodes}")
 
     def set_admin_comment(self, ref: int | str, text: str) -> None:
         """``scontrol update JobId=<ref> AdminComment=<text>``, the text as one argv element."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from slurm_hooks.errors import PermanentError, SlurmHooksError
-from slurm_hooks.slurm import JobDetail, JobInfo, JobState, NodeInfo, NodeState, hostlist
+from slurm_hooks.slurm import JobDetail, JobInfo, JobRecord, JobState, NodeInfo, NodeState, hostlist
 from slurm_hooks.slurm.errors import AlreadyRequeued
 
 _ON_NODE = (JobState.RUNNING, JobState.CONFIGURING, JobState.COMPLETING)
@@ -49,6 +49,8 @@ class FakeSlurm:
         self.submit_lines: dict[int, str] = {}
         self.partitions: dict[int, str] = {}
         self.kill_wait_s: float | None = 30.0
+        #: What ``scontrol show job`` says of a job beyond squeue (comment, command, batch host, exit code).
+        self.records: dict[int, JobRecord] = {}
         self.calls: list[tuple] = []
         #: Slurm >= 23.11 without accounting: RESUME leaves the reason (and its ReasonTime) on the
         #: node (verified on 24.11, Debian 13's testbed).
@@ -284,6 +286,14 @@ class FakeSlurm:
 
     def kill_wait(self) -> float | None:
         return self.kill_wait_s
+
+    def job_record(self, ref: int | str) -> JobRecord:
+        return self.records.get(self._job(ref).job_id, JobRecord())
+
+    def exclude_nodes(self, ref: int | str, nodes: str) -> None:
+        self._call("exclude_nodes", ref, nodes)
+        job_id = self._job(ref).job_id
+        self.records[job_id] = dataclasses.replace(self.records.get(job_id, JobRecord()), excluded=nodes)
 
     def admin_comment(self, ref: int | str) -> str:
         self._call("admin_comment", ref)
