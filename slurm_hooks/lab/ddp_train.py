@@ -229,7 +229,10 @@ def torchrun_script(workdir: str, *, nodes: str = "1:2", max_restarts: int = 3, 
     lines = ["#!/bin/sh", f"#SBATCH --nodes={count}", "#SBATCH --ntasks-per-node=1", "#SBATCH --gres=gpu:1",
              "#SBATCH --open-mode=append", "#SBATCH --requeue",
              "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}",
-             "export PORT=$((20000 + SLURM_JOB_ID % 20000))",
+             # A port free now on the batch host (the rendezvous store's): one derived from the job id
+             # is the same in every testbed, and two clusters' jobs 1 would share it.
+             "export PORT=$(" + shlex.quote(python) + " -c 'import socket; s = socket.socket(); "
+             "s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])')",
              "exec srun --unbuffered --kill-on-bad-exit=0 sh -c "
              + shlex.quote('HOST=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0); ' + agent)]
     return "\n".join(lines) + "\n"

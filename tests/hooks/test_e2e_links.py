@@ -204,12 +204,14 @@ def test_testbed_port_down_on_n1_drains_it_in_one_check_requeues_its_multi_node_
         assert (single.base_state, single.nodes, single.restarts) == ("RUNNING", "n1", 0), single
         sim.inject_ib(tb.sim_dir, "n1", "mlx5_0:1", state="up")
         still = []
-        for _ in range(3):
+        while not still or still[-1] and len(still) < 6:
             time.sleep(1.1)  # checks 1 s apart are one reading to the hysteresis
             run_healthcheck(tb, "n1")
             still.append(tb.slurm.node("n1").drained)
-        # slurmd's own HealthCheckProgram (every 30 s) may count one good pass in between.
-        assert still[0] is True and still[-1] is False, still
+        # Three good readings resume it. slurmd's own HealthCheckProgram (every 30 s) is a reader too: a
+        # pass of it between two of ours is one more reading (resumed after our 2nd), and one within 1 s
+        # of ours is the same reading judged twice (resumed after our 4th); one good reading never resumes.
+        assert still[0] is True and still[-1] is False and 2 <= len(still) <= 4, still
     finally:
         with open(tb.config_path, "w") as fh:
             fh.write(original)
