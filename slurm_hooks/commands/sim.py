@@ -227,8 +227,9 @@ def set_(node: str | None, diag_seconds: float, config_path: str | None, sim_dir
 @config_option
 @_dir_option
 def tools(directory: str, config_path: str | None, sim_dir: str | None) -> None:
-    """Write stand-ins for nvidia-smi, systemctl and dcgmi that act on the simulated GPUs
-    (point [repair] nvidia_smi / systemctl and [dcgm] dcgmi at them to rehearse repairs and sweeps)."""
+    """Write stand-ins for nvidia-smi, systemctl, dcgmi, amd-smi and rvs that act on the simulated GPUs
+    (point [repair] nvidia_smi / systemctl and [dcgm] dcgmi / rvs at them to rehearse repairs and sweeps;
+    an AMD node's reset runs amd-smi's stand-in by itself)."""
     from slurm_hooks.probes import simtools
 
     for tool, path in simtools.install(directory, os.path.abspath(_sim_dir(config_path, sim_dir))).items():

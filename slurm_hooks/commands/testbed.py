@@ -67,10 +67,13 @@ def testbed() -> None:
 @click.option("--slurm-backend", default="scontrol", show_default=True,
               type=click.Choice(["auto", "scontrol", "pyslurm"]),
               help="[slurm] backend of the hooks slurmd runs (auto: pyslurm where it matches this Slurm).")
+@click.option("--vendor", "vendors", multiple=True, metavar="[NODE=]VENDOR",
+              help="Whose simulated GPUs: nvidia (the default) or amd (MI300X, gres.conf naming their "
+                   "/dev/dri/renderD* files), for every node, or one node (n2=amd: a mixed fleet). Repeatable.")
 def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, health_check_interval: int,
        requeue_grace: float, accounting: bool, repair: bool, gres_order: str | None, reboot_program: bool,
        shards: int, mig: int, nhc: str, nhc_check: str, own_addresses: bool, programs: str,
-       slurm_prefix: str, slurm_backend: str) -> None:
+       slurm_prefix: str, slurm_backend: str, vendors: tuple[str, ...]) -> None:
     """Start the cluster (installs Slurm and munge with apt-get when missing). Idempotent."""
     from slurm_hooks.lab.testbed import LabSettings, Testbed
 
@@ -81,10 +84,22 @@ def up(nodes: int, gpus: int, state_dir: str, hooks: bool, kill_wait: int, healt
                         nhc=os.path.abspath(nhc) if nhc else "", nhc_check=nhc_check, programs=programs,
                         own_addresses=own_addresses, force_requeue_on_fail=True,
                         slurm_prefix=os.path.abspath(slurm_prefix) if slurm_prefix else "",
-                        slurm_backend=slurm_backend)
+                        slurm_backend=slurm_backend, **_vendors(vendors))
     tb = Testbed(state_dir, settings, progress=click.echo)
     tb.up()
     click.echo(_exports(tb))
+
+
+def _vendors(given: tuple[str, ...]) -> dict:
+    """``--vendor amd --vendor n1=nvidia`` -> LabSettings' vendor and vendors."""
+    out: dict = {"vendors": {}}
+    for item in given:
+        node, sep, vendor = item.rpartition("=")
+        if sep:
+            out["vendors"][node] = vendor
+        else:
+            out["vendor"] = vendor
+    return out
 
 
 @testbed.command()

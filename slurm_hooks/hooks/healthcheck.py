@@ -494,4 +494,4 @@ def _dcgm_runner(w: Wiring, context: Context, expect, job_failed: bool = False,
         return None
     from slurm_hooks.probes import diag_runner
 
-    return diag_runner(w.config, max_timeout=w.config.dcgm.timeout if timeout is None else timeout)
+    return diag_runner(w.config, max_timeout=w.config.dcgm.timeout if timeout is None else timeout, node=w.node)

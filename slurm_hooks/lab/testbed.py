@@ -36,7 +36,7 @@ from slurm_hooks.lab import accounting, packages
 from slurm_hooks.lab import nhc as nhc_lab
 from slurm_hooks.lab.accounting import Accounting
 from slurm_hooks.lab.waiting import poll
-from slurm_hooks.probes import sim, simtools
+from slurm_hooks.probes import sim, sim_amd, simtools
 from slurm_hooks.runner import run_command, spawn_detached
 from slurm_hooks.slurm import JobInfo, JobState, NodeInfo, quirks
 from slurm_hooks.slurm.errors import SlurmNotFound
@@ -64,6 +64,8 @@ SBIN, BIN = "/usr/sbin", "/usr/bin"
 #: --slurm-prefix`` says the same for one cluster.
 SLURM_PREFIX_ENV = "SLURM_HOOKS_SLURM_PREFIX"
 NVIDIA_MAJOR = 195
+#: The DRM subsystem's major: an AMD GPU's render node, /dev/dri/renderD<minor> (what gres.conf names).
+DRM_MAJOR = 226
 #: The nvidia-caps devices' major (the driver's is dynamic, from /proc/devices): any free one will do.
 NVIDIA_CAPS_MAJOR = 509
 #: Ports are picked from here (below Linux's ephemeral range, away from 6817/6818).
@@ -172,6 +174,12 @@ class LabSettings:
     slurm_prefix: str = field(default_factory=lambda: os.environ.get(SLURM_PREFIX_ENV, ""))
     #: ``[slurm] backend`` in the testbed's config.toml: what the hooks that slurmd runs use.
     slurm_backend: str = "scontrol"
+    #: Who makes every node's simulated GPUs ("nvidia", "amd": MI300X boards), and the nodes that
+    #: differ (``{"n2": "amd"}``: one AMD Instinct node beside NVIDIA ones). An AMD node's gres.conf
+    #: line names render nodes (``File=<state>/dev/dri/renderD128,...``), as ``AutoDetect=rsmi``
+    #: sites write them by hand.
+    vendor: str = "nvidia"
+    vendors: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.slurm_prefix and not os.path.isabs(self.slurm_prefix):
@@ -181,6 +189,19 @@ class LabSettings:
         if self.slurm_backend not in ("auto", "scontrol", "pyslurm"):
             raise TestbedError(f"--slurm-backend must be auto, scontrol or pyslurm, got {self.slurm_backend!r}")
         object.__setattr__(self, "gres_order", tuple(int(m) for m in self.gres_order))
+        try:
+            vendors = dict(self.vendors)  # a mapping, or (node, vendor) pairs as testbed.json keeps them
+        except (TypeError, ValueError):
+            raise TestbedError(f"vendors must map node names to vendors, got {self.vendors!r}") from None
+        object.__setattr__(self, "vendors", tuple(sorted((str(k), str(v)) for k, v in vendors.items())))
+        for node, vendor in ((None, self.vendor), *self.vendors):
+            if vendor not in sim.VENDORS:
+                raise TestbedError(f"--vendor must be one of {', '.join(sim.VENDORS)}, got {vendor!r}"
+                                   + (f" for {node}" if node else ""))
+            if node is not None and node not in self.node_names:
+                raise TestbedError(f"--vendor {node}={vendor}: no node {node!r} (nodes: n1..n{self.nodes})")
+        if self.mig and "amd" in (self.vendor_of(n) for n in self.node_names):
+            raise TestbedError("--mig is NVIDIA's: an AMD node's GPUs are split by their compute partition")
         if self.return_to_service not in (0, 1, 2):
             raise TestbedError(f"ReturnToService must be 0, 1 or 2, got {self.return_to_service}")
         if not 0 <= self.mig <= 7:
@@ -200,6 +221,10 @@ class LabSettings:
     @property
     def node_names(self) -> list[str]:
         return [f"n{k}" for k in range(1, self.nodes + 1)]
+
+    def vendor_of(self, node: str) -> str:
+        """Who makes ``node``'s simulated GPUs."""
+        return dict(self.vendors).get(node, self.vendor)
 
 
 @dataclass(frozen=True)
@@ -475,8 +500,15 @@ class Testbed:
             for entry in os.listdir(self.jobs_dir):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.jobs_dir, entry))
-        for i in range(s.gpus):
-            _mknod(self.path("dev", f"nvidia{i}"), i)
+        vendors = {s.vendor_of(n) for n in s.node_names}
+        if "nvidia" in vendors:
+            for i in range(s.gpus):
+                _mknod(self.path("dev", f"nvidia{i}"), i)
+        if "amd" in vendors:
+            _mkdir(self.path("dev", "dri"), 0o755)
+            for i in range(s.gpus):
+                _mknod(self.path("dev", "dri", f"renderD{sim_amd.RENDER_MINOR_BASE + i}"),
+                       sim_amd.RENDER_MINOR_BASE + i, DRM_MAJOR)
         if s.mig:
             _mkdir(self.path("dev", "nvidia-caps"), 0o755)
             for i in range(s.gpus):
@@ -502,9 +534,37 @@ class Testbed:
         self._write_reboot_program()
         simtools.install(self.path("bin"), self.sim_dir, python=hook_interpreter())
         for name in s.node_names:
-            if not os.path.exists(sim.state_path(self.sim_dir, name)):
-                sim.init(self.sim_dir, name, s.gpus, mig=s.mig)
+            if not os.path.exists(sim.state_path(self.sim_dir, name)) or sim.vendor(self.sim_dir, name) != s.vendor_of(name):
+                self._sim_init(name)
         self._save_settings()
+
+    def _sim_init(self, node: str) -> None:
+        """The node's simulated GPUs, healthy, of its vendor."""
+        s = self.settings
+        sim.init(self.sim_dir, node, s.gpus, mig=s.mig, vendor=s.vendor_of(node))
+
+    def gres_files(self, node: str) -> list[str]:
+        """The device files gres.conf gives ``node``, in GRES index order: /dev/nvidia<m> on an
+        NVIDIA node, /dev/dri/renderD<128+m> on an AMD one (m: ``gres_order``, else 0..gpus-1)."""
+        s = self.settings
+        order = s.gres_order or range(s.gpus)
+        if s.vendor_of(node) == "amd":
+            return [self.path("dev", "dri", f"renderD{sim_amd.RENDER_MINOR_BASE + m}") for m in order]
+        return [self.path("dev", f"nvidia{m}") for m in order]
+
+    def _gres_groups(self) -> list[dict]:
+        """One gres.conf group per vendor: its nodes, their GPU files and (NVIDIA) MIG instances' files."""
+        s = self.settings
+        groups: dict[str, dict] = {}
+        for name in s.node_names:
+            vendor = s.vendor_of(name)
+            if vendor not in groups:
+                files = self.gres_files(name)
+                mig = [[f, self.path("dev", "nvidia-caps", f"nvidia-cap{sim.cap_minor(m, gi)}")]
+                       for f, m in zip(files, s.gres_order or range(s.gpus)) for gi in range(1, s.mig + 1)]
+                groups[vendor] = {"vendor": vendor, "names": [], "files": files, "mig_files": mig}
+            groups[vendor]["names"].append(name)
+        return [{**g, "nodes": ",".join(g["names"])} for g in groups.values()]
 
     def _template_context(self, hooks: bool | None = None) -> dict:
         s = self.settings
@@ -523,11 +583,9 @@ class Testbed:
             "cgroup_disabled": quirks.cgroup_disabled(self.slurm_version),
             "force_requeue_on_fail": s.force_requeue_on_fail and self.slurm_version >= FORCE_REQUEUE_ON_FAIL_SINCE,
             "sim_dir": self.sim_dir,
-            "gres_files": [self.path("dev", f"nvidia{m}") for m in (s.gres_order or range(s.gpus))],
+            "gres_groups": self._gres_groups(),
             "gres_conf": self.path("gres.conf"),
             "mig_minors": self.path("mig-minors"),
-            "mig_files": [[self.path("dev", f"nvidia{m}"), self.path("dev", "nvidia-caps", f"nvidia-cap{sim.cap_minor(m, gi)}")]
-                          for m in (s.gres_order or range(s.gpus)) for gi in range(1, s.mig + 1)],
             "audit": self.audit_log,
             "hooks_state_dir": self.hooks_state_dir,
             "spool_dir": os.path.join(self.state_dir, "spool", "%n"),
@@ -1135,7 +1193,7 @@ class Testbed:
         self._restart_dead_daemons()
         # Healthy GPUs and no hook state first: a hook that runs from here on finds nothing to drain.
         for name in self.node_names:
-            sim.init(self.sim_dir, name, self.settings.gpus, mig=self.settings.mig)
+            self._sim_init(name)
             self.set_fault(name, "")
         if self.settings.nhc:
             self._write_nhc()  # our check as installed, our nhc.conf line, every site check passing

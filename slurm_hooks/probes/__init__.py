@@ -67,17 +67,24 @@ class AutoProbe:
         return other if other.error is None and other.gpus else snap
 
 
-def diag_runner(config: Config, max_timeout: float | None = None) -> Callable[[int, float], Any]:
+def diag_runner(config: Config, max_timeout: float | None = None, node: str = "") -> Callable[[int, float], Any]:
     """The node's GPU diagnostic at DCGM's levels, ``(level, timeout) -> DcgmResult``: dcgmi, or
-    RVS where the backend reads AMD GPUs (``auto``: where the amdgpu driver runs them)."""
+    RVS where the backend reads AMD GPUs (``auto``: where the amdgpu driver runs them; ``sim``:
+    where ``node``'s simulated GPUs are AMD's, through the sim's stand-ins the config names)."""
     backend = config.gpu.backend
-    if backend == "amdsmi" or backend == "auto" and _amd_gpus():
+    if backend == "amdsmi" or backend == "auto" and _amd_gpus() or backend == "sim" and _amd_sim(config, node):
         from slurm_hooks.probes.rvs import make_runner as rvs
 
         return rvs(config.dcgm.rvs, max_timeout=max_timeout)
     from slurm_hooks.probes.dcgm import make_runner
 
     return make_runner(config.dcgm.dcgmi, max_timeout=max_timeout)
+
+
+def _amd_sim(config: Config, node: str) -> bool:
+    from slurm_hooks.probes import sim
+
+    return bool(node) and sim.vendor(config.gpu.sim_dir, node) == "amd"
 
 
 def _amd_gpus() -> bool:

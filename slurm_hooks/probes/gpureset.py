@@ -1,5 +1,6 @@
 """GPU reset backends for the repair ladder: ``nvidia-smi --gpu-reset`` on an NVIDIA node,
-``amdsmi_reset_gpu`` on an AMD one, the simulated GPUs' reset on the testbed. Each also says which boot the node is in, so that a
+``amdsmi_reset_gpu`` on an AMD one, the simulated GPUs' reset on the testbed (through the sim's
+stand-in for each vendor's tool: ``nvidia-smi``, or ``amd-smi reset -G``). Each also says which boot the node is in, so that a
 repair can tell a reboot that happened from one that is still to come.
 
 A reset is refused while anything holds the GPU open, persistence mode included: the
@@ -41,7 +42,33 @@ CLEANUP_S = 10.0
 MIN_CALL_S = 0.5
 
 
-class NvidiaSmiReset:
+class _Bounded:
+    """Runs a reset's commands, each bounded by ``timeout`` and by what is left of the caller's budget."""
+
+    def __init__(self, timeout: float = 60.0, runner: Runner | None = None,
+                 time_left: Callable[[], float] | None = None):
+        from slurm_hooks.runner import run_command
+
+        self.timeout = float(timeout)
+        self._run = runner or run_command
+        self.time_left = time_left
+
+    def _call(self, argv: list[str], errors: list[str], floor: float = 0.0) -> bool:
+        timeout = self.timeout
+        if self.time_left is not None:
+            timeout = min(timeout, max(self.time_left(), floor))
+            if timeout < MIN_CALL_S:
+                errors.append(f"{' '.join(argv)}: not run, the repair worker's budget is spent")
+                return False
+        try:
+            self._run(argv, timeout)
+        except CommandError as exc:
+            errors.append(f"{' '.join(argv)}: {exc}")
+            return False
+        return True
+
+
+class NvidiaSmiReset(_Bounded):
     """``nvidia-smi --gpu-reset``, with persistence off around it and the configured services
     stopped. ``nvidia_smi`` and ``systemctl`` are paths or argv prefixes (the sim's stand-ins).
 
@@ -58,14 +85,10 @@ class NvidiaSmiReset:
                  timeout: float = 60.0, runner: Runner | None = None,
                  time_left: Callable[[], float] | None = None,
                  journal: Callable[[list[str]], None] | None = None):
-        from slurm_hooks.runner import run_command
-
+        super().__init__(timeout, runner, time_left)
         self.nvidia_smi = [nvidia_smi] if isinstance(nvidia_smi, str) else list(nvidia_smi)
         self.systemctl = [systemctl] if isinstance(systemctl, str) else list(systemctl)
         self.services = tuple(services)
-        self.timeout = float(timeout)
-        self._run = runner or run_command
-        self.time_left = time_left
         self.journal = journal
 
     def argv_plan(self, indexes: Sequence[int]) -> list[list[str]]:
@@ -104,20 +127,6 @@ class NvidiaSmiReset:
         return [s for s in reversed(list(services))
                 if not self._call([*self.systemctl, "start", s], errors, floor=CLEANUP_S)][::-1]
 
-    def _call(self, argv: list[str], errors: list[str], floor: float = 0.0) -> bool:
-        timeout = self.timeout
-        if self.time_left is not None:
-            timeout = min(timeout, max(self.time_left(), floor))
-            if timeout < MIN_CALL_S:
-                errors.append(f"{' '.join(argv)}: not run, the repair worker's budget is spent")
-                return False
-        try:
-            self._run(argv, timeout)
-        except CommandError as exc:
-            errors.append(f"{' '.join(argv)}: {exc}")
-            return False
-        return True
-
     def boot_id(self) -> str:
         from slurm_hooks.probes.kmsg import boot_id
 
@@ -140,18 +149,57 @@ class SimReset(NvidiaSmiReset):
                          services, timeout, **kwargs)
 
     def boot_id(self) -> str:
-        from slurm_hooks.probes import sim
+        return _sim_boot(self.sim_dir, self.node)
 
-        try:
-            return sim.boot_id(self.sim_dir, self.node)
-        except sim.SimStateError:
-            return ""
+
+def _sim_boot(sim_dir: str, node: str) -> str:
+    from slurm_hooks.probes import sim
+
+    try:
+        return sim.boot_id(sim_dir, node)
+    except sim.SimStateError:
+        return ""
+
+
+class SimAmdReset(_Bounded):
+    """An AMD sim node's reset, as :class:`AmdSmiReset` does it on a node: each GPU reset, no service
+    stopped around it; through the sim's stand-in for ``amd-smi reset -G -g K``, so a hang or a GPU
+    that does not come back behaves as on a node. The boot is the sim's."""
+
+    name = "sim"
+
+    def __init__(self, sim_dir: str, node: str, timeout: float = 60.0, **kwargs: Any):
+        from slurm_hooks.probes import simtools
+
+        self.sim_dir, self.node = sim_dir, node
+        super().__init__(timeout, kwargs.get("runner"), kwargs.get("time_left"))  # nothing stopped: no journal
+        self.amd_smi = simtools.argv("amd-smi", sim_dir, node)
+
+    def argv_plan(self, indexes: Sequence[int]) -> list[list[str]]:
+        return [[*self.amd_smi, "reset", "-G", "-g", str(i)] for i in indexes]
+
+    def reset(self, indexes: Sequence[int]) -> None:
+        errors: list[str] = []
+        for argv in self.argv_plan(indexes):
+            if not self._call(argv, errors):
+                raise ResetFailed(f"GPU {argv[-1]}: {errors[-1]}")
+
+    def start_services(self, services: Sequence[str], errors: list[str] | None = None) -> list[str]:
+        """Nothing to start: this reset stops no service."""
+        return []
+
+    def boot_id(self) -> str:
+        return _sim_boot(self.sim_dir, self.node)
 
 
 def from_config(config: Config, node: str, **kwargs: Any) -> GpuResetter:
     """The node's reset backend; ``kwargs``: ``time_left``, ``journal`` (see :class:`NvidiaSmiReset`)."""
     r = config.repair
     if config.gpu.backend == "sim":
+        from slurm_hooks.probes import sim
+
+        if sim.vendor(config.gpu.sim_dir, node) == "amd":
+            return SimAmdReset(config.gpu.sim_dir, node, r.reset_timeout, **kwargs)
         return SimReset(config.gpu.sim_dir, node, r.services, r.reset_timeout, **kwargs)
     if config.gpu.backend == "amdsmi" or (config.gpu.backend == "auto" and _amd_node()):
         return AmdSmiReset(**kwargs)

@@ -244,6 +244,14 @@ def read(sim_dir: str, node: str) -> dict[str, Any]:
     return state
 
 
+def vendor(sim_dir: str, node: str) -> str:
+    """Whose GPUs the simulated node has ("nvidia" for one with no state: NVIDIA's tools then say why)."""
+    try:
+        return str(read(sim_dir, node).get("vendor", "nvidia"))
+    except SimStateError:
+        return "nvidia"
+
+
 def update(sim_dir: str, node: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Read-modify-write the node's state under a lock; atomic on disk (an AMD node's RAS files too)."""
     path = state_path(sim_dir, node)

@@ -45,15 +45,15 @@ def sim_config(tmp_path: Path, extra: str = ""):
 
 
 def repair_config(tmp_path: Path, extra: str = ""):
-    """:func:`sim_config` with the repair ladder on, ``[expect] gpus = 8``, and the sim's dcgmi
-    (``slurm-hooks sim tools``) as ``[dcgm] dcgmi``: each repair is validated before the node
+    """:func:`sim_config` with the repair ladder on, ``[expect] gpus = 8``, and the sim's dcgmi and
+    rvs (``slurm-hooks sim tools``) as ``[dcgm] dcgmi`` and ``rvs``: each repair is validated before the node
     returns ([repair] dcgm_level 2). ``extra`` goes into the ``[repair]`` table. Call
     :func:`slurm_hooks.probes.sim.set_diag_seconds` for a fast diagnostic."""
     from slurm_hooks.probes import simtools
 
     tools = simtools.install(str(Path(tmp_path) / "bin"), str(Path(tmp_path) / "sim"))
     return sim_config(tmp_path, f'[expect]\ngpus = 8\n[repair]\nenabled = true\n{extra}\n'
-                                f'[dcgm]\ndcgmi = "{tools["dcgmi"]}"\n')
+                                f'[dcgm]\ndcgmi = "{tools["dcgmi"]}"\nrvs = "{tools["rvs"]}"\n')
 
 
 def nvml_wiring(tmp_path: Path, slurm, nvml, kmsg_path):

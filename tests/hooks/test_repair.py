@@ -250,3 +250,36 @@ def test_an_unreadable_repair_state_is_said_once_and_the_ladder_does_nothing_nor
         assert fh.read() == '{"version": 1, "attempts": [{"rung": "reset", "t": 1'
     with pytest.raises(repair.RepairStateUnreadable):
         repair.load(t.w)
+
+
+@pytest.fixture
+def amd(t):
+    """``t``'s node n1 with eight simulated MI300X instead."""
+    sim.init(t.sim_dir, "n1", 8, vendor="amd")
+    sim.set_diag_seconds(t.sim_dir, "n1", 0.0)
+    return t
+
+
+def test_an_amd_nodes_umc_error_is_reset_with_amd_smi_validated_by_rvs_and_resumed_with_no_nvidia_tool(amd, monkeypatch,
+                                                                                                    tmp_path):
+    from slurm_hooks import runner
+
+    ran = []
+    real = runner.run_command
+    monkeypatch.setattr(runner, "run_command", lambda argv, *a, **kw: ran.append(list(argv)) or real(argv, *a, **kw))
+    rvs = amd.w.config.dcgm.rvs  # the sim's stand-in, told to say when it runs
+    with open(rvs) as fh:
+        script = fh.read()
+    with open(rvs, "w") as fh:
+        fh.write(script.replace("\nexec ", f'\necho "$@" >> {tmp_path}/rvs.log\nexec ', 1))
+    sim.inject(amd.sim_dir, "n1", 5, ras_ue="umc")
+    report, outcome = healthcheck.run(amd.w, follow="none", repair="inline")
+    assert outcome.drained and outcome.resumed and outcome.repairs == ["reset:ok"], outcome
+    assert [reason for _, _, reason in amd.slurm.called("drain")] == [
+        "slurm-hooks: uncorrectable ECC in UMC block on GPU 5 [reset]",
+        "slurm-hooks: uncorrectable ECC in UMC block on GPU 5 [validating]"]
+    assert [argv[-4:] for argv in ran if "amd-smi" in argv] == [["reset", "-G", "-g", "5"]]
+    assert not [argv for argv in ran if {"nvidia-smi", "systemctl", "dcgmi"} & {os.path.basename(a) for a in argv}]
+    with open(tmp_path / "rvs.log") as fh:
+        assert fh.read() == "-r 2\n"
+    assert sim.gpu_entry(sim.read(amd.sim_dir, "n1"), 5)["resets"] == 1

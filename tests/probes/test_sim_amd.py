@@ -120,3 +120,64 @@ def test_sim_cli_makes_an_amd_node_and_injects_its_faults(sim_dir):
     assert done.returncode != 0 and "other vendor" in done.stderr
     done = cli("show", "--node", "n2", "--sim-dir", sim_dir)
     assert "64 x MI300X (CPX)" in done.stdout and "umc ue 1" in done.stdout
+
+
+def run_tool(tmp_path, sim_dir, tool, *args):
+    from slurm_hooks.probes import simtools
+    from slurm_hooks.runner import run_command
+
+    path = simtools.install(str(tmp_path / "bin"), sim_dir)[tool]
+    return run_command([path, "--node", "n2", *args], 30, check=False)
+
+
+def test_the_sims_amd_smi_resets_the_gpu_as_the_driver_says_and_nvidia_smi_finds_no_driver_there(sim_dir, tmp_path):
+    sim.init(sim_dir, "n2", 8, vendor="amd")
+    sim.inject(sim_dir, "n2", 3, ras_ue="umc")
+    done = run_tool(tmp_path, sim_dir, "amd-smi", "reset", "-G", "-g", "3")
+    assert done.returncode == 0 and "Successfully reset GPU 3" in done.stdout, done.stderr
+    assert sim.gpu_entry(sim.read(sim_dir, "n2"), 3)["resets"] == 1
+    with open(sim.kernel_log(sim_dir, "n2")) as fh:
+        assert fh.read().splitlines()[-1].endswith("amdgpu 0000:65:00.0: amdgpu: GPU reset(1) succeeded!")
+    refused = run_tool(tmp_path, sim_dir, "nvidia-smi", "--gpu-reset", "-i", "3")
+    assert refused.returncode == 9 and "couldn't communicate with the NVIDIA driver" in refused.stderr
+    sim.init(sim_dir, "n2", 8)
+    assert run_tool(tmp_path, sim_dir, "amd-smi", "reset", "-G", "-g", "3").returncode == 1
+    assert sim.gpu_entry(sim.read(sim_dir, "n2"), 3).get("resets", 0) == 0
+
+
+def test_the_sims_rvs_passes_a_healthy_node_and_fails_a_latent_fault_at_its_level(sim_dir, tmp_path):
+    from slurm_hooks.probes import rvs
+
+    sim.init(sim_dir, "n2", 2, vendor="amd")
+    sim.set_diag_seconds(sim_dir, "n2", 0.0)
+    path = os.path.join(str(tmp_path), "bin", "rvs")
+    run_tool(tmp_path, sim_dir, "rvs", "-r", "1")
+    assert rvs.run_diag(2, 30, rvs=path).passed is True  # (the stand-in finds its node alone: one in the sim dir)
+    sim.inject(sim_dir, "n2", 1, diag_failure=2)
+    assert rvs.run_diag(1, 30, rvs=path).passed is True
+    failed = rvs.run_diag(2, 30, rvs=path)
+    uuid = sim.gpu_entry(sim.read(sim_dir, "n2"), 1)["uuid"]
+    assert failed.passed is False and len(failed.failures) == 1 and f"GPU ID :{uuid} FAIL" in failed.failures[0][1]
+
+
+def test_an_amd_sim_node_is_reset_with_amd_smi_stopping_no_service_and_validated_by_rvs(sim_dir, tmp_path,
+                                                                                        monkeypatch):
+    from fakes.config import repair_config
+
+    from slurm_hooks import probes
+    from slurm_hooks.probes import gpureset
+
+    cfg = repair_config(tmp_path, 'services = ["nvidia-dcgm", "nvidia-fabricmanager"]')
+    sim.init(cfg.gpu.sim_dir, "n1", 8)
+    sim.init(cfg.gpu.sim_dir, "n2", 8, vendor="amd")
+    nvidia, amd = gpureset.from_config(cfg, "n1"), gpureset.from_config(cfg, "n2")
+    assert [argv[-4:] for argv in amd.argv_plan([2, 5])] == [["reset", "-G", "-g", "2"], ["reset", "-G", "-g", "5"]]
+    assert not any("nvidia" in word or "systemctl" in word for argv in amd.argv_plan([2]) for word in argv)
+    assert any(argv[-2:] == ["stop", "nvidia-dcgm"] for argv in nvidia.argv_plan([2]))
+    for node in ("n1", "n2"):
+        sim.set_diag_seconds(cfg.gpu.sim_dir, node, 0.0)
+        sim.set_service(cfg.gpu.sim_dir, node, "nvidia-dcgm", False)  # dcgmi cannot run; rvs needs no DCGM
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")  # as slurmd runs the hooks
+    assert probes.diag_runner(cfg, node="n2")(1, 30).passed is True
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    assert probes.diag_runner(cfg, node="n1")(1, 30).reason.startswith("nv-hostengine not reachable")
