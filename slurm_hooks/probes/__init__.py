@@ -32,15 +32,23 @@ def from_config(config: Config, node: str) -> Probe:
         from slurm_hooks.probes.sim import SimProbe
 
         return SimProbe(config.gpu.sim_dir, node)
-    if backend == "amdsmi":
-        from slurm_hooks.probes.amdsmi import AmdSmiProbe
-
-        return AmdSmiProbe(node)
     from slurm_hooks.probes.identity import store_path
+
+    kmsg_path, gpu_map_path = config.watch.kmsg, store_path(config.state.dir, node)
+    if backend == "amdsmi":
+        return _amd(node, kmsg_path, gpu_map_path)
     from slurm_hooks.probes.nvml import NvmlProbe
 
-    nvml = NvmlProbe(node, kmsg_path=config.watch.kmsg, gpu_map_path=store_path(config.state.dir, node))
-    return AutoProbe(nvml, node) if backend == "auto" else nvml
+    nvml = NvmlProbe(node, kmsg_path=kmsg_path, gpu_map_path=gpu_map_path)
+    if backend != "auto":
+        return nvml
+    return AutoProbe(nvml, node, amd=lambda: _amd(node, kmsg_path, gpu_map_path))
+
+
+def _amd(node: str, kmsg_path: str, gpu_map_path: str) -> Probe:
+    from slurm_hooks.probes.amdsmi import AmdSmiProbe
+
+    return AmdSmiProbe(node, kmsg_path=kmsg_path, gpu_map_path=gpu_map_path)
 
 
 class AutoProbe:

@@ -584,10 +584,10 @@ def test_kernel_log_records_of_this_boot_carry_when_they_happened():
     import time
 
     from slurm_hooks.models import XidEvent
-    from slurm_hooks.probes.nvml import _dated
+    from slurm_hooks.probes import kmsg
 
     now_line = XidEvent(code=31, ts=time.monotonic() - 5.0, source="kmsg", seq=1, boot="b1")
     captured = XidEvent(code=31, ts=12.0, source="kmsg", seq=2)
-    dated, undated = _dated([now_line, captured], "b1")
+    dated, undated = kmsg.dated([now_line, captured], "b1")
     assert abs(dated.at - (time.time() - 5.0)) < 1.0 and dated.key == now_line.key
     assert undated.at is None
