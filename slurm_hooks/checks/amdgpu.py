@@ -33,6 +33,8 @@ ROWS = {
     "amdgpu-reset": (_A.WARN, "{where_cap} reset by the driver"),
     "amdgpu-vram-lost": (_A.WARN, "VRAM lost on {where}"),
     "amdgpu-ring-timeout": (_A.WARN, "ring {ring} timeout on {where}"),
+    "amdgpu-vm-fault": (_A.WARN, "GPU page fault of a process on {where}"),
+    "amdgpu-thermal-throttle": (_A.WARN, "thermal throttling on {where}"),
 }
 
 
@@ -77,8 +79,8 @@ def _judge(gpu: int | None, events: Iterable[XidEvent], known: frozenset[str], n
 def _finding(gpu: int | None, name: str, rule: str, subject: str, bus: str, new: list[XidEvent]) -> Finding:
     where = name if gpu is not None else (f"PCI {bus}" if bus else "node")
     action, words = ROWS.get(rule, (Action.WARN, rule + " on {where}"))
-    summary = words.format(where=where, where_cap=where if gpu is not None or bus else "a GPU",
-                           block=subject.upper(), ring=subject)
+    summary = " ".join(words.format(where=where, where_cap=where if gpu is not None or bus else "a GPU",
+                                    block=subject.upper(), ring=subject).split())  # amdsmi's RING_HANG names no ring
     severity = Severity.FAIL if action.takes_node_out else Severity.WARN
     message = f"{summary}: {new[-1].message}" + (f" ({len(new)} times)" if len(new) > 1 else "")
     return Finding("amdgpu", severity, action, message, gpu, summary, rule=rule, subject=subject)

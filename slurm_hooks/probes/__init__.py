@@ -75,11 +75,29 @@ class AutoProbe:
         return other if other.error is None and other.gpus else snap
 
 
+def library_events(config: Config, poll: float) -> tuple[Any, bool]:
+    """The GPU library's event source for the watcher, and whether it runs beside the kernel log
+    (True: amdsmi's events, which are not the kernel's lines) or in its place where it works
+    (False: NVML's XID events, the very XIDs the kernel logs)."""
+    if _reads_amd(config):
+        from slurm_hooks.probes.amdsmi_events import AmdSmiEventSource
+
+        return AmdSmiEventSource(poll=poll), True
+    from slurm_hooks.probes.nvml_events import NvmlEventSource
+
+    return NvmlEventSource(poll=poll), False
+
+
+def _reads_amd(config: Config) -> bool:
+    """The backend reads AMD GPUs: ``amdsmi``, or ``auto`` where the amdgpu driver runs them."""
+    backend = config.gpu.backend
+    return backend == "amdsmi" or backend == "auto" and _amd_gpus()
+
+
 def diag_runner(config: Config, max_timeout: float | None = None) -> Callable[[int, float], Any]:
     """The node's GPU diagnostic at DCGM's levels, ``(level, timeout) -> DcgmResult``: dcgmi, or
     RVS where the backend reads AMD GPUs (``auto``: where the amdgpu driver runs them)."""
-    backend = config.gpu.backend
-    if backend == "amdsmi" or backend == "auto" and _amd_gpus():
+    if _reads_amd(config):
         from slurm_hooks.probes.rvs import make_runner as rvs
 
         return rvs(config.dcgm.rvs, max_timeout=max_timeout)

@@ -24,6 +24,7 @@ line for its address stays its own and the page and the RMA list name its board.
 
 from __future__ import annotations
 
+import threading
 import time
 
 from slurm_hooks.models import KERNEL_LOG, BadPages, EccBlock, GpuProcess, GpuSnapshot, NodeSnapshot, XidEvent
@@ -82,7 +83,7 @@ class AmdSmiProbe:
             return amdras.SysfsRasProbe(self.node, self.drm_root,
                                         missing=f"amdsmi not loadable ({_one_line(exc)})").snapshot()
         try:
-            smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+            open_session(smi)
         except Exception as exc:
             return self._failed(taken, node_error(smi, exc, "amdsmi_init"))
         try:
@@ -93,10 +94,7 @@ class AmdSmiProbe:
             driver = _driver_version(smi, handles)
             gpus = [_read_gpu(smi, index, handle, self.drm_root) for index, handle in enumerate(handles)]
         finally:
-            try:
-                smi.amdsmi_shut_down()
-            except Exception:
-                pass  # the snapshot is taken
+            close_session(smi)
         return NodeSnapshot(self.node, self.name, gpus=tuple(_share_physical(gpus)), taken_at=taken,
                             driver_version=driver)
 
@@ -139,6 +137,39 @@ def attribute(gpus: list[GpuSnapshot], events: list[XidEvent]) -> tuple[list[Gpu
         if not owners:
             node.append(event)
     return [replace(g, xids=g.xids + tuple(mine[g.index])) if g.index in mine else g for g in gpus], node
+
+
+#: Users of each amdsmi module's library session in this process (id of the module -> count).
+_SESSIONS: dict[int, int] = {}
+_SESSION_LOCK = threading.Lock()
+
+
+def open_session(smi: Any) -> None:
+    """Join this process's amdsmi session, starting it (``amdsmi_init``) if none is open.
+
+    The library is initialised once per process, not per caller: ``amdsmi_init`` does nothing while
+    it is, and ``amdsmi_shut_down`` tears it down under every thread. In the watcher, the event
+    listener holds a session for as long as it listens while each check's probe opens and closes
+    its own: the last to leave shuts the library down, so a check never pulls it from under the
+    listener. Raises what ``amdsmi_init`` raises (then nothing is joined)."""
+    with _SESSION_LOCK:
+        if not _SESSIONS.get(id(smi)):
+            smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+        _SESSIONS[id(smi)] = _SESSIONS.get(id(smi), 0) + 1
+
+
+def close_session(smi: Any) -> None:
+    """Leave the session :func:`open_session` joined; the last one out shuts the library down."""
+    with _SESSION_LOCK:
+        left = _SESSIONS.get(id(smi), 1) - 1
+        if left > 0:
+            _SESSIONS[id(smi)] = left
+            return
+        _SESSIONS.pop(id(smi), None)
+        try:
+            smi.amdsmi_shut_down()
+        except Exception:
+            pass  # what was read stands; nothing more to free
 
 
 def import_amdsmi() -> Any:
