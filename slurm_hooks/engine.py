@@ -206,7 +206,7 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
         try:
             dcgm_result = request.dcgm(level, max(remaining - 1.0, 1.0))
         except Exception as exc:
-            dcgm_result = DcgmResult(level, True, False, (), f"dcgmi failed: {exc}")
+            dcgm_result = DcgmResult(level, True, False, (), f"crashed: {exc}", tool="GPU diagnostic")
     selected, missing = (None, []) if request.gpus is None else select_gpus(snap, request.gpus)
     checks = request.checks if request.checks is not None else registry.for_context(context)
     links, link_error = _gather_links(request.links if any(c.name in LINK_CHECKS for c in checks) else None,

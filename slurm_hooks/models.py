@@ -525,6 +525,9 @@ class DcgmResult:
     passed: bool | None = None
     failures: tuple[tuple[int | None, str], ...] = ()
     reason: str = ""
+    #: What reasons and audit lines call the diagnostic that gave this result: its vendor's tool
+    #: (``RVS diagnostic`` on AMD nodes), so that no node reads another vendor's name.
+    tool: str = "DCGM diag"
 
 
 @dataclass(frozen=True)

@@ -291,7 +291,7 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
             state.ack(keys)
             state.save()
             w.audit.write("action", node=w.node, action="ack-xids", target=w.node, result="ok", duration_s=0.0,
-                          detail=f"a person returned the node to service after our drain: the {len(keys)} XID "
+                          detail=f"a person returned the node to service after our drain: the {len(keys)} GPU driver "
                                  "event(s) we drained for are taken as dealt with (a new one drains again); "
                                  "a GPU marked for replacement stays marked")
     except SlurmHooksError as exc:

@@ -106,6 +106,19 @@ def diag_runner(config: Config, max_timeout: float | None = None) -> Callable[[i
     return make_runner(config.dcgm.dcgmi, max_timeout=max_timeout)
 
 
+def diagnostic(config: Config) -> tuple[str, str]:
+    """The node's GPU diagnostic as reasons and audit lines name it, and its command before the
+    level: ``("DCGM diag", "dcgmi diag -r")``, or ``("RVS diagnostic", "rvs -r")`` where the backend
+    reads AMD GPUs (:func:`diag_runner`'s choice)."""
+    if _reads_amd(config):
+        from slurm_hooks.probes import rvs
+
+        return rvs.NAME, "rvs -r"
+    from slurm_hooks.probes import dcgm
+
+    return dcgm.NAME, "dcgmi diag -r"
+
+
 def _amd_gpus() -> bool:
     from slurm_hooks.probes.amdras import present
 

@@ -426,7 +426,7 @@ def test_a_kernel_log_that_cannot_be_read_is_said_in_the_snapshot_and_judged_a_w
     assert "cannot read kernel log" in s.unread(KERNEL_LOG)
     report = engine.judge(s, engine.JudgeRequest(Expectations(), Context.CHECK, deadline_s=10.0))
     [f] = [f for f in report.findings if f.rule == KERNEL_LOG]
-    assert f.message.startswith("kernel log unreadable: XIDs not seen (cannot read kernel log")
+    assert f.message.startswith("kernel log unreadable: GPU driver events not seen (cannot read kernel log")
     assert (f.severity, f.action, f.acts) == (Severity.WARN, Action.WARN, False)
     assert report.healthy and not report.drain_findings()
 
