@@ -141,7 +141,7 @@ class JudgeRequest:
     #: The prolog's snapshot of the same job (the epilog's "new during the job").
     baseline: NodeSnapshot | None = None
     #: XID events recorded by earlier runs, as :meth:`XidState.recorded` gives them.
-    xid_history: Mapping[str, tuple[str, int, float]] = field(default_factory=dict)
+    xid_history: Mapping[str, tuple[str, int | str, float]] = field(default_factory=dict)
     acked_xids: frozenset[str] = frozenset()
     #: Where the XID check looks a code up (``None``: NVIDIA's catalogue); the watcher passes
     #: the entry it already looked up for its event.

@@ -499,7 +499,7 @@ class CheckInput:
     baseline: NodeSnapshot | None = None
     #: XID events recorded on this node by earlier runs (for escalation):
     #: event key -> (GPU identity as :func:`gpu_identity` gives it, code, when recorded).
-    xid_history: dict[str, tuple[str, int, float]] = field(default_factory=dict)
+    xid_history: dict[str, tuple[str, int | str, float]] = field(default_factory=dict)
     #: XIDs an admin has dealt with (GPU reset, node resumed): still in the kernel
     #: log until the next reboot, but no longer a reason to drain.
     acked_xids: frozenset[str] = frozenset()
