@@ -143,6 +143,7 @@ class JudgeRequest:
     #: XID events recorded by earlier runs, as :meth:`XidState.recorded` gives them.
     xid_history: Mapping[str, tuple[str, int | str, float]] = field(default_factory=dict)
     acked_xids: frozenset[str] = frozenset()
+    ecc_acked: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     #: Where the XID check looks a code up (``None``: NVIDIA's catalogue); the watcher passes
     #: the entry it already looked up for its event.
     xid_lookup: Callable[[int], XidInfo | None] | None = None
@@ -220,6 +221,7 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
         xid_history=dict(request.xid_history),
         dcgm=dcgm_result,
         acked_xids=request.acked_xids,
+        ecc_acked={gpu: dict(blocks) for gpu, blocks in request.ecc_acked.items()},
         now=time.time(),
         xid_lookup=request.xid_lookup,
         links=links,

@@ -503,6 +503,9 @@ class CheckInput:
     #: XIDs an admin has dealt with (GPU reset, node resumed): still in the kernel
     #: log until the next reboot, but no longer a reason to drain.
     acked_xids: frozenset[str] = frozenset()
+    #: Uncorrectable ECC counts per GPU identity and RAS block a repair dealt with on this boot
+    #: (AMD's counts outlive a GPU reset): the ECC check judges the growth past them.
+    ecc_acked: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Result of a DCGM diagnostic run by the engine, when one was run.
     dcgm: DcgmResult | None = None
     now: float = 0.0

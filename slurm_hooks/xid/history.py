@@ -162,6 +162,26 @@ class XidState:
         """Keys of events an admin has dealt with: the XID check ignores them."""
         return frozenset(self._state["acked"])
 
+    @property
+    def has_ecc_acks(self) -> bool:
+        """Whether any ECC count is acknowledged (else no boot id need be read)."""
+        return bool(self._state["ecc"])
+
+    def ecc_acked(self, boot: str) -> dict[str, dict[str, int]]:
+        """Uncorrectable counts per GPU identity and RAS block that a repair has dealt with on this
+        boot (``CheckInput.ecc_acked``); none for another boot, whose counts are not these."""
+        ecc = self._state["ecc"]
+        return {gpu: dict(blocks) for gpu, blocks in ecc.get("gpus", {}).items()} if boot and ecc.get("boot") == boot else {}
+
+    def ack_ecc(self, boot: str, counts: Mapping[str, Mapping[str, int]], now: float | None = None) -> None:
+        """Take ``counts`` (GPU identity -> block -> uncorrectable) as dealt with on this boot; an
+        acknowledgement of another boot is dropped."""
+        if not boot or not counts:
+            return
+        now = time.time() if now is None else now
+        fresh = {gpu: dict(blocks) for gpu, blocks in counts.items()}
+        self._change(lambda state: _add_ecc(state, boot, fresh), now)
+
     def record(self, events: Iterable[XidEvent], now: float | None = None) -> list[XidEvent]:
         """Remember ``events`` (once per key); returns the ones not recorded before."""
         now = time.time() if now is None else now
@@ -232,6 +252,15 @@ def _add_events(state: dict[str, Any], events: list[XidEvent], now: float) -> No
             state["events"].append(entry)
 
 
+def _add_ecc(state: dict[str, Any], boot: str, counts: dict[str, dict[str, int]]) -> None:
+    ecc = state["ecc"] if state["ecc"].get("boot") == boot else {"boot": boot, "gpus": {}}
+    for gpu, blocks in counts.items():
+        mine = ecc["gpus"].setdefault(gpu, {})
+        for block, count in blocks.items():
+            mine[block] = max(int(count), mine.get(block, 0))
+    state["ecc"] = ecc
+
+
 def _add_keys(section: dict[str, float], keys: list[str], now: float) -> None:
     for key in keys:
         section.setdefault(key, now)
@@ -249,7 +278,7 @@ def _stamp_of(st: os.stat_result) -> Stamp:
 
 
 def _empty() -> dict[str, Any]:
-    return {"version": VERSION, "events": [], "seen": {}, "acked": {}}
+    return {"version": VERSION, "events": [], "seen": {}, "acked": {}, "ecc": {}}
 
 
 def _parse(text: str | None) -> dict[str, Any] | None:
@@ -268,9 +297,13 @@ def _parse(text: str | None) -> dict[str, Any] | None:
                 event["rule"] = str(raw["rule"])
         seen = {rename(k): float(v) for k, v in state["seen"].items()}
         acked = {rename(k): float(v) for k, v in state.get("acked", {}).items()}
+        raw_ecc = state.get("ecc") or {}
+        ecc = {"boot": str(raw_ecc["boot"]),
+               "gpus": {str(g): {str(b): int(n) for b, n in blocks.items()} for g, blocks in raw_ecc["gpus"].items()}} \
+            if raw_ecc else {}
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    return {"version": VERSION, "events": events, "seen": seen, "acked": acked}
+    return {"version": VERSION, "events": events, "seen": seen, "acked": acked, "ecc": ecc}
 
 
 def _v1_key(key: Any) -> str:

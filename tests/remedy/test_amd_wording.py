@@ -25,9 +25,9 @@ RVS_FAIL = 'echo "[RESULT] [ 99.1] Action name :mem-1 Module name :mem FAIL"\nex
 RVS_PASS = 'echo "[RESULT] [ 1234.5] Action name :gst-1 Module name :gst pass: TRUE"\nexit 0\n'
 
 
-def amd_node(tmp_path, rvs_body: str | None):
-    """Node n1: four MI300X through the AMD probe, the repair ladder validating at level 2 with RVS
-    (a script printing RVS's result lines; ``None``: RVS not installed)."""
+def amd_node(tmp_path, rvs_body: str | None, fake: FakeAmdSmi | None = None):
+    """Node n1: four MI300X through the AMD probe (over ``fake``), the repair ladder validating at
+    level 2 with RVS (a script printing RVS's result lines; ``None``: RVS not installed)."""
     (tmp_path / "gres.conf").write_text("Name=gpu File=/dev/dri/renderD[128-131]\n")
     rvs = tmp_path / "rvs"
     if rvs_body is not None:
@@ -37,7 +37,7 @@ def amd_node(tmp_path, rvs_body: str | None):
                                f'[dcgm]\nrvs = "{rvs}"\n')
     cfg = replace(cfg, gpu=replace(cfg.gpu, backend="amdsmi"))
     (tmp_path / "kmsg").write_text("")
-    probe = AmdSmiProbe("n1", amdsmi=FakeAmdSmi.healthy(gpus=4), drm_root="/nonexistent",
+    probe = AmdSmiProbe("n1", amdsmi=fake or FakeAmdSmi.healthy(gpus=4), drm_root="/nonexistent",
                         kmsg_path=str(tmp_path / "kmsg"), gpu_map_path=store_path(cfg.state.dir, "n1"))
     slurm = FakeSlurm()
     slurm.add_node("n1", "IDLE")
