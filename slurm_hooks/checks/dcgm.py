@@ -10,15 +10,15 @@ GPU asks for a reset, named; a failure the tool ties to no one GPU drains the no
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 from slurm_hooks.models import Action, CheckInput, Finding, Severity
+from slurm_hooks.values import compile_later
 
 #: What every diagnostic finding's summary holds, whichever tool ran (``DCGM diag L2``, ``RVS diagnostic
 #: L3``): how a drain reason tells it was the diagnostic's (a periodic check, which runs none, never
 #: resumes such a node).
-_SAID = re.compile(r"\bdiag(?:nostic)? L\d+ ")
+_SAID = compile_later(r"\bdiag(?:nostic)? L\d+ ")
 
 
 def said_by_diagnostic(reason: str) -> bool:
