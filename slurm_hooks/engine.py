@@ -141,8 +141,9 @@ class JudgeRequest:
     #: The prolog's snapshot of the same job (the epilog's "new during the job").
     baseline: NodeSnapshot | None = None
     #: XID events recorded by earlier runs, as :meth:`XidState.recorded` gives them.
-    xid_history: Mapping[str, tuple[str, int, float]] = field(default_factory=dict)
+    xid_history: Mapping[str, tuple[str, int | str, float]] = field(default_factory=dict)
     acked_xids: frozenset[str] = frozenset()
+    ecc_acked: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     #: Where the XID check looks a code up (``None``: NVIDIA's catalogue); the watcher passes
     #: the entry it already looked up for its event.
     xid_lookup: Callable[[int], XidInfo | None] | None = None
@@ -206,7 +207,7 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
         try:
             dcgm_result = request.dcgm(level, max(remaining - 1.0, 1.0))
         except Exception as exc:
-            dcgm_result = DcgmResult(level, True, False, (), f"dcgmi failed: {exc}")
+            dcgm_result = DcgmResult(level, True, False, (), f"crashed: {exc}", tool="GPU diagnostic")
     selected, missing = (None, []) if request.gpus is None else select_gpus(snap, request.gpus)
     checks = request.checks if request.checks is not None else registry.for_context(context)
     links, link_error = _gather_links(request.links if any(c.name in LINK_CHECKS for c in checks) else None,
@@ -220,6 +221,7 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
         xid_history=dict(request.xid_history),
         dcgm=dcgm_result,
         acked_xids=request.acked_xids,
+        ecc_acked={gpu: dict(blocks) for gpu, blocks in request.ecc_acked.items()},
         now=time.time(),
         xid_lookup=request.xid_lookup,
         links=links,

@@ -499,10 +499,13 @@ class CheckInput:
     baseline: NodeSnapshot | None = None
     #: XID events recorded on this node by earlier runs (for escalation):
     #: event key -> (GPU identity as :func:`gpu_identity` gives it, code, when recorded).
-    xid_history: dict[str, tuple[str, int, float]] = field(default_factory=dict)
+    xid_history: dict[str, tuple[str, int | str, float]] = field(default_factory=dict)
     #: XIDs an admin has dealt with (GPU reset, node resumed): still in the kernel
     #: log until the next reboot, but no longer a reason to drain.
     acked_xids: frozenset[str] = frozenset()
+    #: Uncorrectable ECC counts per GPU identity and RAS block a repair dealt with on this boot
+    #: (AMD's counts outlive a GPU reset): the ECC check judges the growth past them.
+    ecc_acked: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Result of a DCGM diagnostic run by the engine, when one was run.
     dcgm: DcgmResult | None = None
     now: float = 0.0
@@ -525,6 +528,9 @@ class DcgmResult:
     passed: bool | None = None
     failures: tuple[tuple[int | None, str], ...] = ()
     reason: str = ""
+    #: What reasons and audit lines call the diagnostic that gave this result: its vendor's tool
+    #: (``RVS diagnostic`` on AMD nodes), so that no node reads another vendor's name.
+    tool: str = "DCGM diag"
 
 
 @dataclass(frozen=True)

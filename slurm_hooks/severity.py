@@ -129,6 +129,11 @@ CHECK_RULES: dict[str, Rule] = {
     "amdgpu-reset": Rule(_G, _WATCH, Action.WARN),
     "amdgpu-vram-lost": Rule(_G, _WATCH, Action.WARN),
     "amdgpu-ring-timeout": Rule(_G, _WATCH, Action.WARN),
+    # amdsmi's events in the watcher (slurm_hooks.probes.amdsmi_events): a GPU page fault of a process
+    # is the job's own bug as a rule (NVIDIA's XID 31 is its like), a GPU that throttles for heat is
+    # judged by the thermal check's readings; both are recorded, never acted on.
+    "amdgpu-vm-fault": Rule(_G, _WATCH, Action.WARN),
+    "amdgpu-thermal-throttle": Rule(_G, _WATCH, Action.WARN),
     # A check that crashed or ran out of time says nothing about the jobs.
     "check-error": Rule(_N, _END, None),
 }

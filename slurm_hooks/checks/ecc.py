@@ -1,11 +1,24 @@
 """Uncorrectable ECC errors: volatile since the last reset, aggregate for the GPU's life, and, where
-the probe reads them per RAS block (AMD's UMC, GFX, SDMA, ...), the block they happened in."""
+the probe reads them per RAS block (AMD's UMC, GFX, SDMA, ...), the block they happened in.
+
+AMD's per-block counts are the driver's since it loaded: a GPU reset does not clear them, as it
+clears NVIDIA's volatile count. Judged as they stand, the count a reset has dealt with (the page
+it hit retired, the GPU re-initialised) would fail the validation after the reset and climb the
+ladder to a reboot of a GPU that is good again. So a block is judged by its growth past the count
+the repair ladder acknowledged on this boot (``CheckInput.ecc_acked``, written by the reset rung
+after a reset that worked, as the XIDs it drained for are acknowledged). That returns no bad GPU:
+only the count judged before the reset is acknowledged, so an error during or after it is growth
+and fails at once; the acknowledgement is of one boot (after a reboot the driver counts afresh and
+an old one says nothing); nothing else acknowledges a count (a person's resume does not); and a
+GPU whose errors keep coming back is replaced by the repeat rule of its uncorrectable-error lines
+(``checks.amdgpu``), retired pages by the bad-page check.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slurm_hooks.models import Action, CheckInput, EccBlock, Finding, GpuSnapshot, Severity
+from slurm_hooks.models import Action, CheckInput, EccBlock, Finding, GpuSnapshot, Severity, gpu_identity
 
 
 def check_uncorrectable(inp: CheckInput) -> Iterator[Finding]:
@@ -31,11 +44,18 @@ def _blocks(inp: CheckInput, gpu: GpuSnapshot, limit: int) -> Iterator[Finding]:
     """One finding per GPU naming its blocks over the limit (``UMC 3, GFX 1``), with their growth
     since the job's prolog where there is one; deferred (poisoned, not yet consumed) data alone warns."""
     before = _baseline_blocks(inp, gpu)
-    over = [b for b in gpu.ecc_blocks if b.uncorrectable is not None and b.uncorrectable > limit]
+    dealt = inp.ecc_acked.get(gpu_identity(gpu.uuid, gpu.index, gpu.pci_bus_id), {})
+
+    def new(b: EccBlock) -> int:
+        """Uncorrectable errors past the count a repair dealt with (a count that went down: all new)."""
+        done = dealt.get(b.block, 0)
+        return b.uncorrectable - done if b.uncorrectable >= done else b.uncorrectable
+
+    over = [b for b in gpu.ecc_blocks if b.uncorrectable is not None and new(b) > limit]
     if over:
-        counts = ", ".join(f"{b.block} {b.uncorrectable}{_growth(b, before)}" for b in over)
+        counts = ", ".join(f"{b.block} {b.uncorrectable}{_growth(b, before)}{_dealt(b, dealt)}" for b in over)
         names = ", ".join(b.block for b in over)
-        total = sum(b.uncorrectable for b in over)
+        total = sum(new(b) for b in over)
         yield Finding("ecc", Severity.FAIL, Action.RESET,
                       f"{total} uncorrectable ECC errors in block{'s' if len(over) > 1 else ''} {counts} (max {limit})",
                       gpu.index, f"ECC uncorrectable {total} on GPU {gpu.index}, block{'s' if len(over) > 1 else ''} {names}")
@@ -54,6 +74,11 @@ def _baseline_blocks(inp: CheckInput, gpu: GpuSnapshot) -> dict[str, EccBlock]:
         if (old.uuid and old.uuid == gpu.uuid) or (not old.uuid and old.index == gpu.index):
             return {b.block: b for b in old.ecc_blocks or ()}
     return {}
+
+
+def _dealt(block: EccBlock, dealt: dict[str, int]) -> str:
+    done = dealt.get(block.block, 0)
+    return f" ({done} dealt with by a repair this boot)" if 0 < done <= (block.uncorrectable or 0) else ""
 
 
 def _growth(block: EccBlock, before: dict[str, EccBlock]) -> str:

@@ -47,8 +47,8 @@ def _catalog_lookup(code: int) -> XidInfo | None:
 def check_xids(inp: CheckInput) -> Iterator[Finding]:
     unread = inp.snapshot.unread(KERNEL_LOG)
     if unread is not None:
-        # No XID seen in a log that could not be read is no verdict: said, never acted on.
-        yield Finding("xid", Severity.WARN, Action.WARN, f"kernel log unreadable: XIDs not seen ({unread})",
+        # No event seen in a log that could not be read is no verdict: said, never acted on (either vendor).
+        yield Finding("xid", Severity.WARN, Action.WARN, f"kernel log unreadable: GPU driver events not seen ({unread})",
                       summary="kernel log unreadable", rule=KERNEL_LOG)
     known = _baseline_keys(inp) | inp.acked_xids
     # Other drivers' events (``rule`` set: an amdgpu line) are judged by their own check.

@@ -220,12 +220,19 @@ def _request(w: Wiring, context: Context, state: XidState, node_wide: bool = Tru
         xid_history=state.recorded(),
         severities=cfg.severities,
         acked_xids=state.acked(),
+        ecc_acked=state.ecc_acked(_boot()) if state.has_ecc_acks else {},
         dcgm=_dcgm_runner(w, context, expect, kw.get("job_failed", False)),
         on_check_error=Action(cfg.check.on_check_error),
         if_idle=context is Context.CHECK,  # what resume_if_ours looks at on an idle node
         **(_node_wide(w) if node_wide and context in (Context.CHECK, Context.WATCH) else {}),
         **kw,
     )
+
+
+def _boot() -> str:
+    from slurm_hooks.probes.kmsg import boot_id
+
+    return boot_id()
 
 
 def _node_wide(w: Wiring) -> dict[str, Any]:
@@ -291,7 +298,7 @@ def _admin_resumed(w: Wiring, report: Report, state: XidState) -> bool:
             state.ack(keys)
             state.save()
             w.audit.write("action", node=w.node, action="ack-xids", target=w.node, result="ok", duration_s=0.0,
-                          detail=f"a person returned the node to service after our drain: the {len(keys)} XID "
+                          detail=f"a person returned the node to service after our drain: the {len(keys)} GPU driver "
                                  "event(s) we drained for are taken as dealt with (a new one drains again); "
                                  "a GPU marked for replacement stays marked")
     except SlurmHooksError as exc:

@@ -304,7 +304,7 @@ def cancel_quietly(w: Wiring, job: str) -> None:
 
 
 def validate_here(w: Wiring, level: int, timeout: float, job: str = "") -> tuple[str, str]:
-    """Run the validation on this node (inside the sweep's job): the DCGM diag at ``level``, then
+    """Run the validation on this node (inside the sweep's job): the GPU diagnostic at ``level``, then
     nvbandwidth and all_reduce_perf where installed, each recorded in the audit log. A failing
     node is drained with our reason. Returns (verdict, detail) and leaves them in the job's
     AdminComment."""
@@ -317,9 +317,12 @@ def validate_here(w: Wiring, level: int, timeout: float, job: str = "") -> tuple
     t0 = time.monotonic()
     report = healthcheck.judge(w, Context.CHECK, acknowledge=False, dcgm_level=level,
                                dcgm_timeout=max(1.0, w.time_left(timeout) - 10.0))
-    verdict, detail = repair.verdict(report, level)
+    from slurm_hooks import probes
+
+    name, command = probes.diagnostic(w.config, w.node)
+    verdict, detail = repair.verdict(report, level, name)
     verdict = "passed" if verdict == "ok" else verdict
-    _record(w, f"dcgmi diag -r {level}", verdict, time.monotonic() - t0, detail, job)
+    _record(w, f"{command} {level}", verdict, time.monotonic() - t0, detail, job)
     extra: list[Finding] = []
     for name, argv in _extra_tests(w):
         t1 = time.monotonic()

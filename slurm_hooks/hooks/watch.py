@@ -1,7 +1,8 @@
 """The watcher: react to an XID within seconds instead of at the next health check.
 
 Sources deliver :class:`XidEvent` objects: NVML XID events on real nodes (the
-kernel log's ``NVRM: Xid`` lines where the driver has no event sets), the sim
+kernel log's ``NVRM: Xid`` lines where the driver has no event sets), on AMD
+nodes the amdgpu driver's kernel lines with amdsmi's events beside them, the sim
 backend's injected events in tests and rehearsals. A critical XID runs the same
 remediation as the health check. Each event is acted on once: its key is
 remembered in the XID history, which survives restarts; events that arrived
@@ -160,17 +161,72 @@ def _unsupported(exc: SlurmHooksError) -> bool:
     return isinstance(exc, (nvml_errors.NotSupported, nvml_errors.NoPermission))
 
 
+#: How long the side source waits before it listens again after a failure.
+BESIDE_RETRY_S = 10.0
+
+
+class Alongside:
+    """The kernel log (``main``) and, beside it in a thread of its own, a GPU library's events that
+    are not the kernel's lines (``beside``: amdsmi's). The kernel log is the one that must not
+    stop: the side source failing is said (once per failure) and retried every
+    :data:`BESIDE_RETRY_S`; one that cannot work here at all (``unavailable``) is said once and
+    left, the kernel log alone telling the driver's events. What "cannot work here" is the side
+    source's ``unavailable`` (an exception class)."""
+
+    def __init__(self, main: Source, beside: Source, log: Callable[[str], None], retry_s: float = BESIDE_RETRY_S):
+        self.main, self.beside, self.log = main, beside, log
+        self.unavailable: type[Exception] | tuple[()] = getattr(beside, "unavailable", ())
+        self.retry_s = retry_s
+        self._thread: threading.Thread | None = None
+        self.gave_up = False
+
+    def backlog(self) -> list[XidEvent]:
+        return self.main.backlog() + self.beside.backlog()
+
+    def follow(self, stop: threading.Event, on_event: OnEvent) -> None:
+        if not self.gave_up and (self._thread is None or not self._thread.is_alive()):
+            self._thread = threading.Thread(target=self._listen, args=(stop, on_event), name="gpu-events",
+                                            daemon=True)
+            self._thread.start()
+        self.main.follow(stop, on_event)
+
+    def _listen(self, stop: threading.Event, on_event: OnEvent) -> None:
+        said = ""
+        while not stop.is_set():
+            try:
+                self.beside.follow(stop, on_event)
+                return
+            except self.unavailable as exc:
+                self.log(f"slurm-hooks watch: GPU library events unavailable ({exc}); the kernel log alone")
+                self.gave_up = True
+                return
+            except Exception as exc:  # noqa: BLE001 - the side source must never end the watcher
+                text = f"slurm-hooks watch: GPU library events failed: {type(exc).__name__}: {exc}; retrying"
+                if text != said:
+                    self.log(text)
+                said = text
+            stop.wait(self.retry_s)
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
 def default_source(w: Wiring, log: Callable[[str], None] | None = None) -> Source:
+    """The sim's events; else the GPU library's events with the kernel log: NVML's XID events in its
+    place where they work, a library whose events are not the kernel's lines (amdsmi's) beside it."""
     cfg = w.config
     poll = cfg.watch.poll_interval
     if cfg.gpu.backend == "sim":
         return SimSource(cfg.gpu.sim_dir, w.node, poll)
+    from slurm_hooks import probes
     from slurm_hooks.probes.identity import store_path
-    from slurm_hooks.probes.nvml_events import NvmlEventSource
 
-    return FirstWorking(NvmlEventSource(poll=poll),
-                        KmsgSource(cfg.watch.kmsg, poll, gpu_map=store_path(cfg.state.dir, w.node)),
-                        log or _to_stderr)
+    kernel = KmsgSource(cfg.watch.kmsg, poll, gpu_map=store_path(cfg.state.dir, w.node))
+    library, beside = probes.library_events(cfg, poll)
+    if beside:
+        return Alongside(kernel, library, log or _to_stderr)
+    return FirstWorking(library, kernel, log or _to_stderr)
 
 
 #: How often the retry thread looks for a pending action (one failed ``open`` when there is none).
@@ -412,6 +468,9 @@ class Watcher:
             until = time.monotonic() + RETRY_JOIN_S
             for thread in (retry, links, resumes):
                 thread.join(max(until - time.monotonic(), 0.0))
+            beside = getattr(self.source, "join", None)  # a side source's event under way (Alongside)
+            if beside is not None:
+                beside(max(until - time.monotonic(), 0.0))
             if notifier is not None:
                 notifier.stopped()  # the process ends with its daemon threads: say so before
 

@@ -621,7 +621,7 @@ def next_step(inc: Incident) -> tuple[str, str]:
     if inc.waiting_for == WaitingFor.REBOOT.value:
         return SLURM, f"reboots {inc.node} (RebootProgram) once idle; slurm-hooks checks it on the new boot"
     if inc.waiting_for == WaitingFor.VALIDATION.value:
-        return US, f"validates {inc.node} (DCGM diagnostic) before it returns to service"
+        return US, f"validates {inc.node} (GPU diagnostic) before it returns to service"
     step = inc.step if inc.step not in ("", "drain") else ""
     return US, (f"{step}s {inc.node} now" if step else
                 f"checks {inc.node} again: it returns to service after a passing check")

@@ -32,15 +32,23 @@ def from_config(config: Config, node: str) -> Probe:
         from slurm_hooks.probes.sim import SimProbe
 
         return SimProbe(config.gpu.sim_dir, node)
-    if backend == "amdsmi":
-        from slurm_hooks.probes.amdsmi import AmdSmiProbe
-
-        return AmdSmiProbe(node)
     from slurm_hooks.probes.identity import store_path
+
+    kmsg_path, gpu_map_path = config.watch.kmsg, store_path(config.state.dir, node)
+    if backend == "amdsmi":
+        return _amd(node, kmsg_path, gpu_map_path)
     from slurm_hooks.probes.nvml import NvmlProbe
 
-    nvml = NvmlProbe(node, kmsg_path=config.watch.kmsg, gpu_map_path=store_path(config.state.dir, node))
-    return AutoProbe(nvml, node) if backend == "auto" else nvml
+    nvml = NvmlProbe(node, kmsg_path=kmsg_path, gpu_map_path=gpu_map_path)
+    if backend != "auto":
+        return nvml
+    return AutoProbe(nvml, node, amd=lambda: _amd(node, kmsg_path, gpu_map_path))
+
+
+def _amd(node: str, kmsg_path: str, gpu_map_path: str) -> Probe:
+    from slurm_hooks.probes.amdsmi import AmdSmiProbe
+
+    return AmdSmiProbe(node, kmsg_path=kmsg_path, gpu_map_path=gpu_map_path)
 
 
 class AutoProbe:
@@ -67,12 +75,32 @@ class AutoProbe:
         return other if other.error is None and other.gpus else snap
 
 
+def library_events(config: Config, poll: float) -> tuple[Any, bool]:
+    """The GPU library's event source for the watcher, and whether it runs beside the kernel log
+    (True: amdsmi's events, which are not the kernel's lines) or in its place where it works
+    (False: NVML's XID events, the very XIDs the kernel logs)."""
+    if _reads_amd(config):
+        from slurm_hooks.probes.amdsmi_events import AmdSmiEventSource
+
+        return AmdSmiEventSource(poll=poll), True
+    from slurm_hooks.probes.nvml_events import NvmlEventSource
+
+    return NvmlEventSource(poll=poll), False
+
+
+def _reads_amd(config: Config, node: str = "") -> bool:
+    """The backend reads AMD GPUs: ``amdsmi``, ``auto`` where the amdgpu driver runs them, ``sim``
+    where ``node``'s simulated GPUs are AMD's."""
+    backend = config.gpu.backend
+    return (backend == "amdsmi" or backend == "auto" and _amd_gpus()
+            or backend == "sim" and _amd_sim(config, node))
+
+
 def diag_runner(config: Config, max_timeout: float | None = None, node: str = "") -> Callable[[int, float], Any]:
     """The node's GPU diagnostic at DCGM's levels, ``(level, timeout) -> DcgmResult``: dcgmi, or
     RVS where the backend reads AMD GPUs (``auto``: where the amdgpu driver runs them; ``sim``:
     where ``node``'s simulated GPUs are AMD's, through the sim's stand-ins the config names)."""
-    backend = config.gpu.backend
-    if backend == "amdsmi" or backend == "auto" and _amd_gpus() or backend == "sim" and _amd_sim(config, node):
+    if _reads_amd(config, node):
         from slurm_hooks.probes.rvs import make_runner as rvs
 
         return rvs(config.dcgm.rvs, max_timeout=max_timeout)
@@ -85,6 +113,19 @@ def _amd_sim(config: Config, node: str) -> bool:
     from slurm_hooks.probes import sim
 
     return bool(node) and sim.vendor(config.gpu.sim_dir, node) == "amd"
+
+
+def diagnostic(config: Config, node: str = "") -> tuple[str, str]:
+    """The node's GPU diagnostic as reasons and audit lines name it, and its command before the
+    level: ``("DCGM diag", "dcgmi diag -r")``, or ``("RVS diagnostic", "rvs -r")`` where the backend
+    reads AMD GPUs (:func:`diag_runner`'s choice)."""
+    if _reads_amd(config, node):
+        from slurm_hooks.probes import rvs
+
+        return rvs.NAME, "rvs -r"
+    from slurm_hooks.probes import dcgm
+
+    return dcgm.NAME, "dcgmi diag -r"
 
 
 def _amd_gpus() -> bool:

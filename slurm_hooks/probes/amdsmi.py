@@ -12,13 +12,22 @@ partition 0 only and given to each of its partitions, so every partition's jobs 
 Where the ``amdsmi`` module cannot be loaded on a node whose GPUs the amdgpu driver runs, the
 driver's own RAS files in sysfs still judge ECC and retired pages (:mod:`slurm_hooks.probes.amdras`).
 ``amdsmi`` is imported only when this probe runs.
+
+Either way the amdgpu driver's kernel lines (:mod:`slurm_hooks.probes.amdgpu_log`) are tied to
+their GPUs here, at the source, as the NVML probe ties XIDs: by the PCI device the line names. The
+kernel names a partitioned GPU's physical device, so its line is every partition's (each
+partition's jobs are on the faulty board); a line whose device is no GPU of the node, or that
+names none (an older kernel's ``DRM_ERROR``), is the node's. A GPU that no longer says who it is
+keeps the identity this boot last read for it (:mod:`slurm_hooks.probes.identity`), so that the
+line for its address stays its own and the page and the RMA list name its board.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
-from slurm_hooks.models import BadPages, EccBlock, GpuProcess, GpuSnapshot, NodeSnapshot
+from slurm_hooks.models import KERNEL_LOG, BadPages, EccBlock, GpuProcess, GpuSnapshot, NodeSnapshot, XidEvent
 from slurm_hooks.values import replace
 
 TYPE_CHECKING = False
@@ -51,12 +60,20 @@ PHYSICAL = ("ecc_volatile_uncorrectable", "ecc_blocks", "bad_pages", "xgmi_error
 class AmdSmiProbe:
     name = "amdsmi"
 
-    def __init__(self, node: str, amdsmi: Any = None, drm_root: str = "/sys/class/drm"):
+    def __init__(self, node: str, amdsmi: Any = None, drm_root: str = "/sys/class/drm", kmsg_path: str = "/dev/kmsg",
+                 gpu_map_path: str = ""):
         self.node = node
         self._smi = amdsmi
         self.drm_root = drm_root
+        self.kmsg_path = kmsg_path
+        #: Where this boot's GPU identities are kept (probes.identity); "" for nowhere.
+        self.gpu_map_path = gpu_map_path
 
     def snapshot(self) -> NodeSnapshot:
+        snap = self._read()
+        return snap if snap.error is not None else self._attach_kernel_log(snap)
+
+    def _read(self) -> NodeSnapshot:
         taken = time.time()
         try:
             smi = self._smi if self._smi is not None else import_amdsmi()
@@ -66,7 +83,7 @@ class AmdSmiProbe:
             return amdras.SysfsRasProbe(self.node, self.drm_root,
                                         missing=f"amdsmi not loadable ({_one_line(exc)})").snapshot()
         try:
-            smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+            open_session(smi)
         except Exception as exc:
             return self._failed(taken, node_error(smi, exc, "amdsmi_init"))
         try:
@@ -77,15 +94,82 @@ class AmdSmiProbe:
             driver = _driver_version(smi, handles)
             gpus = [_read_gpu(smi, index, handle, self.drm_root) for index, handle in enumerate(handles)]
         finally:
-            try:
-                smi.amdsmi_shut_down()
-            except Exception:
-                pass  # the snapshot is taken
+            close_session(smi)
         return NodeSnapshot(self.node, self.name, gpus=tuple(_share_physical(gpus)), taken_at=taken,
                             driver_version=driver)
 
     def _failed(self, taken: float, error: str, driver: str = "") -> NodeSnapshot:
         return NodeSnapshot(self.node, self.name, taken_at=taken, driver_version=driver, error=error)
+
+    def _attach_kernel_log(self, snap: NodeSnapshot) -> NodeSnapshot:
+        """The GPUs with their identity recalled where they did not say it, and the driver's kernel
+        lines tied to them by PCI device (the node's where none matches). An unreadable log fails
+        nothing, but no line seen then says nothing: ``errors`` gets ``KERNEL_LOG`` and why."""
+        from slurm_hooks.probes import identity, kmsg
+
+        boot = kmsg.boot_id()
+        gpus = list(snap.gpus)
+        if self.gpu_map_path:
+            gpus = identity.recall(gpus, self.gpu_map_path, boot)
+        try:
+            events = kmsg.dated(kmsg.read_xids(self.kmsg_path), boot)
+        except Exception as exc:  # noqa: BLE001 - the GPUs were read: the snapshot stands, saying what it lacks
+            return replace(snap, gpus=tuple(gpus), errors=(*snap.errors, (KERNEL_LOG, str(exc) or type(exc).__name__)))
+        gpus, node_events = attribute(gpus, events)
+        return replace(snap, gpus=tuple(gpus), node_xids=tuple(node_events))
+
+
+def attribute(gpus: list[GpuSnapshot], events: list[XidEvent]) -> tuple[list[GpuSnapshot], list[XidEvent]]:
+    """Each kernel event on every GPU of the PCI device it names (all partitions of a physical GPU,
+    which may each show their own PCI function), with that GPU's index and UUID; the rest the node's."""
+    from slurm_hooks.probes.kmsg import normalize_pci
+
+    by_device: dict[str, list[GpuSnapshot]] = {}
+    for g in gpus:
+        if g.pci_bus_id:
+            by_device.setdefault(_device(normalize_pci(g.pci_bus_id)), []).append(g)
+    mine: dict[int, list[XidEvent]] = {}
+    node: list[XidEvent] = []
+    for event in events:
+        owners = by_device.get(_device(normalize_pci(event.pci_bus_id)), []) if event.pci_bus_id else []
+        for g in owners:
+            mine.setdefault(g.index, []).append(replace(event, gpu=g.index, uuid=g.uuid or event.uuid))
+        if not owners:
+            node.append(event)
+    return [replace(g, xids=g.xids + tuple(mine[g.index])) if g.index in mine else g for g in gpus], node
+
+
+#: Users of each amdsmi module's library session in this process (id of the module -> count).
+_SESSIONS: dict[int, int] = {}
+_SESSION_LOCK = threading.Lock()
+
+
+def open_session(smi: Any) -> None:
+    """Join this process's amdsmi session, starting it (``amdsmi_init``) if none is open.
+
+    The library is initialised once per process, not per caller: ``amdsmi_init`` does nothing while
+    it is, and ``amdsmi_shut_down`` tears it down under every thread. In the watcher, the event
+    listener holds a session for as long as it listens while each check's probe opens and closes
+    its own: the last to leave shuts the library down, so a check never pulls it from under the
+    listener. Raises what ``amdsmi_init`` raises (then nothing is joined)."""
+    with _SESSION_LOCK:
+        if not _SESSIONS.get(id(smi)):
+            smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+        _SESSIONS[id(smi)] = _SESSIONS.get(id(smi), 0) + 1
+
+
+def close_session(smi: Any) -> None:
+    """Leave the session :func:`open_session` joined; the last one out shuts the library down."""
+    with _SESSION_LOCK:
+        left = _SESSIONS.get(id(smi), 1) - 1
+        if left > 0:
+            _SESSIONS[id(smi)] = left
+            return
+        _SESSIONS.pop(id(smi), None)
+        try:
+            smi.amdsmi_shut_down()
+        except Exception:
+            pass  # what was read stands; nothing more to free
 
 
 def import_amdsmi() -> Any:

@@ -51,6 +51,10 @@ def run_diag(level: int, timeout: float, dcgmi: str = DEFAULT_DCGMI, runner: Run
     return parse(level, done.stdout, done.stderr, done.returncode)
 
 
+#: What reasons call it (``DcgmResult.tool``).
+NAME = "DCGM diag"
+
+
 def make_runner(dcgmi: str = DEFAULT_DCGMI, runner: Runner = run_command,
                 max_timeout: float | None = None) -> Callable[[int, float], DcgmResult]:
     """A ``(level, timeout) -> DcgmResult`` for the engine (``engine.DcgmRunner``).

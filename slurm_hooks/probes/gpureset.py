@@ -227,7 +227,7 @@ class AmdSmiReset:
         except Exception as exc:  # noqa: BLE001 - without libamd_smi the module fails at import
             raise ResetFailed(f"amdsmi not loadable ({' '.join(str(exc).split())})") from None
         try:
-            smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+            probe.open_session(smi)
         except Exception as exc:
             raise ResetFailed(probe.node_error(smi, exc, "amdsmi_init")) from None
         try:
@@ -240,10 +240,7 @@ class AmdSmiReset:
                     what = "not supported" if status in ("NOT_SUPPORTED", "NOT_YET_IMPLEMENTED") else "failed"
                     raise ResetFailed(f"GPU {i}: amdsmi_reset_gpu {what} ({probe.describe(smi, exc)})") from None
         finally:
-            try:
-                smi.amdsmi_shut_down()
-            except Exception:
-                pass
+            probe.close_session(smi)
 
     def start_services(self, services: Sequence[str], errors: list[str] | None = None) -> list[str]:
         """Nothing to start: this reset stops no service."""

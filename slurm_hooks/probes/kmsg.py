@@ -295,6 +295,15 @@ def _follow_file(fd: int, stop: threading.Event, on_event: Callable[[XidEvent], 
             on_event(event)
 
 
+def dated(events: list[XidEvent], boot: str) -> list[XidEvent]:
+    """Kernel-log records of this boot with their wall-clock time (the boot's start plus the record's
+    seconds since boot): a burst read by two runs minutes apart is still one burst. Others as read."""
+    if not boot:
+        return events
+    started = time.time() - time.monotonic()  # the kernel stamps records on its monotonic clock
+    return [replace(e, at=started + e.ts) if e.boot == boot and e.ts is not None else e for e in events]
+
+
 def gpu_map(gpus: Iterable[object]) -> dict[str, tuple[int, str]]:
     """The map of GPUs as a probe saw them (anything with ``index``, ``uuid``, ``pci_bus_id``)."""
     return {normalize_pci(g.pci_bus_id): (g.index, g.uuid) for g in gpus if getattr(g, "pci_bus_id", "")}

@@ -118,7 +118,7 @@ class NvmlProbe:
         if self.gpu_map_path:
             gpus = identity.recall(gpus, self.gpu_map_path, boot)
         try:
-            events = kmsg.assign_gpus(_dated(kmsg.read_xids(self.kmsg_path), boot), kmsg.gpu_map(gpus))
+            events = kmsg.assign_gpus(kmsg.dated(kmsg.read_xids(self.kmsg_path), boot), kmsg.gpu_map(gpus))
         except Exception as exc:  # noqa: BLE001 - the GPUs were read: the snapshot stands, saying what it lacks
             errors.append((KERNEL_LOG, str(exc) or type(exc).__name__))
             return gpus, ()
@@ -127,15 +127,6 @@ class NvmlProbe:
             by_gpu.setdefault(event.gpu if event.gpu is not None else -1, []).append(event)
         out = [replace(g, xids=tuple(by_gpu[g.index])) if g.index in by_gpu else g for g in gpus]
         return out, tuple(by_gpu.get(-1, ()))
-
-
-def _dated(events: list[XidEvent], boot: str) -> list[XidEvent]:
-    """Kernel-log records of this boot with their wall-clock time (the boot's start plus the record's
-    seconds since boot): a burst read by two runs minutes apart is still one burst. Others as read."""
-    if not boot:
-        return events
-    started = time.time() - time.monotonic()  # the kernel stamps records on its monotonic clock
-    return [replace(e, at=started + e.ts) if e.boot == boot and e.ts is not None else e for e in events]
 
 
 def read_gpu_map(nvml: Any = None) -> dict[str, tuple[int, str]]:

@@ -229,9 +229,12 @@ def recover_marker(w: Wiring) -> DrainMarker | None:
     if not (info.out_of_service and info.ours) or info.reboot_pending or released(w).covers(info):
         return None
     text = split_reason(info.reason)[0]
-    # What it was drained for is lost with the marker; the reason still says whether it was DCGM.
-    # A node drained [validating]/[unverified] waits for its diagnostic, which the periodic check does not run.
-    dcgm = "DCGM" in text or bool(status_tag(text))
+    # What it was drained for is lost with the marker; the reason still says whether it was the GPU
+    # diagnostic's (DCGM's, RVS's). A node drained [validating]/[unverified] waits for its diagnostic,
+    # which the periodic check does not run.
+    from slurm_hooks.checks.dcgm import said_by_diagnostic
+
+    dcgm = said_by_diagnostic(text) or bool(status_tag(text))
     return DrainMarker(reason=text, checks=("dcgm",) if dcgm else (), recovered=True).seen(info)
 
 

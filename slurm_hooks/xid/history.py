@@ -6,7 +6,10 @@ on one event" (the kernel log still holds yesterday's XID 79 after the node came
 back). One small JSON file per node, rewritten atomically under a lock.
 
 Each event is kept under its key with the GPU it happened on (its UUID where known,
-see ``models.gpu_identity``), so escalation counts per GPU and across reboots.
+see ``models.gpu_identity``), so escalation counts per GPU and across reboots, and with what it
+was (:func:`kind`): an XID's code, another driver's event its row and subject (an amdgpu line's
+``amdgpu-ue-umc:umc``, which has no code), so that the same fault on the same GPU is counted as
+one fault repeating, whichever vendor's.
 Timestamps are wall clock: when the event happened where its source could tell
 (``XidEvent.at``), else when *we* recorded it; never the event's own ``ts``, which for
 kernel log records is seconds since boot.
@@ -147,9 +150,9 @@ class XidState:
         self._changes: list[Callable[[dict[str, Any]], None]] = []
         self._now: float | None = None
 
-    def recorded(self) -> dict[str, tuple[str, int, float]]:
-        """Every event kept: key -> (GPU identity, code, when recorded); ``CheckInput.xid_history``."""
-        return {e["key"]: (e["id"], e["code"], e["t"]) for e in self._state["events"]}
+    def recorded(self) -> dict[str, tuple[str, int | str, float]]:
+        """Every event kept: key -> (GPU identity, :func:`kind`, when recorded); ``CheckInput.xid_history``."""
+        return {e["key"]: (e["id"], e.get("rule") or e["code"], e["t"]) for e in self._state["events"]}
 
     def seen(self, key: str) -> bool:
         """Whether an action was already taken on the event with this key."""
@@ -158,6 +161,26 @@ class XidState:
     def acked(self) -> frozenset[str]:
         """Keys of events an admin has dealt with: the XID check ignores them."""
         return frozenset(self._state["acked"])
+
+    @property
+    def has_ecc_acks(self) -> bool:
+        """Whether any ECC count is acknowledged (else no boot id need be read)."""
+        return bool(self._state["ecc"])
+
+    def ecc_acked(self, boot: str) -> dict[str, dict[str, int]]:
+        """Uncorrectable counts per GPU identity and RAS block that a repair has dealt with on this
+        boot (``CheckInput.ecc_acked``); none for another boot, whose counts are not these."""
+        ecc = self._state["ecc"]
+        return {gpu: dict(blocks) for gpu, blocks in ecc.get("gpus", {}).items()} if boot and ecc.get("boot") == boot else {}
+
+    def ack_ecc(self, boot: str, counts: Mapping[str, Mapping[str, int]], now: float | None = None) -> None:
+        """Take ``counts`` (GPU identity -> block -> uncorrectable) as dealt with on this boot; an
+        acknowledgement of another boot is dropped."""
+        if not boot or not counts:
+            return
+        now = time.time() if now is None else now
+        fresh = {gpu: dict(blocks) for gpu, blocks in counts.items()}
+        self._change(lambda state: _add_ecc(state, boot, fresh), now)
 
     def record(self, events: Iterable[XidEvent], now: float | None = None) -> list[XidEvent]:
         """Remember ``events`` (once per key); returns the ones not recorded before."""
@@ -204,6 +227,13 @@ class XidState:
         self._now = now
 
 
+def kind(event: XidEvent) -> int | str:
+    """What an event is, as repeats are counted: an XID's code; a driver event without one (an amdgpu
+    line, ``rule`` set) its row and what it names, ``amdgpu-ue-umc:umc`` (a UMC error repeating is
+    not a GFX one repeating)."""
+    return f"{event.rule}:{event.subject}" if event.rule else event.code
+
+
 def when(event: XidEvent, now: float) -> float:
     """When an event counts as having happened: its own time where the source knew it (and it lies
     within what the history keeps), else ``now``, when it was read."""
@@ -216,8 +246,19 @@ def _add_events(state: dict[str, Any], events: list[XidEvent], now: float) -> No
     for event in events:
         if event.key not in known:
             known.add(event.key)
-            state["events"].append({"key": event.key, "code": event.code, "gpu": event.gpu,
-                                    "id": event.gpu_id, "t": when(event, now)})
+            entry = {"key": event.key, "code": event.code, "gpu": event.gpu, "id": event.gpu_id, "t": when(event, now)}
+            if event.rule:
+                entry["rule"] = kind(event)
+            state["events"].append(entry)
+
+
+def _add_ecc(state: dict[str, Any], boot: str, counts: dict[str, dict[str, int]]) -> None:
+    ecc = state["ecc"] if state["ecc"].get("boot") == boot else {"boot": boot, "gpus": {}}
+    for gpu, blocks in counts.items():
+        mine = ecc["gpus"].setdefault(gpu, {})
+        for block, count in blocks.items():
+            mine[block] = max(int(count), mine.get(block, 0))
+    state["ecc"] = ecc
 
 
 def _add_keys(section: dict[str, float], keys: list[str], now: float) -> None:
@@ -237,7 +278,7 @@ def _stamp_of(st: os.stat_result) -> Stamp:
 
 
 def _empty() -> dict[str, Any]:
-    return {"version": VERSION, "events": [], "seen": {}, "acked": {}}
+    return {"version": VERSION, "events": [], "seen": {}, "acked": {}, "ecc": {}}
 
 
 def _parse(text: str | None) -> dict[str, Any] | None:
@@ -252,11 +293,17 @@ def _parse(text: str | None) -> dict[str, Any] | None:
                   for e in state["events"]]
         for event, raw in zip(events, state["events"]):
             event["id"] = str(raw.get("id") or (f"gpu{event['gpu']}" if event["gpu"] is not None else ""))
+            if raw.get("rule"):
+                event["rule"] = str(raw["rule"])
         seen = {rename(k): float(v) for k, v in state["seen"].items()}
         acked = {rename(k): float(v) for k, v in state.get("acked", {}).items()}
+        raw_ecc = state.get("ecc") or {}
+        ecc = {"boot": str(raw_ecc["boot"]),
+               "gpus": {str(g): {str(b): int(n) for b, n in blocks.items()} for g, blocks in raw_ecc["gpus"].items()}} \
+            if raw_ecc else {}
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    return {"version": VERSION, "events": events, "seen": seen, "acked": acked}
+    return {"version": VERSION, "events": events, "seen": seen, "acked": acked, "ecc": ecc}
 
 
 def _v1_key(key: Any) -> str:
@@ -341,7 +388,7 @@ class Verdict:
         return len(self.others) + 1 >= self.rule.spread
 
 
-def app_or_hardware(recorded: Mapping[str, tuple[str, int, float]], gpu: str, code: int, now: float) -> Verdict:
+def app_or_hardware(recorded: Mapping[str, tuple[str, int | str, float]], gpu: str, code: int, now: float) -> Verdict:
     """XID ``code`` (13 or 31) on ``gpu`` read against the node's history (:meth:`XidState.recorded`,
     with this run's events not yet recorded at the time they happened, or ``now``): how many bursts
     on this GPU, and which other GPUs had it (:data:`APP_OR_HARDWARE`)."""

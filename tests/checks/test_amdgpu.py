@@ -103,3 +103,60 @@ def test_each_amdgpu_row_names_the_action_its_check_gives():
     for rule, (action, _) in ROWS.items():
         assert CHECK_RULES[rule].action is action, rule
     assert {r for r in CHECK_RULES if r.startswith("amdgpu-")} == set(ROWS)
+
+
+# --- a fault that comes back after resets is the hardware ------------------------------------------
+
+
+def _history(tmp_path, *earlier: tuple[XidEvent, float]):
+    """This node's XID history holding ``earlier`` events, each recorded that many seconds ago and
+    acknowledged (the ladder acknowledges what it drained for once its reset worked)."""
+    import time
+
+    from slurm_hooks.xid.history import XidHistory
+
+    history = XidHistory(str(tmp_path / "xids.json"))
+    for e, ago in earlier:
+        history.record([e], now=time.time() - ago)
+    history.ack([e.key for e, _ in earlier])
+    return history.load()
+
+
+def _ue(seq: int, block: str = "umc", uuid: str = "GPU-2") -> XidEvent:
+    rule = "amdgpu-ue-umc" if block == "umc" else "amdgpu-ue"
+    return dataclasses.replace(event(rule, seq, block, f"1 new uncorrectable hardware errors detected in {block} block"),
+                               gpu=2, uuid=uuid)
+
+
+def judge_with(snap, state):
+    return engine.judge(snap, engine.JudgeRequest(EXPECT, Context.CHECK, deadline_s=5, xid_history=state.recorded(),
+                                                  acked_xids=state.acked()))
+
+
+def test_uncorrectable_umc_errors_back_after_two_resets_replace_the_gpu(tmp_path):
+    """The third UMC error on one GPU within a day: the resets did not mend it. A history that kept
+    amdgpu lines under one code (0) for all rows could not tell them apart, and this test fails."""
+    snap = snapshot(2, _ue(1), _ue(2), _ue(3))
+    uuid = next(g.uuid for g in snap.gpus if g.index == 2)
+    state = _history(tmp_path, (_ue(1, uuid=uuid), 7200), (_ue(2, uuid=uuid), 3600))
+    [f] = judge_with(snap, state).findings
+    assert (f.action, f.gpu) == (Action.REPLACE, 2)
+    assert f.message.endswith(", 3rd time in 24h -> hardware")
+    assert drain_reason(judge_with(snap, state)) == "slurm-hooks: uncorrectable ECC in UMC block on GPU 2 [replace]"
+
+
+def test_other_blocks_other_gpus_and_old_errors_do_not_count_toward_a_repeat(tmp_path):
+    snap = snapshot(2, _ue(2), _ue(3))
+    uuid = next(g.uuid for g in snap.gpus if g.index == 2)
+    state = _history(tmp_path, (_ue(1, "gfx", uuid=uuid), 3600),  # a GFX error: not the UMC's repeat
+                     (dataclasses.replace(_ue(2), uuid="GPU-other"), 3600),  # another GPU's
+                     (_ue(4, uuid=uuid), 2 * 86400))  # older than the window
+    [f] = judge_with(snap, state).findings
+    assert f.action is Action.RESET and "-> hardware" not in f.message
+
+
+def test_a_ring_that_keeps_hanging_stays_a_record(tmp_path):
+    hang = [event("amdgpu-ring-timeout", i, "gfx_0.0.0") for i in range(1, 6)]
+    state = _history(tmp_path, *((dataclasses.replace(h, gpu=2), 600) for h in hang[:4]))
+    report = judge_with(snapshot(2, *hang), state)
+    assert report.drain_findings() == () and [f.action for f in report.findings] == [Action.WARN]

@@ -163,7 +163,7 @@ def test_a_node_whose_kernel_log_and_memory_cannot_be_read_is_shown_by_check_and
     assert not report.drain_findings() and slurm.peek("n1").state == "IDLE"
     spots = status.blind_spots(w.audit.history(), time.time())
     assert [(s["node"], s["rule"]) for s in spots] == [("n1", "hysteresis-memory"), ("n1", "kernel-log")]
-    assert spots[1]["message"].startswith("kernel log unreadable: XIDs not seen")
+    assert spots[1]["message"].startswith("kernel log unreadable: GPU driver events not seen")
     assert status.render_blind(spots, time.time())[0].startswith("n1: cannot remember readings: ")
     # An hour later, with nothing said since, it is no longer shown.
     assert status.blind_spots(w.audit.history(), time.time() + 2 * status.BLIND_RECENT_S) == []

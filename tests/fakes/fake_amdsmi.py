@@ -17,12 +17,20 @@ module functions taking an ``amdsmi_processor_handle``; ``amdsmi_init(AmdSmiInit
 ``get_error_code()`` is the C status (``amdsmi_wrapper.AMDSMI_STATUS_*``); a call before
 ``amdsmi_init`` answers NOT_INIT; dicts with the real keys ("N/A" where the library says a
 value is not available); ``amdsmi_gpu_xgmi_error_status`` an int; bad pages a list of dicts
-whose ``status`` is the raw int.
+whose ``status`` is the raw int. Events as ``AmdSmiEventReader`` delivers them::
+
+    fake.emit(gpu=3, event="RING_HANG", message="gfx_0.0.0")   # as the driver's KFD tells it
+
+``AmdSmiEventReader(handle, [AmdSmiEvtNotificationType...])`` arms one GPU for those types;
+``read(timeout_ms, num_elem=10)`` waits up to ``timeout_ms`` and returns up to ``num_elem`` dicts
+``{"processor_handle": <the handle's address, an int>, "event": <type name>, "message": str}`` from
+every armed GPU, or raises NO_DATA; ``stop()`` disarms.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 import types
 from enum import IntEnum
 from typing import Any
@@ -101,6 +109,15 @@ class AmdSmiTemperatureMetric(IntEnum):
     MAX = 1
     MIN = 2
     CRITICAL = 5
+
+
+class AmdSmiEvtNotificationType(IntEnum):
+    NONE = 0
+    VMFAULT = 1
+    THERMAL_THROTTLE = 2
+    GPU_PRE_RESET = 3
+    GPU_POST_RESET = 4
+    RING_HANG = 5
 
 
 class AmdSmiException(Exception):
@@ -187,6 +204,7 @@ class FakeAmdSmi(types.ModuleType):
     AmdSmiXgmiStatus = AmdSmiXgmiStatus
     AmdSmiTemperatureType = AmdSmiTemperatureType
     AmdSmiTemperatureMetric = AmdSmiTemperatureMetric
+    AmdSmiEvtNotificationType = AmdSmiEvtNotificationType
     AmdSmiException = AmdSmiException
     AmdSmiLibraryException = AmdSmiLibraryException
     AmdSmiParameterException = AmdSmiParameterException
@@ -202,6 +220,12 @@ class FakeAmdSmi(types.ModuleType):
         self.calls: list[tuple[str, int | None]] = []
         self.initialised = False
         self.resets: list[int] = []
+        #: Events the driver has told and no read has taken: (GPU, type name, message).
+        self.events: list[tuple[int, str, str]] = []
+        #: GPU -> the event types it is armed for (an AmdSmiEventReader not stopped).
+        self.armed: dict[int, set[str]] = {}
+        self._told = threading.Condition()
+        self.AmdSmiEventReader = _event_reader(self)
 
     @classmethod
     def healthy(cls, gpus: int = 8, model: str = "AMD Instinct MI300X", partitions: int = 1) -> FakeAmdSmi:
@@ -224,6 +248,14 @@ class FakeAmdSmi(types.ModuleType):
 
     def remove(self, *functions: str) -> FakeAmdSmi:
         self.removed.update(functions)
+        return self
+
+    def emit(self, gpu: int, event: str, message: str = "") -> FakeAmdSmi:
+        """The driver tells an event of ``gpu`` (an ``AmdSmiEvtNotificationType`` name)."""
+        AmdSmiEvtNotificationType[event]
+        with self._told:
+            self.events.append((gpu, event, message))
+            self._told.notify_all()
         return self
 
     def called(self, function: str) -> int:
@@ -380,6 +412,51 @@ class FakeAmdSmi(types.ModuleType):
     def amdsmi_reset_gpu(self, h):
         self._enter("amdsmi_reset_gpu", h)
         self.resets.append(h.value)
+
+
+def _event_reader(fake: FakeAmdSmi) -> type:
+    """The module's ``AmdSmiEventReader`` class, answering from ``fake``'s events."""
+
+    class AmdSmiEventReader:
+        def __init__(self, processor_handle, event_types):
+            if not isinstance(processor_handle, amdsmi_processor_handle):
+                raise AmdSmiParameterException(processor_handle, amdsmi_processor_handle)
+            if not hasattr(event_types, "__iter__"):
+                raise AmdSmiParameterException(event_types, "Iterable")
+            for kind in event_types:
+                if not isinstance(kind, AmdSmiEvtNotificationType):
+                    raise AmdSmiParameterException(kind, AmdSmiEvtNotificationType)
+            self.processor_handle = processor_handle
+            fake._enter("amdsmi_init_gpu_event_notification", processor_handle)
+            fake._enter("amdsmi_set_gpu_event_notification_mask", processor_handle)
+            fake.armed[processor_handle.value] = {k.name for k in event_types if k.name != "NONE"}
+
+        def read(self, timestamp, num_elem=10):
+            fake._enter("amdsmi_get_gpu_event_notification")
+
+            def mine() -> list[tuple[int, str, str]]:
+                return [e for e in fake.events if e[1] in fake.armed.get(e[0], ())]
+
+            with fake._told:
+                fake._told.wait_for(lambda: mine(), timeout=timestamp / 1000)
+                taken = mine()[:num_elem]
+                for e in taken:
+                    fake.events.remove(e)
+            if not taken:
+                raise AmdSmiLibraryException(STATUS["NO_DATA"])
+            return [{"processor_handle": gpu, "event": event, "message": message} for gpu, event, message in taken]
+
+        def stop(self):
+            fake._enter("amdsmi_stop_gpu_event_notification", self.processor_handle)
+            fake.armed.pop(self.processor_handle.value, None)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, exc_type, exc_value, traceback):
+            self.stop()
+
+    return AmdSmiEventReader
 
 
 #: What ``import amdsmi`` finds with ``tests/fakes/amd_site`` on ``sys.path``.

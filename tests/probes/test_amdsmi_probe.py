@@ -21,7 +21,7 @@ NO_DRM = "/nonexistent/sys/class/drm"
 
 
 def snap(fake: FakeAmdSmi) -> NodeSnapshot:
-    return AmdSmiProbe("mi300-1", amdsmi=fake, drm_root=NO_DRM).snapshot()
+    return AmdSmiProbe("mi300-1", amdsmi=fake, drm_root=NO_DRM, kmsg_path=os.devnull).snapshot()
 
 
 def test_healthy_mi300x_node_reads_identity_and_every_physical_field():

@@ -426,7 +426,7 @@ def test_a_kernel_log_that_cannot_be_read_is_said_in_the_snapshot_and_judged_a_w
     assert "cannot read kernel log" in s.unread(KERNEL_LOG)
     report = engine.judge(s, engine.JudgeRequest(Expectations(), Context.CHECK, deadline_s=10.0))
     [f] = [f for f in report.findings if f.rule == KERNEL_LOG]
-    assert f.message.startswith("kernel log unreadable: XIDs not seen (cannot read kernel log")
+    assert f.message.startswith("kernel log unreadable: GPU driver events not seen (cannot read kernel log")
     assert (f.severity, f.action, f.acts) == (Severity.WARN, Action.WARN, False)
     assert report.healthy and not report.drain_findings()
 
@@ -584,10 +584,10 @@ def test_kernel_log_records_of_this_boot_carry_when_they_happened():
     import time
 
     from slurm_hooks.models import XidEvent
-    from slurm_hooks.probes.nvml import _dated
+    from slurm_hooks.probes import kmsg
 
     now_line = XidEvent(code=31, ts=time.monotonic() - 5.0, source="kmsg", seq=1, boot="b1")
     captured = XidEvent(code=31, ts=12.0, source="kmsg", seq=2)
-    dated, undated = _dated([now_line, captured], "b1")
+    dated, undated = kmsg.dated([now_line, captured], "b1")
     assert abs(dated.at - (time.time() - 5.0)) < 1.0 and dated.key == now_line.key
     assert undated.at is None

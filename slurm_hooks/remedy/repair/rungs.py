@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 def reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, ledger: Ledger,
-          resetter: GpuResetter | None) -> str:
+          resetter: GpuResetter | None, report: Report | None = None) -> str:
     """Rung 1: "ok" when the node is healthy again and resumed, "unverified" when it checked
     healthy but its diagnostic did not run in full, else "failed"."""
     from slurm_hooks.remedy.wiring import xid_history
@@ -48,9 +48,12 @@ def reset(w: Wiring, p: Plan, outcome: Outcome, rejudge: Rejudge, ledger: Ledger
     except SlurmHooksError as exc:
         detail = str(exc)
     else:
-        # The reset cleared what the XIDs we drained for reported; they stay in the kernel log.
+        # The reset cleared what the XIDs we drained for reported; they stay in the kernel log. So it
+        # dealt with the ECC counts judged before it, where they outlive a reset (checks.ecc says why
+        # only those, and only this boot's).
         history = xid_history(w).load()
         history.ack(ownership.drained_for(w) or [])
+        history.ack_ecc(_boot(), _ecc_counts(report, p))
         with contextlib.suppress(SlurmHooksError):
             history.save()
         after = rejudge(0, None)
@@ -127,11 +130,35 @@ def replace(w: Wiring, p: Plan, report: Report, outcome: Outcome, ledger: Ledger
     return "ok"
 
 
+def _boot() -> str:
+    from slurm_hooks.probes.kmsg import boot_id
+
+    return boot_id()
+
+
+def _ecc_counts(report: Report | None, p: Plan) -> dict[str, dict[str, int]]:
+    """The per-block uncorrectable counts of the plan's GPUs as the ladder judged them before the
+    reset (GPU identity -> block -> count); none for GPUs without per-block counts (NVIDIA's)."""
+    if report is None or report.snapshot is None:
+        return {}
+    from slurm_hooks.models import gpu_identity
+
+    mine = {ident for _, ident in p.gpus}
+    out: dict[str, dict[str, int]] = {}
+    for g in report.snapshot.gpus:
+        ident = gpu_identity(g.uuid, g.index, g.pci_bus_id)
+        if ident in mine and g.ecc_blocks:
+            counts = {b.block: b.uncorrectable for b in g.ecc_blocks if b.uncorrectable}
+            if counts:
+                out[ident] = counts
+    return out
+
+
 def run(rung: Rung, w: Wiring, p: Plan, report: Report, outcome: Outcome, rejudge: Rejudge, ledger: Ledger,
         resetter: GpuResetter | None) -> str:
     """Run one rung for the plan; its result says whether the worker climbs on (:data:`CLIMBS_ON`)."""
     if rung is Rung.RESET:
-        return reset(w, p, outcome, rejudge, ledger, resetter)
+        return reset(w, p, outcome, rejudge, ledger, resetter, report)
     if rung is Rung.REBOOT:
         return reboot(w, p, outcome, ledger, resetter, report)
     return replace(w, p, report, outcome, ledger)

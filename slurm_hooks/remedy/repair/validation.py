@@ -1,7 +1,8 @@
 """Validation before return to service: after a reset or a reboot (and on a person's
-``slurm-hooks repair --validate``) the node stays drained ``[validating]`` while ``dcgmi diag -r
-<[repair] dcgm_level>`` runs; only a diagnostic that ran and passed in full resumes it. One that
-could not run in full leaves it ``[unverified]`` for a person."""
+``slurm-hooks repair --validate``) the node stays drained ``[validating]`` while the node's GPU
+diagnostic runs at ``[repair] dcgm_level`` (``dcgmi diag -r``, ``rvs -r`` on AMD nodes, each named
+in its own words); only a diagnostic that ran and passed in full resumes it. One that could not
+run in full leaves it ``[unverified]`` for a person."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from slurm_hooks.slurm import NodeInfo
 
 #: ``judge(dcgm_level, dcgm_timeout)``: the node judged afresh after a repair (a new snapshot),
-#: with a DCGM diag of at least that level bounded by that timeout (None: ``[dcgm] timeout``).
+#: with the GPU diagnostic at least that deep bounded by that timeout (None: ``[dcgm] timeout``).
 Rejudge = Callable[[int, Optional[float]], Report]
 #: Reason tags of a node proving itself (``[validating]``) or left for a person because its
 #: diagnostic did not run in full (``[unverified]``).
@@ -39,12 +40,15 @@ VALIDATE_TRIES = 2
 
 def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, rejudge: Rejudge,
                         ledger: Ledger, info: NodeInfo | None = None) -> tuple[str, str, Report | None]:
-    """The node checked healthy on NVML after ``after`` (reset, reboot, request): hold it drained
+    """The node checked healthy after ``after`` (reset, reboot, request): hold it drained
     ``[validating]`` while the configured diagnostic runs, then resume it only on a full pass.
     Returns (result, detail, the report judged): "ok", "failed" (the diagnostic found a fault: the
     caller climbs on that report), or "unverified" (the node stays drained for a person)."""
 
+    from slurm_hooks import probes
+
     level = w.config.repair.dcgm_level
+    name, command = probes.diagnostic(w.config, w.node)
     if level <= 0:
         report = rejudge(0, None)
         if report.drain_findings():
@@ -65,9 +69,9 @@ def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, r
     budget = min(w.config.repair.validate_timeout, w.time_left(w.config.repair.validate_timeout))
     w.audit.write("action", node=w.node, action="repair-validate", target=w.node, result="start", duration_s=0.0,
                   reason=reason, level=level, after=after, timeout_s=round(budget, 1),
-                  detail=f"dcgmi diag -r {level} before the node returns to service")
+                  detail=f"{command} {level} before the node returns to service")
     report = rejudge(level, budget)
-    found, detail = verdict(report, level)
+    found, detail = verdict(report, level, name)
     w.audit.write("action", node=w.node, action="repair-validate", target=w.node, result=found,
                   duration_s=round(time.monotonic() - t0, 4), reason=reason, level=level, after=after, detail=detail,
                   **({"gpus": sorted({f.gpu for f in report.drain_findings() if f.gpu is not None})}
@@ -82,17 +86,18 @@ def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, r
     return UNVERIFIED, detail, report
 
 
-def verdict(report: Report, level: int) -> tuple[str, str]:
-    """Passed only when the diagnostic ran and every test passed; one that could not run (not
-    installed, host engine down, timed out, cut by the deadline) is "unverified", never a pass."""
+def verdict(report: Report, level: int, name: str) -> tuple[str, str]:
+    """Passed only when the diagnostic (``name``: what it is called, ``probes.diagnostic``) ran and
+    every test passed; one that could not run (not installed, host engine down, timed out, cut by
+    the deadline) is "unverified", never a pass."""
     if report.drain_findings():
         return "failed", f"{drain_summary(report)}: " + "; ".join(f.message for f in report.drain_findings()[:3])
     dcgm = [f for f in report.findings if f.check == "dcgm"]
     if dcgm:
         return UNVERIFIED, dcgm[0].message
     if "dcgm" not in report.checks_run:
-        return UNVERIFIED, f"DCGM diag L{level} did not run"
-    return "ok", f"DCGM diag L{level} passed"
+        return UNVERIFIED, f"{name} L{level} did not run"
+    return "ok", f"{name} L{level} passed"
 
 
 def _resume_validated(w: Wiring, outcome: Outcome, report: Report, info: NodeInfo, detail: str) -> tuple[str, str]:
