@@ -58,6 +58,14 @@ def job_summary(w: Wiring, report: Report, held: Iterable[int] | None) -> str:
     return findings_summary(findings_on(report, nvml) or report.drain_findings())
 
 
+def _refused_here(w: Wiring, rec: Followed) -> bool:
+    """Our prolog on this node refused the job and Slurm has not requeued it yet: it still shows on
+    the node (in its prolog, not ended), and Slurm requeues it when the prolog exits. A periodic
+    check that ran meanwhile would requeue it a second time (and say "requeued from" over the
+    prolog's "refused by the prolog")."""
+    return rec.refused and not rec.pending_at and rec.node == w.node
+
+
 def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETACHED,
                  gpus: frozenset[int] | None = None, instances: frozenset[tuple[int, int]] = frozenset(),
                  fault_at: float | None = None, multi_node: bool = False) -> None:
@@ -105,8 +113,8 @@ def requeue_jobs(w: Wiring, outcome: Outcome, follow: Follow | str = Follow.DETA
         whose = _whose(job)
         scope = _scope_note(gmap, held)
         seen_to = read_record(w, ref)
-        if seen_to is not None and (seen_to.phase in WINDOWS or _ended(job) is not None):
-            continue  # this node already sees to it (in its grace, or requeued): its first record says so
+        if seen_to is not None and (seen_to.phase in WINDOWS or _ended(job) is not None or _refused_here(w, seen_to)):
+            continue  # this node already sees to it (in its grace, requeued, refused): its first record says so
         if seen_to is not None and seen_to.phase is Phase.HEALED and _still_away(w, seen_to, job):
             write_record(w, replace(seen_to, ts=time.time()))  # kept while the job holds the drained node
             continue

@@ -109,6 +109,20 @@ def test_a_job_the_prolog_refuses_is_told_why(node):
                                                "XID 79 on GPU 3, ")
 
 
+def test_a_periodic_check_during_the_refused_jobs_prolog_leaves_it_to_slurms_requeue(node):
+    """slurmd's HealthCheckProgram may run while our prolog refuses a job: the job still shows on the
+    node (Slurm requeues it when the prolog exits). The check requeues it no second time, and the
+    job's AdminComment keeps saying that the prolog refused it."""
+    w, slurm = node
+    sim.inject(w.config.gpu.sim_dir, "n1", 3, xid=79)
+    assert jobhooks.prolog(w, {"SLURM_JOB_ID": "12", "SLURM_JOB_GPUS": "3"}) == 1
+    _, outcome = healthcheck.run(w, follow="none")
+    assert outcome.requeued == [] and not slurm.called("requeue")
+    assert [r for r in w.audit.read() if r.get("action") == "requeue"] == []
+    assert "slurm-hooks: refused by the prolog on n1, XID 79 on GPU 3, " in slurm.admin_comments[12]
+    assert "requeued from" not in slurm.admin_comments[12]
+
+
 def test_a_summary_of_two_findings_is_one_entry_and_a_retry_never_duplicates_it():
     line = "slurm-hooks: requeued from n1, XID 79 on GPU 3; XID 48 on GPU 1, 2026-12-01T10:02Z"
     once = join_admin_comment("site: budget 42", line)
