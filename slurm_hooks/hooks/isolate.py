@@ -18,6 +18,12 @@ else the all-reduce of :mod:`slurm_hooks.hooks.collective`, or ``[isolate] comma
 must name as many ranks as nodes x GPUs (nccl-tests' ``# Rank`` lines, or ``ranks=N``) and a
 bus bandwidth: a test that does not could not run, and counts neither for nor against its nodes.
 
+A run started because jobs failed (``--job``, ``--after-jobs``, or nodes this host's epilogs
+suspected) never ends ok: when every test passed it is inconclusive, "the failure did not
+reproduce in N test(s)", naming what started it; the suspects stay recorded, and the nodes
+suspected are tested in ``[isolate] repeats`` pairs before they are cleared. Only a plain run
+(no failure behind it) ends ok.
+
 Bounded: each test job is cancelled ``test_timeout`` after it *started* (a job queued behind
 another on a shared partner is not cut short; its ``--time`` is the backstop), one never started
 by the end of the budget is cancelled as could-not-run; the search starts no wave past
@@ -40,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_hooks import REASON_PREFIX, fsutil
 from slurm_hooks.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNHEALTHY, SlurmHooksError
 from slurm_hooks.hooks import sweep as sweeping
-from slurm_hooks.remedy import culprit
+from slurm_hooks.remedy import culprit, suspect
 from slurm_hooks.slurm import JobState
 from slurm_hooks.values import dataclass, field
 
@@ -103,7 +109,8 @@ class Summary:
 
     def to_dict(self) -> dict[str, Any]:
         r = self.result
-        return {"nodes": self.nodes, "verdict": self.verdict, "skipped": self.skipped, "culprits": r.culprits,
+        return {"nodes": self.nodes, "verdict": self.verdict, "started_by": r.started_by,
+                "skipped": self.skipped, "culprits": r.culprits,
                 "drained": self.drained, "unexplained": r.unexplained, "floor": r.floor,
                 "not_drained": self.not_drained, "unconfirmed": r.unconfirmed, "cleared": r.cleared,
                 "stopped": r.stopped, "jobs": r.jobs, "waves": r.waves, "reference": r.reference,
@@ -149,12 +156,16 @@ def step_argv(argv: Sequence[str], gpus: int, mpi: str) -> list[str]:
 
 
 def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_timeout: float, budget: float,
-            max_tests: int, argv: Sequence[str] | None = None, drain: bool = True, progress: Any = None) -> Summary:
+            max_tests: int, argv: Sequence[str] | None = None, drain: bool = True, progress: Any = None,
+            started_by: str = "", suspected: Sequence[str] = ()) -> Summary:
     """Find and drain the nodes among ``nodes`` that break collectives; see the module docstring.
-    Never raises for a node; always deletes its reservation. :class:`IsolateBusy` when another runs."""
+    Never raises for a node; always deletes its reservation. :class:`IsolateBusy` when another runs.
+    ``started_by``: the failed jobs (or suspects) behind the run, "" for a plain run; ``suspected``:
+    the nodes they point at."""
     say = progress or (lambda line: None)
     t0 = time.monotonic()
     summary = Summary(list(dict.fromkeys(nodes)))
+    summary.result.started_by = started_by
     if not hasattr(w.slurm, "jobs_named"):
         raise IsolateBusy(f"isolate runs its test jobs through Slurm's commands: set [slurm] backend = \"scontrol\" "
                           f"(this config's is {getattr(w.slurm, 'name', '?')})")
@@ -166,10 +177,13 @@ def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_ti
         previous = signal.signal(signal.SIGTERM, sweeping.raise_interrupted)
         try:
             _run(w, summary, mode=mode, ratio=ratio, test_timeout=test_timeout, budget=budget, t0=t0,
-                 max_tests=max_tests, argv=list(argv or test_argv(w, test_timeout)), drain=drain, say=say)
+                 max_tests=max_tests, argv=list(argv or test_argv(w, test_timeout)), drain=drain, say=say,
+                 suspected=list(suspected))
         finally:
             signal.signal(signal.SIGTERM, previous)
     summary.seconds = time.monotonic() - t0
+    if started_by:
+        suspect.isolate_ended(w, summary.nodes, summary.verdict)
     w.audit.write("action", node=w.node, action="isolate", target=",".join(summary.nodes),
                   result=summary.verdict,
                   duration_s=round(summary.seconds, 4), detail=summary.line(), evidence=summary.evidence)
@@ -241,7 +255,7 @@ def cleanup_leftovers(w: Wiring, say: Any) -> list[str]:
 
 
 def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: float, budget: float, t0: float,
-         max_tests: int, argv: list[str], drain: bool, say: Any) -> None:
+         max_tests: int, argv: list[str], drain: bool, say: Any, suspected: list[str]) -> None:
     usable, gpus = [], {}
     for node in summary.nodes:
         try:
@@ -268,7 +282,8 @@ def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: 
     try:
         summary.result = culprit.search(usable, waves.run_wave, mode=mode, ratio=ratio, max_tests=max_tests,
                                         floor=w.config.isolate.min_busbw_gbps, repeats=w.config.isolate.repeats,
-                                        time_left=lambda: budget - (time.monotonic() - t0))
+                                        time_left=lambda: budget - (time.monotonic() - t0),
+                                        started_by=summary.result.started_by, suspected=suspected)
     except KeyboardInterrupt:
         waves.cancel_running()
         raise
