@@ -28,8 +28,12 @@ Bounded: each test job is cancelled ``test_timeout`` after it *started* (a job q
 another on a shared partner is not cut short; its ``--time`` is the backstop), one never started
 by the end of the budget is cancelled as could-not-run; the search starts no wave past
 ``budget`` and runs at most ``max_tests`` jobs. The reservation is deleted whatever happens
-(failure, SIGINT/SIGTERM); one left by a killed run is deleted by the next, under a lock that
-keeps two runs from overlapping.
+(failure, SIGINT/SIGTERM). A run's reservation and test jobs carry its name,
+``slurm-hooks-isolate-<host>-<pid>-<until>`` (``until``: when the run is over whatever happens,
+and its reservation ends): a run on another host may be live, so a run deletes only leftovers
+that are provably abandoned, past their end time or of a process of this host that is gone
+(:func:`slurm_hooks.remedy.culprit.abandoned`), never another live run's. A per-host lock keeps
+two runs of one host from overlapping.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import math
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -53,7 +58,8 @@ from slurm_hooks.values import dataclass, field
 if TYPE_CHECKING:
     from slurm_hooks.remedy.wiring import Wiring
 
-#: Our reservation and test jobs are named with this (a killed run's leftovers are found by it).
+#: Our reservations and test jobs are named with this, then the run's host, pid and end
+#: (:func:`slurm_hooks.remedy.culprit.run_name`); a killed run's leftovers are found by it.
 PREFIX = culprit.ISOLATE_PREFIX
 #: What a test job may take beyond its time limit to be queued and started in our reservation.
 START_MARGIN_S = 15.0
@@ -173,7 +179,7 @@ def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_ti
     with fsutil.try_locked(lock, dir_mode=0o700) as mine:
         if not mine:
             raise IsolateBusy(f"another isolate is running (it holds {lock})")
-        cleanup_leftovers(w, say)
+        cleanup_leftovers(w, say, legacy_s=max(culprit.LEGACY_RUN_S, lifetime(budget, test_timeout)))
         previous = signal.signal(signal.SIGTERM, sweeping.raise_interrupted)
         try:
             _run(w, summary, mode=mode, ratio=ratio, test_timeout=test_timeout, budget=budget, t0=t0,
@@ -232,23 +238,50 @@ def idle_peers(w: Wiring, partition: str, exclude: Sequence[str], count: int) ->
     return out
 
 
-def cleanup_leftovers(w: Wiring, say: Any) -> list[str]:
-    """Delete the reservations (and cancel the test jobs) a killed run left: under the lock, none is in use."""
+def lifetime(budget: float, test_timeout: float) -> float:
+    """How long a run lasts at most: no wave after ``budget``, whose jobs may wait until
+    ``budget + test_timeout`` to start and then run ``test_timeout`` and the margin; a minute to drain."""
+    return budget + 2 * test_timeout + START_MARGIN_S + 60.0
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's (EPERM): alive
+    return True
+
+
+def cleanup_leftovers(w: Wiring, say: Any, *, legacy_s: float = culprit.LEGACY_RUN_S, host: str = "",
+                      now: float | None = None) -> list[str]:
+    """Cancel the test jobs and delete the reservation of every isolate run that is provably over
+    (:func:`slurm_hooks.remedy.culprit.abandoned`); a run that may be live, on this host or another,
+    keeps both. Test jobs named after an older run's bare prefix are cancelled only while no such
+    older run may be live. Returns the reservations deleted."""
+    host = host or socket.gethostname()
+    now = time.time() if now is None else now
     deleted = []
     try:
-        left = w.slurm.jobs_named(PREFIX)
-        for job in left:
+        runs = [r for r in w.slurm.reservations() if r.startswith(PREFIX + "-")]
+        over = {r: why for r in runs for why in [culprit.abandoned(r, now, host, pid_alive, legacy_s)] if why}
+        names = list(over)
+        if not any(r[len(PREFIX) + 1:].isdigit() for r in runs if r not in over):
+            names.append(PREFIX)  # an older run's jobs carry the prefix alone
+        left = {name: w.slurm.jobs_named(name) for name in names}
+        jobs = [j for js in left.values() for j in js]
+        for job in jobs:
             sweeping.cancel_quietly(w, job)
-        if left:
-            say(f"cancelled test job(s) {', '.join(left)}, left by an earlier isolate")
+        if jobs:
+            say(f"cancelled test job(s) {', '.join(jobs)}, left by an earlier isolate")
             deadline = time.monotonic() + 30.0
-            while time.monotonic() < deadline and w.slurm.jobs_named(PREFIX):
+            while time.monotonic() < deadline and any(w.slurm.jobs_named(n) for n in left if left[n]):
                 time.sleep(POLL_S)
-        for name in w.slurm.reservations():
-            if name.startswith(PREFIX + "-"):
-                w.slurm.delete_reservation(name)
-                deleted.append(name)
-                say(f"deleted {name}, left by an earlier isolate")
+        for name, why in over.items():
+            w.slurm.delete_reservation(name)
+            deleted.append(name)
+            say(f"deleted {name}, left by an earlier isolate ({why})")
     except SlurmHooksError as exc:
         say(f"could not look for leftover reservations: {exc}")
     return deleted
@@ -271,9 +304,10 @@ def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: 
     if len(usable) < 2:
         summary.result.stopped = f"{len(usable)} idle node(s): a collective test needs 2"
         return
-    name = f"{PREFIX}-{int(time.time())}"
+    life = lifetime(budget, test_timeout)
+    name = culprit.run_name(socket.gethostname(), os.getpid(), time.time() + life)
     try:
-        _reserve(w, name, usable, math.ceil(budget / 60.0) + 1)
+        _reserve(w, name, usable, math.ceil(life / 60.0))
     except SlurmHooksError as exc:
         summary.result.stopped = f"no maintenance reservation: {exc}"
         return
@@ -372,7 +406,7 @@ class _Waves:
 
     def _submit(self, group: tuple[str, ...]) -> str:
         gpus = self._gpus(group)
-        return self.w.slurm.submit(step_argv(self.argv, gpus, self.w.config.isolate.mpi), name=PREFIX,
+        return self.w.slurm.submit(step_argv(self.argv, gpus, self.w.config.isolate.mpi), name=self.reservation,
                                    node=list(group), reservation=self.reservation,
                                    minutes=math.ceil(self.test_timeout / 60.0), ntasks_per_node=max(1, gpus),
                                    gpus_per_node=gpus,

@@ -44,6 +44,7 @@ names its unconfirmed suspects. :class:`Fabric` simulates a cluster's fabric for
 from __future__ import annotations
 
 import random
+import re
 import statistics
 from collections.abc import Sequence
 from typing import Callable
@@ -60,6 +61,10 @@ CONFIRMATIONS = 3
 VERDICTS = ("ok", "found", "inconclusive")
 #: isolate's reservation and test jobs are named with this (a running or killed run is found by it).
 ISOLATE_PREFIX = "slurm-hooks-isolate"
+#: An older run's name, ``slurm-hooks-isolate-<start time>``, and how long such a run could last.
+_LEGACY_RUN = r"^" + ISOLATE_PREFIX + r"-(\d+)$"
+_RUN = r"^" + ISOLATE_PREFIX + r"-(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)-(?P<until>\d+)$"
+LEGACY_RUN_S = 4 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,37 @@ class Result:
 
 
 Runner = Callable[[Sequence[tuple[str, ...]]], Sequence[Outcome]]
+
+
+def run_name(host: str, pid: int, until: float) -> str:
+    """One isolate run's reservation and test jobs: ``slurm-hooks-isolate-<host>-<pid>-<until>``,
+    ``until`` the epoch second by which the run is over whatever happens (its reservation ends then)."""
+    return f"{ISOLATE_PREFIX}-{_host(host)}-{pid}-{int(until)}"
+
+
+def _host(host: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", host.split(".")[0])[:40] or "host"
+
+
+def abandoned(name: str, now: float, host: str, alive: Callable[[int], bool], legacy_s: float = LEGACY_RUN_S) -> str:
+    """Why the run that named a reservation (and its jobs) ``name`` is provably over ("" when it may
+    still run, or the name is not an isolate's): its end time passed, or it ran on ``host`` (this
+    one) and its process is gone. Another host's run is never judged by a process this host cannot
+    see; a reused pid only keeps a dead run's leftovers until their end time. An older run's name
+    carries its start alone: it is over ``legacy_s`` after it."""
+    legacy = re.match(_LEGACY_RUN, name)
+    if legacy:
+        started = int(legacy.group(1))
+        return f"an older isolate's, started {now - started:.0f}s ago" if now - started > legacy_s else ""
+    run = re.match(_RUN, name)
+    if not run:
+        return ""
+    until = int(run.group("until"))
+    if now > until:
+        return f"its run ended {now - until:.0f}s ago"
+    if run.group("host") == _host(host) and not alive(int(run.group("pid"))):
+        return f"its run (pid {run.group('pid')} on this host) is gone"
+    return ""
 
 
 def chunks(nodes: Sequence[str], count: int) -> list[tuple[str, ...]]:

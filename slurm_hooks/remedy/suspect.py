@@ -242,14 +242,18 @@ def _our_requeue(w: Wiring, jid: str) -> str:
 
 
 def _isolate_running(w: Wiring) -> str:
-    """An isolate runs already (its reservation or its test jobs are in Slurm): "" when none is seen."""
+    """An isolate runs already (its reservation or its test jobs are in Slurm): "" when none is seen.
+    A reservation past its run's end time is a leftover (the next isolate deletes it), not a run."""
     from slurm_hooks.errors import SlurmHooksError
     from slurm_hooks.remedy.culprit import ISOLATE_PREFIX as PREFIX
+    from slurm_hooks.remedy.culprit import abandoned
 
     if not hasattr(w.slurm, "jobs_named"):
         return ""
+    now = time.time()
     try:
-        held = [r for r in w.slurm.reservations() if r.startswith(PREFIX + "-")]
+        held = [r for r in w.slurm.reservations()
+                if r.startswith(PREFIX + "-") and not abandoned(r, now, "", lambda pid: True)]
         jobs = w.slurm.jobs_named(PREFIX)
     except SlurmHooksError:
         return ""

@@ -5,6 +5,11 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 from fakes.config import sim_config
@@ -118,3 +123,86 @@ def test_what_started_a_run_by_hand(args, started_by, suspected):
 
     got = _started_by(["n1", "n2"], args.get("job"), args.get("after_jobs"), args.get("recorded", {}))
     assert got == (started_by, suspected)
+
+
+# -- two isolates at once: a run deletes only what is provably abandoned ------------------------
+
+HOST = socket.gethostname()
+
+
+def dead_pid() -> int:
+    """A pid no process holds now (a child that has exited and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def leftover(slurm, name, nodes):
+    slurm.held[name] = list(nodes)
+    return slurm.add_test_job(name, list(nodes))
+
+
+def test_a_run_is_named_by_its_host_pid_and_end_and_so_are_its_test_jobs(tmp_path):
+    slurm = IsolateSlurm(culprit.Fabric(nodes(4), {}, seed=1))
+    run(wiring(tmp_path, slurm), nodes(4))
+    [(_, name, minutes)] = slurm.called("create_reservation")
+    host, pid, until = re.match(r"slurm-hooks-isolate-(.+)-(\d+)-(\d+)$", name).groups()
+    assert (host, int(pid)) == (HOST.split(".")[0], os.getpid())
+    assert minutes * 60 >= int(until) - time.time() >= isolating.lifetime(600.0, 60.0) - 5
+    assert {c[1] for c in slurm.called("submit")} == {name} and slurm.held == {}
+
+
+def test_another_hosts_live_run_keeps_its_reservation_and_test_jobs(tmp_path):
+    slurm = IsolateSlurm(culprit.Fabric(nodes(8), {}, seed=1))
+    theirs = culprit.run_name("other-host", 4242, time.time() + 900)
+    job = leftover(slurm, theirs, ["n7", "n8"])
+    summary = run(wiring(tmp_path, slurm), nodes(6))
+    assert summary.verdict == "ok"
+    assert list(slurm.held) == [theirs] and slurm.peek_job(int(job)).state == JobState.RUNNING
+    assert ("cancel", int(job)) not in slurm.calls and ("delete_reservation", theirs) not in slurm.calls
+
+
+def test_a_live_run_of_this_host_under_another_state_dir_is_left_alone(tmp_path):
+    slurm = IsolateSlurm(culprit.Fabric(nodes(8), {}, seed=1))
+    theirs = culprit.run_name(HOST, os.getppid(), time.time() + 900)
+    job = leftover(slurm, theirs, ["n7", "n8"])
+    assert isolating.cleanup_leftovers(wiring(tmp_path, slurm), lambda line: None) == []
+    assert list(slurm.held) == [theirs] and slurm.peek_job(int(job)).state == JobState.RUNNING
+
+
+def test_a_run_of_this_host_whose_process_is_gone_and_one_past_its_end_are_cleaned_up(tmp_path):
+    slurm = IsolateSlurm(culprit.Fabric(nodes(8), {}, seed=1))
+    killed = culprit.run_name(HOST, dead_pid(), time.time() + 900)
+    expired = culprit.run_name("other-host", 4242, time.time() - 5)
+    jobs = [leftover(slurm, killed, ["n5", "n6"]), leftover(slurm, expired, ["n7", "n8"])]
+    said = []
+    deleted = isolating.cleanup_leftovers(wiring(tmp_path, slurm), said.append)
+    assert sorted(deleted) == sorted([killed, expired]) and slurm.held == {}
+    assert [slurm.peek_job(int(j)).state for j in jobs] == [JobState.CANCELLED] * 2
+    assert any("is gone" in line for line in said) and any(re.search(r"its run ended [56]s ago", x) for x in said)
+
+
+def test_an_older_runs_bare_names_are_cleaned_up_only_once_it_is_over(tmp_path):
+    slurm = IsolateSlurm(culprit.Fabric(nodes(8), {}, seed=1))
+    w = wiring(tmp_path, slurm)
+    recent = f"{culprit.ISOLATE_PREFIX}-{int(time.time()) - 60}"
+    job = leftover(slurm, recent, ["n7", "n8"])
+    slurm._update(slurm.peek_job(int(job)), name=culprit.ISOLATE_PREFIX)  # the older runs named jobs by the prefix
+    assert isolating.cleanup_leftovers(w, lambda line: None) == []
+    assert slurm.peek_job(int(job)).state == JobState.RUNNING
+    assert isolating.cleanup_leftovers(w, lambda line: None, now=time.time() + culprit.LEGACY_RUN_S) == [recent]
+    assert slurm.peek_job(int(job)).state == JobState.CANCELLED
+
+
+def test_which_names_are_provably_abandoned():
+    now = 10_000.0
+    gone, alive = (lambda pid: False), (lambda pid: True)
+    assert culprit.abandoned(culprit.run_name("a.example.org", 7, now + 60), now, "a", gone) == \
+        "its run (pid 7 on this host) is gone"
+    assert culprit.abandoned(culprit.run_name("a", 7, now + 60), now, "a", alive) == ""
+    assert culprit.abandoned(culprit.run_name("b-2", 7, now + 60), now, "a", gone) == ""  # another host's
+    assert culprit.abandoned(culprit.run_name("b-2", 7, now - 1), now, "a", alive) == "its run ended 1s ago"
+    assert culprit.abandoned("slurm-hooks-isolate-9000", now, "a", gone) == ""
+    assert culprit.abandoned("slurm-hooks-isolate-9000", now, "a", gone, legacy_s=500) == \
+        "an older isolate's, started 1000s ago"
+    assert culprit.abandoned("maint-window", now, "a", gone) == ""
