@@ -157,6 +157,10 @@ class RepairSection:
                                                        "installed leaves the node [unverified]")
     validate_timeout: float = setting(1800.0, range=POSITIVE, doc="how long that diagnostic may take (level 2 ~ 2 "
                                                                   "min, 3 ~ 15-30 min)")
+    fabric_tests: bool = setting(False, doc="validation runs the per-node fabric tests too, with [sweep]'s tools and "
+                                            "floors (all_reduce_perf through the NICs, ib_write_bw loopback per HCA): "
+                                            "a figure under its floor fails it, a test with a floor that could not "
+                                            "run leaves the node [unverified]; needs dcgm_level > 0")
     worker_timeout: float = setting(3600.0, range=POSITIVE, doc="the repair worker's whole budget (the hooks hand it "
                                                                 "the repair, it runs detached)")
     nvidia_smi: str = setting("/usr/bin/nvidia-smi")

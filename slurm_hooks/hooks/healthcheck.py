@@ -365,9 +365,17 @@ def act(w: Wiring, report: Report, outcome: Outcome, follow: str = "detached",
 
 def rejudge(w: Wiring) -> Callable[[int, float | None], Report]:
     """How the repair ladder judges the whole node again (:data:`slurm_hooks.remedy.repair.Rejudge`):
-    with a DCGM diag of at least ``dcgm_level``, bounded by ``dcgm_timeout``; 0 and None: as a check."""
+    with a DCGM diag of at least ``dcgm_level``, bounded by ``dcgm_timeout``; 0 and None: as a check.
+    A validation's (``dcgm_level`` > 0) runs the per-node fabric tests too where ``[repair] fabric_tests``."""
     def judged(dcgm_level: int, dcgm_timeout: float | None = None) -> Report:
-        return judge(w, Context.CHECK, acknowledge=False, dcgm_level=dcgm_level, dcgm_timeout=dcgm_timeout)
+        t0 = time.monotonic()
+        report = judge(w, Context.CHECK, acknowledge=False, dcgm_level=dcgm_level, dcgm_timeout=dcgm_timeout)
+        if dcgm_level > 0 and w.config.repair.fabric_tests and not report.drain_findings():
+            from slurm_hooks.hooks import nodefabric
+
+            left = (dcgm_timeout or w.config.repair.validate_timeout) - (time.monotonic() - t0)
+            report = nodefabric.validate(w, report, w.time_left(left) - 5.0)
+        return report
 
     return judged
 

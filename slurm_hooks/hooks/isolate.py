@@ -18,12 +18,22 @@ else the all-reduce of :mod:`slurm_hooks.hooks.collective`, or ``[isolate] comma
 must name as many ranks as nodes x GPUs (nccl-tests' ``# Rank`` lines, or ``ranks=N``) and a
 bus bandwidth: a test that does not could not run, and counts neither for nor against its nodes.
 
+A run started because jobs failed (``--job``, ``--after-jobs``, or nodes this host's epilogs
+suspected) never ends ok: when every test passed it is inconclusive, "the failure did not
+reproduce in N test(s)", naming what started it; the suspects stay recorded, and the nodes
+suspected are tested in ``[isolate] repeats`` pairs before they are cleared. Only a plain run
+(no failure behind it) ends ok.
+
 Bounded: each test job is cancelled ``test_timeout`` after it *started* (a job queued behind
 another on a shared partner is not cut short; its ``--time`` is the backstop), one never started
 by the end of the budget is cancelled as could-not-run; the search starts no wave past
 ``budget`` and runs at most ``max_tests`` jobs. The reservation is deleted whatever happens
-(failure, SIGINT/SIGTERM); one left by a killed run is deleted by the next, under a lock that
-keeps two runs from overlapping.
+(failure, SIGINT/SIGTERM). A run's reservation and test jobs carry its name,
+``slurm-hooks-isolate-<host>-<pid>-<until>`` (``until``: when the run is over whatever happens,
+and its reservation ends): a run on another host may be live, so a run deletes only leftovers
+that are provably abandoned, past their end time or of a process of this host that is gone
+(:func:`slurm_hooks.remedy.culprit.abandoned`), never another live run's. A per-host lock keeps
+two runs of one host from overlapping.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import math
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -40,14 +51,15 @@ from typing import TYPE_CHECKING, Any
 from slurm_hooks import REASON_PREFIX, fsutil
 from slurm_hooks.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNHEALTHY, SlurmHooksError
 from slurm_hooks.hooks import sweep as sweeping
-from slurm_hooks.remedy import culprit
+from slurm_hooks.remedy import culprit, suspect
 from slurm_hooks.slurm import JobState
 from slurm_hooks.values import dataclass, field
 
 if TYPE_CHECKING:
     from slurm_hooks.remedy.wiring import Wiring
 
-#: Our reservation and test jobs are named with this (a killed run's leftovers are found by it).
+#: Our reservations and test jobs are named with this, then the run's host, pid and end
+#: (:func:`slurm_hooks.remedy.culprit.run_name`); a killed run's leftovers are found by it.
 PREFIX = culprit.ISOLATE_PREFIX
 #: What a test job may take beyond its time limit to be queued and started in our reservation.
 START_MARGIN_S = 15.0
@@ -103,7 +115,8 @@ class Summary:
 
     def to_dict(self) -> dict[str, Any]:
         r = self.result
-        return {"nodes": self.nodes, "verdict": self.verdict, "skipped": self.skipped, "culprits": r.culprits,
+        return {"nodes": self.nodes, "verdict": self.verdict, "started_by": r.started_by,
+                "skipped": self.skipped, "culprits": r.culprits,
                 "drained": self.drained, "unexplained": r.unexplained, "floor": r.floor,
                 "not_drained": self.not_drained, "unconfirmed": r.unconfirmed, "cleared": r.cleared,
                 "stopped": r.stopped, "jobs": r.jobs, "waves": r.waves, "reference": r.reference,
@@ -149,12 +162,16 @@ def step_argv(argv: Sequence[str], gpus: int, mpi: str) -> list[str]:
 
 
 def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_timeout: float, budget: float,
-            max_tests: int, argv: Sequence[str] | None = None, drain: bool = True, progress: Any = None) -> Summary:
+            max_tests: int, argv: Sequence[str] | None = None, drain: bool = True, progress: Any = None,
+            started_by: str = "", suspected: Sequence[str] = ()) -> Summary:
     """Find and drain the nodes among ``nodes`` that break collectives; see the module docstring.
-    Never raises for a node; always deletes its reservation. :class:`IsolateBusy` when another runs."""
+    Never raises for a node; always deletes its reservation. :class:`IsolateBusy` when another runs.
+    ``started_by``: the failed jobs (or suspects) behind the run, "" for a plain run; ``suspected``:
+    the nodes they point at."""
     say = progress or (lambda line: None)
     t0 = time.monotonic()
     summary = Summary(list(dict.fromkeys(nodes)))
+    summary.result.started_by = started_by
     if not hasattr(w.slurm, "jobs_named"):
         raise IsolateBusy(f"isolate runs its test jobs through Slurm's commands: set [slurm] backend = \"scontrol\" "
                           f"(this config's is {getattr(w.slurm, 'name', '?')})")
@@ -162,14 +179,17 @@ def isolate(w: Wiring, nodes: Sequence[str], *, mode: str, ratio: float, test_ti
     with fsutil.try_locked(lock, dir_mode=0o700) as mine:
         if not mine:
             raise IsolateBusy(f"another isolate is running (it holds {lock})")
-        cleanup_leftovers(w, say)
+        cleanup_leftovers(w, say, legacy_s=max(culprit.LEGACY_RUN_S, lifetime(budget, test_timeout)))
         previous = signal.signal(signal.SIGTERM, sweeping.raise_interrupted)
         try:
             _run(w, summary, mode=mode, ratio=ratio, test_timeout=test_timeout, budget=budget, t0=t0,
-                 max_tests=max_tests, argv=list(argv or test_argv(w, test_timeout)), drain=drain, say=say)
+                 max_tests=max_tests, argv=list(argv or test_argv(w, test_timeout)), drain=drain, say=say,
+                 suspected=list(suspected))
         finally:
             signal.signal(signal.SIGTERM, previous)
     summary.seconds = time.monotonic() - t0
+    if started_by:
+        suspect.isolate_ended(w, summary.nodes, summary.verdict)
     w.audit.write("action", node=w.node, action="isolate", target=",".join(summary.nodes),
                   result=summary.verdict,
                   duration_s=round(summary.seconds, 4), detail=summary.line(), evidence=summary.evidence)
@@ -218,30 +238,57 @@ def idle_peers(w: Wiring, partition: str, exclude: Sequence[str], count: int) ->
     return out
 
 
-def cleanup_leftovers(w: Wiring, say: Any) -> list[str]:
-    """Delete the reservations (and cancel the test jobs) a killed run left: under the lock, none is in use."""
+def lifetime(budget: float, test_timeout: float) -> float:
+    """How long a run lasts at most: no wave after ``budget``, whose jobs may wait until
+    ``budget + test_timeout`` to start and then run ``test_timeout`` and the margin; a minute to drain."""
+    return budget + 2 * test_timeout + START_MARGIN_S + 60.0
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's (EPERM): alive
+    return True
+
+
+def cleanup_leftovers(w: Wiring, say: Any, *, legacy_s: float = culprit.LEGACY_RUN_S, host: str = "",
+                      now: float | None = None) -> list[str]:
+    """Cancel the test jobs and delete the reservation of every isolate run that is provably over
+    (:func:`slurm_hooks.remedy.culprit.abandoned`); a run that may be live, on this host or another,
+    keeps both. Test jobs named after an older run's bare prefix are cancelled only while no such
+    older run may be live. Returns the reservations deleted."""
+    host = host or socket.gethostname()
+    now = time.time() if now is None else now
     deleted = []
     try:
-        left = w.slurm.jobs_named(PREFIX)
-        for job in left:
+        runs = [r for r in w.slurm.reservations() if r.startswith(PREFIX + "-")]
+        over = {r: why for r in runs for why in [culprit.abandoned(r, now, host, pid_alive, legacy_s)] if why}
+        names = list(over)
+        if not any(r[len(PREFIX) + 1:].isdigit() for r in runs if r not in over):
+            names.append(PREFIX)  # an older run's jobs carry the prefix alone
+        left = {name: w.slurm.jobs_named(name) for name in names}
+        jobs = [j for js in left.values() for j in js]
+        for job in jobs:
             sweeping.cancel_quietly(w, job)
-        if left:
-            say(f"cancelled test job(s) {', '.join(left)}, left by an earlier isolate")
+        if jobs:
+            say(f"cancelled test job(s) {', '.join(jobs)}, left by an earlier isolate")
             deadline = time.monotonic() + 30.0
-            while time.monotonic() < deadline and w.slurm.jobs_named(PREFIX):
+            while time.monotonic() < deadline and any(w.slurm.jobs_named(n) for n in left if left[n]):
                 time.sleep(POLL_S)
-        for name in w.slurm.reservations():
-            if name.startswith(PREFIX + "-"):
-                w.slurm.delete_reservation(name)
-                deleted.append(name)
-                say(f"deleted {name}, left by an earlier isolate")
+        for name, why in over.items():
+            w.slurm.delete_reservation(name)
+            deleted.append(name)
+            say(f"deleted {name}, left by an earlier isolate ({why})")
     except SlurmHooksError as exc:
         say(f"could not look for leftover reservations: {exc}")
     return deleted
 
 
 def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: float, budget: float, t0: float,
-         max_tests: int, argv: list[str], drain: bool, say: Any) -> None:
+         max_tests: int, argv: list[str], drain: bool, say: Any, suspected: list[str]) -> None:
     usable, gpus = [], {}
     for node in summary.nodes:
         try:
@@ -257,9 +304,10 @@ def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: 
     if len(usable) < 2:
         summary.result.stopped = f"{len(usable)} idle node(s): a collective test needs 2"
         return
-    name = f"{PREFIX}-{int(time.time())}"
+    life = lifetime(budget, test_timeout)
+    name = culprit.run_name(socket.gethostname(), os.getpid(), time.time() + life)
     try:
-        _reserve(w, name, usable, math.ceil(budget / 60.0) + 1)
+        _reserve(w, name, usable, math.ceil(life / 60.0))
     except SlurmHooksError as exc:
         summary.result.stopped = f"no maintenance reservation: {exc}"
         return
@@ -268,7 +316,8 @@ def _run(w: Wiring, summary: Summary, *, mode: str, ratio: float, test_timeout: 
     try:
         summary.result = culprit.search(usable, waves.run_wave, mode=mode, ratio=ratio, max_tests=max_tests,
                                         floor=w.config.isolate.min_busbw_gbps, repeats=w.config.isolate.repeats,
-                                        time_left=lambda: budget - (time.monotonic() - t0))
+                                        time_left=lambda: budget - (time.monotonic() - t0),
+                                        started_by=summary.result.started_by, suspected=suspected)
     except KeyboardInterrupt:
         waves.cancel_running()
         raise
@@ -357,7 +406,7 @@ class _Waves:
 
     def _submit(self, group: tuple[str, ...]) -> str:
         gpus = self._gpus(group)
-        return self.w.slurm.submit(step_argv(self.argv, gpus, self.w.config.isolate.mpi), name=PREFIX,
+        return self.w.slurm.submit(step_argv(self.argv, gpus, self.w.config.isolate.mpi), name=self.reservation,
                                    node=list(group), reservation=self.reservation,
                                    minutes=math.ceil(self.test_timeout / 60.0), ntasks_per_node=max(1, gpus),
                                    gpus_per_node=gpus,

@@ -8,6 +8,10 @@
   ``BW average[Gb/sec]`` against ``[sweep] ib_write_bw_gbps`` (for scale: Azure's H100 check
   wants 380 Gb/s per HCA with GPU-direct, and 460 GB/s from its single-node NCCL all-reduce).
 
+Run by the sweep, and by a repair's validation where ``[repair] fabric_tests`` (:func:`validate`:
+a figure under its floor fails the validation, a test with a floor that could not run leaves the
+node unverified).
+
 Gather (:func:`run_tests`: the tools, each bounded), then judge (:func:`judge`: a figure against
 its floor). A tool not installed, a test that exits non-zero or times out, or output that is not
 the tool's own format (cut short, garbled, another unit) is ``not-run``: never a pass, never a
@@ -22,9 +26,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from slurm_hooks.values import dataclass
+from slurm_hooks.values import dataclass, replace
 
 if TYPE_CHECKING:
+    from slurm_hooks.models import Report
     from slurm_hooks.remedy.wiring import Wiring
 
 NCCL_NICS = "nccl-nics"
@@ -217,3 +222,31 @@ def run_tests(w: Wiring, timeout: float, run: Run = run_tool) -> list[FabricTest
     for i, hca in enumerate(devices):
         out.append(ib_loopback(cfg.ib_write_bw, hca, i % gpus, IB_PORT + i, cfg.ib_write_bw_gbps, timeout, run))
     return out
+
+
+def validate(w: Wiring, report: Report, timeout: float, run: Run = run_tool) -> Report:
+    """``report`` (a repair's validation: the node judged afresh, its DCGM diag run) with the per-node
+    fabric tests' findings added, each test in the audit log. A figure under its floor is a FAIL
+    that takes the node out (reboot, then replace: a reset does not mend a NIC); a test with a floor
+    that could not run is a warning the validation reads as unverified; a figure with no floor
+    set, or a test without one that could not run, decides nothing (only a floor the site set can
+    keep a node out)."""
+    import time
+
+    from slurm_hooks.models import Action, Finding, Severity
+    from slurm_hooks.remedy.repair.validation import FABRIC
+
+    found = []
+    t0 = time.monotonic()
+    for test in run_tests(w, max(1.0, min(300.0, timeout)), run):
+        w.audit.write("action", node=w.node, action="repair-validate-test", target=w.node, result=test.result,
+                      duration_s=round(time.monotonic() - t0, 4), test=test.name, detail=test.detail,
+                      **({"figure": test.figure, "unit": test.unit} if test.figure is not None else {}))
+        t0 = time.monotonic()
+        if test.result == "failed":
+            found.append(Finding(FABRIC, Severity.FAIL, Action.REBOOT, f"{test.name} below its floor: {test.detail}",
+                                 summary=f"{test.name} below its floor", subject=test.name))
+        elif test.result == "not-run" and test.floor > 0:
+            found.append(Finding(FABRIC, Severity.WARN, Action.NONE, f"{test.name} not run: {test.detail}",
+                                 subject=test.name))
+    return replace(report, findings=report.findings + tuple(found), checks_run=report.checks_run + (FABRIC,))

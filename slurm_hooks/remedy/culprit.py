@@ -29,6 +29,12 @@ How no healthy node is drained:
   unconfirmed, the search stopped early, or a failed screen is explained by no culprit (every
   suspect of it was cleared: a fault that does not reproduce in pairs); ``ok`` only when every
   test passed. :attr:`Result.unexplained` says which screen failed and with what figures.
+- A run *started because jobs failed* (``started_by``: the failed jobs, or the suspects they
+  made) never ends ``ok``: when every test passed, the failure did not reproduce, and the run is
+  ``inconclusive`` and says so. Unless a culprit was found, a node those jobs point at
+  (``suspected``) is not cleared by the screen it passed: it is tested in ``repeats`` pairs with
+  different partners first, and cleared only when they all pass (a node that hangs in 30% of its
+  tests passes one screen 70% of the time, a screen and two pairs 34%).
 
 Bounded: ``max_tests`` and ``time_left`` are looked at before each wave; a search cut short
 names its unconfirmed suspects. :class:`Fabric` simulates a cluster's fabric for tests and
@@ -38,6 +44,7 @@ names its unconfirmed suspects. :class:`Fabric` simulates a cluster's fabric for
 from __future__ import annotations
 
 import random
+import re
 import statistics
 from collections.abc import Sequence
 from typing import Callable
@@ -54,6 +61,10 @@ CONFIRMATIONS = 3
 VERDICTS = ("ok", "found", "inconclusive")
 #: isolate's reservation and test jobs are named with this (a running or killed run is found by it).
 ISOLATE_PREFIX = "slurm-hooks-isolate"
+#: An older run's name, ``slurm-hooks-isolate-<start time>``, and how long such a run could last.
+_LEGACY_RUN = r"^" + ISOLATE_PREFIX + r"-(\d+)$"
+_RUN = r"^" + ISOLATE_PREFIX + r"-(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)-(?P<until>\d+)$"
+LEGACY_RUN_S = 4 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,8 @@ class Result:
     unexplained: list[str] = field(default_factory=list)
     #: why the search stopped early ("" when it ran to its end)
     stopped: str = ""
+    #: what started the run ("jobs 101, 102 failed on n4"): "" for a plain (preflight) run
+    started_by: str = ""
 
     @property
     def jobs(self) -> int:
@@ -105,12 +118,18 @@ class Result:
     @property
     def verdict(self) -> str:
         """``found`` (a culprit), ``inconclusive`` (something failed that the search could not pin
-        on a node, or it could not finish) or ``ok`` (every test passed)."""
+        on a node, it could not finish, or the failure that started it did not reproduce) or ``ok``
+        (every test of a plain run passed)."""
         if self.culprits:
             return "found"
-        if self.unconfirmed or self.stopped or self.unexplained:
+        if self.unconfirmed or self.stopped or self.unexplained or self.started_by:
             return "inconclusive"
         return "ok"
+
+    @property
+    def reproduced(self) -> bool:
+        """Did any test that ran fail (whatever came of it)?"""
+        return any(t.ran and not t.passed for t in self.tests)
 
     def line(self) -> str:
         found = ", ".join(f"{n} ({why})" for n, why in sorted(self.culprits.items())) or "no culprit"
@@ -121,10 +140,51 @@ class Result:
             extra += "; failed, no culprit found: " + "; ".join(self.unexplained)
         if self.stopped:
             extra += f"; stopped: {self.stopped}"
+        if self.started_by and not self.culprits:
+            if self.reproduced:
+                relapsed = sorted({t.nodes[-1] for t in self.tests if t.purpose == "confirm" and t.ran and not t.passed}
+                                  & set(self.cleared))
+                if relapsed:
+                    extra += "; failed once, then passed: " + ", ".join(f"{n} ({self.cleared[n]})" for n in relapsed)
+                extra += f"; started by {self.started_by}"
+            else:
+                extra += (f"; the failure did not reproduce in {self.jobs} test(s): started by {self.started_by}, "
+                          "its suspects stay recorded")
         return f"{found}{extra} ({self.jobs} test job(s) in {self.waves} wave(s))"
 
 
 Runner = Callable[[Sequence[tuple[str, ...]]], Sequence[Outcome]]
+
+
+def run_name(host: str, pid: int, until: float) -> str:
+    """One isolate run's reservation and test jobs: ``slurm-hooks-isolate-<host>-<pid>-<until>``,
+    ``until`` the epoch second by which the run is over whatever happens (its reservation ends then)."""
+    return f"{ISOLATE_PREFIX}-{_host(host)}-{pid}-{int(until)}"
+
+
+def _host(host: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", host.split(".")[0])[:40] or "host"
+
+
+def abandoned(name: str, now: float, host: str, alive: Callable[[int], bool], legacy_s: float = LEGACY_RUN_S) -> str:
+    """Why the run that named a reservation (and its jobs) ``name`` is provably over ("" when it may
+    still run, or the name is not an isolate's): its end time passed, or it ran on ``host`` (this
+    one) and its process is gone. Another host's run is never judged by a process this host cannot
+    see; a reused pid only keeps a dead run's leftovers until their end time. An older run's name
+    carries its start alone: it is over ``legacy_s`` after it."""
+    legacy = re.match(_LEGACY_RUN, name)
+    if legacy:
+        started = int(legacy.group(1))
+        return f"an older isolate's, started {now - started:.0f}s ago" if now - started > legacy_s else ""
+    run = re.match(_RUN, name)
+    if not run:
+        return ""
+    until = int(run.group("until"))
+    if now > until:
+        return f"its run ended {now - until:.0f}s ago"
+    if run.group("host") == _host(host) and not alive(int(run.group("pid"))):
+        return f"its run (pid {run.group('pid')} on this host) is gone"
+    return ""
 
 
 def chunks(nodes: Sequence[str], count: int) -> list[tuple[str, ...]]:
@@ -181,21 +241,27 @@ class _Suspect:
     passes: list[str] = field(default_factory=list)
     tried: list[str] = field(default_factory=list)  # every partner it was paired with, could-not-run included
     pending: int = 0
+    #: a node the failed jobs that started the run point at: ``repeats`` passes clear it, never one
+    watched: bool = False
 
 
 def search(nodes: Sequence[str], run_wave: Runner, *, mode: str = "bisect", ratio: float = 0.5, floor: float = 0.0,
-           repeats: int = 2, max_tests: int = 0, time_left: Callable[[], float] | None = None) -> Result:
+           repeats: int = 2, max_tests: int = 0, time_left: Callable[[], float] | None = None,
+           started_by: str = "", suspected: Sequence[str] = ()) -> Result:
     """Find the nodes that break collectives among ``nodes``; see the module docstring.
 
     ``run_wave(groups)`` runs one test per group, all at once, and returns their outcomes in order.
     ``floor``: the absolute bar (0: none, the relative bar alone); ``repeats``: passes a suspect
-    that once failed needs to be cleared. ``max_tests``: at most this many test jobs (0: no bound);
-    ``time_left()``: seconds left of the run's budget (a wave is not started with none left).
+    that once failed, or a ``suspected`` node, needs to be cleared. ``max_tests``: at most this many
+    test jobs (0: no bound); ``time_left()``: seconds left of the run's budget (a wave is not
+    started with none left). ``started_by``: what failed and started the run ("" for a plain run,
+    which alone may end ``ok``); ``suspected``: the nodes of ``nodes`` that failure points at.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     nodes = list(dict.fromkeys(nodes))
-    result = Result(floor=floor)
+    result = Result(floor=floor, started_by=started_by)
+    watch = [n for n in dict.fromkeys(suspected) if n in nodes]
     if len(nodes) < 2:
         result.stopped = "fewer than 2 nodes: no collective to test"
         return result
@@ -204,14 +270,27 @@ def search(nodes: Sequence[str], run_wave: Runner, *, mode: str = "bisect", rati
     suspects: dict[str, _Suspect] = {}
     todo: list[tuple[tuple[str, ...], str]] = [(g, "screen") for g in first_wave(nodes, mode)]
     failed_groups: list[tuple[str, ...]] = []  # failing groups that were not split: what a mix re-pairs
-    mixed = rotated = False
+    mixed = rotated = rechecked = False
     while True:
         wave = list(todo)
         todo = []
-        wave += _confirmations(suspects, good, result)
+        wave += _confirmations(suspects, good, result, repeats, rechecked)
         if not wave and not suspects and not rotated:
             rotated = True
             wave = _rotation(nodes, result.tests, good)
+        if not wave and not rechecked:
+            rechecked = True
+            if result.culprits:  # a culprit explains the failed jobs: one pass clears, as it does any suspect
+                for s, st in suspects.items():
+                    if st.watched and st.passes and not st.fails and _open(s, suspects, result):
+                        result.cleared[s] = f"passed with {', '.join(st.passes)}"
+                        good.append(s)
+            else:
+                for n in watch:  # passed its screen: not cleared until it passes ``repeats`` pairs
+                    if n in good and n not in suspects:
+                        good.remove(n)
+                        suspects[n] = _Suspect(watched=True)
+                wave = _confirmations(suspects, good, result, repeats, rechecked)
         if not wave:
             undecided = [s for s in suspects if _open(s, suspects, result)]
             if undecided and not good and not mixed:
@@ -246,7 +325,7 @@ def search(nodes: Sequence[str], run_wave: Runner, *, mode: str = "bisect", rati
             elif passed:
                 good.extend(n for n in group if n not in good)
                 for n in group:  # a suspect in a group split further, or re-paired, that passed at the bar
-                    if _open(n, suspects, result):
+                    if _open(n, suspects, result) and not suspects[n].watched:
                         result.cleared[n] = f"passed in {','.join(group)} ({why})"
             elif passed is None:
                 if purpose != "retry":
@@ -257,12 +336,12 @@ def search(nodes: Sequence[str], run_wave: Runner, *, mode: str = "bisect", rati
             elif purpose == "rotate":  # the nodes only ever measured as rank 0 are suspects now
                 failed_groups.append(group)
                 for n in group[1:]:
-                    suspects.setdefault(n, _Suspect())
+                    suspects.setdefault(n, _Suspect(watched=n in watch))
                     good.remove(n)
             elif len(group) <= CONFIRM_AT or mode == "pairwise":
                 failed_groups.append(group)
                 for n in group:
-                    suspects.setdefault(n, _Suspect())
+                    suspects.setdefault(n, _Suspect(watched=n in watch))
             else:
                 half = (len(group) + 1) // 2
                 todo += [(group[:half], "split"), (group[half:], "split")]
@@ -288,9 +367,12 @@ def _open(node: str, suspects: dict[str, _Suspect], result: Result) -> bool:
         and node not in result.unconfirmed
 
 
-def _confirmations(suspects: dict[str, _Suspect], good: list[str], result: Result) -> list[tuple[tuple[str, ...], str]]:
+def _confirmations(suspects: dict[str, _Suspect], good: list[str], result: Result, repeats: int,
+                   final: bool) -> list[tuple[tuple[str, ...], str]]:
     """This wave's pair tests: each open suspect with partners it has not been paired with, the
-    partners least used in this wave first (tests sharing a node queue behind each other)."""
+    partners least used in this wave first (tests sharing a node queue behind each other). A
+    suspected node that passed its pair and never failed one waits for the ``final`` waves, where
+    no culprit was found: its other ``repeats`` - 1 pairs, all at once."""
     wave: list[tuple[tuple[str, ...], str]] = []
     load = {n: 0 for n in good}
     for s, st in suspects.items():
@@ -298,11 +380,13 @@ def _confirmations(suspects: dict[str, _Suspect], good: list[str], result: Resul
             continue
         if st.fails and not st.passes:
             want = CONFIRMATIONS - len(st.fails)
+        elif st.watched and not st.fails:
+            want = repeats - len(st.passes) if final else 1 - len(st.passes)
         else:
             want = 1
         free = sorted((p for p in good if p != s and p not in st.tried and p not in result.culprits
                        and not _open(p, suspects, result)), key=lambda p: load[p])
-        for partner in free[:want]:
+        for partner in free[:max(0, want)]:
             load[partner] += 1
             st.tried.append(partner)
             st.pending += 1
@@ -324,7 +408,7 @@ def _confirmed(suspects: dict[str, _Suspect], result: Result, good: list[str], g
     if len(st.fails) >= CONFIRMATIONS:
         first = next(iter(st.fails.values()))
         result.culprits[s] = f"{first}; failed with {', '.join(st.fails)}"
-    elif len(st.passes) >= (repeats if st.fails else 1):
+    elif len(st.passes) >= (repeats if st.fails or st.watched else 1):
         result.cleared[s] = f"passed with {', '.join(st.passes)}" + (
             f" (failed with {', '.join(st.fails)})" if st.fails else "")
         if s not in good:

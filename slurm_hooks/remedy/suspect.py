@@ -14,7 +14,10 @@ pattern) distinct failed multi-node jobs within ``[isolate] window``, whatever t
 is *suspected*. With ``[isolate] auto = true`` (off by default) an epilog that makes or finds a
 suspected node among its job's nodes starts ``slurm-hooks isolate`` on the suspected nodes,
 detached, once per node within the window; it waits until they are idle, adds idle peers of the
-partition to confirm against, and drains only a confirmed culprit.
+partition to confirm against, and drains only a confirmed culprit. Such a run is started by the
+failed jobs: when its tests all pass it ends inconclusive, never ok, and the suspects stay
+recorded. When it has ended (:func:`isolate_ended`), a suspected node's next failed job starts
+another.
 
 Each node counts over the failed jobs it took part in (its ``suspects.json``; a state dir the
 nodes share, as the testbed's, holds every node's records, each job counted once): its own
@@ -146,7 +149,7 @@ def remember(w: Wiring, jid: str, nodes: list[str], status: str, partition: str,
         history["suspects"].append({"ts": now, "node": w.node, "job": jid, "nodes": nodes, "exit_code": status})
         suspects = suspected(failures(history["suspects"], now, cfg.window), cfg.suspect_jobs)
         first = starter(nodes, suspects)
-        targeted = {n for t in history["triggers"] for n in t.get("nodes", [])}
+        targeted = _targeted(history)
         new = [n for n in suspects if n not in targeted]
         trigger = cfg.auto and first == w.node and bool(new)
         if trigger:
@@ -167,6 +170,45 @@ def remember(w: Wiring, jid: str, nodes: list[str], status: str, partition: str,
                       result="skipped", jobs=[jid], detail=f"suspected: {said}; not started: {running}")
         return f"suspected: {said}; not started: {running}"
     return (start or start_isolate)(w, sorted(suspects), partition, jid, said)
+
+
+def _targeted(history: Mapping) -> set[str]:
+    """The nodes an automatic isolate targets: one that runs, or one that ended with no failed job
+    of the node recorded since (a failure after it ended starts the next)."""
+    out: set[str] = set()
+    for t in history.get("triggers", []):
+        ended = t.get("ended")
+        for node in t.get("nodes", []):
+            if ended is None or not any(node in (s.get("nodes") or ()) and s.get("ts", 0) > ended
+                                        for s in history.get("suspects", [])):
+                out.add(node)
+    return out
+
+
+def recorded(w: Wiring, nodes: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The nodes of ``nodes`` suspected in this host's records (within the window): node -> its failed jobs."""
+    cfg = w.config.isolate
+    history = _load(w.state_path("suspects.json"))
+    found = suspected(failures(history.get("suspects", []), time.time(), cfg.window), cfg.suspect_jobs)
+    return {n: found[n] for n in nodes if n in found}
+
+
+def isolate_ended(w: Wiring, nodes: Sequence[str], verdict: str) -> None:
+    """An isolate of ``nodes`` started by failed jobs ended (``verdict``): its triggers are done, so
+    the next failed job of one of its nodes may start another; every suspect record is kept."""
+    path = w.state_path("suspects.json")
+    if not os.path.exists(path):
+        return
+    now = time.time()
+    with fsutil.locked(path):
+        history = _load(path)
+        changed = False
+        for t in history.get("triggers", []):
+            if t.get("ended") is None and set(t.get("nodes", [])) & set(nodes):
+                t["ended"], t["verdict"] = now, verdict
+                changed = True
+        if changed:
+            _save(path, history)
 
 
 def _ours(w: Wiring, jid: str) -> str:
@@ -200,14 +242,18 @@ def _our_requeue(w: Wiring, jid: str) -> str:
 
 
 def _isolate_running(w: Wiring) -> str:
-    """An isolate runs already (its reservation or its test jobs are in Slurm): "" when none is seen."""
+    """An isolate runs already (its reservation or its test jobs are in Slurm): "" when none is seen.
+    A reservation past its run's end time is a leftover (the next isolate deletes it), not a run."""
     from slurm_hooks.errors import SlurmHooksError
     from slurm_hooks.remedy.culprit import ISOLATE_PREFIX as PREFIX
+    from slurm_hooks.remedy.culprit import abandoned
 
     if not hasattr(w.slurm, "jobs_named"):
         return ""
+    now = time.time()
     try:
-        held = [r for r in w.slurm.reservations() if r.startswith(PREFIX + "-")]
+        held = [r for r in w.slurm.reservations()
+                if r.startswith(PREFIX + "-") and not abandoned(r, now, "", lambda pid: True)]
         jobs = w.slurm.jobs_named(PREFIX)
     except SlurmHooksError:
         return ""
@@ -221,7 +267,7 @@ def start_isolate(w: Wiring, nodes: list[str], partition: str, jid: str, said: s
     from slurm_hooks.runner import python_argv, spawn_detached
 
     args = ["isolate", "--nodes", ",".join(nodes), "--wait-idle", f"{AUTO_WAIT_IDLE_S:g}",
-            "--peers", str(AUTO_PEERS)]
+            "--peers", str(AUTO_PEERS), "--after-jobs", ",".join(_jobs_of(w, nodes, jid))]
     if partition:
         args += ["--partition", partition]
     if w.config.path:
@@ -233,6 +279,12 @@ def start_isolate(w: Wiring, nodes: list[str], partition: str, jid: str, said: s
     w.audit.write("action", node=w.node, action="isolate-start", target=",".join(nodes), result=result, jobs=[jid],
                   detail=f"suspected within the window: {said}; isolate started (log {output})", error=spawned.error)
     return f"isolate started on {', '.join(nodes)}" if spawned.started else f"isolate did not start: {spawned.error}"
+
+
+def _jobs_of(w: Wiring, nodes: Sequence[str], jid: str) -> list[str]:
+    """The failed jobs that made ``nodes`` suspects (``jid`` at least)."""
+    jobs = [j for js in recorded(w, nodes).values() for j in js]
+    return list(dict.fromkeys([*jobs, jid]))
 
 
 def _load(path: str) -> dict:

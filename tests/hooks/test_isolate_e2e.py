@@ -140,7 +140,7 @@ def test_a_killed_isolate_leaves_its_reservation_and_the_next_run_deletes_it(tb,
     proc = subprocess.Popen([sys.executable, "-m", "slurm_hooks", "isolate", "--config", cfg, "--nodes", "n[1-8]"],
                             env=tb.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: reservations(tb) and any(j.name == PREFIX for j in tb.slurm.jobs_on_node("n1")), 60,
+        wait_for(lambda: reservations(tb) and any(j.name.startswith(PREFIX) for j in tb.slurm.jobs_on_node("n1")), 60,
                  "isolate reserved its nodes and started a test job")
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -157,7 +157,7 @@ def test_a_sigterm_cancels_the_test_jobs_and_deletes_the_reservation_at_once(tb,
     proc = subprocess.Popen([sys.executable, "-m", "slurm_hooks", "isolate", "--config", config(tb, tmp_path),
                              "--nodes", "n[1-8]"], env=tb.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: reservations(tb) and any(j.name == PREFIX for j in tb.slurm.jobs_on_node("n1")), 60,
+        wait_for(lambda: reservations(tb) and any(j.name.startswith(PREFIX) for j in tb.slurm.jobs_on_node("n1")), 60,
                  "isolate reserved its nodes and started a test job")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
@@ -165,7 +165,7 @@ def test_a_sigterm_cancels_the_test_jobs_and_deletes_the_reservation_at_once(tb,
         proc.kill()
     assert proc.returncode == 130 and "its reservation deleted" in err, err
     assert reservations(tb) == []
-    wait_for(lambda: not any(j.name == PREFIX for n in tb.nodes for j in tb.slurm.jobs_on_node(n)), 30,
+    wait_for(lambda: not any(j.name.startswith(PREFIX) for n in tb.nodes for j in tb.slurm.jobs_on_node(n)), 30,
              "its test jobs gone")
     assert drained(tb) == {}
 

@@ -245,3 +245,77 @@ def test_slow_groups_do_not_set_the_reference_so_each_slow_node_is_still_found(f
     found = search(fabric.nodes, fabric.run_wave)
     assert set(found.culprits) == set(faults), found.line()
     assert found.reference == 100.0
+
+
+def test_a_run_started_by_failed_jobs_whose_tests_all_pass_is_inconclusive_and_says_it_did_not_reproduce():
+    fabric = Fabric(nodes(16), {}, seed=4)
+    found = search(fabric.nodes, fabric.run_wave, floor=50.0, started_by="jobs 101, 102 failed on n4")
+    assert found.culprits == {} and found.unexplained == [] and found.stopped == ""
+    assert found.verdict == "inconclusive"
+    assert (f"the failure did not reproduce in {found.jobs} test(s): started by jobs 101, 102 failed on n4, "
+            "its suspects stay recorded") in found.line()
+    plain = search(nodes(16), Fabric(nodes(16), {}, seed=4).run_wave, floor=50.0)
+    assert plain.verdict == "ok" and "reproduce" not in plain.line()
+
+
+def test_a_suspected_node_that_passed_its_screen_is_cleared_only_after_repeats_pairs_with_different_partners():
+    fabric = Fabric(nodes(16), {}, seed=5)
+    found = search(fabric.nodes, fabric.run_wave, floor=50.0, repeats=3, started_by="jobs 7, 9", suspected=["n6"])
+    pairs = [t.nodes for t in found.tests if t.purpose == "confirm"]
+    assert [p[1] for p in pairs] == ["n6"] * 3 and len({p[0] for p in pairs}) == 3
+    assert found.cleared["n6"].startswith("passed with ") and found.verdict == "inconclusive"
+    assert "n6" in found.passed
+
+
+def test_a_node_hanging_in_30_percent_of_its_tests_never_ends_ok_after_failed_jobs_in_300_trials():
+    """Its screen passes 70% of the time: a preflight run may say ok; one started by the jobs it
+    failed ends inconclusive, or names it after three failed pairs, and names no other node."""
+    rng = random.Random("intermittent")
+    verdicts = {"ok": 0, "found": 0, "inconclusive": 0}
+    preflight_ok = 0
+    for trial in range(300):
+        [bad] = rng.sample(nodes(16), 1)
+        fabric = Fabric(nodes(16), {bad: "flaky 0.3"}, seed=trial)
+        found = search(fabric.nodes, fabric.run_wave, floor=50.0, started_by="jobs 1, 2", suspected=[bad])
+        assert set(found.culprits) <= {bad}, found.line()
+        verdicts[found.verdict] += 1
+        preflight_ok += search(nodes(16), Fabric(nodes(16), {bad: "flaky 0.3"}, seed=trial).run_wave,
+                               floor=50.0).verdict == "ok"
+    assert verdicts["ok"] == 0 and verdicts["found"] > 0, verdicts
+    assert preflight_ok > 100  # the same node, in runs no failure started
+
+
+def test_a_suspected_node_that_hangs_in_one_repeat_pair_is_named_in_the_inconclusive_line():
+    def hangs_once_in_pairs(groups):
+        return [Outcome(False, None, "time limit reached") if g == ("n2", "n5") else Outcome(True, 100.0)
+                for g in groups]
+
+    found = search(nodes(8), hangs_once_in_pairs, floor=50.0, started_by="jobs 3, 4", suspected=["n5"])
+    assert found.culprits == {} and found.verdict == "inconclusive"
+    assert [t.passed for t in found.tests if t.nodes[-1] == "n5" and t.purpose == "confirm"] == [True, False, True]
+    assert ("failed once, then passed: n5 (passed with n1, n3 (failed with n2)); started by jobs 3, 4"
+            in found.line())
+
+
+def test_a_culprit_found_spares_a_co_suspect_that_passed_its_pair_the_repeats():
+    """1 bad of 16 after failed jobs, a healthy node suspected beside it: still at most 10 test jobs."""
+    for bad in nodes(16):
+        other = "n1" if bad != "n1" else "n2"
+        fabric = Fabric(nodes(16), {bad: "slow 8"}, seed=6)
+        found = search(fabric.nodes, fabric.run_wave, floor=50.0, started_by="jobs 1, 2", suspected=[bad, other])
+        assert list(found.culprits) == [bad] and found.jobs <= 10, found.line()
+        assert other in found.passed
+
+
+def test_a_suspected_node_in_a_failed_screen_needs_repeats_passes_where_its_screen_partner_needs_one():
+    waves = []
+
+    def screen_fails_once(groups):
+        waves.append(groups)
+        return [Outcome(False, None, "time limit reached") if len(waves) == 1 and "n5" in g else Outcome(True, 100.0)
+                for g in groups]
+
+    found = search(nodes(8), screen_fails_once, floor=50.0, started_by="jobs 3, 4", suspected=["n5"])
+    pairs = {n: [t.nodes[0] for t in found.tests if t.purpose == "confirm" and t.nodes[-1] == n] for n in ("n5", "n6")}
+    assert len(pairs["n5"]) == 2 and len(set(pairs["n5"])) == 2 and len(pairs["n6"]) == 1, pairs
+    assert set(found.cleared) == {"n5", "n6"} and found.verdict == "inconclusive"

@@ -172,3 +172,49 @@ def test_validate_learn_proposes_the_floors_from_this_nodes_healthy_sweep_and_no
         == ({}, ["no healthy all_reduce_perf through the NICs in this node's sweep records: [sweep] "
                  "nccl_nics_busbw_gbps not proposed",
                  "no healthy ib_write_bw loopback in this node's sweep records: [sweep] ib_write_bw_gbps not proposed"])
+
+
+def repaired(tmp_path, perf_state=None, floor=300.0, ib_floor=0.0):
+    """n1 with a pending row remap on GPU 3, repaired inline (a reset, then the validation with the
+    fabric tests on: [repair] fabric_tests); ``perf_state``: what the fake all_reduce_perf
+    measures (None: not installed)."""
+    from fakes.config import repair_config, sim_node
+
+    from slurm_hooks.hooks import healthcheck
+    from slurm_hooks.probes import sim
+
+    perf = fake(tmp_path, "all_reduce_perf", "nccl_tests.py", perf_state) if perf_state else f"{tmp_path}/none"
+    cfg = repair_config(tmp_path, f'fabric_tests = true\n[sweep]\nall_reduce_perf = "{perf}"\n'
+                                  f'ib_write_bw = "{tmp_path}/none"\nnccl_nics_busbw_gbps = {floor}\n'
+                                  f'ib_write_bw_gbps = {ib_floor}\n')
+    slurm, w = sim_node(cfg, "IDLE")
+    sim.set_diag_seconds(cfg.gpu.sim_dir, "n1", 0.0)
+    sim.inject(cfg.gpu.sim_dir, "n1", 3, row_remap_pending=True)
+    _, outcome = healthcheck.run(w, follow="none", repair="inline")
+    validated = [r for r in w.audit.read() if r.get("action") == "repair-validate" and r.get("result") != "start"]
+    tests = [(r["test"], r["result"]) for r in w.audit.read() if r.get("action") == "repair-validate-test"]
+    return slurm, outcome, validated, tests
+
+
+def test_a_repair_validation_with_the_nics_under_their_floor_fails_and_the_node_stays_out(tmp_path):
+    slurm, outcome, validated, tests = repaired(tmp_path, {"nics": 120.5, "nvlink": 460.0})
+    assert ("nccl-nics", "failed") in tests
+    assert validated[0]["result"] == "failed" and "nccl-nics below its floor: 120.5 GB/s < floor 300" \
+        in validated[0]["detail"]
+    assert not outcome.resumed and slurm.peek("n1").drained
+    assert "reset:failed" in outcome.repairs
+
+
+def test_a_repair_validation_whose_fabric_test_could_not_run_is_unverified_never_a_pass(tmp_path):
+    slurm, outcome, validated, tests = repaired(tmp_path, None)
+    assert tests[0] == ("nccl-nics", "not-run")
+    assert validated[0]["result"] == "unverified"
+    assert validated[0]["detail"].startswith(f"nccl-nics not run: {tmp_path}/none is not installed")
+    assert not outcome.resumed and slurm.peek("n1").reason.endswith("[unverified]")
+
+
+def test_a_repair_validation_with_the_nics_at_their_floor_resumes_and_a_test_with_no_floor_decides_nothing(tmp_path):
+    slurm, outcome, validated, tests = repaired(tmp_path, {"nics": 380.0, "nvlink": 460.0})
+    assert tests == [("nccl-nics", "passed"), ("ib_write_bw", "not-run")]  # no HCA, and no ib floor set
+    assert validated[0]["result"] == "ok" and validated[0]["detail"] == "DCGM diag L2 and the fabric tests passed"
+    assert outcome.resumed and not slurm.peek("n1").drained

@@ -163,3 +163,19 @@ def test_isolates_own_failed_tests_are_no_suspects(tmp_path, slurm):
         assert epilog(n4, job, ["n4", other], started) == f"not a suspect: job {job} is our own test " \
                                                           "(slurm-hooks-isolate)"
     assert started.calls == [] and [r for r in n4.audit.read() if r.get("action") == "suspect"] == []
+
+
+def test_after_an_isolate_ends_without_a_culprit_the_next_failure_of_its_node_starts_another(tmp_path, slurm):
+    """The suspects stay recorded: the run that did not reproduce the failure leaves n4 suspected,
+    and its next failed job (one, not two more) starts the next isolate."""
+    started = Started()
+    n4 = node_wiring(tmp_path, "n4", slurm)
+    for job, other in ((1, "n3"), (2, "n5")):
+        said = epilog(n4, job, ["n4", other], started)
+    assert said == "isolate started on n4"
+    assert epilog(n4, 3, ["n4", "n6"], started).endswith("isolate already started for them within the window")
+    suspect.isolate_ended(n4, ["n4", "n3", "n5", "n6"], "inconclusive")
+    assert suspect.recorded(n4, ["n3", "n4"]) == {"n4": ("1", "2", "3")}
+    assert epilog(n4, 4, ["n4", "n9"], started) == "isolate started on n4"
+    assert started.calls == [("n4", ["n4"], "gpu", "2"), ("n4", ["n4"], "gpu", "4")]
+

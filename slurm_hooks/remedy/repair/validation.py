@@ -1,8 +1,10 @@
 """Validation before return to service: after a reset or a reboot (and on a person's
 ``slurm-hooks repair --validate``) the node stays drained ``[validating]`` while the node's GPU
 diagnostic runs at ``[repair] dcgm_level`` (``dcgmi diag -r``, ``rvs -r`` on AMD nodes, each named
-in its own words); only a diagnostic that ran and passed in full resumes it. One that could not
-run in full leaves it ``[unverified]`` for a person."""
+in its own words), with the per-node fabric tests where ``[repair] fabric_tests`` (the hooks'
+rejudge runs them and adds their findings, :data:`FABRIC`); only a diagnostic that ran and passed
+in full resumes it. One that could not run in full, or a fabric test with a floor that could not
+run, leaves it ``[unverified]`` for a person; a fabric figure under its floor fails it."""
 
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ Rejudge = Callable[[int, Optional[float]], Report]
 VALIDATING, UNVERIFIED = "validating", repair_state.UNVERIFIED
 #: A validation interrupted this often (its worker died) is given up: ``[unverified]``.
 VALIDATE_TRIES = 2
+#: The check of the per-node fabric tests' findings in a validation (and in its ``checks_run``):
+#: a figure under its floor takes the node out (reboot, then replace); one not run is no pass.
+FABRIC = "node-fabric"
 
 
 def validate_and_resume(w: Wiring, summary: str, after: str, outcome: Outcome, rejudge: Rejudge,
@@ -97,6 +102,11 @@ def verdict(report: Report, level: int, name: str) -> tuple[str, str]:
         return UNVERIFIED, dcgm[0].message
     if "dcgm" not in report.checks_run:
         return UNVERIFIED, f"{name} L{level} did not run"
+    fabric = [f for f in report.findings if f.check == FABRIC]
+    if fabric:
+        return UNVERIFIED, "; ".join(f.message for f in fabric[:3])
+    if FABRIC in report.checks_run:
+        return "ok", f"{name} L{level} and the fabric tests passed"
     return "ok", f"{name} L{level} passed"
 
 
