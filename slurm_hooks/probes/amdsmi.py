@@ -28,6 +28,9 @@ import threading
 import time
 
 from slurm_hooks.models import KERNEL_LOG, BadPages, EccBlock, GpuProcess, GpuSnapshot, NodeSnapshot, XidEvent
+from slurm_hooks.probes.answers import integer as _int
+from slurm_hooks.probes.answers import ranged as _ranged
+from slurm_hooks.probes.answers import text as _text
 from slurm_hooks.values import replace
 
 TYPE_CHECKING = False
@@ -421,21 +424,7 @@ def _driver_version(smi: Any, handles: list) -> str:
     return version if isinstance(version, str) else ""
 
 
-# --- answer checks: the clean value or ValueError ---------------------------------------------
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, (bytes, bytearray)):
-        value = bytes(value).split(b"\0", 1)[0].decode("utf-8", "replace")
-    if not isinstance(value, str):
-        raise ValueError(f"expected text, got {type(value).__name__}")
-    return "".join(c if c.isprintable() else "\ufffd" for c in value.split("\0", 1)[0]).strip()
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected an integer, got {value!r}")
-    return value
+# --- answer checks: the clean value or ValueError (the shared ones: probes/answers.py) ---------
 
 
 def _count(value: Any) -> int:
@@ -447,16 +436,6 @@ def _count(value: Any) -> int:
 
 def _count_or_none(value: Any) -> int | None:
     return None if value is None or value == "N/A" else _count(value)
-
-
-def _ranged(low: int, high: int) -> Callable[[Any], int]:
-    def check(value: Any) -> int:
-        n = _int(value)
-        if not low <= n <= high:
-            raise ValueError(f"{n} outside {low}..{high}")
-        return n
-
-    return check
 
 
 def _gen(value: Any) -> int:

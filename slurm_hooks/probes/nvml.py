@@ -16,6 +16,10 @@ import time
 
 from slurm_hooks.models import KERNEL_LOG, GpuProcess, GpuSnapshot, MigDevice, NodeSnapshot, NvLink, XidEvent
 from slurm_hooks.probes import nvml_errors
+from slurm_hooks.probes.answers import Garbled as _Garbled
+from slurm_hooks.probes.answers import integer as _int
+from slurm_hooks.probes.answers import ranged as _ranged
+from slurm_hooks.probes.answers import text as _text
 from slurm_hooks.probes.nvml_errors import GpuLost, NotSupported, ResetRequired
 from slurm_hooks.values import replace
 
@@ -47,10 +51,6 @@ _LIST_TRIES = 3
 
 class _Lost(Exception):
     """Internal: the GPU answered GPU_IS_LOST; stop asking it."""
-
-
-class _Garbled(ValueError):
-    """Internal: NVML answered, but the answer cannot be true."""
 
 
 _MISSING = object()
@@ -180,20 +180,6 @@ def _driver_version(nvml: Any) -> str:
     except Exception:
         return ""
     return _text(value) if isinstance(value, (str, bytes)) else ""
-
-
-def _text(value: Any) -> str:
-    """NVML's C string as clean text: never raises on bad bytes, never passes on a control character.
-
-    The value ends at the first NUL (bytes after it are buffer garbage); undecodable bytes, lone
-    surrogates and non-printable characters become U+FFFD, so a garbled name can reach a drain
-    reason or a log line without breaking either.
-    """
-    if isinstance(value, (bytes, bytearray)):
-        value = bytes(value).split(b"\0", 1)[0].decode("utf-8", "replace")
-    if not isinstance(value, str):
-        raise _Garbled(f"expected text, got {type(value).__name__}")
-    return "".join(c if c.isprintable() else "\ufffd" for c in value.split("\0", 1)[0]).strip()
 
 
 class _GpuReader:
@@ -507,13 +493,7 @@ def _process_name(nvml: Any, pid: int) -> str:
         return ""  # a process in another PID namespace has no name we can see
 
 
-# --- answer checks: return the clean value or raise _Garbled -----------------
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _Garbled(f"expected an integer, got {value!r}")
-    return value
+# --- answer checks: return the clean value or raise _Garbled (the shared ones: probes/answers.py) --
 
 
 def _count(value: Any) -> int:
@@ -534,16 +514,6 @@ def _flag(value: Any) -> bool:
     if _int(value) not in (0, 1):
         raise _Garbled(f"expected 0 or 1, got {value!r}")
     return bool(value)
-
-
-def _ranged(low: int, high: int) -> Callable[[Any], int]:
-    def check(value: Any) -> int:
-        n = _int(value)
-        if not low <= n <= high:
-            raise _Garbled(f"{n} outside {low}..{high}")
-        return n
-
-    return check
 
 
 def _watts(value: Any) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import os
 import stat
+from collections.abc import Iterator
 
 from slurm_hooks.errors import SlurmHooksError
 from slurm_hooks.remedy.wiring import Wiring
@@ -115,17 +116,24 @@ def read_head(path: str, limit: int) -> bytes | None:
 
 
 def environment_value(job_id: int, key: str, node: str, proc: str = "/proc") -> str | None:
-    """``key`` in the environment of one of the job's processes on this node; ``None`` when none
-    runs here or none has it. A process is the job's when its ``SLURM_JOB_ID`` and
-    ``SLURMD_NODENAME`` say so (and its ``SLURM_CONF`` is ours, where we have one: several
-    clusters on one host, as the testbeds, reuse job ids). Looks at PROC_SCAN_MAX processes at
-    most, ENVIRON_MAX_BYTES each."""
+    """``key`` in the environment of one of the job's processes on this node (the first found);
+    ``None`` when none runs here or none has it."""
+    for _, environ in job_environs(job_id, node, proc):
+        return jobsignal.environ_value(environ, key)
+    return None
+
+
+def job_environs(job_id: int, node: str, proc: str = "/proc") -> Iterator[tuple[str, bytes]]:
+    """(pid, environment) of each of the job's processes on this node. A process is the job's when
+    its ``SLURM_JOB_ID`` and ``SLURMD_NODENAME`` say so (and its ``SLURM_CONF`` is ours, where we
+    have one: several clusters on one host, as the testbeds, reuse job ids). Looks at
+    PROC_SCAN_MAX processes at most, ENVIRON_MAX_BYTES each."""
     marker = f"SLURM_JOB_ID={job_id}".encode()
     conf = os.environ.get("SLURM_CONF")
     try:
         pids = [p for p in os.listdir(proc) if p.isdigit()][:PROC_SCAN_MAX]
     except OSError:
-        return None
+        return
     for pid in pids:
         data = read_head(os.path.join(proc, pid, "environ"), ENVIRON_MAX_BYTES)
         if not data or marker not in data:
@@ -134,8 +142,7 @@ def environment_value(job_id: int, key: str, node: str, proc: str = "/proc") -> 
                 or jobsignal.environ_value(data, "SLURMD_NODENAME") != node \
                 or (conf and jobsignal.environ_value(data, "SLURM_CONF") not in (None, conf)):
             continue
-        return jobsignal.environ_value(data, key)
-    return None
+        yield pid, data
 
 
 def grace_seconds(w: Wiring, sig: JobSignal) -> float:

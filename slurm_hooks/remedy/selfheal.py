@@ -54,26 +54,11 @@ class Proc:
 
 
 def job_processes(job_id: int, node: str, proc: str = "/proc") -> list[Proc]:
-    """The job's processes on this node, told by their ``SLURM_JOB_ID`` and ``SLURMD_NODENAME`` (and
-    ``SLURM_CONF``, where we have one: the testbed's clusters share a host); at most
-    :data:`.checkpoint.PROC_SCAN_MAX` processes looked at."""
-    marker = f"SLURM_JOB_ID={job_id}".encode()
-    conf = os.environ.get("SLURM_CONF")
-    try:
-        pids = [p for p in os.listdir(proc) if p.isdigit()][:checkpoint.PROC_SCAN_MAX]
-    except OSError:
-        return []
+    """The job's processes on this node, as :func:`.checkpoint.job_environs` tells them."""
     out = []
-    for pid in pids:
-        data = checkpoint.read_head(os.path.join(proc, pid, "environ"), checkpoint.ENVIRON_MAX_BYTES)
-        if not data or marker not in data:
-            continue
-        if jobsignal.environ_value(data, "SLURM_JOB_ID") != str(job_id) \
-                or jobsignal.environ_value(data, "SLURMD_NODENAME") != node \
-                or (conf and jobsignal.environ_value(data, "SLURM_CONF") not in (None, conf)):
-            continue
+    for pid, environ in checkpoint.job_environs(job_id, node, proc):
         cmd = checkpoint.read_head(os.path.join(proc, pid, "cmdline"), 8192) or b""
-        out.append(Proc(int(pid), jobsignal.environ_value(data, "SLURM_STEP_ID") or "", data,
+        out.append(Proc(int(pid), jobsignal.environ_value(environ, "SLURM_STEP_ID") or "", environ,
                         cmd.replace(b"\0", b" ").decode("utf-8", "replace").strip()))
     return out
 

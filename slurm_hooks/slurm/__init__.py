@@ -329,18 +329,9 @@ class JobInfo:
 
 
 @dataclass(frozen=True)
-class JobDetail:
-    """What one ``scontrol -d show job`` says of a job beyond squeue's fields."""
-
-    #: The GPU indexes (Slurm's GRES IDX) it holds on the node asked about; ``None`` when unknown.
-    gpus: tuple[int, ...] | None
-    #: Its AdminComment ("" when none); ``None`` when this read could not say.
-    admin_comment: str | None = None
-
-
-@dataclass(frozen=True)
 class JobRecord:
-    """What ``scontrol show job`` says of a job about how it runs and how it ended (one read)."""
+    """What ``scontrol show job`` says of a job beyond squeue's fields: how it runs, how it ended, and
+    its AdminComment (one read)."""
 
     #: The user's ``--comment`` ("" when none).
     comment: str = ""
@@ -353,6 +344,23 @@ class JobRecord:
     exit_signal: int = 0
     #: Its ``--exclude`` node list ("" when none).
     excluded: str = ""
+    #: Its AdminComment ("" when none); ``None`` when this read could not say.
+    admin_comment: str | None = None
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    """What one ``scontrol -d show job`` says: the job's record, and the GPUs it holds on one node."""
+
+    #: The GPU indexes (Slurm's GRES IDX) it holds on the node asked about; ``None`` when unknown.
+    gpus: tuple[int, ...] | None
+    #: Its record, from the same read; ``None`` when this read could not say.
+    record: JobRecord | None = None
+
+    @property
+    def admin_comment(self) -> str | None:
+        """Its AdminComment ("" when none); ``None`` when this read could not say."""
+        return None if self.record is None else self.record.admin_comment
 
 
 class Slurm(Protocol):
@@ -399,7 +407,7 @@ class Slurm(Protocol):
         ...
 
     def job_detail(self, ref: int | str, node: str) -> JobDetail:
-        """:meth:`job_gpus` and :meth:`admin_comment` from one read of the job."""
+        """:meth:`job_gpus`, :meth:`admin_comment` and :meth:`job_record` from one read of the job."""
         ...
 
     def requeue(self, ref: int | str) -> None: ...
@@ -428,7 +436,7 @@ class Slurm(Protocol):
         ...
 
     def job_record(self, ref: int | str) -> JobRecord:
-        """The job's comment, command, batch host, exit code and excluded nodes (one read)."""
+        """The job's comment, command, batch host, exit code, excluded nodes and AdminComment (one read)."""
         ...
 
     def exclude_nodes(self, ref: int | str, nodes: str) -> None:

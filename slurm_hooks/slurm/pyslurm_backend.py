@@ -181,7 +181,7 @@ class PyslurmSlurm:
 
     def job_detail(self, ref: int | str, node: str) -> JobDetail:
         """Through scontrol's backend, as :meth:`job_gpus`; without it nothing is known."""
-        return self.cli.job_detail(ref, node) if self.cli is not None else JobDetail(None, None)
+        return self.cli.job_detail(ref, node) if self.cli is not None else JobDetail(None)
 
     def _array_cli(self, what: str = "address one task of a job array") -> Any:
         """The scontrol backend this one delegates to (arrays; AdminComment, kept in one place)."""

@@ -16,8 +16,12 @@
   ``job_gpus(ref, node)``
       one ``scontrol -d show job`` (:meth:`~slurm_hooks.slurm.Slurm.job_detail`), until a
       write to that job's state.
+  ``job_record(ref)``
+      from that same read of the job, else one ``scontrol show job`` of its own, until a write
+      to that job (its state, its ExcNodeList, its AdminComment): a fault's requeue reads what
+      the job says of itself (its comment, command, batch host) from the read that said its GPUs.
   ``admin_comment(ref)``
-      from that same read of the job, until a write of its AdminComment, or of its state other
+      from either read of the job, until a write of its AdminComment, or of its state other
       than its requeue: a requeue leaves the AdminComment as it was, so the line that says why
       a job was requeued is joined to what the job showed just before (no second read), while a
       job sent its checkpoint signal is read afresh when its grace ends.
@@ -51,7 +55,7 @@ if TYPE_CHECKING:
 class Record:
     """What one run's Slurm calls left: the errors they raised, and the reads the run may reuse."""
 
-    __slots__ = ("_comments", "_details", "_jobs_on", "_nodes", "errors", "open")
+    __slots__ = ("_comments", "_details", "_jobs_on", "_nodes", "_records", "errors", "open")
 
     def __init__(self) -> None:
         #: Every error a call raised, in order.
@@ -62,6 +66,7 @@ class Record:
         self._jobs_on: dict[str, list[JobInfo]] = {}
         self._details: dict[tuple[str, str], JobDetail] = {}
         self._comments: dict[str, str] = {}
+        self._records: dict[str, JobRecord] = {}
 
     def transient(self, since: int = 0) -> bool:
         """Whether a call failed for a transient reason (since the ``since``-th error)."""
@@ -82,6 +87,7 @@ class Record:
         self._nodes.clear()
         self._jobs_on.clear()
         self._details.clear()
+        self._records.clear()
 
     def forget_node(self, name: str) -> None:
         """The next read of this node (and of its jobs) goes to Slurm: after a write to it, and
@@ -89,11 +95,17 @@ class Record:
         self._nodes.pop(name, None)
         self._jobs_on.pop(name, None)
 
+    def _keep_record(self, ref: str, record: JobRecord) -> None:
+        self._records[ref] = record
+        if record.admin_comment is not None:
+            self._comments[ref] = record.admin_comment
+
     def _forget_job(self, ref: str, *, comment: bool) -> None:
         self._nodes.clear()
         self._jobs_on.clear()
         for key in [k for k in self._details if k[0] == ref]:
             del self._details[key]
+        self._records.pop(ref, None)
         if comment:
             self._comments.pop(ref, None)
 
@@ -182,8 +194,8 @@ class RecordingSlurm:
         detail = self._call(self._base.job_detail, ref, node)
         if rec.open:
             rec._details[key] = detail
-            if detail.admin_comment is not None:
-                rec._comments[str(ref)] = detail.admin_comment
+            if detail.record is not None:
+                rec._keep_record(str(ref), detail.record)
         return detail
 
     def job_gpus(self, ref: int | str, node: str) -> tuple[int, ...] | None:
@@ -195,11 +207,21 @@ class RecordingSlurm:
             return rec._comments[str(ref)]
         return self._call(self._base.admin_comment, ref)
 
+    def job_record(self, ref: int | str) -> JobRecord:
+        rec = self.record
+        if rec.open and str(ref) in rec._records:
+            return rec._records[str(ref)]
+        record = self._call(self._base.job_record, ref)
+        if rec.open:
+            rec._keep_record(str(ref), record)
+        return record
+
     def set_admin_comment(self, ref: int | str, text: str) -> None:
         try:
             self._call(self._base.set_admin_comment, ref, text)
         finally:
             self.record._comments.pop(str(ref), None)
+            self.record._records.pop(str(ref), None)
 
     def requeue(self, ref: int | str) -> None:
         self._job_write(self._base.requeue, ref, comment=False)
@@ -233,9 +255,6 @@ class RecordingSlurm:
 
     def kill_wait(self) -> float | None:
         return self._call(self._base.kill_wait)
-
-    def job_record(self, ref: int | str) -> JobRecord:
-        return self._call(self._base.job_record, ref)
 
     def exclude_nodes(self, ref: int | str, nodes: str) -> None:
         self._job_write(self._base.exclude_nodes, ref, nodes, comment=False)

@@ -196,7 +196,8 @@ def parse_job_record(text: str) -> JobRecord:
     code = re.search(r"(?:^|\s)ExitCode=(\d+):(\d+)", head)
     return JobRecord(comment=parse_show_job_text(text, "Comment"), command=parse_show_job_text(text, "Command"),
                      batch_host=word("BatchHost"), exit_code=int(code.group(1)) if code else None,
-                     exit_signal=int(code.group(2)) if code else 0, excluded=word("ExcNodeList"))
+                     exit_signal=int(code.group(2)) if code else 0, excluded=word("ExcNodeList"),
+                     admin_comment=parse_admin_comment(text))
 
 
 class _BadLine(ValueError):
@@ -596,11 +597,11 @@ class ScontrolSlurm:
         return self.job_detail(ref, node).gpus
 
     def job_detail(self, ref: int | str, node: str) -> JobDetail:
-        """The job's GPUs on ``node`` and its AdminComment, from one ``scontrol -d show job`` (each
-        free-text value on its own line, as :func:`parse_admin_comment` reads it)."""
+        """The job's GPUs on ``node``, its AdminComment and its record, from one ``scontrol -d show
+        job`` (each free-text value on its own line, as :func:`parse_show_job_text` reads it)."""
         where = self._node_arg(node)
         text = self._show_job(ref, "-d")
-        return JobDetail(parse_job_gpus(text, where), parse_admin_comment(text))
+        return JobDetail(parse_job_gpus(text, where), parse_job_record(text))
 
     def requeue(self, ref: int | str) -> None:
         """``scontrol requeue``: SIGTERM, KillWait, SIGKILL, then PENDING (held back 121 s unless start_now).

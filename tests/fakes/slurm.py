@@ -49,7 +49,8 @@ class FakeSlurm:
         self.submit_lines: dict[int, str] = {}
         self.partitions: dict[int, str] = {}
         self.kill_wait_s: float | None = 30.0
-        #: What ``scontrol show job`` says of a job beyond squeue (comment, command, batch host, exit code).
+        #: What ``scontrol show job`` says of a job beyond squeue (comment, command, batch host, exit code;
+        #: the AdminComment it says comes from ``admin_comments``).
         self.records: dict[int, JobRecord] = {}
         self.calls: list[tuple] = []
         #: Slurm >= 23.11 without accounting: RESUME leaves the reason (and its ReasonTime) on the
@@ -221,13 +222,17 @@ class FakeSlurm:
         return self._job_gpus.get(str(ref))
 
     def job_detail(self, ref: int | str, node: str) -> JobDetail:
-        """``job_gpus`` and the AdminComment, as one ``scontrol -d show job`` says both."""
+        """``job_gpus``, the AdminComment and the job's record, as one ``scontrol -d show job`` says them."""
         self._call("job_detail", ref, node)
         try:
-            comment = self.admin_comments.get(self._job(ref).job_id, "")
+            record = self._record(ref)
         except PermanentError:
-            comment = None
-        return JobDetail(self._job_gpus.get(str(ref)), comment)
+            record = None
+        return JobDetail(self._job_gpus.get(str(ref)), record)
+
+    def _record(self, ref: int | str) -> JobRecord:
+        job_id = self._job(ref).job_id
+        return dataclasses.replace(self.records.get(job_id, JobRecord()), admin_comment=self.admin_comments.get(job_id, ""))
 
     def set_job_gpus(self, job_id: int | str, gpus: tuple[int, ...] | None) -> None:
         self._job_gpus[str(job_id)] = gpus
@@ -287,9 +292,6 @@ class FakeSlurm:
     def kill_wait(self) -> float | None:
         return self.kill_wait_s
 
-    def job_record(self, ref: int | str) -> JobRecord:
-        return self.records.get(self._job(ref).job_id, JobRecord())
-
     def exclude_nodes(self, ref: int | str, nodes: str) -> None:
         self._call("exclude_nodes", ref, nodes)
         job_id = self._job(ref).job_id
@@ -298,6 +300,11 @@ class FakeSlurm:
     def admin_comment(self, ref: int | str) -> str:
         self._call("admin_comment", ref)
         return self.admin_comments.get(self._job(ref).job_id, "")
+
+    def job_record(self, ref: int | str) -> JobRecord:
+        """A read of the job as any other (one ``scontrol show job``): recorded in ``calls``."""
+        self._call("job_record", ref)
+        return self._record(ref)
 
     def set_admin_comment(self, ref: int | str, text: str) -> None:
         self._call("set_admin_comment", ref, text)

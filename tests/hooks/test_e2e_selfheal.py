@@ -157,7 +157,7 @@ def lightning_script(tb) -> str:
     ``scontrol requeue $SLURM_JOB_ID`` itself; no ``--signal`` (the job says it is Lightning)."""
     scontrol = os.path.join(tb.slurm_bin, "scontrol")
     rank = (f'trap "echo saved on \\$SLURMD_NODENAME; [ \\$SLURM_PROCID = 0 ] && {scontrol} requeue \\$SLURM_JOB_ID; '
-            'exit 0" USR1; while :; do sleep 0.2; done')
+            'exit 0" USR1; echo trapped on $SLURMD_NODENAME; while :; do sleep 0.2; done')
     return ("#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
             'echo "run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"\n'
             'if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then exit 0; fi\n'
@@ -167,7 +167,8 @@ def lightning_script(tb) -> str:
 def test_a_lightning_job_requeues_itself_on_its_sigusr1_once(tb):
     job = tb.sbatch(lightning_script(tb), "--comment=heals=lightning")
     node = wait_for(lambda: (lambda j: j.nodes if j.running else None)(tb.slurm.job(job)), 30, f"job {job} running")
-    time.sleep(1.0)  # its step has set its trap
+    wait_for(lambda: f"trapped on {node}" in tb.job_output(job), 30, f"job {job}'s rank trapping SIGUSR1",
+             seen=lambda: f"it wrote {tb.job_output(job)!r}")
     sim.inject(tb.sim_dir, node, tb.slurm.job_gpus(str(job), node)[0], xid=79)
     healthcheck(tb, node)
     done = wait_for(lambda: (lambda j: j if j.finished else None)(tb.slurm.job(job)), 90, f"job {job} done again")

@@ -13,7 +13,10 @@ from slurm_hooks.hooks import healthcheck
 from slurm_hooks.probes import sim
 
 #: The adapter calls that only read; every other call changes something in Slurm.
-READS = {"node", "nodes", "jobs_on_node", "job_gpus", "job_detail", "jobs", "job", "admin_comment", "drained_count"}
+READS = {"node", "nodes", "jobs_on_node", "job_gpus", "job_detail", "job_record", "jobs", "job", "admin_comment",
+         "drained_count"}
+#: The reads of one job (each one ``scontrol show job``).
+JOB_READS = ("job_detail", "job_record", "admin_comment")
 REASON = "slurm-hooks: XID 79 on GPU 0 [reboot]"
 
 
@@ -61,9 +64,19 @@ def test_the_first_check_of_a_storm_drains_and_requeues_once_within_its_budget(t
     assert [c[0] for c in writes].count("drain") == 1
     assert [c[0] for c in writes].count("requeue") == 1
     assert [c[0] for c in reads].count("node") <= 2  # before the drain, and its ReasonTime after
-    # the job's GPUs and AdminComment in one read: its AdminComment is not read again to say why
-    assert [c[0] for c in reads].count("job_detail") == 1 and "admin_comment" not in [c[0] for c in reads]
+    # the job's GPUs, what it says of itself (does it heal in place?) and its AdminComment in one read:
+    # neither is read again to say why
+    assert [c[0] for c in reads if c[0] in JOB_READS] == ["job_detail"]
     assert len(reads) + len(writes) <= 8, reads + writes
+
+
+def test_a_node_wide_fault_reads_each_job_it_requeues_once(tmp_path):
+    cfg = sim_config(tmp_path, "[expect]\ngpus = 9")  # one GPU short: the whole node
+    slurm, w = sim_node(cfg, "ALLOCATED", 12)
+    reads, writes = one_check(slurm, w)
+    assert [c[0] for c in writes] == ["drain", "requeue", "set_admin_comment"]
+    # what the job says of itself and its AdminComment, from one read (no GPU to ask about)
+    assert [c[0] for c in reads if c[0] in JOB_READS] == ["job_record"]
 
 
 def test_an_admins_resume_is_seen_though_the_drain_reuses_the_checks_read(tmp_path):

@@ -1,5 +1,6 @@
 """How many queries each backend makes to read the jobs a follower asks for at one look:
-one, whatever the number of jobs. The scontrol backend's commands are counted through its
+one, whatever the number of jobs; and to read what a fault's requeue needs of one job (its GPUs
+here, what it says of itself, its AdminComment): one ``scontrol -d show job``. The scontrol backend's commands are counted through its
 runner (argv and output as squeue 22.05.8 gives them); pyslurm's through a module with
 pyslurm's load calls. The RPCs each command costs slurmctld are counted by sdiag in
 bench/bench_storm32.py and in the slurm-tier adapter tests.
@@ -7,6 +8,7 @@ bench/bench_storm32.py and in the slurm-tier adapter tests.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 from slurm_hooks.errors import CommandError
@@ -15,6 +17,11 @@ from slurm_hooks.slurm.pyslurm_backend import PyslurmSlurm
 from slurm_hooks.slurm.scontrol import ScontrolSlurm
 
 UNKNOWN = "slurm_load_jobs error: Invalid job id specified\n"
+#: ``scontrol --local -d show job`` and ``scontrol --local show job`` of a running job (Slurm 22.05.8, the
+#: testbed): its script, ``--comment``, ``--exclude`` and an AdminComment an admin set.
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "slurm"
+SHOW_JOB_D = (FIXTURES / "scontrol-d-show-job-22.05-record.txt").read_text()
+SHOW_JOB = (FIXTURES / "scontrol-show-job-22.05-record.txt").read_text()
 
 
 def scontrol(answers: dict[str, tuple[int, str]]) -> tuple[ScontrolSlurm, list[tuple[str, ...]]]:
@@ -106,3 +113,34 @@ def test_a_test_job_asks_for_every_gpu_of_its_nodes_in_the_job_itself():
     assert "--gres=gpu:8" in seen[-1] and "--exclusive" in seen[-1]
     slurm.submit(["true"], name="t", node=["n1"], reservation="r", minutes=1)
     assert not any(a.startswith("--gres") for a in seen[-1])  # a node without GPUs asks for none
+
+
+def shows_job(text: str) -> tuple[ScontrolSlurm, list[tuple[str, ...]]]:
+    """A scontrol backend whose ``scontrol show job`` answers ``text``."""
+    seen: list[tuple[str, ...]] = []
+
+    def run(argv, timeout, **kw):
+        seen.append(tuple(argv))
+        return Completed(tuple(argv), 0, text, "")
+
+    return ScontrolSlurm(bin_dir="/usr/bin", runner=run), seen
+
+
+def test_one_detailed_show_job_says_the_jobs_gpus_what_it_says_of_itself_and_its_admin_comment():
+    slurm, seen = shows_job(SHOW_JOB_D)
+    detail = slurm.job_detail("1", "n1")
+    assert detail.gpus == (0, 1) and detail.admin_comment == "site: budget 42"
+    rec = detail.record
+    assert (rec.comment, rec.command, rec.batch_host, rec.exit_code, rec.excluded) == (
+        "heals=nvrx nightly run", "/tmp/tb/tb/jobs/train.sh", "n1", 0, "n2")
+    assert [argv[1:] for argv in seen] == [("--local", "-d", "show", "job", "1")]
+    # the plain read (a fault on the whole node asks no GPUs) says the same record
+    plain, seen = shows_job(SHOW_JOB)
+    assert plain.job_record("1") == rec and [argv[1:] for argv in seen] == [("--local", "show", "job", "1")]
+
+
+def test_pyslurm_reads_the_job_detail_through_the_one_scontrol_command():
+    cli, seen = shows_job(SHOW_JOB_D)
+    detail = PyslurmSlurm(module=Loads().module, cli=cli).job_detail("1", "n1")
+    assert detail == cli.job_detail("1", "n1") and len(seen) == 2
+    assert PyslurmSlurm(module=Loads().module).job_detail("1", "n1").record is None  # without scontrol: unknown

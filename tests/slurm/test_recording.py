@@ -7,6 +7,7 @@ import pytest
 from fakes.slurm import FakeSlurm
 
 from slurm_hooks.errors import PermanentError, TransientError
+from slurm_hooks.slurm import JobRecord
 from slurm_hooks.slurm.recording import Record, RecordingSlurm
 
 DOWN = TransientError("slurm_load_node error: Unable to contact slurm controller")
@@ -70,6 +71,29 @@ def test_the_admin_comment_comes_with_the_jobs_gpus_and_outlives_only_its_requeu
     s.signal("12", "USR1", "batch")
     s.admin_comment("12")
     assert reads(fake, "admin_comment") == 2
+
+
+def test_what_a_job_says_of_itself_comes_with_its_gpus_and_is_read_afresh_after_a_write_to_it(fake):
+    fake.records[12] = JobRecord(comment="heals=nvrx", batch_host="n2")
+    s = RecordingSlurm(fake, Record())
+    s.job_gpus("12", "n1")
+    assert s.job_record("12").comment == "heals=nvrx" and reads(fake, "job_record") == 0
+    s.exclude_nodes("12", "n1")
+    assert s.job_record("12").excluded == "n1" and reads(fake, "job_record") == 1
+    assert s.job_record("12").excluded == "n1" and reads(fake, "job_record") == 1
+    s.requeue("12")
+    s.job_record("12")
+    assert reads(fake, "job_record") == 2
+
+
+def test_a_job_read_for_what_it_says_of_itself_says_its_admin_comment_too(fake):
+    s = RecordingSlurm(fake, Record())
+    s.job_record("12")
+    assert s.admin_comment("12") == "site: budget 42" and reads(fake, "admin_comment") == 0
+    s.set_admin_comment("12", "site: budget 42; slurm-hooks: requeued")
+    s.job_record("12")  # read afresh: the cached one had the AdminComment from before
+    assert s.admin_comment("12") == "site: budget 42; slurm-hooks: requeued"
+    assert (reads(fake, "job_record"), reads(fake, "admin_comment")) == (2, 0)
 
 
 def test_the_polled_reads_are_never_reused(fake):

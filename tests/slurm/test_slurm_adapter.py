@@ -220,6 +220,18 @@ def test_jobs_on_node_finds_a_two_node_job_on_both_nodes(slurm, clean_testbed):
 
 
 @pytest.mark.slurm
+def test_one_read_of_a_job_says_its_gpus_here_what_it_says_of_itself_and_its_admin_comment(slurm, clean_testbed):
+    tb = clean_testbed
+    job = tb.sbatch(SLEEP, "-w", "n1", "--gres=gpu:2", "--comment=heals=nvrx nightly", "--exclude=n2")
+    tb.wait_job(job, ["RUNNING"])
+    tb.scontrol("update", f"JobId={job}", "AdminComment=site: budget 42")
+    detail = slurm.job_detail(job, "n1")
+    assert detail.gpus == (0, 1) and detail.admin_comment == "site: budget 42"
+    assert (detail.record.comment, detail.record.batch_host, detail.record.excluded) == ("heals=nvrx nightly", "n1", "n2")
+    assert slurm.job_record(job) == detail.record  # the plain read (no GPUs asked) says the same
+
+
+@pytest.mark.slurm
 def test_pending_jobs_are_not_on_any_node(slurm, clean_testbed):
     tb = clean_testbed
     job = tb.sbatch(SLEEP, "--begin=now+1hour")
