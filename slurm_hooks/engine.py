@@ -3,6 +3,7 @@ check of a :class:`JudgeRequest` on it (:func:`judge`); never raise, respect one
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,33 +59,70 @@ def take_snapshot(probe: Probe, node: str, timeout: float) -> NodeSnapshot:
     return box[0] if box else failed(f"GPU probe did not answer within {timeout:g}s (driver hung?)")
 
 
-def select_gpus(snap: NodeSnapshot, tokens: Sequence[int | str]) -> tuple[tuple[int, ...], list[str]]:
+def select_gpus(snap: NodeSnapshot,
+                tokens: Sequence[int | str]) -> tuple[tuple[int, ...], list[str], list[str]]:
     """Map a job's GPUs (indexes, or UUIDs: ``GPU-`` ones as newer Slurm sets them, or a probe's own
-    UUIDs as the GPU map names them, amdsmi's having no prefix) to indexes."""
+    UUIDs as the GPU map names them, amdsmi's having no prefix, or ROCm's ``GPU-<16 hex>`` from
+    ROCR_VISIBLE_DEVICES) to indexes. Returns the indexes, the tokens that name a GPU this node
+    does not show (missing), and the ROCm UUIDs no GPU here answers to (unnamed).
+
+    A ROCm UUID is the ASIC's unique id, which amdsmi's UUID does not show as such: it matches the
+    GPUs whose probe read that id (every partition of the board); one that matches none cannot be
+    told from a GPU gone (the id unread, another kernel's form), so every GPU is judged for it,
+    never a missing GPU: the GPU count check tells a GPU that is gone."""
     by_uuid = {g.uuid.lower(): g.index for g in snap.gpus if g.uuid}
+    by_rocm: dict[str, list[int]] = {}
+    for g in snap.gpus:
+        if g.rocm_uuid:
+            by_rocm.setdefault(g.rocm_uuid.lower(), []).append(g.index)
     present = {g.index for g in snap.gpus}
     indexes: list[int] = []
     missing: list[str] = []
+    unnamed: list[str] = []
     for token in tokens:
         text = str(token).strip()
         if not text:
             continue
-        if text.lower().startswith("mig-"):
+        low = text.lower()
+        if low.startswith("mig-"):
             # A MIG instance does not name its parent GPU here: judge every GPU rather than guess.
-            return tuple(sorted(present)), []
-        if text.lower() in by_uuid:
-            index = by_uuid[text.lower()]
-        elif text.lower().startswith("gpu-"):
-            index = None
+            return tuple(sorted(present)), [], []
+        found: list[int] | None
+        if low in by_uuid:
+            found = [by_uuid[low]]
+        elif _ROCM_UUID.match(text):
+            found = by_rocm.get(low)
+            if found is None:
+                unnamed.append(text)
+                continue
+        elif low.startswith("gpu-"):
+            found = None
         elif text.isdigit():
-            index = int(text) if int(text) in present else None
+            found = [int(text)] if int(text) in present else None
         else:
-            index = None
-        if index is None:
+            found = None
+        if found is None:
             missing.append(text)
-        elif index not in indexes:
-            indexes.append(index)
-    return tuple(indexes), missing
+        indexes.extend(i for i in found or () if i not in indexes)
+    if unnamed:
+        return tuple(sorted(present)), missing, unnamed
+    return tuple(indexes), missing, unnamed
+
+
+#: ROCm's name of a GPU (ROCR's HSA_AMD_AGENT_INFO_UUID, rocminfo's "Uuid:"): ``GPU-`` and the
+#: ASIC's unique id in 16 hex digits, or ``GPU-XX`` for one without (NVIDIA's are 8-4-4-4-12).
+_ROCM_UUID = re.compile(r"GPU-(?:[0-9a-f]{16}|XX)$", re.IGNORECASE)
+
+
+def unnamed_gpu_note(snap: NodeSnapshot, token: str) -> str:
+    """Why a job's ROCm GPU UUID matched no GPU, and what was judged instead (a note, never a fault)."""
+    if token.upper().endswith("-XX"):
+        why = "ROCm gives it no unique id"
+    elif not any(g.rocm_uuid for g in snap.gpus):
+        why = f"the {snap.backend or 'GPU'} probe read no ASIC unique id here, so cannot tell which GPU it is"
+    else:
+        why = "no GPU here has that ASIC unique id"
+    return f"job GPU {token}: {why}; judging every GPU of the node instead"
 
 
 def parse_gpu_list(value: str | None) -> list[str] | None:
@@ -208,7 +246,7 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
             dcgm_result = request.dcgm(level, max(remaining - 1.0, 1.0))
         except Exception as exc:
             dcgm_result = DcgmResult(level, True, False, (), f"crashed: {exc}", tool="GPU diagnostic")
-    selected, missing = (None, []) if request.gpus is None else select_gpus(snap, request.gpus)
+    selected, missing, unnamed = (None, [], []) if request.gpus is None else select_gpus(snap, request.gpus)
     checks = request.checks if request.checks is not None else registry.for_context(context)
     links, link_error = _gather_links(request.links if any(c.name in LINK_CHECKS for c in checks) else None,
                                       min(LINKS_TIMEOUT_S, max(deadline - time.monotonic(), 0.5)))
@@ -228,6 +266,7 @@ def judge(snap: NodeSnapshot, request: JudgeRequest) -> Report:
     )
     findings = [Finding("gpu-count", Severity.FAIL, Action.REBOOT, f"job GPU {token} is not visible on this node",
                         summary=f"GPU {token} missing") for token in (*request.missing, *missing)]
+    findings.extend(Finding("gpu-count", Severity.OK, Action.NONE, unnamed_gpu_note(snap, token)) for token in unnamed)
     if link_error is not None:
         findings.append(Finding("links", Severity.FAIL, request.on_check_error, f"cannot read the links: {link_error}",
                                 summary="IB links unreadable", rule=CHECK_ERROR))

@@ -222,6 +222,10 @@ class GpuSnapshot:
     serial: str = ""
     pci_bus_id: str = ""
     model: str = ""
+    #: ROCm's own name for an AMD GPU: ``GPU-`` and the 16 hex digits of the ASIC's unique id (the
+    #: driver's ``unique_id``), as rocminfo shows it and a job may put it in ROCR_VISIBLE_DEVICES;
+    #: amdsmi's :attr:`uuid` is another form. ``None``: not an AMD GPU, or the probe cannot tell.
+    rocm_uuid: str | None = None
     #: The device file's minor number (``/dev/nvidia<minor>``, nvmlDeviceGetMinorNumber): what ties
     #: Slurm's GRES ``File=`` to this GPU (hooks.gpumap).
     minor: int | None = None
@@ -601,8 +605,8 @@ class Report:
 
 
 #: GPU fields only some probes fill (AMD's per-block RAS, partitions, ...): left out of a snapshot's dict where unset.
-OPTIONAL_GPU_FIELDS = ("partition", "ecc_blocks", "bad_pages", "xgmi_error", "pcie_replay", "pcie_recovery",
-                 "memory_temperature_c")
+OPTIONAL_GPU_FIELDS = ("rocm_uuid", "partition", "ecc_blocks", "bad_pages", "xgmi_error", "pcie_replay",
+                       "pcie_recovery", "memory_temperature_c")
 
 
 def snapshot_to_dict(snap: NodeSnapshot) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from slurm_hooks.remedy.wiring import Wiring
 
 def job_gpus(env: Mapping[str, str]) -> list[str] | None:
     """SLURM_JOB_GPUS (Slurm's GRES indexes) first, then CUDA_VISIBLE_DEVICES or ROCR_VISIBLE_DEVICES
-    (indexes or UUIDs), whichever the job's environment has."""
+    (indexes or UUIDs: ROCm's ``GPU-<16 hex>`` in the latter), whichever the job's environment has."""
     return (parse_gpu_list(env.get("SLURM_JOB_GPUS")) or parse_gpu_list(env.get("CUDA_VISIBLE_DEVICES"))
             or parse_gpu_list(env.get("ROCR_VISIBLE_DEVICES")))
 
@@ -165,8 +165,9 @@ def _drain(w: Wiring, report: Report, jid: str | None) -> Outcome:
 
 
 def _print(report: Report) -> None:
+    """Each fault, and each of the job's GPUs that could not be told apart (judged as every GPU)."""
     for f in report.findings:
-        if f.severity is not Severity.OK:
+        if f.severity is not Severity.OK or f.check == "gpu-count":
             print(f"slurm-hooks {report.context.value}: {f.line()}", file=sys.stderr)
 
 

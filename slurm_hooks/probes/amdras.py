@@ -139,6 +139,7 @@ def _read_card(index: int, device: str, threshold: int | None) -> GpuSnapshot:
     bdf = os.path.basename(device).upper()
     serial = _read(os.path.join(device, "serial_number"))
     return GpuSnapshot(index=index, pci_bus_id=bdf, serial=serial, model=_read(os.path.join(device, "product_name")),
+                       rocm_uuid=rocm_uuid(_read(os.path.join(device, "unique_id"))),
                        minor=render_minor(os.path.dirname(device), bdf), partition=0,
                        ecc_volatile_uncorrectable=ue_total, ecc_blocks=tuple(blocks) if names else None,
                        bad_pages=bad, errors=tuple(errors))
@@ -151,6 +152,16 @@ def _threshold(path: str) -> int | None:
     except ValueError:
         return None
     return value if value > 0 else None
+
+
+def rocm_uuid(unique_id: str) -> str | None:
+    """The driver's ``unique_id`` (``%016llx``; empty where the ASIC has none) as ROCm names the
+    GPU (``GPU-`` and those digits, rocminfo's and ROCR_VISIBLE_DEVICES' form); ``None`` if none."""
+    try:
+        n = int(unique_id, 16)
+    except ValueError:
+        return None
+    return f"GPU-{n:016x}" if 0 < n < 1 << 64 else None
 
 
 def _read(path: str) -> str:

@@ -282,6 +282,8 @@ def _read_gpu(smi: Any, index: int, handle: Any, drm_root: str) -> GpuSnapshot:
     asic = r.ask("model", "amdsmi_get_gpu_asic_info", check=dict)
     if asic is not _MISSING and _text(asic.get("market_name", "")) not in ("", "N/A"):
         out["model"] = _text(asic["market_name"])
+    if asic is not _MISSING:
+        put("rocm_uuid", _rocm_uuid(r, asic.get("asic_serial")))
     kfd = r.ask("partition", "amdsmi_get_gpu_kfd_info", check=dict)
     if kfd is not _MISSING and isinstance(kfd.get("current_partition_id"), int):
         out["partition"] = _ranged(0, 63)(kfd["current_partition_id"])
@@ -452,6 +454,22 @@ def _bdf(value: Any) -> str:
     if not bdf or ":" not in bdf:
         raise ValueError(f"not a PCI address: {bdf!r}")
     return bdf.upper()
+
+
+def _rocm_uuid(r: _Reader, serial: Any) -> Any:
+    """ROCm's ``GPU-<16 hex>`` from amdsmi's ``asic_serial`` (``0x`` and the driver's ``unique_id``
+    in hex, the number ROCR prints after ``GPU-``); "N/A" or 0 (no unique id: ROCR says ``GPU-XX``)
+    name no GPU."""
+    if serial is None or serial == "N/A" or serial == "":
+        return _MISSING
+    try:
+        n = int(_text(serial), 16)
+        if not 0 <= n < 1 << 64:
+            raise ValueError(f"impossible ASIC serial {serial!r}")
+    except ValueError as exc:
+        r.errors.append(("rocm_uuid", f"garbled answer from amdsmi_get_gpu_asic_info: {exc}"))
+        return _MISSING
+    return f"GPU-{n:016x}" if n else _MISSING
 
 
 def _xgmi(value: Any) -> str:

@@ -416,7 +416,7 @@ def test_select_gpus_maps_indexes_and_uuids_and_reports_the_missing():
     snap = load("h100-7-of-8-visible.json")
     gone = load("h100-healthy.json").gpu(4).uuid
     assert engine.select_gpus(snap, ["0", snap.gpu(5).uuid, "0", "9", gone, "bogus", " "]) == (
-        (0, 5), ["9", gone, "bogus"])
+        (0, 5), ["9", gone, "bogus"], [])
 
 
 def test_a_job_gpu_index_that_is_not_on_the_node_asks_for_a_reboot():

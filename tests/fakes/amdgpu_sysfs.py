@@ -24,13 +24,16 @@ def bad_pages(pages: list[tuple[int, str]]) -> str:
 
 def add_card(sys_root: Path, card: int, bdf: str, vendor: str = "0x1002", render: int | None = None,
              ras: dict[str, str] | None = None, pages: list[tuple[int, str]] | None = None,
-             serial: str = "", product: str = "AMD Instinct MI300X") -> Path:
-    """One GPU: its PCI device (ras files for AMD unless ``ras`` is given) and its drm card link."""
+             serial: str = "", product: str = "AMD Instinct MI300X", unique_id: int | None = None) -> Path:
+    """One GPU: its PCI device (ras files for AMD unless ``ras`` is given) and its drm card link.
+    ``unique_id``: the ASIC's (0: one without, whose file the driver leaves empty)."""
     device = sys_root / "devices" / "pci0000:00" / bdf
     device.mkdir(parents=True)
     (device / "vendor").write_text(vendor + "\n")
     (device / "serial_number").write_text((serial or f"PCB{card:04d}A1B2C") + "\n")
     (device / "product_name").write_text(product + "\n")
+    uid = 0xD1CB9B1A4E0A7A00 + 0x10 * card if unique_id is None else unique_id
+    (device / "unique_id").write_text(f"{uid:016x}\n" if uid else "")  # amdgpu_get_unique_id's "%016llx\n"
     (device / "drm" / f"renderD{render if render is not None else 128 + card}").mkdir(parents=True)
     (device / "drm" / f"card{card}").mkdir()
     if vendor == "0x1002":

@@ -178,6 +178,10 @@ def gpu_state(index: int, model: str = "AMD Instinct MI300X", partition: int = 0
         "uuid": f"{0x5bff74a1 + board:08x}-{die:04x}-1000-80{partition:02x}-a2a7e5b2a0{board:02x}",
         "bdf": f"0000:{bus:02x}:00.{partition}",
         "serial": f"PCB0{board:02d}0A1B2C",  # both dies of an MI250X are one board
+        # The driver's unique_id of the PCI device, as amdsmi_get_gpu_asic_info shows it ("0x" and
+        # 16 hex; "N/A" where the ASIC has none): each die its own, a board's partitions one. ROCm
+        # names the GPU GPU-<those 16 hex, lower case> (rocminfo, ROCR_VISIBLE_DEVICES).
+        "asic_serial": f"0x{0xD1CB9B1A4E0A7A00 + 0x10 * board + die:016X}",
         "market_name": model,
         "partition": partition,
         "render": 128 + index,
@@ -193,6 +197,15 @@ def gpu_state(index: int, model: str = "AMD Instinct MI300X", partition: int = 0
         "processes": [],  # dicts as amdsmi_get_gpu_process_list gives them
         "vram_used": 283, "vram_total": vram,
     }
+
+
+def _rocm_uuid(asic_serial: str) -> str:
+    """ROCR's name of the GPU: "GPU-" and the unique id in 16 hex digits, "GPU-XX" without one."""
+    try:
+        uid = int(asic_serial, 16)
+    except ValueError:
+        uid = 0
+    return f"GPU-{uid:016x}" if uid else "GPU-XX"
 
 
 class FakeAmdSmi(types.ModuleType):
@@ -320,7 +333,7 @@ class FakeAmdSmi(types.ModuleType):
     def amdsmi_get_gpu_asic_info(self, h):
         g = self._enter("amdsmi_get_gpu_asic_info", h)
         return {"market_name": g["market_name"], "vendor_id": "0x1002", "vendor_name": "Advanced Micro Devices Inc.",
-                "subvendor_id": "0x1002", "device_id": "0x74a1", "rev_id": "0x00", "asic_serial": "0xD1CB9B1A4E0A7A2D",
+                "subvendor_id": "0x1002", "device_id": "0x74a1", "rev_id": "0x00", "asic_serial": g["asic_serial"],
                 "oam_id": 0, "num_compute_units": 304, "target_graphics_version": "gfx942"}
 
     def amdsmi_get_gpu_kfd_info(self, h):
@@ -331,7 +344,8 @@ class FakeAmdSmi(types.ModuleType):
     def amdsmi_get_gpu_enumeration_info(self, h):
         g = self._enter("amdsmi_get_gpu_enumeration_info", h)
         return {"drm_render": g["render"], "drm_card": g["render"] - 128, "hsa_id": g["render"] - 126,
-                "hip_id": g["render"] - 128, "hip_uuid": f"GPU-{g['uuid'][:8]}{g['uuid'][-8:]}"}
+                "hip_id": g["render"] - 128,
+                "hip_uuid": _rocm_uuid(g["asic_serial"])}
 
     def amdsmi_get_gpu_driver_info(self, h):
         self._enter("amdsmi_get_gpu_driver_info", h)

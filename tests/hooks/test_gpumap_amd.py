@@ -11,6 +11,7 @@ from fakes.config import sim_config
 from fakes.fake_amdsmi import FakeAmdSmi
 from fakes.slurm import FakeSlurm
 
+from slurm_hooks import engine
 from slurm_hooks.hooks import healthcheck, jobhooks
 from slurm_hooks.observe.audit import AuditLog
 from slurm_hooks.probes.amdsmi import AmdSmiProbe
@@ -99,3 +100,55 @@ def test_autodetect_rsmi_alone_is_an_unknown_map_that_says_what_to_do():
     snap = AmdSmiProbe("n1", amdsmi=FakeAmdSmi.healthy(gpus=8), drm_root="/nonexistent").snapshot()
     gmap = gpumap.build(gres.parse("AutoDetect=rsmi\n", "n1"), snap)
     assert not gmap.known and 'gres_source = "slurmd"' in gmap.problem
+
+
+def rocm_name(fake: FakeAmdSmi, gpu: int) -> str:
+    """The GPU as rocminfo and ROCR_VISIBLE_DEVICES name it: GPU- and its ASIC's unique id."""
+    return "GPU-" + fake.gpus[gpu]["asic_serial"][2:].lower()
+
+
+def test_prolog_judges_the_gpu_a_rocm_uuid_in_rocr_visible_devices_names(tmp_path, capsys):
+    """ROCm's GPU-<unique id> is not amdsmi's UUID: a prolog that did not read the ASIC serial
+    would call a healthy job's GPU missing and drain the node, and this test fails."""
+    t = node(tmp_path, FakeAmdSmi.healthy(gpus=8), render_conf(range(128, 136)))
+    t.fake.set(gpu=5, ecc={"UMC": (0, 1, 0)})
+    env = {"SLURM_JOB_ID": "501", "ROCR_VISIBLE_DEVICES": f"{rocm_name(t.fake, 2)},{rocm_name(t.fake, 3).upper()}"}
+    assert jobhooks.prolog(t.w, env) == 0
+    assert not t.slurm.peek("n1").drained and "GPU-" not in capsys.readouterr().err
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_ID": "502", "ROCR_VISIBLE_DEVICES": rocm_name(t.fake, 5)}) != 0
+    assert "ECC uncorrectable 1 on GPU 5, block UMC" in t.slurm.peek("n1").reason
+
+
+def test_a_rocm_uuid_on_a_partitioned_board_judges_every_partition_of_it(tmp_path):
+    fake = FakeAmdSmi.healthy(gpus=2, partitions=4)
+    t = node(tmp_path, fake, render_conf(range(128, 136)))
+    snap = t.w.probe().snapshot()
+    assert engine.select_gpus(snap, [rocm_name(fake, 5)]) == ((4, 5, 6, 7), [], [])
+
+
+@pytest.mark.parametrize("serial, why", [
+    ("N/A", "the amdsmi probe read no ASIC unique id here, so cannot tell which GPU it is"),
+    ("0xD1CB9B1A4E0A7AFF", "no GPU here has that ASIC unique id"),
+])
+def test_a_rocm_uuid_that_names_no_gpu_is_said_and_judges_every_gpu_never_a_missing_one(tmp_path, capsys, serial,
+                                                                                       why):
+    """Where amdsmi gives no ASIC serial (or the job's id is of another form), the job's GPU cannot
+    be told: the prolog says so and judges the whole node, so a healthy node is never drained for
+    a name, and a faulty GPU is still found."""
+    fake = FakeAmdSmi.healthy(gpus=8)
+    for gpu in range(8):
+        fake.set(gpu=gpu, asic_serial=serial if serial == "N/A" else fake.gpus[gpu]["asic_serial"])
+    t = node(tmp_path, fake, render_conf(range(128, 136)))
+    job = "GPU-d1cb9b1a4e0a7aff"
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_ID": "601", "ROCR_VISIBLE_DEVICES": job}) == 0
+    assert not t.slurm.peek("n1").drained
+    assert f"job GPU {job}: {why}; judging every GPU of the node instead" in capsys.readouterr().err
+    fake.set(gpu=6, ecc={"UMC": (0, 1, 0)})
+    assert jobhooks.prolog(t.w, {"SLURM_JOB_ID": "602", "ROCR_VISIBLE_DEVICES": job}) != 0
+    assert "block UMC" in t.slurm.peek("n1").reason and "missing" not in t.slurm.peek("n1").reason
+
+
+def test_rocrs_name_for_a_gpu_without_a_unique_id_judges_every_gpu():
+    snap = AmdSmiProbe("n1", amdsmi=FakeAmdSmi.healthy(gpus=2), drm_root="/nonexistent").snapshot()
+    assert engine.select_gpus(snap, ["GPU-XX"]) == ((0, 1), [], ["GPU-XX"])
+    assert engine.unnamed_gpu_note(snap, "GPU-XX").startswith("job GPU GPU-XX: ROCm gives it no unique id;")

@@ -42,6 +42,7 @@ def test_without_amdsmi_the_ras_files_are_read_with_identity_and_said(tmp_path):
     assert s.error is None and s.backend == "amdgpu-sysfs" and len(s.gpus) == 4
     g = s.gpus[2]
     assert (g.pci_bus_id, g.minor, g.serial) == ("0000:2C:00.0", 130, "PCB0002A1B2C")
+    assert g.rocm_uuid == "GPU-d1cb9b1a4e0a7a20"  # the driver's unique_id, as rocminfo names the GPU
     assert EccBlock("UMC", 7, 3, 0) in g.ecc_blocks and g.ecc_volatile_uncorrectable == 3
     assert g.bad_pages == BadPages(1, 0, 0, None)
     assert s.unread(amdras.AMDSMI).startswith("amdsmi not loadable (")
@@ -98,3 +99,9 @@ def test_amdsmi_without_enumeration_info_finds_the_render_minor_in_sysfs(tmp_pat
     fake = FakeAmdSmi.healthy(gpus=2).remove("amdsmi_get_gpu_enumeration_info")
     s = AmdSmiProbe("n", amdsmi=fake, drm_root=drm).snapshot()
     assert [g.minor for g in s.gpus] == [128, 129]
+
+
+def test_a_gpu_whose_driver_has_no_unique_id_has_no_rocm_name(tmp_path):
+    add_card(tmp_path, 0, "0000:0c:00.0", unique_id=0)
+    (g,) = missing_amdsmi(str(tmp_path / "class" / "drm")).snapshot().gpus
+    assert g.rocm_uuid is None and g.errors == ()

@@ -42,6 +42,24 @@ def test_healthy_mi300x_node_reads_identity_and_every_physical_field():
     assert all(gpu.errors == () for gpu in s.gpus)
 
 
+def test_rocm_uuid_is_the_asic_serial_as_rocm_prints_it_and_a_boards_partitions_share_it():
+    s = snap(FakeAmdSmi.healthy(gpus=8))
+    assert s.gpus[3].rocm_uuid == "GPU-d1cb9b1a4e0a7a30"  # asic_serial "0xD1CB9B1A4E0A7A30"
+    assert len({g.rocm_uuid for g in s.gpus}) == 8
+    cpx = snap(FakeAmdSmi.healthy(gpus=2, partitions=4))
+    assert [g.rocm_uuid for g in cpx.gpus] == ["GPU-d1cb9b1a4e0a7a00"] * 4 + ["GPU-d1cb9b1a4e0a7a10"] * 4
+    dies = snap(FakeAmdSmi.healthy(gpus=1, model="AMD Instinct MI250X"))
+    assert [g.rocm_uuid for g in dies.gpus] == ["GPU-d1cb9b1a4e0a7a00", "GPU-d1cb9b1a4e0a7a01"]
+
+
+@pytest.mark.parametrize("serial, error", [("N/A", None), ("0x0000000000000000", None),
+                                           ("0xZZ", "garbled answer from amdsmi_get_gpu_asic_info")])
+def test_an_asic_serial_that_names_nothing_leaves_the_rocm_uuid_unset(serial, error):
+    g = snap(FakeAmdSmi.healthy(gpus=1).set(gpu=0, asic_serial=serial)).gpus[0]
+    assert g.rocm_uuid is None and g.model == "AMD Instinct MI300X"
+    assert [e for f, e in g.errors if f == "rocm_uuid" and e.startswith(error)] if error else g.errors == ()
+
+
 def test_uncorrectable_umc_error_is_counted_in_its_block_and_the_total():
     fake = FakeAmdSmi.healthy(gpus=8).set(gpu=2, ecc={"UMC": (4, 3, 1)})
     g = snap(fake).gpus[2]
