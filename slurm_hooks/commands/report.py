@@ -27,7 +27,7 @@ def report(config_path: str | None, since: str, audit_path: str | None, accounti
     from slurm_hooks import config as config_mod
     from slurm_hooks import fsutil
     from slurm_hooks import report as rep_mod
-    from slurm_hooks.observe import events, incidents
+    from slurm_hooks.observe import events, incidents, receivers
     from slurm_hooks.report import html, text
     from slurm_hooks.report.slurmdb import OUR_PREFIX, AccountingUnavailable, SlurmDb
     from slurm_hooks.slurm import hostlist
@@ -50,7 +50,9 @@ def report(config_path: str | None, since: str, audit_path: str | None, accounti
     files = rep_mod.audit_files(path)
     records = rep_mod.read_audit(files)
     if scope:
-        records = [r for r in records if r.get("node") in scope]
+        # A receiver's outage is told by the host whose notifier delivers (a login node, say): it
+        # held back what these nodes' incidents had to tell, so it stays in a report scoped to them.
+        records = [r for r in records if r.get("node") in scope or r.get("kind") == receivers.KIND]
     node_events = job_runs = None
     used = "off"
     db = SlurmDb(cfg.slurm.bin_dir, timeout=3 * cfg.slurm.timeout)  # 30 s by default

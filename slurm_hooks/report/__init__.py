@@ -219,7 +219,26 @@ def build(records: list[dict[str, Any]], since: float, until: float | None = Non
         "waiting_for_a_person": [{**e, "since": incidents.utc(e["since"])} for e in fleet.for_a_person(until)
                                  if e["in_service"] or any(i.id == e["incident"] for i in found)],
         "trend": _trend(found, since, until),
+        "receiver_outages": receiver_outages(records, since, until),
     }
+
+
+def receiver_outages(records: list[dict[str, Any]], since: float, until: float) -> list[dict[str, Any]]:
+    """The notification receivers' outages within the window, oldest first (as ``status`` shows
+    the recent ones: :mod:`slurm_hooks.observe.receivers`): each that began before its end and had
+    not ended before its start; one still open is out at ``until``. While one lasted, what the
+    notifier had to tell waited: a page reached a person late, each message saying so."""
+    from slurm_hooks.observe import receivers
+
+    out = []
+    for o in receivers.fold(records):
+        if o.since > until or (o.until is not None and o.until < since):
+            continue
+        out.append({"receiver": o.receiver, "where": o.where, "node": o.node or None, "open": o.open,
+                    "since": incidents.utc(o.since), "until": None if o.open else incidents.utc(o.until or until),
+                    "out_s": round(max(0.0, (until if o.until is None else o.until) - o.since), 3),
+                    "tries": o.tries if not o.open else None, "error": o.error or None, "line": o.line(until)})
+    return out
 
 
 def _rma_candidates(found: list[Incident], gpus: dict[str, dict[str, Any]],

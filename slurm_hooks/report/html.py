@@ -137,6 +137,16 @@ def render(rep: dict[str, Any]) -> str:
         out.append("</table>")
     else:
         out.append("<p>none</p>")
+    if rep.get("receiver_outages"):
+        out.append("<h2>Receiver outages</h2><table><tr><th>receiver</th><th>notifier on</th><th>out (UTC)</th>"
+                   "<th>back (UTC)</th><th>out for</th><th>last error</th></tr>")
+        for o in rep["receiver_outages"]:
+            back = '<span class="open">still out</span>' if o["open"] else \
+                escape(o["until"].replace("T", " ").rstrip("Z"))
+            out.append(f"<tr><td>{escape(o['where'])} ({escape(o['receiver'])})</td><td>{escape(o['node'] or '')}</td>"
+                       f"<td>{escape(o['since'].replace('T', ' ').rstrip('Z'))}</td><td>{back}</td>"
+                       f'<td class="n">{_d(o["out_s"])}</td><td>{escape(o["error"] or "")}</td></tr>')
+        out.append("</table>")
     out.append("<h2>Nodes</h2><table><tr><th>node</th><th>incidents</th><th>open</th><th>MTTR (median)</th>"
                "<th>findings</th><th>GPUs</th></tr>")
     for n in rep["nodes"]:

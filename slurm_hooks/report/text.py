@@ -50,6 +50,9 @@ def render(rep: dict[str, Any], width: int = 40) -> list[str]:
         lines.append(f"  {w['node']} [{w['action']}] {where}for {_d(w['waited_s'])}: {w.get('who') or 'a person'} "
                      f"must {w['todo'] or 'look at it'}" + (f" (why: {w['why']})" if w["why"] else "")
                      + (f"; evidence: {', '.join(w['evidence'])} (on {w['node']})" if w.get("evidence") else ""))
+    outages = rep.get("receiver_outages") or []
+    lines += ["", "RECEIVER OUTAGES" + (" (notifications held back, delivered late)" if outages else ": none")]
+    lines += [f"  {o['line']}" for o in outages]
     points = rep["trend"]["points"]
     if points and any(p["incidents"] for p in points):
         top = max(p["incidents"] for p in points)

@@ -114,6 +114,11 @@ def test_a_receiver_out_for_90_seconds_is_an_audited_outage_shown_by_status_vali
     [row] = check_notify_receivers(cfg)
     assert row.status is Status.PASS
     assert value(prom(tmp_path), "slurm_hooks_notify_receiver_up", where="oncall") == 1
+    # The fleet report over the window tells it too, with how long and how many tries.
+    from slurm_hooks import report
+
+    [told] = report.build(report.read_audit([settings.audit]), started - 60, started + 3600)["receiver_outages"]
+    assert (told["where"], told["open"], told["tries"], told["out_s"]) == ("oncall", False, back["tries"], back["out_s"])
 
     # The page that waited says how late it is and that the node is back already.
     opened = next(r["body"] for r in outage.requests if r["code"] == 200 and r["body"]["kind"] == "opened")

@@ -214,3 +214,51 @@ def test_a_persons_resume_counts_at_slurms_time_not_at_the_check_that_saw_it():
     assert report.build(recs, NOW - DAY, NOW, node_events=events)["incidents"][0]["out_of_service_s"] == 64.0
     recs[1]["at"] = t0 + 64.5  # the watcher saw the resume then
     assert report.build(recs, NOW - DAY, NOW)["incidents"][0]["out_of_service_s"] == 64.5
+
+
+def receiver_records(log_path) -> None:
+    """Outages as the notifier writes them (one record at each start and end, by the host whose
+    notifier delivers): oncall from login1, out 15 min two days ago and back; pager from login2,
+    out an hour ago and still out; an old one, over before the window."""
+    from slurm_hooks.observe import receivers
+    from slurm_hooks.observe.audit import AuditLog
+
+    log = AuditLog(str(log_path))
+    out = [("login1", "webhook-1", "oncall", NOW - 2 * DAY, NOW - 2 * DAY + 900, 7, "HTTP 401 (check its credentials)"),
+           ("login2", "pagerduty-1", "pager", NOW - 3600, None, 0, "connection refused"),
+           ("login1", "webhook-1", "oncall", NOW - 40 * DAY, NOW - 40 * DAY + 60, 2, "timed out")]
+    for host, name, where, since, until, tries, error in sorted(out, key=lambda o: o[3]):
+        log.write(receivers.KIND, node=host, **receivers.out_record(name, where, since, error))
+        if until is not None:
+            log.write(receivers.KIND, node=host, **receivers.back_record(name, where, since, until, tries, 0))
+
+
+def test_receiver_outages_in_the_window_are_in_the_report_json_text_and_html(records, tmp_path):
+    receiver_records(tmp_path / "a.jsonl")
+    rep = report.build(records + report.read_audit([str(tmp_path / "a.jsonl")]), NOW - 30 * DAY, NOW)
+    got = rep["receiver_outages"]
+    assert [(o["where"], o["node"], o["open"], o["tries"]) for o in got] == [("oncall", "login1", False, 7),
+                                                                              ("pager", "login2", True, None)]
+    assert got[0]["out_s"] == 900.0 and got[0]["until"] is not None and got[0]["error"].startswith("HTTP 401")
+    assert got[1]["until"] is None and got[1]["out_s"] == pytest.approx(3600.0, abs=1)
+    body = "\n".join(text.render(rep))
+    assert "RECEIVER OUTAGES (notifications held back, delivered late)" in body
+    assert re.search(r"^  oncall \(webhook-1\) \(notifier on login1\): back at \S+ after 15m 00s out \(7 failed tries\)",
+                     body, re.M)
+    assert re.search(r"^  pager \(pagerduty-1\) \(notifier on login2\): out since \S+ \(1h 00m\), "
+                     r"last error: connection refused", body, re.M)
+    page = html.render(rep)
+    assert "<h2>Receiver outages</h2>" in page and '<span class="open">still out</span>' in page
+    assert "RECEIVER OUTAGES: none" in "\n".join(text.render(report.build(records, NOW - 30 * DAY, NOW)))
+
+
+def test_a_report_scoped_to_nodes_keeps_the_receivers_outages_its_notifier_host_told(records, tmp_path):
+    log = tmp_path / "audit.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    receiver_records(log)
+    out = subprocess.run([sys.executable, "-m", "slurm_hooks", "report", "--audit", str(log), "--no-accounting",
+                          "--json", "--nodes", "n[1-2]"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert [n["node"] for n in rep["nodes"]] == ["n1", "n2"]
+    assert [(o["where"], o["open"]) for o in rep["receiver_outages"]] == [("oncall", False), ("pager", True)]
