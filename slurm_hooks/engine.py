@@ -24,7 +24,7 @@ from slurm_hooks.models import (
 from slurm_hooks.probes import Probe
 from slurm_hooks.severity import DEFAULT as DEFAULT_SEVERITIES
 from slurm_hooks.severity import Severities
-from slurm_hooks.values import dataclass, field, replace
+from slurm_hooks.values import compile_later, dataclass, field, replace
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~3 ms of each start)
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def select_gpus(snap: NodeSnapshot,
 
 #: ROCm's name of a GPU (ROCR's HSA_AMD_AGENT_INFO_UUID, rocminfo's "Uuid:"): ``GPU-`` and the
 #: ASIC's unique id in 16 hex digits, or ``GPU-XX`` for one without (NVIDIA's are 8-4-4-4-12).
-_ROCM_UUID = re.compile(r"GPU-(?:[0-9a-f]{16}|XX)$", re.IGNORECASE)
+_ROCM_UUID = compile_later(r"GPU-(?:[0-9a-f]{16}|XX)$", re.IGNORECASE)
 
 
 def unnamed_gpu_note(snap: NodeSnapshot, token: str) -> str:
