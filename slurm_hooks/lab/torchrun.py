@@ -1,10 +1,12 @@
-"""``torchrun`` as Debian's python3-torch ships it, runnable on Python 3.11+.
+"""``torchrun`` as Debian's python3-torch ships it, runnable on Python 3.11+ (torch 1.13 on Debian 12,
+torch 2.6 on Debian 13).
 
 torch 1.13's ``Std.from_str`` answers ``None`` for every ``--redirects``/``--tee`` value on
 Python 3.11 (an ``IntFlag`` membership test changed), so its ``torchrun`` fails before it starts
 a worker. This is torchrun's own code path (``torch.distributed.run``'s parser, its
 ``config_from_args`` and ``elastic_launch``) with those two settings mended to "no redirect"
-where they came back ``None``; every other flag means what it means to torchrun::
+where they came back ``None`` (torch 2 parses them right, into its ``logs_specs``: nothing to mend);
+every other flag means what it means to torchrun::
 
     srun --kill-on-bad-exit=0 python3 -m slurm_hooks.lab.torchrun --nnodes=1:2 ... train.py ...
 
@@ -23,11 +25,10 @@ def main(argv: list[str] | None = None) -> None:
 
     args = run.parse_args(sys.argv[1:] if argv is None else argv)
     config, cmd, cmd_args = run.config_from_args(args)
-    if not isinstance(config.redirects, (Std, dict)) or isinstance(config.redirects, dict) \
-            and None in config.redirects.values():
-        config.redirects = Std.NONE
-    if not isinstance(config.tee, (Std, dict)) or isinstance(config.tee, dict) and None in config.tee.values():
-        config.tee = Std.NONE
+    for name in ("redirects", "tee"):  # torch 2's LaunchConfig keeps them in its logs_specs, parsed right
+        value = getattr(config, name, Std.NONE)
+        if not isinstance(value, (Std, dict)) or isinstance(value, dict) and None in value.values():
+            setattr(config, name, Std.NONE)
     elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
 
 
