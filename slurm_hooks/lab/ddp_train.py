@@ -224,11 +224,15 @@ def torchrun_script(workdir: str, *, nodes: str = "1:2", max_restarts: int = 3, 
              "--save-every", str(save_every)]
     agent = (f"exec {shlex.quote(python)} {shlex.quote(launcher)} --nnodes={nodes} --nproc_per_node=1 "
              f"--max_restarts={max_restarts} --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$PORT "
-             "--rdzv_id=$SLURM_JOB_ID --rdzv_conf=is_host=$HOST,last_call_timeout=1 --monitor_interval=1 "
+             "--rdzv_id=$SLURM_JOB_ID --rdzv_conf=is_host=$HOST,last_call_timeout=1,use_libuv=0 --monitor_interval=1 "
              + " ".join(shlex.quote(a) for a in train))
     lines = ["#!/bin/sh", f"#SBATCH --nodes={count}", "#SBATCH --ntasks-per-node=1", "#SBATCH --gres=gpu:1",
              "#SBATCH --open-mode=append", "#SBATCH --requeue",
              "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}",
+             # torch >= 2.4 makes its TCP stores with libuv, which Debian 13's torch 2.6 is built without
+             # ("use_libuv was requested but PyTorch was built without libuv support"): the rendezvous's
+             # store (use_libuv=0 above) and the workers' env:// store (USE_LIBUV) use the plain one.
+             "export USE_LIBUV=0",
              # A port free now on the batch host (the rendezvous store's): one derived from the job id
              # is the same in every testbed, and two clusters' jobs 1 would share it.
              "export PORT=$(" + shlex.quote(python) + " -c 'import socket; s = socket.socket(); "
