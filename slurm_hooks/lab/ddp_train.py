@@ -231,7 +231,8 @@ def torchrun_script(workdir: str, *, nodes: str = "1:2", max_restarts: int = 3, 
              "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}",
              # torch >= 2.4 makes its TCP stores with libuv, which Debian 13's torch 2.6 is built without
              # ("use_libuv was requested but PyTorch was built without libuv support"): the rendezvous's
-             # store (use_libuv=0 above) and the workers' env:// store (USE_LIBUV) use the plain one.
+             # store (use_libuv=0 above where torch reads it; lab/torchrun.py where 2.6 does not) and
+             # the workers' env:// store (USE_LIBUV) use the plain one.
              "export USE_LIBUV=0",
              # A port free now on the batch host (the rendezvous store's): one derived from the job id
              # is the same in every testbed, and two clusters' jobs 1 would share it.
