@@ -77,6 +77,36 @@ def save(torch, directory: str, step: int, state: dict, keep: int = 2) -> str:
     return path
 
 
+def plain_tcp_stores() -> None:
+    """Debian 13's torch 2.6 is built without libuv, yet its c10d rendezvous and its env:// store
+    under torchrun make TCP stores with the default ``use_libuv=True`` ("use_libuv was requested but
+    PyTorch was build without libuv support"): nothing rendezvouses. Where that is so, the stores
+    torch makes default to the plain backend (lab/torchrun.py calls this too); elsewhere a no-op."""
+    import torch.distributed as dist
+
+    real = dist.TCPStore
+    try:
+        real("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+        return  # libuv works
+    except TypeError:
+        return  # torch < 2.4 has no libuv backend to ask for
+    except RuntimeError as exc:
+        if "libuv" not in str(exc):
+            return
+
+    class PlainTCPStore(real):  # type: ignore[misc,valid-type]
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("use_libuv", False)
+            super().__init__(*args, **kwargs)
+
+    import torch.distributed.rendezvous as rendezvous
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    for module in (dist, rendezvous, c10d_rendezvous_backend):
+        if getattr(module, "TCPStore", None) is real:
+            module.TCPStore = PlainTCPStore
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ckpt-dir", required=True)
@@ -112,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.ckpt_dir, exist_ok=True)
     init = "env://" if env.get("MASTER_ADDR") else \
         "file://" + os.path.join(os.path.abspath(args.ckpt_dir), f".rdzv-{job}-{restart}")
+    plain_tcp_stores()
     dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     device = torch.device("cuda") if cuda else torch.device("cpu")

@@ -18,36 +18,10 @@ from __future__ import annotations
 import sys
 
 
-def _plain_tcp_stores() -> None:
-    """Debian 13's torch 2.6 is built without libuv, yet its c10d rendezvous makes its TCP stores
-    with the default ``use_libuv=True`` ("use_libuv was requested but PyTorch was build without
-    libuv support"), so its torchrun cannot rendezvous at all. Where that is so, the stores it makes
-    default to the plain backend; the workers' env:// store reads ``USE_LIBUV=0`` (the job script)."""
-    import torch.distributed as dist
-
-    real = dist.TCPStore
-    try:
-        real("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
-        return  # libuv works, or
-    except TypeError:
-        return  # torch < 2.4 has no libuv backend to ask for
-    except RuntimeError as exc:
-        if "libuv" not in str(exc):
-            return
-
-    class PlainTCPStore(real):  # type: ignore[misc,valid-type]
-        def __init__(self, *args, **kwargs):
-            kwargs.setdefault("use_libuv", False)
-            super().__init__(*args, **kwargs)
-
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
-
-    dist.TCPStore = PlainTCPStore
-    c10d_rendezvous_backend.TCPStore = PlainTCPStore
-
-
 def main(argv: list[str] | None = None) -> None:
-    _plain_tcp_stores()
+    from ddp_train import plain_tcp_stores  # its sibling, on sys.path[0] as this runs as a script
+
+    plain_tcp_stores()
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import Std
     from torch.distributed.launcher.api import elastic_launch
