@@ -77,36 +77,6 @@ def save(torch, directory: str, step: int, state: dict, keep: int = 2) -> str:
     return path
 
 
-def plain_tcp_stores() -> None:
-    """Debian 13's torch 2.6 is built without libuv, yet its c10d rendezvous and its env:// store
-    under torchrun make TCP stores with the default ``use_libuv=True`` ("use_libuv was requested but
-    PyTorch was build without libuv support"): nothing rendezvouses. Where that is so, the stores
-    torch makes default to the plain backend (lab/torchrun.py calls this too); elsewhere a no-op."""
-    import torch.distributed as dist
-
-    real = dist.TCPStore
-    try:
-        real("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
-        return  # libuv works
-    except TypeError:
-        return  # torch < 2.4 has no libuv backend to ask for
-    except RuntimeError as exc:
-        if "libuv" not in str(exc):
-            return
-
-    class PlainTCPStore(real):  # type: ignore[misc,valid-type]
-        def __init__(self, *args, **kwargs):
-            kwargs.setdefault("use_libuv", False)
-            super().__init__(*args, **kwargs)
-
-    import torch.distributed.rendezvous as rendezvous
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
-
-    for module in (dist, rendezvous, c10d_rendezvous_backend):
-        if getattr(module, "TCPStore", None) is real:
-            module.TCPStore = PlainTCPStore
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ckpt-dir", required=True)
@@ -142,7 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.ckpt_dir, exist_ok=True)
     init = "env://" if env.get("MASTER_ADDR") else \
         "file://" + os.path.join(os.path.abspath(args.ckpt_dir), f".rdzv-{job}-{restart}")
-    plain_tcp_stores()
     dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     device = torch.device("cuda") if cuda else torch.device("cpu")
@@ -208,6 +177,31 @@ def torch_missing(python: str = TORCH_PYTHON) -> str:
     return _MISSING[python]
 
 
+def torchrun_missing(python: str = TORCH_PYTHON) -> str:
+    """Why ``python``'s torchrun cannot rendezvous here ("" when it can). Debian 13's torch 2.6 is
+    built without libuv, yet its c10d rendezvous and its workers' store ask for libuv TCP stores
+    ("use_libuv was requested but PyTorch was build without libuv support"), whatever
+    ``use_libuv=0``/``USE_LIBUV=0`` say: its torchrun cannot start a job at all."""
+    why = torch_missing(python)
+    if why:
+        return why
+    import subprocess
+
+    probe = ("import torch.distributed as d\n"
+             "try:\n    d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False, use_libuv=True)\n"
+             "except TypeError:\n    pass\n"
+             "except RuntimeError as e:\n    print(e)\n")
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python} does not run: {exc}"
+    said = done.stdout.strip()
+    if "libuv" in said:
+        return (f"{python}'s torch cannot make the libuv TCP stores its torchrun's rendezvous asks for ({said}): "
+                "its torchrun cannot start a job here (Debian 13's python3-torch 2.6)")
+    return ""
+
+
 def _torch_missing(python: str) -> str:
     import subprocess
 
@@ -262,8 +256,8 @@ def torchrun_script(workdir: str, *, nodes: str = "1:2", max_restarts: int = 3, 
              "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}",
              # torch >= 2.4 makes its TCP stores with libuv, which Debian 13's torch 2.6 is built without
              # ("use_libuv was requested but PyTorch was built without libuv support"): the rendezvous's
-             # store (use_libuv=0 above where torch reads it; lab/torchrun.py where 2.6 does not) and
-             # the workers' env:// store (USE_LIBUV) use the plain one.
+             # store (use_libuv=0 above, where torch reads it) and the workers' env:// store (USE_LIBUV)
+             # use the plain one. Debian 13's torch 2.6 reads neither: torchrun_missing says so.
              "export USE_LIBUV=0",
              # A port free now on the batch host (the rendezvous store's): one derived from the job id
              # is the same in every testbed, and two clusters' jobs 1 would share it.

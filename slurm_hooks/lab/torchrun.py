@@ -19,9 +19,6 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ddp_train import plain_tcp_stores  # its sibling, on sys.path[0] as this runs as a script
-
-    plain_tcp_stores()
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import Std
     from torch.distributed.launcher.api import elastic_launch

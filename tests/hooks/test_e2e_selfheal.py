@@ -51,6 +51,14 @@ def torch_job(tb):
     return tb
 
 
+@pytest.fixture
+def torchrun_job(tb):
+    why_not = ddp_train.torchrun_missing()
+    if why_not:
+        pytest.skip(why_not)
+    return tb
+
+
 def healthcheck(tb, node: str) -> subprocess.CompletedProcess:
     return subprocess.run([os.path.join(tb.state_dir, "bin", "healthcheck")], env={"SLURMD_NODENAME": node},
                           capture_output=True, text=True, timeout=60)
@@ -85,12 +93,12 @@ def fault_on_second_node(tb, job: int) -> tuple[str, str, float]:
     return bad, good, fault
 
 
-def test_an_elastic_torchrun_job_hit_on_one_node_goes_on_without_it_and_is_not_requeued(torch_job, tmp_path):
+def test_an_elastic_torchrun_job_hit_on_one_node_goes_on_without_it_and_is_not_requeued(torchrun_job, tmp_path):
     """Its ranks on the bad node get SIGTERM, torchrun re-forms on the other node and trains on
     (world size 1), Slurm's restart count stays 0, the node is drained, and the audit log and
     the AdminComment say it healed in place. A requeue of the job, or a window that never sees
     the ranks leave, fails this test."""
-    tb = torch_job
+    tb = torchrun_job
     work = str(tmp_path / "elastic")
     job = tb.sbatch(ddp_train.torchrun_script(work, nodes="1:2"))
     wait_for(lambda: len([s for s in steps(work) if s[3] == 2]) >= 20, START_S, f"job {job} training on 2 nodes")
@@ -110,9 +118,9 @@ def test_an_elastic_torchrun_job_hit_on_one_node_goes_on_without_it_and_is_not_r
     assert tb.slurm.job(job).restarts == 0 and not actions(tb, "requeue", "ok")
 
 
-def test_a_torchrun_job_of_fixed_size_hit_on_one_node_is_requeued_once(torch_job, tmp_path):
+def test_a_torchrun_job_of_fixed_size_hit_on_one_node_is_requeued_once(torchrun_job, tmp_path):
     """``--nnodes=2``: it cannot go on without the node, so it is requeued at once, as any job."""
-    tb = torch_job
+    tb = torchrun_job
     work = str(tmp_path / "fixed")
     job = tb.sbatch(ddp_train.torchrun_script(work, nodes="2"))
     wait_for(lambda: len(steps(work)) >= 20, START_S, f"job {job} training on 2 nodes")
