@@ -44,14 +44,6 @@ def tb(bed):
 
 
 @pytest.fixture
-def torch_job(tb):
-    why_not = ddp_train.torch_missing()
-    if why_not:
-        pytest.skip(why_not)
-    return tb
-
-
-@pytest.fixture
 def torchrun_job(tb):
     why_not = ddp_train.torchrun_missing()
     if why_not:
