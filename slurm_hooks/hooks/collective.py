@@ -195,6 +195,7 @@ def torch_allreduce(rank: int, world: int, size: int, iters: int, timeout: float
         opts._timeout = limit
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=addr)]
         store = dist.FileStore(os.path.abspath(_rendezvous_path(rdzv_dir)), world)
+        store.set_timeout(limit)  # a rank > 0 waits for rank 0 on the store's clock, not on gloo's
         group = dist.ProcessGroupGloo(store, rank, world, opts)
         reduce = lambda: group.allreduce([buf]).wait()  # noqa: E731
     times = []

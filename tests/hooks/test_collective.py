@@ -72,6 +72,23 @@ def test_gloo_binds_each_ranks_own_address_toward_its_peers(torch_here, tmp_path
     assert seen & set(mine), sorted(seen)
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_whose_peer_never_comes_gives_up_within_its_timeout(torch_here, tmp_path, rank):
+    """A hung peer is how isolate finds a hung node: its partner must fail on its own ``--timeout``,
+    whichever rank it is. Rank 1 waits for rank 0 on the rendezvous store, whose clock is not gloo's
+    (left to itself it waits the store's five minutes)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "NCCL_", "GLOO_", "MASTER_"))}
+    argv = [ddp_train.TORCH_PYTHON, collective.__file__, "--backend", "torch", "--timeout", "3", "--iters", "1",
+            "--rdzv-dir", str(tmp_path), "--addr", "127.0.0.1"]
+    t0 = time.monotonic()
+    done = subprocess.run(argv, env={**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "CUDA_VISIBLE_DEVICES": ""},
+                          capture_output=True, text=True, timeout=90)
+    took = time.monotonic() - t0
+    assert done.returncode == 1 and "collective: failed on" in done.stderr and f"rank={rank}:" in done.stderr, done
+    # importing torch takes its seconds first; the wait is bounded by 3 s, not by the store's 300 s
+    assert took < 60, took
+
+
 def non_loopback_interface() -> tuple[str, str]:
     for _, name in socket.if_nameindex():
         addr = collective.interface_address(name)
