@@ -71,6 +71,9 @@ _RANK_LINE = re.compile(r"^(?:\[[^]]*\]<\w+>:)?#\s*Rank\s+(\d+)\s", re.M)
 _RANKS = re.compile(r"\branks=(\d+)")
 #: What every test's ranks get: NVLink and shared memory off, so that the traffic crosses the NICs (gcm's).
 NCCL_ENV = ("NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1")
+#: What srun and slurmstepd say when a task exits and the step is ended (``--kill-on-bad-exit``):
+#: after the rank's own last words, which are what a failed test's why quotes.
+_LAUNCHER_LINE = re.compile(r"srun: |slurmstepd(-\S+)?: error: \*\*\* STEP \S+ ON \S+ CANCELLED AT ")
 
 
 class IsolateBusy(SlurmHooksError):
@@ -150,10 +153,21 @@ def gres_gpus(gres: str) -> int:
     return total
 
 
-def step_argv(argv: Sequence[str], gpus: int, mpi: str) -> list[str]:
+def step_argv(argv: Sequence[str], gpus: int, mpi: str, order: Sequence[str] = ()) -> list[str]:
     """The test's step: every GPU of each node asked for, one rank per GPU (one per node without
-    GPUs), NVLink and shared memory off; all_reduce_perf through Slurm's MPI plugin ``mpi``."""
-    step = ["srun", "--kill-on-bad-exit=1", f"--ntasks-per-node={max(1, gpus)}"]
+    GPUs), NVLink and shared memory off; all_reduce_perf through Slurm's MPI plugin ``mpi``.
+
+    ``order``: the group's nodes as the search means them, its first holding rank 0 (a suspect is
+    never rank 0, whose bandwidth all_reduce_perf reports and whose store every rank waits on).
+    Slurm lays a job's tasks out in its own node order (slurm.conf's), whatever order sbatch's
+    ``--nodelist`` names them in; ``--distribution=arbitrary`` with a ``--nodelist`` that names each
+    task's node, in order, keeps ours (srun's man page: the tasks are laid out in the list's order)."""
+    per = max(1, gpus)
+    if order:
+        step = ["srun", "--kill-on-bad-exit=1", f"--ntasks={per * len(order)}", "--distribution=arbitrary",
+                "--nodelist=" + ",".join(n for n in order for _ in range(per))]
+    else:
+        step = ["srun", "--kill-on-bad-exit=1", f"--ntasks-per-node={per}"]
     if gpus:
         step += [f"--gres=gpu:{gpus}", "--gpus-per-task=1"]
     if argv and os.path.basename(argv[0]) == "all_reduce_perf" and mpi:
@@ -406,7 +420,7 @@ class _Waves:
 
     def _submit(self, group: tuple[str, ...]) -> str:
         gpus = self._gpus(group)
-        return self.w.slurm.submit(step_argv(self.argv, gpus, self.w.config.isolate.mpi), name=self.reservation,
+        return self.w.slurm.submit(step_argv(self.argv, gpus, self.w.config.isolate.mpi, group), name=self.reservation,
                                    node=list(group), reservation=self.reservation,
                                    minutes=math.ceil(self.test_timeout / 60.0), ntasks_per_node=max(1, gpus),
                                    gpus_per_node=gpus,
@@ -423,13 +437,19 @@ class _Waves:
         if cut:
             return culprit.Outcome(False, None, cut, job, ran=started)
         if state != JobState.COMPLETED:
-            lines = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith("srun: ")]
-            return culprit.Outcome(False, None, f"ended {state}" + (f": {lines[-1][:160]}" if lines else ""), job)
+            return culprit.Outcome(False, None, ended_why(state, text), job)
         return judge_output(text, ranks, job)
 
     def cancel_running(self) -> None:
         for job in self.running:
             sweeping.cancel_quietly(self.w, job)
+
+
+def ended_why(state: str, text: str) -> str:
+    """A test job that ended unsuccessfully, in its ranks' last words: the last line of its output
+    that srun or slurmstepd did not write (they speak last, once one rank's exit ended the step)."""
+    lines = [x.strip() for x in text.splitlines() if x.strip() and not _LAUNCHER_LINE.match(x)]
+    return f"ended {state}" + (f": {lines[-1][:160]}" if lines else "")
 
 
 def judge_output(text: str, ranks: int, job: str = "") -> culprit.Outcome:

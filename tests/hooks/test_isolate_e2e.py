@@ -200,6 +200,11 @@ def test_the_pytorch_all_reduce_finds_a_hung_node(torch_here, tb, tmp_path):
     tb.set_fault("n2", "hang")
     rc, out = isolate(tb, str(cfg), "--nodes", "n[1-4]", timeout=600)
     assert (rc, list(out["culprits"])) == (1, ["n2"]), story(out)
+    confirms = [t for t in out["tests"] if t["purpose"] == "confirm" and "n2" in t["nodes"]]
+    # the suspect is never rank 0, whatever Slurm's node order: each partner held rank 0 and gave up
+    # on n2 on its own clock, well inside the job's limit
+    assert len(confirms) >= 2 and all(t["nodes"][-1] == "n2" and f"failed on {t['nodes'][0]} rank=0:" in t["why"]
+                                      for t in confirms), story(out)
     passed = [t for t in out["tests"] if t["completed"]]
     assert passed, story(out)
     with open(os.path.join(tb.state_dir, "state", "isolate", f"{PREFIX}-{passed[0]['job']}.out"),

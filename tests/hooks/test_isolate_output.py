@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from slurm_hooks.hooks.isolate import gres_gpus, judge_output, step_argv
+from slurm_hooks.hooks.isolate import ended_why, gres_gpus, judge_output, step_argv
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "nccl_tests")
 
@@ -59,3 +59,28 @@ def test_the_step_asks_for_every_gpu_one_rank_each_with_nvlink_and_shm_off():
     built_in = step_argv(["/usr/bin/python3", "collective.py"], 0, "pmix")
     assert built_in[:3] == ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1"]
     assert not any(a.startswith(("--gres", "--mpi")) for a in built_in)
+
+
+def test_the_step_lays_ranks_out_in_the_groups_order_not_slurms():
+    """Slurm numbers tasks in its node order (n2 before n4); the group (n4, n2) means n4 is rank 0."""
+    step = step_argv(["/usr/bin/all_reduce_perf"], 2, "pmix", ("n4", "n2"))
+    assert step[:5] == ["srun", "--kill-on-bad-exit=1", "--ntasks=4", "--distribution=arbitrary",
+                        "--nodelist=n4,n4,n2,n2"]
+    assert "--gres=gpu:2" in step and "--gpus-per-task=1" in step and not any("per-node" in a for a in step)
+    assert step_argv(["/usr/bin/python3", "collective.py"], 0, "", ("n9", "n1"))[2:5] == [
+        "--ntasks=2", "--distribution=arbitrary", "--nodelist=n9,n1"]
+
+
+def test_a_failed_jobs_why_is_its_ranks_last_words_not_the_launchers():
+    """Captured from the testbed: rank 0 gave up on its hung peer, srun ended the step, and n2's
+    slurmstepd wrote the last line."""
+    text = ("collective: failed on n3 rank=0: RuntimeError: Wait timeout\n"
+            "srun: error: n3: task 0: Exited with exit code 1\n"
+            "srun: launch/slurm: _step_signal: Terminating StepId=50.0\n"
+            "slurmstepd-n2: error: *** STEP 50.0 ON n2 CANCELLED AT 2026-12-06T11:39:28 ***\n"
+            "srun: error: n2: task 1: Terminated\n"
+            "srun: Force Terminated StepId=50.0\n")
+    assert ended_why("FAILED", text) == "ended FAILED: collective: failed on n3 rank=0: RuntimeError: Wait timeout"
+    assert ended_why("FAILED", "srun: error: n3: task 0: Exited with exit code 1\n") == "ended FAILED"
+    assert ended_why("NODE_FAIL", "NCCL WARN Net : Connection closed by remote peer\n") == (
+        "ended NODE_FAIL: NCCL WARN Net : Connection closed by remote peer")
