@@ -156,6 +156,24 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.1, seen=None):
 
 
 @pytest.fixture(scope="session")
+def _empty_proc(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("proc"))
+
+
+@pytest.fixture(autouse=True)
+def _no_real_job_processes(request, monkeypatch, _empty_proc):
+    """Tests off the testbed read a job's processes from an empty tree, not from /proc: there, the
+    testbeds' real jobs carry the same job ids and node names (job 1 on n1) as a unit test's
+    in-memory Slurm, and the requeue path would take them for its job's ranks, read what they
+    declare, and signal them (it sent an elastic torchrun job's agent on a testbed's n1 SIGTERM).
+    A test that builds its own tree passes it as ``proc``."""
+    if request.node.get_closest_marker("slurm") is None:
+        from slurm_hooks.remedy import checkpoint
+
+        monkeypatch.setattr(checkpoint, "PROC_ROOT", _empty_proc)
+
+
+@pytest.fixture(scope="session")
 def testbed(tmp_path_factory) -> SlurmTestbed:
     """The session's cluster as it is (no cleaning); prefer clean_testbed or hooked_testbed."""
     with own_testbed(tmp_path_factory, "testbed", TESTBED_SETTINGS) as tb:

@@ -32,6 +32,10 @@ from slurm_hooks.slurm.jobsignal import JobSignal, Source, Target
 ENVIRON_MAX_BYTES = 256 * 1024
 #: Processes looked at on this node for the job's environment, at most.
 PROC_SCAN_MAX = 4096
+#: Where a job's processes are read (its environment, its ranks, what it declares): the kernel's.
+#: A test suite off the testbed points it at a tree of its own, since the machine's real jobs carry
+#: the same job ids and node names as its in-memory Slurm's.
+PROC_ROOT = "/proc"
 
 
 def read_signal(w: Wiring, job: JobInfo, heals: Marks | None = None) -> JobSignal | None:
@@ -115,7 +119,7 @@ def read_head(path: str, limit: int) -> bytes | None:
         os.close(fd)
 
 
-def environment_value(job_id: int, key: str, node: str, proc: str = "/proc") -> str | None:
+def environment_value(job_id: int, key: str, node: str, proc: str = "") -> str | None:
     """``key`` in the environment of one of the job's processes on this node (the first found);
     ``None`` when none runs here or none has it."""
     for _, environ in job_environs(job_id, node, proc):
@@ -123,11 +127,12 @@ def environment_value(job_id: int, key: str, node: str, proc: str = "/proc") -> 
     return None
 
 
-def job_environs(job_id: int, node: str, proc: str = "/proc") -> Iterator[tuple[str, bytes]]:
+def job_environs(job_id: int, node: str, proc: str = "") -> Iterator[tuple[str, bytes]]:
     """(pid, environment) of each of the job's processes on this node. A process is the job's when
     its ``SLURM_JOB_ID`` and ``SLURMD_NODENAME`` say so (and its ``SLURM_CONF`` is ours, where we
     have one: several clusters on one host, as the testbeds, reuse job ids). Looks at
-    PROC_SCAN_MAX processes at most, ENVIRON_MAX_BYTES each."""
+    PROC_SCAN_MAX processes at most, ENVIRON_MAX_BYTES each; ``proc``: :data:`PROC_ROOT` unless given."""
+    proc = proc or PROC_ROOT
     marker = f"SLURM_JOB_ID={job_id}".encode()
     conf = os.environ.get("SLURM_CONF")
     try:

@@ -53,8 +53,9 @@ class Proc:
     cmdline: str
 
 
-def job_processes(job_id: int, node: str, proc: str = "/proc") -> list[Proc]:
+def job_processes(job_id: int, node: str, proc: str = "") -> list[Proc]:
     """The job's processes on this node, as :func:`.checkpoint.job_environs` tells them."""
+    proc = proc or checkpoint.PROC_ROOT
     out = []
     for pid, environ in checkpoint.job_environs(job_id, node, proc):
         cmd = checkpoint.read_head(os.path.join(proc, pid, "cmdline"), 8192) or b""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -271,3 +273,32 @@ def test_full_delivery_where_configured_reaches_the_batch_shell_and_every_step(t
     w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
     requeue.requeue_jobs(w, Outcome(), follow="none")
     assert sent(slurm) == [("signal", 7, "USR2", "full")]
+
+
+def test_a_real_process_with_the_same_job_id_and_node_is_not_this_tests_job(tmp_path):
+    """This machine's /proc holds the testbeds' real jobs, with the same ids and node names as the
+    in-memory Slurm's: an elastic torchrun agent of job 1 on n1 here is not the unit test's job 1,
+    whose requeue must neither read it as healing in place nor signal it (tests/conftest.py)."""
+    hit = tmp_path / "hit"
+    code = ("import signal, sys, time\n"
+            f"signal.signal(signal.SIGTERM, lambda s, f: open({str(hit)!r}, 'a').write('TERM'))\n"
+            "print('ready', flush=True)\ntime.sleep(60)\n")
+    env = {**os.environ, "SLURM_JOB_ID": "1", "SLURMD_NODENAME": "n1", "SLURM_STEP_ID": "0"}
+    env.pop("SLURM_CONF", None)
+    decoy = subprocess.Popen([sys.executable, "-c", code, "torchrun", "--nnodes=1:2", "--max_restarts=3"], env=env,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert decoy.stdout.readline().strip() == "ready"
+        cfg = sim_config(tmp_path, "")
+        slurm = FakeSlurm()
+        slurm.add_node("n1", "MIXED")
+        slurm.add_job(1, "n1")
+        w = Wiring(cfg, "n1", AuditLog(cfg.log.audit), slurm_override=slurm)
+        outcome = Outcome()
+        requeue.requeue_jobs(w, outcome, follow="none")
+        assert outcome.requeued == ["1"] and outcome.signalled == []
+        time.sleep(0.2)
+        assert not hit.exists()
+    finally:
+        decoy.kill()
+        decoy.wait(timeout=10)
