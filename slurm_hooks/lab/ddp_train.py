@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
 
 #: torch_missing's answers, by interpreter: importing torch takes seconds, and a test run asks more than once.
 _MISSING: dict[str, str] = {}
+#: torchrun_missing's answers, by interpreter (each probe imports torch too).
+_TORCHRUN_MISSING: dict[str, str] = {}
 
 
 def torch_missing(python: str = TORCH_PYTHON) -> str:
@@ -181,10 +183,17 @@ def torchrun_missing(python: str = TORCH_PYTHON) -> str:
     """Why ``python``'s torchrun cannot rendezvous here ("" when it can). Debian 13's torch 2.6 is
     built without libuv, yet its c10d rendezvous and its workers' store ask for libuv TCP stores
     ("use_libuv was requested but PyTorch was build without libuv support"), whatever
-    ``use_libuv=0``/``USE_LIBUV=0`` say: its torchrun cannot start a job at all."""
+    ``use_libuv=0``/``USE_LIBUV=0`` say: its torchrun cannot start a job at all. Asked once per
+    interpreter and process, as :func:`torch_missing` is."""
     why = torch_missing(python)
     if why:
         return why
+    if python not in _TORCHRUN_MISSING:
+        _TORCHRUN_MISSING[python] = _torchrun_missing(python)
+    return _TORCHRUN_MISSING[python]
+
+
+def _torchrun_missing(python: str) -> str:
     import subprocess
 
     probe = ("import torch.distributed as d\n"
